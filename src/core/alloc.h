@@ -1,0 +1,66 @@
+/* core/alloc.h - tagged allocation and arenas.
+ *
+ * Every allocation of parity names what it is for.  Live and peak bytes are
+ * counted per tag (atomically, so thread ranks may allocate concurrently);
+ * tests assert that nothing is live at exit, and runs print the per-tag peak
+ * as their memory accounting.  Blocks are 64-byte aligned.
+ */
+#ifndef PAR_CORE_ALLOC_H
+#define PAR_CORE_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    PAR_TAG_MISC = 0,
+    PAR_TAG_TENSOR,   /* tensors of files and tools            */
+    PAR_TAG_IO,       /* file buffers, headers, JSON           */
+    PAR_TAG_PARAM,    /* model weights                         */
+    PAR_TAG_GRAD,     /* gradients                             */
+    PAR_TAG_OPTIM,    /* optimizer state                       */
+    PAR_TAG_ACT,      /* saved activations and workspaces      */
+    PAR_TAG_COMM,     /* communication buffers                 */
+    PAR_TAG_MODEL,    /* model structure, tables, configs      */
+    PAR_TAG_ARENA,    /* arena chunks                          */
+    PAR_TAG_COUNT
+} par_tag;
+
+void *par_malloc(size_t n, par_tag tag);
+void *par_calloc(size_t count, size_t size, par_tag tag); /* checks overflow */
+void *par_realloc(void *p, size_t n, par_tag tag);        /* tag of a NULL p */
+void par_free(void *p);                                   /* NULL is fine   */
+char *par_strdup(const char *s, par_tag tag);
+
+const char *par_tag_name(par_tag tag);
+int64_t par_alloc_live(par_tag tag);   /* bytes live now                 */
+int64_t par_alloc_peak(par_tag tag);   /* highest live bytes since reset */
+int64_t par_alloc_live_total(void);
+void par_alloc_reset_peaks(void);
+/* Logs (at `level` of core/log.h) one line per tag with live bytes. */
+void par_alloc_report(int level);
+
+/* Arena: bump allocation from chunks; freed all at once. */
+typedef struct par_arena_chunk par_arena_chunk;
+typedef struct {
+    par_arena_chunk *head;
+    size_t chunk_size;
+    par_tag tag;
+    size_t used;  /* bytes handed out since init/reset */
+} par_arena;
+
+typedef struct {
+    par_arena_chunk *chunk;
+    size_t off;
+    size_t used;
+} par_arena_mark;
+
+void par_arena_init(par_arena *a, size_t chunk_size, par_tag tag);
+/* align must be a power of two (0 means 16). Returns NULL on failure. */
+void *par_arena_alloc(par_arena *a, size_t n, size_t align);
+void *par_arena_calloc(par_arena *a, size_t n, size_t align);
+par_arena_mark par_arena_get_mark(const par_arena *a);
+void par_arena_rewind(par_arena *a, par_arena_mark m);
+void par_arena_reset(par_arena *a);    /* keeps the first chunk */
+void par_arena_destroy(par_arena *a);
+
+#endif

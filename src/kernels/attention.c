@@ -1,0 +1,2 @@
+/* kernels/attention.c - placeholder until its owner lands it */
+#include "kernels/real.h"

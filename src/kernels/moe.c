@@ -1,0 +1,2 @@
+/* kernels/moe.c - placeholder until its owner lands it */
+#include "kernels/real.h"

@@ -1,0 +1,2 @@
+/* kernels/ops.c - placeholder until its owner lands it */
+#include "kernels/real.h"
