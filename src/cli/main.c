@@ -1,3 +1,90 @@
+/* parity - proves parallel layouts of the DeepSeek-V4 training step equal to
+ * the serial reference.  This file only dispatches to subcommands. */
 #include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "core/log.h"
 #include "parity_config.h"
-int main(void) { printf("parity %s\n", PARITY_VERSION); return 0; }
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+#ifdef PAR_HAVE_CMD_GOLDEN
+    {"golden", par_cmd_golden, "run the serial reference and write a golden set"},
+#endif
+#ifdef PAR_HAVE_CMD_RUN
+    {"run", par_cmd_run, "run training steps under a parallel layout (optionally --dump a golden set)"},
+#endif
+#ifdef PAR_HAVE_CMD_COMPARE
+    {"compare", par_cmd_compare, "compare two golden sets or safetensors files (GOLDEN.md policy)"},
+#endif
+#ifdef PAR_HAVE_CMD_MATRIX
+    {"matrix", par_cmd_matrix, "run the conformance matrix against the serial golden"},
+#endif
+#ifdef PAR_HAVE_CMD_CKPT
+    {"ckpt", par_cmd_ckpt, "reshard, export and diff distributed checkpoints"},
+#endif
+#ifdef PAR_HAVE_CMD_PLAN
+    {"plan", par_cmd_plan, "check a layout and print its groups, memory and costs"},
+#endif
+#ifdef PAR_HAVE_CMD_SCHEDULE
+    {"schedule", par_cmd_schedule, "dry-run a pipeline schedule: bubbles, deadlocks, timeline"},
+#endif
+#ifdef PAR_HAVE_CMD_TOPO
+    {"topo", par_cmd_topo, "print the host topology and the rank-to-core binding"},
+#endif
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: parity [--log LEVEL] <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; commands[i].name; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'parity <command> --help' describes a command.  "
+               "'parity --version' prints the version and build features.\n");
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    while (i < argc && !strncmp(argv[i], "--", 2)) {
+        if (!strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("parity %s (mpi: %s, cuda toolkit: %s, hwloc: %s)\n", PARITY_VERSION, HAVE_MPI ? "yes" : "no",
+                   HAVE_CUDA ? "yes" : "no", HAVE_HWLOC ? "yes" : "no");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--log") && i + 1 < argc) {
+            par_log_level lv;
+            if (par_log_parse_level(argv[i + 1], &lv) != 0) {
+                fprintf(stderr, "parity: --log expects error|warn|info|debug|trace, got '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            par_log_set_level(lv);
+            i += 2;
+            continue;
+        }
+        fprintf(stderr, "parity: unknown option '%s' before the command\n", argv[i]);
+        usage(stderr);
+        return 2;
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    for (size_t c = 0; commands[c].name; c++)
+        if (!strcmp(argv[i], commands[c].name))
+            return commands[c].fn(argc - i, argv + i);
+    fprintf(stderr, "parity: unknown command '%s'\n", argv[i]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,60 @@
+/* cli/args.h - one option parser for every subcommand.
+ *
+ * Long options only, Megatron-LM style: `--name value` or `--name=value`.
+ * A command declares a table of par_opt; parse fills the destinations and
+ * collects positional arguments.  Errors print one line naming the option
+ * and what was wrong, and make the command exit 2.
+ */
+#ifndef PAR_CLI_ARGS_H
+#define PAR_CLI_ARGS_H
+
+#include <stdint.h>
+
+typedef enum {
+    PAR_OPT_FLAG,   /* no value; sets int dest to 1                   */
+    PAR_OPT_INT,    /* int64_t dest                                   */
+    PAR_OPT_DOUBLE, /* double dest                                    */
+    PAR_OPT_STR,    /* const char * dest (points into argv)           */
+    PAR_OPT_LIST,   /* repeatable string: par_strlist dest            */
+} par_opt_kind;
+
+typedef struct {
+    const char *items[64];
+    int count;
+} par_strlist;
+
+typedef struct {
+    const char *name;  /* without the leading "--" */
+    par_opt_kind kind;
+    void *dest;
+    const char *metavar;
+    const char *help;
+} par_opt;
+
+typedef struct {
+    const char *argv[16];
+    int count;
+} par_positional;
+
+/* Returns 0 ok, 1 when --help was given (usage printed to stdout), 2 on a
+ * usage error (message printed to stderr). */
+int par_args_parse(const char *cmd, const char *synopsis, const par_opt *opts, int nopts, int argc,
+                   char **argv, par_positional *pos);
+void par_args_usage(const char *cmd, const char *synopsis, const par_opt *opts, int nopts);
+
+/* Parallel layout flags shared by run/matrix/ckpt/plan (Megatron-LM names). */
+typedef struct {
+    int64_t tp, pp, vpp, cp, ep, etp;
+    int64_t micro_batch, global_batch;
+    int64_t world_size, ranks_per_process;
+    int distributed_optimizer;
+    const char *pp_layout;
+    const char *pp_schedule;
+} par_layout_args;
+
+void par_layout_args_init(par_layout_args *l);
+/* Appends the layout options to `opts` (capacity checked); returns the new
+ * count or -1. */
+int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l);
+
+#endif

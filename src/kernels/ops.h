@@ -1,0 +1,106 @@
+/* kernels/ops.h - basic forward/backward pairs (templated: see kernels/real.h).
+ *
+ * Conventions: row-major; T = number of tokens (rows); weights are stored
+ * [out_features, in_features] so Linear_W(x) = x W^T.  Forward functions
+ * overwrite their outputs; backward functions ACCUMULATE (+=) into every
+ * gradient output, and any gradient output may be NULL when not wanted.
+ */
+#ifndef PAR_KERNELS_OPS_H
+#define PAR_KERNELS_OPS_H
+
+#include <stdint.h>
+
+#include "kernels/real.h"
+
+/* C[M,N] = alpha * op(A) op(B) + beta * C through OpenBLAS (row-major).
+ * ta/tb: 0 = as stored, 1 = transposed.  A is [M,K] (or [K,M] if ta), B is
+ * [K,N] (or [N,K] if tb).  A GEMM with M == 1 is computed as a 2-row GEMM so
+ * that a row's bits do not depend on how many rows it was batched with
+ * (OpenBLAS sends 1-row GEMMs through another kernel). */
+void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
+                      par_real *C, int64_t ldc);
+
+/* out = in W^T */
+void PAR_FN(par_linear_forward)(par_real *out,      /* [T, N] */
+                                const par_real *in, /* [T, K] */
+                                const par_real *w,  /* [N, K] */
+                                int64_t T, int64_t K, int64_t N);
+/* din += dout W ; dw += dout^T in */
+void PAR_FN(par_linear_backward)(par_real *din,       /* [T, K] or NULL */
+                                 par_real *dw,        /* [N, K] or NULL */
+                                 const par_real *dout, /* [T, N] */
+                                 const par_real *in,  /* [T, K] */
+                                 const par_real *w,   /* [N, K] */
+                                 int64_t T, int64_t K, int64_t N);
+
+/* out = w * in / sqrt(mean(in^2) + eps) over rows of D; w may be NULL (no
+ * weight: per-head q normalisation).  `rstd` saves 1/sqrt(mean+eps) per row.
+ * In-place (out == in) is allowed in forward. */
+void PAR_FN(par_rmsnorm_forward)(par_real *out,      /* [T, D] */
+                                 par_real *rstd,     /* [T] saved */
+                                 const par_real *in, /* [T, D] */
+                                 const par_real *w,  /* [D] or NULL */
+                                 int64_t T, int64_t D, double eps);
+void PAR_FN(par_rmsnorm_backward)(par_real *din,        /* [T, D] or NULL */
+                                  par_real *dw,         /* [D] or NULL */
+                                  const par_real *dout, /* [T, D] */
+                                  const par_real *in,   /* [T, D] the forward input */
+                                  const par_real *w,    /* [D] or NULL */
+                                  const par_real *rstd, /* [T] */
+                                  int64_t T, int64_t D);
+
+/* out[t] = table[ids[t]] */
+void PAR_FN(par_embedding_forward)(par_real *out,         /* [T, D] */
+                                   const int32_t *ids,    /* [T] */
+                                   const par_real *table, /* [V, D] */
+                                   int64_t T, int64_t D);
+/* dtable[ids[t]] += dout[t], rows in ascending t (deterministic). */
+void PAR_FN(par_embedding_backward)(par_real *dtable,     /* [V, D] */
+                                    const par_real *dout, /* [T, D] */
+                                    const int32_t *ids,   /* [T] */
+                                    int64_t T, int64_t D);
+
+/* Clamped SwiGLU of an expert's hidden layer (MODEL.md section 4):
+ *   h = rw * silu(min(g, L)) * clamp(u, -L, L)
+ * g = x w1^T, u = x w3^T; rw the per-row routing weight (NULL = 1).
+ * L <= 0 disables both clamps. */
+void PAR_FN(par_swiglu_forward)(par_real *h,        /* [T, I] */
+                                const par_real *g,  /* [T, I] */
+                                const par_real *u,  /* [T, I] */
+                                const par_real *rw, /* [T] or NULL */
+                                int64_t T, int64_t I, double L);
+/* dg += dh * d h/d g ; du += ... ; drw[t] += sum_i dh * silu(..)*clamp(..).
+ * Clamped regions pass no gradient (derivative of min/clamp taken as 0
+ * outside, 1 inside; at the boundary itself the inside value). */
+void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, I] or NULL */
+                                 par_real *du,        /* [T, I] or NULL */
+                                 par_real *drw,       /* [T] or NULL */
+                                 const par_real *dh,  /* [T, I] */
+                                 const par_real *g,   /* [T, I] */
+                                 const par_real *u,   /* [T, I] */
+                                 const par_real *rw,  /* [T] or NULL */
+                                 int64_t T, int64_t I, double L);
+
+/* Softmax cross-entropy per row.  For rows with target[t] >= 0:
+ *   ce[t] = logsumexp(logits[t]) - logits[t][target[t]],  lse[t] saved;
+ * rows with target < 0 get ce = 0 (no label). */
+void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */
+                              par_real *lse,          /* [T] saved */
+                              const par_real *logits, /* [T, V] */
+                              const int32_t *target,  /* [T], -1 = none */
+                              int64_t T, int64_t V);
+/* dlogits[t] += scale * (softmax(logits[t]) - onehot(target[t])) for rows
+ * with a target (scale = dLoss/dce, the same for every row). */
+void PAR_FN(par_xent_backward)(par_real *dlogits,       /* [T, V] */
+                               const par_real *logits,  /* [T, V] */
+                               const par_real *lse,     /* [T] */
+                               const int32_t *target,   /* [T] */
+                               double scale, int64_t T, int64_t V);
+
+/* Scalar helpers, numerically stable, in double. */
+double par_sigmoid(double x);
+double par_softplus(double x);  /* log(1 + e^x) */
+double par_silu(double x);
+
+#endif

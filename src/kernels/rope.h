@@ -1,0 +1,38 @@
+/* kernels/rope.h - rotary position embedding with YaRN (MODEL.md section 3).
+ *
+ * RoPE acts on the LAST rd dims of a vector of size D, as interleaved complex
+ * pairs (2i, 2i+1) with angle p * f_i:  a' = a cos - b sin,  b' = a sin + b cos.
+ * The inverse (sign = -1) rotates by -p f_i; it is also the backward of the
+ * forward rotation (the rotation is orthogonal), and vice versa.
+ * Frequencies and angles are computed in double, then cos/sin are rounded to
+ * the working precision.
+ */
+#ifndef PAR_KERNELS_ROPE_H
+#define PAR_KERNELS_ROPE_H
+
+#include <stdint.h>
+
+#include "kernels/real.h"
+
+#define PAR_ROPE_MAX_HALF 512 /* rd/2 limit */
+
+typedef struct {
+    int rd;                          /* rope dims (even)  */
+    double freq[PAR_ROPE_MAX_HALF];  /* f_i, i < rd/2     */
+} par_rope;
+
+/* f_i = base^(-2i/rd); with yarn (original_seq_len > 0) the YaRN ramp of
+ * precompute_freqs_cis (docs/model-reading.md): low/high from
+ * find_correction_range(beta_fast, beta_slow, rd, base, original_seq_len),
+ * high clamped at rd - 1, high += 0.001 when equal. */
+void par_rope_init(par_rope *r, int rd, double base, int yarn, double rope_factor,
+                   int64_t original_seq_len, double beta_fast, double beta_slow);
+
+/* Rotate in place the last rd dims of each of `nvec` vectors per token:
+ * x[t][v][D - rd .. D) by angle sign * pos[t] * f_i.  Vectors of one token
+ * are `D` apart (x is [T, nvec, D]). */
+void PAR_FN(par_rope_apply)(par_real *x,          /* [T, nvec, D] in place */
+                            const int32_t *pos,   /* [T] */
+                            const par_rope *r, int64_t T, int64_t nvec, int64_t D, int sign);
+
+#endif

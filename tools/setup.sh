@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages parity needs, if any are missing.  Idempotent;
+# prints nothing when everything is already there.  Run as root (or with sudo
+# available).  CUDA (nvcc) is optional and never installed here.
+set -euo pipefail
+pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
+      libcriterion-dev libcjson-dev nettle-dev python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "parity setup: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
