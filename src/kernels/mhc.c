@@ -1,0 +1,565 @@
+/* kernels/mhc.c - mHC residual-stream kernels (see kernels/mhc.h). */
+#include "kernels/mhc.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MAXNN (PAR_HC_MAX_N * PAR_HC_MAX_N)
+/* Loops with fewer multiply-adds than this run on one thread (the result is
+ * the same either way: every output element has one owner). */
+#define PAR_HC_OMP_MIN_WORK 65536
+#define OMP_IF(work) if ((work) >= PAR_HC_OMP_MIN_WORK)
+
+/* ---- saved-state carving ---- */
+
+static size_t piece(int64_t count)
+{
+    size_t b = (size_t)count * sizeof(par_real);
+    return (b + 63) & ~(size_t)63;
+}
+
+static par_real *carve(char **cur, int64_t count)
+{
+    par_real *p = (par_real *)(void *)*cur;
+    *cur += piece(count);
+    return p;
+}
+
+size_t PAR_FN(par_hc_saved_bytes)(int64_t T, int64_t n, int64_t iters)
+{
+    int64_t P = (2 + n) * n;
+    return 3 * piece(T * P) + piece(T) + 2 * piece(T * n) + piece(T * n * n) +
+           piece(T * 2 * iters * n * n);
+}
+
+void PAR_FN(par_hc_saved_init)(PAR_FN(par_hc_saved) *s, void *buf, int64_t T, int64_t n,
+                               int64_t iters)
+{
+    int64_t P = (2 + n) * n;
+    char *cur = buf;
+    s->T = T;
+    s->n = n;
+    s->iters = iters;
+    s->proj = carve(&cur, T * P);
+    s->rsq = carve(&cur, T);
+    s->mixes = carve(&cur, T * P);
+    s->pre = carve(&cur, T * n);
+    s->post = carve(&cur, T * n);
+    s->C = carve(&cur, T * n * n);
+    s->sk = carve(&cur, T * 2 * iters * n * n);
+    s->work = carve(&cur, T * P);
+}
+
+size_t PAR_FN(par_hc_head_saved_bytes)(int64_t T, int64_t n)
+{
+    return 4 * piece(T * n) + piece(T);
+}
+
+void PAR_FN(par_hc_head_saved_init)(PAR_FN(par_hc_head_saved) *s, void *buf, int64_t T,
+                                    int64_t n)
+{
+    char *cur = buf;
+    s->T = T;
+    s->n = n;
+    s->proj = carve(&cur, T * n);
+    s->rsq = carve(&cur, T);
+    s->mixes = carve(&cur, T * n);
+    s->pre = carve(&cur, T * n);
+    s->work = carve(&cur, T * n);
+}
+
+/* ---- scalar helpers ---- */
+
+static par_real sigm(par_real z)
+{
+    return (par_real)(1.0 / (1.0 + exp(-(double)z)));
+}
+
+static par_status check_dims(const char *who, int64_t T, int64_t n, int64_t d, int64_t iters)
+{
+    if (n < 1 || n > PAR_HC_MAX_N)
+        return par_err(PAR_EINVAL, "%s: hc_mult n = %lld must be in [1, %d]", who, (long long)n,
+                       PAR_HC_MAX_N);
+    if (iters < 1)
+        return par_err(PAR_EINVAL, "%s: hc_sinkhorn_iters = %lld must be >= 1", who,
+                       (long long)iters);
+    if (T < 0 || d < 1)
+        return par_err(PAR_EINVAL, "%s: need T >= 0 and d >= 1, got T = %lld, d = %lld", who,
+                       (long long)T, (long long)d);
+    return PAR_OK;
+}
+
+/* ---- Sinkhorn ---- */
+
+/* out = in / (sum over the normalised axis + eps); col: divide each column k
+ * by sum_j in[j][k]; row: each row j by sum_k in[j][k]. */
+static void normalise(par_real *out, const par_real *in, int64_t n, int col, par_real eps)
+{
+    for (int64_t a = 0; a < n; a++) {
+        par_real s = 0;
+        for (int64_t b = 0; b < n; b++)
+            s += col ? in[b * n + a] : in[a * n + b];
+        par_real den = s + eps;
+        for (int64_t b = 0; b < n; b++) {
+            int64_t idx = col ? b * n + a : a * n + b;
+            out[idx] = in[idx] / den;
+        }
+    }
+}
+
+/* gin = d/d in of <g, normalise(in)> (overwrites gin). */
+static void normalise_backward(par_real *gin, const par_real *g, const par_real *in, int64_t n,
+                               int col, par_real eps)
+{
+    for (int64_t a = 0; a < n; a++) {
+        par_real s = 0, dot = 0;
+        for (int64_t b = 0; b < n; b++) {
+            int64_t idx = col ? b * n + a : a * n + b;
+            s += in[idx];
+            dot += g[idx] * in[idx];
+        }
+        par_real den = s + eps;
+        par_real corr = dot / (den * den);
+        for (int64_t b = 0; b < n; b++) {
+            int64_t idx = col ? b * n + a : a * n + b;
+            gin[idx] = g[idx] / den - corr;
+        }
+    }
+}
+
+void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
+                                  par_real *sk,      /* [2*iters, n, n] saved */
+                                  const par_real *L, /* [n, n] logits */
+                                  int64_t n, int64_t iters, double hc_eps)
+{
+    const int64_t nn = n * n;
+    const par_real eps = (par_real)hc_eps;
+    par_real *S = sk;
+    for (int64_t j = 0; j < n; j++) {
+        const par_real *l = L + j * n;
+        par_real mx = l[0];
+        for (int64_t k = 1; k < n; k++)
+            mx = l[k] > mx ? l[k] : mx;
+        par_real sum = 0;
+        for (int64_t k = 0; k < n; k++) {
+            S[j * n + k] = (par_real)exp((double)(l[k] - mx));
+            sum += S[j * n + k];
+        }
+        for (int64_t k = 0; k < n; k++)
+            S[j * n + k] /= sum;
+    }
+    par_real *A = sk + nn;
+    for (int64_t e = 0; e < nn; e++)
+        A[e] = S[e] + eps;
+    const int64_t steps = 2 * iters - 1;
+    for (int64_t s = 0; s < steps; s++) {
+        const par_real *in = sk + (s + 1) * nn;
+        par_real *out = s == steps - 1 ? C : sk + (s + 2) * nn;
+        normalise(out, in, n, (s % 2) == 0, eps);
+    }
+}
+
+void PAR_FN(par_sinkhorn_backward)(par_real *dL,       /* [n, n] += */
+                                   const par_real *dC, /* [n, n] */
+                                   const par_real *sk, /* [2*iters, n, n] */
+                                   int64_t n, int64_t iters, double hc_eps)
+{
+    const int64_t nn = n * n;
+    const par_real eps = (par_real)hc_eps;
+    par_real ga[MAXNN], gb[MAXNN];
+    par_real *g = ga, *gnext = gb;
+    memcpy(g, dC, (size_t)nn * sizeof(par_real));
+    for (int64_t s = 2 * iters - 2; s >= 0; s--) {
+        normalise_backward(gnext, g, sk + (s + 1) * nn, n, (s % 2) == 0, eps);
+        par_real *tmp = g;
+        g = gnext;
+        gnext = tmp;
+    }
+    /* g = gradient of S + eps = gradient of the row softmax S */
+    const par_real *S = sk;
+    for (int64_t j = 0; j < n; j++) {
+        par_real dot = 0;
+        for (int64_t k = 0; k < n; k++)
+            dot += g[j * n + k] * S[j * n + k];
+        for (int64_t k = 0; k < n; k++)
+            dL[j * n + k] += S[j * n + k] * (g[j * n + k] - dot);
+    }
+}
+
+/* ---- shared pieces of hc_pre and hc_head ---- */
+
+/* One token: proj = fn v, rsq, mixes = proj * rsq. */
+static void project_token(par_real *proj, par_real *rsq, par_real *mixes, const par_real *v,
+                          const par_real *fn, int64_t P, int64_t nd, double norm_eps)
+{
+    par_real ss = 0;
+    for (int64_t c = 0; c < nd; c++)
+        ss += v[c] * v[c];
+    par_real r = (par_real)(1.0 / sqrt((double)(ss / (par_real)nd) + norm_eps));
+    *rsq = r;
+    for (int64_t p = 0; p < P; p++) {
+        const par_real *w = fn + p * nd;
+        par_real acc = 0;
+        for (int64_t c = 0; c < nd; c++)
+            acc += w[c] * v[c];
+        proj[p] = acc;
+        mixes[p] = acc * r;
+    }
+}
+
+/* x = sum_i pre_i X_i for one token. */
+static void combine_token(par_real *x, const par_real *pre, const par_real *Xt, int64_t n,
+                          int64_t d)
+{
+    for (int64_t c = 0; c < d; c++) {
+        par_real acc = 0;
+        for (int64_t i = 0; i < n; i++)
+            acc += pre[i] * Xt[i * d + c];
+        x[c] = acc;
+    }
+}
+
+/* Which scale a mix uses: 0 pre, 1 post, 2 C (head: always 0). */
+static int64_t group_of(int64_t p, int64_t n)
+{
+    return p < n ? 0 : p < 2 * n ? 1 : 2;
+}
+
+/* From work[t][p] = dLoss/dz_p (z = mixes * scale[g] + base): reduce dbase and
+ * dscale over tokens in order, then back through mixes = proj * rsq and
+ * proj = fn v into dX and dfn.  Overwrites work with dLoss/dproj. */
+static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_real *dscale,
+                             par_real *work, const par_real *proj, const par_real *rsq,
+                             const par_real *mixes, const par_real *X, const par_real *fn,
+                             const par_real *scale, int64_t T, int64_t n, int64_t nd, int64_t P)
+{
+    if (dbase || dscale) {
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t p = 0; p < P; p++) {
+                par_real dz = work[t * P + p];
+                if (dbase)
+                    dbase[p] += dz;
+                if (dscale)
+                    dscale[group_of(p, n)] += dz * mixes[t * P + p];
+            }
+        }
+    }
+    if (!dX && !dfn)
+        return;
+#pragma omp parallel for schedule(static) OMP_IF(T * P * nd)
+    for (int64_t t = 0; t < T; t++) {
+        par_real *w = work + t * P;
+        const par_real *pr = proj + t * P;
+        const par_real r = rsq[t];
+        par_real drsq = 0;
+        for (int64_t p = 0; p < P; p++) {
+            par_real dm = w[p] * scale[group_of(p, n)];
+            drsq += dm * pr[p];
+            w[p] = dm * r;
+        }
+        if (dX) {
+            const par_real *v = X + t * nd;
+            par_real *dv = dX + t * nd;
+            /* d rsq / d v_c = -rsq^3 v_c / nd */
+            par_real coef = -drsq * r * r * r / (par_real)nd;
+            /* acc[c] = coef v_c + sum_p w_p fn[p][c], p ascending, in column
+             * blocks so the inner loop runs along rows of fn. */
+            par_real acc[256];
+            for (int64_t c0 = 0; c0 < nd; c0 += 256) {
+                const int64_t cn = nd - c0 < 256 ? nd - c0 : 256;
+                for (int64_t c = 0; c < cn; c++)
+                    acc[c] = coef * v[c0 + c];
+                for (int64_t p = 0; p < P; p++) {
+                    const par_real wp = w[p], *fr = fn + p * nd + c0;
+                    for (int64_t c = 0; c < cn; c++)
+                        acc[c] += wp * fr[c];
+                }
+                for (int64_t c = 0; c < cn; c++)
+                    dv[c0 + c] += acc[c];
+            }
+        }
+    }
+    if (dfn) {
+        /* Columns of dfn in blocks, each block owned by one thread; every
+         * element sums over t in ascending order. */
+        const int64_t CB = 256, nblk = (nd + CB - 1) / CB;
+#pragma omp parallel for schedule(static) OMP_IF(T * P * nd)
+        for (int64_t blk = 0; blk < nblk; blk++) {
+            const int64_t c0 = blk * CB, c1 = c0 + CB < nd ? c0 + CB : nd;
+            for (int64_t t = 0; t < T; t++) {
+                const par_real *v = X + t * nd;
+                for (int64_t p = 0; p < P; p++) {
+                    par_real g = work[t * P + p];
+                    par_real *dw = dfn + p * nd;
+                    for (int64_t c = c0; c < c1; c++)
+                        dw[c] += g * v[c];
+                }
+            }
+        }
+    }
+}
+
+/* One token of the x = sum pre_i X_i backward: dX_i += pre_i dx, and the
+ * gradient of the pre logits into dz[0..n). */
+static void combine_backward_token(par_real *dXt, par_real *dz, const par_real *dxt,
+                                   const par_real *Xt, const par_real *pre,
+                                   const par_real *mixes, const par_real *base, par_real s0,
+                                   int64_t n, int64_t d)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (!dxt) {
+            dz[i] = 0;
+            continue;
+        }
+        const par_real *Xi = Xt + i * d;
+        par_real dpre = 0;
+        for (int64_t c = 0; c < d; c++)
+            dpre += dxt[c] * Xi[c];
+        par_real sg = sigm(mixes[i] * s0 + base[i]);
+        dz[i] = dpre * sg * (1 - sg);
+        if (dXt) {
+            par_real *dXi = dXt + i * d;
+            for (int64_t c = 0; c < d; c++)
+                dXi[c] += pre[i] * dxt[c];
+        }
+    }
+}
+
+/* ---- hc_pre ---- */
+
+par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d] out */
+                                      const PAR_FN(par_hc_saved) *saved, /* filled */
+                                      const par_real *X,                 /* [T, n, d] */
+                                      const par_real *fn,                /* [P, n*d] */
+                                      const par_real *base,              /* [P] */
+                                      const par_real *scale,             /* [3] */
+                                      int64_t T, int64_t n, int64_t d, int64_t iters,
+                                      double hc_eps, double norm_eps)
+{
+    par_status st = check_dims("hc_pre_forward", T, n, d, iters);
+    if (st)
+        return st;
+    if (saved->T != T || saved->n != n || saved->iters != iters)
+        return par_err(PAR_EINVAL,
+                       "hc_pre_forward: saved state is for T=%lld n=%lld iters=%lld, call has "
+                       "T=%lld n=%lld iters=%lld",
+                       (long long)saved->T, (long long)saved->n, (long long)saved->iters,
+                       (long long)T, (long long)n, (long long)iters);
+    const int64_t P = (2 + n) * n, nd = n * d, nn = n * n;
+    const par_real eps = (par_real)hc_eps;
+#pragma omp parallel for schedule(static) OMP_IF(T * (P + 1) * nd)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *Xt = X + t * nd;
+        par_real *m = saved->mixes + t * P;
+        project_token(saved->proj + t * P, saved->rsq + t, m, Xt, fn, P, nd, norm_eps);
+        par_real *pre = saved->pre + t * n, *post = saved->post + t * n;
+        for (int64_t i = 0; i < n; i++)
+            pre[i] = sigm(m[i] * scale[0] + base[i]) + eps;
+        for (int64_t j = 0; j < n; j++)
+            post[j] = 2 * sigm(m[n + j] * scale[1] + base[n + j]);
+        par_real L[MAXNN];
+        for (int64_t e = 0; e < nn; e++)
+            L[e] = m[2 * n + e] * scale[2] + base[2 * n + e];
+        PAR_FN(par_sinkhorn_forward)(saved->C + t * nn, saved->sk + t * 2 * iters * nn, L, n,
+                                     iters, hc_eps);
+        combine_token(x + t * d, pre, Xt, n, d);
+    }
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or NULL */
+                                       par_real *dfn,         /* [P, n*d] += or NULL */
+                                       par_real *dbase,       /* [P] += or NULL */
+                                       par_real *dscale,      /* [3] += or NULL */
+                                       const par_real *dx,    /* [T, d] or NULL */
+                                       const par_real *dpost, /* [T, n] or NULL */
+                                       const par_real *dC,    /* [T, n, n] or NULL */
+                                       const PAR_FN(par_hc_saved) *saved,
+                                       const par_real *X,     /* [T, n, d] */
+                                       const par_real *fn,    /* [P, n*d] */
+                                       const par_real *base,  /* [P] */
+                                       const par_real *scale, /* [3] */
+                                       int64_t T, int64_t n, int64_t d, int64_t iters,
+                                       double hc_eps, double norm_eps)
+{
+    (void)norm_eps; /* rsq was saved */
+    par_status st = check_dims("hc_pre_backward", T, n, d, iters);
+    if (st)
+        return st;
+    if (saved->T != T || saved->n != n || saved->iters != iters)
+        return par_err(PAR_EINVAL,
+                       "hc_pre_backward: saved state is for T=%lld n=%lld iters=%lld, call has "
+                       "T=%lld n=%lld iters=%lld",
+                       (long long)saved->T, (long long)saved->n, (long long)saved->iters,
+                       (long long)T, (long long)n, (long long)iters);
+    const int64_t P = (2 + n) * n, nd = n * d, nn = n * n;
+#pragma omp parallel for schedule(static) OMP_IF(T * (P + 1) * nd)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *m = saved->mixes + t * P;
+        par_real *dz = saved->work + t * P;
+        combine_backward_token(dX ? dX + t * nd : NULL, dz, dx ? dx + t * d : NULL, X + t * nd,
+                               saved->pre + t * n, m, base, scale[0], n, d);
+        for (int64_t j = 0; j < n; j++) {
+            if (!dpost) {
+                dz[n + j] = 0;
+                continue;
+            }
+            par_real sg = sigm(m[n + j] * scale[1] + base[n + j]);
+            dz[n + j] = dpost[t * n + j] * 2 * sg * (1 - sg);
+        }
+        for (int64_t e = 0; e < nn; e++)
+            dz[2 * n + e] = 0;
+        if (dC)
+            PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn,
+                                          saved->sk + t * 2 * iters * nn, n, iters, hc_eps);
+    }
+    project_backward(dX, dfn, dbase, dscale, saved->work, saved->proj, saved->rsq, saved->mixes,
+                     X, fn, scale, T, n, nd, P);
+    return PAR_OK;
+}
+
+/* ---- hc_post ---- */
+
+void PAR_FN(par_hc_post_forward)(par_real *Xout,       /* [T, n, d] out */
+                                 const par_real *f,    /* [T, d] */
+                                 const par_real *X,    /* [T, n, d] */
+                                 const par_real *post, /* [T, n] */
+                                 const par_real *C,    /* [T, n, n] */
+                                 int64_t T, int64_t n, int64_t d)
+{
+    const int64_t nd = n * d, nn = n * n;
+#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *ft = f + t * d, *Xt = X + t * nd, *Ct = C + t * nn, *pt = post + t * n;
+        for (int64_t k = 0; k < n; k++) {
+            par_real *o = Xout + t * nd + k * d;
+            for (int64_t c = 0; c < d; c++) {
+                par_real acc = pt[k] * ft[c];
+                for (int64_t j = 0; j < n; j++)
+                    acc += Ct[j * n + k] * Xt[j * d + c];
+                o[c] = acc;
+            }
+        }
+    }
+}
+
+void PAR_FN(par_hc_post_backward)(par_real *df,          /* [T, d] += or NULL */
+                                  par_real *dX,          /* [T, n, d] += or NULL */
+                                  par_real *dpost,       /* [T, n] += or NULL */
+                                  par_real *dC,          /* [T, n, n] += or NULL */
+                                  const par_real *dXout, /* [T, n, d] */
+                                  const par_real *f,     /* [T, d] */
+                                  const par_real *X,     /* [T, n, d] */
+                                  const par_real *post,  /* [T, n] */
+                                  const par_real *C,     /* [T, n, n] */
+                                  int64_t T, int64_t n, int64_t d)
+{
+    const int64_t nd = n * d, nn = n * n;
+#pragma omp parallel for schedule(static) OMP_IF(T * (2 * n + 2) * nd)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *g = dXout + t * nd, *ft = f + t * d, *Xt = X + t * nd;
+        const par_real *Ct = C + t * nn, *pt = post + t * n;
+        if (df) {
+            for (int64_t c = 0; c < d; c++) {
+                par_real acc = 0;
+                for (int64_t k = 0; k < n; k++)
+                    acc += pt[k] * g[k * d + c];
+                df[t * d + c] += acc;
+            }
+        }
+        if (dpost) {
+            for (int64_t k = 0; k < n; k++) {
+                par_real acc = 0;
+                for (int64_t c = 0; c < d; c++)
+                    acc += g[k * d + c] * ft[c];
+                dpost[t * n + k] += acc;
+            }
+        }
+        if (dC) {
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t k = 0; k < n; k++) {
+                    par_real acc = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        acc += g[k * d + c] * Xt[j * d + c];
+                    dC[t * nn + j * n + k] += acc;
+                }
+        }
+        if (dX) {
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t c = 0; c < d; c++) {
+                    par_real acc = 0;
+                    for (int64_t k = 0; k < n; k++)
+                        acc += Ct[j * n + k] * g[k * d + c];
+                    dX[t * nd + j * d + c] += acc;
+                }
+        }
+    }
+}
+
+/* ---- hc_head ---- */
+
+par_status PAR_FN(par_hc_head_forward)(par_real *x,                          /* [T, d] out */
+                                       const PAR_FN(par_hc_head_saved) *saved, /* filled */
+                                       const par_real *X,                      /* [T, n, d] */
+                                       const par_real *fn,                     /* [n, n*d] */
+                                       const par_real *base,                   /* [n] */
+                                       const par_real *scale,                  /* [1] */
+                                       int64_t T, int64_t n, int64_t d, double hc_eps,
+                                       double norm_eps)
+{
+    par_status st = check_dims("hc_head_forward", T, n, d, 1);
+    if (st)
+        return st;
+    if (saved->T != T || saved->n != n)
+        return par_err(PAR_EINVAL,
+                       "hc_head_forward: saved state is for T=%lld n=%lld, call has T=%lld "
+                       "n=%lld",
+                       (long long)saved->T, (long long)saved->n, (long long)T, (long long)n);
+    const int64_t nd = n * d;
+    const par_real eps = (par_real)hc_eps;
+#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *Xt = X + t * nd;
+        par_real *m = saved->mixes + t * n, *pre = saved->pre + t * n;
+        project_token(saved->proj + t * n, saved->rsq + t, m, Xt, fn, n, nd, norm_eps);
+        for (int64_t i = 0; i < n; i++)
+            pre[i] = sigm(m[i] * scale[0] + base[i]) + eps;
+        combine_token(x + t * d, pre, Xt, n, d);
+    }
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_hc_head_backward)(par_real *dX,          /* [T, n, d] += or NULL */
+                                        par_real *dfn,         /* [n, n*d] += or NULL */
+                                        par_real *dbase,       /* [n] += or NULL */
+                                        par_real *dscale,      /* [1] += or NULL */
+                                        const par_real *dx,    /* [T, d] */
+                                        const PAR_FN(par_hc_head_saved) *saved,
+                                        const par_real *X,     /* [T, n, d] */
+                                        const par_real *fn,    /* [n, n*d] */
+                                        const par_real *base,  /* [n] */
+                                        const par_real *scale, /* [1] */
+                                        int64_t T, int64_t n, int64_t d, double hc_eps,
+                                        double norm_eps)
+{
+    (void)hc_eps;
+    (void)norm_eps;
+    par_status st = check_dims("hc_head_backward", T, n, d, 1);
+    if (st)
+        return st;
+    if (saved->T != T || saved->n != n)
+        return par_err(PAR_EINVAL,
+                       "hc_head_backward: saved state is for T=%lld n=%lld, call has T=%lld "
+                       "n=%lld",
+                       (long long)saved->T, (long long)saved->n, (long long)T, (long long)n);
+    const int64_t nd = n * d;
+#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    for (int64_t t = 0; t < T; t++)
+        combine_backward_token(dX ? dX + t * nd : NULL, saved->work + t * n,
+                               dx ? dx + t * d : NULL, X + t * nd, saved->pre + t * n,
+                               saved->mixes + t * n, base, scale[0], n, d);
+    /* group_of(p, n) is 0 for every p < n: the head's one scale. */
+    project_backward(dX, dfn, dbase, dscale, saved->work, saved->proj, saved->rsq, saved->mixes,
+                     X, fn, scale, T, n, nd, n);
+    return PAR_OK;
+}
