@@ -16,7 +16,13 @@
  * ta/tb: 0 = as stored, 1 = transposed.  A is [M,K] (or [K,M] if ta), B is
  * [K,N] (or [N,K] if tb).  A GEMM with M == 1 is computed as a 2-row GEMM so
  * that a row's bits do not depend on how many rows it was batched with
- * (OpenBLAS sends 1-row GEMMs through another kernel). */
+ * (OpenBLAS sends 1-row GEMMs through another kernel).  Precisely: rows up
+ * to the last multiple of 16 are computed in place and the remaining rows as
+ * one 16-row GEMM padded with zero rows, because OpenBLAS 0.3.21 also sends
+ * the tail rows of an odd M through other kernels.  With one BLAS thread,
+ * f64 rows are then bitwise independent of M and of their place in it (f32
+ * rows are not: sgemm kernels differ even within a 16-row block; see
+ * docs/kernels.md). */
 void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
                       const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
                       par_real *C, int64_t ldc);
@@ -65,22 +71,22 @@ void PAR_FN(par_embedding_backward)(par_real *dtable,     /* [V, D] */
  *   h = rw * silu(min(g, L)) * clamp(u, -L, L)
  * g = x w1^T, u = x w3^T; rw the per-row routing weight (NULL = 1).
  * L <= 0 disables both clamps. */
-void PAR_FN(par_swiglu_forward)(par_real *h,        /* [T, I] */
-                                const par_real *g,  /* [T, I] */
-                                const par_real *u,  /* [T, I] */
+void PAR_FN(par_swiglu_forward)(par_real *h,        /* [T, nI] */
+                                const par_real *g,  /* [T, nI] */
+                                const par_real *u,  /* [T, nI] */
                                 const par_real *rw, /* [T] or NULL */
-                                int64_t T, int64_t I, double L);
+                                int64_t T, int64_t nI, double L);
 /* dg += dh * d h/d g ; du += ... ; drw[t] += sum_i dh * silu(..)*clamp(..).
  * Clamped regions pass no gradient (derivative of min/clamp taken as 0
  * outside, 1 inside; at the boundary itself the inside value). */
-void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, I] or NULL */
-                                 par_real *du,        /* [T, I] or NULL */
+void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, nI] or NULL */
+                                 par_real *du,        /* [T, nI] or NULL */
                                  par_real *drw,       /* [T] or NULL */
-                                 const par_real *dh,  /* [T, I] */
-                                 const par_real *g,   /* [T, I] */
-                                 const par_real *u,   /* [T, I] */
+                                 const par_real *dh,  /* [T, nI] */
+                                 const par_real *g,   /* [T, nI] */
+                                 const par_real *u,   /* [T, nI] */
                                  const par_real *rw,  /* [T] or NULL */
-                                 int64_t T, int64_t I, double L);
+                                 int64_t T, int64_t nI, double L);
 
 /* Softmax cross-entropy per row.  For rows with target[t] >= 0:
  *   ce[t] = logsumexp(logits[t]) - logits[t][target[t]],  lse[t] saved;
@@ -98,9 +104,7 @@ void PAR_FN(par_xent_backward)(par_real *dlogits,       /* [T, V] */
                                const int32_t *target,   /* [T] */
                                double scale, int64_t T, int64_t V);
 
-/* Scalar helpers, numerically stable, in double. */
-double par_sigmoid(double x);
-double par_softplus(double x);  /* log(1 + e^x) */
-double par_silu(double x);
+/* Scalar helpers (par_sigmoid, par_softplus, par_silu) live in kernels/scalar.h. */
+#include "kernels/scalar.h"
 
 #endif

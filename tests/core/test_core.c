@@ -1,6 +1,7 @@
 /* Core: status, logging, tagged allocation, arenas, Philox RNG, bf16. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"

@@ -1,0 +1,350 @@
+/* kernels/ops.c - basic forward/backward pairs (see kernels/ops.h).
+ *
+ * Compiled once per precision (kernels/real.h).  Reductions (row sums,
+ * weight-gradient sums) run in a fixed order and accumulate in double in both
+ * precisions; element-wise nonlinearities are evaluated in double and rounded
+ * once to the working precision.  A backward kernel first forms its whole
+ * contribution to a gradient element, then adds it once (g += contribution),
+ * so the result does not depend on how that contribution was summed into g.
+ */
+#include "kernels/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+#if PAR_REAL_BITS == 64
+#define PAR_GEMM cblas_dgemm
+#else
+#define PAR_GEMM cblas_sgemm
+#endif
+
+/* ---------------------------------------------------------------- scalars */
+
+/* d silu / dx = s (1 + x (1 - s)) */
+static inline double silu_grad_d(double x)
+{
+    double s = par_sigmoid(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+
+/* ------------------------------------------------------------------- gemm */
+
+/* Row block of the padded GEMM.  OpenBLAS's micro-kernels take rows in
+ * blocks of GEMM_UNROLL_M (4 for double on Haswell/Zen, up to 16 on
+ * Skylake-X); rows left over at the end of M go through other kernels whose
+ * sums can round differently (measured here: OpenBLAS 0.3.21 on Zen, dgemm,
+ * the last row of every odd M differs in the last bits from the same row in
+ * an even batch).  So the rows of M beyond the last multiple of 16 are
+ * computed as a separate 16-row GEMM padded with zero rows: every row then
+ * goes through a full-block kernel whatever M is and wherever it sits. */
+#define GEMM_ROW_BLOCK 16
+/* Scratch for the padded tail kept on the stack up to this many reals. */
+#define GEMM_PAD_STACK 4096
+
+static void gemm_raw(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                     const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
+                     par_real *C, int64_t ldc)
+{
+    PAR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+             (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
+             (blasint)ldc);
+}
+
+void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
+                      par_real *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        /* Empty product: C = beta C (beta == 0 writes zeros, ignoring old C). */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0 ? (par_real)0 : beta * C[i * ldc + j];
+        return;
+    }
+    const int64_t RB = GEMM_ROW_BLOCK;
+    int64_t Mm = M - M % RB; /* rows done in place */
+    int64_t r = M - Mm;      /* tail rows, padded to RB */
+    if (Mm > 0)
+        gemm_raw(ta, tb, Mm, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (r == 0)
+        return;
+
+    const par_real *At = ta ? A + Mm : A + Mm * lda; /* the tail's first row of op(A) */
+    par_real *Ct = C + Mm * ldc;
+    int64_t need = RB * (K + N);
+    par_real stack_buf[GEMM_PAD_STACK];
+    par_real *buf = stack_buf;
+    if (need > GEMM_PAD_STACK) {
+        buf = par_malloc((size_t)need * sizeof(par_real), PAR_TAG_ACT);
+        if (!buf) {
+            PAR_LOG_W("par_gemm: no memory for the padded %lld-row tail (%lld reals); "
+                      "computing it unpadded (its bits may differ from a batched row)",
+                      (long long)r, (long long)need);
+            gemm_raw(ta, tb, r, N, K, alpha, At, lda, B, ldb, beta, Ct, ldc);
+            return;
+        }
+    }
+    par_real *A2 = buf;          /* [RB, K] (ta = 0) or [K, RB] (ta = 1) */
+    par_real *C2 = buf + RB * K; /* [RB, N] */
+    memset(buf, 0, (size_t)need * sizeof(par_real));
+    int64_t lda2;
+    if (!ta) {
+        for (int64_t i = 0; i < r; i++)
+            memcpy(A2 + i * K, At + i * lda, (size_t)K * sizeof(par_real));
+        lda2 = K;
+    } else {
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t i = 0; i < r; i++)
+                A2[k * RB + i] = At[k * lda + i];
+        lda2 = RB;
+    }
+    if (beta != 0)
+        for (int64_t i = 0; i < r; i++)
+            memcpy(C2 + i * N, Ct + i * ldc, (size_t)N * sizeof(par_real));
+    gemm_raw(ta, tb, RB, N, K, alpha, A2, lda2, B, ldb, beta, C2, N);
+    for (int64_t i = 0; i < r; i++)
+        memcpy(Ct + i * ldc, C2 + i * N, (size_t)N * sizeof(par_real));
+    if (buf != stack_buf)
+        par_free(buf);
+}
+
+/* ----------------------------------------------------------------- linear */
+
+void PAR_FN(par_linear_forward)(par_real *out,      /* [T, N] */
+                                const par_real *in, /* [T, K] */
+                                const par_real *w,  /* [N, K] */
+                                int64_t T, int64_t K, int64_t N)
+{
+    PAR_FN(par_gemm)(0, 1, T, N, K, 1, in, K, w, K, 0, out, N);
+}
+
+void PAR_FN(par_linear_backward)(par_real *din,        /* [T, K] or NULL */
+                                 par_real *dw,         /* [N, K] or NULL */
+                                 const par_real *dout, /* [T, N] */
+                                 const par_real *in,   /* [T, K] */
+                                 const par_real *w,    /* [N, K] */
+                                 int64_t T, int64_t K, int64_t N)
+{
+    if (din)
+        PAR_FN(par_gemm)(0, 0, T, K, N, 1, dout, N, w, K, 1, din, K);
+    if (dw)
+        PAR_FN(par_gemm)(1, 0, N, K, T, 1, dout, N, in, K, 1, dw, K);
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+
+void PAR_FN(par_rmsnorm_forward)(par_real *out,      /* [T, D] */
+                                 par_real *rstd,     /* [T] saved */
+                                 const par_real *in, /* [T, D] */
+                                 const par_real *w,  /* [D] or NULL */
+                                 int64_t T, int64_t D, double eps)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *x = in + t * D;
+        par_real *y = out + t * D;
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)x[j] * (double)x[j];
+        par_real r = (par_real)(1.0 / sqrt(ss / (double)D + eps));
+        rstd[t] = r;
+        if (w) {
+            for (int64_t j = 0; j < D; j++)
+                y[j] = w[j] * (x[j] * r);
+        } else {
+            for (int64_t j = 0; j < D; j++)
+                y[j] = x[j] * r;
+        }
+    }
+}
+
+/* Columns of dw handled per pass over the rows (a stack accumulator). */
+#define RMS_DW_CHUNK 256
+
+void PAR_FN(par_rmsnorm_backward)(par_real *din,        /* [T, D] or NULL */
+                                  par_real *dw,         /* [D] or NULL */
+                                  const par_real *dout, /* [T, D] */
+                                  const par_real *in,   /* [T, D] the forward input */
+                                  const par_real *w,    /* [D] or NULL */
+                                  const par_real *rstd, /* [T] */
+                                  int64_t T, int64_t D)
+{
+    /* y_j = w_j x_j r,  r = (mean(x^2) + eps)^-1/2,  dr/dx_k = -r^3 x_k / D:
+     *   din_k = r w_k g_k - x_k r^3 mean_j(g_j w_j x_j)
+     *   dw_j  = sum_t g_tj x_tj r_t */
+    if (din) {
+        for (int64_t t = 0; t < T; t++) {
+            const par_real *x = in + t * D, *g = dout + t * D;
+            par_real *dx = din + t * D;
+            double r = rstd[t];
+            double dot = 0;
+            for (int64_t j = 0; j < D; j++)
+                dot += (double)g[j] * (w ? (double)w[j] : 1.0) * (double)x[j];
+            double coef = r * r * r * dot / (double)D;
+            for (int64_t j = 0; j < D; j++) {
+                double wg = (double)g[j] * (w ? (double)w[j] : 1.0);
+                dx[j] += (par_real)(r * wg - (double)x[j] * coef);
+            }
+        }
+    }
+    if (dw) {
+        double acc[RMS_DW_CHUNK];
+        for (int64_t j0 = 0; j0 < D; j0 += RMS_DW_CHUNK) {
+            int64_t nj = D - j0 < RMS_DW_CHUNK ? D - j0 : RMS_DW_CHUNK;
+            for (int64_t j = 0; j < nj; j++)
+                acc[j] = 0;
+            for (int64_t t = 0; t < T; t++) {
+                const par_real *x = in + t * D + j0, *g = dout + t * D + j0;
+                double r = rstd[t];
+                for (int64_t j = 0; j < nj; j++)
+                    acc[j] += (double)g[j] * (double)x[j] * r;
+            }
+            for (int64_t j = 0; j < nj; j++)
+                dw[j0 + j] += (par_real)acc[j];
+        }
+    }
+}
+
+/* -------------------------------------------------------------- embedding */
+
+void PAR_FN(par_embedding_forward)(par_real *out,         /* [T, D] */
+                                   const int32_t *ids,    /* [T] */
+                                   const par_real *table, /* [V, D] */
+                                   int64_t T, int64_t D)
+{
+    for (int64_t t = 0; t < T; t++)
+        memcpy(out + t * D, table + (int64_t)ids[t] * D, (size_t)D * sizeof(par_real));
+}
+
+void PAR_FN(par_embedding_backward)(par_real *dtable,     /* [V, D] */
+                                    const par_real *dout, /* [T, D] */
+                                    const int32_t *ids,   /* [T] */
+                                    int64_t T, int64_t D)
+{
+    for (int64_t t = 0; t < T; t++) {
+        par_real *row = dtable + (int64_t)ids[t] * D;
+        const par_real *g = dout + t * D;
+        for (int64_t j = 0; j < D; j++)
+            row[j] += g[j];
+    }
+}
+
+/* ----------------------------------------------------------------- swiglu */
+/* (the hidden size is spelled nI here: <cblas.h> pulls in <complex.h>, whose
+ * macro I would replace a parameter named I) */
+
+void PAR_FN(par_swiglu_forward)(par_real *h,        /* [T, nI] */
+                                const par_real *g,  /* [T, nI] */
+                                const par_real *u,  /* [T, nI] */
+                                const par_real *rw, /* [T] or NULL */
+                                int64_t T, int64_t nI, double L)
+{
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t i = 0; i < nI; i++) {
+            double gv = g[t * nI + i], uv = u[t * nI + i];
+            if (L > 0) {
+                gv = gv < L ? gv : L;
+                uv = uv < -L ? -L : (uv > L ? L : uv);
+            }
+            /* the reference's order: h = silu(g) * u, then h = w * h */
+            par_real v = (par_real)par_silu(gv) * (par_real)uv;
+            h[t * nI + i] = rw ? rw[t] * v : v;
+        }
+    }
+}
+
+void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, nI] or NULL */
+                                 par_real *du,        /* [T, nI] or NULL */
+                                 par_real *drw,       /* [T] or NULL */
+                                 const par_real *dh,  /* [T, nI] */
+                                 const par_real *g,   /* [T, nI] */
+                                 const par_real *u,   /* [T, nI] */
+                                 const par_real *rw,  /* [T] or NULL */
+                                 int64_t T, int64_t nI, double L)
+{
+    for (int64_t t = 0; t < T; t++) {
+        double w = rw ? (double)rw[t] : 1.0;
+        double racc = 0;
+        for (int64_t i = 0; i < nI; i++) {
+            int64_t k = t * nI + i;
+            double gv = g[k], uv = u[k];
+            int g_in = 1, u_in = 1;
+            if (L > 0) {
+                if (gv > L) {
+                    gv = L;
+                    g_in = 0;
+                }
+                if (uv > L) {
+                    uv = L;
+                    u_in = 0;
+                } else if (uv < -L) {
+                    uv = -L;
+                    u_in = 0;
+                }
+            }
+            double d = dh[k];
+            double s = par_silu(gv);
+            if (dg)
+                dg[k] += g_in ? (par_real)(d * w * silu_grad_d(gv) * uv) : (par_real)0;
+            if (du)
+                du[k] += u_in ? (par_real)(d * w * s) : (par_real)0;
+            racc += d * s * uv;
+        }
+        if (drw)
+            drw[t] += (par_real)racc;
+    }
+}
+
+/* ------------------------------------------------------------------- xent */
+
+void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */
+                              par_real *lse,          /* [T] saved */
+                              const par_real *logits, /* [T, V] */
+                              const int32_t *target,  /* [T], -1 = none */
+                              int64_t T, int64_t V)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *z = logits + t * V;
+        double m = -INFINITY;
+        for (int64_t v = 0; v < V; v++)
+            if ((double)z[v] > m)
+                m = z[v];
+        double s = 0;
+        for (int64_t v = 0; v < V; v++)
+            s += exp((double)z[v] - m);
+        double l = m + log(s);
+        lse[t] = (par_real)l;
+        int32_t y = target[t];
+        if (y < 0)
+            ce[t] = 0;
+        else if (y >= V)
+            ce[t] = (par_real)NAN; /* a label outside the vocabulary: poison the loss */
+        else
+            ce[t] = (par_real)(l - (double)z[y]);
+    }
+}
+
+void PAR_FN(par_xent_backward)(par_real *dlogits,      /* [T, V] */
+                               const par_real *logits, /* [T, V] */
+                               const par_real *lse,    /* [T] */
+                               const int32_t *target,  /* [T] */
+                               double scale, int64_t T, int64_t V)
+{
+    for (int64_t t = 0; t < T; t++) {
+        int32_t y = target[t];
+        if (y < 0 || y >= V)
+            continue;
+        const par_real *z = logits + t * V;
+        par_real *dz = dlogits + t * V;
+        double l = lse[t];
+        for (int64_t v = 0; v < V; v++) {
+            double p = exp((double)z[v] - l);
+            dz[v] += (par_real)(scale * (v == y ? p - 1.0 : p));
+        }
+    }
+}

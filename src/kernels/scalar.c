@@ -1,0 +1,18 @@
+/* kernels/scalar.c - untemplated scalar helpers of kernels/ops.h, compiled
+ * once (parity_kernels_common) and shared by both precisions. */
+#include <math.h>
+
+#include "kernels/scalar.h"
+
+double par_sigmoid(double x)
+{
+    if (x >= 0)
+        return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+/* log(1 + e^x) = max(x, 0) + log1p(e^-|x|) */
+double par_softplus(double x) { return (x > 0 ? x : 0.0) + log1p(exp(-fabs(x))); }
+
+double par_silu(double x) { return x * par_sigmoid(x); }

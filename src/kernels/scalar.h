@@ -1,0 +1,9 @@
+/* kernels/scalar.h - scalar helpers (untemplated), numerically stable, in double. */
+#ifndef PAR_KERNELS_SCALAR_H
+#define PAR_KERNELS_SCALAR_H
+
+double par_sigmoid(double x);
+double par_softplus(double x); /* log(1 + e^x) */
+double par_silu(double x);
+
+#endif
