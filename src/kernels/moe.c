@@ -1,0 +1,632 @@
+/* kernels/moe.c - the V4 mixture of experts (see kernels/moe.h). */
+#include "kernels/moe.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "kernels/ops.h"
+
+static par_status check_dims(const char *fn, int64_t T, int64_t d, int E, int K)
+{
+    if (T < 0 || d < 1 || E < 1 || K < 1 || K > E)
+        return par_err(PAR_EINVAL,
+                       "%s: need T >= 0, d >= 1 and 1 <= K <= E (T=%lld d=%lld E=%d K=%d)", fn,
+                       (long long)T, (long long)d, E, K);
+    return PAR_OK;
+}
+
+/* idx[t] must be ascending (hence distinct) and in [0, E). */
+static par_status check_idx(const char *fn, const int32_t *idx, int64_t T, int E, int K)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t *r = idx + t * K;
+        for (int k = 0; k < K; k++) {
+            if (r[k] < 0 || r[k] >= E)
+                return par_err(PAR_ERANGE, "%s: idx[%lld][%d] = %d outside [0, E=%d)", fn,
+                               (long long)t, k, (int)r[k], E);
+            if (k > 0 && r[k] <= r[k - 1])
+                return par_err(PAR_EINVAL,
+                               "%s: idx[%lld] must be strictly ascending, but entry %d is %d "
+                               "after %d",
+                               fn, (long long)t, k, (int)r[k], (int)r[k - 1]);
+        }
+    }
+    return PAR_OK;
+}
+
+/* ---------------------------------------------------------------- gate -- */
+
+par_status PAR_FN(par_moe_tid2eid)(int32_t *table, /* [V, K] */
+                                   int64_t V, int E, int K)
+{
+    if (V < 0 || E < 1 || K < 1 || K > E)
+        return par_err(PAR_EINVAL, "moe tid2eid: need V >= 0 and 1 <= K <= E (V=%lld E=%d K=%d)",
+                       (long long)V, E, K);
+    int64_t stride = E / K;
+    for (int64_t t = 0; t < V; t++)
+        for (int j = 0; j < K; j++)
+            table[t * K + j] = (int32_t)(((t % E) + j * stride) % E);
+    return PAR_OK;
+}
+
+/* d sqrt(softplus(l)) / dl = sigmoid(l) / (2 sqrt(softplus(l))), in double.
+ * When softplus underflows to 0 (l below about -745) the ratio tends to
+ * exp(l/2)/2 (softplus(l) ~ sigmoid(l) ~ e^l there). */
+static double dsqrtsoftplus(double l)
+{
+    double sp = par_softplus(l);
+    if (sp > 0.0)
+        return par_sigmoid(l) / (2.0 * sqrt(sp));
+    return 0.5 * exp(0.5 * l);
+}
+
+static void sort_small(int32_t *a, int n)
+{
+    for (int i = 1; i < n; i++) {
+        int32_t v = a[i];
+        int j = i - 1;
+        while (j >= 0 && a[j] > v) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = v;
+    }
+}
+
+par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, ascending */
+                                        par_real *w,             /* [T, K] out */
+                                        par_real *logits,        /* [T, E] saved */
+                                        par_real *s,             /* [T, E] saved */
+                                        const par_real *x,       /* [T, d] */
+                                        const par_real *wg,      /* [E, d] */
+                                        const par_real *bias,    /* [E] or NULL */
+                                        const int32_t *tid2eid,  /* [V, K] or NULL */
+                                        const int32_t *tokens,   /* [T] (hash layers) */
+                                        int64_t V, int64_t T, int64_t d, int E, int K,
+                                        double route_scale)
+{
+    static const char fn[] = "moe gate forward";
+    par_status st = check_dims(fn, T, d, E, K);
+    if (st)
+        return st;
+    if (tid2eid && !tokens)
+        return par_err(PAR_EINVAL, "%s: a hash layer (tid2eid given) needs the token ids", fn);
+    if (T == 0)
+        return PAR_OK;
+
+    PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
+#pragma omp parallel for schedule(static) if (T * E > 65536)
+    for (int64_t i = 0; i < T * E; i++)
+        s[i] = (par_real)sqrt(par_softplus((double)logits[i]));
+
+    unsigned char *taken = par_calloc((size_t)E, 1, PAR_TAG_ACT);
+    if (!taken)
+        return par_err(PAR_ENOMEM, "%s: %d bytes of selection workspace", fn, E);
+
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *st_ = s + t * E;
+        int32_t *it = idx + t * K;
+        if (tid2eid) {
+            int32_t tok = tokens[t];
+            if (tok < 0 || tok >= V) {
+                st = par_err(PAR_ERANGE, "%s: token %d of row %lld outside the hash table [0, V=%lld)",
+                             fn, (int)tok, (long long)t, (long long)V);
+                goto fail_free_taken;
+            }
+            memcpy(it, tid2eid + (int64_t)tok * K, (size_t)K * sizeof *it);
+            sort_small(it, K);
+            for (int k = 0; k < K; k++) {
+                if (it[k] < 0 || it[k] >= E || (k > 0 && it[k] == it[k - 1])) {
+                    st = par_err(PAR_EINVAL,
+                                 "%s: tid2eid[%d] must hold %d distinct experts in [0, E=%d); "
+                                 "sorted entry %d is %d",
+                                 fn, (int)tok, K, E, k, (int)it[k]);
+                    goto fail_free_taken;
+                }
+            }
+        } else {
+            for (int e = 0; e < E; e++) {
+                if (!isfinite(st_[e])) {
+                    st = par_err(PAR_ERANGE, "%s: score s[%lld][%d] = %g is not finite", fn,
+                                 (long long)t, e, (double)st_[e]);
+                    goto fail_free_taken;
+                }
+            }
+            memset(taken, 0, (size_t)E);
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                par_real bv = 0;
+                for (int e = 0; e < E; e++) {
+                    if (taken[e])
+                        continue;
+                    par_real v = bias ? st_[e] + bias[e] : st_[e];
+                    if (best < 0 || v > bv) { /* strict: ties keep the lower e */
+                        best = e;
+                        bv = v;
+                    }
+                }
+                taken[best] = 1;
+                it[k] = best;
+            }
+            sort_small(it, K);
+        }
+        par_real S = 0;
+        for (int k = 0; k < K; k++)
+            S += st_[it[k]];
+        if (!(S > 0)) {
+            st = par_err(PAR_ERANGE,
+                         "%s: row %lld: the selected scores sum to %g (must be > 0 to normalise "
+                         "the route weights)",
+                         fn, (long long)t, (double)S);
+            goto fail_free_taken;
+        }
+        for (int k = 0; k < K; k++)
+            w[t * K + k] = st_[it[k]] / S * (par_real)route_scale;
+    }
+    par_free(taken);
+    return PAR_OK;
+
+fail_free_taken:
+    par_free(taken);
+    return st;
+}
+
+par_status PAR_FN(par_moe_gate_backward)(par_real *dx,             /* [T, d] or NULL */
+                                         par_real *dwg,            /* [E, d] or NULL */
+                                         const par_real *dw,       /* [T, K] or NULL */
+                                         const par_real *ds_extra, /* [T, E] or NULL */
+                                         const par_real *x,        /* [T, d] */
+                                         const par_real *wg,       /* [E, d] */
+                                         const par_real *logits,   /* [T, E] */
+                                         const par_real *s,        /* [T, E] */
+                                         const int32_t *idx,       /* [T, K] */
+                                         const par_real *w,        /* [T, K] */
+                                         int64_t T, int64_t d, int E, int K,
+                                         double route_scale)
+{
+    static const char fn[] = "moe gate backward";
+    par_status st = check_dims(fn, T, d, E, K);
+    if (st)
+        return st;
+    if (T == 0 || (!dx && !dwg) || (!dw && !ds_extra))
+        return PAR_OK;
+
+    par_real *dl = par_calloc((size_t)(T * E), sizeof *dl, PAR_TAG_ACT);
+    if (!dl)
+        return par_err(PAR_ENOMEM, "%s: workspace of %lld x %d", fn, (long long)T, E);
+
+#pragma omp parallel for schedule(static) if (T * E > 65536)
+    for (int64_t t = 0; t < T; t++) { /* row t owned by one thread */
+        par_real *r = dl + t * E;     /* first ds, then dlogit */
+        if (ds_extra)
+            for (int e = 0; e < E; e++)
+                r[e] = ds_extra[t * E + e];
+        if (dw) {
+            const int32_t *it = idx + t * K;
+            const par_real *dwt = dw + t * K, *wt = w + t * K;
+            par_real S = 0, dot = 0;
+            for (int k = 0; k < K; k++) {
+                S += s[t * E + it[k]];
+                dot += dwt[k] * wt[k];
+            }
+            for (int k = 0; k < K; k++)
+                r[it[k]] += ((par_real)route_scale * dwt[k] - dot) / S;
+        }
+        for (int e = 0; e < E; e++)
+            r[e] = (par_real)((double)r[e] * dsqrtsoftplus((double)logits[t * E + e]));
+    }
+    PAR_FN(par_linear_backward)(dx, dwg, dl, x, wg, T, d, E);
+    par_free(dl);
+    return PAR_OK;
+}
+
+/* -------------------------------------------------------------- expert -- */
+
+void PAR_FN(par_moe_expert_forward)(par_real *y,        /* [n, d] */
+                                    par_real *g,        /* [n, I] saved */
+                                    par_real *u,        /* [n, I] saved */
+                                    par_real *h,        /* [n, I] saved */
+                                    const par_real *x,  /* [n, d] */
+                                    const par_real *rw, /* [n] or NULL */
+                                    const par_real *w1, /* [I, d] */
+                                    const par_real *w2, /* [d, I] */
+                                    const par_real *w3, /* [I, d] */
+                                    int64_t n, int64_t d, int64_t I, double L)
+{
+    if (n <= 0)
+        return;
+    PAR_FN(par_linear_forward)(g, x, w1, n, d, I);
+    PAR_FN(par_linear_forward)(u, x, w3, n, d, I);
+    PAR_FN(par_swiglu_forward)(h, g, u, rw, n, I, L);
+    PAR_FN(par_linear_forward)(y, h, w2, n, I, d);
+}
+
+par_status PAR_FN(par_moe_expert_backward)(par_real *dx,        /* [n, d] or NULL */
+                                           par_real *dw1,       /* [I, d] or NULL */
+                                           par_real *dw2,       /* [d, I] or NULL */
+                                           par_real *dw3,       /* [I, d] or NULL */
+                                           par_real *drw,       /* [n] or NULL */
+                                           const par_real *dy,  /* [n, d] */
+                                           const par_real *x,   /* [n, d] */
+                                           const par_real *rw,  /* [n] or NULL */
+                                           const par_real *w1,  /* [I, d] */
+                                           const par_real *w2,  /* [d, I] */
+                                           const par_real *w3,  /* [I, d] */
+                                           const par_real *g,   /* [n, I] */
+                                           const par_real *u,   /* [n, I] */
+                                           const par_real *h,   /* [n, I] */
+                                           int64_t n, int64_t d, int64_t I, double L)
+{
+    if (n <= 0)
+        return PAR_OK;
+    if (dw2)
+        PAR_FN(par_linear_backward)(NULL, dw2, dy, h, w2, n, I, d);
+    if (!dx && !dw1 && !dw3 && !drw)
+        return PAR_OK;
+    par_real *dh = par_calloc((size_t)(3 * n * I), sizeof *dh, PAR_TAG_ACT);
+    if (!dh)
+        return par_err(PAR_ENOMEM, "moe expert backward: workspace of 3 x %lld x %lld",
+                       (long long)n, (long long)I);
+    par_real *dg = dh + n * I, *du = dg + n * I;
+    PAR_FN(par_linear_backward)(dh, NULL, dy, h, w2, n, I, d);
+    PAR_FN(par_swiglu_backward)(dg, du, drw, dh, g, u, rw, n, I, L);
+    if (dx || dw1)
+        PAR_FN(par_linear_backward)(dx, dw1, dg, x, w1, n, d, I);
+    if (dx || dw3)
+        PAR_FN(par_linear_backward)(dx, dw3, du, x, w3, n, d, I);
+    par_free(dh);
+    return PAR_OK;
+}
+
+/* --------------------------------------------------------------- layer -- */
+
+par_status PAR_FN(par_moe_saved_alloc)(par_moe_saved *sv, int64_t T, int64_t d, int E, int K,
+                                       int64_t I)
+{
+    static const char fn[] = "moe saved alloc";
+    memset(sv, 0, sizeof *sv);
+    par_status st = check_dims(fn, T, d, E, K);
+    if (st)
+        return st;
+    if (I < 1)
+        return par_err(PAR_EINVAL, "%s: moe_inter_dim must be >= 1 (got %lld)", fn, (long long)I);
+    if (T * K > INT32_MAX)
+        return par_err(PAR_ERANGE, "%s: T*K = %lld gathered rows exceed int32", fn,
+                       (long long)(T * K));
+    size_t rows = (size_t)(T * K) + 1; /* +1: no zero-size blocks */
+    sv->T = T;
+    sv->d = d;
+    sv->I = I;
+    sv->E = E;
+    sv->K = K;
+    sv->off = par_calloc((size_t)E + 1, sizeof *sv->off, PAR_TAG_ACT);
+    sv->tok = par_calloc(rows, sizeof *sv->tok, PAR_TAG_ACT);
+    sv->slot = par_calloc(rows, sizeof *sv->slot, PAR_TAG_ACT);
+    sv->g = par_calloc(rows * (size_t)I, sizeof *sv->g, PAR_TAG_ACT);
+    sv->u = par_calloc(rows * (size_t)I, sizeof *sv->u, PAR_TAG_ACT);
+    sv->h = par_calloc(rows * (size_t)I, sizeof *sv->h, PAR_TAG_ACT);
+    sv->sg = par_calloc((size_t)(T + 1) * (size_t)I, sizeof *sv->sg, PAR_TAG_ACT);
+    sv->su = par_calloc((size_t)(T + 1) * (size_t)I, sizeof *sv->su, PAR_TAG_ACT);
+    sv->sh = par_calloc((size_t)(T + 1) * (size_t)I, sizeof *sv->sh, PAR_TAG_ACT);
+    if (!sv->off || !sv->tok || !sv->slot || !sv->g || !sv->u || !sv->h || !sv->sg || !sv->su ||
+        !sv->sh) {
+        PAR_FN(par_moe_saved_free)(sv);
+        return par_err(PAR_ENOMEM, "%s: saved activations for T=%lld K=%d I=%lld", fn,
+                       (long long)T, K, (long long)I);
+    }
+    return PAR_OK;
+}
+
+void PAR_FN(par_moe_saved_free)(par_moe_saved *sv)
+{
+    par_free(sv->off);
+    par_free(sv->tok);
+    par_free(sv->slot);
+    par_free(sv->g);
+    par_free(sv->u);
+    par_free(sv->h);
+    par_free(sv->sg);
+    par_free(sv->su);
+    par_free(sv->sh);
+    memset(sv, 0, sizeof *sv);
+}
+
+void PAR_FN(par_moe_combine)(par_real *y,             /* [T, d] */
+                             const par_real *slots,   /* [T, K, d] */
+                             const par_real *shared,  /* [T, d] or NULL */
+                             int64_t T, int K, int64_t d, int accumulate)
+{
+#pragma omp parallel for schedule(static) if (T * d > 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *sl = slots + t * K * d;
+        par_real *yt = y + t * d;
+        for (int64_t j = 0; j < d; j++) {
+            par_real v = sl[j];
+            for (int k = 1; k < K; k++)
+                v += sl[k * d + j];
+            if (shared)
+                v += shared[t * d + j];
+            yt[j] = accumulate ? yt[j] + v : v;
+        }
+    }
+}
+
+static int has_shared(const par_moe_weights *W)
+{
+    return W->sw1 && W->sw2 && W->sw3;
+}
+
+static par_status check_layer(const char *fn, const par_moe_saved *sv, const par_moe_weights *W,
+                              int64_t T, int64_t d, int E, int K, int64_t I)
+{
+    if (sv->T != T || sv->d != d || sv->E != E || sv->K != K || sv->I != I)
+        return par_err(PAR_EINVAL,
+                       "%s: saved buffers are for T=%lld d=%lld E=%d K=%d I=%lld, called with "
+                       "T=%lld d=%lld E=%d K=%d I=%lld",
+                       fn, (long long)sv->T, (long long)sv->d, sv->E, sv->K, (long long)sv->I,
+                       (long long)T, (long long)d, E, K, (long long)I);
+    if (!W->w1 || !W->w2 || !W->w3)
+        return par_err(PAR_EINVAL, "%s: expert weight pointer arrays must be given", fn);
+    if ((W->sw1 || W->sw2 || W->sw3) && !has_shared(W))
+        return par_err(PAR_EINVAL, "%s: the shared expert needs all of w1, w2, w3 (or none)", fn);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
+                                   par_moe_saved *sv,          /* from par_moe_saved_alloc(T,d,E,K,I) */
+                                   const par_real *x,          /* [T, d] */
+                                   const int32_t *idx,         /* [T, K] ascending */
+                                   const par_real *w,          /* [T, K] */
+                                   const par_moe_weights *W,
+                                   int64_t T, int64_t d, int E, int K, int64_t I, double L)
+{
+    static const char fn[] = "moe forward";
+    par_status st = check_dims(fn, T, d, E, K);
+    if (!st)
+        st = check_layer(fn, sv, W, T, d, E, K, I);
+    if (!st)
+        st = check_idx(fn, idx, T, E, K);
+    if (st)
+        return st;
+    if (T == 0)
+        return PAR_OK;
+
+    /* Gathered rows, expert-major, ascending t inside an expert. */
+    int64_t *off = sv->off;
+    memset(off, 0, ((size_t)E + 1) * sizeof *off);
+    for (int64_t i = 0; i < T * K; i++)
+        off[idx[i] + 1]++;
+    for (int e = 0; e < E; e++)
+        off[e + 1] += off[e];
+
+    int64_t NR = T * K;
+    size_t nws = (size_t)(NR * d) * 2 + (size_t)NR + (size_t)(T * d);
+    par_real *xg = par_malloc(nws * sizeof *xg, PAR_TAG_ACT);
+    int64_t *cur = par_malloc((size_t)E * sizeof *cur, PAR_TAG_ACT);
+    if (!xg || !cur) {
+        st = par_err(PAR_ENOMEM, "%s: workspace for T=%lld K=%d d=%lld", fn, (long long)T, K,
+                     (long long)d);
+        goto fail_free_ws;
+    }
+    par_real *yg = xg + NR * d;    /* [NR, d] expert outputs, gathered order */
+    par_real *rwg = yg + NR * d;   /* [NR] */
+    par_real *ysh = rwg + NR;      /* [T, d] shared expert output */
+    memcpy(cur, off, (size_t)E * sizeof *cur);
+    for (int64_t t = 0; t < T; t++) {
+        for (int k = 0; k < K; k++) {
+            int64_t p = cur[idx[t * K + k]]++;
+            sv->tok[p] = (int32_t)t;
+            sv->slot[p] = k;
+            rwg[p] = w[t * K + k];
+            memcpy(xg + p * d, x + t * d, (size_t)d * sizeof *xg);
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t o = off[e], n = off[e + 1] - off[e];
+        PAR_FN(par_moe_expert_forward)(yg + o * d, sv->g + o * I, sv->u + o * I, sv->h + o * I,
+                                       xg + o * d, rwg + o, W->w1[e], W->w2[e], W->w3[e], n, d,
+                                       I, L);
+    }
+    /* Slots: reuse xg as [T, K, d]. */
+    par_real *slots = xg;
+    for (int64_t p = 0; p < NR; p++)
+        memcpy(slots + ((int64_t)sv->tok[p] * K + sv->slot[p]) * d, yg + p * d,
+               (size_t)d * sizeof *slots);
+    if (has_shared(W))
+        PAR_FN(par_moe_expert_forward)(ysh, sv->sg, sv->su, sv->sh, x, NULL, W->sw1, W->sw2,
+                                       W->sw3, T, d, I, L);
+    PAR_FN(par_moe_combine)(y, slots, has_shared(W) ? ysh : NULL, T, K, d, 0);
+    st = PAR_OK;
+
+fail_free_ws:
+    par_free(cur);
+    par_free(xg);
+    return st;
+}
+
+par_status PAR_FN(par_moe_backward)(par_real *dx,               /* [T, d] or NULL */
+                                    const par_moe_grads *dW,    /* or NULL */
+                                    par_real *dw,               /* [T, K] or NULL */
+                                    const par_real *dy,         /* [T, d] */
+                                    const par_real *x,          /* [T, d] */
+                                    const par_real *w,          /* [T, K] */
+                                    const par_moe_weights *W,
+                                    const par_moe_saved *sv,
+                                    double L)
+{
+    static const char fn[] = "moe backward";
+    int64_t T = sv->T, d = sv->d, I = sv->I;
+    int E = sv->E, K = sv->K;
+    par_status st = check_layer(fn, sv, W, T, d, E, K, I);
+    if (st)
+        return st;
+    if (T == 0)
+        return PAR_OK;
+
+    int64_t NR = T * K;
+    size_t nws = (size_t)(NR * d) * 3 + (size_t)NR * 2 + (size_t)(T * d);
+    par_real *xg = par_calloc(nws, sizeof *xg, PAR_TAG_ACT);
+    if (!xg)
+        return par_err(PAR_ENOMEM, "%s: workspace for T=%lld K=%d d=%lld", fn, (long long)T, K,
+                       (long long)d);
+    par_real *dyg = xg + NR * d;  /* [NR, d] */
+    par_real *dxg = dyg + NR * d; /* [NR, d], zero */
+    par_real *rwg = dxg + NR * d; /* [NR] */
+    par_real *drwg = rwg + NR;    /* [NR], zero */
+    par_real *dxs = drwg + NR;    /* [T, d], zero */
+    for (int64_t p = 0; p < NR; p++) {
+        int64_t t = sv->tok[p];
+        rwg[p] = w[t * K + sv->slot[p]];
+        memcpy(xg + p * d, x + t * d, (size_t)d * sizeof *xg);
+        memcpy(dyg + p * d, dy + t * d, (size_t)d * sizeof *xg);
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t o = sv->off[e], n = sv->off[e + 1] - sv->off[e];
+        par_real *g1 = dW && dW->w1 ? dW->w1[e] : NULL;
+        par_real *g2 = dW && dW->w2 ? dW->w2[e] : NULL;
+        par_real *g3 = dW && dW->w3 ? dW->w3[e] : NULL;
+        st = PAR_FN(par_moe_expert_backward)(dx ? dxg + o * d : NULL, g1, g2, g3,
+                                             dw ? drwg + o : NULL, dyg + o * d, xg + o * d,
+                                             rwg + o, W->w1[e], W->w2[e], W->w3[e], sv->g + o * I,
+                                             sv->u + o * I, sv->h + o * I, n, d, I, L);
+        if (st)
+            goto fail_free_ws;
+    }
+    if (has_shared(W)) {
+        st = PAR_FN(par_moe_expert_backward)(dx ? dxs : NULL, dW ? dW->sw1 : NULL,
+                                             dW ? dW->sw2 : NULL, dW ? dW->sw3 : NULL, NULL, dy, x,
+                                             NULL, W->sw1, W->sw2, W->sw3, sv->sg, sv->su, sv->sh,
+                                             T, d, I, L);
+        if (st)
+            goto fail_free_ws;
+    }
+    if (dx) {
+        par_real *slots = xg; /* [T, K, d] */
+        for (int64_t p = 0; p < NR; p++)
+            memcpy(slots + ((int64_t)sv->tok[p] * K + sv->slot[p]) * d, dxg + p * d,
+                   (size_t)d * sizeof *slots);
+        PAR_FN(par_moe_combine)(dx, slots, has_shared(W) ? dxs : NULL, T, K, d, 1);
+    }
+    if (dw)
+        for (int64_t p = 0; p < NR; p++)
+            dw[(int64_t)sv->tok[p] * K + sv->slot[p]] += drwg[p];
+    st = PAR_OK;
+
+fail_free_ws:
+    par_free(xg);
+    return st;
+}
+
+/* ------------------------------------------------------------- balance -- */
+
+void PAR_FN(par_moe_count_loads)(int64_t *loads,      /* [E] */
+                                 const int32_t *idx,  /* [T, K] */
+                                 int64_t T, int E, int K)
+{
+    for (int64_t i = 0; i < T * K; i++)
+        if (idx[i] >= 0 && idx[i] < E)
+            loads[idx[i]]++;
+}
+
+static par_status check_sample(const char *fn, const int32_t *sample_of, int64_t t, int64_t Ns)
+{
+    if (sample_of[t] < 0 || sample_of[t] >= Ns)
+        return par_err(PAR_ERANGE, "%s: sample_of[%lld] = %d outside [0, Ns=%lld)", fn,
+                       (long long)t, (int)sample_of[t], (long long)Ns);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_moe_aux_stats)(int64_t *cnt,             /* [Ns, E] */
+                                     par_real *psum,           /* [Ns, E] */
+                                     int64_t *ntok,            /* [Ns] */
+                                     const par_real *s,        /* [T, E] */
+                                     const int32_t *idx,       /* [T, K] */
+                                     const int32_t *sample_of, /* [T] */
+                                     int64_t T, int E, int K, int64_t Ns)
+{
+    static const char fn[] = "moe aux stats";
+    for (int64_t t = 0; t < T; t++) {
+        par_status st = check_sample(fn, sample_of, t, Ns);
+        if (st)
+            return st;
+        int64_t q = sample_of[t];
+        const par_real *st_ = s + t * E;
+        par_real S = 0;
+        for (int e = 0; e < E; e++)
+            S += st_[e];
+        if (!(S > 0))
+            return par_err(PAR_ERANGE, "%s: row %lld: the scores sum to %g (must be > 0)", fn,
+                           (long long)t, (double)S);
+        for (int e = 0; e < E; e++)
+            psum[q * E + e] += st_[e] / S;
+        for (int k = 0; k < K; k++) {
+            int32_t e = idx[t * K + k];
+            if (e < 0 || e >= E)
+                return par_err(PAR_ERANGE, "%s: idx[%lld][%d] = %d outside [0, E=%d)", fn,
+                               (long long)t, k, (int)e, E);
+            cnt[q * E + e]++;
+        }
+        ntok[q]++;
+    }
+    return PAR_OK;
+}
+
+par_real PAR_FN(par_moe_aux_loss)(const int64_t *cnt,   /* [Ns, E] */
+                                  const par_real *psum, /* [Ns, E] */
+                                  const int64_t *ntok,  /* [Ns] */
+                                  int64_t Ns, int64_t Ns_global, int E, int K)
+{
+    par_real total = 0;
+    for (int64_t q = 0; q < Ns; q++) {
+        if (ntok[q] <= 0)
+            continue;
+        par_real Tq = (par_real)ntok[q];
+        par_real fs = (par_real)E / ((par_real)K * Tq); /* f_e = fs * cnt */
+        par_real inner = 0;
+        for (int e = 0; e < E; e++)
+            inner += fs * (par_real)cnt[q * E + e] * (psum[q * E + e] / Tq);
+        total += inner;
+    }
+    return Ns_global > 0 ? total / (par_real)Ns_global : 0;
+}
+
+par_status PAR_FN(par_moe_aux_backward)(par_real *ds_extra,       /* [T, E] */
+                                        const int64_t *cnt,       /* [Ns, E] */
+                                        const int64_t *ntok,      /* [Ns] */
+                                        const par_real *s,        /* [T, E] */
+                                        const int32_t *sample_of, /* [T] */
+                                        int64_t T, int E, int K, int64_t Ns,
+                                        int64_t Ns_global, double scale)
+{
+    static const char fn[] = "moe aux backward";
+    if (Ns_global <= 0)
+        return par_err(PAR_EINVAL, "%s: Ns_global must be > 0 (got %lld)", fn,
+                       (long long)Ns_global);
+    for (int64_t t = 0; t < T; t++) {
+        par_status st = check_sample(fn, sample_of, t, Ns);
+        if (st)
+            return st;
+        int64_t q = sample_of[t];
+        if (ntok[q] <= 0)
+            return par_err(PAR_EINVAL, "%s: token %lld is in sample %lld whose count is %lld", fn,
+                           (long long)t, (long long)q, (long long)ntok[q]);
+        double Tq = (double)ntok[q];
+        par_real coef = (par_real)(scale * E / ((double)Ns_global * K * Tq * Tq));
+        const par_real *st_ = s + t * E;
+        const int64_t *cq = cnt + q * E;
+        par_real S = 0, dot = 0;
+        for (int e = 0; e < E; e++)
+            S += st_[e];
+        if (!(S > 0))
+            return par_err(PAR_ERANGE, "%s: row %lld: the scores sum to %g (must be > 0)", fn,
+                           (long long)t, (double)S);
+        for (int e = 0; e < E; e++)
+            dot += coef * (par_real)cq[e] * (st_[e] / S);
+        for (int e = 0; e < E; e++)
+            ds_extra[t * E + e] += (coef * (par_real)cq[e] - dot) / S;
+    }
+    return PAR_OK;
+}
