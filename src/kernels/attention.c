@@ -1,0 +1,636 @@
+/* kernels/attention.c - the V4 hybrid attention layer: phases (1), (4), (5)
+ * and the whole-layer forward/backward (see kernels/attention.h).
+ * Phase (2) is in compressor.c, phase (3) in indexer.c.
+ */
+#include "kernels/attention.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "kernels/ops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static int64_t coff_of(const par_attn_dims *dm)
+{
+    return dm->m == 4 ? 2 : 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* dims, saved layout                                                        */
+
+par_status PAR_FN(par_attn_check_dims)(const par_attn_dims *dm)
+{
+    if (!dm)
+        return par_err(PAR_EINVAL, "attention: dims is NULL");
+    if (dm->d <= 0 || dm->H <= 0 || dm->hd <= 0 || dm->q_lora <= 0 || dm->o_groups <= 0 ||
+        dm->o_lora <= 0)
+        return par_err(PAR_EINVAL,
+                       "attention: sizes must be positive (d %lld, H %lld, hd %lld, q_lora %lld, "
+                       "o_groups %lld, o_lora %lld)",
+                       (long long)dm->d, (long long)dm->H, (long long)dm->hd,
+                       (long long)dm->q_lora, (long long)dm->o_groups, (long long)dm->o_lora);
+    if (dm->H % dm->o_groups != 0)
+        return par_err(PAR_EINVAL, "attention: n_heads %lld is not a multiple of o_groups %lld",
+                       (long long)dm->H, (long long)dm->o_groups);
+    if (dm->window < 1)
+        return par_err(PAR_EINVAL, "attention: window_size %lld must be >= 1",
+                       (long long)dm->window);
+    if (!dm->rope || dm->rope->rd != dm->rd)
+        return par_err(PAR_EINVAL, "attention: rope table missing or its rd (%d) != rd %lld",
+                       dm->rope ? dm->rope->rd : -1, (long long)dm->rd);
+    if (dm->rd < 0 || dm->rd % 2 != 0 || dm->rd > dm->hd)
+        return par_err(PAR_EINVAL, "attention: rope_head_dim %lld must be even and <= head_dim %lld",
+                       (long long)dm->rd, (long long)dm->hd);
+    if (dm->m < 0 || (dm->m > 0 && dm->m < 4))
+        return par_err(PAR_EINVAL, "attention: compress ratio %lld must be 0, 4 or > 4",
+                       (long long)dm->m);
+    if (dm->m == 4) {
+        if (dm->iH <= 0 || dm->ihd <= 0 || dm->topk <= 0)
+            return par_err(PAR_EINVAL,
+                           "attention: m = 4 needs index_n_heads %lld, index_head_dim %lld, "
+                           "index_topk %lld > 0",
+                           (long long)dm->iH, (long long)dm->ihd, (long long)dm->topk);
+        if (dm->ihd < dm->rd)
+            return par_err(PAR_EINVAL, "attention: index_head_dim %lld < rope_head_dim %lld",
+                           (long long)dm->ihd, (long long)dm->rd);
+        if (dm->topk > INT32_MAX)
+            return par_err(PAR_EINVAL, "attention: index_topk %lld too large",
+                           (long long)dm->topk);
+    }
+    return PAR_OK;
+}
+
+static par_status check_pos(const int32_t *pos, int64_t T)
+{
+    for (int64_t t = 0; t < T; t++) {
+        int32_t want = t > 0 ? pos[t - 1] + 1 : 0;
+        if (pos[t] != 0 && pos[t] != want)
+            return par_err(PAR_EINVAL,
+                           "attention: pos[%lld] = %d must be 0 (sample start) or pos[t-1]+1 = %d",
+                           (long long)t, pos[t], want);
+    }
+    return PAR_OK;
+}
+
+/* One walk over the saved arrays: with buf == NULL it only counts bytes. */
+static size_t saved_layout(PAR_FN(par_attn_saved) *s, char *buf, const par_attn_dims *dm,
+                           int64_t T)
+{
+    size_t off = 0;
+    const int64_t H = dm->H, hd = dm->hd, ql = dm->q_lora, coff = coff_of(dm);
+#define CARVE(field, type, count)                                                  \
+    do {                                                                           \
+        size_t nb_ = ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63;          \
+        if (buf)                                                                   \
+            s->field = (type *)(void *)(buf + off);                                \
+        off += nb_;                                                                \
+    } while (0)
+    if (buf)
+        memset(s, 0, sizeof *s);
+    CARVE(qa, par_real, T * ql);
+    CARVE(qa_rstd, par_real, T);
+    CARVE(qr, par_real, T * ql);
+    CARVE(qb, par_real, T * H * hd);
+    CARVE(q_rstd, par_real, T * H);
+    CARVE(q, par_real, T * H * hd);
+    CARVE(kva, par_real, T * hd);
+    CARVE(kv_rstd, par_real, T);
+    CARVE(kv, par_real, T * hd);
+    if (dm->m > 0) {
+        CARVE(ca, par_real, T * coff * hd);
+        CARVE(cz, par_real, T * coff * hd);
+        CARVE(cmp_raw, par_real, T * hd);
+        CARVE(cmp_rstd, par_real, T);
+        CARVE(cmp, par_real, T * hd);
+    }
+    if (dm->m == 4) {
+        CARVE(iq, par_real, T * dm->iH * dm->ihd);
+        CARVE(iw, par_real, T * dm->iH);
+        CARVE(ica, par_real, T * 2 * dm->ihd);
+        CARVE(icz, par_real, T * 2 * dm->ihd);
+        CARVE(icmp_raw, par_real, T * dm->ihd);
+        CARVE(icmp_rstd, par_real, T);
+        CARVE(icmp, par_real, T * dm->ihd);
+        CARVE(sel, int32_t, T * dm->topk);
+    }
+    CARVE(o, par_real, T * H * hd);
+    CARVE(lse, par_real, T * H);
+    CARVE(r, par_real, T * dm->o_groups * dm->o_lora);
+#undef CARVE
+    return off;
+}
+
+size_t PAR_FN(par_attn_saved_bytes)(const par_attn_dims *dm, int64_t T)
+{
+    return saved_layout(NULL, NULL, dm, T);
+}
+
+void PAR_FN(par_attn_saved_carve)(PAR_FN(par_attn_saved) *s, void *buf,
+                                  const par_attn_dims *dm, int64_t T)
+{
+    saved_layout(s, buf, dm, T);
+}
+
+/* ------------------------------------------------------------------------ */
+/* (1) projections                                                           */
+
+/* z[t] += ape[pos[t] mod m] */
+static void add_ape(par_real *z, const par_real *ape, const int32_t *pos, int64_t T, int64_t m,
+                    int64_t n)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *ap = ape + (pos[t] % m) * n;
+        for (int64_t e = 0; e < n; e++)
+            z[t * n + e] += ap[e];
+    }
+}
+
+void PAR_FN(par_attn_proj_forward)(PAR_FN(par_attn_saved) *s,
+                                   const par_real *x,   /* [T, d] */
+                                   const int32_t *pos,  /* [T] */
+                                   const PAR_FN(par_attn_weights) *W,
+                                   const par_attn_dims *dm, int64_t T)
+{
+    const int64_t d = dm->d, H = dm->H, hd = dm->hd, ql = dm->q_lora, m = dm->m;
+    const double eps = dm->norm_eps;
+    PAR_FN(par_linear_forward)(s->qa, x, W->wq_a, T, d, ql);
+    PAR_FN(par_rmsnorm_forward)(s->qr, s->qa_rstd, s->qa, W->q_norm, T, ql, eps);
+    PAR_FN(par_linear_forward)(s->qb, s->qr, W->wq_b, T, ql, H * hd);
+    PAR_FN(par_rmsnorm_forward)(s->q, s->q_rstd, s->qb, NULL, T * H, hd, eps);
+    PAR_FN(par_rope_apply)(s->q, pos, dm->rope, T, H, hd, +1);
+
+    PAR_FN(par_linear_forward)(s->kva, x, W->wkv, T, d, hd);
+    PAR_FN(par_rmsnorm_forward)(s->kv, s->kv_rstd, s->kva, W->kv_norm, T, hd, eps);
+    PAR_FN(par_rope_apply)(s->kv, pos, dm->rope, T, 1, hd, +1);
+
+    if (m > 0) {
+        const int64_t n = coff_of(dm) * hd;
+        PAR_FN(par_linear_forward)(s->ca, x, W->cmp_wkv, T, d, n);
+        PAR_FN(par_linear_forward)(s->cz, x, W->cmp_wgate, T, d, n);
+        add_ape(s->cz, W->cmp_ape, pos, T, m, n);
+    }
+    if (m == 4) {
+        const int64_t iH = dm->iH, ihd = dm->ihd;
+        PAR_FN(par_linear_forward)(s->iq, s->qr, W->idx_wq_b, T, ql, iH * ihd);
+        PAR_FN(par_rope_apply)(s->iq, pos, dm->rope, T, iH, ihd, +1);
+        PAR_FN(par_linear_forward)(s->iw, x, W->idx_weights_proj, T, d, iH);
+        const par_real sc = (par_real)(1.0 / sqrt((double)ihd) / sqrt((double)iH));
+        for (int64_t e = 0; e < T * iH; e++)
+            s->iw[e] *= sc;
+        PAR_FN(par_linear_forward)(s->ica, x, W->idx_cmp_wkv, T, d, 2 * ihd);
+        PAR_FN(par_linear_forward)(s->icz, x, W->idx_cmp_wgate, T, d, 2 * ihd);
+        add_ape(s->icz, W->idx_cmp_ape, pos, T, 4, 2 * ihd);
+    }
+}
+
+par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NULL */
+                                          PAR_FN(par_attn_weights) *dW,
+                                          par_real *dq,          /* [T, H*hd] scratch */
+                                          par_real *dkv,         /* [T, hd] scratch */
+                                          const par_real *dca,   /* [T, coff*hd] or NULL */
+                                          const par_real *dcz,   /* [T, coff*hd] or NULL */
+                                          const PAR_FN(par_attn_saved) *s,
+                                          const par_real *x,     /* [T, d] */
+                                          const int32_t *pos,    /* [T] */
+                                          const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int64_t T)
+{
+    const int64_t d = dm->d, H = dm->H, hd = dm->hd, ql = dm->q_lora, m = dm->m;
+    PAR_FN(par_attn_weights) none;
+    memset(&none, 0, sizeof none);
+    if (!dW)
+        dW = &none;
+    size_t n = (size_t)(T * H * hd + 2 * T * ql + T * hd);
+    par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "attention proj_backward: scratch of %zu reals", n);
+    par_real *dqb = buf, *dqr = dqb + T * H * hd, *dqa = dqr + T * ql, *dkva = dqa + T * ql;
+
+    /* query path */
+    PAR_FN(par_rope_apply)(dq, pos, dm->rope, T, H, hd, -1);
+    PAR_FN(par_rmsnorm_backward)(dqb, NULL, dq, s->qb, NULL, s->q_rstd, T * H, hd);
+    PAR_FN(par_linear_backward)(dqr, dW->wq_b, dqb, s->qr, W->wq_b, T, ql, H * hd);
+    PAR_FN(par_rmsnorm_backward)(dqa, dW->q_norm, dqr, s->qa, W->q_norm, s->qa_rstd, T, ql);
+    PAR_FN(par_linear_backward)(dx, dW->wq_a, dqa, x, W->wq_a, T, d, ql);
+    /* kv path */
+    PAR_FN(par_rope_apply)(dkv, pos, dm->rope, T, 1, hd, -1);
+    PAR_FN(par_rmsnorm_backward)(dkva, dW->kv_norm, dkv, s->kva, W->kv_norm, s->kv_rstd, T, hd);
+    PAR_FN(par_linear_backward)(dx, dW->wkv, dkva, x, W->wkv, T, d, hd);
+    /* compressor a/z */
+    if (m > 0) {
+        const int64_t nc = coff_of(dm) * hd;
+        if (dca)
+            PAR_FN(par_linear_backward)(dx, dW->cmp_wkv, dca, x, W->cmp_wkv, T, d, nc);
+        if (dcz) {
+            PAR_FN(par_linear_backward)(dx, dW->cmp_wgate, dcz, x, W->cmp_wgate, T, d, nc);
+            if (dW->cmp_ape)
+                for (int64_t t = 0; t < T; t++) {
+                    par_real *ap = dW->cmp_ape + (pos[t] % m) * nc;
+                    for (int64_t e = 0; e < nc; e++)
+                        ap[e] += dcz[t * nc + e];
+                }
+        }
+    }
+    par_free(buf);
+    return PAR_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* (4) core attention                                                        */
+
+/* The key set of query t: nwin window rows from w0, then ne entries. */
+typedef struct {
+    int64_t s0, w0, nwin, ne;
+} key_set;
+
+static key_set keys_of(int64_t t, const int32_t *pos, const int32_t *sel,
+                       const par_attn_dims *dm)
+{
+    key_set k;
+    k.s0 = t - pos[t];
+    k.w0 = t - dm->window + 1;
+    if (k.w0 < k.s0)
+        k.w0 = k.s0;
+    k.nwin = t - k.w0 + 1;
+    k.ne = 0;
+    if (dm->m == 4) {
+        const int32_t *st = sel + t * dm->topk;
+        while (k.ne < dm->topk && st[k.ne] >= 0)
+            k.ne++;
+    } else if (dm->m > 0) {
+        k.ne = (pos[t] + 1) / dm->m;
+    }
+    return k;
+}
+
+/* Fills kp[0 .. nwin+ne) with the key vectors of query t. */
+static int64_t key_ptrs(const par_real **kp, const key_set *k, int64_t t, const par_real *kv,
+                        const par_real *cmp, const int32_t *sel, const par_attn_dims *dm)
+{
+    const int64_t hd = dm->hd, m = dm->m;
+    int64_t n = 0;
+    for (int64_t j = k->w0; j <= t; j++)
+        kp[n++] = kv + j * hd;
+    for (int64_t e = 0; e < k->ne; e++) {
+        int64_t i = m == 4 ? sel[t * dm->topk + e] : e;
+        kp[n++] = cmp + (k->s0 + (i + 1) * m - 1) * hd;
+    }
+    return n;
+}
+
+static int64_t max_keys(const int32_t *pos, const par_attn_dims *dm, int64_t q0, int64_t q1)
+{
+    int64_t ne = 0;
+    if (dm->m == 4)
+        ne = dm->topk;
+    else if (dm->m > 0)
+        for (int64_t t = q0; t < q1; t++)
+            if ((pos[t] + 1) / dm->m > ne)
+                ne = (pos[t] + 1) / dm->m;
+    return dm->window + ne;
+}
+
+static inline par_real dot(const par_real *a, const par_real *b, int64_t n)
+{
+    par_real s = 0;
+    for (int64_t e = 0; e < n; e++)
+        s += a[e] * b[e];
+    return s;
+}
+
+par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
+                                         par_real *lse,         /* [T, H] */
+                                         const par_real *q,     /* [T, H*hd] */
+                                         const par_real *kv,    /* [T, hd] */
+                                         const par_real *cmp,   /* [T, hd] or NULL (m == 0) */
+                                         const int32_t *sel,    /* [T, topk] or NULL (m != 4) */
+                                         const int32_t *pos,    /* [T] */
+                                         const par_real *sink,  /* [H] */
+                                         const par_attn_dims *dm, int64_t q0, int64_t q1)
+{
+    const int64_t H = dm->H, hd = dm->hd;
+    const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    const int64_t mk = max_keys(pos, dm, q0, q1);
+    const int nth = max_threads();
+    par_real *zb = par_malloc((size_t)nth * (size_t)mk * sizeof(par_real), PAR_TAG_ACT);
+    const par_real **kb = par_malloc((size_t)nth * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
+    if (!zb || !kb) {
+        par_free(zb);
+        par_free(kb);
+        return par_err(PAR_ENOMEM, "attention core_forward: scratch of %d x %lld keys", nth,
+                       (long long)mk);
+    }
+#pragma omp parallel for schedule(static) if ((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    for (int64_t t = q0; t < q1; t++) {
+        par_real *z = zb + (size_t)thread_id() * (size_t)mk;
+        const par_real **kp = kb + (size_t)thread_id() * (size_t)mk;
+        key_set ks = keys_of(t, pos, sel, dm);
+        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, dm);
+        for (int64_t h = 0; h < H; h++) {
+            const par_real *qh = q + (t * H + h) * hd;
+            par_real mx = sink[h];
+            for (int64_t k = 0; k < nk; k++) {
+                z[k] = dot(qh, kp[k], hd) * scale;
+                if (z[k] > mx)
+                    mx = z[k];
+            }
+            par_real sum = (par_real)exp((double)(sink[h] - mx));
+            for (int64_t k = 0; k < nk; k++) {
+                z[k] = (par_real)exp((double)(z[k] - mx));
+                sum += z[k];
+            }
+            par_real *oh = o + (t * H + h) * hd;
+            memset(oh, 0, (size_t)hd * sizeof(par_real));
+            for (int64_t k = 0; k < nk; k++) {
+                par_real p = z[k] / sum;
+                for (int64_t e = 0; e < hd; e++)
+                    oh[e] += p * kp[k][e];
+            }
+            lse[t * H + h] = mx + (par_real)log((double)sum);
+        }
+        PAR_FN(par_rope_apply)(o + t * H * hd, pos + t, dm->rope, 1, H, hd, -1);
+    }
+    par_free(zb);
+    par_free(kb);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] or NULL */
+                                            par_real *dsink,       /* [H] or NULL */
+                                            par_real *dop,         /* [T, H*hd] out */
+                                            par_real *Dd,          /* [T, H] out */
+                                            const par_real *dout,  /* [T, H*hd] d(o) */
+                                            const par_real *lse,   /* [T, H] */
+                                            const par_real *q,     /* [T, H*hd] */
+                                            const par_real *kv,    /* [T, hd] */
+                                            const par_real *cmp,   /* [T, hd] or NULL */
+                                            const int32_t *sel,    /* [T, topk] or NULL */
+                                            const int32_t *pos,    /* [T] */
+                                            const par_real *sink,  /* [H] */
+                                            const par_attn_dims *dm, int64_t q0, int64_t q1)
+{
+    const int64_t H = dm->H, hd = dm->hd;
+    const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    const int64_t mk = max_keys(pos, dm, q0, q1);
+    const int nth = max_threads();
+    par_real *pb = par_malloc((size_t)nth * (size_t)mk * 2 * sizeof(par_real), PAR_TAG_ACT);
+    const par_real **kb = par_malloc((size_t)nth * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
+    par_real *ds = par_malloc((size_t)((q1 - q0) * H + 1) * sizeof(par_real), PAR_TAG_ACT);
+    if (!pb || !kb || !ds) {
+        par_free(pb);
+        par_free(kb);
+        par_free(ds);
+        return par_err(PAR_ENOMEM, "attention core_backward_q: scratch of %d x %lld keys", nth,
+                       (long long)mk);
+    }
+#pragma omp parallel for schedule(static) if ((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    for (int64_t t = q0; t < q1; t++) {
+        par_real *P = pb + (size_t)thread_id() * (size_t)mk * 2, *dP = P + mk;
+        const par_real **kp = kb + (size_t)thread_id() * (size_t)mk;
+        key_set ks = keys_of(t, pos, sel, dm);
+        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, dm);
+        memcpy(dop + t * H * hd, dout + t * H * hd, (size_t)(H * hd) * sizeof(par_real));
+        PAR_FN(par_rope_apply)(dop + t * H * hd, pos + t, dm->rope, 1, H, hd, +1);
+        for (int64_t h = 0; h < H; h++) {
+            const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
+            const par_real L = lse[t * H + h];
+            par_real D = 0;
+            for (int64_t k = 0; k < nk; k++) {
+                P[k] = (par_real)exp((double)(dot(qh, kp[k], hd) * scale - L));
+                dP[k] = dot(gh, kp[k], hd);
+                D += P[k] * dP[k];
+            }
+            Dd[t * H + h] = D;
+            if (dq) {
+                par_real *dqh = dq + (t * H + h) * hd;
+                for (int64_t k = 0; k < nk; k++) {
+                    par_real dz = P[k] * (dP[k] - D) * scale;
+                    for (int64_t e = 0; e < hd; e++)
+                        dqh[e] += dz * kp[k][e];
+                }
+            }
+            ds[(t - q0) * H + h] = -(par_real)exp((double)(sink[h] - L)) * D;
+        }
+    }
+    if (dsink)
+        for (int64_t t = q0; t < q1; t++)
+            for (int64_t h = 0; h < H; h++)
+                dsink[h] += ds[(t - q0) * H + h];
+    par_free(pb);
+    par_free(kb);
+    par_free(ds);
+    return PAR_OK;
+}
+
+/* dk += sum over (t, h) of dz scale q + p dop for one key vector k seen by
+ * query t. */
+static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real *dop,
+                     const par_real *Dd, const par_real *lse, const par_real *q,
+                     const par_attn_dims *dm, par_real scale)
+{
+    const int64_t H = dm->H, hd = dm->hd;
+    for (int64_t h = 0; h < H; h++) {
+        const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
+        par_real p = (par_real)exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
+        par_real dp = dot(gh, k, hd);
+        par_real dz = p * (dp - Dd[t * H + h]) * scale;
+        for (int64_t e = 0; e < hd; e++)
+            dk[e] += dz * qh[e] + p * gh[e];
+    }
+}
+
+static int selected_has(const int32_t *st, int64_t K, int64_t i)
+{
+    for (int64_t k = 0; k < K && st[k] >= 0; k++)
+        if (st[k] == i)
+            return 1;
+    return 0;
+}
+
+void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL */
+                                       par_real *dcmp,        /* [T, hd] or NULL */
+                                       const par_real *dop,   /* [T, H*hd] */
+                                       const par_real *Dd,    /* [T, H] */
+                                       const par_real *lse,   /* [T, H] */
+                                       const par_real *q,     /* [T, H*hd] */
+                                       const par_real *kv,    /* [T, hd] */
+                                       const par_real *cmp,   /* [T, hd] or NULL */
+                                       const int32_t *sel,    /* [T, topk] or NULL */
+                                       const int32_t *pos,    /* [T] */
+                                       const par_attn_dims *dm, int64_t k0, int64_t k1,
+                                       int64_t nq)
+{
+    const int64_t hd = dm->hd, m = dm->m;
+    const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for schedule(static) \
+    if ((k1 - k0) * dm->window * dm->H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    for (int64_t j = k0; j < k1; j++) {
+        const int64_t pj = pos[j];
+        /* window: queries t = j .. j + window - 1 of the same sample */
+        if (dkv)
+            for (int64_t t = j; t < nq && t < j + dm->window && pos[t] == pj + (t - j); t++)
+                key_grad(dkv + j * hd, kv + j * hd, t, dop, Dd, lse, q, dm, scale);
+        /* entry i at its block's last row: every later query of the sample */
+        if (dcmp && m > 0 && (pj + 1) % m == 0) {
+            const int64_t i = (pj + 1) / m - 1;
+            for (int64_t t = j; t < nq && pos[t] == pj + (t - j); t++) {
+                if (m == 4 && !selected_has(sel + t * dm->topk, dm->topk, i))
+                    continue;
+                key_grad(dcmp + j * hd, cmp + j * hd, t, dop, Dd, lse, q, dm, scale);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* (5) grouped output projection                                             */
+
+void PAR_FN(par_attn_out_forward)(par_real *y,           /* [T, d] */
+                                  par_real *r,           /* [T, o_groups*o_lora] */
+                                  const par_real *o,     /* [T, H*hd] */
+                                  const par_real *wo_a,  /* [o_groups*o_lora, H*hd/o_groups] */
+                                  const par_real *wo_b,  /* [d, o_groups*o_lora] */
+                                  const par_attn_dims *dm, int64_t T)
+{
+    const int64_t G = dm->o_groups, ol = dm->o_lora, HD = dm->H * dm->hd, Dg = HD / G;
+    for (int64_t g = 0; g < G; g++)
+        PAR_FN(par_gemm)(0, 1, T, ol, Dg, 1, o + g * Dg, HD, wo_a + g * ol * Dg, Dg, 0,
+                         r + g * ol, G * ol);
+    PAR_FN(par_linear_forward)(y, r, wo_b, T, G * ol, dm->d);
+}
+
+par_status PAR_FN(par_attn_out_backward)(par_real *dout,       /* [T, H*hd] or NULL: d(o) += */
+                                         par_real *dwo_a,      /* or NULL */
+                                         par_real *dwo_b,      /* or NULL */
+                                         const par_real *dy,   /* [T, d] */
+                                         const par_real *r,    /* [T, o_groups*o_lora] */
+                                         const par_real *o,    /* [T, H*hd] */
+                                         const par_real *wo_a, /* [o_groups*o_lora, H*hd/o_groups] */
+                                         const par_real *wo_b, /* [d, o_groups*o_lora] */
+                                         const par_attn_dims *dm, int64_t T)
+{
+    const int64_t G = dm->o_groups, ol = dm->o_lora, HD = dm->H * dm->hd, Dg = HD / G;
+    par_real *dr = par_calloc((size_t)(T * G * ol), sizeof(par_real), PAR_TAG_ACT);
+    if (!dr)
+        return par_err(PAR_ENOMEM, "attention out_backward: scratch of %lld reals",
+                       (long long)(T * G * ol));
+    PAR_FN(par_linear_backward)(dr, dwo_b, dy, r, wo_b, T, G * ol, dm->d);
+    for (int64_t g = 0; g < G; g++) {
+        if (dout)
+            PAR_FN(par_gemm)(0, 0, T, Dg, ol, 1, dr + g * ol, G * ol, wo_a + g * ol * Dg, Dg, 1,
+                             dout + g * Dg, HD);
+        if (dwo_a)
+            PAR_FN(par_gemm)(1, 0, ol, Dg, T, 1, dr + g * ol, G * ol, o + g * Dg, HD, 1,
+                             dwo_a + g * ol * Dg, Dg);
+    }
+    par_free(dr);
+    return PAR_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* whole layer                                                               */
+
+par_status PAR_FN(par_attn_forward)(par_real *y,                      /* [T, d] */
+                                    PAR_FN(par_attn_saved) *saved,
+                                    int32_t *selected,                /* [T, topk] or NULL */
+                                    const par_real *x,                /* [T, d] */
+                                    const int32_t *pos,               /* [T] */
+                                    const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm, int64_t T)
+{
+    par_status st = PAR_FN(par_attn_check_dims)(dm);
+    if (st)
+        return st;
+    if ((st = check_pos(pos, T)))
+        return st;
+    PAR_FN(par_attn_saved) *s = saved;
+    PAR_FN(par_attn_proj_forward)(s, x, pos, W, dm, T);
+    if (dm->m > 0)
+        PAR_FN(par_compress_forward)(s->cmp, s->cmp_raw, s->cmp_rstd, s->ca, s->cz, pos,
+                                     W->cmp_norm, dm->rope, 0, T, dm->hd, dm->m, dm->norm_eps);
+    if (dm->m == 4) {
+        PAR_FN(par_compress_forward)(s->icmp, s->icmp_raw, s->icmp_rstd, s->ica, s->icz, pos,
+                                     W->idx_cmp_norm, dm->rope, 0, T, dm->ihd, 4, dm->norm_eps);
+        if ((st = PAR_FN(par_indexer_select)(s->sel, s->iq, s->iw, s->icmp, pos, dm, 0, T)))
+            return st;
+        if (selected)
+            memcpy(selected, s->sel, (size_t)(T * dm->topk) * sizeof(int32_t));
+    }
+    if ((st = PAR_FN(par_attn_core_forward)(s->o, s->lse, s->q, s->kv, s->cmp, s->sel, pos,
+                                            W->attn_sink, dm, 0, T)))
+        return st;
+    PAR_FN(par_attn_out_forward)(y, s->r, s->o, W->wo_a, W->wo_b, dm, T);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] or NULL */
+                                     PAR_FN(par_attn_weights) *dW,    /* or NULL */
+                                     const par_real *dy,              /* [T, d] */
+                                     const PAR_FN(par_attn_saved) *saved,
+                                     const par_real *x,               /* [T, d] */
+                                     const int32_t *pos,              /* [T] */
+                                     const PAR_FN(par_attn_weights) *W,
+                                     const par_attn_dims *dm, int64_t T)
+{
+    par_status st = PAR_FN(par_attn_check_dims)(dm);
+    if (st)
+        return st;
+    if ((st = check_pos(pos, T)))
+        return st;
+    const PAR_FN(par_attn_saved) *s = saved;
+    const int64_t H = dm->H, hd = dm->hd, m = dm->m;
+    const int64_t nc = m > 0 ? coff_of(dm) * hd : 0;
+    PAR_FN(par_attn_weights) none;
+    memset(&none, 0, sizeof none);
+    if (!dW)
+        dW = &none;
+    /* scratch: dO, dop, dq [T,H*hd]; Dd [T,H]; dkv, dcmp [T,hd]; dca, dcz [T,nc] */
+    size_t n = (size_t)(3 * T * H * hd + T * H + 2 * T * hd + 2 * T * nc);
+    par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "attention backward: scratch of %zu reals", n);
+    par_real *dO = buf, *dop = dO + T * H * hd, *dq = dop + T * H * hd, *Dd = dq + T * H * hd;
+    par_real *dkv = Dd + T * H, *dcmp = dkv + T * hd, *dca = dcmp + T * hd, *dcz = dca + T * nc;
+
+    if ((st = PAR_FN(par_attn_out_backward)(dO, dW->wo_a, dW->wo_b, dy, s->r, s->o, W->wo_a,
+                                            W->wo_b, dm, T)))
+        goto fail_free_scratch;
+    if ((st = PAR_FN(par_attn_core_backward_q)(dq, dW->attn_sink, dop, Dd, dO, s->lse, s->q,
+                                               s->kv, s->cmp, s->sel, pos, W->attn_sink, dm, 0,
+                                               T)))
+        goto fail_free_scratch;
+    PAR_FN(par_attn_core_backward_kv)(dkv, m > 0 ? dcmp : NULL, dop, Dd, s->lse, s->q, s->kv,
+                                      s->cmp, s->sel, pos, dm, 0, T, T);
+    if (m > 0 &&
+        (st = PAR_FN(par_compress_backward)(dca, dcz, dW->cmp_norm, dcmp, s->cmp_raw, s->cmp_rstd,
+                                            s->ca, s->cz, pos, W->cmp_norm, dm->rope, 0, T, hd,
+                                            m)))
+        goto fail_free_scratch;
+    st = PAR_FN(par_attn_proj_backward)(dx, dW, dq, dkv, m > 0 ? dca : NULL, m > 0 ? dcz : NULL,
+                                        s, x, pos, W, dm, T);
+fail_free_scratch:
+    par_free(buf);
+    return st;
+}

@@ -1,0 +1,280 @@
+/* kernels/attention.h - the V4 hybrid attention layer (MODEL.md section 3),
+ * forward and explicit backward (templated: see kernels/real.h).
+ *
+ * Data layout.  Tokens are a flat array of T = B*S tokens; pos[t] is the
+ * token's position within its sample (0 at each sample start), samples are
+ * contiguous, so the sample of t starts at flat index t - pos[t].
+ * Compressed entries (attention compressor, indexer compressor) are stored
+ * token-indexed, [T, c]: entry i of a sample lives at the row of its block's
+ * LAST token, s0 + (i+1)*m - 1; rows with (pos+1) % m != 0 hold zeros.
+ * `selected` (m == 4 only) is int32 [T, topk]: entry indices i within the
+ * sample, ascending, -1 padding at the end.
+ *
+ * The layer is split in phases, each with its own forward/backward, so that
+ * a context-parallel caller can insert communication between them:
+ *   (1) par_attn_proj_*      per-token projections (q, kv, compressor a/z,
+ *                            indexer q and weights)
+ *   (2) par_compress_*       complete blocks -> normed, roped entries
+ *   (3) par_indexer_select   indexer scores + top-k (no backward)
+ *   (4) par_attn_core_*      softmax-with-sink attention, inverse RoPE of o
+ *   (5) par_attn_out_*       grouped output projection wo_a, then wo_b
+ * par_attn_forward / par_attn_backward run all phases on the whole batch.
+ *
+ * Backward functions ACCUMULATE (+=) into gradient outputs; any gradient
+ * output may be NULL when not wanted.  No gradient flows into the indexer:
+ * its gradient slots are never touched.
+ */
+#ifndef PAR_KERNELS_ATTENTION_H
+#define PAR_KERNELS_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kernels/real.h"
+#include "kernels/rope.h"
+
+/* Loops of the phases run under OpenMP (one owner per output row, so the
+ * bits do not depend on the thread count) only when their work, in
+ * multiply-adds, reaches this; small calls stay serial. */
+#define PAR_ATTN_OMP_MIN_WORK 65536
+
+#ifndef PAR_ATTN_DIMS_DEFINED
+#define PAR_ATTN_DIMS_DEFINED
+/* Sizes of one attention layer (MODEL.md names in comments). */
+typedef struct {
+    int64_t d;        /* dim                                            */
+    int64_t H;        /* n_heads                                        */
+    int64_t hd;       /* head_dim                                       */
+    int64_t rd;       /* rope_head_dim (== rope->rd)                    */
+    int64_t q_lora;   /* q_lora_rank                                    */
+    int64_t o_groups; /* o_groups (divides H)                           */
+    int64_t o_lora;   /* o_lora_rank                                    */
+    int64_t window;   /* window_size (>= 1)                             */
+    int64_t m;        /* compress ratio: 0 (none), 4 (indexer) or > 4   */
+    int64_t iH;       /* index_n_heads    (m == 4)                      */
+    int64_t ihd;      /* index_head_dim   (m == 4, >= rd)               */
+    int64_t topk;     /* index_topk       (m == 4)                      */
+    double norm_eps;
+    const par_rope *rope; /* the layer's table (YaRN when m > 0)        */
+} par_attn_dims;
+#endif
+
+/* Weights of one layer (reference names).  The same type holds gradients
+ * (accumulated with +=); a NULL slot in a gradient struct is skipped.
+ * cmp_* only when m > 0, idx_* only when m == 4 (coff = 2 if m == 4 else 1). */
+typedef struct {
+    par_real *wq_a;      /* [q_lora, d]                        */
+    par_real *q_norm;    /* [q_lora]                           */
+    par_real *wq_b;      /* [H*hd, q_lora]                     */
+    par_real *wkv;       /* [hd, d]                            */
+    par_real *kv_norm;   /* [hd]                               */
+    par_real *wo_a;      /* [o_groups*o_lora, H*hd/o_groups]   */
+    par_real *wo_b;      /* [d, o_groups*o_lora]               */
+    par_real *attn_sink; /* [H]                                */
+    par_real *cmp_wkv;   /* [coff*hd, d]                       */
+    par_real *cmp_wgate; /* [coff*hd, d]                       */
+    par_real *cmp_ape;   /* [m, coff*hd]                       */
+    par_real *cmp_norm;  /* [hd]                               */
+    par_real *idx_wq_b;          /* [iH*ihd, q_lora]           */
+    par_real *idx_weights_proj;  /* [iH, d]                    */
+    par_real *idx_cmp_wkv;       /* [2*ihd, d]                 */
+    par_real *idx_cmp_wgate;     /* [2*ihd, d]                 */
+    par_real *idx_cmp_ape;       /* [4, 2*ihd]                 */
+    par_real *idx_cmp_norm;      /* [ihd]                      */
+} PAR_FN(par_attn_weights);
+
+/* Saved activations of one forward (all token-indexed, [T, ...]).  Arrays
+ * for a disabled part (m == 0: cmp*, m != 4: idx*, sel) are NULL. */
+typedef struct {
+    par_real *qa;       /* [T, q_lora]   x wq_a^T                          */
+    par_real *qa_rstd;  /* [T]                                             */
+    par_real *qr;       /* [T, q_lora]   q_norm(qa)                        */
+    par_real *qb;       /* [T, H*hd]     qr wq_b^T (before per-head norm)  */
+    par_real *q_rstd;   /* [T, H]                                          */
+    par_real *q;        /* [T, H*hd]     normed, roped query heads         */
+    par_real *kva;      /* [T, hd]       x wkv^T                           */
+    par_real *kv_rstd;  /* [T]                                             */
+    par_real *kv;       /* [T, hd]       kv_norm, roped                    */
+    par_real *ca;       /* [T, coff*hd]  compressor x wkv^T                */
+    par_real *cz;       /* [T, coff*hd]  compressor x wgate^T + ape        */
+    par_real *cmp_raw;  /* [T, hd]       pooled block (before norm)        */
+    par_real *cmp_rstd; /* [T]                                             */
+    par_real *cmp;      /* [T, hd]       entries (normed, roped at i*m)    */
+    par_real *iq;       /* [T, iH*ihd]   indexer q (roped)                 */
+    par_real *iw;       /* [T, iH]       indexer head weights (scaled)     */
+    par_real *ica;      /* [T, 2*ihd]                                      */
+    par_real *icz;      /* [T, 2*ihd]                                      */
+    par_real *icmp_raw; /* [T, ihd]                                        */
+    par_real *icmp_rstd;/* [T]                                             */
+    par_real *icmp;     /* [T, ihd]      indexer entries                   */
+    int32_t *sel;       /* [T, topk]     indexer picks                     */
+    par_real *o;        /* [T, H*hd]     attention output, inverse-roped   */
+    par_real *lse;      /* [T, H]        log(sum exp z + exp sink)         */
+    par_real *r;        /* [T, o_groups*o_lora] grouped wo_a output        */
+} PAR_FN(par_attn_saved);
+
+/* Checks the dims (divisibility, rd <= hd, m in {0, 4, > 4}, ...). */
+par_status PAR_FN(par_attn_check_dims)(const par_attn_dims *dm);
+/* Bytes of a saved struct for T tokens (every array 64-byte aligned). */
+size_t PAR_FN(par_attn_saved_bytes)(const par_attn_dims *dm, int64_t T);
+/* Points the arrays of `s` into `buf` (at least saved_bytes, 64-aligned). */
+void PAR_FN(par_attn_saved_carve)(PAR_FN(par_attn_saved) *s, void *buf,
+                                  const par_attn_dims *dm, int64_t T);
+
+/* ---- whole layer -------------------------------------------------------- */
+
+/* y = Attention(x).  `selected` receives the indexer picks when m == 4 (may
+ * be NULL; they are kept in saved->sel anyway).  pos must restart at 0 at
+ * each sample start and count up by one inside a sample. */
+par_status PAR_FN(par_attn_forward)(par_real *y,                      /* [T, d] */
+                                    PAR_FN(par_attn_saved) *saved,
+                                    int32_t *selected,                /* [T, topk] or NULL */
+                                    const par_real *x,                /* [T, d] */
+                                    const int32_t *pos,               /* [T] */
+                                    const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm, int64_t T);
+/* dx += dy dy/dx ; dW += (every non-indexer weight). */
+par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] or NULL */
+                                     PAR_FN(par_attn_weights) *dW,    /* or NULL */
+                                     const par_real *dy,              /* [T, d] */
+                                     const PAR_FN(par_attn_saved) *saved,
+                                     const par_real *x,               /* [T, d] */
+                                     const int32_t *pos,              /* [T] */
+                                     const PAR_FN(par_attn_weights) *W,
+                                     const par_attn_dims *dm, int64_t T);
+
+/* ---- (1) per-token projections ----------------------------------------- */
+
+/* Fills qa, qa_rstd, qr, qb, q_rstd, q, kva, kv_rstd, kv; ca, cz (m > 0);
+ * iq, iw, ica, icz (m == 4).  Rows are independent. */
+void PAR_FN(par_attn_proj_forward)(PAR_FN(par_attn_saved) *s,
+                                   const par_real *x,   /* [T, d] */
+                                   const int32_t *pos,  /* [T] */
+                                   const PAR_FN(par_attn_weights) *W,
+                                   const par_attn_dims *dm, int64_t T);
+/* From the gradients of the roped q, the roped kv and the compressor's a/z
+ * (dca/dcz NULL when m == 0) to dx and the weights.  dq and dkv are
+ * consumed as scratch (overwritten). */
+par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NULL */
+                                          PAR_FN(par_attn_weights) *dW,
+                                          par_real *dq,          /* [T, H*hd] scratch */
+                                          par_real *dkv,         /* [T, hd] scratch */
+                                          const par_real *dca,   /* [T, coff*hd] or NULL */
+                                          const par_real *dcz,   /* [T, coff*hd] or NULL */
+                                          const PAR_FN(par_attn_saved) *s,
+                                          const par_real *x,     /* [T, d] */
+                                          const int32_t *pos,    /* [T] */
+                                          const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int64_t T);
+
+/* ---- (2) compressor ----------------------------------------------------- */
+
+/* For every row t in [t0, t1) that ends a block ((pos[t]+1) % m == 0, block
+ * i = pos[t]/m): pool the block's slots (softmax over slots per channel;
+ * for m == 4 also the first halves of block i-1, absent for i = 0), RMSNorm
+ * with `norm`, RoPE at i*m.  Other rows of [t0, t1) get zeros.  Reads rows
+ * t - coff*m + 1 .. t of a and z (a halo before t0 when t0 > 0). */
+void PAR_FN(par_compress_forward)(par_real *cmp,        /* [T, c] */
+                                  par_real *raw,        /* [T, c] */
+                                  par_real *rstd,       /* [T] */
+                                  const par_real *a,    /* [T, coff*c] */
+                                  const par_real *z,    /* [T, coff*c] */
+                                  const int32_t *pos,   /* [T] */
+                                  const par_real *norm, /* [c] */
+                                  const par_rope *rope, int64_t t0, int64_t t1,
+                                  int64_t c, int64_t m, double eps);
+/* da, dz += (into the halo rows too); dnorm += (rows in ascending t). */
+par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] or NULL */
+                                   par_real *dz,          /* [T, coff*c] or NULL */
+                                   par_real *dnorm,       /* [c] or NULL */
+                                   const par_real *dcmp,  /* [T, c] */
+                                   const par_real *raw,   /* [T, c] */
+                                   const par_real *rstd,  /* [T] */
+                                   const par_real *a,     /* [T, coff*c] */
+                                   const par_real *z,     /* [T, coff*c] */
+                                   const int32_t *pos,    /* [T] */
+                                   const par_real *norm,  /* [c] */
+                                   const par_rope *rope, int64_t t0, int64_t t1,
+                                   int64_t c, int64_t m);
+
+/* ---- (3) indexer (m == 4; no backward) ---------------------------------- */
+
+/* For queries t in [t0, t1): I_i = sum_h iw[t,h] relu(iq[t,h] . icmp[e_i])
+ * over visible entries i < (pos+1)/4, keep the top `topk` (ties -> lower i),
+ * written ascending with -1 padding. */
+par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
+                                      const par_real *iq,     /* [T, iH*ihd] */
+                                      const par_real *iw,     /* [T, iH] */
+                                      const par_real *icmp,   /* [T, ihd] */
+                                      const int32_t *pos,     /* [T] */
+                                      const par_attn_dims *dm, int64_t t0, int64_t t1);
+
+/* ---- (4) core attention -------------------------------------------------- */
+
+/* For queries t in [q0, q1), heads h: keys = kv of the window (flat rows
+ * max(t - pos[t], t - window + 1) .. t), then the entries (m > 0): all
+ * visible ones (m != 4) or the ones in sel[t] (m == 4); softmax with the
+ * sink; o = inverse-RoPE(sum p k, pos[t]).  kv and cmp are read at rows
+ * before q0 (the halo: back to the sample start for cmp). */
+par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
+                                         par_real *lse,         /* [T, H] */
+                                         const par_real *q,     /* [T, H*hd] */
+                                         const par_real *kv,    /* [T, hd] */
+                                         const par_real *cmp,   /* [T, hd] or NULL (m == 0) */
+                                         const int32_t *sel,    /* [T, topk] or NULL (m != 4) */
+                                         const int32_t *pos,    /* [T] */
+                                         const par_real *sink,  /* [H] */
+                                         const par_attn_dims *dm, int64_t q0, int64_t q1);
+/* Query side, queries [q0, q1): dop = RoPE(do) (the gradient before the
+ * inverse rotation, written), D[t,h] = dop . o_pre (written),
+ * dq += , dsink += (sum over t ascending). */
+par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] or NULL */
+                                            par_real *dsink,       /* [H] or NULL */
+                                            par_real *dop,         /* [T, H*hd] out */
+                                            par_real *Dd,          /* [T, H] out */
+                                            const par_real *dout,  /* [T, H*hd] d(o) */
+                                            const par_real *lse,   /* [T, H] */
+                                            const par_real *q,     /* [T, H*hd] */
+                                            const par_real *kv,    /* [T, hd] */
+                                            const par_real *cmp,   /* [T, hd] or NULL */
+                                            const int32_t *sel,    /* [T, topk] or NULL */
+                                            const int32_t *pos,    /* [T] */
+                                            const par_real *sink,  /* [H] */
+                                            const par_attn_dims *dm, int64_t q0, int64_t q1);
+/* Key side, key rows [k0, k1): dkv += , dcmp += over the queries that see
+ * each key (ascending query, then head), reading queries up to nq (exclusive,
+ * normally T): deterministic, one owner per key row. */
+void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL */
+                                       par_real *dcmp,        /* [T, hd] or NULL */
+                                       const par_real *dop,   /* [T, H*hd] */
+                                       const par_real *Dd,    /* [T, H] */
+                                       const par_real *lse,   /* [T, H] */
+                                       const par_real *q,     /* [T, H*hd] */
+                                       const par_real *kv,    /* [T, hd] */
+                                       const par_real *cmp,   /* [T, hd] or NULL */
+                                       const int32_t *sel,    /* [T, topk] or NULL */
+                                       const int32_t *pos,    /* [T] */
+                                       const par_attn_dims *dm, int64_t k0, int64_t k1,
+                                       int64_t nq);
+
+/* ---- (5) grouped output projection -------------------------------------- */
+
+/* r_g = o_g wo_a[g]^T per group of H/o_groups heads; y = r wo_b^T. */
+void PAR_FN(par_attn_out_forward)(par_real *y,           /* [T, d] */
+                                  par_real *r,           /* [T, o_groups*o_lora] */
+                                  const par_real *o,     /* [T, H*hd] */
+                                  const par_real *wo_a,  /* [o_groups*o_lora, H*hd/o_groups] */
+                                  const par_real *wo_b,  /* [d, o_groups*o_lora] */
+                                  const par_attn_dims *dm, int64_t T);
+par_status PAR_FN(par_attn_out_backward)(par_real *dout,       /* [T, H*hd] or NULL: d(o) += */
+                                         par_real *dwo_a,      /* or NULL */
+                                         par_real *dwo_b,      /* or NULL */
+                                         const par_real *dy,   /* [T, d] */
+                                         const par_real *r,    /* [T, o_groups*o_lora] */
+                                         const par_real *o,    /* [T, H*hd] */
+                                         const par_real *wo_a, /* [o_groups*o_lora, H*hd/o_groups] */
+                                         const par_real *wo_b, /* [d, o_groups*o_lora] */
+                                         const par_attn_dims *dm, int64_t T);
+
+#endif
