@@ -1,0 +1,68 @@
+/* parity compare A B [--policy auto|f64|f32|bf16|bitwise] [--json FILE] [--verbose]
+ * Exit: 0 equal within policy, 1 mismatch, 2 bad usage or unreadable input. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/status.h"
+#include "model/compare.h"
+
+int par_cmd_compare(int argc, char **argv)
+{
+    const char *policy_s = "auto", *json = NULL;
+    int verbose = 0;
+    int64_t max_list = 5;
+    const par_opt opts[] = {
+        {"policy", PAR_OPT_STR, &policy_s, "auto|f64|f32|bf16|bitwise",
+         "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
+        {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
+        {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
+        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)"},
+    };
+    const char *synopsis = "A B [options]\n\n"
+                           "Compares two golden-set directories or two safetensors files, tensor by tensor\n"
+                           "(A is the reference).  Exit 0: equal within policy; 1: mismatch; 2: bad usage or\n"
+                           "unreadable input.";
+    par_positional pos;
+    int rc = par_args_parse("compare", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
+    if (rc == 1)
+        return 0;
+    if (rc)
+        return 2;
+    if (pos.count != 2) {
+        fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", pos.count);
+        return 2;
+    }
+    par_compare_opts o;
+    par_compare_opts_init(&o);
+    par_err_set_quiet(1);
+    if (par_policy_parse(policy_s, &o.policy) != PAR_OK) {
+        fprintf(stderr, "parity compare: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    if (max_list < 0 || max_list > PAR_CMP_MAX_LIST) {
+        fprintf(stderr, "parity compare: --max-list %lld is outside 0..%d\n", (long long)max_list, PAR_CMP_MAX_LIST);
+        par_err_set_quiet(0);
+        return 2;
+    }
+    o.max_list = (int)max_list;
+    par_compare_report *r;
+    par_status st = par_compare_paths(pos.argv[0], pos.argv[1], &o, &r);
+    if (st) {
+        fprintf(stderr, "parity compare: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    par_compare_report_print(r, stdout, verbose);
+    fflush(stdout);
+    int code = par_compare_report_ok(r) ? 0 : 1;
+    if (json && par_compare_report_write_json(r, json) != PAR_OK) {
+        fprintf(stderr, "parity compare: %s\n", par_last_error());
+        code = 2;
+    }
+    par_err_set_quiet(0);
+    par_compare_report_free(r);
+    return code;
+}

@@ -1,0 +1,977 @@
+#include "model/compare.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/manifest.h"
+
+/* ---- policies --------------------------------------------------------- */
+
+static const char *policy_names[] = {"auto", "f64", "f32", "bf16", "bitwise"};
+
+par_status par_policy_parse(const char *s, par_policy *out)
+{
+    for (int i = 0; i < 5; i++) {
+        if (s && !strcmp(s, policy_names[i])) {
+            *out = (par_policy)i;
+            return PAR_OK;
+        }
+    }
+    return par_err(PAR_EINVAL, "policy '%s' is not one of auto, f64, f32, bf16, bitwise", s ? s : "(null)");
+}
+
+const char *par_policy_name(par_policy p) { return (unsigned)p < 5 ? policy_names[p] : "?"; }
+
+par_status par_policy_from_precision(const char *precision, par_policy *out)
+{
+    if (precision && (!strcmp(precision, "f64") || !strcmp(precision, "fp64") || !strcmp(precision, "float64")))
+        *out = PAR_POLICY_F64;
+    else if (precision && (!strcmp(precision, "f32") || !strcmp(precision, "fp32") || !strcmp(precision, "float32")))
+        *out = PAR_POLICY_F32;
+    else if (precision && (!strcmp(precision, "bf16") || !strcmp(precision, "bfloat16")))
+        *out = PAR_POLICY_BF16;
+    else
+        return par_err(PAR_EINVAL, "cannot pick a comparison policy from precision '%s' (f64, f32 or bf16); pass --policy",
+                       precision ? precision : "(none)");
+    return PAR_OK;
+}
+
+void par_policy_tolerance(par_policy p, double *rtol, double *atol)
+{
+    switch (p) {
+    case PAR_POLICY_F64: *rtol = 1e-10; *atol = 1e-14; return;
+    case PAR_POLICY_F32: *rtol = 1e-4; *atol = 1e-7; return;
+    case PAR_POLICY_BF16: *rtol = 2e-2; *atol = 1e-4; return;
+    default: *rtol = 0; *atol = 0; return;
+    }
+}
+
+void par_compare_opts_init(par_compare_opts *o)
+{
+    o->policy = PAR_POLICY_AUTO;
+    o->max_list = 5;
+}
+
+/* ---- report ----------------------------------------------------------- */
+
+struct par_compare_report {
+    char *a, *b;
+    par_policy policy;
+    char policy_why[200];
+    int nfiles;         /* file pairs compared (or listed missing) */
+    int n, cap;
+    par_cmp_entry *e;
+    int nfail;
+};
+
+static par_status report_new(const char *a, const char *b, par_compare_report **out)
+{
+    par_compare_report *r = par_calloc(1, sizeof *r, PAR_TAG_IO);
+    if (!r)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    r->a = par_strdup(a, PAR_TAG_IO);
+    r->b = par_strdup(b, PAR_TAG_IO);
+    if (!r->a || !r->b) {
+        par_free(r->a);
+        par_free(r->b);
+        par_free(r);
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    }
+    *out = r;
+    return PAR_OK;
+}
+
+void par_compare_report_free(par_compare_report *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->n; i++) {
+        par_free(r->e[i].file);
+        par_free(r->e[i].tensor);
+        par_free(r->e[i].list);
+        par_free(r->e[i].override_reason);
+    }
+    par_free(r->e);
+    par_free(r->a);
+    par_free(r->b);
+    par_free(r);
+}
+
+/* Appends a zeroed entry with names set; NULL when out of memory. */
+static par_cmp_entry *report_add(par_compare_report *r, const char *file, const char *tensor)
+{
+    if (r->n == r->cap) {
+        int nc = r->cap ? 2 * r->cap : 64;
+        par_cmp_entry *ne = par_realloc(r->e, (size_t)nc * sizeof *ne, PAR_TAG_IO);
+        if (!ne)
+            return NULL;
+        r->e = ne;
+        r->cap = nc;
+    }
+    par_cmp_entry *e = &r->e[r->n];
+    memset(e, 0, sizeof *e);
+    e->file = par_strdup(file, PAR_TAG_IO);
+    e->tensor = par_strdup(tensor, PAR_TAG_IO);
+    if (!e->file || !e->tensor) {
+        par_free(e->file);
+        par_free(e->tensor);
+        return NULL;
+    }
+    e->mode = "-";
+    e->pass = 1;
+    r->n++;
+    return e;
+}
+
+static void entry_fail(par_compare_report *r, par_cmp_entry *e)
+{
+    if (e->pass)
+        r->nfail++;
+    e->pass = 0;
+}
+
+int par_compare_report_ok(const par_compare_report *r) { return r->nfail == 0; }
+int par_compare_report_count(const par_compare_report *r) { return r->n; }
+int par_compare_report_failed(const par_compare_report *r) { return r->nfail; }
+par_policy par_compare_report_policy(const par_compare_report *r) { return r->policy; }
+
+const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i)
+{
+    return (i >= 0 && i < r->n) ? &r->e[i] : NULL;
+}
+
+const par_cmp_entry *par_compare_report_find(const par_compare_report *r, const char *file, const char *tensor)
+{
+    for (int i = 0; i < r->n; i++)
+        if ((!file || !strcmp(r->e[i].file, file)) && !strcmp(r->e[i].tensor, tensor))
+            return &r->e[i];
+    return NULL;
+}
+
+/* ---- decoding coordinates --------------------------------------------- */
+
+typedef struct {
+    int is_step;             /* a step.K file: [B,S,...] tensors are decoded */
+    const par_tensor *seg;   /* input.segments [B,S] I32 of this step, or NULL */
+    int64_t B, S;            /* 0 when unknown */
+    int ncp;
+    int64_t cp[2];           /* context-parallel sizes > 1 of A's / B's layout */
+    const char *cp_side[2];
+} decode_ctx;
+
+/* Finds a name component `key` followed by ".<digits>" (key at the start or
+ * after a '.', the number followed by '.' or the end).  Returns the number or
+ * -1. */
+static int64_t component_num(const char *name, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *p = strstr(name, key); p; p = strstr(p + 1, key)) {
+        if (p != name && p[-1] != '.')
+            continue;
+        const char *q = p + kl;
+        if (*q != '.' || q[1] < '0' || q[1] > '9')
+            continue;
+        q++;
+        int64_t v = 0;
+        while (*q >= '0' && *q <= '9' && v < (INT64_MAX - 9) / 10)
+            v = v * 10 + (*q++ - '0');
+        if (*q == '.' || *q == '\0')
+            return v;
+    }
+    return -1;
+}
+
+static int has_prefix(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
+
+/* Whether a tensor of a step file is indexed [B,S,...]. */
+static int is_bs_tensor(const decode_ctx *c, const char *name, const par_tensor *t)
+{
+    if (!c->is_step || t->ndim < 2)
+        return 0;
+    if (!(has_prefix(name, "input.") || has_prefix(name, "out.") || has_prefix(name, "act.") ||
+          has_prefix(name, "router.") || has_prefix(name, "attn.")))
+        return 0;
+    if (c->B && c->S && (t->shape[0] != c->B || t->shape[1] != c->S))
+        return 0;
+    return 1;
+}
+
+static void describe(const decode_ctx *c, const char *name, const par_tensor *t, par_cmp_elem *el)
+{
+    char *w = el->where;
+    size_t n = sizeof el->where, o = 0;
+    w[0] = '\0';
+#define ADD(...)                                                                                                       \
+    do {                                                                                                               \
+        if (o < n)                                                                                                     \
+            o += (size_t)snprintf(w + o, n - o, __VA_ARGS__);                                                          \
+    } while (0)
+    int64_t layer = component_num(name, "layers");
+    int64_t mtp = component_num(name, "mtp");
+    int64_t expert = component_num(name, "experts");
+    if (layer >= 0)
+        ADD("%slayer %lld", o ? ", " : "", (long long)layer);
+    if (mtp >= 0)
+        ADD("%smtp %lld", o ? ", " : "", (long long)mtp);
+    if (expert >= 0)
+        ADD("%sexpert %lld", o ? ", " : "", (long long)expert);
+    if (is_bs_tensor(c, name, t)) {
+        int64_t b = el->coord[0], s = el->coord[1];
+        ADD("%srow %lld, pos %lld", o ? ", " : "", (long long)b, (long long)s);
+        if (c->seg && b < c->seg->shape[0] && s < c->seg->shape[1]) {
+            const int32_t *row = (const int32_t *)c->seg->data + b * c->seg->shape[1];
+            int64_t st = s;
+            while (st > 0 && row[st - 1] == row[s])
+                st--;
+            ADD(" (sample %d, pos %lld in sample)", (int)row[s], (long long)(s - st));
+        }
+        for (int k = 0; k < c->ncp; k++) {
+            int64_t S = t->shape[1], cp = c->cp[k];
+            if (S % cp == 0)
+                ADD(", cp rank %lld of %lld (%s)", (long long)(s / (S / cp)), (long long)cp, c->cp_side[k]);
+        }
+        if (has_prefix(name, "act.") && t->ndim == 4)
+            ADD(", stream %lld", (long long)el->coord[2]);
+    }
+#undef ADD
+}
+
+/* ---- one tensor ------------------------------------------------------- */
+
+static inline double elem_f(const par_tensor *t, int64_t i)
+{
+    switch (t->dtype) {
+    case PAR_F64: return ((const double *)t->data)[i];
+    case PAR_F32: return ((const float *)t->data)[i];
+    case PAR_BF16: return par_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    default: return 0;
+    }
+}
+
+static inline int64_t elem_i(const par_tensor *t, int64_t i)
+{
+    return t->dtype == PAR_I32 ? ((const int32_t *)t->data)[i] : ((const int64_t *)t->data)[i];
+}
+
+static inline uint64_t elem_bits(par_dtype dt, const void *p, int64_t i)
+{
+    switch (dt) {
+    case PAR_F64: return ((const uint64_t *)p)[i];
+    case PAR_F32: return ((const uint32_t *)p)[i];
+    default: return ((const uint16_t *)p)[i];
+    }
+}
+
+/* Keeps the k largest errors (ties: lower index first, i.e. earlier wins). */
+typedef struct {
+    int k, n;
+    par_cmp_elem *v;
+} topk;
+
+static void topk_offer(topk *t, int64_t idx, double err, double a, double b, int64_t ia, int64_t ib)
+{
+    if (t->k <= 0)
+        return;
+    if (t->n == t->k && !(err > t->v[t->n - 1].err))
+        return;
+    int pos = t->n < t->k ? t->n : t->k - 1;
+    while (pos > 0 && err > t->v[pos - 1].err) {
+        t->v[pos] = t->v[pos - 1];
+        pos--;
+    }
+    par_cmp_elem *e = &t->v[pos];
+    memset(e, 0, sizeof *e);
+    e->index = idx;
+    e->err = err;
+    e->a = a;
+    e->b = b;
+    e->ia = ia;
+    e->ib = ib;
+    if (t->n < t->k)
+        t->n++;
+}
+
+static int same_nonfinite(double x, double y)
+{
+    if (isnan(x) || isnan(y))
+        return isnan(x) && isnan(y);
+    return x == y; /* infinities: same sign */
+}
+
+typedef struct {
+    long double sd2, sr2; /* sums of squares of B-A and of A over finite pairs */
+    double max_abs, max_rel;
+    int64_t ndiff, nnf;
+} float_acc;
+
+/* The element loop of float tensors, specialized per dtype (dt is a constant
+ * at every call site). */
+static inline __attribute__((always_inline)) void float_loop(par_dtype dt, const par_tensor *ta, const par_tensor *tb,
+                                                             int64_t numel, int bitwise, topk *tk, float_acc *acc)
+{
+    long double sd2 = 0, sr2 = 0;
+    double max_abs = 0, max_rel = 0;
+    int64_t ndiff = 0, nnf = 0;
+    par_tensor va = *ta, vb = *tb;
+    va.dtype = vb.dtype = dt;
+    for (int64_t i = 0; i < numel; i++) {
+        double x = elem_f(&va, i), y = elem_f(&vb, i);
+        int bd = elem_bits(dt, va.data, i) != elem_bits(dt, vb.data, i);
+        ndiff += bd;
+        if (!isfinite(x) || !isfinite(y)) {
+            if (!same_nonfinite(x, y)) {
+                nnf++;
+                topk_offer(tk, i, INFINITY, x, y, 0, 0);
+            } else if (bitwise && bd) {
+                topk_offer(tk, i, 0, x, y, 0, 0); /* NaN payloads differ */
+            }
+            continue;
+        }
+        sr2 += (long double)x * x;
+        if (!bd)
+            continue;
+        double d = x - y, ad = fabs(d);
+        sd2 += (long double)d * d;
+        if (ad > max_abs)
+            max_abs = ad;
+        if (x != 0 && ad / fabs(x) > max_rel)
+            max_rel = ad / fabs(x);
+        if (ad > 0 || bitwise)
+            topk_offer(tk, i, ad, x, y, 0, 0);
+    }
+    acc->sd2 = sd2;
+    acc->sr2 = sr2;
+    acc->max_abs = max_abs;
+    acc->max_rel = max_rel;
+    acc->ndiff = ndiff;
+    acc->nnf = nnf;
+}
+
+/* Compares values of two tensors of equal dtype and shape into e. */
+static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                                 par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
+{
+    int64_t numel = par_tensor_numel(ta);
+    int isint = !par_dtype_is_float(ta->dtype);
+    int bitwise = !isint && policy == PAR_POLICY_BITWISE && !ov;
+    if (isint) {
+        e->mode = "integer";
+    } else if (ov) {
+        e->mode = "override";
+        e->rtol = ov->rtol;
+        e->atol = ov->atol;
+        e->override_reason = par_strdup(ov->reason, PAR_TAG_IO);
+        if (!e->override_reason)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+    } else if (bitwise) {
+        e->mode = "bitwise";
+    } else {
+        e->mode = par_policy_name(policy);
+        par_policy_tolerance(policy, &e->rtol, &e->atol);
+    }
+    topk tk = {max_list, 0, NULL};
+    if (max_list > 0) {
+        tk.v = par_calloc((size_t)max_list, sizeof *tk.v, PAR_TAG_IO);
+        if (!tk.v)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+    }
+
+    long double sd2 = 0, sr2 = 0;
+    double max_abs = 0, max_rel = 0;
+    int64_t ndiff = 0, nnf = 0;
+    if (isint) {
+        for (int64_t i = 0; i < numel; i++) {
+            int64_t x = elem_i(ta, i), y = elem_i(tb, i);
+            double dx = (double)x, dy = (double)y;
+            sr2 += (long double)dx * dx;
+            if (x == y)
+                continue;
+            ndiff++;
+            double d = fabs(dx - dy);
+            sd2 += (long double)d * d;
+            if (d > max_abs)
+                max_abs = d;
+            if (x != 0 && d / fabs(dx) > max_rel)
+                max_rel = d / fabs(dx);
+            topk_offer(&tk, i, d, dx, dy, x, y);
+        }
+    } else {
+        float_acc acc = {0, 0, 0, 0, 0, 0};
+        switch (ta->dtype) {
+        case PAR_F64: float_loop(PAR_F64, ta, tb, numel, bitwise, &tk, &acc); break;
+        case PAR_F32: float_loop(PAR_F32, ta, tb, numel, bitwise, &tk, &acc); break;
+        default: float_loop(PAR_BF16, ta, tb, numel, bitwise, &tk, &acc); break;
+        }
+        sd2 = acc.sd2;
+        sr2 = acc.sr2;
+        max_abs = acc.max_abs;
+        max_rel = acc.max_rel;
+        ndiff = acc.ndiff;
+        nnf = acc.nnf;
+    }
+    double dn = (double)sqrtl(sd2), rn = (double)sqrtl(sr2);
+    e->diff_norm = dn;
+    e->max_abs = max_abs;
+    e->max_rel = max_rel;
+    e->rel_l2 = rn > 0 ? dn / rn : (dn > 0 ? INFINITY : 0);
+    e->n_diff = ndiff;
+    e->n_nonfinite = nnf;
+
+    if (isint) {
+        e->pass = ndiff == 0;
+        if (!e->pass)
+            snprintf(e->reason, sizeof e->reason, "integers differ at %lld of %lld elements", (long long)ndiff,
+                     (long long)numel);
+    } else if (bitwise) {
+        e->pass = ndiff == 0;
+        if (!e->pass)
+            snprintf(e->reason, sizeof e->reason, "bits differ at %lld of %lld elements", (long long)ndiff,
+                     (long long)numel);
+    } else {
+        e->bound = e->rtol * rn + e->atol * sqrt((double)numel);
+        int norm_ok = dn <= e->bound; /* false for NaN/inf norms */
+        e->pass = norm_ok && nnf == 0;
+        if (nnf)
+            snprintf(e->reason, sizeof e->reason, "NaN/Inf differ at %lld of %lld elements%s", (long long)nnf,
+                     (long long)numel, norm_ok ? "" : "; finite values outside the policy too");
+        else if (!norm_ok)
+            snprintf(e->reason, sizeof e->reason, "||B-A|| = %.3e > %.3e = %g*||A|| + %g*sqrt(%lld)", dn, e->bound,
+                     e->rtol, e->atol, (long long)numel);
+    }
+    if (!e->pass && tk.n > 0) {
+        for (int j = 0; j < tk.n; j++) {
+            par_cmp_elem *el = &tk.v[j];
+            int64_t rem = el->index;
+            for (int d = ta->ndim - 1; d >= 0; d--) {
+                int64_t s = ta->shape[d] ? ta->shape[d] : 1;
+                el->coord[d] = rem % s;
+                rem /= s;
+            }
+            describe(ctx, name, ta, el);
+        }
+        e->list = tk.v;
+        e->nlist = tk.n;
+    } else {
+        par_free(tk.v);
+    }
+    return PAR_OK;
+}
+
+static void fill_shape(par_cmp_entry *e, const par_tensor *t)
+{
+    e->dtype = t->dtype;
+    e->ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++)
+        e->shape[d] = t->shape[d];
+    e->numel = par_tensor_numel(t);
+}
+
+/* ---- one file pair ---------------------------------------------------- */
+
+typedef struct {
+    par_policy policy;            /* resolved */
+    int max_list;
+    const par_manifest *ma;       /* A's manifest (overrides), or NULL */
+    int64_t cp[2];
+} file_ctx;
+
+static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
+{
+    const par_tensor *t = par_st_find(f, name);
+    return (t && t->dtype == PAR_I32 && t->ndim == 2) ? t : NULL;
+}
+
+static par_status compare_pair(par_compare_report *r, const par_st_file *a, const par_st_file *b, const char *file,
+                               const file_ctx *fc)
+{
+    decode_ctx dc;
+    memset(&dc, 0, sizeof dc);
+    dc.is_step = has_prefix(file, "step.");
+    if (dc.is_step) {
+        const par_tensor *seg = find_i32_bs(a, "input.segments");
+        if (!seg)
+            seg = find_i32_bs(b, "input.segments");
+        const par_tensor *tok = find_i32_bs(a, "input.tokens");
+        if (!tok)
+            tok = find_i32_bs(b, "input.tokens");
+        const par_tensor *bs = seg ? seg : tok;
+        dc.seg = seg;
+        if (bs) {
+            dc.B = bs->shape[0];
+            dc.S = bs->shape[1];
+        }
+        static const char *side[2] = {"A's layout", "B's layout"};
+        for (int k = 0; k < 2; k++) {
+            if (fc->cp[k] > 1) {
+                dc.cp[dc.ncp] = fc->cp[k];
+                dc.cp_side[dc.ncp] = side[k];
+                dc.ncp++;
+            }
+        }
+        if (dc.ncp == 2 && dc.cp[0] == dc.cp[1]) {
+            dc.ncp = 1;
+            dc.cp_side[0] = "both layouts";
+        }
+    }
+    int na = par_st_count(a), nb = par_st_count(b);
+    int i = 0, j = 0;
+    char s1[160], s2[160];
+    while (i < na || j < nb) {
+        int c = i >= na ? 1 : j >= nb ? -1 : strcmp(par_st_name(a, i), par_st_name(b, j));
+        const char *name = c <= 0 ? par_st_name(a, i) : par_st_name(b, j);
+        par_cmp_entry *e = report_add(r, file, name);
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        if (c < 0) {
+            fill_shape(e, par_st_tensor(a, i));
+            snprintf(e->reason, sizeof e->reason, "missing in B");
+            entry_fail(r, e);
+            i++;
+            continue;
+        }
+        if (c > 0) {
+            fill_shape(e, par_st_tensor(b, j));
+            snprintf(e->reason, sizeof e->reason, "missing in A (extra in B)");
+            entry_fail(r, e);
+            j++;
+            continue;
+        }
+        const par_tensor *ta = par_st_tensor(a, i), *tb = par_st_tensor(b, j);
+        i++;
+        j++;
+        fill_shape(e, ta);
+        if (ta->dtype != tb->dtype) {
+            snprintf(e->reason, sizeof e->reason, "dtype differs: A %s, B %s", par_dtype_name(ta->dtype),
+                     par_dtype_name(tb->dtype));
+            entry_fail(r, e);
+            continue;
+        }
+        if (!par_tensor_same_shape(ta, tb)) {
+            snprintf(e->reason, sizeof e->reason, "shape differs: A %s, B %s",
+                     par_shape_str(ta->ndim, ta->shape, s1, sizeof s1),
+                     par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
+            entry_fail(r, e);
+            continue;
+        }
+        const par_tol_override *ov = fc->ma ? par_manifest_tolerance(fc->ma, name) : NULL;
+        par_status st = compare_values(e, name, ta, tb, fc->policy, ov, fc->max_list, &dc);
+        if (st)
+            return st;
+        if (!e->pass) {
+            e->pass = 1; /* let entry_fail count it */
+            entry_fail(r, e);
+        }
+    }
+    r->nfiles++;
+    return PAR_OK;
+}
+
+static int clamp_list(int k)
+{
+    if (k < 0)
+        return 0;
+    return k > PAR_CMP_MAX_LIST ? PAR_CMP_MAX_LIST : k;
+}
+
+par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char *file, const par_compare_opts *o,
+                          par_compare_report **out)
+{
+    par_compare_opts def;
+    if (!o) {
+        par_compare_opts_init(&def);
+        o = &def;
+    }
+    par_compare_report *r;
+    par_status st = report_new(par_st_label(a), par_st_label(b), &r);
+    if (st)
+        return st;
+    r->policy = o->policy == PAR_POLICY_AUTO ? PAR_POLICY_F64 : o->policy;
+    snprintf(r->policy_why, sizeof r->policy_why, "%s", o->policy == PAR_POLICY_AUTO ? "auto: bare files" : "given");
+    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}};
+    st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc);
+    if (st) {
+        par_compare_report_free(r);
+        return st;
+    }
+    *out = r;
+    return PAR_OK;
+}
+
+/* ---- golden-set directories ------------------------------------------- */
+
+typedef struct {
+    int kind; /* 0 params, 1 step */
+    int64_t k;
+    char name[64];
+} gfile;
+
+/* Parses "params.K.safetensors" / "step.K.safetensors". */
+static int parse_gname(const char *s, gfile *g)
+{
+    const char *p;
+    if (has_prefix(s, "params."))
+        g->kind = 0, p = s + 7;
+    else if (has_prefix(s, "step."))
+        g->kind = 1, p = s + 5;
+    else
+        return 0;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9'))
+        return 0;
+    int64_t k = 0;
+    while (*p >= '0' && *p <= '9') {
+        if (k > (INT64_MAX - 9) / 10)
+            return 0;
+        k = k * 10 + (*p++ - '0');
+    }
+    if (strcmp(p, ".safetensors"))
+        return 0;
+    if (strlen(s) >= sizeof g->name)
+        return 0;
+    g->k = k;
+    strcpy(g->name, s);
+    return 1;
+}
+
+static int cmp_gfile(const void *x, const void *y)
+{
+    const gfile *a = x, *b = y;
+    if (a->k != b->k)
+        return a->k < b->k ? -1 : 1;
+    return a->kind - b->kind;
+}
+
+static par_status list_gfiles(const char *dir, gfile **out, int *n)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return par_err(PAR_EIO, "%s: cannot list the directory: %s", dir, strerror(errno));
+    gfile *v = NULL;
+    int cnt = 0, cap = 0;
+    struct dirent *de;
+    par_status st = PAR_OK;
+    while ((de = readdir(d)) != NULL) {
+        gfile g;
+        if (!parse_gname(de->d_name, &g))
+            continue;
+        if (cnt == cap) {
+            int nc = cap ? 2 * cap : 16;
+            gfile *nv = par_realloc(v, (size_t)nc * sizeof *nv, PAR_TAG_IO);
+            if (!nv) {
+                st = par_err(PAR_ENOMEM, "%s: out of memory", dir);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        v[cnt++] = g;
+    }
+    closedir(d);
+    if (st) {
+        par_free(v);
+        return st;
+    }
+    if (cnt)
+        qsort(v, (size_t)cnt, sizeof *v, cmp_gfile);
+    *out = v;
+    *n = cnt;
+    return PAR_OK;
+}
+
+static int64_t layout_cp(const par_manifest *m)
+{
+    static const char *keys[] = {"context_parallel_size", "context-parallel-size", "cp"};
+    int64_t v;
+    for (int i = 0; i < 3; i++)
+        if (m->layout && par_json_int(m->layout, keys[i], &v))
+            return v;
+    return 1;
+}
+
+static par_status compare_dirs(par_compare_report *r, const char *da, const char *db, const par_compare_opts *o)
+{
+    par_manifest ma, mb;
+    par_status st = par_manifest_read(da, &ma);
+    if (st)
+        return st;
+    st = par_manifest_read(db, &mb);
+    if (st)
+        goto done_free_ma;
+    if (o->policy == PAR_POLICY_AUTO) {
+        par_policy pa, pb;
+        if ((st = par_policy_from_precision(ma.precision, &pa)) || (st = par_policy_from_precision(mb.precision, &pb)))
+            goto done_free_mb;
+        r->policy = pa > pb ? pa : pb; /* the looser of the two (f64 < f32 < bf16) */
+        snprintf(r->policy_why, sizeof r->policy_why, "auto: precision %s / %s", ma.precision, mb.precision);
+    } else {
+        r->policy = o->policy;
+        snprintf(r->policy_why, sizeof r->policy_why, "given");
+    }
+    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}};
+
+    gfile *fa = NULL, *fb = NULL;
+    int na = 0, nb = 0;
+    if ((st = list_gfiles(da, &fa, &na)))
+        goto done_free_mb;
+    if ((st = list_gfiles(db, &fb, &nb)))
+        goto done_free_lists;
+    int i = 0, j = 0;
+    while (i < na || j < nb) {
+        int c = i >= na ? 1 : j >= nb ? -1 : cmp_gfile(&fa[i], &fb[j]);
+        if (c != 0) {
+            const gfile *g = c < 0 ? &fa[i++] : &fb[j++];
+            par_cmp_entry *e = report_add(r, g->name, "");
+            if (!e) {
+                st = par_err(PAR_ENOMEM, "compare: out of memory");
+                goto done_free_lists;
+            }
+            snprintf(e->reason, sizeof e->reason, "file %s", c < 0 ? "missing in B" : "missing in A (extra in B)");
+            entry_fail(r, e);
+            r->nfiles++;
+            continue;
+        }
+        const char *name = fa[i].name;
+        i++;
+        j++;
+        char *pa = par_path_join(da, name), *pb = par_path_join(db, name);
+        par_st_file *sa = NULL, *sb = NULL;
+        if (!pa || !pb)
+            st = par_err(PAR_ENOMEM, "compare: out of memory");
+        if (!st)
+            st = par_st_read(pa, &sa);
+        if (!st)
+            st = par_st_read(pb, &sb);
+        if (!st)
+            st = compare_pair(r, sa, sb, name, &fc);
+        par_st_close(sa);
+        par_st_close(sb);
+        par_free(pa);
+        par_free(pb);
+        if (st)
+            goto done_free_lists;
+    }
+done_free_lists:
+    par_free(fa);
+    par_free(fb);
+done_free_mb:
+    par_manifest_free(&mb);
+done_free_ma:
+    par_manifest_free(&ma);
+    return st;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+par_status par_compare_paths(const char *a, const char *b, const par_compare_opts *o, par_compare_report **out)
+{
+    par_compare_opts def;
+    if (!o) {
+        par_compare_opts_init(&def);
+        o = &def;
+    }
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0)
+        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: %s", a, strerror(errno));
+    if (stat(b, &sb) != 0)
+        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: %s", b, strerror(errno));
+    int da = S_ISDIR(sa.st_mode), db = S_ISDIR(sb.st_mode);
+    if (da != db)
+        return par_err(PAR_EINVAL, "compare: %s is a %s but %s is a %s; compare two golden-set directories or two files",
+                       a, da ? "directory" : "file", b, db ? "directory" : "file");
+    if (!da) {
+        par_st_file *fa, *fb;
+        par_status st = par_st_read(a, &fa);
+        if (st)
+            return st;
+        st = par_st_read(b, &fb);
+        if (st) {
+            par_st_close(fa);
+            return st;
+        }
+        st = par_compare_st(fa, fb, base_name(a), o, out);
+        par_st_close(fa);
+        par_st_close(fb);
+        return st;
+    }
+    par_compare_report *r;
+    par_status st = report_new(a, b, &r);
+    if (st)
+        return st;
+    st = compare_dirs(r, a, b, o);
+    if (st) {
+        par_compare_report_free(r);
+        return st;
+    }
+    *out = r;
+    return PAR_OK;
+}
+
+/* ---- output ----------------------------------------------------------- */
+
+static void print_elem(FILE *out, const par_cmp_entry *e, const par_cmp_elem *el)
+{
+    char c[160];
+    par_shape_str(e->ndim, el->coord, c, sizeof c);
+    if (!par_dtype_is_float(e->dtype))
+        fprintf(out, "      at %-16s A=%lld B=%lld", c, (long long)el->ia, (long long)el->ib);
+    else
+        fprintf(out, "      at %-16s A=%-24.17g B=%-24.17g |B-A|=%.3e", c, el->a, el->b, el->err);
+    if (el->where[0])
+        fprintf(out, "  %s", el->where);
+    fputc('\n', out);
+}
+
+static void print_entry(FILE *out, const par_cmp_entry *e)
+{
+    char sh[160];
+    par_shape_str(e->ndim, e->shape, sh, sizeof sh);
+    fprintf(out, "%s %s %s %s %s", e->pass ? "PASS" : "FAIL", e->file, e->tensor[0] ? e->tensor : "-",
+            par_dtype_name(e->dtype), e->tensor[0] ? sh : "");
+    if (strcmp(e->mode, "-"))
+        fprintf(out, " [%s] max_abs %.3e max_rel %.3e rel_l2 %.3e", e->mode, e->max_abs, e->max_rel, e->rel_l2);
+    if (!e->pass)
+        fprintf(out, ": %s", e->reason);
+    fputc('\n', out);
+    if (e->override_reason)
+        fprintf(out, "      override rtol %g atol %g: %s\n", e->rtol, e->atol, e->override_reason);
+    if (!e->pass && e->nlist) {
+        fprintf(out, "      first mismatches, largest error first:\n");
+        for (int k = 0; k < e->nlist; k++)
+            print_elem(out, e, &e->list[k]);
+    }
+}
+
+void par_compare_report_print(const par_compare_report *r, FILE *out, int verbose)
+{
+    double rt, at;
+    par_policy_tolerance(r->policy, &rt, &at);
+    fprintf(out, "compare A=%s B=%s\npolicy %s (%s)", r->a, r->b, par_policy_name(r->policy), r->policy_why);
+    if (r->policy != PAR_POLICY_BITWISE)
+        fprintf(out, ": ||B-A||_2 <= %g ||A||_2 + %g sqrt(numel)", rt, at);
+    fputc('\n', out);
+    int npass = 0;
+    for (int i = 0; i < r->n; i++) {
+        npass += r->e[i].pass;
+        if (verbose || !r->e[i].pass)
+            print_entry(out, &r->e[i]);
+    }
+    fprintf(out, "%s: %d file%s, %d entries: %d passed, %d failed\n", r->nfail ? "MISMATCH" : "EQUAL within policy",
+            r->nfiles, r->nfiles == 1 ? "" : "s", r->n, npass, r->nfail);
+}
+
+static cJSON *num_or_str(double v)
+{
+    if (isfinite(v))
+        return cJSON_CreateNumber(v);
+    return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+}
+
+par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
+{
+    cJSON *root = cJSON_CreateObject();
+    int ok = root != NULL;
+    double rt, at;
+    par_policy_tolerance(r->policy, &rt, &at);
+    ok = ok && cJSON_AddStringToObject(root, "a", r->a) && cJSON_AddStringToObject(root, "b", r->b);
+    ok = ok && cJSON_AddStringToObject(root, "policy", par_policy_name(r->policy));
+    ok = ok && cJSON_AddStringToObject(root, "policy_source", r->policy_why);
+    ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
+    ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
+    ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);
+    ok = ok && cJSON_AddNumberToObject(root, "entries", r->n);
+    ok = ok && cJSON_AddNumberToObject(root, "failed", r->nfail);
+    cJSON *arr = ok ? cJSON_AddArrayToObject(root, "tensors") : NULL;
+    ok = arr != NULL;
+    for (int i = 0; i < r->n && ok; i++) {
+        const par_cmp_entry *e = &r->e[i];
+        cJSON *o = cJSON_CreateObject();
+        ok = o != NULL;
+        if (ok)
+            cJSON_AddItemToArray(arr, o);
+        ok = ok && cJSON_AddStringToObject(o, "file", e->file) && cJSON_AddStringToObject(o, "tensor", e->tensor);
+        ok = ok && cJSON_AddBoolToObject(o, "pass", e->pass) && cJSON_AddStringToObject(o, "reason", e->reason);
+        ok = ok && cJSON_AddStringToObject(o, "mode", e->mode);
+        if (ok && e->tensor[0]) {
+            cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+            ok = shape && cJSON_AddStringToObject(o, "dtype", par_dtype_name(e->dtype));
+            for (int d = 0; d < e->ndim && ok; d++) {
+                cJSON *n = cJSON_CreateNumber((double)e->shape[d]);
+                ok = n != NULL;
+                if (ok)
+                    cJSON_AddItemToArray(shape, n);
+            }
+            ok = ok && cJSON_AddNumberToObject(o, "numel", (double)e->numel);
+        }
+        if (ok && strcmp(e->mode, "-")) {
+            const char *k[] = {"max_abs", "max_rel", "rel_l2", "diff_norm", "bound", "rtol", "atol"};
+            double v[] = {e->max_abs, e->max_rel, e->rel_l2, e->diff_norm, e->bound, e->rtol, e->atol};
+            for (int q = 0; q < 7 && ok; q++) {
+                cJSON *n = num_or_str(v[q]);
+                ok = n != NULL;
+                if (ok)
+                    cJSON_AddItemToObject(o, k[q], n);
+            }
+            ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
+            ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
+            if (ok && e->override_reason)
+                ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
+        }
+        if (ok && e->nlist) {
+            cJSON *ml = cJSON_AddArrayToObject(o, "mismatches");
+            ok = ml != NULL;
+            for (int q = 0; q < e->nlist && ok; q++) {
+                const par_cmp_elem *el = &e->list[q];
+                cJSON *m = cJSON_CreateObject(), *co = cJSON_CreateArray();
+                ok = m && co;
+                if (!ok) {
+                    cJSON_Delete(m);
+                    cJSON_Delete(co);
+                    break;
+                }
+                cJSON_AddItemToArray(ml, m);
+                cJSON_AddItemToObject(m, "coord", co);
+                for (int d = 0; d < e->ndim && ok; d++) {
+                    cJSON *n = cJSON_CreateNumber((double)el->coord[d]);
+                    ok = n != NULL;
+                    if (ok)
+                        cJSON_AddItemToArray(co, n);
+                }
+                ok = ok && cJSON_AddNumberToObject(m, "index", (double)el->index);
+                if (par_dtype_is_float(e->dtype)) {
+                    cJSON *x = num_or_str(el->a), *y = num_or_str(el->b), *z = num_or_str(el->err);
+                    ok = ok && x && y && z;
+                    if (ok) {
+                        cJSON_AddItemToObject(m, "a", x);
+                        cJSON_AddItemToObject(m, "b", y);
+                        cJSON_AddItemToObject(m, "abs_err", z);
+                    } else {
+                        cJSON_Delete(x);
+                        cJSON_Delete(y);
+                        cJSON_Delete(z);
+                    }
+                } else {
+                    ok = ok && cJSON_AddNumberToObject(m, "a", (double)el->ia) &&
+                         cJSON_AddNumberToObject(m, "b", (double)el->ib);
+                }
+                ok = ok && cJSON_AddStringToObject(m, "where", el->where);
+            }
+        }
+    }
+    if (!ok) {
+        cJSON_Delete(root);
+        return par_err(PAR_ENOMEM, "%s: out of memory building the comparison report", path);
+    }
+    par_status st = par_json_write_file(path, root);
+    cJSON_Delete(root);
+    return st;
+}

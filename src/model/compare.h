@@ -1,0 +1,113 @@
+/* model/compare.h - the comparator of golden sets and safetensors files
+ * (GOLDEN.md "Comparing"; docs/formats.md has the full policy).
+ *
+ * A comparison takes a reference A (the first argument) and a candidate B.
+ * Every tensor name of either side is one entry: a name on one side only,
+ * a dtype or shape difference, or values outside the policy fail.
+ *   integer tensors      equal, always (manifest overrides do not apply);
+ *   float, f64 policy    ||B-A||_2 <= 1e-10 ||A||_2 + 1e-14 sqrt(numel);
+ *   float, f32 / bf16    the same with 1e-4, 1e-7 / 2e-2, 1e-4;
+ *   bitwise              every bit equal (NaN payloads, signed zeros too).
+ * Under the norm policies the positions of NaN and +-Inf must agree and
+ * their values too (NaN with NaN, +Inf with +Inf); only finite pairs enter
+ * the norms, numel is the tensor's full element count.  A's manifest may
+ * override rtol/atol for a tensor name ("tolerances", with a reason); that
+ * override applies under every float policy, bitwise included.
+ *
+ * Untemplated: depends on core only.
+ */
+#ifndef PAR_MODEL_COMPARE_H
+#define PAR_MODEL_COMPARE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+typedef enum {
+    PAR_POLICY_AUTO = 0, /* from the manifests' "precision" (f64 for bare files) */
+    PAR_POLICY_F64,
+    PAR_POLICY_F32,
+    PAR_POLICY_BF16,
+    PAR_POLICY_BITWISE,
+} par_policy;
+
+/* "auto", "f64", "f32", "bf16", "bitwise" -> policy; PAR_EINVAL otherwise. */
+par_status par_policy_parse(const char *s, par_policy *out);
+const char *par_policy_name(par_policy p);
+/* The policy a manifest "precision" implies ("f64", "f32", "bf16"). */
+par_status par_policy_from_precision(const char *precision, par_policy *out);
+/* rtol/atol of a norm policy (0, 0 for bitwise and auto). */
+void par_policy_tolerance(par_policy p, double *rtol, double *atol);
+
+#define PAR_CMP_MAX_LIST 32
+
+/* One listed mismatching element. */
+typedef struct {
+    int64_t index;                /* flat (row-major) index */
+    int64_t coord[PAR_MAX_DIMS];  /* its coordinates */
+    double a, b;                  /* values of A and B (integers converted) */
+    int64_t ia, ib;               /* exact values, integer tensors only */
+    double err;                   /* |A-B|; +inf for a non-finite mismatch */
+    char where[200];              /* decoded meaning: layer, expert, row, ... */
+} par_cmp_elem;
+
+typedef struct {
+    char *file;         /* file name the tensor is in (both sides) */
+    char *tensor;       /* tensor name; "" for an entry about a whole file */
+    int pass;           /* 1 pass, 0 fail */
+    char reason[240];   /* why it failed; "" when it passed */
+    const char *mode;   /* "f64", "f32", "bf16", "bitwise", "override", "integer", "-" */
+    char *override_reason; /* A manifest's reason when an override applied (owned) */
+    par_dtype dtype;    /* A's (B's when missing in A) */
+    int ndim;
+    int64_t shape[PAR_MAX_DIMS];
+    int64_t numel;
+    double rtol, atol;  /* tolerances used (norm modes) */
+    double max_abs;     /* max |A-B| over finite pairs */
+    double max_rel;     /* max |A-B|/|A| over finite pairs with A != 0 */
+    double rel_l2;      /* ||A-B|| / ||A|| (0 when both are 0, inf when only A is) */
+    double diff_norm;   /* ||A-B||_2 over finite pairs */
+    double bound;       /* rtol ||A||_2 + atol sqrt(numel) */
+    int64_t n_diff;     /* elements whose bits differ */
+    int64_t n_nonfinite;/* positions where NaN/Inf do not agree */
+    int nlist;
+    par_cmp_elem *list; /* largest errors first (ties: lower index first) */
+} par_cmp_entry;
+
+typedef struct {
+    par_policy policy;  /* default PAR_POLICY_AUTO */
+    int max_list;       /* elements listed per failing tensor (default 5, at most PAR_CMP_MAX_LIST) */
+} par_compare_opts;
+
+void par_compare_opts_init(par_compare_opts *o);
+
+typedef struct par_compare_report par_compare_report;
+
+/* Compares two golden-set directories or two safetensors files.  PAR_OK when
+ * the comparison ran (the verdict is in the report); an error when an input
+ * is missing or unreadable, a directory's manifest is bad, or one side is a
+ * directory and the other a file.  *out set only on success. */
+par_status par_compare_paths(const char *a, const char *b, const par_compare_opts *o, par_compare_report **out);
+/* Compares two loaded files (policy AUTO means f64).  `file` labels the
+ * entries (NULL: A's label). */
+par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char *file, const par_compare_opts *o,
+                          par_compare_report **out);
+
+int par_compare_report_ok(const par_compare_report *r);       /* 1 if every entry passed */
+int par_compare_report_count(const par_compare_report *r);
+int par_compare_report_failed(const par_compare_report *r);   /* failing entries */
+const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i);
+/* First entry for (file, tensor); file NULL matches any file. */
+const par_cmp_entry *par_compare_report_find(const par_compare_report *r, const char *file, const char *tensor);
+par_policy par_compare_report_policy(const par_compare_report *r); /* resolved (never AUTO) */
+/* Summary table: failing entries with their listed elements, then counts;
+ * verbose prints every entry. */
+void par_compare_report_print(const par_compare_report *r, FILE *out, int verbose);
+/* The full report as JSON, written atomically. */
+par_status par_compare_report_write_json(const par_compare_report *r, const char *path);
+void par_compare_report_free(par_compare_report *r); /* NULL is fine */
+
+#endif
