@@ -16,7 +16,7 @@ typedef enum {
     PAR_OPT_DOUBLE, /* double dest                                    */
     PAR_OPT_STR,    /* const char * dest (points into argv)           */
     PAR_OPT_LIST,   /* repeatable string: par_strlist dest            */
-} par_opt_kind;
+} par_arg_kind;
 
 typedef struct {
     const char *items[64];
@@ -25,7 +25,7 @@ typedef struct {
 
 typedef struct {
     const char *name;  /* without the leading "--" */
-    par_opt_kind kind;
+    par_arg_kind kind;
     void *dest;
     const char *metavar;
     const char *help;

@@ -1,0 +1,155 @@
+/* parity golden --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
+ *               [--precision f64|f32] [--set key=value]... [--global-batch-size B] --out DIR
+ * The serial reference (world size 1) writing a golden set (GOLDEN.md, CLI.md).
+ * Exit: 0 success, 2 bad usage or unreadable input, 1 the run itself failed. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "model/facade.h"
+
+static int exit_code(par_status s)
+{
+    switch (s) {
+    case PAR_ENOMEM:
+    case PAR_EINTERNAL:
+    case PAR_ERANGE:
+        return 1;
+    default:
+        return 2;
+    }
+}
+
+static void print_mib(const char *what, int64_t bytes)
+{
+    printf("  %-8s %10.2f MiB\n", what, (double)bytes / (1024.0 * 1024.0));
+}
+
+int par_cmd_golden(int argc, char **argv)
+{
+    const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
+    int64_t steps = 1, seed = 1234, gbs = 0;
+    int quiet = 0;
+    par_strlist sets;
+    memset(&sets, 0, sizeof sets);
+    const par_opt opts[] = {
+        {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
+        {"data", PAR_OPT_STR, &data, "FILE",
+         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
+        {"fixture", PAR_OPT_STR, &fixture, "NAME",
+         "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
+        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
+        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+        {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
+        {"out", PAR_OPT_STR, &out, "DIR", "golden set directory to write (replaced atomically)"},
+        {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
+        {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)"},
+        {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+    };
+    const char *synopsis =
+        "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
+        "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] --out DIR\n\n"
+        "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
+        "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
+        "synthetic generator with a random packing plan drawn from --seed.";
+    par_positional pos;
+    int rc = par_args_parse("golden", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
+    if (rc == 1)
+        return 0;
+    if (rc)
+        return 2;
+    if (pos.count) {
+        fprintf(stderr, "parity golden: unexpected argument '%s' (see 'parity golden --help')\n", pos.argv[0]);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "parity golden: --out DIR is required\n");
+        return 2;
+    }
+    if (data && fixture) {
+        fprintf(stderr, "parity golden: give --data or --fixture, not both\n");
+        return 2;
+    }
+    if (steps < 1) {
+        fprintf(stderr, "parity golden: --steps must be >= 1 (got %lld)\n", (long long)steps);
+        return 2;
+    }
+    if (seed < 0) {
+        fprintf(stderr, "parity golden: --seed must be >= 0 (got %lld)\n", (long long)seed);
+        return 2;
+    }
+    par_golden_opts o;
+    par_golden_opts_init(&o);
+    if (!strcmp(precision, "f64"))
+        o.precision = 64;
+    else if (!strcmp(precision, "f32"))
+        o.precision = 32;
+    else {
+        fprintf(stderr, "parity golden: --precision expects f64 or f32, got '%s'\n", precision);
+        return 2;
+    }
+    par_err_set_quiet(1);
+    par_status s = par_config_preset(&o.cfg, preset);
+    for (int i = 0; !s && i < sets.count; i++)
+        s = par_config_set_arg(&o.cfg, sets.items[i]);
+    if (!s && gbs) {
+        if (gbs < 1) {
+            fprintf(stderr, "parity golden: --global-batch-size must be >= 1 (got %lld)\n", (long long)gbs);
+            par_err_set_quiet(0);
+            return 2;
+        }
+        o.cfg.global_batch_size = gbs;
+    }
+    if (!s)
+        s = par_config_validate(&o.cfg);
+    if (!s)
+        s = par_config_check_runnable(&o.cfg);
+    if (s) {
+        fprintf(stderr, "parity golden: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    o.steps = steps;
+    o.seed = (uint64_t)seed;
+    o.out_dir = out;
+    o.data_path = data;
+    o.fixture = fixture;
+    o.progress = !quiet;
+
+    par_alloc_reset_peaks();
+    par_golden_summary sum;
+    s = par_golden_run(&o, &sum);
+    if (s) {
+        fprintf(stderr, "parity golden: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return exit_code(s);
+    }
+    par_err_set_quiet(0);
+
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("golden set written: %s (preset %s, %s, %lld steps, B=%lld S=%lld, %lld parameters, BLAS core %s)\n",
+           out, preset, precision, (long long)steps, (long long)o.cfg.global_batch_size,
+           (long long)o.cfg.seq_length, (long long)sum.n_params, sum.blas_core);
+    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
+           "grad_norm", "wall_s");
+    for (int64_t k = 0; k < sum.steps; k++) {
+        const par_golden_step_info *si = &sum.step[k];
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss,
+               si->loss_main, si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
+    }
+    printf("wall time %.3f s (writing included); peak RSS %.1f MiB; tagged peaks:\n", sum.wall_s,
+           (double)ru.ru_maxrss / 1024.0);
+    print_mib("param", par_alloc_peak(PAR_TAG_PARAM));
+    print_mib("grad", par_alloc_peak(PAR_TAG_GRAD));
+    print_mib("optim", par_alloc_peak(PAR_TAG_OPTIM));
+    print_mib("act", par_alloc_peak(PAR_TAG_ACT));
+    print_mib("io", par_alloc_peak(PAR_TAG_IO));
+    par_golden_summary_free(&sum);
+    return 0;
+}

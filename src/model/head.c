@@ -1,0 +1,221 @@
+/* model/head.c - embedding, heads (hc_head, norm, logits, CE) and the MTP
+ * input projection, forward and backward (see model/model.h, MODEL.md
+ * sections 2, 5 and 6). */
+#include "model/model.h"
+
+#include <string.h>
+
+#include "kernels/ops.h"
+
+#define P(idx) PAR_FN(par_model_ptr)(M->params, &M->tab, (idx))
+#define G(idx) PAR_FN(par_model_ptr)(M->grads, &M->tab, (idx))
+
+static void *aalloc(par_arena *ar, size_t n, int zero)
+{
+    if (n == 0)
+        n = 64;
+    return zero ? par_arena_calloc(ar, n, 64) : par_arena_alloc(ar, n, 64);
+}
+
+#define AREAL(ptr, count, zero)                                                                    \
+    do {                                                                                           \
+        (ptr) = aalloc(ar, (size_t)(count) * sizeof(par_real), (zero));                            \
+        if (!(ptr))                                                                                \
+            goto fail_oom;                                                                         \
+    } while (0)
+
+/* ------------------------------------------------------------- embedding -- */
+
+void PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, const int32_t *tokens,
+                                     int64_t T)
+{
+    int64_t n = M->n, d = M->d;
+    const par_real *tab = P(M->tab.top.embed);
+    for (int64_t t = 0; t < T; t++) {
+        const par_real *row = tab + (int64_t)tokens[t] * d;
+        for (int64_t i = 0; i < n; i++)
+            memcpy(X0 + (t * n + i) * d, row, (size_t)d * sizeof(par_real));
+    }
+}
+
+par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar, const par_real *dX0,
+                                            const int32_t *tokens, int64_t T)
+{
+    int64_t n = M->n, d = M->d;
+    par_arena_mark mark = par_arena_get_mark(ar);
+    par_real *dh;
+    AREAL(dh, T * d, 0);
+    for (int64_t t = 0; t < T; t++) {
+        par_real *o = dh + t * d;
+        const par_real *g = dX0 + t * n * d;
+        for (int64_t c = 0; c < d; c++)
+            o[c] = g[c];
+        for (int64_t i = 1; i < n; i++)
+            for (int64_t c = 0; c < d; c++)
+                o[c] += g[i * d + c];
+    }
+    PAR_FN(par_embedding_backward)(G(M->tab.top.embed), dh, tokens, T, d);
+    par_arena_rewind(ar, mark);
+    return PAR_OK;
+fail_oom:
+    return par_err(PAR_ENOMEM, "embedding backward: out of scratch memory (T=%lld)", (long long)T);
+}
+
+/* ------------------------------------------------------------------ head -- */
+
+typedef struct {
+    int fn, base, scale, norm;
+} head_ids;
+
+static head_ids head_params(const PAR_FN(par_model) *M, int which)
+{
+    head_ids h;
+    if (which == 0) {
+        h.fn = M->tab.top.hc_head_fn;
+        h.base = M->tab.top.hc_head_base;
+        h.scale = M->tab.top.hc_head_scale;
+        h.norm = M->tab.top.norm;
+    } else {
+        const par_block_params *bp = &M->tab.blocks[M->cfg.n_layers];
+        h.fn = bp->hc_head_fn;
+        h.base = bp->hc_head_base;
+        h.scale = bp->hc_head_scale;
+        h.norm = bp->norm;
+    }
+    return h;
+}
+
+par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                    par_arena *ar, const par_real *X, const int32_t *target,
+                                    const int32_t *sample, double *ce_sum, int64_t T)
+{
+    const par_config *c = &M->cfg;
+    int64_t n = M->n, d = M->d, V = M->V;
+    head_ids id = head_params(M, which);
+    memset(h, 0, sizeof *h);
+    h->T = T;
+    h->X = X;
+    h->target = target;
+    void *buf = aalloc(ar, PAR_FN(par_hc_head_saved_bytes)(T, n), 0);
+    if (!buf)
+        goto fail_oom;
+    PAR_FN(par_hc_head_saved_init)(&h->hs, buf, T, n);
+    AREAL(h->x, T * d, 0);
+    AREAL(h->xn, T * d, 0);
+    AREAL(h->rstd, T, 0);
+    AREAL(h->logits, T * V, 0);
+    AREAL(h->lse, T, 0);
+    AREAL(h->ce, T, 0);
+    par_status s = PAR_FN(par_hc_head_forward)(h->x, &h->hs, X, P(id.fn), P(id.base), P(id.scale), T, n,
+                                               d, c->hc_eps, c->norm_eps);
+    if (s)
+        return s;
+    PAR_FN(par_rmsnorm_forward)(h->xn, h->rstd, h->x, P(id.norm), T, d, c->norm_eps);
+    PAR_FN(par_linear_forward)(h->logits, h->xn, P(M->tab.top.head), T, d, V);
+    PAR_FN(par_xent_forward)(h->ce, h->lse, h->logits, target, T, V);
+    if (ce_sum) {
+        for (int64_t t = 0; t < T; t++)
+            if (target[t] >= 0)
+                ce_sum[sample[t]] += (double)h->ce[t];
+    }
+    return PAR_OK;
+fail_oom:
+    return par_err(PAR_ENOMEM, "%s head forward: out of activation memory (T=%lld)",
+                   which ? "mtp" : "main", (long long)T);
+}
+
+par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                     par_arena *ar, par_real *dX, double scale)
+{
+    const par_config *c = &M->cfg;
+    int64_t n = M->n, d = M->d, V = M->V, T = h->T;
+    head_ids id = head_params(M, which);
+    par_arena_mark mark = par_arena_get_mark(ar);
+    par_real *dlogits, *dxn, *dx;
+    AREAL(dlogits, T * V, 1);
+    AREAL(dxn, T * d, 1);
+    AREAL(dx, T * d, 1);
+    PAR_FN(par_xent_backward)(dlogits, h->logits, h->lse, h->target, scale, T, V);
+    PAR_FN(par_linear_backward)(dxn, G(M->tab.top.head), dlogits, h->xn, P(M->tab.top.head), T, d, V);
+    PAR_FN(par_rmsnorm_backward)(dx, G(id.norm), dxn, h->x, P(id.norm), h->rstd, T, d);
+    par_status s = PAR_FN(par_hc_head_backward)(dX, G(id.fn), G(id.base), G(id.scale), dx, &h->hs, h->X,
+                                                P(id.fn), P(id.base), P(id.scale), T, n, d, c->hc_eps,
+                                                c->norm_eps);
+    par_arena_rewind(ar, mark);
+    return s;
+fail_oom:
+    par_arena_rewind(ar, mark);
+    return par_err(PAR_ENOMEM, "%s head backward: out of scratch memory (T=%lld)",
+                   which ? "mtp" : "main", (long long)T);
+}
+
+/* ------------------------------------------------------------- MTP input -- */
+
+par_status PAR_FN(par_mtp_input_forward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar,
+                                         const par_real *XL, const int32_t *ids, int64_t T)
+{
+    const par_config *c = &M->cfg;
+    const par_block_params *bp = &M->tab.blocks[c->n_layers];
+    int64_t n = M->n, d = M->d;
+    par_real *hp;
+    memset(a, 0, sizeof *a);
+    a->T = T;
+    a->XL = XL;
+    a->ids = ids;
+    AREAL(a->emb, T * d, 0);
+    AREAL(a->en, T * d, 0);
+    AREAL(a->en_rstd, T, 0);
+    AREAL(a->ep, T * d, 0);
+    AREAL(a->hn, T * n * d, 0);
+    AREAL(a->hn_rstd, T * n, 0);
+    AREAL(a->X0, T * n * d, 0);
+    PAR_FN(par_embedding_forward)(a->emb, ids, P(M->tab.top.embed), T, d);
+    PAR_FN(par_rmsnorm_forward)(a->en, a->en_rstd, a->emb, P(bp->enorm), T, d, c->norm_eps);
+    PAR_FN(par_linear_forward)(a->ep, a->en, P(bp->e_proj), T, d, d);
+    PAR_FN(par_rmsnorm_forward)(a->hn, a->hn_rstd, XL, P(bp->hnorm), T * n, d, c->norm_eps);
+    hp = a->X0; /* h_proj output in place, then + e_proj(e) per stream */
+    PAR_FN(par_linear_forward)(hp, a->hn, P(bp->h_proj), T * n, d, d);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < n; i++) {
+            par_real *x = a->X0 + (t * n + i) * d;
+            const par_real *e = a->ep + t * d;
+            for (int64_t k = 0; k < d; k++)
+                x[k] = e[k] + x[k];
+        }
+    return PAR_OK;
+fail_oom:
+    return par_err(PAR_ENOMEM, "mtp input forward: out of activation memory (T=%lld)", (long long)T);
+}
+
+par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar,
+                                          par_real *dXL, const par_real *dX0)
+{
+    const par_config *c = &M->cfg;
+    const par_block_params *bp = &M->tab.blocks[c->n_layers];
+    int64_t n = M->n, d = M->d, T = a->T;
+    par_arena_mark mark = par_arena_get_mark(ar);
+    par_real *dep, *den, *demb, *dhn;
+    AREAL(dep, T * d, 0);
+    AREAL(den, T * d, 1);
+    AREAL(demb, T * d, 1);
+    AREAL(dhn, T * n * d, 1);
+    for (int64_t t = 0; t < T; t++) {
+        par_real *o = dep + t * d;
+        const par_real *g = dX0 + t * n * d;
+        for (int64_t k = 0; k < d; k++)
+            o[k] = g[k];
+        for (int64_t i = 1; i < n; i++)
+            for (int64_t k = 0; k < d; k++)
+                o[k] += g[i * d + k];
+    }
+    PAR_FN(par_linear_backward)(dhn, G(bp->h_proj), dX0, a->hn, P(bp->h_proj), T * n, d, d);
+    PAR_FN(par_rmsnorm_backward)(dXL, G(bp->hnorm), dhn, a->XL, P(bp->hnorm), a->hn_rstd, T * n, d);
+    PAR_FN(par_linear_backward)(den, G(bp->e_proj), dep, a->en, P(bp->e_proj), T, d, d);
+    PAR_FN(par_rmsnorm_backward)(demb, G(bp->enorm), den, a->emb, P(bp->enorm), a->en_rstd, T, d);
+    PAR_FN(par_embedding_backward)(G(M->tab.top.embed), demb, a->ids, T, d);
+    par_arena_rewind(ar, mark);
+    return PAR_OK;
+fail_oom:
+    par_arena_rewind(ar, mark);
+    return par_err(PAR_ENOMEM, "mtp input backward: out of scratch memory (T=%lld)", (long long)T);
+}
