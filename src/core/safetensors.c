@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/rng.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host"
@@ -406,7 +407,40 @@ struct par_st_writer {
     w_entry *e;
     int nm, capm;
     char **mk, **mv;
+    int *slot;      /* open-addressing set of entry indices + 1 (0 = empty) */
+    int nslot;      /* power of two, >= 2 * cap                             */
 };
+
+/* Finds `name` among the entries through the hash set: returns the slot
+ * holding it, or the empty slot where it would go. */
+static int name_slot(const par_st_writer *w, const char *name)
+{
+    unsigned mask = (unsigned)w->nslot - 1u;
+    unsigned i = (unsigned)par_name_hash64(name) & mask;
+    while (w->slot[i] && strcmp(w->e[w->slot[i] - 1].name, name) != 0)
+        i = (i + 1u) & mask;
+    return (int)i;
+}
+
+static par_status grow_slots(par_st_writer *w, int want)
+{
+    int ns = 64;
+    while (ns < 2 * want)
+        ns *= 2;
+    if (ns <= w->nslot)
+        return PAR_OK;
+    int *old = w->slot;
+    w->slot = par_calloc((size_t)ns, sizeof *w->slot, PAR_TAG_IO);
+    if (!w->slot) {
+        w->slot = old;
+        return par_err(PAR_ENOMEM, "safetensors writer: out of memory");
+    }
+    w->nslot = ns;
+    for (int k = 0; k < w->n; k++)
+        w->slot[name_slot(w, w->e[k].name)] = k + 1;
+    par_free(old);
+    return PAR_OK;
+}
 
 par_status par_st_writer_new(par_st_writer **out)
 {
@@ -430,6 +464,7 @@ void par_st_writer_free(par_st_writer *w)
     par_free(w->e);
     par_free(w->mk);
     par_free(w->mv);
+    par_free(w->slot);
     par_free(w);
 }
 
@@ -448,9 +483,11 @@ par_status par_st_writer_add(par_st_writer *w, const char *name, const par_tenso
     if (nb > 0 && !t->data)
         return par_err(PAR_EINVAL, "safetensors writer: tensor '%s': NULL data for %lld elements", name,
                        (long long)nb);
-    for (int i = 0; i < w->n; i++)
-        if (!strcmp(w->e[i].name, name))
-            return par_err(PAR_EINVAL, "safetensors writer: tensor '%s' added twice", name);
+    if (grow_slots(w, w->n + 1) != PAR_OK)
+        return PAR_ENOMEM;
+    int sl = name_slot(w, name);
+    if (w->slot[sl])
+        return par_err(PAR_EINVAL, "safetensors writer: tensor '%s' added twice", name);
     if (w->n == w->cap) {
         int nc = w->cap ? 2 * w->cap : 16;
         w_entry *ne = par_realloc(w->e, (size_t)nc * sizeof *ne, PAR_TAG_IO);
@@ -466,6 +503,7 @@ par_status par_st_writer_add(par_st_writer *w, const char *name, const par_tenso
     w->e[w->n].t = *t;
     w->e[w->n].t.owns = 0;
     w->n++;
+    w->slot[sl] = w->n;
     return PAR_OK;
 }
 
