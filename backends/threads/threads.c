@@ -1,0 +1,342 @@
+/* backends/threads/threads.c - every rank an OpenMP thread of this process.
+ *
+ * A group's shared state is one array of slots (one per member, each on its
+ * own cache lines) and one 64-bit word holding (generation << 24 | arrived).
+ * An exchange is
+ *   1. publish: write my call metadata and my transfer description (the
+ *      pointers of par__xfer) into my slot;
+ *   2. arrive: add me to the word; the last arrival starts the next
+ *      generation; the others wait for it (spin, then yield, then sleep);
+ *   3. check: every member compares all metadata (the same verdict on every
+ *      rank) and the sizes of the pairs it receives;
+ *   4. copy: each rank copies what it receives straight from the senders'
+ *      buffers (no intermediate copy);
+ *   5. arrive again, so no sender's buffer is reused while a peer reads it.
+ * A barrier is steps 1-3.  Metadata is double-buffered by the parity of the
+ * generation so a barrier needs one arrival only.  A rank that stops waiting
+ * (timeout, failed world) withdraws its arrival with a compare-and-swap on
+ * the same word, so a late rank never completes a round with a peer that
+ * already left.
+ */
+#include <limits.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "comm/backend.h"
+#include "core/alloc.h"
+
+#define CNT_BITS 24
+#define CNT_MASK ((UINT64_C(1) << CNT_BITS) - 1)
+
+typedef struct {
+    _Alignas(64) par__callmeta meta[2];
+    const par__xfer *x;
+    void *split;                 /* a new group's state, published by its leader */
+    _Atomic uint64_t arrived;    /* last generation this rank arrived at         */
+} tslot;
+
+typedef struct {
+    _Alignas(64) _Atomic uint64_t word;
+    _Alignas(64) _Atomic uint32_t gen32;    /* low bits of the generation: futex  */
+    _Atomic int sleepers;                   /* ranks blocked (or about to) on it  */
+    _Alignas(64) _Atomic int refs;
+    int p;
+    tslot *slots;
+} tgroup;
+
+/* One rank's handle: the shared group and the generation it has reached. */
+typedef struct {
+    tgroup *g;
+    uint64_t gen;
+} tcomm;
+
+static tgroup *tgroup_new(int p, int refs)
+{
+    tgroup *g = par_calloc(1, sizeof *g, PAR_TAG_COMM);
+    if (!g)
+        return NULL;
+    g->slots = par_calloc((size_t)p, sizeof *g->slots, PAR_TAG_COMM);
+    if (!g->slots) {
+        par_free(g);
+        return NULL;
+    }
+    g->p = p;
+    atomic_init(&g->refs, refs);
+    atomic_init(&g->word, 0);
+    return g;
+}
+
+static void tgroup_destroy(tgroup *g)
+{
+    if (g) {
+        par_free(g->slots);
+        par_free(g);
+    }
+}
+
+static void tgroup_unref(tgroup *g)
+{
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1)
+        tgroup_destroy(g);
+}
+
+/* Blocking after the spin/yield phase: a futex on gen32 that the last
+ * arrival of a round wakes (elsewhere: a short sleep). */
+typedef struct {
+    tgroup *g;
+    uint32_t seen;
+} tblock;
+
+static void block_on_gen(void *ctx, double max_s)
+{
+    tblock *b = ctx;
+    struct timespec ts = {(time_t)max_s, (long)((max_s - (double)(time_t)max_s) * 1e9)};
+#ifdef __linux__
+    atomic_fetch_add(&b->g->sleepers, 1);
+    if (atomic_load(&b->g->gen32) == b->seen)
+        syscall(SYS_futex, (uint32_t *)&b->g->gen32, FUTEX_WAIT_PRIVATE, b->seen, &ts, NULL, 0);
+    atomic_fetch_sub(&b->g->sleepers, 1);
+#else
+    (void)b;
+    ts = (struct timespec){0, 100000};
+    nanosleep(&ts, NULL);
+#endif
+}
+
+static void wake_all(tgroup *g, uint64_t gen)
+{
+    /* monotonic even when a later round's last arrival got here first */
+    uint32_t cur = atomic_load(&g->gen32), want = (uint32_t)gen;
+    while ((int32_t)(want - cur) > 0 && !atomic_compare_exchange_weak(&g->gen32, &cur, want))
+        ;
+#ifdef __linux__
+    if (atomic_load(&g->sleepers) > 0)
+        syscall(SYS_futex, (uint32_t *)&g->gen32, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+}
+
+/* Arrive at generation tc->gen + 1 and wait for everyone.  On a failed wait
+ * the arrival is withdrawn (unless the round completed meanwhile) and the
+ * error raised with the missing ranks. */
+static par_status arrive(par_comm *c, tcomm *tc, int ignore_abort, const par__callmeta *m)
+{
+    tgroup *g = tc->g;
+    uint64_t target = tc->gen + 1;
+    atomic_store_explicit(&g->slots[c->rank].arrived, target, memory_order_relaxed);
+    uint64_t w = atomic_load(&g->word), nw;
+    do {
+        nw = (w & CNT_MASK) + 1 == (uint64_t)g->p ? target << CNT_BITS : w + 1;
+    } while (!atomic_compare_exchange_weak(&g->word, &w, nw));
+    tc->gen = target;
+    if ((nw >> CNT_BITS) == target) {
+        wake_all(g, target);
+        return PAR_OK;
+    }
+
+    par__waiter wt;
+    tblock tb = {g, (uint32_t)(target - 1)};
+    par__wait_start(&wt, c->world, ignore_abort);
+    wt.block = block_on_gen;
+    wt.block_ctx = &tb;
+    for (;;) {
+        if ((atomic_load_explicit(&g->word, memory_order_acquire) >> CNT_BITS) >= target)
+            return PAR_OK;
+        par_status st = par__wait_poll(&wt, c->world);
+        if (st == PAR_OK)
+            continue;
+        w = atomic_load(&g->word);
+        do {
+            if ((w >> CNT_BITS) >= target)
+                return PAR_OK; /* completed meanwhile */
+        } while (!atomic_compare_exchange_weak(&g->word, &w, w - 1));
+        tc->gen = target - 1;
+        /* slots[me].arrived stays: reports of ranks stopping after me name
+         * only the ranks that never came */
+
+        int *missing = par_malloc((size_t)g->p * sizeof *missing, PAR_TAG_COMM), nmissing = 0;
+        for (int j = 0; j < g->p && missing; j++)
+            if (j != c->rank && atomic_load_explicit(&g->slots[j].arrived,
+                                                     memory_order_relaxed) < target)
+                missing[nmissing++] = j;
+        char what[240];
+        par__meta_describe(m, par_comm_name(c), what, sizeof what);
+        size_t k = strlen(what);
+        snprintf(what + k, sizeof what - k, ", %d of %d ranks arrived", g->p - nmissing, g->p);
+        st = par__wait_failed(c, st, what, missing, nmissing);
+        par_free(missing);
+        return st;
+    }
+}
+
+static par_status t_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
+{
+    tcomm *tc = c->bgroup;
+    tgroup *g = tc->g;
+    int me = c->rank, p = c->size;
+    tslot *s = &g->slots[me];
+    uint64_t target = tc->gen + 1;
+    s->meta[target & 1] = *m;
+    s->x = x;
+    par_status st = arrive(c, tc, 0, m);
+    if (st != PAR_OK)
+        return st;
+    st = par__check_metas(c, &g->slots[0].meta[target & 1], sizeof(tslot));
+    if (st != PAR_OK)
+        return st; /* every member saw the same metas: nobody copies */
+    if (!x->rbytes && !x->sbytes)
+        return PAR_OK; /* no data anywhere (the metas agree on that) */
+
+    /* Pairs first: what each peer sends me against what I expect. */
+    for (int j = 0; j < p && st == PAR_OK; j++) {
+        const par__xfer *xj = g->slots[j].x;
+        size_t sent = xj->sbytes ? xj->sbytes[me] : 0;
+        size_t want = x->rbytes ? x->rbytes[j] : 0;
+        if (sent != want)
+            st = par__pair_mismatch(c, m, j, me, sent, want);
+    }
+    if (st == PAR_OK && x->rbytes) {
+        for (int k = 0; k < p; k++) {
+            int j = (me + k) % p; /* spread the readers over the senders */
+            if (!x->rbytes[j])
+                continue;
+            const par__xfer *xj = g->slots[j].x;
+            const char *src = xj->sbase + (xj->soff ? xj->soff[me] : 0);
+            char *dst = x->rbase + (x->roff ? x->roff[j] : 0);
+            if (src != dst)
+                memcpy(dst, src, x->rbytes[j]);
+        }
+    }
+    /* Nobody leaves before all copies are done, even if the world failed. */
+    par_status st2 = arrive(c, tc, 1, m);
+    return st != PAR_OK ? st : st2;
+}
+
+static par_status t_split(par_comm *parent, const par__splitplan *plan, void **bgroup)
+{
+    tcomm *tc = parent->bgroup;
+    tgroup *g = tc->g;
+    tgroup *ng = NULL;
+    tcomm *nt = NULL;
+    int member = plan->color >= 0;
+    if (member && plan->leader == parent->rank)
+        ng = tgroup_new(plan->size, plan->size); /* NULL: members see it and fail */
+    if (member)
+        nt = par_calloc(1, sizeof *nt, PAR_TAG_COMM);
+    g->slots[parent->rank].split = ng;
+    par__callmeta m = {.group_id = parent->id, .seq = parent->seq, .op = PAR__OP_SPLIT,
+                       .dtype = PAR_C_I32, .count = 2, .redop = -1, .root = -1, .phase = 1,
+                       .rank = parent->rank};
+    par_status st = arrive(parent, tc, 0, &m);
+    if (st != PAR_OK) { /* the round did not complete: nobody read ng */
+        tgroup_destroy(ng);
+        par_free(nt);
+        return st;
+    }
+    if (!member) {
+        *bgroup = NULL;
+        return PAR_OK;
+    }
+    /* The leader's slot is rewritten only at its next split, after a round
+     * that needs this rank's arrival, so it is stable until we return. */
+    tgroup *shared = g->slots[plan->leader].split;
+    if (!shared || !nt) {
+        if (shared)
+            tgroup_unref(shared);
+        par_free(nt);
+        return par_err(PAR_ENOMEM, "threads: no memory for group of %d ranks split from %s",
+                       plan->size, par_comm_name(parent));
+    }
+    nt->g = shared;
+    *bgroup = nt;
+    return PAR_OK;
+}
+
+static void t_group_free(par_comm *c, void *bgroup)
+{
+    (void)c;
+    tcomm *tc = bgroup;
+    if (!tc)
+        return;
+    tgroup_unref(tc->g);
+    par_free(tc);
+}
+
+static par_status t_world_init(par__world *w, void **bworld)
+{
+    int n = par__world_size(w);
+    if (n >= (int)CNT_MASK)
+        return par_err(PAR_EINVAL, "threads: %d ranks exceed the limit of %d", n, (int)CNT_MASK);
+    tgroup *g = tgroup_new(n, 1); /* the world holds one reference until finalize */
+    if (!g)
+        return par_err(PAR_ENOMEM, "threads: no memory for a world of %d ranks", n);
+    *bworld = g;
+    return PAR_OK;
+}
+
+static void t_world_finalize(par__world *w, void *bworld)
+{
+    (void)w;
+    tgroup_unref(bworld);
+}
+
+static par_status t_group_world(par__world *w, void *bworld, int rank, void **bgroup)
+{
+    (void)w, (void)rank;
+    tcomm *tc = par_calloc(1, sizeof *tc, PAR_TAG_COMM);
+    if (!tc)
+        return par_err(PAR_ENOMEM, "threads: no memory for rank %d's world handle", rank);
+    tc->g = bworld;
+    atomic_fetch_add(&tc->g->refs, 1);
+    *bgroup = tc;
+    return PAR_OK;
+}
+
+/* Ranks are the threads of one OpenMP parallel region (the caller's thread
+ * is rank 0).  Dynamic adjustment is switched off for the region so OpenMP
+ * gives exactly n threads or the launch fails. */
+static par_status t_launch(par__world *w, void *bworld, par__rank_main main_fn)
+{
+    (void)bworld;
+    int n = par__world_size(w);
+    if (omp_get_thread_limit() < n)
+        return par_err(PAR_EUNSUPPORTED,
+                       "threads: %d ranks exceed OpenMP's thread limit %d (OMP_THREAD_LIMIT)", n,
+                       omp_get_thread_limit());
+    int dyn = omp_get_dynamic();
+    omp_set_dynamic(0);
+    int got = 0;
+#pragma omp parallel num_threads(n) shared(got)
+    {
+#pragma omp single
+        got = omp_get_num_threads();
+        /* implicit barrier of single: every thread sees got */
+        if (got == n)
+            main_fn(w, omp_get_thread_num());
+    }
+    omp_set_dynamic(dyn);
+    if (got != n)
+        return par_err(PAR_EUNSUPPORTED,
+                       "threads: OpenMP gave %d threads for %d ranks (nested parallel region?)",
+                       got, n);
+    return PAR_OK;
+}
+
+const par_backend par_backend_threads = {
+    .name = "threads",
+    .summary = "every rank an OpenMP thread of this process (shared-memory exchanges)",
+    .max_ranks = 0,
+    .world_init = t_world_init,
+    .world_finalize = t_world_finalize,
+    .launch = t_launch,
+    .group_world = t_group_world,
+    .group_split = t_split,
+    .group_free = t_group_free,
+    .exchange = t_exchange,
+};
