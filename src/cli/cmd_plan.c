@@ -1,0 +1,140 @@
+/* parity plan [layout flags] [--preset NAME] [--config FILE] [--set k=v] [--rank R]
+ * Checks a parallel layout against a model config and prints its summary.
+ * Exit: 0 valid, 2 bad usage or an invalid layout. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "parallel/layout.h"
+#include "parallel/plan.h"
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "parity plan: %s%s%s\n", what ? what : "", what ? ": " : "", par_last_error());
+    par_err_set_quiet(0);
+    return 2;
+}
+
+static par_status resize_ratios(par_config *cfg, const par_config *base)
+{
+    int64_t nb = cfg->n_layers + cfg->n_mtp_layers;
+    if (nb == cfg->n_compress_ratios)
+        return PAR_OK;
+    if (cfg->n_layers < 1 || cfg->n_mtp_layers < 0 || nb > PAR_MAX_BLOCKS)
+        return par_err(PAR_EINVAL, "n_layers %lld + n_mtp_layers %lld: outside 1..%d blocks",
+                       (long long)cfg->n_layers, (long long)cfg->n_mtp_layers, PAR_MAX_BLOCKS);
+    int64_t bl = base->n_layers;
+    int64_t mtp_ratio = base->n_compress_ratios > bl ? base->compress_ratios[bl] : 0;
+    for (int64_t b = 0; b < nb; b++)
+        cfg->compress_ratios[b] = b < cfg->n_layers ? base->compress_ratios[b % bl] : mtp_ratio;
+    cfg->n_compress_ratios = nb;
+    return PAR_OK;
+}
+
+int par_cmd_plan(int argc, char **argv)
+{
+    const char *preset = "v4-tiny", *config = NULL;
+    par_strlist sets = {{0}, 0};
+    int64_t rank = -1, mb_group = 0;
+    int64_t n_layers = -1, n_mtp = -1, n_experts = -1, seq = -1;
+    par_layout_args la;
+    par_layout_args_init(&la);
+    par_opt opts[48] = {
+        {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default), v4-mini, v4-pro, v4-flash"},
+        {"config", PAR_OPT_STR, &config, "FILE", "JSON config applied over the preset"},
+        {"set", PAR_OPT_LIST, &sets, "KEY=VALUE", "override a model key (MODEL.md names), repeatable"},
+        {"n-layers", PAR_OPT_INT, &n_layers, "N", "shorthand for --set n_layers=N (compress_ratios repeat the preset's)"},
+        {"mtp-num-layers", PAR_OPT_INT, &n_mtp, "N", "shorthand for --set n_mtp_layers=N"},
+        {"num-experts", PAR_OPT_INT, &n_experts, "E", "shorthand for --set n_routed_experts=E"},
+        {"seq-length", PAR_OPT_INT, &seq, "S", "shorthand for --set seq_length=S"},
+        {"rank", PAR_OPT_INT, &rank, "R", "show the coordinates and groups of rank R only"},
+        {"microbatch-group-size-per-virtual-pipeline-stage", PAR_OPT_INT, &mb_group, "G",
+         "interleaved schedule: microbatches per virtual stage (default PP)"},
+    };
+    int n = 9;
+    n = par_layout_opts(opts, n, (int)(sizeof opts / sizeof opts[0]), &la);
+    if (n < 0) {
+        fprintf(stderr, "parity plan: internal error: option table too small\n");
+        return 2;
+    }
+    const char *synopsis =
+        "[layout flags] [--preset NAME] [--config FILE] [--set key=value] [--rank R]\n\n"
+        "Checks a parallel layout against the model (planning presets v4-pro and v4-flash\n"
+        "included) and prints N, Da, De, the microbatches, the blocks of every pipeline\n"
+        "segment and the coordinates and process groups of a few ranks (or of --rank R).\n"
+        "Exit 0: valid; 2: bad usage or an invalid layout (the message names the rule).";
+    par_positional pos;
+    int rc = par_args_parse("plan", synopsis, opts, n, argc, argv, &pos);
+    if (rc == 1)
+        return 0;
+    if (rc)
+        return 2;
+    if (pos.count) {
+        fprintf(stderr, "parity plan: unexpected argument '%s' (see 'parity plan --help')\n", pos.argv[0]);
+        return 2;
+    }
+    par_err_set_quiet(1);
+    par_config cfg;
+    if (par_config_preset(&cfg, preset) != PAR_OK)
+        return fail("--preset");
+    if (config && par_config_load_file(&cfg, config) != PAR_OK)
+        return fail("--config");
+    for (int i = 0; i < sets.count; i++)
+        if (par_config_set_arg(&cfg, sets.items[i]) != PAR_OK)
+            return fail("--set");
+    par_config base = cfg;
+    struct {
+        const char *key;
+        int64_t v;
+    } shorthands[] = {{"n_layers", n_layers}, {"n_mtp_layers", n_mtp}, {"n_routed_experts", n_experts},
+                      {"seq_length", seq}};
+    for (size_t i = 0; i < sizeof shorthands / sizeof shorthands[0]; i++) {
+        if (shorthands[i].v < 0)
+            continue;
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)shorthands[i].v);
+        if (par_config_set(&cfg, shorthands[i].key, v) != PAR_OK)
+            return fail(NULL);
+    }
+    /* --n-layers / --mtp-num-layers without compress_ratios: repeat the
+     * preset's pattern of main-layer ratios, MTP blocks keep the preset's
+     * MTP ratio, so that n_compress_ratios matches. */
+    int ratios_set = 0;
+    for (int i = 0; i < sets.count; i++)
+        ratios_set |= !strncmp(sets.items[i], "compress_ratios=", 16);
+    if (!ratios_set && (n_layers >= 0 || n_mtp >= 0) && resize_ratios(&cfg, &base) != PAR_OK)
+        return fail(NULL);
+    if (par_config_validate(&cfg) != PAR_OK)
+        return fail("model config");
+
+    par_layout l;
+    par_layout_init(&l);
+    l.tp = la.tp;
+    l.pp = la.pp;
+    l.vpp = la.vpp;
+    l.cp = la.cp;
+    l.ep = la.ep;
+    l.etp = la.etp;
+    l.world = la.world_size;
+    l.micro_batch = la.micro_batch;
+    l.global_batch = la.global_batch;
+    l.mb_group = mb_group;
+    l.distributed_optimizer = la.distributed_optimizer;
+    if (par_layout_set_pp_layout(&l, la.pp_layout) != PAR_OK ||
+        par_layout_set_schedule(&l, la.pp_schedule) != PAR_OK)
+        return fail("invalid layout");
+    if (par_plan_resolve(&l, &cfg) != PAR_OK)
+        return fail("invalid layout");
+    if (rank < -1 || rank >= l.world) {
+        fprintf(stderr, "parity plan: --rank %lld is outside the world of %lld ranks\n", (long long)rank,
+                (long long)l.world);
+        par_err_set_quiet(0);
+        return 2;
+    }
+    par_plan_print(stdout, &l, &cfg, (int)rank);
+    par_err_set_quiet(0);
+    return 0;
+}
