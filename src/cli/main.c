@@ -30,7 +30,7 @@ static const command commands[] = {
     {"ckpt", par_cmd_ckpt, "reshard, export and diff distributed checkpoints"},
 #endif
 #ifdef PAR_HAVE_CMD_PLAN
-    {"plan", par_cmd_plan, "check a layout and print its groups, memory and costs"},
+    {"plan", par_cmd_plan, "check a layout and print its sizes, stages and groups"},
 #endif
 #ifdef PAR_HAVE_CMD_SCHEDULE
     {"schedule", par_cmd_schedule, "dry-run a pipeline schedule: bubbles, deadlocks, timeline"},
