@@ -1,0 +1,576 @@
+/* parallel/zero.c - replicated DP and ZeRO-1 optimizer steps with Muon
+ * ownership by whole matrices (templated).  See parallel/zero.h for the
+ * packed layout and the step protocol, docs/parallel.md for the rules.
+ */
+#include "parallel/zero.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model/optim.h"
+
+#if PAR_REAL_BITS == 64
+#define ZC PAR_C_F64
+#else
+#define ZC PAR_C_F32
+#endif
+
+typedef PAR_FN(par_zero_plan) plan_t;
+
+/* Tag of the state-dump messages (point to point inside the plan's group). */
+#define ZERO_STATE_TAG 7301
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- plan ---------------------------------------------------------------- */
+
+/* Muon order for the greedy assignment: numel descending, then table order. */
+static int cmp_muon(const void *a, const void *b)
+{
+    const par_zero_entry *x = *(const par_zero_entry *const *)a, *y = *(const par_zero_entry *const *)b;
+    if (x->numel != y->numel)
+        return x->numel > y->numel ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+void PAR_FN(par_zero_plan_free)(plan_t *pl)
+{
+    if (!pl)
+        return;
+    par_free(pl->e);
+    par_free(pl->entry_of);
+    par_free(pl->owned);
+    par_free(pl->owned_begin);
+    par_free(pl->load);
+    par_free(pl->muon_base);
+    par_free(pl->counts);
+    par_free(pl->displs);
+    par_free(pl->m);
+    par_free(pl->v);
+    par_free(pl->mom);
+    par_free(pl->buf);
+    par_free(pl->red);
+    memset(pl, 0, sizeof *pl);
+}
+
+par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, const int *idx, int n_idx, int dp,
+                                       int rank, par_dp_mode mode)
+{
+    if (!pl || !t || n_idx < 0 || (n_idx > 0 && !idx))
+        return par_err(PAR_EINVAL, "zero plan: needs a plan, a table and a list (n_idx = %d)", n_idx);
+    if (dp < 1)
+        return par_err(PAR_EINVAL, "zero plan: the group size must be >= 1, got %d", dp);
+    if (rank < 0 || rank >= dp)
+        return par_err(PAR_ERANGE, "zero plan: rank %d outside the group [0, %d)", rank, dp);
+    if (mode != PAR_DP_REPLICATED && mode != PAR_DP_ZERO1)
+        return par_err(PAR_EINVAL, "zero plan: unknown mode %d", (int)mode);
+
+    plan_t z;
+    memset(&z, 0, sizeof z);
+    z.t = t;
+    z.mode = mode;
+    z.dp = dp;
+    z.rank = rank;
+    par_status st = PAR_OK;
+    par_zero_entry **mu = NULL;
+
+    z.entry_of = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *z.entry_of, PAR_TAG_MODEL);
+    z.e = par_malloc((size_t)(n_idx > 0 ? n_idx : 1) * sizeof *z.e, PAR_TAG_MODEL);
+    z.load = par_calloc((size_t)dp, sizeof *z.load, PAR_TAG_MODEL);
+    z.muon_base = par_calloc((size_t)dp + 1, sizeof *z.muon_base, PAR_TAG_MODEL);
+    z.owned_begin = par_calloc((size_t)dp + 1, sizeof *z.owned_begin, PAR_TAG_MODEL);
+    z.counts = par_calloc((size_t)dp, sizeof *z.counts, PAR_TAG_COMM);
+    z.displs = par_calloc((size_t)dp, sizeof *z.displs, PAR_TAG_COMM);
+    if (!z.entry_of || !z.e || !z.load || !z.muon_base || !z.owned_begin || !z.counts || !z.displs) {
+        st = par_err(PAR_ENOMEM, "zero plan: no memory for the tables of %d tensors", n_idx);
+        goto fail_free_plan;
+    }
+    /* mark the list: -1 absent, -2 listed */
+    for (int i = 0; i < t->n; i++)
+        z.entry_of[i] = -1;
+    for (int k = 0; k < n_idx; k++) {
+        if (idx[k] < 0 || idx[k] >= t->n) {
+            st = par_err(PAR_ERANGE, "zero plan: list item %d is table index %d, outside [0, %d)", k, idx[k], t->n);
+            goto fail_free_plan;
+        }
+        if (z.entry_of[idx[k]] == -2) {
+            st = par_err(PAR_EINVAL, "zero plan: tensor '%s' (index %d) is listed twice; each tensor is reduced "
+                         "exactly once per group", t->p[idx[k]].name, idx[k]);
+            goto fail_free_plan;
+        }
+        z.entry_of[idx[k]] = -2;
+    }
+    /* entries in table order; AdamW laid out flat */
+    int n_mu = 0;
+    for (int i = 0; i < t->n; i++) {
+        const par_param *p = &t->p[i];
+        int listed = z.entry_of[i] == -2;
+        z.entry_of[i] = -1;
+        if (!listed || p->dtype != PAR_PDT_REAL || p->opt == PAR_OPT_NONE)
+            continue;
+        par_zero_entry *e = &z.e[z.n];
+        e->idx = i;
+        e->opt = p->opt;
+        e->numel = p->numel;
+        if (p->opt == PAR_OPT_ADAMW) {
+            e->owner = PAR_ZERO_SHARDED;
+            e->pos = z.n_adamw;
+            z.n_adamw += p->numel;
+        } else {
+            e->owner = 0;
+            e->pos = 0;
+            z.n_muon += p->numel;
+            z.largest = max64(z.largest, p->numel);
+            n_mu++;
+        }
+        z.entry_of[i] = z.n++;
+    }
+    z.shard = (z.n_adamw + dp - 1) / dp;
+
+    /* Muon: greedy ownership (numel descending, ties table order; least
+     * loaded rank, ties lower rank) */
+    mu = par_malloc((size_t)(n_mu > 0 ? n_mu : 1) * sizeof *mu, PAR_TAG_MODEL);
+    z.owned = par_malloc((size_t)(n_mu > 0 ? n_mu : 1) * sizeof *z.owned, PAR_TAG_MODEL);
+    if (!mu || !z.owned) {
+        st = par_err(PAR_ENOMEM, "zero plan: no memory for %d Muon matrices", n_mu);
+        goto fail_free_plan;
+    }
+    int k = 0;
+    for (int i = 0; i < z.n; i++)
+        if (z.e[i].opt == PAR_OPT_MUON)
+            mu[k++] = &z.e[i];
+    qsort(mu, (size_t)n_mu, sizeof *mu, cmp_muon);
+    for (int j = 0; j < n_mu; j++) {
+        int best = 0;
+        for (int q = 1; q < dp; q++)
+            if (z.load[q] < z.load[best])
+                best = q;
+        mu[j]->owner = best;
+        z.load[best] += mu[j]->numel;
+    }
+    /* owned lists by (owner, table order); positions inside the owner's block */
+    for (int i = 0; i < z.n; i++)
+        if (z.e[i].opt == PAR_OPT_MUON)
+            z.owned_begin[z.e[i].owner + 1]++;
+    for (int q = 0; q < dp; q++) {
+        z.owned_begin[q + 1] += z.owned_begin[q];
+        z.muon_base[q + 1] = z.muon_base[q] + z.load[q];
+        z.load_max = max64(z.load_max, z.load[q]);
+    }
+    {
+        int *fill = par_calloc((size_t)dp, sizeof *fill, PAR_TAG_MODEL);
+        int64_t *at = par_calloc((size_t)dp, sizeof *at, PAR_TAG_MODEL);
+        if (!fill || !at) {
+            par_free(fill);
+            par_free(at);
+            st = par_err(PAR_ENOMEM, "zero plan: no memory for ownership lists of %d ranks", dp);
+            goto fail_free_plan;
+        }
+        for (int i = 0; i < z.n; i++) {
+            par_zero_entry *e = &z.e[i];
+            if (e->opt != PAR_OPT_MUON)
+                continue;
+            z.owned[z.owned_begin[e->owner] + fill[e->owner]++] = i;
+            e->pos = at[e->owner];
+            at[e->owner] += e->numel;
+        }
+        par_free(fill);
+        par_free(at);
+    }
+    z.seg = z.shard + z.load_max;
+    for (int q = 0; q < dp; q++) {
+        z.counts[q] = (size_t)(z.shard + z.load[q]);
+        z.displs[q] = (size_t)(q * z.seg);
+    }
+
+    /* state and workspace */
+    const int zero1 = mode == PAR_DP_ZERO1;
+    const size_t nad = (size_t)(zero1 ? z.shard : (int64_t)dp * z.shard);
+    const size_t nmo = (size_t)(zero1 ? z.load[rank] : z.n_muon);
+    z.m = par_calloc(nad, sizeof *z.m, PAR_TAG_OPTIM);
+    z.v = par_calloc(nad, sizeof *z.v, PAR_TAG_OPTIM);
+    z.mom = par_calloc(nmo, sizeof *z.mom, PAR_TAG_OPTIM);
+    z.buf = par_calloc((size_t)dp * (size_t)z.seg, sizeof *z.buf, PAR_TAG_COMM);
+    z.red = par_calloc(zero1 ? (size_t)z.seg : 0, sizeof *z.red, PAR_TAG_COMM);
+    if (!z.m || !z.v || !z.mom || !z.buf || !z.red) {
+        st = par_err(PAR_ENOMEM, "zero plan: no memory for the state (%lld + %lld elements) and workspace "
+                     "(%lld elements) of rank %d of %d", (long long)(2 * nad), (long long)nmo,
+                     (long long)((int64_t)dp * z.seg), rank, dp);
+        goto fail_free_plan;
+    }
+    par_free(mu);
+    *pl = z;
+    return PAR_OK;
+
+fail_free_plan:
+    par_free(mu);
+    PAR_FN(par_zero_plan_free)(&z);
+    return st;
+}
+
+int PAR_FN(par_zero_owner)(const plan_t *pl, int idx)
+{
+    if (!pl || !pl->t || idx < 0 || idx >= pl->t->n || pl->entry_of[idx] < 0)
+        return PAR_ZERO_ABSENT;
+    return pl->e[pl->entry_of[idx]].owner;
+}
+
+void PAR_FN(par_zero_memory_of)(const plan_t *pl, par_zero_memory *out)
+{
+    const int64_t es = (int64_t)sizeof(par_real);
+    const int zero1 = pl->mode == PAR_DP_ZERO1;
+    out->adamw_state = 2 * es * (zero1 ? pl->shard : (int64_t)pl->dp * pl->shard);
+    out->muon_state = es * (zero1 ? pl->load[pl->rank] : pl->n_muon);
+    out->full_state = es * (2 * pl->n_adamw + pl->n_muon);
+    out->workspace = es * ((int64_t)pl->dp * pl->seg + (zero1 ? pl->seg : 0));
+}
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static par_status check_comm(const plan_t *pl, par_comm *comm, const char *what)
+{
+    if (!pl || !pl->t)
+        return par_err(PAR_EINVAL, "%s: the plan is not built", what);
+    if (!comm)
+        return par_err(PAR_EINVAL, "%s: needs the group's comm", what);
+    int n = par_comm_size(comm), r = par_comm_rank(comm);
+    if (n != pl->dp || r != pl->rank)
+        return par_err(PAR_EINVAL, "%s: comm '%s' is rank %d of %d, the plan was built for rank %d of %d", what,
+                       par_comm_name(comm), r, n, pl->rank, pl->dp);
+    return PAR_OK;
+}
+
+/* The part of AdamW entry e inside shard q: [*a, *b) in flat AdamW
+ * positions; returns 0 when empty. */
+static int adam_piece(const plan_t *pl, const par_zero_entry *e, int q, int64_t *a, int64_t *b)
+{
+    *a = max64(e->pos, (int64_t)q * pl->shard);
+    *b = min64(e->pos + e->numel, (int64_t)(q + 1) * pl->shard);
+    return *a < *b;
+}
+
+static int64_t seg_adam_len(const plan_t *pl, int q)
+{
+    return max64(0, min64(pl->shard, pl->n_adamw - (int64_t)q * pl->shard));
+}
+
+/* Where AdamW flat position p lies in the packed layout. */
+static int64_t adam_at(const plan_t *pl, int64_t p)
+{
+    int64_t q = p / pl->shard;
+    return q * pl->seg + (p - q * pl->shard);
+}
+
+/* Copies the plan's tensors between flat table-offset buffers and the packed
+ * layout (dp segments of seg); AdamW tensors may straddle shard borders. */
+static void pack(const plan_t *pl, const par_real *flat, par_real *packed)
+{
+    const par_param_table *t = pl->t;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        const par_real *f = flat + t->p[e->idx].offset;
+        if (e->opt == PAR_OPT_MUON) {
+            memcpy(packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, f, (size_t)e->numel * sizeof *f);
+            continue;
+        }
+        for (int64_t p = e->pos, len; p < e->pos + e->numel; p += len) {
+            len = min64(e->pos + e->numel, (p / pl->shard + 1) * pl->shard) - p;
+            memcpy(packed + adam_at(pl, p), f + (p - e->pos), (size_t)len * sizeof *f);
+        }
+    }
+}
+
+static void unpack(const plan_t *pl, const par_real *packed, par_real *flat)
+{
+    const par_param_table *t = pl->t;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        par_real *f = flat + t->p[e->idx].offset;
+        if (e->opt == PAR_OPT_MUON) {
+            memcpy(f, packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, (size_t)e->numel * sizeof *f);
+            continue;
+        }
+        for (int64_t p = e->pos, len; p < e->pos + e->numel; p += len) {
+            len = min64(e->pos + e->numel, (p / pl->shard + 1) * pl->shard) - p;
+            memcpy(f + (p - e->pos), packed + adam_at(pl, p), (size_t)len * sizeof *f);
+        }
+    }
+}
+
+/* Updates segment q: its AdamW shard and the Muon matrices q owns.
+ * g: the reduced gradients of the segment [seg]; m, v: the shard's AdamW
+ * state [shard]; mom: q's Muon momentum [load[q]].  w == NULL updates params
+ * in place; else the segment's parameters are copied from params into w
+ * [seg] and updated there. */
+static par_status update_segment(const plan_t *pl, int q, par_real *params, par_real *w, const par_real *g,
+                                 par_real *m, par_real *v, par_real *mom, const par_config *cfg, int64_t step,
+                                 double gscale)
+{
+    const par_param_table *t = pl->t;
+    const int64_t base = (int64_t)q * pl->shard;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        int64_t a, b;
+        if (e->opt != PAR_OPT_ADAMW || !adam_piece(pl, e, q, &a, &b))
+            continue;
+        const par_param *p = &t->p[e->idx];
+        par_real *src = params + p->offset + (a - e->pos);
+        par_real *dst = src;
+        if (w) {
+            dst = w + (a - base);
+            memcpy(dst, src, (size_t)(b - a) * sizeof *dst);
+        }
+        PAR_FN(par_adamw_update)(dst, m + (a - base), v + (a - base), g + (a - base), b - a, gscale, cfg->lr,
+                                 p->weight_decay ? cfg->wd : 0.0, step);
+    }
+    for (int k = pl->owned_begin[q]; k < pl->owned_begin[q + 1]; k++) {
+        const par_zero_entry *e = &pl->e[pl->owned[k]];
+        const par_param *p = &t->p[e->idx];
+        par_real *dst = params + p->offset;
+        if (w) {
+            dst = w + pl->shard + e->pos;
+            memcpy(dst, params + p->offset, (size_t)e->numel * sizeof *dst);
+        }
+        par_status st = PAR_FN(par_muon_update)(dst, mom + e->pos, g + pl->shard + e->pos, p->shape[0],
+                                                p->shape[1], gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0,
+                                                cfg->mu);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
+/* Copies segment q's state between its packed pieces (m, v: [shard];
+ * mom: [load[q]]) and flat table-offset buffers; to_full 1 writes the flat
+ * buffers. */
+static void state_copy(const plan_t *pl, int q, par_real *m, par_real *v, par_real *mom, par_real *m_full,
+                       par_real *v_full, int to_full)
+{
+    const par_param_table *t = pl->t;
+    const int64_t base = (int64_t)q * pl->shard;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        int64_t a, b;
+        if (e->opt != PAR_OPT_ADAMW || !adam_piece(pl, e, q, &a, &b))
+            continue;
+        const int64_t off = t->p[e->idx].offset + (a - e->pos);
+        const size_t nb = (size_t)(b - a) * sizeof *m;
+        if (to_full) {
+            memcpy(m_full + off, m + (a - base), nb);
+            memcpy(v_full + off, v + (a - base), nb);
+        } else {
+            memcpy(m + (a - base), m_full + off, nb);
+            memcpy(v + (a - base), v_full + off, nb);
+        }
+    }
+    for (int k = pl->owned_begin[q]; k < pl->owned_begin[q + 1]; k++) {
+        const par_zero_entry *e = &pl->e[pl->owned[k]];
+        const int64_t off = t->p[e->idx].offset;
+        const size_t nb = (size_t)e->numel * sizeof *mom;
+        if (to_full)
+            memcpy(m_full + off, mom + e->pos, nb);
+        else
+            memcpy(mom + e->pos, m_full + off, nb);
+    }
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, const par_real *grads)
+{
+    par_status st = check_comm(pl, comm, "dp reduce");
+    if (st)
+        return st;
+    if (!grads)
+        return par_err(PAR_EINVAL, "dp reduce: needs the local gradients");
+    const size_t total = (size_t)pl->dp * (size_t)pl->seg;
+    pl->reduced = 0;
+    if (total == 0) { /* nothing to reduce; every rank of the group knows it */
+        pl->reduced = 1;
+        return PAR_OK;
+    }
+    memset(pl->buf, 0, total * sizeof *pl->buf);
+    pack(pl, grads, pl->buf);
+    if (pl->mode == PAR_DP_ZERO1)
+        st = par_reduce_scatter(comm, pl->buf, pl->red, (size_t)pl->seg, ZC, PAR_OP_SUM);
+    else
+        st = par_allreduce(comm, pl->buf, pl->buf, total, ZC, PAR_OP_SUM);
+    if (st)
+        return st;
+    pl->reduced = 1;
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_zero_grad_sumsq)(const plan_t *pl, double *out)
+{
+    if (!pl || !pl->t || !out)
+        return par_err(PAR_EINVAL, "zero sumsq: needs a built plan and an output");
+    if (!pl->reduced)
+        return par_err(PAR_EINVAL, "zero sumsq: the gradients of rank %d of %d are not reduced yet "
+                       "(call par_dp_reduce_grads first)", pl->rank, pl->dp);
+    const par_real *g = pl->mode == PAR_DP_ZERO1 ? pl->red : pl->buf + (int64_t)pl->rank * pl->seg;
+    const int64_t na = seg_adam_len(pl, pl->rank), nm = pl->load[pl->rank];
+    double s = 0.0;
+    for (int64_t i = 0; i < na; i++)
+        s += (double)g[i] * (double)g[i];
+    for (int64_t i = 0; i < nm; i++)
+        s += (double)g[pl->shard + i] * (double)g[pl->shard + i];
+    *out = s;
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, const par_config *cfg,
+                                int64_t step, double gscale)
+{
+    par_status st = check_comm(pl, comm, "dp apply");
+    if (st)
+        return st;
+    if (!params || !cfg)
+        return par_err(PAR_EINVAL, "dp apply: needs params and a config");
+    if (!pl->reduced)
+        return par_err(PAR_EINVAL, "dp apply: the gradients of rank %d of %d are not reduced yet "
+                       "(call par_dp_reduce_grads first)", pl->rank, pl->dp);
+    if (step < 1)
+        return par_err(PAR_EINVAL, "dp apply: the step must be >= 1 (1-based), got %lld", (long long)step);
+    pl->reduced = 0;
+    if (pl->dp * pl->seg == 0)
+        return PAR_OK;
+    if (pl->mode == PAR_DP_REPLICATED) {
+        for (int q = 0; q < pl->dp; q++) {
+            st = update_segment(pl, q, params, NULL, pl->buf + (int64_t)q * pl->seg, pl->m + (int64_t)q * pl->shard,
+                                pl->v + (int64_t)q * pl->shard, pl->mom + pl->muon_base[q], cfg, step, gscale);
+            if (st)
+                return st;
+        }
+        return PAR_OK;
+    }
+    par_real *mine = pl->buf + (int64_t)pl->rank * pl->seg;
+    st = update_segment(pl, pl->rank, params, mine, pl->red, pl->m, pl->v, pl->mom, cfg, step, gscale);
+    if (st)
+        return st;
+    st = par_allgatherv(comm, mine, pl->counts[pl->rank], pl->buf, pl->counts, pl->displs, ZC);
+    if (st)
+        return st;
+    unpack(pl, pl->buf, params);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_dp_step)(plan_t *const *plans, par_comm *const *comms, int n_plans, par_comm *norm_comm,
+                               par_real *params, const par_real *grads, const par_config *cfg, int64_t step,
+                               double *grad_norm)
+{
+    if (n_plans < 0 || (n_plans > 0 && (!plans || !comms)) || !norm_comm || !params || !grads || !cfg)
+        return par_err(PAR_EINVAL, "dp step: needs plans, their comms, the norm comm, params, grads and a config "
+                       "(%d plans)", n_plans);
+    par_status st;
+    double s = 0.0, tot = 0.0;
+    for (int i = 0; i < n_plans; i++) {
+        if ((st = PAR_FN(par_dp_reduce_grads)(plans[i], comms[i], grads)))
+            return st;
+        double share;
+        if ((st = PAR_FN(par_zero_grad_sumsq)(plans[i], &share)))
+            return st;
+        s += share;
+    }
+    if ((st = par_allreduce(norm_comm, &s, &tot, 1, PAR_C_F64, PAR_OP_SUM)))
+        return st;
+    const double norm = sqrt(tot);
+    const double f = par_clip_factor(norm, cfg->clip_grad);
+    for (int i = 0; i < n_plans; i++)
+        if ((st = PAR_FN(par_dp_apply)(plans[i], comms[i], params, cfg, step, f)))
+            return st;
+    if (grad_norm)
+        *grad_norm = norm;
+    return PAR_OK;
+}
+
+static par_status step_one(plan_t *pl, par_dp_mode want, const char *what, par_comm *comm, par_real *params,
+                           const par_real *grads, const par_config *cfg, int64_t step, double *grad_norm)
+{
+    if (!pl || !pl->t)
+        return par_err(PAR_EINVAL, "%s: the plan is not built", what);
+    if (pl->mode != want)
+        return par_err(PAR_EINVAL, "%s: the plan was built for the %s mode", what,
+                       pl->mode == PAR_DP_ZERO1 ? "ZeRO-1" : "replicated");
+    return PAR_FN(par_dp_step)(&pl, &comm, 1, comm, params, grads, cfg, step, grad_norm);
+}
+
+par_status PAR_FN(par_zero_step)(plan_t *pl, par_comm *comm, par_real *params, const par_real *grads,
+                                 const par_config *cfg, int64_t step, double *grad_norm)
+{
+    return step_one(pl, PAR_DP_ZERO1, "zero step", comm, params, grads, cfg, step, grad_norm);
+}
+
+par_status PAR_FN(par_dp_step_replicated)(plan_t *pl, par_comm *comm, par_real *params, const par_real *grads,
+                                          const par_config *cfg, int64_t step, double *grad_norm)
+{
+    return step_one(pl, PAR_DP_REPLICATED, "dp step (replicated)", comm, params, grads, cfg, step, grad_norm);
+}
+
+/* ---- state dump / load --------------------------------------------------- */
+
+par_status PAR_FN(par_zero_state_gather)(const plan_t *pl, par_comm *comm, int root, par_real *m_full,
+                                         par_real *v_full)
+{
+    par_status st = check_comm(pl, comm, "zero state gather");
+    if (st)
+        return st;
+    if (root < 0 || root >= pl->dp)
+        return par_err(PAR_ERANGE, "zero state gather: root %d outside the group [0, %d)", root, pl->dp);
+    const int me = pl->rank;
+    if (me == root && (!m_full || !v_full))
+        return par_err(PAR_EINVAL, "zero state gather: root %d needs both output buffers", root);
+    if (pl->mode == PAR_DP_REPLICATED) {
+        if (me == root)
+            for (int q = 0; q < pl->dp; q++)
+                state_copy(pl, q, pl->m + (int64_t)q * pl->shard, pl->v + (int64_t)q * pl->shard,
+                           pl->mom + pl->muon_base[q], m_full, v_full, 1);
+        return PAR_OK;
+    }
+    if (me != root) {
+        const size_t n = (size_t)(2 * pl->shard + pl->load[me]);
+        if (n == 0)
+            return PAR_OK;
+        par_real *tmp = par_malloc(n * sizeof *tmp, PAR_TAG_COMM);
+        if (!tmp)
+            return par_err(PAR_ENOMEM, "zero state gather: no memory for %zu elements", n);
+        memcpy(tmp, pl->m, (size_t)pl->shard * sizeof *tmp);
+        memcpy(tmp + pl->shard, pl->v, (size_t)pl->shard * sizeof *tmp);
+        memcpy(tmp + 2 * pl->shard, pl->mom, (size_t)pl->load[me] * sizeof *tmp);
+        st = par_send(comm, tmp, n, ZC, root, ZERO_STATE_TAG);
+        par_free(tmp);
+        return st;
+    }
+    par_real *tmp = par_malloc((size_t)(2 * pl->shard + pl->load_max + 1) * sizeof *tmp, PAR_TAG_COMM);
+    if (!tmp)
+        return par_err(PAR_ENOMEM, "zero state gather: no memory for %lld elements",
+                       (long long)(2 * pl->shard + pl->load_max));
+    for (int q = 0; q < pl->dp; q++) {
+        if (q == me) {
+            state_copy(pl, q, pl->m, pl->v, pl->mom, m_full, v_full, 1);
+            continue;
+        }
+        const size_t n = (size_t)(2 * pl->shard + pl->load[q]);
+        if (n == 0)
+            continue;
+        if ((st = par_recv(comm, tmp, n, ZC, q, ZERO_STATE_TAG)))
+            break;
+        state_copy(pl, q, tmp, tmp + pl->shard, tmp + 2 * pl->shard, m_full, v_full, 1);
+    }
+    par_free(tmp);
+    return st;
+}
+
+void PAR_FN(par_zero_state_load)(plan_t *pl, const par_real *m_full, const par_real *v_full)
+{
+    if (pl->mode == PAR_DP_REPLICATED) {
+        for (int q = 0; q < pl->dp; q++)
+            state_copy(pl, q, pl->m + (int64_t)q * pl->shard, pl->v + (int64_t)q * pl->shard,
+                       pl->mom + pl->muon_base[q], (par_real *)m_full, (par_real *)v_full, 0);
+        return;
+    }
+    state_copy(pl, pl->rank, pl->m, pl->v, pl->mom, (par_real *)m_full, (par_real *)v_full, 0);
+}
