@@ -60,6 +60,13 @@ typedef struct {
     int32_t root;        /* bcast root or -1                              */
     int32_t phase;       /* exchange number within the collective (0, 1) */
     int32_t rank;        /* caller's rank in the group                    */
+    /* The emulated network (src/comm/clock.c; 0 without one): the caller's
+     * virtual clock when it arrived at this step and its modeled cost of the
+     * step.  Not part of the agreement check; par__check_metas, which sees
+     * every member's meta, derives the step's end from them.  A backend that
+     * moves metas between processes must carry the whole struct. */
+    double vclock;
+    double vcost;
 } par__callmeta;
 
 /* One exchange: per peer j (group rank), send sbytes[j] bytes at
@@ -109,6 +116,13 @@ struct par_request {
     struct par_request *live_next, *live_prev; /* per-rank list of requests */
     double first_test;       /* when par_test first saw it pending (0)     */
     void *bdata;             /* free for a backend's own p2p               */
+    /* Virtual clocks (0 without an emulated network): vpost is this side's
+     * clock when it posted (set before p2p_post); when the pair matches, each
+     * side's vpeer must receive the other side's vpost.  A backend with its
+     * own p2p sends the sender's vpost along with the data (8 bytes) and sets
+     * the receive's vpeer before marking it done; the send's vpeer is unused. */
+    double vpost;
+    double vpeer;
 };
 
 /* ---- the backend -------------------------------------------------------- */
@@ -213,16 +227,10 @@ par_status par__check_metas(par_comm *c, const par__callmeta *metas, size_t stri
 par_status par__pair_mismatch(par_comm *c, const par__callmeta *m, int from, int to, size_t sent,
                               size_t expected);
 
-/* Hook for the emulated network (issue 4, next part).  Every exchange of
- * every collective (m->op, m->phase: all-reduce has two, a reduce-scatter
- * and an all-gather of blocks) and every point-to-point send passes here once
- * on the calling rank, before any byte moves, with the group (c->world_ranks
- * maps group ranks to world ranks) and the bytes this rank sends to each
- * group rank (bytes_to[j]; NULL: none) and in total.  Barriers pass with
- * total 0.  Today a no-op. */
-void par__comm_account(par_comm *c, const par__callmeta *m, const size_t *bytes_to,
-                       size_t total_bytes);
-/* Per-rank slot for a virtual clock (owned by whoever sets it). */
+/* The emulated network's hooks (src/comm/clock.c) are called by src/comm
+ * itself, not by backends: par__comm_account before every exchange step and
+ * point-to-point post, and par__check_metas syncs the members' clocks.
+ * Per-rank slot for the virtual clock (owned by clock.c). */
 void *par__rank_clock(par_comm *c);
 void par__rank_set_clock(par_comm *c, void *clock);
 

@@ -92,8 +92,10 @@ par_status par__check_metas(par_comm *c, const par__callmeta *metas, size_t stri
     int r = 1;
     while (r < p && same_call(META(r), m0))
         r++;
-    if (r == p)
+    if (r == p) {
+        par__clock_sync(c, metas, stride);
         return PAR_OK;
+    }
 
     /* Group equal calls: class representatives in order of first rank. */
     char msg[1000];

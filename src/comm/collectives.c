@@ -106,12 +106,10 @@ static par_status xchg(par_comm *c, par__callmeta *m, int phase, const par__xfer
 {
     static const par__xfer none = {0};
     m->phase = phase;
-    size_t total = 0;
-    if (x && x->sbytes)
-        for (int j = 0; j < c->size; j++)
-            total += x->sbytes[j];
-    par__comm_account(c, m, x ? x->sbytes : NULL, total);
-    return c->world->be->exchange(c, m, x ? x : &none);
+    par__comm_account(c, m, x);
+    par_status st = c->world->be->exchange(c, m, x ? x : &none);
+    par__comm_settle(c, m, st);
+    return st;
 }
 
 static par_status end(par_comm *c, par_status st)

@@ -67,4 +67,22 @@ void par__comm_destroy(par_comm *c);
 /* p2p.c: cancels and releases what a returning rank left behind. */
 void par__p2p_release_rank(par__world *w, int wrank);
 
+/* clock.c: the virtual clock (comm/clock.h), all no-ops on a world without
+ * an emulated network (opts.net NULL). */
+/* On rank r's thread, before fn / after fn returned. */
+void par__net_rank_begin(par__world *w, int r);
+void par__net_rank_end(par__world *w, int r);
+/* Before an exchange step (x NULL: no bytes): charges the compute counted
+ * since the last event, stamps m->vclock and m->vcost, counts the bytes. */
+void par__comm_account(par_comm *c, par__callmeta *m, const par__xfer *x);
+/* From par__check_metas once all members' metas agree: the step starts at
+ * the latest arrival and costs the largest member cost. */
+void par__clock_sync(par_comm *c, const par__callmeta *metas, size_t stride);
+/* After the exchange step returned st: advances the clock to its end. */
+void par__comm_settle(par_comm *c, const par__callmeta *m, par_status st);
+/* p2p: before posting r (sets r->vpost), and when r completed successfully
+ * (advances the clock to max(now, completion)). */
+void par__net_p2p_post(par_request *r);
+void par__net_p2p_done(par_request *r);
+
 #endif

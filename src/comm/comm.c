@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/clock.h"
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -206,13 +207,7 @@ void par__rank_describe(par__world *w, int wrank, char *buf, size_t n)
     pthread_mutex_unlock(&rs->mu);
 }
 
-/* ---- hooks for the emulated network ------------------------------------- */
-
-void par__comm_account(par_comm *c, const par__callmeta *m, const size_t *bytes_to,
-                       size_t total_bytes)
-{
-    (void)c, (void)m, (void)bytes_to, (void)total_bytes;
-}
+/* ---- the slot of the virtual clock (comm/clock.c) ----------------------- */
 
 void *par__rank_clock(par_comm *c) { return c->world->ranks[c->wrank].clock; }
 void par__rank_set_clock(par_comm *c, void *clock) { c->world->ranks[c->wrank].clock = clock; }
@@ -230,6 +225,7 @@ static void rank_main(par__world *w, int r)
     pthread_mutex_unlock(&rs->mu);
     if (w->opts.rank_init)
         w->opts.rank_init(r, w->opts.rank_init_ud);
+    par__net_rank_begin(w, r);
 
     par_status st;
     par_comm *world = NULL;
@@ -256,6 +252,7 @@ static void rank_main(par__world *w, int r)
                     par_status_str(st));
     }
 done:
+    par__net_rank_end(w, r);
     if (st != PAR_OK)
         par__world_fail(w, r, st, par_last_error());
     par__p2p_release_rank(w, r);
@@ -294,6 +291,9 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
     if (backend->max_ranks > 0 && nranks > backend->max_ranks)
         return par_err(PAR_EINVAL, "par_world_run: backend '%s' runs at most %d ranks, asked %d",
                        backend->name, backend->max_ranks, nranks);
+    if (opts && opts->net && par_netrun_nranks(opts->net) != nranks)
+        return par_err(PAR_EINVAL, "par_world_run: the network collector was made for %d ranks, "
+                                   "the world has %d", par_netrun_nranks(opts->net), nranks);
     if (opts && opts->timeout_s < 0)
         return par_err(PAR_EINVAL, "par_world_run: timeout %g s must be positive (0: default)",
                        opts->timeout_s);

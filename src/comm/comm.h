@@ -39,6 +39,7 @@
 typedef struct par_comm par_comm;         /* one rank's handle on one group */
 typedef struct par_request par_request;   /* a pending isend/irecv        */
 typedef struct par_backend par_backend;   /* see comm/backend.h           */
+typedef struct par_netrun par_netrun;     /* see comm/clock.h             */
 
 /* Element types of messages.  Bytes reduce as unsigned 8-bit integers;
  * integer sums wrap (two's complement) instead of overflowing. */
@@ -82,6 +83,10 @@ typedef struct {
     /* Called on each rank's thread after fn returned, with rank_init_ud
      * (may be NULL). */
     void (*rank_fini)(int rank, void *ud);
+    /* The emulated network (comm/clock.h): every rank gets a virtual clock
+     * and its summary and spans land here.  NULL: no clocks.  Must have been
+     * created for nranks ranks. */
+    par_netrun *net;
 } par_world_opts;
 
 #define PAR_COMM_DEFAULT_TIMEOUT_S 120.0

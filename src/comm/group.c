@@ -135,10 +135,11 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
     size_t *soff = c->scratch + 3 * (size_t)p;
     memset(soff, 0, (size_t)p * sizeof *soff);
     x.soff = soff;
-    par__comm_account(c, &m, sbytes, (size_t)p * sizeof mine);
+    par__comm_account(c, &m, &x);
     par__call_enter(c, &m, -1);
     st = c->world->be->exchange(c, &m, &x);
     par__call_leave(c);
+    par__comm_settle(c, &m, st);
     if (st != PAR_OK)
         goto fail_free;
 

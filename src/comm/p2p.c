@@ -46,6 +46,8 @@ static void complete_pair(par_request *send, par_request *recv)
     } else if (send->count) {
         memcpy(recv->buf, send->buf, send->count * par_ctype_size(send->dtype));
     }
+    send->vpeer = recv->vpost; /* the virtual clocks of the two sides */
+    recv->vpeer = send->vpost;
     send->status = st;
     recv->status = st;
     /* Last touches: a waiter may free its request as soon as it sees done. */
@@ -166,14 +168,7 @@ static par_status post(par_comm *c, par__reqkind kind, void *buf, size_t count, 
     if (rs->reqs)
         rs->reqs->live_prev = r;
     rs->reqs = r;
-    if (kind == PAR__REQ_SEND) {
-        size_t bytes = count * par_ctype_size(t);
-        par__callmeta m = {.group_id = c->id, .count = count, .op = PAR__OP_SEND, .dtype = t,
-                           .redop = -1, .root = tag, .rank = c->rank};
-        for (int j = 0; j < c->size; j++)
-            c->scratch[j] = j == peer ? bytes : 0;
-        par__comm_account(c, &m, c->scratch, bytes);
-    }
+    par__net_p2p_post(r);
     const par_backend *be = c->world->be;
     if (be->p2p_post)
         be->p2p_post(r);
@@ -202,6 +197,8 @@ static par_status finish(par_request **req)
     par_status st = r->status;
     if (st != PAR_OK)
         par_err(st, "%s", r->msg);
+    else
+        par__net_p2p_done(r);
     release(r);
     *req = NULL;
     return st;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/counters.h"
 #include "core/log.h"
 
 #if PAR_REAL_BITS == 64
@@ -60,6 +61,12 @@ void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real 
 {
     if (M <= 0 || N <= 0)
         return;
+    /* the emulated GPU's roofline (core/counters.h): 2MNK flops; A, B read, C written
+     * (and read when beta != 0) */
+    par_count_flops(2u * (uint64_t)M * (uint64_t)N * (uint64_t)(K > 0 ? K : 0));
+    par_count_bytes(sizeof(par_real) * ((uint64_t)M * (uint64_t)(K > 0 ? K : 0) +
+                                        (uint64_t)(K > 0 ? K : 0) * (uint64_t)N +
+                                        (uint64_t)M * (uint64_t)N * (beta != 0 ? 2u : 1u)));
     if (K <= 0) {
         /* Empty product: C = beta C (beta == 0 writes zeros, ignoring old C). */
         for (int64_t i = 0; i < M; i++)
