@@ -1,0 +1,507 @@
+/* parallel/cp.c - context parallelism for the V4 hybrid attention layer
+ * (see parallel/cp.h and docs/parallel.md, "Context parallelism").
+ *
+ * Coordinates.  A rank works on rows*S tokens in ROW coordinates (token
+ * b*S + t is position t of row b), so the kernels' phase functions run with
+ * query/key ranges exactly as in the serial layer.  For row b, this rank's
+ * local rows are [l0, l1) = [r*L, (r+1)*L) and its halo [h0, l0),
+ * h0 = l0 - Dh.  Per-token saved arrays are filled on [h0, l1) (q only on
+ * [l0, l1): halo queries are not this rank's); entries (cmp, icmp) on the
+ * whole row after the all-gather; everything else stays zero (sel: -1).
+ */
+#include "parallel/cp.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/layout.h"
+
+#if PAR_REAL_BITS == 64
+#define CP_CTYPE PAR_C_F64
+#else
+#define CP_CTYPE PAR_C_F32
+#endif
+
+/* p2p tags (one per direction; messages of one tag between two ranks keep
+ * their order, so consecutive layers need no distinct tags) */
+enum { TAG_HALO_FWD = 6101, TAG_HALO_BWD = 6102 };
+
+#define LL(x) ((long long)(x))
+
+int64_t PAR_FN(par_cp_layer_halo)(const par_attn_dims *dm)
+{
+    int64_t ratio = dm->m;
+    par_layout_model lm;
+    memset(&lm, 0, sizeof lm);
+    lm.window_size = dm->window;
+    lm.n_ratios = 1;
+    lm.compress_ratios = &ratio;
+    return par_layout_d_window(&lm);
+}
+
+par_status PAR_FN(par_cp_check)(int64_t S, int64_t cp, int64_t d_window)
+{
+    if (cp < 1)
+        return par_err(PAR_EINVAL, "context-parallel-size must be at least 1, got %lld", LL(cp));
+    if (S < 1 || S % cp != 0)
+        return par_err(PAR_EINVAL,
+                       "context-parallel-size %lld does not divide seq_length %lld (each CP rank "
+                       "holds a contiguous S/CP slice of every row)",
+                       LL(cp), LL(S));
+    if (cp > 1 && S / cp < d_window)
+        return par_err(PAR_EINVAL,
+                       "context-parallel-size %lld: each CP rank's local rows S/CP = %lld/%lld = "
+                       "%lld are fewer than D_window = %lld; the CP boundary exchange needs "
+                       "S/CP >= D_window",
+                       LL(cp), LL(S), LL(cp), LL(S / cp), LL(d_window));
+    return PAR_OK;
+}
+
+void PAR_FN(par_cp_attn_saved_free)(PAR_FN(par_cp_attn_saved) *sv)
+{
+    if (!sv)
+        return;
+    par_free(sv->buf);
+    par_free(sv->xw);
+    par_free(sv->pos);
+    memset(sv, 0, sizeof *sv);
+}
+
+/* ------------------------------------------------------------------------ */
+/* helpers                                                                   */
+
+/* dst = src with every array advanced by `off` tokens. */
+static void saved_shift(PAR_FN(par_attn_saved) *dst, const PAR_FN(par_attn_saved) *src,
+                        int64_t off, const par_attn_dims *dm)
+{
+    const int64_t H = dm->H, hd = dm->hd, ql = dm->q_lora, coff = dm->m == 4 ? 2 : 1;
+    const int64_t iH = dm->iH, ihd = dm->ihd, GL = dm->o_groups * dm->o_lora;
+    *dst = *src;
+#define SHIFT(field, width)                                 \
+    do {                                                    \
+        if (src->field)                                     \
+            dst->field = src->field + off * (int64_t)(width); \
+    } while (0)
+    SHIFT(qa, ql);
+    SHIFT(qa_rstd, 1);
+    SHIFT(qr, ql);
+    SHIFT(qb, H * hd);
+    SHIFT(q_rstd, H);
+    SHIFT(q, H * hd);
+    SHIFT(kva, hd);
+    SHIFT(kv_rstd, 1);
+    SHIFT(kv, hd);
+    SHIFT(ca, coff * hd);
+    SHIFT(cz, coff * hd);
+    SHIFT(cmp_raw, hd);
+    SHIFT(cmp_rstd, 1);
+    SHIFT(cmp, hd);
+    SHIFT(iq, iH * ihd);
+    SHIFT(iw, iH);
+    SHIFT(ica, 2 * ihd);
+    SHIFT(icz, 2 * ihd);
+    SHIFT(icmp_raw, ihd);
+    SHIFT(icmp_rstd, 1);
+    SHIFT(icmp, ihd);
+    SHIFT(sel, dm->topk);
+    SHIFT(o, H * hd);
+    SHIFT(lse, H);
+    SHIFT(r, GL);
+#undef SHIFT
+}
+
+static int is_entry(int32_t p, int64_t m)
+{
+    return m > 0 && (p + 1) % m == 0;
+}
+
+/* Entries of all rows whose last token lies in rank q's slice. */
+static int64_t entries_of(const int32_t *pos, int64_t rows, int64_t S, int64_t L, int64_t q,
+                          int64_t m)
+{
+    int64_t n = 0;
+    for (int64_t b = 0; b < rows; b++)
+        for (int64_t t = q * L; t < (q + 1) * L; t++)
+            n += is_entry(pos[b * S + t], m);
+    return n;
+}
+
+static par_status check_rows(const int32_t *pos, int64_t rows, int64_t S)
+{
+    for (int64_t b = 0; b < rows; b++)
+        for (int64_t t = 0; t < S; t++) {
+            int32_t p = pos[b * S + t], want = t > 0 ? pos[b * S + t - 1] + 1 : 0;
+            if (p != 0 && p != want)
+                return par_err(PAR_EINVAL,
+                               "context parallel attention: pos of row %lld, position %lld is %d; "
+                               "must be 0 (sample start) or the previous position + 1 = %d",
+                               LL(b), LL(t), p, want);
+        }
+    return PAR_OK;
+}
+
+/* Rank r sends `n` reals to r+1 (if any) and receives `n` from r-1 (if
+ * any), both under `tag`; dir < 0 reverses the direction. */
+static par_status shift_exchange(par_comm *c, const par_real *sendbuf, par_real *recvbuf,
+                                 size_t n, int dir, int tag)
+{
+    const int r = par_comm_rank(c), p = par_comm_size(c);
+    const int to = r + dir, from = r - dir;
+    par_request *req[2] = {NULL, NULL};
+    size_t nr = 0;
+    par_status st = PAR_OK;
+    if (from >= 0 && from < p && (st = par_irecv(c, recvbuf, n, CP_CTYPE, from, tag, &req[nr++])))
+        goto fail_wait;
+    if (to >= 0 && to < p && (st = par_isend(c, sendbuf, n, CP_CTYPE, to, tag, &req[nr++])))
+        goto fail_wait;
+    return par_waitall(nr, req);
+fail_wait:
+    (void)par_waitall(nr, req);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward                                                                   */
+
+par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L, d] */
+                                       PAR_FN(par_cp_attn_saved) *saved,
+                                       int32_t *selected_local,      /* [rows, L, topk] or NULL */
+                                       const par_real *x_local,      /* [rows, L, d] */
+                                       const int32_t *pos_rows,      /* [rows, S], S = L*CP */
+                                       const PAR_FN(par_attn_weights) *W,
+                                       const par_attn_dims *dm, int64_t rows, int64_t L,
+                                       par_comm *cp, par_cp_traffic *traffic)
+{
+    par_status st = PAR_FN(par_attn_check_dims)(dm);
+    if (st)
+        return st;
+    if (rows < 0 || L < 1)
+        return par_err(PAR_EINVAL, "context parallel attention: rows %lld, local rows L %lld",
+                       LL(rows), LL(L));
+    const int64_t ncp = cp ? par_comm_size(cp) : 1, r = cp ? par_comm_rank(cp) : 0;
+    const int64_t S = L * ncp, D = PAR_FN(par_cp_layer_halo)(dm);
+    if ((st = PAR_FN(par_cp_check)(S, ncp, D)))
+        return st;
+    if ((st = check_rows(pos_rows, rows, S)))
+        return st;
+
+    const int64_t d = dm->d, m = dm->m, hd = dm->hd, HD = dm->H * dm->hd;
+    const int64_t ihd = m == 4 ? dm->ihd : 0, GL = dm->o_groups * dm->o_lora;
+    const int64_t Dh = r > 0 ? D : 0, W_ = Dh + L; /* working rows per row */
+    const int64_t l0 = r * L, l1 = l0 + L, h0 = l0 - Dh, Tt = rows * S;
+
+    PAR_FN(par_cp_attn_saved) sv;
+    memset(&sv, 0, sizeof sv);
+    sv.rows = rows, sv.L = L, sv.S = S, sv.cp = ncp, sv.rank = r, sv.D = D, sv.Dh = Dh;
+    sv.dm = *dm;
+    size_t sb = PAR_FN(par_attn_saved_bytes)(dm, Tt);
+    sv.buf = par_calloc(1, sb ? sb : 1, PAR_TAG_ACT);
+    sv.xw = par_malloc((size_t)(rows * W_ * d + 1) * sizeof(par_real), PAR_TAG_ACT);
+    sv.pos = par_malloc((size_t)(Tt + 1) * sizeof(int32_t), PAR_TAG_ACT);
+    if (!sv.buf || !sv.xw || !sv.pos) {
+        st = par_err(PAR_ENOMEM, "context parallel attention: saved state of %zu bytes", sb);
+        goto fail_free_saved;
+    }
+    PAR_FN(par_attn_saved_carve)(&sv.s, sv.buf, dm, Tt);
+    memcpy(sv.pos, pos_rows, (size_t)Tt * sizeof(int32_t));
+    if (m == 4)
+        memset(sv.s.sel, 0xff, (size_t)(Tt * dm->topk) * sizeof(int32_t)); /* -1 */
+    for (int64_t b = 0; b < rows; b++)
+        memcpy(sv.xw + (b * W_ + Dh) * d, x_local + b * L * d, (size_t)(L * d) * sizeof(par_real));
+
+    /* halo: my last D rows of every row to r+1, the previous rank's to me */
+    if (cp && ncp > 1) {
+        size_t nh = (size_t)(rows * D * d);
+        par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
+        if (!hb) {
+            st = par_err(PAR_ENOMEM, "context parallel attention: halo buffers of %zu reals",
+                         2 * nh);
+            goto fail_free_saved;
+        }
+        par_real *hs = hb, *hr = hb + nh;
+        for (int64_t b = 0; b < rows; b++)
+            memcpy(hs + b * D * d, x_local + (b * L + L - D) * d,
+                   (size_t)(D * d) * sizeof(par_real));
+        st = shift_exchange(cp, hs, hr, nh, +1, TAG_HALO_FWD);
+        if (!st && Dh > 0)
+            for (int64_t b = 0; b < rows; b++)
+                memcpy(sv.xw + b * W_ * d, hr + b * D * d, (size_t)(D * d) * sizeof(par_real));
+        par_free(hb);
+        if (st)
+            goto fail_free_saved;
+        if (traffic && r + 1 < ncp)
+            traffic->halo_fwd += (int64_t)(nh * sizeof(par_real));
+    }
+
+    /* (1) projections on halo + local rows; halo q rows cleared (no
+     * queries of this rank: they must contribute nothing in the backward) */
+    for (int64_t b = 0; b < rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv.s, b * S + h0, dm);
+        PAR_FN(par_attn_proj_forward)(&sh, sv.xw + b * W_ * d, sv.pos + b * S + h0, W, dm, W_);
+        memset(sh.q, 0, (size_t)(Dh * HD) * sizeof(par_real));
+    }
+
+    /* (2) entries of blocks whose last token is local */
+    for (int64_t b = 0; b < rows && m > 0; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv.s, b * S, dm);
+        const int32_t *pb = sv.pos + b * S;
+        PAR_FN(par_compress_forward)(sh.cmp, sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, pb,
+                                     W->cmp_norm, dm->rope, l0, l1, hd, m, dm->norm_eps);
+        if (m == 4)
+            PAR_FN(par_compress_forward)(sh.icmp, sh.icmp_raw, sh.icmp_rstd, sh.ica, sh.icz, pb,
+                                         W->idx_cmp_norm, dm->rope, l0, l1, ihd, 4,
+                                         dm->norm_eps);
+    }
+
+    /* all-gather the entries (cmp, then icmp for m == 4, per entry row) */
+    if (m > 0 && cp && ncp > 1) {
+        const int64_t ew = hd + ihd;
+        size_t *cnt = par_malloc(2 * (size_t)ncp * sizeof(size_t), PAR_TAG_COMM);
+        if (!cnt) {
+            st = par_err(PAR_ENOMEM, "context parallel attention: %lld counts", LL(ncp));
+            goto fail_free_saved;
+        }
+        size_t *dsp = cnt + ncp, tot = 0;
+        for (int64_t q = 0; q < ncp; q++) {
+            cnt[q] = (size_t)(entries_of(sv.pos, rows, S, L, q, m) * ew);
+            dsp[q] = tot;
+            tot += cnt[q];
+        }
+        par_real *eb = tot ? par_malloc(tot * sizeof(par_real), PAR_TAG_COMM) : NULL;
+        if (tot && !eb) {
+            par_free(cnt);
+            st = par_err(PAR_ENOMEM, "context parallel attention: entry buffer of %zu reals",
+                         tot);
+            goto fail_free_saved;
+        }
+        if (tot) {
+            par_real *w = eb + dsp[r];
+            for (int64_t b = 0; b < rows; b++)
+                for (int64_t t = b * S + l0; t < b * S + l1; t++)
+                    if (is_entry(sv.pos[t], m)) {
+                        memcpy(w, sv.s.cmp + t * hd, (size_t)hd * sizeof(par_real));
+                        if (ihd)
+                            memcpy(w + hd, sv.s.icmp + t * ihd, (size_t)ihd * sizeof(par_real));
+                        w += ew;
+                    }
+            st = par_allgatherv(cp, eb + dsp[r], cnt[r], eb, cnt, dsp, CP_CTYPE);
+            for (int64_t q = 0; q < ncp && !st; q++) {
+                if (q == r)
+                    continue;
+                const par_real *rd = eb + dsp[q];
+                for (int64_t b = 0; b < rows; b++)
+                    for (int64_t t = b * S + q * L; t < b * S + (q + 1) * L; t++)
+                        if (is_entry(sv.pos[t], m)) {
+                            memcpy(sv.s.cmp + t * hd, rd, (size_t)hd * sizeof(par_real));
+                            if (ihd)
+                                memcpy(sv.s.icmp + t * ihd, rd + hd,
+                                       (size_t)ihd * sizeof(par_real));
+                            rd += ew;
+                        }
+            }
+            if (!st && traffic)
+                traffic->gather_fwd += (int64_t)(cnt[r] * sizeof(par_real));
+        }
+        par_free(eb);
+        par_free(cnt);
+        if (st)
+            goto fail_free_saved;
+    }
+
+    /* (3) indexer, (4) core, (5) output for local queries */
+    for (int64_t b = 0; b < rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv.s, b * S, dm);
+        const int32_t *pb = sv.pos + b * S;
+        if (m == 4) {
+            if ((st = PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
+                goto fail_free_saved;
+            if (selected_local)
+                memcpy(selected_local + b * L * dm->topk, sh.sel + l0 * dm->topk,
+                       (size_t)(L * dm->topk) * sizeof(int32_t));
+        }
+        if ((st = PAR_FN(par_attn_core_forward)(sh.o, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb,
+                                                W->attn_sink, dm, l0, l1)))
+            goto fail_free_saved;
+        PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + l0 * GL, sh.o + l0 * HD,
+                                     W->wo_a, W->wo_b, dm, L);
+    }
+    PAR_FN(par_cp_attn_saved_free)(saved);
+    *saved = sv;
+    return PAR_OK;
+
+fail_free_saved:
+    PAR_FN(par_cp_attn_saved_free)(&sv);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward                                                                  */
+
+par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local,          /* [rows, L, d] or NULL */
+                                        PAR_FN(par_attn_weights) *dW, /* or NULL */
+                                        const par_real *dy_local,    /* [rows, L, d] */
+                                        const PAR_FN(par_cp_attn_saved) *saved,
+                                        const PAR_FN(par_attn_weights) *W,
+                                        par_comm *cp, par_cp_traffic *traffic)
+{
+    const PAR_FN(par_cp_attn_saved) *sv = saved;
+    if (!sv || !sv->buf)
+        return par_err(PAR_EINVAL, "context parallel attention backward: no saved forward");
+    const int64_t ncp = cp ? par_comm_size(cp) : 1, r = cp ? par_comm_rank(cp) : 0;
+    if (ncp != sv->cp || r != sv->rank)
+        return par_err(PAR_EMISMATCH,
+                       "context parallel attention backward: group has rank %lld of %lld, the "
+                       "forward ran as rank %lld of %lld",
+                       LL(r), LL(ncp), LL(sv->rank), LL(sv->cp));
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t rows = sv->rows, L = sv->L, S = sv->S, D = sv->D, Dh = sv->Dh;
+    const int64_t d = dm->d, m = dm->m, H = dm->H, hd = dm->hd, HD = H * hd;
+    const int64_t nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0, GL = dm->o_groups * dm->o_lora;
+    const int64_t W_ = Dh + L, l0 = r * L, l1 = l0 + L, h0 = l0 - Dh, Tt = rows * S;
+    PAR_FN(par_attn_weights) none;
+    memset(&none, 0, sizeof none);
+    if (!dW)
+        dW = &none;
+
+    /* scratch in row coordinates: dO, dop, dq [Tt, HD]; Dd [Tt, H]; dkv,
+     * dcmp [Tt, hd]; dca, dcz [Tt, nc]; dxw [rows, W_, d] */
+    size_t n = (size_t)(3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W_ * d);
+    par_real *buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: scratch of %zu reals",
+                       n);
+    par_real *dO = buf, *dop = dO + Tt * HD, *dq = dop + Tt * HD, *Dd = dq + Tt * HD;
+    par_real *dkv = Dd + Tt * H, *dcmp = dkv + Tt * hd, *dca = dcmp + Tt * hd;
+    par_real *dcz = dca + Tt * nc, *dxw = dcz + Tt * nc;
+    par_status st = PAR_OK;
+
+    /* (5), (4): local queries; key gradients of halo + local kv rows and of
+     * the entries of the row up to l1 (queries outside [l0, l1) have zero
+     * q, dop, D, lse: they add exact zeros) */
+    for (int64_t b = 0; b < rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv->s, b * S, dm);
+        const int32_t *pb = sv->pos + b * S;
+        const int64_t o = b * S;
+        if ((st = PAR_FN(par_attn_out_backward)(dO + (o + l0) * HD, dW->wo_a, dW->wo_b,
+                                                dy_local + b * L * d, sh.r + l0 * GL,
+                                                sh.o + l0 * HD, W->wo_a, W->wo_b, dm, L)))
+            goto free_scratch;
+        if ((st = PAR_FN(par_attn_core_backward_q)(dq + o * HD, dW->attn_sink, dop + o * HD,
+                                                   Dd + o * H, dO + o * HD, sh.lse, sh.q, sh.kv,
+                                                   sh.cmp, sh.sel, pb, W->attn_sink, dm, l0,
+                                                   l1)))
+            goto free_scratch;
+        PAR_FN(par_attn_core_backward_kv)(dkv + o * hd, NULL, dop + o * HD, Dd + o * H, sh.lse,
+                                          sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, h0, l1, l1);
+        if (m > 0)
+            PAR_FN(par_attn_core_backward_kv)(NULL, dcmp + o * hd, dop + o * HD, Dd + o * H,
+                                              sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, l1,
+                                              l1);
+    }
+
+    /* entry gradients to their owners: block q of the reduce-scatter holds
+     * the entries whose last token is on rank q (rows, then positions),
+     * padded to the largest block; summed in rank order 0..CP-1 */
+    if (m > 0 && cp && ncp > 1) {
+        int64_t maxe = 0;
+        for (int64_t q = 0; q < ncp; q++) {
+            int64_t e = entries_of(sv->pos, rows, S, L, q, m);
+            if (e > maxe)
+                maxe = e;
+        }
+        if (maxe > 0) {
+            const size_t blk = (size_t)(maxe * hd);
+            par_real *rb = par_calloc(blk * (size_t)(ncp + 1), sizeof(par_real), PAR_TAG_COMM);
+            if (!rb) {
+                st = par_err(PAR_ENOMEM,
+                             "context parallel attention backward: entry gradients of %zu reals",
+                             blk * (size_t)(ncp + 1));
+                goto free_scratch;
+            }
+            par_real *mine = rb + blk * (size_t)ncp;
+            for (int64_t q = 0; q < ncp; q++) {
+                par_real *w = rb + blk * (size_t)q;
+                for (int64_t b = 0; b < rows; b++)
+                    for (int64_t t = b * S + q * L; t < b * S + (q + 1) * L; t++)
+                        if (is_entry(sv->pos[t], m)) {
+                            memcpy(w, dcmp + t * hd, (size_t)hd * sizeof(par_real));
+                            w += hd;
+                        }
+            }
+            st = par_reduce_scatter(cp, rb, mine, blk, CP_CTYPE, PAR_OP_SUM);
+            if (!st) {
+                const par_real *rd = mine;
+                for (int64_t b = 0; b < rows; b++)
+                    for (int64_t t = b * S + l0; t < b * S + l1; t++)
+                        if (is_entry(sv->pos[t], m)) {
+                            memcpy(dcmp + t * hd, rd, (size_t)hd * sizeof(par_real));
+                            rd += hd;
+                        }
+                if (traffic)
+                    traffic->rs_bwd += (int64_t)(blk * (size_t)ncp * sizeof(par_real));
+            }
+            par_free(rb);
+            if (st)
+                goto free_scratch;
+        }
+    }
+
+    /* (2) backward on owned blocks (da/dz reach into the halo), then (1) on
+     * halo + local rows */
+    for (int64_t b = 0; b < rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        const int64_t o = b * S;
+        saved_shift(&sh, &sv->s, o, dm);
+        if (m > 0 &&
+            (st = PAR_FN(par_compress_backward)(dca + o * nc, dcz + o * nc, dW->cmp_norm,
+                                                dcmp + o * hd, sh.cmp_raw, sh.cmp_rstd, sh.ca,
+                                                sh.cz, sv->pos + o, W->cmp_norm, dm->rope, l0,
+                                                l1, hd, m)))
+            goto free_scratch;
+        saved_shift(&sh, &sv->s, o + h0, dm);
+        if ((st = PAR_FN(par_attn_proj_backward)(
+                 dx_local ? dxw + b * W_ * d : NULL, dW, dq + (o + h0) * HD, dkv + (o + h0) * hd,
+                 m > 0 ? dca + (o + h0) * nc : NULL, m > 0 ? dcz + (o + h0) * nc : NULL, &sh,
+                 sv->xw + b * W_ * d, sv->pos + o + h0, W, dm, W_)))
+            goto free_scratch;
+    }
+    if (!dx_local)
+        goto free_scratch; /* done: nothing to return */
+
+    /* dx: own contribution first, then the halo gradients of rank r+1 on my
+     * last D rows; my halo rows' gradients go to rank r-1 */
+    for (int64_t b = 0; b < rows; b++)
+        for (int64_t e = 0; e < L * d; e++)
+            dx_local[b * L * d + e] += dxw[(b * W_ + Dh) * d + e];
+    if (cp && ncp > 1) {
+        size_t nh = (size_t)(rows * D * d);
+        par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
+        if (!hb) {
+            st = par_err(PAR_ENOMEM, "context parallel attention backward: halo of %zu reals",
+                         2 * nh);
+            goto free_scratch;
+        }
+        par_real *hs = hb, *hr = hb + nh;
+        if (Dh > 0)
+            for (int64_t b = 0; b < rows; b++)
+                memcpy(hs + b * D * d, dxw + b * W_ * d, (size_t)(D * d) * sizeof(par_real));
+        st = shift_exchange(cp, hs, hr, nh, -1, TAG_HALO_BWD);
+        if (!st && r + 1 < ncp)
+            for (int64_t b = 0; b < rows; b++) {
+                par_real *dst = dx_local + (b * L + L - D) * d;
+                for (int64_t e = 0; e < D * d; e++)
+                    dst[e] += hr[b * D * d + e];
+            }
+        par_free(hb);
+        if (!st && traffic && r > 0)
+            traffic->halo_bwd += (int64_t)(nh * sizeof(par_real));
+    }
+
+free_scratch:
+    par_free(buf);
+    return st;
+}
