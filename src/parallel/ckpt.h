@@ -1,0 +1,222 @@
+/* parallel/ckpt.h - distributed checkpoints (issue 9; docs/checkpoints.md).
+ *
+ * A checkpoint is a directory:
+ *   rank-RRRRR.safetensors  one shard per rank of the layout it was saved
+ *                           under: SLICES of global tensors, each a
+ *                           contiguous flat (row-major) element range
+ *                           [begin, end), stored 1-D as "<name>@<begin>";
+ *   metadata.json           format "parity-ckpt", version, training state
+ *                           (step, data cursor, seed), precision, layout,
+ *                           model config, every tensor's global shape and
+ *                           dtype, every shard's slices, sha256 of every shard;
+ *   SHA256SUMS              sha256 of every other file, metadata.json
+ *                           included (`sha256sum -c SHA256SUMS` checks it).
+ * Tensors are the parameters by the contract's names and the optimizer
+ * state as "opt.<parameter name>.<slot>" (slot momentum for Muon, exp_avg
+ * and exp_avg_sq for AdamW; GOLDEN.md), but this file moves bytes by dtype
+ * and knows nothing of the model: any tensor list works.
+ *
+ * Coverage rule: every element of every tensor is held by exactly one slice
+ * of one shard.  A replicated tensor is written by one designated owner;
+ * ZeRO-1 padding is never written (slices stop at the tensor's numel).
+ *
+ * Saving is atomic: shards and metadata are written into DIR.tmp-XXXXXX,
+ * fsync'ed, and the directory is renamed over DIR (core/fileio.h); a crash
+ * at any point leaves the previous DIR intact (a stale DIR.tmp-* may stay).
+ * Coverage is checked before the rename, so an invalid set of slices never
+ * becomes a checkpoint.
+ *
+ * Loading (par_ckpt_open) validates format, version, every hash, every
+ * shard against the metadata, shapes and coverage, and reports the first
+ * fault naming the file / tensor / element range; then par_ckpt_read fills
+ * any wanted slices (any layout: slices may cut across the saved ones) from
+ * whatever shards cover them.  Nothing is copied until every wanted slice
+ * has been checked, so a failed read leaves the destination untouched.
+ *
+ * Ownership: a rank's slices come from the driver, through a par_ckpt_owner_fn
+ * for a (layout, rank).  par_ckpt_owner_simple is a PLACEHOLDER (dense
+ * tensors whole on rank 0, routed experts contiguous by EP over ranks
+ * 0..EP-1) used by `parity ckpt reshard` until the parallel driver registers
+ * its real rule with par_ckpt_set_owner.
+ *
+ * Untemplated.  Thread safety: par_ckpt_read on one open handle may run
+ * from many thread ranks at once (it only reads the handle).
+ */
+#ifndef PAR_PARALLEL_CKPT_H
+#define PAR_PARALLEL_CKPT_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "comm/comm.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/params.h"
+#include "parallel/layout.h"
+
+#define PAR_CKPT_FORMAT "parity-ckpt"
+#define PAR_CKPT_VERSION 1
+#define PAR_CKPT_META "metadata.json"
+#define PAR_CKPT_SUMS "SHA256SUMS"
+#define PAR_CKPT_NAME_MAX 128 /* tensor names, NUL included */
+
+/* A contiguous flat element range [begin, end) of the global tensor `name`
+ * (row-major).  begin == end is an empty slice (allowed, never stored). */
+typedef struct {
+    char name[PAR_CKPT_NAME_MAX];
+    int64_t begin, end;
+} par_ckpt_slice;
+
+/* A global tensor of a checkpoint. */
+typedef struct {
+    char name[PAR_CKPT_NAME_MAX];
+    par_dtype dtype;
+    int ndim;
+    int64_t shape[PAR_MAX_DIMS];
+} par_ckpt_tensor;
+
+/* A slice with its data: (end - begin) elements of the tensor's dtype.
+ * Read on save, written on load. */
+typedef struct {
+    par_ckpt_slice s;
+    void *data;
+} par_ckpt_item;
+
+/* Training state.  Our RNG is counter-based (Philox keyed by (seed, name),
+ * core/rng.h) and the data stream is a pure function of (seed, global sample
+ * index), so (seed, step, cursor) is the whole RNG state and it reshards
+ * trivially: nothing per rank is saved. */
+typedef struct {
+    int64_t step;    /* optimizer steps taken                         */
+    int64_t cursor;  /* data cursor: index of the next global sample  */
+    uint64_t seed;   /* the run's seed (init, packing, tokens)        */
+    char precision[8]; /* "f64" | "f32" ("" is written as "unknown")  */
+} par_ckpt_state;
+
+/* What a save records besides the slices (the same on every rank). */
+typedef struct {
+    par_ckpt_state state;
+    const par_ckpt_tensor *tensors; /* [ntensors] global tensors, unique names */
+    int ntensors;
+    const par_layout *layout;       /* recorded (given fields, N, Da, De); NULL: none */
+    const cJSON *model;             /* model config object, copied; NULL: none */
+} par_ckpt_info;
+
+/* The checkpoint tensor list of a model (model/params.h): every parameter
+ * in table order (float ones as F64 for precision 64, F32 for 32; tid2eid
+ * as I32), then the optimizer state in table order: "opt.<name>.momentum"
+ * for Muon tensors, "opt.<name>.exp_avg" and "opt.<name>.exp_avg_sq" for
+ * AdamW tensors (none for PAR_OPT_NONE).  *out par_malloc'd (tag IO). */
+par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bits, par_ckpt_tensor **out,
+                                      int *n);
+
+/* ---- ownership ---------------------------------------------------------- */
+
+/* Fills *out (par_malloc'd, tag IO; *n entries; the caller frees) with the
+ * slices world rank `rank` of `nranks` holds under `layout`, for the
+ * checkpoint tensors tensors[ntensors].  Over all ranks every element must
+ * be covered exactly once (save checks it). */
+typedef par_status (*par_ckpt_owner_fn)(const par_layout *layout, int nranks, int rank,
+                                        const par_ckpt_tensor *tensors, int ntensors,
+                                        par_ckpt_slice **out, int *n, void *ud);
+
+/* PLACEHOLDER owner (to be replaced by the driver's): tensors whose name
+ * holds ".experts.<e>." (optimizer state "opt.<...>" included) go whole to
+ * world rank e / (E / EP) (E = 1 + the largest expert index seen; E % EP
+ * must be 0), every other tensor whole to rank 0.  PP, CP, DP and ZeRO-1 are
+ * ignored. */
+par_status par_ckpt_owner_simple(const par_layout *layout, int nranks, int rank,
+                                 const par_ckpt_tensor *tensors, int ntensors, par_ckpt_slice **out,
+                                 int *n, void *ud);
+/* The owner used by reshard when none is given: par_ckpt_owner_simple until
+ * par_ckpt_set_owner (NULL fn: back to the placeholder). */
+void par_ckpt_set_owner(par_ckpt_owner_fn fn, void *ud);
+void par_ckpt_get_owner(par_ckpt_owner_fn *fn, void **ud);
+
+/* World size of a layout: l->world, else PP * lcm(TP*CP, ETP*EP). */
+int64_t par_ckpt_layout_world(const par_layout *l);
+
+/* ---- saving ------------------------------------------------------------- */
+
+/* Collective over `world` (every rank calls it with its own items, which
+ * may be none): writes the checkpoint DIR atomically.  Steps: rank 0 makes
+ * DIR.tmp-XXXXXX and broadcasts its name; every rank writes
+ * rank-<world rank>.safetensors; the shards' slice lists and hashes are
+ * gathered; rank 0 checks the tensor tables agree and coverage, writes
+ * metadata.json and SHA256SUMS and renames the directory over DIR.  Every
+ * rank returns the same verdict (a rank that failed reports its own error,
+ * the others PAR_EIO naming it); on failure DIR is untouched and the
+ * temporary is removed.  MPI: the same steps on a shared filesystem. */
+par_status par_ckpt_save(par_comm *world, const char *dir, const par_ckpt_info *info,
+                         const par_ckpt_item *items, int nitems);
+
+/* ---- loading ------------------------------------------------------------ */
+
+typedef struct par_ckpt par_ckpt;
+
+/* Opens DIR and validates everything (see above); the shards are loaded
+ * into memory (tag IO).  Errors: PAR_ENOTFOUND missing directory / file,
+ * PAR_EFORMAT bad structure or truncated file, PAR_EUNSUPPORTED other
+ * format version, PAR_EMISMATCH hash / shape / dtype / shard disagreement,
+ * PAR_EFORMAT gap or overlap (first one, by tensor and element range). */
+par_status par_ckpt_open(const char *dir, par_ckpt **out);
+void par_ckpt_close(par_ckpt *ck); /* NULL is fine */
+
+const char *par_ckpt_dir(const par_ckpt *ck);
+const par_ckpt_state *par_ckpt_state_of(const par_ckpt *ck);
+int par_ckpt_ntensors(const par_ckpt *ck);
+const par_ckpt_tensor *par_ckpt_tensor_at(const par_ckpt *ck, int i); /* metadata order */
+const par_ckpt_tensor *par_ckpt_find(const par_ckpt *ck, const char *name); /* or NULL */
+int par_ckpt_nranks(const par_ckpt *ck);      /* shards (world size saved under) */
+/* The layout saved under (given fields, world, da, de; resolved = 0), or
+ * NULL when none was recorded. */
+const par_layout *par_ckpt_layout(const par_ckpt *ck);
+const cJSON *par_ckpt_model(const par_ckpt *ck); /* or NULL */
+/* Slices of rank r's shard (empty ones omitted). */
+int par_ckpt_rank_nslices(const par_ckpt *ck, int r);
+const par_ckpt_slice *par_ckpt_rank_slice(const par_ckpt *ck, int r, int i);
+
+/* Fills every item from the shards.  Checks first (nothing copied on
+ * failure): names exist (PAR_ENOTFOUND), 0 <= begin <= end <= numel
+ * (PAR_ERANGE), data non-NULL for non-empty items. */
+par_status par_ckpt_read(const par_ckpt *ck, const par_ckpt_item *items, int nitems);
+/* A whole tensor into a new tensor (owns its data, tag `tag`). */
+par_status par_ckpt_read_tensor(const par_ckpt *ck, const char *name, par_tag tag, par_tensor *out);
+
+/* ---- tools (parity ckpt) ------------------------------------------------ */
+
+/* Writes every tensor whole into one safetensors file (atomic), metadata
+ * "format": "parity-ckpt-export", step, cursor, seed, precision. */
+par_status par_ckpt_export(const char *src_dir, const char *file);
+
+/* Reads SRC and saves it as DST (atomic) with the ownership of `fn` under
+ * `layout` (world size par_ckpt_layout_world); fn NULL: the registered
+ * owner.  Training state and model are kept; the layout is replaced. */
+par_status par_ckpt_reshard(const char *src_dir, const char *dst_dir, const par_layout *layout,
+                            par_ckpt_owner_fn fn, void *ud);
+/* The same from an open checkpoint (dst_dir may be its own directory). */
+par_status par_ckpt_reshard_open(const par_ckpt *ck, const char *dst_dir, const par_layout *layout,
+                                 par_ckpt_owner_fn fn, void *ud);
+
+/* Result of comparing two checkpoints. */
+typedef struct {
+    int state_equal;     /* step, cursor, seed, precision              */
+    int tensors_equal;   /* same names, dtypes, shapes, bitwise values  */
+    int n_tensors_diff;  /* tensors missing on a side or different      */
+    char first[320];     /* the first difference, "" when none          */
+} par_ckpt_diff_result;
+
+/* Compares two checkpoints' training state and full tensors, bitwise
+ * (layouts may differ).  When out is not NULL, one line per difference is
+ * printed there.  PAR_OK when the comparison ran; the verdict is in *res. */
+par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ckpt_diff_result *res);
+
+/* ---- test hook ---------------------------------------------------------- */
+
+/* Called (when set) at each phase of a save on the rank that runs it:
+ * "tmp", "shard", "gathered", "metadata", "sums", "commit", "done".  Tests
+ * use it to crash a save at a chosen point.  Not for production. */
+void par__ckpt_set_test_hook(void (*hook)(const char *phase, int rank));
+
+#endif
