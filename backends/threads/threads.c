@@ -16,40 +16,16 @@
  * generation so a barrier needs one arrival only.  A rank that stops waiting
  * (timeout, failed world) withdraws its arrival with a compare-and-swap on
  * the same word, so a late rank never completes a round with a peer that
- * already left.
+ * already left.  The rendezvous (slots, word, arrive) lives in tsync.h, which
+ * the MPI backend shares for the ranks of one process.
  */
-#include <limits.h>
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
-#ifdef __linux__
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
+#include "backends/threads/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
-
-#define CNT_BITS 24
-#define CNT_MASK ((UINT64_C(1) << CNT_BITS) - 1)
-
-typedef struct {
-    _Alignas(64) par__callmeta meta[2];
-    const par__xfer *x;
-    void *split;                 /* a new group's state, published by its leader */
-    _Atomic uint64_t arrived;    /* last generation this rank arrived at         */
-} tslot;
-
-typedef struct {
-    _Alignas(64) _Atomic uint64_t word;
-    _Alignas(64) _Atomic uint32_t gen32;    /* low bits of the generation: futex  */
-    _Atomic int sleepers;                   /* ranks blocked (or about to) on it  */
-    _Alignas(64) _Atomic int refs;
-    int p;
-    tslot *slots;
-} tgroup;
 
 /* One rank's handle: the shared group and the generation it has reached. */
 typedef struct {
@@ -57,122 +33,9 @@ typedef struct {
     uint64_t gen;
 } tcomm;
 
-static tgroup *tgroup_new(int p, int refs)
-{
-    tgroup *g = par_calloc(1, sizeof *g, PAR_TAG_COMM);
-    if (!g)
-        return NULL;
-    g->slots = par_calloc((size_t)p, sizeof *g->slots, PAR_TAG_COMM);
-    if (!g->slots) {
-        par_free(g);
-        return NULL;
-    }
-    g->p = p;
-    atomic_init(&g->refs, refs);
-    atomic_init(&g->word, 0);
-    return g;
-}
-
-static void tgroup_destroy(tgroup *g)
-{
-    if (g) {
-        par_free(g->slots);
-        par_free(g);
-    }
-}
-
-static void tgroup_unref(tgroup *g)
-{
-    if (g && atomic_fetch_sub(&g->refs, 1) == 1)
-        tgroup_destroy(g);
-}
-
-/* Blocking after the spin/yield phase: a futex on gen32 that the last
- * arrival of a round wakes (elsewhere: a short sleep). */
-typedef struct {
-    tgroup *g;
-    uint32_t seen;
-} tblock;
-
-static void block_on_gen(void *ctx, double max_s)
-{
-    tblock *b = ctx;
-    struct timespec ts = {(time_t)max_s, (long)((max_s - (double)(time_t)max_s) * 1e9)};
-#ifdef __linux__
-    atomic_fetch_add(&b->g->sleepers, 1);
-    if (atomic_load(&b->g->gen32) == b->seen)
-        syscall(SYS_futex, (uint32_t *)&b->g->gen32, FUTEX_WAIT_PRIVATE, b->seen, &ts, NULL, 0);
-    atomic_fetch_sub(&b->g->sleepers, 1);
-#else
-    (void)b;
-    ts = (struct timespec){0, 100000};
-    nanosleep(&ts, NULL);
-#endif
-}
-
-static void wake_all(tgroup *g, uint64_t gen)
-{
-    /* monotonic even when a later round's last arrival got here first */
-    uint32_t cur = atomic_load(&g->gen32), want = (uint32_t)gen;
-    while ((int32_t)(want - cur) > 0 && !atomic_compare_exchange_weak(&g->gen32, &cur, want))
-        ;
-#ifdef __linux__
-    if (atomic_load(&g->sleepers) > 0)
-        syscall(SYS_futex, (uint32_t *)&g->gen32, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-#endif
-}
-
-/* Arrive at generation tc->gen + 1 and wait for everyone.  On a failed wait
- * the arrival is withdrawn (unless the round completed meanwhile) and the
- * error raised with the missing ranks. */
 static par_status arrive(par_comm *c, tcomm *tc, int ignore_abort, const par__callmeta *m)
 {
-    tgroup *g = tc->g;
-    uint64_t target = tc->gen + 1;
-    atomic_store_explicit(&g->slots[c->rank].arrived, target, memory_order_relaxed);
-    uint64_t w = atomic_load(&g->word), nw;
-    do {
-        nw = (w & CNT_MASK) + 1 == (uint64_t)g->p ? target << CNT_BITS : w + 1;
-    } while (!atomic_compare_exchange_weak(&g->word, &w, nw));
-    tc->gen = target;
-    if ((nw >> CNT_BITS) == target) {
-        wake_all(g, target);
-        return PAR_OK;
-    }
-
-    par__waiter wt;
-    tblock tb = {g, (uint32_t)(target - 1)};
-    par__wait_start(&wt, c->world, ignore_abort);
-    wt.block = block_on_gen;
-    wt.block_ctx = &tb;
-    for (;;) {
-        if ((atomic_load_explicit(&g->word, memory_order_acquire) >> CNT_BITS) >= target)
-            return PAR_OK;
-        par_status st = par__wait_poll(&wt, c->world);
-        if (st == PAR_OK)
-            continue;
-        w = atomic_load(&g->word);
-        do {
-            if ((w >> CNT_BITS) >= target)
-                return PAR_OK; /* completed meanwhile */
-        } while (!atomic_compare_exchange_weak(&g->word, &w, w - 1));
-        tc->gen = target - 1;
-        /* slots[me].arrived stays: reports of ranks stopping after me name
-         * only the ranks that never came */
-
-        int *missing = par_malloc((size_t)g->p * sizeof *missing, PAR_TAG_COMM), nmissing = 0;
-        for (int j = 0; j < g->p && missing; j++)
-            if (j != c->rank && atomic_load_explicit(&g->slots[j].arrived,
-                                                     memory_order_relaxed) < target)
-                missing[nmissing++] = j;
-        char what[240];
-        par__meta_describe(m, par_comm_name(c), what, sizeof what);
-        size_t k = strlen(what);
-        snprintf(what + k, sizeof what - k, ", %d of %d ranks arrived", g->p - nmissing, g->p);
-        st = par__wait_failed(c, st, what, missing, nmissing);
-        par_free(missing);
-        return st;
-    }
+    return tsync_arrive(c, tc->g, c->rank, &tc->gen, ignore_abort, m, NULL, NULL);
 }
 
 static par_status t_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
@@ -226,7 +89,7 @@ static par_status t_split(par_comm *parent, const par__splitplan *plan, void **b
     tcomm *nt = NULL;
     int member = plan->color >= 0;
     if (member && plan->leader == parent->rank)
-        ng = tgroup_new(plan->size, plan->size); /* NULL: members see it and fail */
+        ng = tsync_group_new(plan->size, plan->size, 0); /* NULL: members see it and fail */
     if (member)
         nt = par_calloc(1, sizeof *nt, PAR_TAG_COMM);
     g->slots[parent->rank].split = ng;
@@ -235,7 +98,7 @@ static par_status t_split(par_comm *parent, const par__splitplan *plan, void **b
                        .rank = parent->rank};
     par_status st = arrive(parent, tc, 0, &m);
     if (st != PAR_OK) { /* the round did not complete: nobody read ng */
-        tgroup_destroy(ng);
+        tsync_group_destroy(ng);
         par_free(nt);
         return st;
     }
@@ -248,7 +111,7 @@ static par_status t_split(par_comm *parent, const par__splitplan *plan, void **b
     tgroup *shared = g->slots[plan->leader].split;
     if (!shared || !nt) {
         if (shared)
-            tgroup_unref(shared);
+            tsync_group_unref(shared);
         par_free(nt);
         return par_err(PAR_ENOMEM, "threads: no memory for group of %d ranks split from %s",
                        plan->size, par_comm_name(parent));
@@ -264,16 +127,17 @@ static void t_group_free(par_comm *c, void *bgroup)
     tcomm *tc = bgroup;
     if (!tc)
         return;
-    tgroup_unref(tc->g);
+    tsync_group_unref(tc->g);
     par_free(tc);
 }
 
 static par_status t_world_init(par__world *w, void **bworld)
 {
     int n = par__world_size(w);
-    if (n >= (int)CNT_MASK)
-        return par_err(PAR_EINVAL, "threads: %d ranks exceed the limit of %d", n, (int)CNT_MASK);
-    tgroup *g = tgroup_new(n, 1); /* the world holds one reference until finalize */
+    if (n >= (int)TSYNC_CNT_MASK)
+        return par_err(PAR_EINVAL, "threads: %d ranks exceed the limit of %d", n,
+                       (int)TSYNC_CNT_MASK);
+    tgroup *g = tsync_group_new(n, 1, 0); /* the world holds one reference until finalize */
     if (!g)
         return par_err(PAR_ENOMEM, "threads: no memory for a world of %d ranks", n);
     *bworld = g;
@@ -283,7 +147,7 @@ static par_status t_world_init(par__world *w, void **bworld)
 static void t_world_finalize(par__world *w, void *bworld)
 {
     (void)w;
-    tgroup_unref(bworld);
+    tsync_group_unref(bworld);
 }
 
 static par_status t_group_world(par__world *w, void *bworld, int rank, void **bgroup)

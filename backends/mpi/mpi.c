@@ -1,0 +1,1434 @@
+/* backends/mpi/mpi.c - every rank an MPI process started by mpiexec, or, with
+ * R ranks per process, R OpenMP thread ranks in each of the P processes
+ * (world rank = process * R + thread).  See docs/comm.md ("MPI backend").
+ *
+ * Threading: MPI is initialized with MPI_THREAD_SERIALIZED.  Every MPI call
+ * of a world's process is made under one mutex (the "engine" lock) by
+ * whichever rank thread needs progress, and only non-blocking calls are
+ * made (Isend/Irecv/Test/Iprobe/Cancel), so the lock is never held across a
+ * wait and every wait polls with a deadline.
+ *
+ * Each world duplicates MPI_COMM_WORLD (MPI_Comm_idup, polled) and checks
+ * that all processes ask the same world size.  Messages between processes:
+ *   tag 1            control messages of the engine (below), any source;
+ *   tag 2+2(sR+d)    exchange metadata from thread s to thread d;
+ *   tag 3+2(sR+d)    exchange data from thread s to thread d;
+ *   higher tags      point-to-point payloads, one tag per transfer.
+ * Blocking collectives are called in the same order by every pair of ranks,
+ * so one in-order channel per (sender thread, receiver thread, process
+ * pair) carries every group's exchanges.
+ *
+ * An exchange on group rank `me`:
+ *   1. local members (ranks of this process in the group) publish their
+ *      metadata and transfer in shared slots (threads backend, tsync.h);
+ *   2. metadata (call meta + the bytes for the pair, both ways) is sent to
+ *      and received from every remote member; wait (abort-aware, deadline);
+ *   3. local members arrive (tsync), so all of them hold all metadata;
+ *   4. par__check_metas over all members: the same metas everywhere, the
+ *      same verdict; then each pair is checked from both sides with the
+ *      same numbers, so both sides of a pair agree to move it or not;
+ *   5. data: remote pairs by Irecv/Isend, local pairs by one memcpy from the
+ *      sender's buffer (as the threads backend);
+ *   6. local members arrive again, so no buffer is reused while read.
+ * Once both sides of a pair passed the checks they are committed: a send is
+ * waited for even after the world failed (the receiver either takes it or,
+ * when it gave up, drains it when its process ends the world), receives are
+ * cancelled when the world failed.  A send that cannot complete within the
+ * timeout after that is the one case that calls MPI_Abort.
+ *
+ * Point-to-point between processes is a rendezvous run by the engine:
+ * the sender sends RTS (group, ranks, tag, type, count); the receiving
+ * process matches it against posted receives in order (like comm's
+ * mailboxes), posts the Irecv of the payload and answers CTS (or a mismatch:
+ * both requests fail with PAR_EMISMATCH); the sender then sends the payload.
+ * A send completes once its payload went to a matched receive (synchronous
+ * semantics).  A send withdrawn before its CTS (timeout) sends CANCEL; if the
+ * CTS crossed it, an empty payload tells the receiver the sender withdrew.
+ * Pairs in one process use comm's in-process mailboxes.
+ *
+ * Failures cross processes as ABORT messages (rank, status, message): a
+ * process whose world failed first sends one to every other process, whose
+ * engine marks its world failed (par__world_fail), so their waits return
+ * PAR_ECOMM / PAR_ETIMEOUT promptly.  When all ranks of a process returned,
+ * it sends DONE (with its failure, if any) to every process and keeps
+ * serving the engine (and draining messages nobody will receive) until it
+ * has DONE from all: every process then returns the same verdict, and no
+ * message is in flight when the communicator is freed.
+ */
+#include <mpi.h>
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/mpi/procs.h"
+#include "backends/threads/tsync.h"
+#include "comm/backend.h"
+#include "core/alloc.h"
+#include "core/log.h"
+
+#define TAG_CTRL 1
+#define TAG_CHAN0 2
+#define P2P_TAGS 4096 /* payload tags in rotation */
+
+/* ---- MPI itself --------------------------------------------------------- */
+
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_provided = -1;   /* thread level MPI gave            */
+static int g_broken;          /* an MPI operation was left pending */
+
+static void mpi_at_exit(void)
+{
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin)
+        return;
+    if (g_broken)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    else
+        MPI_Finalize();
+}
+
+par_status par_mpi_procs(int *nprocs, int *proc)
+{
+    par_status st = PAR_OK;
+    pthread_mutex_lock(&g_init_mu);
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (fin) {
+        st = par_err(PAR_EUNSUPPORTED, "mpi: MPI was already finalized in this process");
+        goto done;
+    }
+    if (!inited) {
+        int prov = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS) {
+            st = par_err(PAR_ECOMM, "mpi: MPI_Init_thread failed");
+            goto done;
+        }
+        atexit(mpi_at_exit);
+    }
+    if (g_provided < 0)
+        MPI_Query_thread(&g_provided);
+    int n = 1, r = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    if (nprocs)
+        *nprocs = n;
+    if (proc)
+        *proc = r;
+done:
+    pthread_mutex_unlock(&g_init_mu);
+    return st;
+}
+
+/* The last resort: a pending operation cannot complete and cannot be
+ * withdrawn. */
+static void last_resort(const char *msg)
+{
+    par_log(PAR_LOG_ERROR, "mpi: %s; aborting the MPI job", msg);
+    fprintf(stderr, "parity: mpi: %s; aborting the MPI job\n", msg); /* past any log sink */
+    MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+/* ---- the engine: one per world and process ------------------------------ */
+
+enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE };
+
+typedef struct {
+    int32_t kind;
+    int32_t src_wrank, dst_wrank; /* RTS, CANCEL: sender and receiver; ABORT/DONE: rank */
+    int32_t tag;                  /* RTS: the user's tag                               */
+    int32_t dtype;                /* RTS: sender's type; CTS: receiver's              */
+    int32_t status;               /* CTS, ABORT, DONE                                  */
+    int32_t data_tag;             /* CTS: payload tag, -1 for none                     */
+    int32_t pad;
+    uint64_t count;               /* RTS: sender's count; CTS: receiver's              */
+    uint64_t gid;
+    uint64_t id;                  /* the send's id at its process                      */
+    char msg[640];                /* ABORT, DONE: the failure                          */
+} ctrlmsg;
+#define CTRL_HDR offsetof(ctrlmsg, msg)
+
+typedef enum { OP_POSTED = 0, OP_WAIT_CTS, OP_DATA } opstate;
+
+/* A point-to-point request with a peer in another process. */
+typedef struct mop {
+    struct mop *next;
+    par_request *r;   /* NULL: the send was withdrawn                      */
+    opstate state;
+    int is_send;
+    int proc;         /* the other process                                 */
+    uint64_t id;      /* sends: our id                                      */
+    size_t bytes;     /* receives in OP_DATA: expected                     */
+    MPI_Request req;
+} mop;
+
+typedef struct unexp {
+    struct unexp *next;
+    int proc;
+    ctrlmsg rts;      /* header only */
+} unexp;
+
+/* Sends the engine owns (control messages, requests of failed calls). */
+typedef struct outmsg {
+    struct outmsg *next;
+    MPI_Request req;
+    char data[];      /* copy of a control message, if any */
+} outmsg;
+
+typedef struct grave {
+    struct grave *next;
+    void *block;      /* buffer of an orphaned send, freed at the end */
+} grave;
+
+typedef struct {
+    par__world *w;
+    MPI_Comm comm;
+    int nprocs, proc, R, n;
+    int p2p_tag0;
+    pthread_mutex_t mu;
+    _Atomic int notified;   /* this process's failure was sent, or came from elsewhere */
+    double fail_seen;       /* when progress first saw an unsent local failure        */
+    int fail_wrank;
+    par_status fail_st;
+    char fail_msg[640];
+    uint64_t next_id;
+    unsigned next_dtag;
+    mop *ops;               /* sends waiting for CTS or sending, receives receiving */
+    mop *posted;            /* receives not matched yet, posting order              */
+    unexp *unexp;           /* RTS not matched yet, arrival order                   */
+    outmsg *out;
+    grave *graves;
+    int ndone;              /* DONE messages received                               */
+    unsigned char *proc_done; /* [nprocs] the process sent DONE                     */
+    unsigned char *skip;    /* [nprocs] scratch: processes a notice need not reach   */
+    int done_wrank;         /* the first failure a DONE reported                     */
+    par_status done_st;
+    char done_msg[640];
+    char *trash;            /* drained payloads                                     */
+    size_t trash_n;
+    ctrlmsg rx;
+    tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
+} mworld;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Backoff between polls: the world's spin / yield budget, then 100 us naps. */
+static void backoff(par__waiter *wt)
+{
+    if (++wt->iter <= wt->spin) {
+        cpu_relax();
+    } else if (par__now() < wt->yield_until) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Engine sends: the message is copied; the copy lives until the send is done. */
+static void e_send_ctrl(mworld *e, int proc, const ctrlmsg *m)
+{
+    size_t len = CTRL_HDR;
+    if (m->kind == CT_ABORT || m->kind == CT_DONE)
+        len += strnlen(m->msg, sizeof m->msg - 1) + 1;
+    outmsg *o = par_malloc(sizeof *o + len, PAR_TAG_COMM);
+    if (!o) { /* small and eager: a blocking send does not wait for the peer */
+        MPI_Send(m, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm);
+        return;
+    }
+    memcpy(o->data, m, len);
+    MPI_Isend(o->data, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm, &o->req);
+    o->next = e->out;
+    e->out = o;
+}
+
+static void e_orphan(mworld *e, MPI_Request *req)
+{
+    outmsg *o = par_malloc(sizeof *o, PAR_TAG_COMM);
+    if (!o) {
+        g_broken = 1; /* lost track of it: no clean finalize */
+        MPI_Request_free(req);
+        return;
+    }
+    o->req = *req;
+    *req = MPI_REQUEST_NULL;
+    o->next = e->out;
+    e->out = o;
+}
+
+static void e_bury(mworld *e, void *block)
+{
+    grave *g = par_malloc(sizeof *g, PAR_TAG_COMM);
+    if (!g) {
+        g_broken = 1;
+        return; /* leak rather than free memory MPI may still read */
+    }
+    g->block = block;
+    g->next = e->graves;
+    e->graves = g;
+}
+
+/* Completes a request: the last touch of r (its waiter may free it). */
+static void req_complete(par_request *r, par_status st, const char *msg)
+{
+    r->bdata = NULL;
+    r->status = st;
+    if (st != PAR_OK)
+        snprintf(r->msg, sizeof r->msg, "%s", msg);
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+}
+
+static void mismatch_msg(char *buf, size_t n, const par_request *r, int32_t other_dtype,
+                         uint64_t other_count)
+{
+    /* sender's view: r is the send; receiver's: r is the receive */
+    int send = r->kind == PAR__REQ_SEND;
+    snprintf(buf, n,
+             "message mismatch in group %s, tag %d: rank %d sends %s x %zu to rank %d, which "
+             "receives %s x %zu",
+             r->comm->name, r->tag, send ? r->comm->rank : r->peer,
+             par_ctype_name(send ? r->dtype : (par_ctype)other_dtype),
+             send ? r->count : (size_t)other_count, send ? r->peer : r->comm->rank,
+             par_ctype_name(send ? (par_ctype)other_dtype : r->dtype),
+             send ? (size_t)other_count : r->count);
+}
+
+/* A receive (op, not on any list) meets the RTS of its sender. */
+static void e_match(mworld *e, mop *op, const ctrlmsg *rts, int proc)
+{
+    par_request *r = op->r;
+    ctrlmsg cts = {.kind = CT_CTS, .id = rts->id, .dtype = (int32_t)r->dtype,
+                   .count = r->count, .data_tag = -1, .src_wrank = rts->src_wrank,
+                   .dst_wrank = rts->dst_wrank};
+    if (rts->count != r->count || rts->dtype != (int32_t)r->dtype) {
+        char msg[320];
+        mismatch_msg(msg, sizeof msg, r, rts->dtype, rts->count);
+        cts.status = PAR_EMISMATCH;
+        e_send_ctrl(e, proc, &cts);
+        req_complete(r, PAR_EMISMATCH, msg);
+        par_free(op);
+        return;
+    }
+    size_t bytes = r->count * par_ctype_size(r->dtype);
+    if (bytes == 0) {
+        e_send_ctrl(e, proc, &cts);
+        req_complete(r, PAR_OK, NULL);
+        par_free(op);
+        return;
+    }
+    cts.data_tag = e->p2p_tag0 + (int)(e->next_dtag++ % P2P_TAGS);
+    MPI_Irecv_c(r->buf, (MPI_Count)bytes, MPI_BYTE, proc, cts.data_tag, e->comm, &op->req);
+    op->state = OP_DATA;
+    op->proc = proc;
+    op->bytes = bytes;
+    op->next = e->ops;
+    e->ops = op;
+    e_send_ctrl(e, proc, &cts);
+}
+
+static void e_remote_failure(mworld *e, const ctrlmsg *m)
+{
+    atomic_store(&e->notified, 1);
+    if (!e->fail_msg[0]) {
+        e->fail_wrank = m->src_wrank;
+        e->fail_st = m->status;
+        snprintf(e->fail_msg, sizeof e->fail_msg, "%s", m->msg);
+    }
+    par__world_fail(e->w, m->src_wrank, m->status, m->msg);
+}
+
+static void e_handle(mworld *e, ctrlmsg *m, int proc)
+{
+    switch (m->kind) {
+    case CT_RTS: {
+        mop **pp = &e->posted;
+        while (*pp) {
+            par_request *r = (*pp)->r;
+            if (r->wrank == m->dst_wrank && r->peer_wrank == m->src_wrank && r->gid == m->gid &&
+                r->tag == m->tag)
+                break;
+            pp = &(*pp)->next;
+        }
+        if (*pp) {
+            mop *op = *pp;
+            *pp = op->next;
+            e_match(e, op, m, proc);
+            return;
+        }
+        unexp *u = par_malloc(sizeof *u, PAR_TAG_COMM);
+        if (!u) { /* refuse: the sender fails with a clear reason */
+            ctrlmsg cts = {.kind = CT_CTS, .id = m->id, .status = PAR_ENOMEM, .data_tag = -1};
+            e_send_ctrl(e, proc, &cts);
+            return;
+        }
+        u->proc = proc;
+        memcpy(&u->rts, m, CTRL_HDR);
+        u->next = NULL;
+        unexp **tail = &e->unexp;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = u;
+        return;
+    }
+    case CT_CTS: {
+        mop **pp = &e->ops;
+        while (*pp && !((*pp)->is_send && (*pp)->id == m->id && (*pp)->proc == proc))
+            pp = &(*pp)->next;
+        if (!*pp)
+            return;
+        mop *op = *pp;
+        par_request *r = op->r;
+        if (!r || m->status != PAR_OK || m->data_tag < 0) {
+            *pp = op->next;
+            if (!r) {
+                if (m->data_tag >= 0) { /* tell the matched receiver we withdrew */
+                    MPI_Request q;
+                    MPI_Isend(NULL, 0, MPI_BYTE, proc, m->data_tag, e->comm, &q);
+                    e_orphan(e, &q);
+                }
+            } else if (m->status == PAR_EMISMATCH) {
+                char msg[320];
+                mismatch_msg(msg, sizeof msg, r, m->dtype, m->count);
+                req_complete(r, PAR_EMISMATCH, msg);
+            } else if (m->status != PAR_OK) {
+                char msg[320];
+                snprintf(msg, sizeof msg, "send to world rank %d, tag %d: its process refused "
+                         "the message (%s)", r->peer_wrank, r->tag, par_status_str(m->status));
+                req_complete(r, m->status, msg);
+            } else {
+                req_complete(r, PAR_OK, NULL);
+            }
+            par_free(op);
+            return;
+        }
+        MPI_Isend_c(r->buf, (MPI_Count)(r->count * par_ctype_size(r->dtype)), MPI_BYTE, proc,
+                    m->data_tag, e->comm, &op->req);
+        op->state = OP_DATA;
+        return;
+    }
+    case CT_CANCEL:
+        for (unexp **pp = &e->unexp; *pp; pp = &(*pp)->next) {
+            if ((*pp)->proc == proc && (*pp)->rts.id == m->id) {
+                unexp *u = *pp;
+                *pp = u->next;
+                par_free(u);
+                return;
+            }
+        }
+        return; /* already matched: the CTS crossed the cancel */
+    case CT_ABORT: e_remote_failure(e, m); return;
+    case CT_DONE:
+        /* Its failure was sent as ABORT or seen by everyone concerned; while
+         * our ranks run it is kept (a mismatch every member detects itself
+         * must not preempt the ranks that are about to report it), and
+         * applied when they returned (e_finish). */
+        e->ndone++;
+        e->proc_done[proc] = 1;
+        if (m->status != PAR_OK && !e->done_st) {
+            e->done_st = m->status;
+            e->done_wrank = m->src_wrank;
+            snprintf(e->done_msg, sizeof e->done_msg, "%s", m->msg);
+        }
+        return;
+    default: return;
+    }
+}
+
+/* Under e->mu: control messages, payloads, engine sends.  With drain set
+ * (the world is ending) messages of any other tag are received and dropped. */
+static void e_progress(mworld *e, int drain)
+{
+    for (int k = 0; k < 64; k++) {
+        int flag = 0;
+        MPI_Status s;
+        MPI_Iprobe(MPI_ANY_SOURCE, drain ? MPI_ANY_TAG : TAG_CTRL, e->comm, &flag, &s);
+        if (!flag)
+            break;
+        if (s.MPI_TAG == TAG_CTRL) {
+            memset(&e->rx, 0, CTRL_HDR + 1);
+            MPI_Recv(&e->rx, (int)sizeof e->rx, MPI_BYTE, s.MPI_SOURCE, TAG_CTRL, e->comm,
+                     MPI_STATUS_IGNORE);
+            e->rx.msg[sizeof e->rx.msg - 1] = '\0';
+            e_handle(e, &e->rx, s.MPI_SOURCE);
+            continue;
+        }
+        MPI_Count n = 0;
+        MPI_Get_count_c(&s, MPI_BYTE, &n);
+        if ((size_t)n > e->trash_n) {
+            char *t = par_realloc(e->trash, (size_t)n, PAR_TAG_COMM);
+            if (!t)
+                last_resort("no memory to drain a message at the end of a failed world");
+            e->trash = t;
+            e->trash_n = (size_t)n;
+        }
+        MPI_Recv_c(e->trash, n, MPI_BYTE, s.MPI_SOURCE, s.MPI_TAG, e->comm, MPI_STATUS_IGNORE);
+    }
+    for (mop **pp = &e->ops; *pp;) {
+        mop *op = *pp;
+        int flag = 0;
+        MPI_Status s;
+        if (op->state == OP_DATA)
+            MPI_Test(&op->req, &flag, &s);
+        if (!flag) {
+            pp = &op->next;
+            continue;
+        }
+        *pp = op->next;
+        if (op->is_send) {
+            req_complete(op->r, PAR_OK, NULL);
+        } else {
+            MPI_Count got = 0;
+            MPI_Get_count_c(&s, MPI_BYTE, &got);
+            par_request *r = op->r;
+            if ((size_t)got == op->bytes) {
+                req_complete(r, PAR_OK, NULL);
+            } else {
+                char msg[320];
+                snprintf(msg, sizeof msg,
+                         "recv from rank %d (world rank %d), tag %d, group %s: the sender "
+                         "withdrew its send (it stopped waiting) after this receive matched it",
+                         r->peer, r->peer_wrank, r->tag, r->comm->name);
+                req_complete(r, PAR_ECOMM, msg);
+            }
+        }
+        par_free(op);
+    }
+    for (outmsg **pp = &e->out; *pp;) {
+        int flag = 0;
+        MPI_Test(&(*pp)->req, &flag, MPI_STATUS_IGNORE);
+        if (flag) {
+            outmsg *o = *pp;
+            *pp = o->next;
+            par_free(o);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+/* Sends this process's failure to every other process (but those in
+ * skip[], when given), once. */
+static void e_notify_locked(mworld *e, int wrank, const char *msg, const unsigned char *skip)
+{
+    if (atomic_exchange(&e->notified, 1))
+        return;
+    par_status st = par__world_failed(e->w);
+    ctrlmsg m = {.kind = CT_ABORT, .src_wrank = wrank, .status = st ? st : PAR_ECOMM};
+    snprintf(m.msg, sizeof m.msg, "%s", msg && msg[0] ? msg : "(no message)");
+    if (!e->fail_msg[0]) {
+        e->fail_wrank = m.src_wrank;
+        e->fail_st = m.status;
+        snprintf(e->fail_msg, sizeof e->fail_msg, "%s", m.msg);
+    }
+    for (int q = 0; q < e->nprocs; q++)
+        if (q != e->proc && !(skip && skip[q]))
+            e_send_ctrl(e, q, &m);
+}
+
+static void e_notify(mworld *e, int wrank, const char *msg)
+{
+    if (atomic_load(&e->notified))
+        return;
+    pthread_mutex_lock(&e->mu);
+    e_notify_locked(e, wrank, msg, NULL);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* A failure of this process that nobody sent within 50 ms (a rank that
+ * failed and keeps running) is sent with a generic message. */
+static void e_check_unsent(mworld *e)
+{
+    if (atomic_load(&e->notified) || !par__world_failed(e->w))
+        return;
+    double now = par__now();
+    if (e->fail_seen == 0) {
+        e->fail_seen = now;
+    } else if (now - e->fail_seen > 0.05) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "a rank of MPI process %d failed (%s); see that process's log",
+                 e->proc, par_status_str(par__world_failed(e->w)));
+        e_notify_locked(e, e->proc * e->R, msg, NULL);
+    }
+}
+
+/* Progress if nobody else is making it (hooks of local waits and polls). */
+static void e_poll_try(void *ctx)
+{
+    mworld *e = ctx;
+    if (pthread_mutex_trylock(&e->mu) == 0) {
+        e_progress(e, 0);
+        e_check_unsent(e);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* ---- group handles ------------------------------------------------------ */
+
+/* What a rank tells each remote member of an exchange. */
+typedef struct {
+    par__callmeta m;
+    uint64_t sbytes;  /* the sender sends this many bytes to the receiver     */
+    uint64_t rbytes;  /* the sender expects this many bytes from the receiver */
+} hdr;
+
+typedef struct {
+    mworld *e;
+    tgroup *g;            /* slots of the local members; NULL when alone here */
+    uint64_t gen;
+    int slot;             /* my slot in g                                     */
+    int p, nremote, me;
+    int *proc, *thr, *lslot;          /* [p] process, thread, local slot (-1) */
+    hdr *hin, *hout;                  /* [p]                                   */
+    MPI_Request *rq;                  /* [4p] meta recv, meta send, data recv, data send */
+    par__callmeta *metas;             /* [p]                                   */
+    int *missing;                     /* [p]                                   */
+    unsigned char *bad;               /* [p] pairs that failed their check     */
+} mcomm;
+
+static void mcomm_free(mcomm *mc)
+{
+    if (!mc)
+        return;
+    tsync_group_unref(mc->g);
+    par_free(mc->proc);
+    par_free(mc->thr);
+    par_free(mc->lslot);
+    par_free(mc->hin);
+    par_free(mc->hout);
+    par_free(mc->rq);
+    par_free(mc->metas);
+    par_free(mc->missing);
+    par_free(mc->bad);
+    par_free(mc);
+}
+
+/* A rank's handle on a group of p members (world ranks wr, me = its rank);
+ * takes over one reference to g. */
+static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int slot)
+{
+    mcomm *mc = par_calloc(1, sizeof *mc, PAR_TAG_COMM);
+    if (!mc) {
+        tsync_group_unref(g);
+        return NULL;
+    }
+    mc->e = e;
+    mc->g = g;
+    mc->slot = slot;
+    mc->p = p;
+    mc->me = me;
+    size_t n = (size_t)p;
+    mc->proc = par_malloc(n * sizeof *mc->proc, PAR_TAG_COMM);
+    mc->thr = par_malloc(n * sizeof *mc->thr, PAR_TAG_COMM);
+    mc->lslot = par_malloc(n * sizeof *mc->lslot, PAR_TAG_COMM);
+    mc->hin = par_malloc(n * sizeof *mc->hin, PAR_TAG_COMM);
+    mc->hout = par_malloc(n * sizeof *mc->hout, PAR_TAG_COMM);
+    mc->rq = par_malloc(4 * n * sizeof *mc->rq, PAR_TAG_COMM);
+    mc->metas = par_malloc(n * sizeof *mc->metas, PAR_TAG_COMM);
+    mc->missing = par_malloc(n * sizeof *mc->missing, PAR_TAG_COMM);
+    mc->bad = par_malloc(n, PAR_TAG_COMM);
+    if (!mc->proc || !mc->thr || !mc->lslot || !mc->hin || !mc->hout || !mc->rq || !mc->metas ||
+        !mc->missing || !mc->bad) {
+        mcomm_free(mc);
+        return NULL;
+    }
+    int nl = 0;
+    for (int j = 0; j < p; j++) {
+        mc->proc[j] = wr[j] / e->R;
+        mc->thr[j] = wr[j] % e->R;
+        mc->lslot[j] = mc->proc[j] == e->proc ? nl++ : -1;
+        mc->nremote += mc->proc[j] != e->proc;
+    }
+    for (size_t j = 0; j < 4 * n; j++)
+        mc->rq[j] = MPI_REQUEST_NULL;
+    return mc;
+}
+
+static int chan_tag(const mworld *e, int from_thr, int to_thr, int data)
+{
+    return TAG_CHAN0 + 2 * (from_thr * e->R + to_thr) + data;
+}
+
+/* ---- the exchange ------------------------------------------------------- */
+
+static size_t xb(const size_t *v, int j) { return v ? v[j] : 0; }
+
+/* Gives up the metadata requests of a failed exchange: receives are
+ * cancelled, sends still pending go to the engine with their buffer. */
+static void withdraw_metas(mcomm *mc)
+{
+    mworld *e = mc->e;
+    int p = mc->p, orphans = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int j = 0; j < p; j++) {
+        if (mc->rq[j] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&mc->rq[j]);
+            MPI_Wait(&mc->rq[j], MPI_STATUS_IGNORE);
+        }
+        if (mc->rq[p + j] != MPI_REQUEST_NULL) {
+            int flag = 0;
+            MPI_Test(&mc->rq[p + j], &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                e_orphan(e, &mc->rq[p + j]);
+                orphans++;
+            }
+        }
+    }
+    if (orphans) { /* the buffer stays with the engine; a new one for later calls */
+        e_bury(e, mc->hout);
+        mc->hout = par_malloc((size_t)p * sizeof *mc->hout, PAR_TAG_COMM);
+        if (!mc->hout)
+            g_broken = 1;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Tests the requests rq[lo..hi) (and makes engine progress); returns how
+ * many are pending. */
+static int test_range(mcomm *mc, int lo, int hi)
+{
+    mworld *e = mc->e;
+    int left = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = lo; i < hi; i++) {
+        if (mc->rq[i] == MPI_REQUEST_NULL)
+            continue;
+        int flag = 0;
+        MPI_Test(&mc->rq[i], &flag, MPI_STATUS_IGNORE);
+        left += !flag;
+    }
+    e_progress(e, 0);
+    e_check_unsent(e);
+    pthread_mutex_unlock(&e->mu);
+    return left;
+}
+
+/* Waits for the remote metadata (abort-aware, with the world's deadline). */
+static par_status wait_metas(par_comm *c, mcomm *mc, const par__callmeta *m)
+{
+    int p = mc->p;
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 0);
+    par_status st;
+    for (;;) {
+        if (!test_range(mc, 0, p))
+            return PAR_OK;
+        st = par__wait_poll(&wt, c->world);
+        if (st != PAR_OK)
+            break;
+    }
+    int nm = 0;
+    for (int j = 0; j < p; j++)
+        if (mc->rq[j] != MPI_REQUEST_NULL)
+            mc->missing[nm++] = j;
+    char what[400];
+    par__meta_describe(m, par_comm_name(c), what, sizeof what);
+    size_t k = strlen(what);
+    k += (size_t)snprintf(what + k, sizeof what - k,
+                          ", metadata of %d of %d remote ranks arrived", mc->nremote - nm,
+                          mc->nremote);
+    pthread_mutex_lock(&mc->e->mu);
+    for (int i = 0; i < nm && k < sizeof what; i++) {
+        int q = mc->proc[mc->missing[i]];
+        if (mc->e->proc_done[q]) { /* comm knows only this process's ranks */
+            snprintf(what + k, sizeof what - k,
+                     " (MPI process %d, hosting rank %d, already returned from all its ranks)",
+                     q, mc->missing[i]);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mc->e->mu);
+    return par__wait_failed(c, st, what, mc->missing, nm);
+}
+
+/* Waits for the sends (meta and data) and data receives of a committed
+ * exchange.  Receives are cancelled when the world failed or the deadline
+ * passed; sends are waited for (their receivers take or drain them). */
+static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
+{
+    int p = mc->p;
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 1);
+    double deadline = wt.deadline, send_deadline = deadline;
+    int cancelled = 0;
+    par_status st = PAR_OK;
+    for (;;) {
+        int rl = test_range(mc, 2 * p, 3 * p);
+        int sl = test_range(mc, p, 2 * p) + test_range(mc, 3 * p, 4 * p);
+        if (!rl && !sl)
+            return st;
+        double now = par__now();
+        par_status f = par__world_failed(c->world);
+        if (rl && !cancelled && (f || now > deadline)) {
+            int nm = 0;
+            for (int j = 0; j < p; j++)
+                if (mc->rq[2 * p + j] != MPI_REQUEST_NULL)
+                    mc->missing[nm++] = j;
+            char what[240];
+            size_t k = (size_t)snprintf(what, sizeof what, "data of ");
+            par__meta_describe(m, par_comm_name(c), what + k, sizeof what - k);
+            st = par__wait_failed(c, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, what, mc->missing,
+                                  nm);
+            pthread_mutex_lock(&mc->e->mu);
+            for (int j = 0; j < p; j++) {
+                MPI_Request *q = &mc->rq[2 * p + j];
+                if (*q != MPI_REQUEST_NULL) {
+                    MPI_Cancel(q);
+                    MPI_Wait(q, MPI_STATUS_IGNORE);
+                }
+            }
+            pthread_mutex_unlock(&mc->e->mu);
+            cancelled = 1;
+            send_deadline = now + par__world_timeout(c->world);
+            continue;
+        }
+        if (sl && now > send_deadline) {
+            char what[200], msg[400];
+            par__meta_describe(m, par_comm_name(c), what, sizeof what);
+            snprintf(msg, sizeof msg,
+                     "rank %d: the sends of %s did not complete within %g s after the "
+                     "deadline (a peer process is stuck)",
+                     c->wrank, what, par__world_timeout(c->world));
+            last_resort(msg);
+        }
+        backoff(&wt);
+    }
+}
+
+static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
+{
+    mcomm *mc = c->bgroup;
+    mworld *e = mc->e;
+    int me = c->rank, p = c->size, mythr = c->wrank % e->R;
+    par_status before = par__world_failed(c->world), st = PAR_OK;
+    uint64_t target = mc->gen + 1;
+    if (mc->g) {
+        tslot *s = &mc->g->slots[mc->slot];
+        s->meta[target & 1] = *m;
+        s->x = x;
+    }
+    if (mc->nremote) {
+        if (!mc->hout)
+            return par_err(PAR_ENOMEM, "mpi: no memory for the metadata of group %s", c->name);
+        pthread_mutex_lock(&e->mu);
+        for (int j = 0; j < p; j++) {
+            if (mc->proc[j] == e->proc)
+                continue;
+            mc->hout[j] = (hdr){*m, xb(x->sbytes, j), xb(x->rbytes, j)};
+            MPI_Irecv(&mc->hin[j], (int)sizeof(hdr), MPI_BYTE, mc->proc[j],
+                      chan_tag(e, mc->thr[j], mythr, 0), e->comm, &mc->rq[j]);
+            MPI_Isend(&mc->hout[j], (int)sizeof(hdr), MPI_BYTE, mc->proc[j],
+                      chan_tag(e, mythr, mc->thr[j], 0), e->comm, &mc->rq[p + j]);
+        }
+        pthread_mutex_unlock(&e->mu);
+        st = wait_metas(c, mc, m);
+        if (st != PAR_OK) {
+            withdraw_metas(mc);
+            goto fail_notify;
+        }
+    }
+    if (mc->g) {
+        st = tsync_arrive(c, mc->g, mc->slot, &mc->gen, 0, m, e_poll_try, e);
+        if (st != PAR_OK) {
+            withdraw_metas(mc);
+            goto fail_notify;
+        }
+    }
+
+    /* Every member now holds every member's metadata. */
+    for (int j = 0; j < p; j++) {
+        if (j == me)
+            mc->metas[j] = *m;
+        else if (mc->lslot[j] >= 0)
+            mc->metas[j] = mc->g->slots[mc->lslot[j]].meta[target & 1];
+        else
+            mc->metas[j] = mc->hin[j].m;
+    }
+    st = par__check_metas(c, mc->metas, sizeof *mc->metas);
+    if (st != PAR_OK) {
+        /* Every member saw the same metas: nobody copies, and every process
+         * of the group reports the mismatch itself (a notice could preempt
+         * its ranks' reports); the other processes are told. */
+        withdraw_metas(mc); /* sends only: the receives completed */
+        pthread_mutex_lock(&e->mu);
+        memset(e->skip, 0, (size_t)e->nprocs);
+        for (int j = 0; j < p; j++)
+            e->skip[mc->proc[j]] = 1;
+        e_notify_locked(e, c->wrank, par_last_error(), e->skip);
+        pthread_mutex_unlock(&e->mu);
+        return st;
+    }
+    int has_data = x->rbytes || x->sbytes;
+    if (!has_data) {
+        if (mc->nremote)
+            st = wait_data(c, mc, m); /* the metadata sends */
+        return st;
+    }
+
+    /* Pairs, from both sides with the same numbers: both agree. */
+    int bad_peer = -1;
+    for (int j = 0; j < p; j++) {
+        size_t to_me, from_me_expected;
+        if (mc->lslot[j] >= 0) {
+            const par__xfer *xj = j == me ? x : mc->g->slots[mc->lslot[j]].x;
+            to_me = xb(xj->sbytes, me);
+            from_me_expected = xb(xj->rbytes, me);
+        } else {
+            to_me = (size_t)mc->hin[j].sbytes;
+            from_me_expected = (size_t)mc->hin[j].rbytes;
+        }
+        size_t want = xb(x->rbytes, j), give = xb(x->sbytes, j);
+        mc->bad[j] = to_me != want || give != from_me_expected;
+        if (mc->bad[j] && st == PAR_OK) {
+            bad_peer = j;
+            st = to_me != want ? par__pair_mismatch(c, m, j, me, to_me, want)
+                               : par__pair_mismatch(c, m, me, j, give, from_me_expected);
+        }
+    }
+
+    if (mc->nremote) {
+        pthread_mutex_lock(&e->mu);
+        for (int j = 0; j < p; j++) {
+            if (mc->proc[j] == e->proc || mc->bad[j])
+                continue;
+            size_t rb = xb(x->rbytes, j), sb = xb(x->sbytes, j);
+            if (rb)
+                MPI_Irecv_c(x->rbase + xb(x->roff, j), (MPI_Count)rb, MPI_BYTE, mc->proc[j],
+                            chan_tag(e, mc->thr[j], mythr, 1), e->comm, &mc->rq[2 * p + j]);
+            if (sb)
+                MPI_Isend_c(x->sbase + xb(x->soff, j), (MPI_Count)sb, MPI_BYTE, mc->proc[j],
+                            chan_tag(e, mythr, mc->thr[j], 1), e->comm, &mc->rq[3 * p + j]);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    for (int k = 0; k < p; k++) {
+        int j = (me + k) % p; /* spread the readers over the senders */
+        size_t rb = xb(x->rbytes, j);
+        if (mc->lslot[j] < 0 || mc->bad[j] || !rb)
+            continue;
+        const par__xfer *xj = j == me ? x : mc->g->slots[mc->lslot[j]].x;
+        const char *src = xj->sbase + xb(xj->soff, me);
+        char *dst = x->rbase + xb(x->roff, j);
+        if (src != dst)
+            memcpy(dst, src, rb);
+    }
+    if (mc->nremote) {
+        par_status st2 = wait_data(c, mc, m);
+        if (st == PAR_OK)
+            st = st2;
+    }
+    if (mc->g) { /* nobody leaves before all copies are done, even if the world failed */
+        par_status st2 = tsync_arrive(c, mc->g, mc->slot, &mc->gen, 1, m, e_poll_try, e);
+        if (st == PAR_OK)
+            st = st2;
+    }
+    if (st == PAR_OK)
+        return st;
+    if (bad_peer >= 0 && !before) { /* the other side reports it too */
+        pthread_mutex_lock(&e->mu);
+        memset(e->skip, 0, (size_t)e->nprocs);
+        e->skip[mc->proc[bad_peer]] = 1;
+        e_notify_locked(e, c->wrank, par_last_error(), e->skip);
+        pthread_mutex_unlock(&e->mu);
+        return st;
+    }
+
+fail_notify:
+    if (!before && st != PAR_ECOMM)
+        e_notify(e, c->wrank, par_last_error());
+    return st;
+}
+
+/* ---- groups ------------------------------------------------------------- */
+
+static par_status m_split(par_comm *parent, const par__splitplan *plan, void **bgroup)
+{
+    mcomm *pm = parent->bgroup;
+    mworld *e = pm->e;
+    int member = plan->color >= 0;
+    int *wr = NULL, nl = 0, lead = -1, myslot = 0;
+    if (member) {
+        wr = par_malloc((size_t)plan->size * sizeof *wr, PAR_TAG_COMM);
+        if (!wr)
+            return par_err(PAR_ENOMEM, "mpi: no memory to split %s", par_comm_name(parent));
+        for (int i = 0; i < plan->size; i++) {
+            int pr = plan->parent_ranks[i];
+            wr[i] = parent->world_ranks[pr];
+            if (wr[i] / e->R != e->proc)
+                continue;
+            if (lead < 0 || pr < lead)
+                lead = pr;
+            if (i == plan->rank)
+                myslot = nl;
+            nl++;
+        }
+    }
+    tgroup *ng = NULL;
+    if (member && nl > 1 && lead == parent->rank) {
+        ng = tsync_group_new(nl, nl, 1); /* NULL: the local members see it and fail */
+        for (int i = 0, k = 0; ng && i < plan->size; i++)
+            if (wr[i] / e->R == e->proc)
+                ng->slot_rank[k++] = i;
+    }
+    tgroup *shared = ng;
+    if (pm->g) { /* other ranks of this process are in the parent: meet them */
+        pm->g->slots[pm->slot].split = ng;
+        par__callmeta m = {.group_id = parent->id, .seq = parent->seq, .op = PAR__OP_SPLIT,
+                           .dtype = PAR_C_I32, .count = 2, .redop = -1, .root = -1, .phase = 1,
+                           .rank = parent->rank};
+        par_status st = tsync_arrive(parent, pm->g, pm->slot, &pm->gen, 0, &m, e_poll_try, e);
+        if (st != PAR_OK) { /* the round did not complete: nobody read ng */
+            tsync_group_destroy(ng);
+            par_free(wr);
+            return st;
+        }
+        if (member && nl > 1)
+            shared = pm->g->slots[pm->lslot[lead]].split;
+    }
+    if (!member) {
+        *bgroup = NULL;
+        return PAR_OK;
+    }
+    if (nl > 1 && !shared) {
+        par_free(wr);
+        return par_err(PAR_ENOMEM, "mpi: no memory for group of %d ranks split from %s",
+                       plan->size, par_comm_name(parent));
+    }
+    mcomm *mc = mcomm_new(e, plan->size, wr, plan->rank, nl > 1 ? shared : NULL, myslot);
+    par_free(wr);
+    if (!mc)
+        return par_err(PAR_ENOMEM, "mpi: no memory for a handle on a group of %d ranks",
+                       plan->size);
+    *bgroup = mc;
+    return PAR_OK;
+}
+
+static void m_group_free(par_comm *c, void *bgroup)
+{
+    (void)c;
+    mcomm_free(bgroup);
+}
+
+static par_status m_group_world(par__world *w, void *bworld, int rank, void **bgroup)
+{
+    mworld *e = bworld;
+    int n = par__world_size(w);
+    int *wr = par_malloc((size_t)n * sizeof *wr, PAR_TAG_COMM);
+    if (!wr)
+        return par_err(PAR_ENOMEM, "mpi: no memory for rank %d's world handle", rank);
+    for (int i = 0; i < n; i++)
+        wr[i] = i;
+    if (e->wgroup)
+        atomic_fetch_add(&e->wgroup->refs, 1);
+    mcomm *mc = mcomm_new(e, n, wr, rank, e->wgroup, rank % e->R);
+    par_free(wr);
+    if (!mc)
+        return par_err(PAR_ENOMEM, "mpi: no memory for rank %d's world handle", rank);
+    *bgroup = mc;
+    return PAR_OK;
+}
+
+/* ---- point to point ----------------------------------------------------- */
+
+static mworld *req_engine(const par_request *r) { return ((mcomm *)r->comm->bgroup)->e; }
+
+static int is_local(const mworld *e, const par_request *r)
+{
+    return r->peer_wrank / e->R == e->proc;
+}
+
+static void m_p2p_post(par_request *r)
+{
+    mworld *e = req_engine(r);
+    if (is_local(e, r)) {
+        par__p2p_post(r);
+        return;
+    }
+    mop *op = par_calloc(1, sizeof *op, PAR_TAG_COMM);
+    if (!op) {
+        req_complete(r, PAR_ENOMEM, "mpi: no memory for a point-to-point request");
+        return;
+    }
+    op->r = r;
+    op->proc = r->peer_wrank / e->R;
+    pthread_mutex_lock(&e->mu);
+    r->bdata = op;
+    if (r->kind == PAR__REQ_SEND) {
+        op->is_send = 1;
+        op->id = ++e->next_id;
+        op->state = OP_WAIT_CTS;
+        op->next = e->ops;
+        e->ops = op;
+        ctrlmsg rts = {.kind = CT_RTS, .src_wrank = r->wrank, .dst_wrank = r->peer_wrank,
+                       .tag = r->tag, .dtype = (int32_t)r->dtype, .count = r->count,
+                       .gid = r->gid, .id = op->id};
+        e_send_ctrl(e, op->proc, &rts);
+    } else {
+        unexp **pp = &e->unexp;
+        while (*pp && !((*pp)->rts.dst_wrank == r->wrank &&
+                        (*pp)->rts.src_wrank == r->peer_wrank && (*pp)->rts.gid == r->gid &&
+                        (*pp)->rts.tag == r->tag))
+            pp = &(*pp)->next;
+        if (*pp) {
+            unexp *u = *pp;
+            *pp = u->next;
+            e_match(e, op, &u->rts, u->proc);
+            par_free(u);
+        } else {
+            op->state = OP_POSTED;
+            op->next = NULL;
+            mop **tail = &e->posted;
+            while (*tail)
+                tail = &(*tail)->next;
+            *tail = op;
+        }
+    }
+    e_progress(e, 0);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int m_p2p_poll(par_request *r)
+{
+    mworld *e = req_engine(r);
+    e_poll_try(e);
+    return atomic_load_explicit(&r->done, memory_order_acquire);
+}
+
+static int m_p2p_cancel(par_request *r)
+{
+    mworld *e = req_engine(r);
+    if (is_local(e, r))
+        return par__p2p_cancel(r);
+    int removed = 0;
+    pthread_mutex_lock(&e->mu);
+    mop *op = r->bdata;
+    if (!atomic_load(&r->done) && op) {
+        if (op->is_send && op->state == OP_WAIT_CTS) {
+            op->r = NULL; /* the engine finishes it when the CTS comes */
+            ctrlmsg cm = {.kind = CT_CANCEL, .id = op->id, .src_wrank = r->wrank,
+                          .dst_wrank = r->peer_wrank};
+            e_send_ctrl(e, op->proc, &cm);
+            r->bdata = NULL;
+            removed = 1;
+        } else if (!op->is_send && op->state == OP_POSTED) {
+            for (mop **pp = &e->posted; *pp; pp = &(*pp)->next) {
+                if (*pp == op) {
+                    *pp = op->next;
+                    break;
+                }
+            }
+            par_free(op);
+            r->bdata = NULL;
+            removed = 1;
+        }
+        /* matched transfers are committed: they complete */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return removed;
+}
+
+/* ---- worlds ------------------------------------------------------------- */
+
+/* Polls *req to completion before the world's deadline. */
+static par_status wait_start_req(MPI_Request *req, double deadline, const char *what)
+{
+    unsigned iter = 0;
+    for (;;) {
+        int flag = 0;
+        MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (flag)
+            return PAR_OK;
+        if (par__now() > deadline) {
+            g_broken = 1;
+            return par_err(PAR_ETIMEOUT,
+                           "mpi: timed out %s: does every process of mpiexec call "
+                           "par_world_run with this world?",
+                           what);
+        }
+        if (++iter > 100) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+static void mworld_free(mworld *e)
+{
+    if (!e)
+        return;
+    while (e->out) { /* only after a clean end: all complete */
+        outmsg *o = e->out;
+        e->out = o->next;
+        par_free(o);
+    }
+    while (e->graves) {
+        grave *g = e->graves;
+        e->graves = g->next;
+        par_free(g->block);
+        par_free(g);
+    }
+    while (e->unexp) {
+        unexp *u = e->unexp;
+        e->unexp = u->next;
+        par_free(u);
+    }
+    while (e->ops) {
+        mop *op = e->ops;
+        e->ops = op->next;
+        par_free(op);
+    }
+    while (e->posted) {
+        mop *op = e->posted;
+        e->posted = op->next;
+        par_free(op);
+    }
+    par_free(e->trash);
+    par_free(e->proc_done);
+    par_free(e->skip);
+    tsync_group_unref(e->wgroup);
+    if (e->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&e->comm);
+    pthread_mutex_destroy(&e->mu);
+    par_free(e);
+}
+
+static par_status m_world_init(par__world *w, void **bworld)
+{
+    int n = par__world_size(w), nprocs = 1, proc = 0;
+    par_status st = par_mpi_procs(&nprocs, &proc);
+    if (st != PAR_OK)
+        return st;
+    double timeout = par__world_timeout(w);
+    mworld *e = par_calloc(1, sizeof *e, PAR_TAG_COMM);
+    if (!e)
+        return par_err(PAR_ENOMEM, "mpi: no memory for a world");
+    e->w = w;
+    e->n = n;
+    e->nprocs = nprocs;
+    e->proc = proc;
+    e->comm = MPI_COMM_NULL;
+    pthread_mutex_init(&e->mu, NULL);
+    e->proc_done = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
+    e->skip = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
+    if (!e->proc_done || !e->skip) {
+        st = par_err(PAR_ENOMEM, "mpi: no memory for %d processes", nprocs);
+        goto fail_free_world;
+    }
+
+    MPI_Request req;
+    MPI_Comm_idup(MPI_COMM_WORLD, &e->comm, &req);
+    st = wait_start_req(&req, par__now() + timeout, "starting a world (MPI_Comm_idup)");
+    if (st != PAR_OK) {
+        e->comm = MPI_COMM_NULL; /* pending: not ours to free */
+        goto fail_free_world;
+    }
+    /* Every process must ask the same world size: the same verdict everywhere. */
+    int64_t *sizes = par_malloc((size_t)nprocs * sizeof *sizes, PAR_TAG_COMM);
+    if (!sizes) {
+        st = par_err(PAR_ENOMEM, "mpi: no memory for %d processes", nprocs);
+        goto fail_free_world;
+    }
+    int64_t mine = n;
+    MPI_Iallgather(&mine, 1, MPI_INT64_T, sizes, 1, MPI_INT64_T, e->comm, &req);
+    st = wait_start_req(&req, par__now() + timeout, "comparing world sizes (MPI_Iallgather)");
+    for (int q = 0; q < nprocs && st == PAR_OK; q++) {
+        if (sizes[q] != n) {
+            st = par_err(PAR_EMISMATCH,
+                         "mpi: the processes ask different world sizes: process %d asks %lld "
+                         "ranks, process %d asks %lld",
+                         proc, (long long)n, q, (long long)sizes[q]);
+        }
+    }
+    par_free(sizes);
+    if (st != PAR_OK)
+        goto fail_free_world;
+    if (n % nprocs != 0) {
+        st = par_err(PAR_EINVAL,
+                     "mpi: a world of %d ranks does not fit the %d MPI processes mpiexec "
+                     "started: the world size must be a multiple of the process count (each "
+                     "process hosts world size / processes ranks), e.g. %d or %d",
+                     n, nprocs, n / nprocs * nprocs > 0 ? n / nprocs * nprocs : nprocs,
+                     (n / nprocs + 1) * nprocs);
+        goto fail_free_world;
+    }
+    e->R = n / nprocs;
+    if (e->R > 1 && g_provided < MPI_THREAD_SERIALIZED) {
+        st = par_err(PAR_EUNSUPPORTED,
+                     "mpi: %d ranks per process need MPI_THREAD_SERIALIZED, but MPI was "
+                     "initialized with thread level %d",
+                     e->R, g_provided);
+        goto fail_free_world;
+    }
+    int *tag_ub = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
+    e->p2p_tag0 = TAG_CHAN0 + 2 * e->R * e->R;
+    if (e->R >= (int)TSYNC_CNT_MASK || (flag && (int64_t)e->p2p_tag0 + P2P_TAGS > *tag_ub)) {
+        st = par_err(PAR_EUNSUPPORTED,
+                     "mpi: %d ranks per process need %lld message tags, MPI offers %d", e->R,
+                     (long long)e->p2p_tag0 + P2P_TAGS, flag ? *tag_ub : 0);
+        goto fail_free_world;
+    }
+    if (e->R > 1) {
+        e->wgroup = tsync_group_new(e->R, 1, 1);
+        if (!e->wgroup) {
+            st = par_err(PAR_ENOMEM, "mpi: no memory for %d ranks per process", e->R);
+            goto fail_free_world;
+        }
+        for (int i = 0; i < e->R; i++)
+            e->wgroup->slot_rank[i] = proc * e->R + i;
+    }
+    *bworld = e;
+    return PAR_OK;
+
+fail_free_world:
+    mworld_free(e);
+    return st;
+}
+
+static void m_world_finalize(par__world *w, void *bworld)
+{
+    (void)w;
+    mworld_free(bworld);
+}
+
+/* After this process's ranks returned: DONE to every process, then serve
+ * the engine and drain until every process said DONE.  No deadline: the
+ * other processes' ranks are either in comm calls, which have the timeout,
+ * or computing, which par_world_run waits for on every backend; a process
+ * that dies makes mpiexec end the job.  A warning names the laggards. */
+static void e_finish(mworld *e)
+{
+    double start = par__now(), warn_at = start + (par__world_timeout(e->w) > 10
+                                                       ? par__world_timeout(e->w)
+                                                       : 10);
+    int sent = 0;
+    unsigned iter = 0;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        e_progress(e, 1);
+        if (!sent && !e->out) {
+            par_status f = par__world_failed(e->w);
+            ctrlmsg m = {.kind = CT_DONE, .status = f, .src_wrank = e->proc * e->R};
+            if (f) {
+                if (e->fail_msg[0]) {
+                    m.src_wrank = e->fail_wrank;
+                    snprintf(m.msg, sizeof m.msg, "%s", e->fail_msg);
+                } else {
+                    snprintf(m.msg, sizeof m.msg, "a rank of MPI process %d failed (%s); see "
+                             "that process's log", e->proc, par_status_str(f));
+                }
+            }
+            atomic_store(&e->notified, 1);
+            for (int q = 0; q < e->nprocs; q++)
+                if (q != e->proc)
+                    e_send_ctrl(e, q, &m);
+            sent = 1;
+        }
+        if (sent && e->ndone == e->nprocs - 1 && !e->out) {
+            if (e->done_st && !par__world_failed(e->w))
+                par__world_fail(e->w, e->done_wrank, e->done_st, e->done_msg);
+            break;
+        }
+        double now = par__now();
+        if (now > warn_at) {
+            char who[160];
+            size_t k = 0;
+            who[0] = '\0';
+            for (int q = 0; q < e->nprocs && k < sizeof who - 16; q++)
+                if (q != e->proc && !e->proc_done[q])
+                    k += (size_t)snprintf(who + k, sizeof who - k, "%s%d", k ? "," : "", q);
+            PAR_LOG_W("mpi: process %d: its ranks returned %.0f s ago; still waiting for MPI "
+                      "process(es) %s to finish the world", e->proc, now - start, who);
+            warn_at = now + 2 * (warn_at - start);
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (++iter > 200) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        } else {
+            sched_yield();
+        }
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void run_rank(mworld *e, par__rank_main main_fn, int r)
+{
+    main_fn(e->w, r);
+    if (!par__world_failed(e->w) || !par_last_error()[0] || atomic_load(&e->notified))
+        return;
+    /* This rank failed; its message is the thread's last error.  A rank that
+     * returned PAR_ECOMM only saw another rank's failure: that rank (or
+     * e_check_unsent) tells the other processes, with the first message. */
+    char d[200];
+    par__rank_describe(e->w, r, d, sizeof d);
+    if (!strstr(d, par_status_str(PAR_ECOMM)))
+        e_notify(e, r, par_last_error());
+}
+
+static par_status m_launch(par__world *w, void *bworld, par__rank_main main_fn)
+{
+    mworld *e = bworld;
+    int R = e->R, base = e->proc * R;
+    par_status st = PAR_OK;
+    if (R == 1) {
+        run_rank(e, main_fn, base);
+    } else if (omp_get_thread_limit() < R) {
+        st = par_err(PAR_EUNSUPPORTED,
+                     "mpi: %d ranks per process exceed OpenMP's thread limit %d "
+                     "(OMP_THREAD_LIMIT)", R, omp_get_thread_limit());
+    } else {
+        int dyn = omp_get_dynamic(), got = 0;
+        omp_set_dynamic(0);
+#pragma omp parallel num_threads(R) shared(got)
+        {
+#pragma omp single
+            got = omp_get_num_threads();
+            if (got == R)
+                run_rank(e, main_fn, base + omp_get_thread_num());
+        }
+        omp_set_dynamic(dyn);
+        if (got != R)
+            st = par_err(PAR_EUNSUPPORTED,
+                         "mpi: OpenMP gave %d threads for %d ranks per process (nested "
+                         "parallel region?)", got, R);
+    }
+    if (st != PAR_OK) {
+        par__world_fail(w, base, st, par_last_error());
+        e_notify(e, base, par_last_error());
+    }
+    e_finish(e);
+    return st;
+}
+
+const par_backend par_backend_mpi = {
+    .name = "mpi",
+    .summary = "ranks in the MPI processes of mpiexec, R = world size / processes per process "
+               "(threads within a process share memory)",
+    .max_ranks = 0,
+    .world_init = m_world_init,
+    .world_finalize = m_world_finalize,
+    .launch = m_launch,
+    .group_world = m_group_world,
+    .group_split = m_split,
+    .group_free = m_group_free,
+    .exchange = m_exchange,
+    .p2p_post = m_p2p_post,
+    .p2p_poll = m_p2p_poll,
+    .p2p_cancel = m_p2p_cancel,
+};
