@@ -150,6 +150,7 @@ typedef struct {
     uint64_t count;               /* RTS: sender's count; CTS: receiver's              */
     uint64_t gid;
     uint64_t id;                  /* the send's id at its process                      */
+    double vclock;                /* RTS: the sender's virtual clock at post (vpost)   */
     char msg[640];                /* ABORT, DONE: the failure                          */
 } ctrlmsg;
 #define CTRL_HDR offsetof(ctrlmsg, msg)
@@ -310,6 +311,7 @@ static void mismatch_msg(char *buf, size_t n, const par_request *r, int32_t othe
 static void e_match(mworld *e, mop *op, const ctrlmsg *rts, int proc)
 {
     par_request *r = op->r;
+    r->vpeer = rts->vclock; /* the emulated clock's receive needs the send's post time */
     ctrlmsg cts = {.kind = CT_CTS, .id = rts->id, .dtype = (int32_t)r->dtype,
                    .count = r->count, .data_tag = -1, .src_wrank = rts->src_wrank,
                    .dst_wrank = rts->dst_wrank};
@@ -1073,7 +1075,7 @@ static void m_p2p_post(par_request *r)
         e->ops = op;
         ctrlmsg rts = {.kind = CT_RTS, .src_wrank = r->wrank, .dst_wrank = r->peer_wrank,
                        .tag = r->tag, .dtype = (int32_t)r->dtype, .count = r->count,
-                       .gid = r->gid, .id = op->id};
+                       .gid = r->gid, .id = op->id, .vclock = r->vpost};
         e_send_ctrl(e, op->proc, &rts);
     } else {
         unexp **pp = &e->unexp;
