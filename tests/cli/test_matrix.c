@@ -1,0 +1,375 @@
+/* tests/cli/test_matrix.c - `parity matrix` through the binary: a small
+ * --quick matrix passes and writes its report; a corrupted copy of the
+ * checked-in golden set makes the serial cell fail with exit 1 and a
+ * diagnosis line naming the tensor; a golden set with a bad hash is an
+ * ERROR cell (exit 1); usage errors exit 2. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/manifest.h"
+#include "core/safetensors.h"
+
+static const char *src_root(void)
+{
+    const char *r = getenv("PARITY_SOURCE_ROOT");
+    return r ? r : ".";
+}
+
+/* BUILD/tests/cli/test_cli_matrix -> BUILD/parity */
+static void parity_bin(char *buf, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(k > 0, "readlink /proc/self/exe");
+    self[k] = 0;
+    for (int i = 0; i < 3; i++) {
+        char *s = strrchr(self, '/');
+        cr_assert(s);
+        *s = 0;
+    }
+    int len = snprintf(buf, n, "%s/parity", self);
+    cr_assert(len > 0 && (size_t)len < n, "path too long");
+    cr_assert(access(buf, X_OK) == 0, "no parity binary at %s", buf);
+}
+
+static void tmp_dir(char *buf, size_t n)
+{
+    char tmpl[] = "/tmp/parity-matrix-test-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    cr_assert(d, "mkdtemp failed");
+    snprintf(buf, n, "%s", d);
+}
+
+/* Runs `parity matrix ARGS...` (NULL-terminated) with stdout and stderr
+ * into log; returns the exit status. */
+static int run_matrix(const char *log, const char *const *args)
+{
+    char bin[PATH_MAX];
+    parity_bin(bin, sizeof bin);
+    const char *argv[48];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "matrix";
+    for (int i = 0; args[i] && n < 46; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert(waitpid(pid, &st, 0) == pid);
+    cr_assert(WIFEXITED(st), "parity matrix did not exit normally");
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *path)
+{
+    void *data = NULL;
+    size_t len = 0;
+    cr_assert_eq(par_file_read(path, PAR_TAG_IO, &data, &len), 0, "%s", par_last_error());
+    return data;
+}
+
+static void show_log(const char *log)
+{
+    char *t = slurp(log);
+    fprintf(stderr, "---- %s ----\n%s\n", log, t);
+    par_free(t);
+}
+
+/* A line of text that starts with `prefix` and contains `needle`. */
+static int has_line(const char *text, const char *prefix, const char *needle)
+{
+    const char *p = text;
+    while (p && *p) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len >= strlen(prefix) && !strncmp(p, prefix, strlen(prefix))) {
+            char line[4096];
+            size_t k = len < sizeof line - 1 ? len : sizeof line - 1;
+            memcpy(line, p, k);
+            line[k] = 0;
+            if (strstr(line, needle))
+                return 1;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Copies golden/v4-tiny into dst; when tensor is not NULL, adds `delta` to
+ * its element `index` in `file` and rewrites the manifest's hashes (a
+ * readable but wrong set); when break_hash, appends a byte to file without
+ * updating the manifest (an unreadable set). */
+static void copy_golden(const char *dst, const char *file, const char *tensor, int64_t index, double delta,
+                        int break_hash)
+{
+    char src[PATH_MAX];
+    snprintf(src, sizeof src, "%s/golden/v4-tiny", src_root());
+    cr_assert_eq(mkdir(dst, 0777), 0, "mkdir %s", dst);
+    par_manifest man;
+    cr_assert_eq(par_manifest_read(src, &man), 0, "%s", par_last_error());
+    for (int i = 0; i < man.nfiles; i++) {
+        char a[PATH_MAX], b[PATH_MAX];
+        int la = snprintf(a, sizeof a, "%s/%s", src, man.files[i].name);
+        int lb = snprintf(b, sizeof b, "%s/%s", dst, man.files[i].name);
+        cr_assert(la > 0 && lb > 0 && (size_t)la < sizeof a && (size_t)lb < sizeof b, "path too long");
+        if (tensor && !strcmp(man.files[i].name, file)) {
+            par_st_file *f = NULL;
+            cr_assert_eq(par_st_read(a, &f), 0, "%s", par_last_error());
+            par_st_writer *w = NULL;
+            cr_assert_eq(par_st_writer_new(&w), 0);
+            par_tensor copy = {0};
+            for (int t = 0; t < par_st_count(f); t++) {
+                const par_tensor *x = par_st_tensor(f, t);
+                if (!strcmp(par_st_name(f, t), tensor)) {
+                    cr_assert_eq(x->dtype, PAR_F64);
+                    cr_assert_eq(par_tensor_alloc(&copy, PAR_F64, x->ndim, x->shape, PAR_TAG_TENSOR), 0);
+                    memcpy(copy.data, x->data, par_tensor_nbytes(x));
+                    ((double *)copy.data)[index] += delta;
+                    cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), &copy), 0);
+                } else {
+                    cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), x), 0);
+                }
+            }
+            cr_assert(copy.data, "%s has no %s", file, tensor);
+            for (int k = 0; k < par_st_meta_count(f); k++)
+                cr_assert_eq(par_st_writer_meta(w, par_st_meta_key(f, k), par_st_meta_value(f, k)), 0);
+            cr_assert_eq(par_st_writer_write(w, b), 0, "%s", par_last_error());
+            par_st_writer_free(w);
+            par_tensor_free(&copy);
+            par_st_close(f);
+        } else {
+            void *data = NULL;
+            size_t len = 0;
+            cr_assert_eq(par_file_read(a, PAR_TAG_IO, &data, &len), 0, "%s", par_last_error());
+            cr_assert_eq(par_file_write_atomic(b, data, len), 0, "%s", par_last_error());
+            par_free(data);
+        }
+    }
+    cr_assert_eq(par_manifest_write(&man, dst), 0, "%s", par_last_error());
+    par_manifest_free(&man);
+    if (break_hash) {
+        char b[PATH_MAX];
+        snprintf(b, sizeof b, "%s/%s", dst, file);
+        FILE *f = fopen(b, "ab");
+        cr_assert(f);
+        fputc(0, f);
+        fclose(f);
+    }
+}
+
+/* --quick on two fixtures: the serial cells (one against the checked-in
+ * set), repeat-bitwise, f32-vs-f64 and data-file all pass; exit 0; the JSON
+ * and Markdown reports say so. */
+Test(matrix, quick_passes_and_reports, .timeout = 240)
+{
+    char dir[PATH_MAX], out[PATH_MAX + 16], json[PATH_MAX + 16], md[PATH_MAX + 16], log[PATH_MAX + 16],
+        golden[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    snprintf(md, sizeof md, "%s/r.md", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(golden, sizeof golden, "%s/golden", src_root());
+    const char *args[] = {"--quick", "--fixture", "tiny-boundary-mix", "--fixture", "tiny-odd-lengths", "--out", out,
+                          "--report", json, "--golden", golden, NULL};
+    int rc = run_matrix(log, args);
+    if (rc != 0)
+        show_log(log);
+    cr_assert_eq(rc, 0, "parity matrix --quick exited %d", rc);
+
+    cJSON *r = NULL;
+    cr_assert_eq(par_json_read_file(json, &r), 0, "%s", par_last_error());
+    cr_assert_str_eq(par_json_str(r, "format"), "parity-matrix");
+    cr_assert_str_eq(par_json_str(r, "preset"), "v4-tiny");
+    int64_t total = 0, passed = 0, failed = -1;
+    cr_assert(par_json_int(r, "cells_total", &total));
+    cr_assert(par_json_int(r, "passed", &passed));
+    cr_assert(par_json_int(r, "failed", &failed));
+    cr_expect_eq(total, 6, "2 serial cells + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, got %lld",
+                 (long long)total);
+    cr_expect_geq(passed, 5);
+    cr_expect_eq(failed, 0);
+    const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
+    cr_assert(cJSON_IsArray(cells));
+    int seen_golden = 0, seen[4] = {0, 0, 0, 0};
+    static const char *names[4] = {"serial-f64", "repeat-bitwise", "f32-vs-f64", "data-file"};
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cells)
+    {
+        const char *name = par_json_str(c, "cell"), *fx = par_json_str(c, "fixture");
+        cr_assert(name && fx);
+        const char *res = par_json_str(c, "result");
+        cr_assert(res);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "informational")))
+            cr_expect(!strcmp(res, "PASS") || !strcmp(res, "WARN"), "%s %s: %s", name, fx, res);
+        else
+            cr_expect_str_eq(res, "PASS", "%s %s", name, fx);
+        for (int k = 0; k < 4; k++)
+            seen[k] += !strcmp(name, names[k]);
+        if (!strcmp(name, "serial-f64") && !strcmp(fx, "tiny-boundary-mix")) {
+            /* compared with the checked-in set, bitwise or f64 by the BLAS core */
+            const char *ref = par_json_str(c, "reference");
+            cr_expect(ref && strstr(ref, "golden/v4-tiny"), "reference %s", ref ? ref : "(none)");
+            const char *pol = par_json_str(c, "policy");
+            cr_expect(pol && (!strcmp(pol, "bitwise") || !strcmp(pol, "f64")), "policy %s", pol ? pol : "?");
+            seen_golden = 1;
+        }
+        if (!strcmp(name, "repeat-bitwise") || !strcmp(name, "data-file"))
+            cr_expect_str_eq(par_json_str(c, "policy"), "bitwise");
+        if (!strcmp(name, "f32-vs-f64")) {
+            cr_expect_str_eq(par_json_str(c, "policy"), "f32");
+            /* the f32 run differs from f64: a worst tensor is named */
+            cr_expect(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(c, "worst")));
+        }
+    }
+    cr_expect(seen_golden, "no serial-f64 cell on tiny-boundary-mix");
+    cr_expect_eq(seen[0], 2);
+    for (int k = 1; k < 4; k++)
+        cr_expect_eq(seen[k], 1, "%s cells: %d", names[k], seen[k]);
+    cJSON_Delete(r);
+
+    /* the summary table and the results directory's own report */
+    char *text = slurp(log);
+    cr_expect(has_line(text, "6 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
+    par_free(text);
+    char own[PATH_MAX + 128];
+    snprintf(own, sizeof own, "%s/report.json", out);
+    cr_expect(par_path_exists(own), "%s missing", own);
+    /* passing cells leave no sets behind */
+    snprintf(own, sizeof own, "%s/cells/01-serial-f64-tiny-boundary-mix", out);
+    cr_expect(!par_path_exists(own), "%s kept although the cell passed", own);
+    snprintf(own, sizeof own, "%s/ref/f64-tiny-odd-lengths-s3-seed1234", out);
+    cr_expect(!par_path_exists(own), "%s kept although no cell failed", own);
+
+    /* Markdown by extension, from a rerun into the same --out (replaced) */
+    const char *args2[] = {"--quick", "--fixture", "tiny-odd-lengths", "--cell", "serial-f64", "--out", out,
+                           "--report", md, "--quiet", NULL};
+    rc = run_matrix(log, args2);
+    if (rc != 0)
+        show_log(log);
+    cr_assert_eq(rc, 0);
+    text = slurp(md);
+    cr_expect(strstr(text, "# parity matrix"), "%s", text);
+    cr_expect(strstr(text, "| serial-f64 | tiny-odd-lengths |"), "%s", text);
+    cr_expect(strstr(text, "1 cells: 1 passed, 0 failed"), "%s", text);
+    par_free(text);
+    par_remove_tree(dir);
+}
+
+/* A checked-in set with one wrong gradient element: the serial cell fails,
+ * exit 1, a FAIL line names the tensor and decodes the element, and the
+ * compare report is kept. */
+Test(matrix, corrupted_golden_fails_with_diagnosis, .timeout = 120)
+{
+    char dir[PATH_MAX], groot[PATH_MAX + 16], gdir[PATH_MAX + 32], out[PATH_MAX + 16], log[PATH_MAX + 16],
+        json[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(groot, sizeof groot, "%s/golden", dir);
+    cr_assert_eq(mkdir(groot, 0777), 0);
+    snprintf(gdir, sizeof gdir, "%s/v4-tiny", groot);
+    copy_golden(gdir, "step.2.safetensors", "grad.layers.1.ffn.experts.3.w1.weight", 37, 1.0, 0);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    const char *args[] = {"--quick", "--cell", "serial-f64", "--fixture", "tiny-boundary-mix", "--golden", groot,
+                          "--out", out, "--report", json, NULL};
+    int rc = run_matrix(log, args);
+    char *text = slurp(log);
+    cr_expect_eq(rc, 1, "exit %d, expected 1:\n%s", rc, text);
+    cr_expect(has_line(text, "FAIL serial-f64 tiny-boundary-mix: ", "grad.layers.1.ffn.experts.3.w1.weight"),
+              "no diagnosis line naming the tensor:\n%s", text);
+    cr_expect(has_line(text, "FAIL serial-f64 tiny-boundary-mix: ", "step.2"), "the file is not named:\n%s", text);
+    cr_expect(has_line(text, "FAIL serial-f64 tiny-boundary-mix: ", "expert 3"), "no decoded expert:\n%s", text);
+    cr_expect(has_line(text, "1 cells: 0 passed, 1 failed", ""), "no summary:\n%s", text);
+    par_free(text);
+
+    cJSON *r = NULL;
+    cr_assert_eq(par_json_read_file(json, &r), 0, "%s", par_last_error());
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "cells"), 0);
+    cr_assert(c);
+    cr_expect_str_eq(par_json_str(c, "result"), "FAIL");
+    const char *cmp = par_json_str(c, "compare_report");
+    cr_assert(cmp, "no compare report for the failing cell");
+    cr_expect(par_path_exists(cmp), "%s missing", cmp);
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(c, "worst");
+    cr_expect_str_eq(par_json_str(w, "tensor"), "grad.layers.1.ffn.experts.3.w1.weight");
+    int64_t nfe = 0;
+    cr_expect(par_json_int(c, "failed_entries", &nfe) && nfe == 1, "failed entries %lld", (long long)nfe);
+    cJSON_Delete(r);
+    par_remove_tree(dir);
+}
+
+/* A checked-in set whose file does not match its manifest's sha256: the
+ * cell is an ERROR (exit 1) whose line says why. */
+Test(matrix, unreadable_golden_is_an_error_cell, .timeout = 120)
+{
+    char dir[PATH_MAX], groot[PATH_MAX + 16], gdir[PATH_MAX + 32], out[PATH_MAX + 16], log[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(groot, sizeof groot, "%s/golden", dir);
+    cr_assert_eq(mkdir(groot, 0777), 0);
+    snprintf(gdir, sizeof gdir, "%s/v4-tiny", groot);
+    copy_golden(gdir, "params.1.safetensors", NULL, 0, 0, 1);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    const char *args[] = {"--quick", "--cell", "serial-f64", "--fixture", "tiny-boundary-mix", "--golden", groot,
+                          "--out", out, NULL};
+    int rc = run_matrix(log, args);
+    char *text = slurp(log);
+    cr_expect_eq(rc, 1, "exit %d, expected 1:\n%s", rc, text);
+    cr_expect(has_line(text, "ERROR serial-f64 tiny-boundary-mix: ", "params.1.safetensors"),
+              "no ERROR line naming the file:\n%s", text);
+    par_free(text);
+    par_remove_tree(dir);
+}
+
+/* Usage errors exit 2 before running anything. */
+Test(matrix, usage_errors_exit_2)
+{
+    char dir[PATH_MAX], log[PATH_MAX + 16], out[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *a1[] = {"--quick", "--report", "r.txt", NULL};
+    cr_expect_eq(run_matrix(log, a1), 2, "--report with a bad extension");
+    const char *a2[] = {"--quick", "--fixture", "tiny-no-such-fixture", "--out", out, NULL};
+    cr_expect_eq(run_matrix(log, a2), 2, "unknown fixture");
+    char *text = slurp(log);
+    cr_expect(strstr(text, "tiny-no-such-fixture"), "message does not name the fixture: %s", text);
+    par_free(text);
+    const char *a3[] = {"--quick", "--backend", "nccl", NULL};
+    cr_expect_eq(run_matrix(log, a3), 2, "unknown backend");
+    const char *a4[] = {"--quick", "--cell", "no-such-cell", "--out", out, NULL};
+    cr_expect_eq(run_matrix(log, a4), 2, "no cell selected");
+    /* --out pointing at a non-empty directory that is not a matrix's */
+    const char *a5[] = {"--quick", "--cell", "serial-f64", "--fixture", "tiny-odd-lengths", "--out", dir, NULL};
+    cr_expect_eq(run_matrix(log, a5), 2, "non-empty --out");
+    const char *a6[] = {"--quick", "--list", "--out", out, NULL};
+    cr_expect_eq(run_matrix(log, a6), 0, "--list");
+    text = slurp(log);
+    cr_expect(strstr(text, "repeat-bitwise") && strstr(text, "f32-vs-f64") && strstr(text, "data-file"), "%s", text);
+    par_free(text);
+    par_remove_tree(dir);
+}
