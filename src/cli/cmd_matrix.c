@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/status.h"
@@ -86,6 +87,7 @@ int par_cmd_matrix(int argc, char **argv)
     o.preset = preset;
     o.quick = quick;
     o.backend = backend;
+    o.backend_impl = par_backend_find(backend);
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.out_dir = out;

@@ -6,8 +6,8 @@
 
 #include "kernels/ops.h"
 
-#define P(idx) PAR_FN(par_model_ptr)(M->params, &M->tab, (idx))
-#define G(idx) PAR_FN(par_model_ptr)(M->grads, &M->tab, (idx))
+#define P(idx) PAR_FN(par_model_ptr)(M, M->params, (idx))
+#define G(idx) PAR_FN(par_model_ptr)(M, M->grads, (idx))
 
 static void *aalloc(par_arena *ar, size_t n, int zero)
 {
@@ -27,27 +27,26 @@ static void attn_weights(const PAR_FN(par_model) *M, int b, par_real *flat,
                          PAR_FN(par_attn_weights) *W, int with_indexer)
 {
     const par_block_params *bp = &M->tab.blocks[b];
-    const par_param_table *t = &M->tab;
     memset(W, 0, sizeof *W);
-    W->wq_a = PAR_FN(par_model_ptr)(flat, t, bp->wq_a);
-    W->q_norm = PAR_FN(par_model_ptr)(flat, t, bp->q_norm);
-    W->wq_b = PAR_FN(par_model_ptr)(flat, t, bp->wq_b);
-    W->wkv = PAR_FN(par_model_ptr)(flat, t, bp->wkv);
-    W->kv_norm = PAR_FN(par_model_ptr)(flat, t, bp->kv_norm);
-    W->wo_a = PAR_FN(par_model_ptr)(flat, t, bp->wo_a);
-    W->wo_b = PAR_FN(par_model_ptr)(flat, t, bp->wo_b);
-    W->attn_sink = PAR_FN(par_model_ptr)(flat, t, bp->attn_sink);
-    W->cmp_wkv = PAR_FN(par_model_ptr)(flat, t, bp->cmp_wkv);
-    W->cmp_wgate = PAR_FN(par_model_ptr)(flat, t, bp->cmp_wgate);
-    W->cmp_ape = PAR_FN(par_model_ptr)(flat, t, bp->cmp_ape);
-    W->cmp_norm = PAR_FN(par_model_ptr)(flat, t, bp->cmp_norm);
+    W->wq_a = PAR_FN(par_model_ptr)(M, flat, bp->wq_a);
+    W->q_norm = PAR_FN(par_model_ptr)(M, flat, bp->q_norm);
+    W->wq_b = PAR_FN(par_model_ptr)(M, flat, bp->wq_b);
+    W->wkv = PAR_FN(par_model_ptr)(M, flat, bp->wkv);
+    W->kv_norm = PAR_FN(par_model_ptr)(M, flat, bp->kv_norm);
+    W->wo_a = PAR_FN(par_model_ptr)(M, flat, bp->wo_a);
+    W->wo_b = PAR_FN(par_model_ptr)(M, flat, bp->wo_b);
+    W->attn_sink = PAR_FN(par_model_ptr)(M, flat, bp->attn_sink);
+    W->cmp_wkv = PAR_FN(par_model_ptr)(M, flat, bp->cmp_wkv);
+    W->cmp_wgate = PAR_FN(par_model_ptr)(M, flat, bp->cmp_wgate);
+    W->cmp_ape = PAR_FN(par_model_ptr)(M, flat, bp->cmp_ape);
+    W->cmp_norm = PAR_FN(par_model_ptr)(M, flat, bp->cmp_norm);
     if (with_indexer) {
-        W->idx_wq_b = PAR_FN(par_model_ptr)(flat, t, bp->idx_wq_b);
-        W->idx_weights_proj = PAR_FN(par_model_ptr)(flat, t, bp->idx_weights_proj);
-        W->idx_cmp_wkv = PAR_FN(par_model_ptr)(flat, t, bp->idx_cmp_wkv);
-        W->idx_cmp_wgate = PAR_FN(par_model_ptr)(flat, t, bp->idx_cmp_wgate);
-        W->idx_cmp_ape = PAR_FN(par_model_ptr)(flat, t, bp->idx_cmp_ape);
-        W->idx_cmp_norm = PAR_FN(par_model_ptr)(flat, t, bp->idx_cmp_norm);
+        W->idx_wq_b = PAR_FN(par_model_ptr)(M, flat, bp->idx_wq_b);
+        W->idx_weights_proj = PAR_FN(par_model_ptr)(M, flat, bp->idx_weights_proj);
+        W->idx_cmp_wkv = PAR_FN(par_model_ptr)(M, flat, bp->idx_cmp_wkv);
+        W->idx_cmp_wgate = PAR_FN(par_model_ptr)(M, flat, bp->idx_cmp_wgate);
+        W->idx_cmp_ape = PAR_FN(par_model_ptr)(M, flat, bp->idx_cmp_ape);
+        W->idx_cmp_norm = PAR_FN(par_model_ptr)(M, flat, bp->idx_cmp_norm);
     }
 }
 
@@ -58,16 +57,16 @@ static void moe_weights(const PAR_FN(par_model) *M, int b, par_moe_weights *W, p
     W->w1 = M->ew + base;
     W->w2 = M->ew + base + E;
     W->w3 = M->ew + base + 2 * E;
-    W->sw1 = PAR_FN(par_model_ptr)(M->params, &M->tab, bp->shared_w1);
-    W->sw2 = PAR_FN(par_model_ptr)(M->params, &M->tab, bp->shared_w2);
-    W->sw3 = PAR_FN(par_model_ptr)(M->params, &M->tab, bp->shared_w3);
+    W->sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1);
+    W->sw2 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2);
+    W->sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3);
     if (dW) {
         dW->w1 = M->egw + base;
         dW->w2 = M->egw + base + E;
         dW->w3 = M->egw + base + 2 * E;
-        dW->sw1 = PAR_FN(par_model_ptr)(M->grads, &M->tab, bp->shared_w1);
-        dW->sw2 = PAR_FN(par_model_ptr)(M->grads, &M->tab, bp->shared_w2);
-        dW->sw3 = PAR_FN(par_model_ptr)(M->grads, &M->tab, bp->shared_w3);
+        dW->sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1);
+        dW->sw2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2);
+        dW->sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3);
     }
 }
 
@@ -110,14 +109,23 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, int b, PAR_FN(par_blo
     if (s)
         return s;
     PAR_FN(par_rmsnorm_forward)(a->xan, a->rstda, a->xa, P(bp->attn_norm), T, d, c->norm_eps);
-    size_t ab = PAR_FN(par_attn_saved_bytes)(dm, T);
-    buf = aalloc(ar, ab, 1);
-    if (!buf)
-        goto fail_oom;
-    PAR_FN(par_attn_saved_carve)(&a->as, buf, dm, T);
     PAR_FN(par_attn_weights) AW;
     attn_weights(M, b, M->params, &AW, 1);
-    s = PAR_FN(par_attn_forward)(a->ya, &a->as, NULL, a->xan, pos, &AW, dm, T);
+    if (M->attn.fwd) { /* the executor keeps its own saved state; sel for the dump */
+        if (dm->m == 4) {
+            a->as.sel = aalloc(ar, (size_t)(T * dm->topk) * sizeof(int32_t), 0);
+            if (!a->as.sel)
+                goto fail_oom;
+        }
+        s = M->attn.fwd(M->attn.ctx, M, b, a->ya, a->as.sel, a->xan, &AW, T);
+    } else {
+        size_t ab = PAR_FN(par_attn_saved_bytes)(dm, T);
+        buf = aalloc(ar, ab, 1);
+        if (!buf)
+            goto fail_oom;
+        PAR_FN(par_attn_saved_carve)(&a->as, buf, dm, T);
+        s = PAR_FN(par_attn_forward)(a->ya, &a->as, NULL, a->xan, pos, &AW, dm, T);
+    }
     if (s)
         return s;
     PAR_FN(par_hc_post_forward)(a->Xmid, a->ya, Xin, a->hca.post, a->hca.C, T, n, d);
@@ -149,13 +157,17 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, int b, PAR_FN(par_blo
                                      tid2eid, tokens, M->V, T, d, (int)E, (int)K, c->route_scale);
     if (s)
         return s;
-    s = PAR_FN(par_moe_saved_alloc)(&a->ms, T, d, (int)E, (int)K, M->I);
-    if (s)
-        return s;
-    par_moe_weights MW;
-    moe_weights(M, b, &MW, NULL);
-    s = PAR_FN(par_moe_forward)(a->yf, &a->ms, a->xfn, a->idx, a->gw, &MW, T, d, (int)E, (int)K, M->I,
-                                c->swiglu_limit);
+    if (M->moe.fwd) {
+        s = M->moe.fwd(M->moe.ctx, M, b, a->yf, a->xfn, a->idx, a->gw, tokens, T);
+    } else {
+        s = PAR_FN(par_moe_saved_alloc)(&a->ms, T, d, (int)E, (int)K, M->I);
+        if (s)
+            return s;
+        par_moe_weights MW;
+        moe_weights(M, b, &MW, NULL);
+        s = PAR_FN(par_moe_forward)(a->yf, &a->ms, a->xfn, a->idx, a->gw, &MW, T, d, (int)E, (int)K,
+                                    M->I, c->swiglu_limit);
+    }
     if (s)
         return s;
     PAR_FN(par_hc_post_forward)(a->Xout, a->yf, a->Xmid, a->hcf.post, a->hcf.C, T, n, d);
@@ -200,17 +212,21 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, int b, PAR_FN(par_bl
                                  T, n, d);
     AREAL(dxfn, T * d, 1);
     AREAL(dw, T * K, 1);
-    par_moe_weights MW;
-    par_moe_grads MG;
-    moe_weights(M, b, &MW, &MG);
-    s = PAR_FN(par_moe_backward)(dxfn, &MG, dw, dyf, a->xfn, a->gw, &MW, &a->ms, c->swiglu_limit);
+    if (M->moe.bwd) {
+        s = M->moe.bwd(M->moe.ctx, M, b, dxfn, dw, dyf, a->xfn, a->gw, T);
+    } else {
+        par_moe_weights MW;
+        par_moe_grads MG;
+        moe_weights(M, b, &MW, &MG);
+        s = PAR_FN(par_moe_backward)(dxfn, &MG, dw, dyf, a->xfn, a->gw, &MW, &a->ms, c->swiglu_limit);
+    }
     if (s)
         goto done;
     if (!a->hash && aux_scale != 0.0 && st) {
         AREAL(ds, T * E, 1);
         s = PAR_FN(par_moe_aux_backward)(ds, st->cnt + (int64_t)b * st->Ns * E,
                                          st->ntok + (int64_t)b * st->Ns, a->gs, sample, T, (int)E,
-                                         (int)K, st->Ns, st->Ns, aux_scale);
+                                         (int)K, st->Ns, st->Ns_global, aux_scale);
         if (s)
             goto done;
     }
@@ -238,7 +254,10 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, int b, PAR_FN(par_bl
     PAR_FN(par_attn_weights) AW, AG;
     attn_weights(M, b, M->params, &AW, 1);
     attn_weights(M, b, M->grads, &AG, 0); /* no gradient into the indexer (MODEL.md 3) */
-    s = PAR_FN(par_attn_backward)(dxan, &AG, dya, &a->as, a->xan, pos, &AW, dm, T);
+    if (M->attn.bwd)
+        s = M->attn.bwd(M->attn.ctx, M, b, dxan, &AG, dya, &AW, T);
+    else
+        s = PAR_FN(par_attn_backward)(dxan, &AG, dya, &a->as, a->xan, pos, &AW, dm, T);
     if (s)
         goto done;
     AREAL(dxa, T * d, 1);

@@ -65,32 +65,33 @@ static par_status write_file(par_st_writer *w, const char *dir, const char *kind
     return s;
 }
 
-par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const char *dir, int64_t k,
-                                           int with_opt)
+par_status PAR_FN(par_golden_write_params_buf)(const par_param_table *t, const par_real *params,
+                                               const par_real *opt_m, const par_real *opt_v,
+                                               const int32_t *i32, const char *dir, int64_t k)
 {
     par_st_writer *w = NULL;
     par_status s = par_st_writer_new(&w);
     if (s)
         return s;
     char name[PAR_PARAM_NAME_MAX + 32];
-    for (int i = 0; i < M->tab.n && !s; i++) {
-        const par_param *p = &M->tab.p[i];
+    for (int i = 0; i < t->n && !s; i++) {
+        const par_param *p = &t->p[i];
         if (p->dtype == PAR_PDT_I32) {
-            s = add(w, p->name, PAR_I32, p->ndim, p->shape, M->i32 + p->offset);
+            s = add(w, p->name, PAR_I32, p->ndim, p->shape, i32 + p->offset);
             continue;
         }
-        s = add(w, p->name, PAR_REAL_DTYPE, p->ndim, p->shape, M->params + p->offset);
-        if (s || !with_opt)
+        s = add(w, p->name, PAR_REAL_DTYPE, p->ndim, p->shape, params + p->offset);
+        if (s || !opt_m)
             continue;
         if (p->opt == PAR_OPT_MUON) {
             snprintf(name, sizeof name, "opt.%s.momentum", p->name);
-            s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, M->opt_m + p->offset);
+            s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, opt_m + p->offset);
         } else if (p->opt == PAR_OPT_ADAMW) {
             snprintf(name, sizeof name, "opt.%s.exp_avg", p->name);
-            s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, M->opt_m + p->offset);
+            s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, opt_m + p->offset);
             if (!s) {
                 snprintf(name, sizeof name, "opt.%s.exp_avg_sq", p->name);
-                s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, M->opt_v + p->offset);
+                s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, opt_v + p->offset);
             }
         }
     }
@@ -100,17 +101,37 @@ par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const cha
     return s;
 }
 
-par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char *dir, int64_t k)
+static par_status need_all(const PAR_FN(par_model) *M, const char *what)
 {
-    if (!M->have_fwd)
-        return par_err(PAR_EINVAL, "golden: step %lld has no forward to write", (long long)k);
-    const par_config *c = &M->cfg;
-    const par_batch *bt = M->batch;
-    int64_t B = bt->B, S = bt->S, n = M->n, d = M->d, V = M->V, E = M->E, K = M->K;
+    if (M->e0 != 0 || M->e1 != M->E)
+        return par_err(PAR_EINVAL,
+                       "golden: %s needs a model holding every expert (this one holds [%lld, %lld) of %lld); "
+                       "a parallel layout gathers first (src/parallel/driver.c)",
+                       what, (long long)M->e0, (long long)M->e1, (long long)M->E);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const char *dir, int64_t k,
+                                           int with_opt)
+{
+    par_status s = need_all(M, "writing parameters");
+    if (s)
+        return s;
+    /* owning everything, the local layout is the table's */
+    return PAR_FN(par_golden_write_params_buf)(&M->tab, M->params, with_opt ? M->opt_m : NULL, M->opt_v,
+                                               M->i32, dir, k);
+}
+
+par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
+                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
+                                              int64_t k)
+{
+    const par_config *c = &t->cfg;
+    int64_t B = v->B, S = v->S, n = c->hc_mult, d = c->dim, V = c->vocab_size;
+    int64_t E = c->n_routed_experts, K = c->n_activated_experts;
     int64_t L = c->n_layers;
-    par_real scal[5] = {(par_real)M->last.loss, (par_real)M->last.loss_main,
-                        (par_real)M->last.loss_mtp, (par_real)M->last.loss_aux,
-                        (par_real)M->last.grad_norm};
+    par_real scal[5] = {(par_real)v->out.loss, (par_real)v->out.loss_main, (par_real)v->out.loss_mtp,
+                        (par_real)v->out.loss_aux, (par_real)v->out.grad_norm};
     static const char *const scal_names[5] = {"out.loss", "out.loss_main", "out.loss_mtp",
                                               "out.loss_aux", "out.grad_norm"};
     par_st_writer *w = NULL;
@@ -120,43 +141,42 @@ par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char 
     int64_t sh2[2] = {B, S}, shV[3] = {B, S, V}, shX[4] = {B, S, n, d}, shK[3] = {B, S, K},
             shE[1] = {E}, shI[3] = {B, S, c->index_topk};
     char name[PAR_PARAM_NAME_MAX + 32];
-    s = add(w, "input.tokens", PAR_I32, 2, sh2, bt->tokens);
+    s = add(w, "input.tokens", PAR_I32, 2, sh2, v->tokens);
     if (!s)
-        s = add(w, "input.segments", PAR_I32, 2, sh2, bt->segments);
+        s = add(w, "input.segments", PAR_I32, 2, sh2, v->segments);
     for (int i = 0; i < 5 && !s; i++)
         s = add(w, scal_names[i], PAR_REAL_DTYPE, 0, NULL, &scal[i]);
     if (!s)
-        s = add(w, "out.logits", PAR_REAL_DTYPE, 3, shV, M->head.logits);
+        s = add(w, "out.logits", PAR_REAL_DTYPE, 3, shV, v->logits);
     if (!s && c->n_mtp_layers > 0)
-        s = add(w, "out.mtp_logits", PAR_REAL_DTYPE, 3, shV, M->mtp_head.logits);
-    for (int b = 0; b < M->n_blocks && !s; b++) {
-        const PAR_FN(par_block_act) *a = &M->blk[b];
+        s = add(w, "out.mtp_logits", PAR_REAL_DTYPE, 3, shV, v->mtp_logits);
+    for (int b = 0; b < t->n_blocks && !s; b++) {
         char pfx[32];
         if (b < L)
             snprintf(pfx, sizeof pfx, "layers.%d", b);
         else
             snprintf(pfx, sizeof pfx, "mtp.%lld", (long long)(b - L));
         snprintf(name, sizeof name, "act.%s", pfx);
-        s = add(w, name, PAR_REAL_DTYPE, 4, shX, a->Xout);
+        s = add(w, name, PAR_REAL_DTYPE, 4, shX, v->act[b]);
         if (!s) {
             snprintf(name, sizeof name, "router.%s.idx", pfx);
-            s = add(w, name, PAR_I32, 3, shK, a->idx);
+            s = add(w, name, PAR_I32, 3, shK, v->idx[b]);
         }
         if (!s) {
             snprintf(name, sizeof name, "router.%s.load", pfx);
-            s = add(w, name, PAR_I64, 1, shE, M->stats.loads + (int64_t)b * E);
+            s = add(w, name, PAR_I64, 1, shE, v->loads + (int64_t)b * E);
         }
-        if (!s && M->adims[b].m == 4) {
+        if (!s && par_config_ratio(c, b) == 4) {
             snprintf(name, sizeof name, "attn.%s.selected", pfx);
-            s = add(w, name, PAR_I32, 3, shI, a->as.sel);
+            s = add(w, name, PAR_I32, 3, shI, v->sel[b]);
         }
     }
-    for (int i = 0; i < M->tab.n && !s; i++) {
-        const par_param *p = &M->tab.p[i];
+    for (int i = 0; i < t->n && !s; i++) {
+        const par_param *p = &t->p[i];
         if (p->dtype != PAR_PDT_REAL || !p->has_grad)
             continue;
         snprintf(name, sizeof name, "grad.%s", p->name);
-        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, M->grads + p->offset);
+        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, v->grads + p->offset);
     }
     if (!s)
         s = write_file(w, dir, "step", k);
@@ -164,20 +184,41 @@ par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char 
     return s;
 }
 
+par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char *dir, int64_t k)
+{
+    if (!M->have_fwd)
+        return par_err(PAR_EINVAL, "golden: step %lld has no forward to write", (long long)k);
+    par_status s = need_all(M, "writing a step");
+    if (s)
+        return s;
+    const par_real **act = par_calloc((size_t)M->n_blocks, sizeof *act, PAR_TAG_IO);
+    const int32_t **idx = par_calloc((size_t)M->n_blocks, sizeof *idx, PAR_TAG_IO);
+    const int32_t **sel = par_calloc((size_t)M->n_blocks, sizeof *sel, PAR_TAG_IO);
+    if (!act || !idx || !sel) {
+        s = par_err(PAR_ENOMEM, "golden: out of memory");
+        goto fail_free;
+    }
+    for (int b = 0; b < M->n_blocks; b++) {
+        act[b] = M->blk[b].Xout;
+        idx[b] = M->blk[b].idx;
+        sel[b] = M->blk[b].as.sel;
+    }
+    PAR_FN(par_golden_step_view) v = {
+        .B = M->batch->B, .S = M->batch->S, .tokens = M->batch->tokens, .segments = M->batch->segments,
+        .out = M->last, .logits = M->head.logits, .mtp_logits = M->mtp_head.logits, .act = act,
+        .idx = idx, .loads = M->stats.loads, .sel = sel, .grads = M->grads,
+    };
+    s = PAR_FN(par_golden_write_step_view)(&M->tab, &v, dir, k);
+fail_free:
+    par_free((void *)act);
+    par_free((void *)idx);
+    par_free((void *)sel);
+    return s;
+}
+
 /* ---------------------------------------------------------------- data -- */
 
-typedef struct {
-    int kind; /* 0 generator, 1 fixture, 2 file */
-    par_fixture fx;
-    par_pack_plan plan; /* fixture plan */
-    par_st_file *file;
-    const int32_t *tok, *seg;
-    int64_t R;
-    int64_t cursor0, cursor;
-    char sha[PAR_SHA256_HEX];
-} data_src;
-
-static void data_close(data_src *ds)
+void PAR_FN(par_golden_data_close)(par_golden_data *ds)
 {
     if (ds->kind == 1) {
         par_pack_plan_free(&ds->plan);
@@ -187,7 +228,7 @@ static void data_close(data_src *ds)
     memset(ds, 0, sizeof *ds);
 }
 
-static par_status data_open(data_src *ds, const par_golden_opts *o, par_config *cfg)
+par_status PAR_FN(par_golden_data_open)(par_golden_data *ds, const par_golden_opts *o, par_config *cfg)
 {
     memset(ds, 0, sizeof *ds);
     par_status s;
@@ -266,8 +307,8 @@ static par_status data_open(data_src *ds, const par_golden_opts *o, par_config *
     return PAR_OK;
 }
 
-static par_status data_next(data_src *ds, const par_golden_opts *o, const par_config *cfg, int64_t k,
-                            par_batch *b)
+par_status PAR_FN(par_golden_data_next)(par_golden_data *ds, const par_golden_opts *o, const par_config *cfg,
+                                        int64_t k, par_batch *b)
 {
     int64_t B = cfg->global_batch_size, S = cfg->seq_length;
     par_status s;
@@ -284,7 +325,7 @@ static par_status data_next(data_src *ds, const par_golden_opts *o, const par_co
     return s;
 }
 
-static cJSON *data_json(const data_src *ds, const par_golden_opts *o, const par_config *cfg)
+cJSON *PAR_FN(par_golden_data_json)(const par_golden_data *ds, const par_golden_opts *o, const par_config *cfg)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j)
@@ -308,7 +349,7 @@ static cJSON *data_json(const data_src *ds, const par_golden_opts *o, const par_
     return j;
 }
 
-static cJSON *layout_json(const par_config *cfg)
+cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j)
@@ -317,21 +358,53 @@ static cJSON *layout_json(const par_config *cfg)
     if (gethostname(host, sizeof host - 1) != 0)
         strcpy(host, "unknown");
     host[sizeof host - 1] = 0;
-    cJSON_AddNumberToObject(j, "world_size", 1);
-    cJSON_AddNumberToObject(j, "tensor_model_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "pipeline_model_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "virtual_pipeline_model_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "context_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "expert_model_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "expert_tensor_parallel_size", 1);
-    cJSON_AddNumberToObject(j, "micro_batch_size", (double)cfg->global_batch_size);
-    cJSON_AddNumberToObject(j, "global_batch_size", (double)cfg->global_batch_size);
-    cJSON_AddBoolToObject(j, "use_distributed_optimizer", 0);
-    cJSON_AddStringToObject(j, "pipeline_schedule", "none");
-    cJSON_AddStringToObject(j, "backend", "self");
+    cJSON_AddNumberToObject(j, "world_size", (double)l->world);
+    cJSON_AddNumberToObject(j, "tensor_model_parallel_size", (double)l->tp);
+    cJSON_AddNumberToObject(j, "pipeline_model_parallel_size", (double)l->pp);
+    cJSON_AddNumberToObject(j, "virtual_pipeline_model_parallel_size", (double)l->vpp);
+    cJSON_AddNumberToObject(j, "context_parallel_size", (double)l->cp);
+    cJSON_AddNumberToObject(j, "expert_model_parallel_size", (double)l->ep);
+    cJSON_AddNumberToObject(j, "expert_tensor_parallel_size", (double)l->etp);
+    if (l->da > 0) {
+        cJSON_AddNumberToObject(j, "data_parallel_size", (double)l->da);
+        cJSON_AddNumberToObject(j, "expert_data_parallel_size", (double)l->de);
+    }
+    cJSON_AddNumberToObject(j, "micro_batch_size", (double)l->micro_batch);
+    cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
+    cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
+    cJSON_AddStringToObject(j, "pipeline_schedule", l->schedule ? l->schedule : "none");
+    cJSON_AddStringToObject(j, "backend", l->backend ? l->backend : "self");
     cJSON_AddStringToObject(j, "blas_core", PAR_FN(par_golden_blas_core)());
     cJSON_AddStringToObject(j, "host", host);
     return j;
+}
+
+par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
+                                             cJSON *layout, cJSON *data)
+{
+    par_manifest man;
+    par_manifest_init(&man);
+    man.layout = layout;
+    man.data = data;
+    par_status s;
+    if ((s = par_manifest_set_generator(&man, "parity", PARITY_VERSION)) ||
+        (s = par_manifest_set_precision(&man, PREC_NAME)))
+        goto done;
+    man.steps = steps;
+    man.model = par_config_section_to_json(cfg, PAR_CFG_MODEL);
+    man.train = par_config_section_to_json(cfg, PAR_CFG_TRAIN);
+    if (man.train) {
+        cJSON_AddNumberToObject(man.train, "global_batch_size", (double)cfg->global_batch_size);
+        cJSON_AddNumberToObject(man.train, "seq_length", (double)cfg->seq_length);
+    }
+    if (!man.model || !man.train || !man.layout || !man.data) {
+        s = par_err(PAR_ENOMEM, "golden: out of memory building the manifest");
+        goto done;
+    }
+    s = par_manifest_write(&man, dir);
+done:
+    par_manifest_free(&man);
+    return s;
 }
 
 /* ----------------------------------------------------------------- run -- */
@@ -348,18 +421,16 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     if ((s = par_config_validate(&cfg)) || (s = par_config_check_runnable(&cfg)))
         return s;
 
-    data_src ds;
-    if ((s = data_open(&ds, o, &cfg)))
+    par_golden_data ds;
+    if ((s = PAR_FN(par_golden_data_open)(&ds, o, &cfg)))
         return s;
     PAR_FN(par_model) M;
     par_batch batch;
     memset(&batch, 0, sizeof batch);
     char *tmp = NULL;
-    par_manifest man;
-    par_manifest_init(&man);
     par_golden_step_info *info = par_calloc((size_t)o->steps, sizeof *info, PAR_TAG_MISC);
     if (!info) {
-        data_close(&ds);
+        PAR_FN(par_golden_data_close)(&ds);
         return par_err(PAR_ENOMEM, "golden: out of memory");
     }
     if ((s = PAR_FN(par_model_init)(&M, &cfg, o->seed)))
@@ -371,7 +442,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     if ((s = PAR_FN(par_golden_write_params)(&M, tmp, 0, 0)))
         goto fail_tmp;
     for (int64_t k = 0; k < o->steps; k++) {
-        if ((s = data_next(&ds, o, &cfg, k, &batch)))
+        if ((s = PAR_FN(par_golden_data_next)(&ds, o, &cfg, k, &batch)))
             goto fail_tmp;
         double t0 = now_s();
         if ((s = PAR_FN(par_model_forward)(&M, &batch)) || (s = PAR_FN(par_model_backward)(&M)))
@@ -400,23 +471,10 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     }
 
     /* manifest */
-    if ((s = par_manifest_set_generator(&man, "parity", PARITY_VERSION)) ||
-        (s = par_manifest_set_precision(&man, PREC_NAME)))
-        goto fail_tmp;
-    man.steps = o->steps;
-    man.model = par_config_section_to_json(&cfg, PAR_CFG_MODEL);
-    man.train = par_config_section_to_json(&cfg, PAR_CFG_TRAIN);
-    if (man.train) {
-        cJSON_AddNumberToObject(man.train, "global_batch_size", (double)cfg.global_batch_size);
-        cJSON_AddNumberToObject(man.train, "seq_length", (double)cfg.seq_length);
-    }
-    man.layout = layout_json(&cfg);
-    man.data = data_json(&ds, o, &cfg);
-    if (!man.model || !man.train || !man.layout || !man.data) {
-        s = par_err(PAR_ENOMEM, "golden: out of memory building the manifest");
-        goto fail_tmp;
-    }
-    if ((s = par_manifest_write(&man, tmp)))
+    par_golden_layout lay;
+    par_golden_layout_serial(&lay, cfg.global_batch_size);
+    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, PAR_FN(par_golden_layout_json)(&lay),
+                                               PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
         goto fail_tmp;
     s = par_adir_commit(tmp, o->out_dir);
     tmp = NULL;
@@ -440,8 +498,7 @@ fail_batch:
 fail_model:
     PAR_FN(par_model_free)(&M);
 fail_data:
-    data_close(&ds);
-    par_manifest_free(&man);
+    PAR_FN(par_golden_data_close)(&ds);
     par_free(info);
     return s;
 }

@@ -14,18 +14,76 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
+#include "core/safetensors.h"
+#include "core/sha256.h"
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/facade.h"
+#include "model/data.h"
 #include "model/model.h"
 
+/* Writes dir/params.K.safetensors from buffers in the table's (global)
+ * layout: params, opt_m, opt_v [t->n_float], i32 [t->n_i32]; opt_m NULL =
+ * no optimizer state (params.0).  A parallel layout gathers into such
+ * buffers first. */
+par_status PAR_FN(par_golden_write_params_buf)(const par_param_table *t, const par_real *params,
+                                               const par_real *opt_m, const par_real *opt_v,
+                                               const int32_t *i32, const char *dir, int64_t k);
+
+/* What step.K holds, as full (unsharded, global-batch) buffers. */
+typedef struct {
+    int64_t B, S;
+    const int32_t *tokens, *segments;  /* [B, S] */
+    par_step_scalars out;
+    const par_real *logits;            /* [B, S, V] */
+    const par_real *mtp_logits;        /* [B, S, V] (when n_mtp_layers > 0) */
+    const par_real *const *act;        /* [n_blocks] pointers, each [B, S, n, d] */
+    const int32_t *const *idx;         /* [n_blocks] pointers, each [B, S, K] */
+    const int64_t *loads;              /* [n_blocks, E] */
+    const int32_t *const *sel;         /* [n_blocks] pointers, each [B, S, index_topk] (ratio-4 blocks) */
+    const par_real *grads;             /* [n_float] table layout */
+} PAR_FN(par_golden_step_view);
+
+par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
+                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
+                                              int64_t k);
+
 /* Writes dir/params.K.safetensors from the model's current parameters (and
- * optimizer state when with_opt). */
+ * optimizer state when with_opt).  M must hold every expert. */
 par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const char *dir, int64_t k,
                                            int with_opt);
 /* Writes dir/step.K.safetensors from the last forward + backward (before the
  * update).  Needs M->have_fwd. */
 par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char *dir, int64_t k);
+
+/* manifest.json of a set in dir (GOLDEN.md keys); takes ownership of the
+ * layout and data objects (NULL: out of memory). */
+par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
+                                             cJSON *layout, cJSON *data);
+/* The manifest's "layout" object. */
+cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l);
+
+/* Where a run's batches come from (par_golden_opts' data_path / fixture /
+ * generator): open (may change cfg->seq_length to the data's), the global
+ * batch of step k, the manifest's "data" object, close. */
+typedef struct {
+    int kind; /* 0 generator, 1 fixture, 2 file */
+    par_fixture fx;
+    par_pack_plan plan; /* fixture plan */
+    par_st_file *file;
+    const int32_t *tok, *seg;
+    int64_t R;
+    int64_t cursor0, cursor;
+    char sha[PAR_SHA256_HEX];
+} par_golden_data;
+
+par_status PAR_FN(par_golden_data_open)(par_golden_data *ds, const par_golden_opts *o, par_config *cfg);
+par_status PAR_FN(par_golden_data_next)(par_golden_data *ds, const par_golden_opts *o, const par_config *cfg,
+                                        int64_t k, par_batch *b);
+cJSON *PAR_FN(par_golden_data_json)(const par_golden_data *ds, const par_golden_opts *o, const par_config *cfg);
+void PAR_FN(par_golden_data_close)(par_golden_data *ds);
 
 /* The whole golden run (model/facade.h's par_golden_run for this precision). */
 par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *sum);

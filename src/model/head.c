@@ -7,8 +7,8 @@
 
 #include "kernels/ops.h"
 
-#define P(idx) PAR_FN(par_model_ptr)(M->params, &M->tab, (idx))
-#define G(idx) PAR_FN(par_model_ptr)(M->grads, &M->tab, (idx))
+#define P(idx) PAR_FN(par_model_ptr)(M, M->params, (idx))
+#define G(idx) PAR_FN(par_model_ptr)(M, M->grads, (idx))
 
 static void *aalloc(par_arena *ar, size_t n, int zero)
 {

@@ -6,12 +6,34 @@
 
 #include "core/log.h"
 #include "model/init.h"
+#include "model/optim.h"
 
-par_real *PAR_FN(par_model_ptr)(par_real *flat, const par_param_table *t, int idx)
+par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int idx)
 {
-    if (idx < 0 || !flat)
+    if (idx < 0 || idx >= M->tab.n || !flat || M->loc[idx] < 0)
         return NULL;
-    return flat + t->p[idx].offset;
+    return flat + M->loc[idx];
+}
+
+int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx)
+{
+    return idx >= 0 && idx < M->tab.n && M->loc[idx] >= 0;
+}
+
+double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entry)
+{
+    double s = 0.0;
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        double v = 0.0;
+        if (p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0) {
+            v = PAR_FN(par_sumsq)(M->grads + M->loc[i], p->numel);
+            s += v;
+        }
+        if (per_entry)
+            per_entry[i] = v;
+    }
+    return s;
 }
 
 /* ------------------------------------------------------------ statistics -- */
@@ -25,6 +47,8 @@ par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int6
     st->n_blocks = n_blocks;
     st->E = E;
     st->Ns = Ns;
+    st->q0 = 0;
+    st->Ns_global = Ns;
     size_t ns = (size_t)(Ns > 0 ? Ns : 1);
     size_t nb = (size_t)(n_blocks > 0 ? n_blocks : 1);
     st->ce_main = par_calloc(ns, sizeof(double), PAR_TAG_ACT);
@@ -33,7 +57,8 @@ par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int6
     st->cnt = par_calloc(nb * ns * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
     st->psum = par_calloc(nb * ns * (size_t)E, sizeof(par_real), PAR_TAG_ACT);
     st->ntok = par_calloc(nb * ns, sizeof(int64_t), PAR_TAG_ACT);
-    if (!st->ce_main || !st->ce_mtp || !st->loads || !st->cnt || !st->psum || !st->ntok) {
+    st->aux = par_calloc(nb * ns, sizeof(par_real), PAR_TAG_ACT);
+    if (!st->ce_main || !st->ce_mtp || !st->loads || !st->cnt || !st->psum || !st->ntok || !st->aux) {
         PAR_FN(par_stats_free)(st);
         return par_err(PAR_ENOMEM, "stats: out of memory (n_blocks=%lld E=%lld Ns=%lld)",
                        (long long)n_blocks, (long long)E, (long long)Ns);
@@ -54,6 +79,7 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
     memset(st->cnt, 0, nb * ns * E * sizeof(int64_t));
     memset(st->psum, 0, nb * ns * E * sizeof(par_real));
     memset(st->ntok, 0, nb * ns * sizeof(int64_t));
+    memset(st->aux, 0, nb * ns * sizeof(par_real));
 }
 
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st)
@@ -64,6 +90,7 @@ void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st)
     par_free(st->cnt);
     par_free(st->psum);
     par_free(st->ntok);
+    par_free(st->aux);
     memset(st, 0, sizeof *st);
 }
 
@@ -74,6 +101,11 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
                        "stats combine: sizes differ (n_blocks %lld vs %lld, E %lld vs %lld, Ns %lld vs %lld)",
                        (long long)dst->n_blocks, (long long)src->n_blocks, (long long)dst->E,
                        (long long)src->E, (long long)dst->Ns, (long long)src->Ns);
+    if (dst->q0 != src->q0 || dst->Ns_global != src->Ns_global)
+        return par_err(PAR_EMISMATCH,
+                       "stats combine: windows differ (first sample %lld vs %lld, global samples %lld vs %lld)",
+                       (long long)dst->q0, (long long)src->q0, (long long)dst->Ns_global,
+                       (long long)src->Ns_global);
     int64_t ns = dst->Ns, nb = dst->n_blocks, E = dst->E;
     dst->n_main += src->n_main;
     dst->n_mtp += src->n_mtp;
@@ -94,35 +126,61 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
     return PAR_OK;
 }
 
-void PAR_FN(par_model_losses)(const PAR_FN(par_model) *M, const PAR_FN(par_stats) *st,
-                              par_step_scalars *out)
+void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K)
+{
+    int64_t Ns = st->Ns, E = st->E;
+    for (int64_t b = 0; b < st->n_blocks; b++) {
+        par_real *a = st->aux + b * Ns;
+        if (tab->blocks[b].gate_bias < 0) { /* hash-routed: no aux loss */
+            memset(a, 0, (size_t)Ns * sizeof *a);
+            continue;
+        }
+        /* one sample alone: (0 + inner) / 1 == inner, bit for bit */
+        for (int64_t q = 0; q < Ns; q++)
+            a[q] = PAR_FN(par_moe_aux_loss)(st->cnt + (b * Ns + q) * E, st->psum + (b * Ns + q) * E,
+                                            st->ntok + b * Ns + q, 1, 1, (int)E, K);
+    }
+}
+
+void PAR_FN(par_model_losses_from)(const PAR_FN(par_model) *M, int64_t n_main, int64_t n_mtp,
+                                   const double *ce_main, const double *ce_mtp, const par_real *aux,
+                                   int64_t Ns, par_step_scalars *out)
 {
     const par_config *c = &M->cfg;
     double lm = 0, lt = 0, la = 0;
-    if (st->n_main > 0) {
+    if (n_main > 0) {
         double s = 0;
-        for (int64_t q = 0; q < st->Ns; q++)
-            s += st->ce_main[q];
-        lm = s / (double)st->n_main;
+        for (int64_t q = 0; q < Ns; q++)
+            s += ce_main[q];
+        lm = s / (double)n_main;
     }
-    if (c->n_mtp_layers > 0 && st->n_mtp > 0) {
+    if (c->n_mtp_layers > 0 && n_mtp > 0) {
         double s = 0;
-        for (int64_t q = 0; q < st->Ns; q++)
-            s += st->ce_mtp[q];
-        lt = s / (double)st->n_mtp;
+        for (int64_t q = 0; q < Ns; q++)
+            s += ce_mtp[q];
+        lt = s / (double)n_mtp;
     }
     for (int b = 0; b < M->n_blocks; b++) {
         if (M->tab.blocks[b].gate_bias < 0)
             continue; /* hash-routed: no aux loss */
-        la += (double)PAR_FN(par_moe_aux_loss)(st->cnt + (int64_t)b * st->Ns * st->E,
-                                               st->psum + (int64_t)b * st->Ns * st->E,
-                                               st->ntok + (int64_t)b * st->Ns, st->Ns, st->Ns,
-                                               (int)st->E, (int)M->K);
+        /* par_moe_aux_loss's sum: samples ascending in par_real (empty
+         * samples add an exact 0), then / Ns */
+        par_real total = 0;
+        for (int64_t q = 0; q < Ns; q++)
+            total += aux[(int64_t)b * Ns + q];
+        la += (double)(Ns > 0 ? total / (par_real)Ns : 0);
     }
     out->loss_main = lm;
     out->loss_mtp = lt;
     out->loss_aux = la;
-    out->loss = lm + (st->n_mtp > 0 ? c->mtp_lambda * lt : 0.0) + c->aux_alpha * la;
+    out->loss = lm + (n_mtp > 0 ? c->mtp_lambda * lt : 0.0) + c->aux_alpha * la;
+    out->grad_norm = 0;
+}
+
+void PAR_FN(par_model_losses)(const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, par_step_scalars *out)
+{
+    PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
+    PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, st->ce_main, st->ce_mtp, st->aux, st->Ns, out);
     out->grad_norm = sqrt(st->grad_sumsq);
 }
 
@@ -147,12 +205,40 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free(M->adims);
     par_free((void *)M->ew);
     par_free(M->egw);
+    par_free(M->loc);
     if (M->tab.p)
         par_param_table_free(&M->tab);
     memset(M, 0, sizeof *M);
 }
 
 par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed)
+{
+    return PAR_FN(par_model_init_owned)(M, cfg, seed, 0, cfg->n_routed_experts);
+}
+
+par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
+                                        int64_t e0, int64_t e1)
+{
+    return PAR_FN(par_model_init_held)(M, cfg, seed, e0, e1, NULL);
+}
+
+/* 1 when `hold` (NULL: everything) names table entry p. */
+static int hold_has(const par_model_hold *h, const par_param_table *t, int idx)
+{
+    if (!h)
+        return 1;
+    const par_param *p = &t->p[idx];
+    if (p->layer >= 0)
+        return !h->blocks || h->blocks[p->layer];
+    if (idx == t->top.embed)
+        return h->embed;
+    if (idx == t->top.head)
+        return h->head;
+    return h->final; /* norm.weight, hc_head_fn/base/scale */
+}
+
+par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
+                                       int64_t e0, int64_t e1, const par_model_hold *hold)
 {
     memset(M, 0, sizeof *M);
     par_status st = par_config_validate(cfg);
@@ -178,11 +264,36 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
     M->K = cfg->n_activated_experts;
     M->I = cfg->moe_inter_dim;
     M->n_blocks = (int)par_config_n_blocks(cfg);
-    int64_t nf = M->tab.n_float;
-    M->params = par_calloc((size_t)nf, sizeof(par_real), PAR_TAG_PARAM);
-    M->grads = par_calloc((size_t)nf, sizeof(par_real), PAR_TAG_GRAD);
-    M->opt_m = par_calloc((size_t)nf, sizeof(par_real), PAR_TAG_OPTIM);
-    M->opt_v = par_calloc((size_t)nf, sizeof(par_real), PAR_TAG_OPTIM);
+    if (e0 < 0 || e1 <= e0 || e1 > M->E) {
+        par_status es = par_err(PAR_EINVAL, "model: owned expert range [%lld, %lld) is not inside [0, E=%lld)",
+                                (long long)e0, (long long)e1, (long long)M->E);
+        PAR_FN(par_model_free)(M);
+        return es;
+    }
+    M->e0 = e0;
+    M->e1 = e1;
+    M->loc = par_malloc((size_t)M->tab.n * sizeof *M->loc, PAR_TAG_MODEL);
+    if (!M->loc) {
+        PAR_FN(par_model_free)(M);
+        return par_err(PAR_ENOMEM, "model: out of memory for the ownership map");
+    }
+    int64_t nf = 0;
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        if (p->dtype == PAR_PDT_I32)
+            M->loc[i] = p->offset;
+        else if ((p->expert >= 0 && (p->expert < e0 || p->expert >= e1)) || !hold_has(hold, &M->tab, i))
+            M->loc[i] = -1;
+        else {
+            M->loc[i] = nf;
+            nf += p->numel;
+        }
+    }
+    M->n_local = nf;
+    M->params = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_PARAM);
+    M->grads = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_GRAD);
+    M->opt_m = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
+    M->opt_v = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
     M->i32 = par_calloc((size_t)(M->tab.n_i32 > 0 ? M->tab.n_i32 : 1), sizeof(int32_t), PAR_TAG_PARAM);
     M->rope = par_calloc((size_t)M->n_blocks, sizeof(par_rope), PAR_TAG_MODEL);
     M->adims = par_calloc((size_t)M->n_blocks, sizeof(par_attn_dims), PAR_TAG_MODEL);
@@ -195,7 +306,18 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
         PAR_FN(par_model_free)(M);
         return par_err(PAR_ENOMEM, "model: out of memory for %lld parameters", (long long)nf);
     }
-    PAR_FN(par_init_params)(M->params, M->i32, &M->tab, seed);
+    /* every held tensor from its slice init: the serial model's values */
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        if (p->dtype == PAR_PDT_I32)
+            st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
+        else if (M->loc[i] >= 0)
+            st = PAR_FN(par_init_param_slice)(M->params + M->loc[i], &M->tab, i, seed, 0, p->numel);
+        if (st) {
+            PAR_FN(par_model_free)(M);
+            return st;
+        }
+    }
 
     for (int b = 0; b < M->n_blocks; b++) {
         int64_t m = par_config_ratio(cfg, b);
@@ -230,8 +352,8 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
             for (int k = 0; k < 3; k++) {
                 int idx = bp->expert0 + 3 * (int)e + k;
                 size_t slot = ((size_t)b * 3 + (size_t)k) * (size_t)M->E + (size_t)e;
-                M->ew[slot] = PAR_FN(par_model_ptr)(M->params, &M->tab, idx);
-                M->egw[slot] = PAR_FN(par_model_ptr)(M->grads, &M->tab, idx);
+                M->ew[slot] = PAR_FN(par_model_ptr)(M, M->params, idx);
+                M->egw[slot] = PAR_FN(par_model_ptr)(M, M->grads, idx);
             }
         }
     }

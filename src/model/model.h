@@ -61,15 +61,32 @@ typedef struct {
     int64_t *cnt;        /* [n_blocks, Ns, E] (score-routed blocks)  */
     par_real *psum;      /* [n_blocks, Ns, E]                        */
     int64_t *ntok;       /* [n_blocks, Ns]                           */
+    par_real *aux;       /* [n_blocks, Ns] per-sample aux-loss terms (par_stats_aux_terms) */
     double grad_sumsq;   /* sum of squared gradients                 */
+    /* The per-sample arrays cover a window of the global batch's samples:
+     * window sample q is global sample q0 + q.  The serial step's window is
+     * the whole batch (q0 = 0, Ns = Ns_global); a data-parallel rank's is
+     * the samples of its rows (src/parallel/reduce.c).  Ns_global is the
+     * number of samples of the global batch (the aux-loss mean's
+     * denominator). */
+    int64_t q0, Ns_global;
 } PAR_FN(par_stats);
 
+/* A window of Ns samples with q0 = 0, Ns_global = Ns (set them after for
+ * another window). */
 par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int64_t E, int64_t Ns);
 void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st);
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st);
-/* dst += src, field by field (the one reduction point).  PAR_EMISMATCH if
- * the sizes differ. */
+/* dst += src, field by field, for two partial statistics of the same window
+ * (a layout whose ranks hold different windows combines in
+ * src/parallel/reduce.c instead).  PAR_EMISMATCH if the sizes or windows
+ * differ. */
 par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_stats) *src);
+/* st->aux[b*Ns + q] = the aux-loss term of window sample q in score-routed
+ * block b: par_moe_aux_loss of that sample alone (0 for hash blocks and
+ * empty samples).  The layer's loss is (sum over global samples ascending of
+ * its terms) / Ns_global, bit for bit par_moe_aux_loss over all samples. */
+void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K);
 
 /* The scalars of a step (GOLDEN.md out.*), in double. */
 typedef struct {
@@ -120,20 +137,88 @@ typedef struct {
 
 /* ------------------------------------------------------------------ model -- */
 
+typedef struct PAR_FN(par_model_s) PAR_FN(par_model);
+
+/* The routed-expert executor of the MoE sub-layer.  NULL functions = the
+ * serial kernel path (par_moe_forward / par_moe_backward on every expert,
+ * which must all be held).  A parallel layout (src/parallel/ep.c) installs
+ * its own: fwd computes y = the MoE layer (routed experts in the contract's
+ * per-token order, then the shared expert) of block b for the T local tokens
+ * from the gate's idx and w; bwd accumulates dx, dw (the routing weights'
+ * gradient) and the held experts' and the shared expert's weight gradients
+ * into M->grads.  Both are collective over whatever group ctx uses. */
 typedef struct {
+    par_status (*fwd)(void *ctx, PAR_FN(par_model) *M, int b,
+                      par_real *y,            /* [T, d] out */
+                      const par_real *x,      /* [T, d] normed input */
+                      const int32_t *idx,     /* [T, K] ascending */
+                      const par_real *w,      /* [T, K] */
+                      const int32_t *tokens,  /* [T] the block's input ids */
+                      int64_t T);
+    par_status (*bwd)(void *ctx, PAR_FN(par_model) *M, int b,
+                      par_real *dx,           /* [T, d] += */
+                      par_real *dw,           /* [T, K] += */
+                      const par_real *dy,     /* [T, d] */
+                      const par_real *x,      /* [T, d] */
+                      const par_real *w,      /* [T, K] */
+                      int64_t T);
+    void *ctx;
+} PAR_FN(par_moe_exec);
+
+/* The attention executor of block b (the V4 attention layer, MODEL.md 3).
+ * NULL functions = the serial kernels (par_attn_forward / _backward on the
+ * T local tokens).  A context-parallel layout (src/parallel/cpwire.c)
+ * installs its own: the local tokens are slices of rows whose other parts
+ * live on other ranks; the executor keeps its own saved state per block.
+ * fwd: y = Attention(x) on the local tokens, sel (m == 4 layers, may be
+ * NULL) the indexer picks as par_attn_forward's `selected`.  bwd: dx += and
+ * dW += (non-indexer weights) as par_attn_backward.  Both collective over
+ * whatever group ctx uses. */
+typedef struct {
+    par_status (*fwd)(void *ctx, PAR_FN(par_model) *M, int b,
+                      par_real *y,            /* [T, d] out */
+                      int32_t *sel,           /* [T, topk] out, or NULL */
+                      const par_real *x,      /* [T, d] normed input */
+                      const PAR_FN(par_attn_weights) *W, int64_t T);
+    par_status (*bwd)(void *ctx, PAR_FN(par_model) *M, int b,
+                      par_real *dx,           /* [T, d] += */
+                      PAR_FN(par_attn_weights) *dW,
+                      const par_real *dy,     /* [T, d] */
+                      const PAR_FN(par_attn_weights) *W, int64_t T);
+    void *ctx;
+} PAR_FN(par_attn_exec);
+
+struct PAR_FN(par_model_s) {
     par_config cfg;
     par_param_table tab;
     uint64_t seed;
     int64_t n, d, V, E, K, I; /* hc_mult, dim, vocab, experts, active, inter */
     int n_blocks;             /* n_layers + n_mtp_layers */
-    par_real *params;         /* [n_float] */
-    par_real *grads;          /* [n_float] */
-    par_real *opt_m, *opt_v;  /* [n_float] optimizer state (model/optim.h) */
+    /* Ownership: the model holds the dense parameters and the routed experts
+     * [e0, e1) of every block (the serial model: [0, E)).  Held float
+     * entries are packed in table order into LOCAL flat buffers of n_local
+     * elements; loc[idx] is entry idx's offset there (-1 when not held; for
+     * the int32 entries, the offset into i32, which always holds all).
+     * Owning everything, loc[idx] == tab.p[idx].offset. */
+    int64_t e0, e1;
+    int64_t *loc;             /* [tab.n] */
+    int64_t n_local;
+    par_real *params;         /* [n_local] */
+    par_real *grads;          /* [n_local] */
+    par_real *opt_m, *opt_v;  /* [n_local] optimizer state (model/optim.h) */
     int32_t *i32;             /* [n_i32] tid2eid tables */
+    PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial) */
+    PAR_FN(par_attn_exec) attn; /* attention executor (zeroed: serial) */
+    /* Sample numbering override (a layout whose ranks hold parts of rows):
+     * when sample_in is set, par_model_forward takes token t's window sample
+     * from sample_in[t] and the window's size from Ns_in instead of counting
+     * samples along the batch's rows.  Not owned. */
+    const int32_t *sample_in; /* [T] or NULL */
+    int64_t Ns_in;
     par_rope *rope;           /* [n_blocks] */
     par_attn_dims *adims;     /* [n_blocks] */
-    const par_real **ew;      /* [n_blocks, 3, E] expert weights w1,w2,w3 */
-    par_real **egw;           /* [n_blocks, 3, E] their gradients */
+    const par_real **ew;      /* [n_blocks, 3, E] expert weights w1,w2,w3 (NULL: not held) */
+    par_real **egw;           /* [n_blocks, 3, E] their gradients (NULL: not held) */
     int64_t step;             /* updates applied so far */
 
     /* the current step (valid after par_model_forward until the next one) */
@@ -148,17 +233,39 @@ typedef struct {
     PAR_FN(par_stats) stats;
     par_step_scalars last;
     int have_fwd;
-} PAR_FN(par_model);
+};
 
 /* Builds the table of a validated config (refuses n_mtp_layers > 1),
  * allocates and initialises the parameters from `seed` (model/init.h).
- * Gradients and optimizer state start at zero. */
+ * Gradients and optimizer state start at zero.  Owns every expert. */
 par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed);
+/* The same holding only the routed experts [e0, e1) of every block (0 <= e0
+ * < e1 <= E, else PAR_EINVAL); each held tensor has the serial model's
+ * values (slice init). */
+par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
+                                        int64_t e0, int64_t e1);
+/* Which dense parts a pipeline rank holds (parallel/pp.h): the tensors of
+ * the blocks with blocks[b] != 0 (NULL: every block), embed.weight, head.weight
+ * and the main head's norm.weight + hc_head_* ("final").  NULL hold = all. */
+typedef struct {
+    const uint8_t *blocks; /* [n_blocks] */
+    int embed, head, final;
+} par_model_hold;
+/* par_model_init_owned holding only what `hold` names (routed experts
+ * [e0, e1) of the held blocks); unheld entries have loc = -1. */
+par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
+                                       int64_t e0, int64_t e1, const par_model_hold *hold);
 void PAR_FN(par_model_free)(PAR_FN(par_model) *M); /* zeroes *M; safe on a zeroed one */
 
-/* Pointer to entry idx of the parameter table in `flat` (params or grads),
- * NULL for idx < 0. */
-par_real *PAR_FN(par_model_ptr)(par_real *flat, const par_param_table *t, int idx);
+/* Pointer to entry idx in one of M's local flat buffers (params, grads,
+ * opt_m, opt_v), NULL for idx < 0 or an entry M does not hold. */
+par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int idx);
+/* 1 when M holds entry idx (float entries; int32 entries are always held). */
+int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx);
+/* Sum of squares of the held gradients (par_grad_sumsq over held entries,
+ * table order).  If per_entry is not NULL, per_entry[idx] = entry idx's sum
+ * (0 where not held or without gradient). */
+double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entry /* [tab.n] */);
 
 /* ---- pieces (T tokens of whole samples; arrays [T] are token-indexed) ---- */
 
@@ -171,8 +278,10 @@ par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,
                                             const int32_t *tokens, /* [T] */ int64_t T);
 
 /* One block b on T tokens: Xout = block(Xin).  `tokens` are the block's
- * input ids (hash routing), `sample` the global sample index of each token
- * (aux statistics into st; loads into st->loads).  Memory from `ar`. */
+ * input ids (hash routing), `sample` the sample index of each token in st's
+ * window (global sample st->q0 + sample[t]; aux statistics into st; loads
+ * into st->loads).  The routed experts run through M->moe when set.  Memory
+ * from `ar`. */
 par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, int b, PAR_FN(par_block_act) *a,
                                      par_arena *ar, const par_real *Xin, /* [T, n, d] */
                                      const int32_t *tokens, /* [T] */
@@ -213,19 +322,31 @@ par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_a
                                           par_arena *ar, par_real *dXL, /* [T, n, d] += */
                                           const par_real *dX0);         /* [T, n, d] */
 
-/* Scalars from combined statistics (grad_norm from st->grad_sumsq). */
-void PAR_FN(par_model_losses)(const PAR_FN(par_model) *M, const PAR_FN(par_stats) *st,
+/* Scalars from combined statistics of the whole batch (one window; fills
+ * st->aux; grad_norm from st->grad_sumsq). */
+void PAR_FN(par_model_losses)(const PAR_FN(par_model) *M, PAR_FN(par_stats) *st,
                               par_step_scalars *out);
+/* The same from per-sample terms of all Ns samples of the global batch in
+ * order: ce sums [Ns], aux terms [n_blocks, Ns] (par_stats_aux_terms).
+ * grad_norm is left 0. */
+void PAR_FN(par_model_losses_from)(const PAR_FN(par_model) *M, int64_t n_main, int64_t n_mtp,
+                                   const double *ce_main, /* [Ns] */
+                                   const double *ce_mtp,  /* [Ns] */
+                                   const par_real *aux,   /* [n_blocks, Ns] */
+                                   int64_t Ns, par_step_scalars *out);
 
 /* ---- the serial step ---- */
 
 /* Forward of the whole model on `batch` (kept by pointer until the next
  * forward): fills M->X, M->blk, the heads, M->stats and M->last's losses. */
 par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batch);
-/* Zeroes M->grads and back-propagates the loss of the last forward;
- * M->last.grad_norm = the global norm (before clipping). */
+/* Zeroes M->grads and back-propagates the loss of the last forward (scales
+ * from M->stats' n_main / n_mtp / Ns_global: a parallel layout combines the
+ * statistics between forward and backward);
+ * M->last.grad_norm = the norm of the held gradients (before clipping). */
 par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M);
-/* Clip + Muon/AdamW + balance (one update, M->step += 1). */
+/* Clip (from M->stats.grad_sumsq) + Muon/AdamW on every held entry +
+ * balance (from M->stats.loads, n_tokens); one update, M->step += 1. */
 par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M);
 /* forward + backward + update; *out (if not NULL) = M->last. */
 par_status PAR_FN(par_model_step)(PAR_FN(par_model) *M, const par_batch *batch, par_step_scalars *out);

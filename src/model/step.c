@@ -34,10 +34,14 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
     if (!M->sample)
         goto fail_oom;
     int64_t q = -1;
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && !M->sample_in; t++) {
         if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
             q++;
         M->sample[t] = (int32_t)q;
+    }
+    if (M->sample_in) { /* parts of rows (context parallelism): the layout numbers them */
+        memcpy(M->sample, M->sample_in, (size_t)T * sizeof *M->sample);
+        q = M->Ns_in - 1;
     }
     int64_t Ns = q + 1;
     if (!M->stats.ce_main || M->stats.Ns != Ns) {
@@ -101,7 +105,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
     size_t xbytes = (size_t)(T * nd) * sizeof(par_real);
     par_real *dA, *dB;
 
-    memset(M->grads, 0, (size_t)M->tab.n_float * sizeof(par_real));
+    memset(M->grads, 0, (size_t)M->n_local * sizeof(par_real));
     dA = par_arena_calloc(ar, xbytes ? xbytes : 64, 64); /* d/dX_L */
     dB = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
     if (!dA || !dB)
@@ -142,7 +146,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
     s = PAR_FN(par_model_embed_backward)(M, ar, dA, M->batch->tokens, T);
     if (s)
         goto done;
-    st->grad_sumsq = PAR_FN(par_grad_sumsq)(M->grads, &M->tab);
+    st->grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
     M->last.grad_norm = sqrt(st->grad_sumsq);
 done:
     par_arena_rewind(ar, mark);
@@ -157,11 +161,24 @@ par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)
     if (!M->have_fwd)
         return par_err(PAR_EINVAL, "model update: no step to apply");
     double f = par_clip_factor(sqrt(M->stats.grad_sumsq), M->cfg.clip_grad);
-    par_status s = PAR_FN(par_optim_apply)(M->params, M->opt_m, M->opt_v, M->grads, &M->tab, &M->cfg,
-                                           M->step + 1, f);
-    if (s)
-        return s;
-    PAR_FN(par_balance_apply)(M->params, M->stats.loads, &M->tab, &M->cfg, M->stats.n_tokens);
+    /* par_optim_apply and par_balance_apply over the held entries (the same
+     * per-entry calls in table order) */
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0)
+            continue;
+        int64_t o = M->loc[i];
+        par_status s = PAR_FN(par_optim_apply_param)(M->params + o, M->opt_m + o, M->opt_v + o, M->grads + o,
+                                                     &M->tab, i, &M->cfg, M->step + 1, f);
+        if (s)
+            return s;
+    }
+    for (int b = 0; b < M->n_blocks; b++) {
+        par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+        if (bias)
+            PAR_FN(par_balance_update)(bias, M->stats.loads + (int64_t)b * M->E, M->E, M->K,
+                                       M->stats.n_tokens, M->cfg.bias_update_rate);
+    }
     M->step++;
     return PAR_OK;
 }

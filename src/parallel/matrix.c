@@ -22,6 +22,8 @@
 #include "core/safetensors.h"
 #include "core/tensor.h"
 #include "model/facade.h"
+#include "parallel/driver.h"
+#include "parallel/schedule.h"
 
 #define MARKER_NAME ".parity-matrix"
 #define MAX_FIXTURES 64
@@ -57,6 +59,7 @@ struct par_matrix {
     char preset[32];
     int quick;
     char backend[16];
+    const par_backend *backend_impl; /* parallel cells (NULL: they are ERROR) */
     int64_t steps;
     uint64_t seed;
     char out_dir[PATH_CAP];
@@ -399,6 +402,7 @@ par_status par_matrix_new(const par_matrix_opts *o, par_matrix **out)
         goto fail_free_matrix;
     sfmt(m->preset, sizeof m->preset, "%s", o->preset);
     sfmt(m->backend, sizeof m->backend, "%s", o->backend);
+    m->backend_impl = o->backend_impl;
     m->quick = o->quick;
     m->seed = o->seed;
     m->steps = o->steps ? o->steps : (!strcmp(o->preset, "v4-tiny") ? 3 : 1);
@@ -616,6 +620,145 @@ static par_status prod_repeat(par_matrix *m, const par_matrix_cell *c, const cha
                               const char **cand, par_cell_metrics *met)
 {
     return par_matrix_golden(m, 64, c->fixture, NULL, c->steps, c->seed, set_dir);
+}
+
+/* cp2, cp4: `parity run` with context parallelism CP = c->arg (world CP,
+ * Da = 1) on the cell's fixture, dumped; the emulated network (reference
+ * preset) gives the step time and the exposed communication. */
+static par_status prod_cp(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
+                          const char **cand, par_cell_metrics *met)
+{
+    (void)work_dir, (void)cand;
+    if (!m->backend_impl)
+        return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
+                       "available)", c->name, (long long)c->ranks, m->backend);
+    par_netmodel net;
+    par_status s = par_netmodel_preset("reference", &net);
+    if (s)
+        return s;
+    par_run_opts o;
+    par_run_opts_init(&o);
+    o.cfg = m->cfg;
+    o.steps = c->steps;
+    o.seed = c->seed;
+    o.fixture = c->fixture[0] ? c->fixture : NULL;
+    o.fixtures_dir = m->fixtures_dir;
+    o.backend = m->backend_impl;
+    o.layout.cp = c->arg;
+    o.layout.world = c->ranks;
+    o.dump_dir = set_dir;
+    o.netmodel = &net;
+    par_run_summary sum;
+    if ((s = par_run(&o, &sum)))
+        return s;
+    double tmax = 0, cmax = 0;
+    for (int r = 0; sum.net && r < (int)c->ranks; r++) {
+        const par_rankstats *st = par_netrun_stats(sum.net, r);
+        if (st && st->total_s > tmax)
+            tmax = st->total_s;
+        if (st && st->comm_s > cmax)
+            cmax = st->comm_s;
+    }
+    if (sum.net) {
+        met->step_time_s = tmax / (double)c->steps;
+        met->exposed_comm_s = cmax / (double)c->steps;
+    }
+    par_run_summary_free(&sum);
+    return PAR_OK;
+}
+
+/* dp4-zero1, ep4-zero1: `parity run --use-distributed-optimizer` (ZeRO-1)
+ * on c->ranks ranks with EP = c->arg, dumped (parameters and the optimizer
+ * state gathered from the shards after every step; parallel/dpwire.h). */
+static par_status prod_zero(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
+                            const char **cand, par_cell_metrics *met)
+{
+    (void)work_dir, (void)cand, (void)met;
+    if (!m->backend_impl)
+        return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
+                       "available)", c->name, (long long)c->ranks, m->backend);
+    par_run_opts o;
+    par_run_opts_init(&o);
+    o.cfg = m->cfg;
+    o.steps = c->steps;
+    o.seed = c->seed;
+    o.fixture = c->fixture[0] ? c->fixture : NULL;
+    o.fixtures_dir = m->fixtures_dir;
+    o.backend = m->backend_impl;
+    o.layout.world = c->ranks;
+    o.layout.ep = c->arg;
+    o.layout.distributed_optimizer = 1;
+    o.dump_dir = set_dir;
+    return par_run(&o, NULL);
+}
+
+/* A PP 2 layout string of `segs` segments (2 or 4) for n_layers main
+ * layers and n_mtp MTP blocks: the layers split as evenly as possible, E on
+ * the first segment, the MTP blocks and L on the last. */
+static void pp_layout_string(char *buf, size_t n, int64_t n_layers, int64_t n_mtp, int segs)
+{
+    size_t o = 0;
+    for (int i = 0; i < segs && o < n; i++) {
+        int64_t k = n_layers / segs + (i >= segs - n_layers % segs ? 1 : 0);
+        o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? "|" : "", i == 0 ? "E" : "");
+        if (k > 0 && o < n)
+            o += (size_t)snprintf(buf + o, n - o, "t*%lld", (long long)k);
+        if (i == segs - 1 && o < n)
+            snprintf(buf + o, n - o, "%sL", n_mtp > 0 ? "m" : "");
+    }
+}
+
+/* pp2-<schedule>: `parity run` with PP = 2 (world 2) and the schedule
+ * c->arg (par_sched_kind; interleaved and dualpipev over 4 segments, VPP 2),
+ * dumped; the emulated network (reference preset) gives the step time. */
+static par_status prod_pp(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
+                          const char **cand, par_cell_metrics *met)
+{
+    (void)work_dir, (void)cand;
+    if (!m->backend_impl)
+        return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
+                       "available)", c->name, (long long)c->ranks, m->backend);
+    par_netmodel net;
+    par_status s = par_netmodel_preset("reference", &net);
+    if (s)
+        return s;
+    par_run_opts o;
+    par_run_opts_init(&o);
+    o.cfg = m->cfg;
+    o.steps = c->steps;
+    o.seed = c->seed;
+    o.fixture = c->fixture[0] ? c->fixture : NULL;
+    o.fixtures_dir = m->fixtures_dir;
+    o.backend = m->backend_impl;
+    o.layout.pp = 2;
+    o.layout.world = c->ranks;
+    char str[256];
+    int segs = c->arg == PAR_SCHED_INTERLEAVED || c->arg == PAR_SCHED_DUALPIPEV ? 4 : 2;
+    pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers, segs);
+    if ((s = par_layout_set_pp_layout(&o.layout, str)) ||
+        (s = par_layout_set_schedule(&o.layout, par_schedule_kind_name((par_sched_kind)c->arg))))
+        return s;
+    o.dump_dir = set_dir;
+    o.netmodel = &net;
+    par_run_summary sum;
+    if ((s = par_run(&o, &sum)))
+        return s;
+    double tmax = 0, cmax = 0;
+    for (int r = 0; sum.net && r < (int)c->ranks; r++) {
+        const par_rankstats *st = par_netrun_stats(sum.net, r);
+        if (st && st->total_s > tmax)
+            tmax = st->total_s;
+        if (st && st->comm_s > cmax)
+            cmax = st->comm_s;
+    }
+    if (sum.net) {
+        met->step_time_s = tmax / (double)c->steps;
+        met->exposed_comm_s = cmax / (double)c->steps;
+    }
+    if (sum.pp_net_bubble >= 0)
+        met->bubble = sum.pp_net_bubble;
+    par_run_summary_free(&sum);
+    return PAR_OK;
 }
 
 /* Copies the golden set src into dst with every F32 tensor widened to F64
@@ -934,7 +1077,63 @@ par_status par_matrix_add_builtin_cells(par_matrix *m)
                  "near-zero gradients' rounding (docs/matrix.md)");
         s = par_matrix_add(m, &c);
     }
-    /* 4. data-file: the batches through --data give the same set. */
+    /* 4. cp2, cp4: context parallelism on every boundary fixture (S/CP must
+     *    reach D_window, which the layout checks: a preset with too short
+     *    rows makes the cell ERROR with the rule's message).  Not in --quick
+     *    (tests/parallel/test_cp_run.c runs them in CI). */
+    for (int64_t cp = 2; cp <= 4 && !s && !m->quick; cp *= 2)
+        for (int i = 0; !s && i < m->nfix; i++) {
+            par_matrix_cell_init(m, &c, cp == 2 ? "cp2" : "cp4", m->fixtures[i]);
+            c.produce = prod_cp;
+            c.ranks = cp;
+            c.arg = cp;
+            c.policy = PAR_POLICY_F64;
+            sfmt(c.layout, sizeof c.layout, "CP=%lld (world %lld)", (long long)cp, (long long)cp);
+            sfmt(c.note, sizeof c.note,
+                 "f64 policy: CE/aux partial sums and weight gradients of split rows add in rank order; "
+                 "routing, loads and attn selections exactly equal");
+            s = par_matrix_add(m, &c);
+        }
+    /* 4b. dp4-zero1, ep4-zero1: ZeRO-1 (--use-distributed-optimizer); the
+     *     dumps carry the optimizer state gathered from the shards.  Not in
+     *     --quick (tests/parallel/test_zero_run.c runs them in CI). */
+    for (int64_t ep = 1; ep <= 4 && !s && !m->quick; ep *= 4) {
+        par_matrix_cell_init(m, &c, ep == 1 ? "dp4-zero1" : "ep4-zero1", fx);
+        c.produce = prod_zero;
+        c.ranks = ep == 1 ? 4 : 8;
+        c.arg = ep;
+        c.policy = PAR_POLICY_F64;
+        sfmt(c.layout, sizeof c.layout, "ZeRO-1, EP=%lld (world %lld)", (long long)ep, (long long)c.ranks);
+        sfmt(c.note, sizeof c.note,
+             "f64 policy: gradients reduced in rank order over DP (x CP) and EDP; optimizer state "
+             "(opt.*) gathered from the ZeRO shards and compared after every step");
+        s = par_matrix_add(m, &c);
+    }
+    /* 4c. pp2-<schedule>: pipeline parallelism, every schedule once (PP 2;
+     *     interleaved and dualpipev on 4 segments).  Not in --quick
+     *     (tests/parallel/test_pp.c runs them in CI). */
+    static const struct {
+        par_sched_kind k;
+        const char *name;
+    } pps[] = {{PAR_SCHED_GPIPE, "pp2-gpipe"},         {PAR_SCHED_1F1B, "pp2-1f1b"},
+               {PAR_SCHED_INTERLEAVED, "pp2-interleaved"}, {PAR_SCHED_ZBH1, "pp2-zbh1"},
+               {PAR_SCHED_DUALPIPE, "pp2-dualpipe"},     {PAR_SCHED_DUALPIPEV, "pp2-dualpipev"}};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0] && !s && !m->quick; i++) {
+        par_matrix_cell_init(m, &c, pps[i].name, fx);
+        c.produce = prod_pp;
+        c.ranks = 2;
+        c.arg = pps[i].k;
+        c.policy = PAR_POLICY_F64;
+        char str[200];
+        pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers,
+                         pps[i].k == PAR_SCHED_INTERLEAVED || pps[i].k == PAR_SCHED_DUALPIPEV ? 4 : 2);
+        sfmt(c.layout, sizeof c.layout, "PP=2 %s '%s' (world 2)", par_schedule_kind_name(pps[i].k), str);
+        sfmt(c.note, sizeof c.note,
+             "f64 policy: forward bitwise (whole rows per microbatch); weight gradients accumulate over "
+             "microbatches, embed/head over stages");
+        s = par_matrix_add(m, &c);
+    }
+    /* 5. data-file: the batches through --data give the same set. */
     if (!s) {
         par_matrix_cell_init(m, &c, "data-file", fx);
         c.produce = prod_data_file;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "comm/comm.h"
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/config.h"
@@ -118,6 +119,8 @@ typedef struct {
     const char *preset;       /* "v4-tiny" or "v4-mini" */
     int quick;                /* recorded in the report */
     const char *backend;      /* recorded; parallel cells run on it */
+    const par_backend *backend_impl; /* the parallel cells' backend (the CLI looks it up by
+                                      * name, backends/registry.h); NULL: they are ERROR */
     int64_t steps;            /* steps of the built-in cells; 0 = the preset's default (tiny 3, mini 1) */
     uint64_t seed;
     const char *out_dir;      /* results directory: created; must be empty or an earlier matrix's */

@@ -1,0 +1,320 @@
+/* parity run --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
+ *            [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...
+ *            [--dump DIR] [--quiet]
+ * Training steps under a parallel layout (parallel/driver.h); --dump writes the
+ * unsharded golden-format set (CLI.md, GOLDEN.md).
+ * Exit: 0 success, 2 bad usage, an invalid layout or unreadable input, 1 the run failed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "backends/registry.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/netargs.h"
+#include "cli/netgroups.h"
+#include "comm/trace.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "parallel/ckpt.h"
+#include "parallel/driver.h"
+
+static int exit_code(par_status s)
+{
+    switch (s) {
+    case PAR_ENOMEM:
+    case PAR_EINTERNAL:
+    case PAR_ERANGE:
+    case PAR_ECOMM:
+    case PAR_ETIMEOUT:
+    case PAR_EMISMATCH:
+        return 1;
+    default:
+        return 2;
+    }
+}
+
+static void human_bytes(char *buf, size_t n, double b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024.0 && i < 4) {
+        b /= 1024.0;
+        i++;
+    }
+    snprintf(buf, n, "%.2f %s", b, u[i]);
+}
+
+/* Per-rank memory accounting (parallel/dpwire.h): every rank for N <= 8,
+ * else min / max over ranks. */
+static void print_memory(const par_run_summary *sum)
+{
+    static const char *const kind[PAR_RUN_MEM] = {"weights", "gradients", "optimizer state",
+                                                   "optimizer state unsharded", "activations (saved, peak)",
+                                                   "communication (DP workspace)"};
+    int64_t N = sum->layout.world;
+    if (!sum->mem || N < 1)
+        return;
+    char b0[32], b1[32];
+    printf("memory per rank (%s optimizer; accounted from the model and the plans, see docs/parallel.md):\n",
+           sum->layout.distributed_optimizer ? "ZeRO-1" : "replicated");
+    for (int k = 0; k < PAR_RUN_MEM; k++) {
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int64_t r = 0; r < N; r++) {
+            int64_t v = sum->mem[r * PAR_RUN_MEM + k];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        human_bytes(b0, sizeof b0, (double)lo);
+        human_bytes(b1, sizeof b1, (double)hi);
+        if (N <= 8) {
+            printf("  %-30s", kind[k]);
+            for (int64_t r = 0; r < N; r++) {
+                human_bytes(b0, sizeof b0, (double)sum->mem[r * PAR_RUN_MEM + k]);
+                printf("  r%lld %s", (long long)r, b0);
+            }
+            printf("\n");
+        } else {
+            printf("  %-30s min %s  max %s\n", kind[k], b0, b1);
+        }
+    }
+}
+
+int par_cmd_run(int argc, char **argv)
+{
+    const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *dump = NULL;
+    const char *save = NULL, *load = NULL;
+    int64_t save_interval = 0;
+    const char *backend = "threads";
+    int64_t steps = 1, seed = 1234;
+    int quiet = 0;
+    par_strlist sets;
+    memset(&sets, 0, sizeof sets);
+    par_layout_args la;
+    par_layout_args_init(&la);
+    par_opt opts[40] = {
+        {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
+        {"data", PAR_OPT_STR, &data, "FILE",
+         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
+        {"fixture", PAR_OPT_STR, &fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
+        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
+        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+        {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
+        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads (default threads)"},
+        {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
+        {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
+        {"save-interval", PAR_OPT_INT, &save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
+        {"load", PAR_OPT_STR, &load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
+        {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
+        {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+    };
+    int nopts = 13;
+    nopts = par_layout_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &la);
+    par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
+    par_net_args_init(&na);
+    nopts = par_net_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &na);
+    if (nopts < 0) {
+        fprintf(stderr, "parity run: internal error: option table too small\n");
+        return 2;
+    }
+    const char *synopsis =
+        "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
+        "       [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...\n"
+        "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--quiet]\n\n"
+        "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
+        "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
+        "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
+        "checks the layout against the serial reference.  --use-distributed-optimizer shards the\n"
+        "optimizer state (ZeRO-1).  --save / --load write and resume distributed checkpoints (any\n"
+        "layout loads any checkpoint).  CP splits every row into CP contiguous slices (S/CP >=\n"
+        "D_window).  Network flags (--topology, --gpus-per-node, --nvlink-gbps, --ib-gbps,\n"
+        "--trace FILE) attach the emulated network: a per-rank summary at the end.  PP runs any\n"
+        "--pipeline-schedule (gpipe, 1f1b, interleaved, zb-h1, dualpipe, dualpipev) over the layout\n"
+        "string's stages and prints the schedule's dry-run bubble, with a network also the bubble\n"
+        "measured on the virtual clock.  TP and ETP are not supported (sizes must be 1).";
+    par_positional pos;
+    int rc = par_args_parse("run", synopsis, opts, nopts, argc, argv, &pos);
+    if (rc == 1)
+        return 0;
+    if (rc)
+        return 2;
+    if (pos.count) {
+        fprintf(stderr, "parity run: unexpected argument '%s' (see 'parity run --help')\n", pos.argv[0]);
+        return 2;
+    }
+    if (data && fixture) {
+        fprintf(stderr, "parity run: give --data or --fixture, not both\n");
+        return 2;
+    }
+    if (steps < 1) {
+        fprintf(stderr, "parity run: --steps must be >= 1 (got %lld)\n", (long long)steps);
+        return 2;
+    }
+    if (seed < 0) {
+        fprintf(stderr, "parity run: --seed must be >= 0 (got %lld)\n", (long long)seed);
+        return 2;
+    }
+    par_run_opts o;
+    par_run_opts_init(&o);
+    if (!strcmp(precision, "f64"))
+        o.precision = 64;
+    else if (!strcmp(precision, "f32"))
+        o.precision = 32;
+    else {
+        fprintf(stderr, "parity run: --precision expects f64 or f32, got '%s'\n", precision);
+        return 2;
+    }
+    par_err_set_quiet(1);
+    par_status s = par_backend_get(backend, &o.backend);
+    if (!s)
+        s = par_config_preset(&o.cfg, preset);
+    for (int i = 0; !s && i < sets.count; i++)
+        s = par_config_set_arg(&o.cfg, sets.items[i]);
+    if (!s)
+        s = par_config_validate(&o.cfg);
+    if (!s)
+        s = par_config_check_runnable(&o.cfg);
+    par_layout *l = &o.layout;
+    l->tp = la.tp;
+    l->pp = la.pp;
+    l->vpp = la.vpp;
+    l->cp = la.cp;
+    l->ep = la.ep;
+    l->etp = la.etp;
+    l->world = la.world_size;
+    l->micro_batch = la.micro_batch;
+    l->global_batch = la.global_batch;
+    l->distributed_optimizer = la.distributed_optimizer;
+    if (!s)
+        s = par_layout_set_pp_layout(l, la.pp_layout);
+    if (!s)
+        s = par_layout_set_schedule(l, la.pp_schedule);
+    if (s) {
+        fprintf(stderr, "parity run: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    par_netmodel netm;
+    int net_on = 0;
+    if ((s = par_net_args_resolve(&na, &netm, &net_on))) {
+        fprintf(stderr, "parity run: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    o.netmodel = net_on ? &netm : NULL;
+    o.net_spans = net_on; /* spans: the per-group table below, and the trace */
+    o.steps = steps;
+    o.seed = (uint64_t)seed;
+    o.data_path = data;
+    o.fixture = fixture;
+    o.dump_dir = dump;
+    o.save_dir = save;
+    o.save_interval = save_interval;
+    if (save_interval < 0 || (save_interval > 0 && !save)) {
+        fprintf(stderr, "parity run: --save-interval needs --save DIR and K >= 1 (got %lld)\n",
+                (long long)save_interval);
+        par_err_set_quiet(0);
+        return 2;
+    }
+    par_run_register_ckpt_owner();
+    par_ckpt *ck = NULL;
+    if (load && par_ckpt_open(load, &ck) != PAR_OK) { /* validated before anything runs or is written */
+        fprintf(stderr, "parity run: --load: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    o.load = ck;
+    o.progress = !quiet;
+    /* a rank may wait while rank 0 writes a large dump */
+    o.timeout_s = getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0;
+
+    par_alloc_reset_peaks();
+    par_run_summary sum;
+    s = par_run(&o, &sum);
+    par_ckpt_close(ck);
+    if (s) {
+        fprintf(stderr, "parity run: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return exit_code(s);
+    }
+    par_err_set_quiet(0);
+
+    const par_layout *rl = &sum.layout;
+    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
+           "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
+           preset, precision, sum.backend, (long long)sum.steps, (long long)rl->global_batch,
+           (long long)o.cfg.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
+           (long long)sum.n_params, (long long)sum.max_rank_floats);
+    if (dump)
+        printf("golden-format set written: %s\n", dump);
+    if (load)
+        printf("resumed from %s at step %lld\n", load, (long long)sum.start_step);
+    if (save)
+        printf("checkpoint written: %s (%lld saves, last at step %lld)\n", save, (long long)sum.saves,
+               (long long)(sum.start_step + sum.steps));
+    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
+           "grad_norm", "wall_s");
+    for (int64_t k = 0; k < sum.steps; k++) {
+        const par_run_step_info *si = &sum.step[k];
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss, si->loss_main,
+               si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
+    }
+    printf("tokens per expert (all blocks, all steps): min %lld  mean %.1f  max %lld; hottest: block %d expert "
+           "%lld with %lld\n",
+           (long long)sum.load_min, sum.load_mean, (long long)sum.load_max, sum.load_hot_block,
+           (long long)sum.load_hot_expert, (long long)sum.load_hot_tokens);
+    static const char *const hl[PAR_RUN_HIST] = {"<0.25", "<0.5", "<0.75", "<1", "<1.25", "<1.5", "<2", ">=2"};
+    printf("  histogram of load/mean over (block, expert):");
+    for (int i = 0; i < PAR_RUN_HIST; i++)
+        printf("  %s: %lld", hl[i], (long long)sum.hist[i]);
+    printf("\n");
+    if (rl->ep > 1) {
+        char db[32], cb[32];
+        human_bytes(db, sizeof db, (double)sum.dispatch_bytes);
+        human_bytes(cb, sizeof cb, (double)sum.combine_bytes);
+        printf("expert parallel: rows received per rank min %lld  mean %.1f  max %lld; all-to-all bytes "
+               "(to other ranks, all ranks, fwd+bwd): dispatch %s, combine %s; %lld all-to-all calls per rank\n",
+               (long long)sum.recv_min, sum.recv_mean, (long long)sum.recv_max, db, cb, (long long)sum.a2a_calls);
+    }
+    print_memory(&sum);
+    if (rl->cp > 1) {
+        char hb[32], gb[32], rb[32];
+        human_bytes(hb, sizeof hb, (double)sum.cp_halo_bytes);
+        human_bytes(gb, sizeof gb, (double)sum.cp_gather_bytes);
+        human_bytes(rb, sizeof rb, (double)sum.cp_rs_bytes);
+        printf("context parallel: attention bytes handed to comm (all ranks, all steps): halo exchange %s (fwd "
+               "rows + bwd gradients), entry all-gathers %s, entry-gradient reduce-scatters %s\n",
+               hb, gb, rb);
+    }
+    if (rl->pp > 1) {
+        printf("pipeline: schedule %s, %d microbatches, %lld stages (VPP %lld); dry-run bubble %.1f %% (F=1 B=2 W=1)",
+               sum.pp_schedule, sum.pp_micro, (long long)rl->pipe.n_segments, (long long)rl->vpp,
+               100.0 * sum.pp_dry_bubble);
+        if (sum.pp_net_bubble >= 0)
+            printf("; emulated bubble %.1f %% of %.6g s (rank 0's pipeline, virtual clock, all steps)",
+                   100.0 * sum.pp_net_bubble, sum.pp_net_makespan_s);
+        printf("\n");
+    }
+    if (sum.net) { /* the emulated network: per-rank time, compute, communication per tier */
+        printf("emulated network (%s):\n", na.topology ? na.topology : "reference");
+        par_trace_summary(sum.net, stdout, 64);
+        par_net_group_summary(sum.net, stdout);
+        if (na.trace) {
+            if ((s = par_trace_write_chrome(sum.net, na.trace))) {
+                fprintf(stderr, "parity run: %s\n", par_last_error());
+                par_run_summary_free(&sum);
+                return 1;
+            }
+            printf("Chrome trace written: %s\n", na.trace);
+        }
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,
+           (double)ru.ru_maxrss / 1024.0);
+    par_run_summary_free(&sum);
+    return 0;
+}

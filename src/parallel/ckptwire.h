@@ -1,0 +1,50 @@
+/* parallel/ckptwire.h - distributed checkpoints of the training driver
+ * (templated: see kernels/real.h): save what each rank holds under the
+ * driver's ownership, load (reshard) into any current layout.
+ * docs/checkpoints.md, "With the driver".
+ *
+ * The ownership rule (par_ckpt_owner_driver, declared in parallel/driver.h
+ * because the CLI registers it): which elements of which tensor each world
+ * rank WRITES.  Dense parameters (gate.bias and tid2eid included): the
+ * replica at attention coordinates tp = cp = dp = 0 of the stage; routed
+ * experts: their EP owner at etp = edp = 0; optimizer state: under ZeRO-1
+ * the shard owners' element ranges (AdamW: the pieces of the flat buffer
+ * each dp-cp / edp group rank owns, padding never written; Muon: the owning
+ * rank, whole matrix), replicated: the same designated replica as the
+ * parameter.  Computed from the checkpoint's tensor list alone (table order,
+ * optimizer kinds from the opt.* names, experts from the names), with the
+ * same plan builder as the run (parallel/zero.h), so it needs no model.
+ *
+ * Loading reads, for every rank, EVERYTHING it holds (all its parameters;
+ * its shard / owned matrices of the state, or the whole state when
+ * replicated) from whatever shards cover it: that is the reshard to the
+ * current layout (any DP, EP, ZeRO on/off).
+ */
+#ifndef PAR_PARALLEL_CKPTWIRE_H
+#define PAR_PARALLEL_CKPTWIRE_H
+
+#include "core/status.h"
+#include "kernels/real.h"
+#include "model/model.h"
+#include "parallel/ckpt.h"
+#include "parallel/dpwire.h"
+#include "parallel/reduce.h"
+
+/* Collective over the world: writes checkpoint `dir` (atomic) with this
+ * rank's owned slices; st = the training state (step, cursor, seed,
+ * precision). */
+par_status PAR_FN(par_ckptw_save)(const par_pctx *P, const PAR_FN(par_model) *M, PAR_FN(par_dpw) *w,
+                                  const char *dir, const par_ckpt_state *st);
+
+/* Fills this rank's parameters and optimizer state from an open checkpoint
+ * (par_ckptw_check first) and sets M->step to the saved step.  Not
+ * collective (reads the shared handle). */
+par_status PAR_FN(par_ckptw_load)(const par_pctx *P, PAR_FN(par_model) *M, PAR_FN(par_dpw) *w,
+                                  const par_ckpt *ck);
+
+/* The checkpoint holds every tensor of the model of `cfg` at this
+ * precision with the same shapes and dtypes (PAR_EINVAL naming the first
+ * difference, PAR_EINVAL for another precision). */
+par_status PAR_FN(par_ckptw_check)(const par_ckpt *ck, const par_config *cfg);
+
+#endif

@@ -1,0 +1,283 @@
+/* parallel/dpwire.c - ZeRO-1 / replicated DP wired onto the driver's model
+ * (see parallel/dpwire.h, docs/parallel.md). */
+#include "parallel/dpwire.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model/optim.h"
+
+#if PAR_REAL_BITS == 64
+#define DC PAR_C_F64
+#else
+#define DC PAR_C_F32
+#endif
+
+typedef PAR_FN(par_dpw) dpw_t;
+typedef PAR_FN(par_zero_plan) plan_t;
+
+void PAR_FN(par_dpw_free)(dpw_t *w)
+{
+    if (!w)
+        return;
+    PAR_FN(par_zero_plan_free)(&w->plan[0]);
+    PAR_FN(par_zero_plan_free)(&w->plan[1]);
+    par_param_table_free(&w->lt);
+    par_free(w->norm_skip);
+    memset(w, 0, sizeof *w);
+}
+
+par_status PAR_FN(par_dpw_init)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M)
+{
+    memset(w, 0, sizeof *w);
+    const par_param_table *t = &M->tab;
+    par_status s = PAR_OK;
+    int *lists = NULL;
+    w->mode = P->lay->distributed_optimizer ? PAR_DP_ZERO1 : PAR_DP_REPLICATED;
+    w->comm[PAR_DPW_DENSE] = P->g.g[PAR_GROUP_DP_CP];
+    w->comm[PAR_DPW_EXPERT] = P->g.g[PAR_GROUP_EDP];
+    if (!w->comm[0] || !w->comm[1])
+        return par_err(PAR_EINVAL, "dp wiring: rank %d has no dp-cp or edp group", P->rank);
+
+    /* the local table: same entries, offsets into the model's local buffers */
+    w->lt.cfg = t->cfg;
+    w->lt.n = t->n;
+    w->lt.n_float = M->n_local;
+    w->lt.n_i32 = t->n_i32;
+    w->lt.n_blocks = t->n_blocks;
+    w->lt.top = t->top;
+    w->lt.p = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *w->lt.p, PAR_TAG_MODEL);
+    lists = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *lists, PAR_TAG_MODEL);
+    if (!w->lt.p || !lists) {
+        s = par_err(PAR_ENOMEM, "dp wiring: out of memory for a table of %d entries", t->n);
+        goto fail_free;
+    }
+    memcpy(w->lt.p, t->p, (size_t)t->n * sizeof *w->lt.p);
+    int nl[2] = {0, 0};
+    for (int i = 0; i < t->n; i++) {
+        const par_param *p = &t->p[i];
+        if (p->dtype != PAR_PDT_REAL)
+            continue;
+        w->lt.p[i].offset = M->loc[i] >= 0 ? M->loc[i] : 0;
+        if (M->loc[i] < 0)
+            continue;
+        int k = p->expert >= 0 ? PAR_DPW_EXPERT : PAR_DPW_DENSE;
+        lists[k * t->n + nl[k]++] = i;
+    }
+    for (int k = 0; k < 2; k++) {
+        par_comm *c = w->comm[k];
+        if ((s = PAR_FN(par_zero_plan_build)(&w->plan[k], &w->lt, lists + k * t->n, nl[k], par_comm_size(c),
+                                             par_comm_rank(c), w->mode)))
+            goto fail_free;
+    }
+    par_free(lists);
+    /* the state lives in the plans now */
+    par_free(M->opt_m);
+    par_free(M->opt_v);
+    M->opt_m = M->opt_v = NULL;
+    return PAR_OK;
+
+fail_free:
+    par_free(lists);
+    PAR_FN(par_dpw_free)(w);
+    return s;
+}
+
+par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
+{
+    if (idx < 0 || idx >= w->lt.n)
+        return par_err(PAR_EINVAL, "dp wiring: norm skip of entry %d outside the table [0, %d)", idx, w->lt.n);
+    if (!w->norm_skip) {
+        w->norm_skip = par_calloc((size_t)w->lt.n, 1, PAR_TAG_MODEL);
+        if (!w->norm_skip)
+            return par_err(PAR_ENOMEM, "dp wiring: out of memory for the norm mask");
+    }
+    w->norm_skip[idx] = 1;
+    return PAR_OK;
+}
+
+/* Adds this rank's share of every entry's squared norm to per[idx]: the
+ * reduced elements of ITS segment (AdamW pieces in its shard, its Muon
+ * matrices), in element order, in double.  The segments of a group
+ * partition its tensors, so over the world every element is counted once;
+ * an entry inside one segment gets exactly par_sumsq of the entry. */
+static void entry_shares(const plan_t *pl, const unsigned char *skip, double *per)
+{
+    const par_real *g = pl->mode == PAR_DP_ZERO1 ? pl->red : pl->buf + (int64_t)pl->rank * pl->seg;
+    const int64_t base = (int64_t)pl->rank * pl->shard;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        if (e->opt != PAR_OPT_ADAMW)
+            continue;
+        int64_t a = e->pos > base ? e->pos : base;
+        int64_t b = e->pos + e->numel < base + pl->shard ? e->pos + e->numel : base + pl->shard;
+        if (a >= b || (skip && skip[e->idx]))
+            continue;
+        double s = 0.0;
+        for (int64_t p = a; p < b; p++)
+            s += (double)g[p - base] * (double)g[p - base];
+        per[e->idx] = s;
+    }
+    for (int k = pl->owned_begin[pl->rank]; k < pl->owned_begin[pl->rank + 1]; k++) {
+        const par_zero_entry *e = &pl->e[pl->owned[k]];
+        if (skip && skip[e->idx])
+            continue;
+        const par_real *x = g + pl->shard + e->pos;
+        double s = 0.0;
+        for (int64_t j = 0; j < e->numel; j++)
+            s += (double)x[j] * (double)x[j];
+        per[e->idx] = s;
+    }
+}
+
+par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M)
+{
+    if (!M->have_fwd)
+        return par_err(PAR_EINVAL, "dp step: no forward / backward to apply");
+    if ((int64_t)M->arena.used > w->act_peak)
+        w->act_peak = (int64_t)M->arena.used; /* the backward rewound to the forward's mark */
+    const par_config *cfg = &M->cfg;
+    const par_param_table *t = &M->tab;
+    const int64_t step = M->step + 1;
+    par_status s;
+    /* 1. each gradient reduced once over the ranks replicating it */
+    for (int k = 0; k < 2; k++)
+        if ((s = PAR_FN(par_dp_reduce_grads)(&w->plan[k], w->comm[k], M->grads)))
+            return s;
+    /* 2. the global norm: per-entry shares of this rank's segments, one
+     * world all-reduce (an entry held by one segment: x + 0 + ... = x,
+     * exact), summed in table order like par_grad_sumsq */
+    double *per = par_calloc((size_t)(t->n > 0 ? t->n : 1), sizeof *per, PAR_TAG_COMM);
+    if (!per)
+        return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
+    for (int k = 0; k < 2; k++)
+        entry_shares(&w->plan[k], w->norm_skip, per);
+    if ((s = par_allreduce(P->world, per, per, (size_t)t->n, PAR_C_F64, PAR_OP_SUM))) {
+        par_free(per);
+        return s;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad)
+            sum += per[i];
+    par_free(per);
+    const double norm = sqrt(sum), f = par_clip_factor(norm, cfg->clip_grad);
+    /* 3. AdamW / Muon on what this rank owns (ZeRO-1: + all-gather) */
+    for (int k = 0; k < 2; k++)
+        if ((s = PAR_FN(par_dp_apply)(&w->plan[k], w->comm[k], M->params, cfg, step, f)))
+            return s;
+    /* 4. the balance update on every replica, from the global loads */
+    for (int b = 0; b < M->n_blocks; b++) {
+        par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+        if (bias)
+            PAR_FN(par_balance_update)(bias, M->stats.loads + (int64_t)b * M->E, M->E, M->K, M->stats.n_tokens,
+                                       cfg->bias_update_rate);
+    }
+    M->stats.grad_sumsq = sum;
+    M->last.grad_norm = norm;
+    M->step++;
+    return PAR_OK;
+}
+
+/* The plan's packed layout back into flat (local-table) buffers: the part
+ * of zero.c's unpack that a dump needs. */
+static void unpack_grads(const plan_t *pl, const par_real *packed, par_real *flat)
+{
+    const par_param_table *t = pl->t;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        par_real *f = flat + t->p[e->idx].offset;
+        if (e->opt == PAR_OPT_MUON) {
+            memcpy(f, packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, (size_t)e->numel * sizeof *f);
+            continue;
+        }
+        for (int64_t p = e->pos; p < e->pos + e->numel;) {
+            int64_t q = p / pl->shard, end = (q + 1) * pl->shard;
+            if (end > e->pos + e->numel)
+                end = e->pos + e->numel;
+            memcpy(f + (p - e->pos), packed + q * pl->seg + (p - q * pl->shard), (size_t)(end - p) * sizeof *f);
+            p = end;
+        }
+    }
+}
+
+par_status PAR_FN(par_dpw_reduced_grads)(dpw_t *w, PAR_FN(par_model) *M)
+{
+    for (int k = 0; k < 2; k++) {
+        plan_t *pl = &w->plan[k];
+        if ((int64_t)pl->dp * pl->seg == 0)
+            continue;
+        if (pl->mode == PAR_DP_ZERO1) {
+            par_status s = par_allgatherv(w->comm[k], pl->red, pl->counts[pl->rank], pl->buf, pl->counts,
+                                          pl->displs, DC);
+            if (s)
+                return s;
+        }
+        unpack_grads(pl, pl->buf, M->grads);
+    }
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_dpw_state_gather)(dpw_t *w, const PAR_FN(par_model) *M, par_real *m, par_real *v)
+{
+    (void)M;
+    for (int k = 0; k < 2; k++) {
+        par_status s = PAR_FN(par_zero_state_gather)(&w->plan[k], w->comm[k], 0, m, v);
+        if (s)
+            return s;
+    }
+    return PAR_OK;
+}
+
+par_real *PAR_FN(par_dpw_state_ptr)(dpw_t *w, int idx, int slot, int64_t begin, int64_t *avail)
+{
+    for (int k = 0; k < 2; k++) {
+        plan_t *pl = &w->plan[k];
+        if (idx < 0 || idx >= w->lt.n || pl->entry_of[idx] < 0)
+            continue;
+        const par_zero_entry *e = &pl->e[pl->entry_of[idx]];
+        if (begin < 0 || begin >= e->numel)
+            return NULL;
+        const int zero1 = pl->mode == PAR_DP_ZERO1;
+        if (e->opt == PAR_OPT_MUON) {
+            if (slot != 0 || (zero1 && e->owner != pl->rank))
+                return NULL;
+            if (avail)
+                *avail = e->numel - begin;
+            return pl->mom + (zero1 ? 0 : pl->muon_base[e->owner]) + e->pos + begin;
+        }
+        if (slot < 0 || slot > 1)
+            return NULL;
+        par_real *st = slot == 0 ? pl->m : pl->v;
+        int64_t p = e->pos + begin;
+        if (!zero1) {
+            if (avail)
+                *avail = e->numel - begin;
+            return st + p;
+        }
+        int64_t lo = (int64_t)pl->rank * pl->shard, hi = lo + pl->shard;
+        if (p < lo || p >= hi)
+            return NULL;
+        if (avail)
+            *avail = (e->pos + e->numel < hi ? e->pos + e->numel : hi) - p;
+        return st + (p - lo);
+    }
+    return NULL;
+}
+
+void PAR_FN(par_dpw_memory_of)(const dpw_t *w, const PAR_FN(par_model) *M, par_dpw_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    const int64_t es = (int64_t)sizeof(par_real);
+    out->weights = M->n_local * es + M->tab.n_i32 * (int64_t)sizeof(int32_t);
+    out->grads = M->n_local * es;
+    for (int k = 0; k < 2; k++) {
+        par_zero_memory zm;
+        PAR_FN(par_zero_memory_of)(&w->plan[k], &zm);
+        out->optim += zm.adamw_state + zm.muon_state;
+        out->optim_full += zm.full_state;
+        out->comm += zm.workspace;
+    }
+    out->act = w->act_peak;
+}

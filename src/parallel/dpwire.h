@@ -1,0 +1,106 @@
+/* parallel/dpwire.h - the data-parallel optimizer step of the training
+ * driver: ZeRO-1 / replicated DP (parallel/zero.h) wired onto a rank's model
+ * (templated: see kernels/real.h).  docs/parallel.md, "Data parallelism in
+ * the driver".
+ *
+ * A rank's model keeps its held entries packed in LOCAL flat buffers
+ * (M->loc, model/model.h).  zero.h's plans work on flat buffers addressed by
+ * a table's offsets, so the wiring builds a LOCAL TABLE: a copy of the
+ * parameter entries whose offsets are M->loc (held entries only listed in
+ * the plans), and hands the model's params / grads to the plans directly.
+ *
+ * Two plans per rank:
+ *   dense  : every held dense float entry, over the attention DP x CP group
+ *            ("dp-cp", group rank cp + CP*dp) of the rank's stage;
+ *   expert : the held routed experts, over the expert-DP group ("edp").
+ * Entries without an optimizer (gate.bias) are listed and ignored by the
+ * plans; the balance update of gate.bias runs on every replica from the
+ * globally reduced loads (identical everywhere).
+ *
+ * One step after par_model_backward (and par_reduce_stats before it),
+ * par_dpw_step = zero.h's par_dp_step protocol with a per-entry norm:
+ *   1. par_dp_reduce_grads per plan: each gradient reduced exactly once over
+ *      the ranks that replicate it (rank-order sums);
+ *   2. the norm: each rank's squared sums of the reduced elements of ITS
+ *      segments, PER ENTRY (a vector over the table), one all-reduce of the
+ *      vector over the world, then summed in table order (par_grad_sumsq's
+ *      order): every element counted once (the plans' segments partition
+ *      the model), an entry inside one segment is exact, so one rank is the
+ *      serial norm bit for bit and both modes give the same bits;
+ *   3. clip factor, par_dp_apply per plan (ZeRO-1: AdamW on its shard, Muon
+ *      on its matrices, all-gather of the updated segments; replicated:
+ *      everything everywhere);
+ *   4. the balance update; M->step += 1, M->last.grad_norm,
+ *      M->stats.grad_sumsq.
+ * The model's own optimizer buffers (M->opt_m, M->opt_v) are released by
+ * par_dpw_init: the state lives in the plans (sharded under ZeRO-1).
+ */
+#ifndef PAR_PARALLEL_DPWIRE_H
+#define PAR_PARALLEL_DPWIRE_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kernels/real.h"
+#include "model/model.h"
+#include "parallel/reduce.h"
+#include "parallel/zero.h"
+
+#define PAR_DPW_DENSE 0
+#define PAR_DPW_EXPERT 1
+
+/* Bytes one rank holds, by kind (the per-rank memory accounting). */
+typedef struct {
+    int64_t weights;    /* the held parameters (float + int32 tables)            */
+    int64_t grads;      /* the gradient buffer                                   */
+    int64_t optim;      /* optimizer state this rank holds (plans)               */
+    int64_t optim_full; /* the unsharded state of the tensors this rank replicates */
+    int64_t act;        /* saved activations at the end of the forward (arena), max over steps */
+    int64_t comm;       /* the plans' packed gradient / gather workspace          */
+} par_dpw_memory;
+#define PAR_DPW_MEM_FIELDS 6
+
+typedef struct {
+    par_param_table lt;       /* local table: entries of M->tab, offsets = M->loc (p owned, the rest shared-NULL) */
+    par_dp_mode mode;
+    PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
+    par_comm *comm[2];
+    unsigned char *norm_skip; /* [tab.n] 1: held but counted in the norm by another stage (PP); NULL: none */
+    int64_t act_peak;
+} PAR_FN(par_dpw);
+
+/* Builds the local table and both plans (mode from P->lay->distributed_optimizer)
+ * and releases M->opt_m / M->opt_v.  Not collective. */
+par_status PAR_FN(par_dpw_init)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
+void PAR_FN(par_dpw_free)(PAR_FN(par_dpw) *w);
+
+/* Marks table entry idx as not counted in this rank's norm share (a tensor
+ * replicated over pipeline stages is counted on one stage only).  PAR_EINVAL
+ * for an index outside the table. */
+par_status PAR_FN(par_dpw_set_norm_skip)(PAR_FN(par_dpw) *w, int idx);
+
+/* The optimizer step described above.  Collective over the world. */
+par_status PAR_FN(par_dpw_step)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
+
+/* After par_dpw_step, for a dump: writes the REDUCED gradients of every
+ * plan entry into M->grads (replicated: from the packed buffer; ZeRO-1: one
+ * all-gather(v) of the reduced segments first, collective over each group). */
+par_status PAR_FN(par_dpw_reduced_grads)(PAR_FN(par_dpw) *w, PAR_FN(par_model) *M);
+
+/* Gathers the optimizer state of both plans to their group rank 0 into
+ * LOCAL flat buffers m, v [M->n_local] (layout of par_optim_step's m / v,
+ * at local offsets); other ranks' buffers are left as they were.
+ * Collective over both groups. */
+par_status PAR_FN(par_dpw_state_gather)(PAR_FN(par_dpw) *w, const PAR_FN(par_model) *M,
+                                        par_real *m /* [n_local] */, par_real *v /* [n_local] */);
+
+/* Pointer to elements [begin, ...) of the optimizer state of table entry
+ * idx held by this rank: slot 0 = momentum (Muon) / exp_avg (AdamW), slot 1
+ * = exp_avg_sq (AdamW).  *avail (may be NULL) = elements available from
+ * begin contiguously.  NULL when this rank does not hold element begin. */
+par_real *PAR_FN(par_dpw_state_ptr)(PAR_FN(par_dpw) *w, int idx, int slot, int64_t begin, int64_t *avail);
+
+/* This rank's memory accounting (see par_dpw_memory). */
+void PAR_FN(par_dpw_memory_of)(const PAR_FN(par_dpw) *w, const PAR_FN(par_model) *M, par_dpw_memory *out);
+
+#endif

@@ -1,0 +1,156 @@
+/* parallel/driver.h - the parallel training driver behind `parity run`
+ * (untemplated header: the CLI includes it; driver.c is compiled twice and
+ * defines par_run_f64 / par_run_f32).  docs/parallel.md.
+ *
+ * par_run resolves the layout (parallel/layout.h), pre-builds the global
+ * batches of every step from the same source as `parity golden`, and runs a
+ * world of N ranks on the chosen backend.  Each rank:
+ *   - builds its model holding the dense parameters and its EP rank's
+ *     experts (par_model_init_owned) and its groups (parallel/groups.h);
+ *   - with EP > 1 installs the expert-parallel executor (parallel/ep.h);
+ *   - per step takes its attention-DP rows [dp*B/Da, (dp+1)*B/Da), runs the
+ *     serial pieces on them (par_model_forward / _backward), combines the
+ *     statistics and reduces the gradients through parallel/reduce.h, and
+ *     applies the update to what it holds;
+ *   - with a dump directory, rank 0 gathers the unsharded golden set
+ *     (model/golden.h's writers) and commits it atomically.
+ *   - with CP > 1 holds the column slice [cp*S/CP, (cp+1)*S/CP) of those
+ *     rows and runs attention through the CP executor (parallel/cpwire.h);
+ *   - with PP > 1 the pipeline executor (parallel/pp.h) builds the model of
+ *     the rank's stages and runs the step's microbatches in the schedule's
+ *     order (forward, statistics, backward); the update is the same.
+ * Supported now: TP = ETP = 1 (refused by the layout).
+ */
+#ifndef PAR_PARALLEL_DRIVER_H
+#define PAR_PARALLEL_DRIVER_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "comm/clock.h"
+#include "comm/comm.h"
+#include "comm/netmodel.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "model/config.h"
+#include "parallel/ckpt.h"
+#include "parallel/layout.h"
+
+typedef struct {
+    par_config cfg;           /* validated; global_batch_size = the layout's B */
+    int precision;            /* 64 or 32 */
+    int64_t steps;            /* >= 1 */
+    uint64_t seed;
+    const char *data_path;    /* as `parity golden` (at most one of the two) */
+    const char *fixture;
+    const char *fixtures_dir;
+    const par_backend *backend; /* from backends/registry.h (the CLI looks it up) */
+    par_layout layout;        /* given fields (par_run resolves a copy) */
+    const char *dump_dir;     /* golden-format set to write, or NULL */
+    int progress;             /* 1: a line per step on stderr */
+    double timeout_s;         /* comm timeout per wait (0: comm's default / env) */
+    const par_netmodel *netmodel; /* emulated network (comm/netmodel.h) or NULL: the run
+                                   * creates the per-rank clocks (sum->net) */
+    int net_spans;            /* 1: record spans for a Chrome trace */
+    /* checkpoints (parallel/ckptwire.h, docs/checkpoints.md "With the driver") */
+    const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
+    int64_t save_interval;    /* --save-interval K (0: only at the end) */
+    const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
+} par_run_opts;
+
+/* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */
+static inline void par_run_opts_init(par_run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->precision = 64;
+    o->steps = 1;
+    o->seed = 1234;
+    par_layout_init(&o->layout);
+}
+
+typedef struct {
+    double loss, loss_main, loss_mtp, loss_aux, grad_norm;
+    double wall_s;            /* forward + reductions + backward + update (dump excluded) */
+} par_run_step_info;
+
+#define PAR_RUN_HIST 8
+
+typedef struct {
+    int64_t steps;
+    par_run_step_info *step;  /* [steps] (par_run_summary_free) */
+    double wall_s;            /* the whole run (launch, dump included) */
+    par_layout layout;        /* resolved */
+    char backend[32];
+    int64_t n_params;         /* float parameters of the model */
+    int64_t max_rank_floats;  /* the largest rank's local parameter floats */
+    /* tokens per expert, over every block and step (global counts) */
+    int64_t load_min, load_max;
+    double load_mean;
+    int load_hot_block;       /* the hottest (block, expert) */
+    int64_t load_hot_expert, load_hot_tokens;
+    int64_t hist[PAR_RUN_HIST]; /* (block, expert) pairs by load / mean: <.25 <.5 <.75 <1 <1.25 <1.5 <2 >=2 */
+    /* expert parallelism (zero with EP = 1): rows received per rank, bytes */
+    int64_t recv_min, recv_max;
+    double recv_mean;
+    int64_t dispatch_bytes, combine_bytes; /* summed over ranks, to other ranks only */
+    int64_t a2a_calls;        /* all-to-all(v) calls of one rank */
+    /* context parallelism (zero with CP = 1): attention bytes handed to
+     * src/comm, summed over ranks and steps (parallel/cp.h's par_cp_traffic) */
+    int64_t cp_halo_bytes;    /* halo rows forward + their gradients backward */
+    int64_t cp_gather_bytes;  /* compressed entries contributed to the all-gathers */
+    int64_t cp_rs_bytes;      /* entry gradients put into the reduce-scatters */
+    /* pipeline parallelism (PP > 1, parallel/pp.h): the schedule, its
+     * microbatches, the dry run's bubble (F = 1, B = 2, W = 1) and, with an
+     * emulated network, the bubble of world rank 0's pipeline measured on the
+     * virtual clock over every step (-1: no network) */
+    char pp_schedule[16];
+    int pp_micro;
+    double pp_dry_bubble, pp_net_bubble, pp_net_makespan_s;
+    par_netrun *net;          /* with opts.netmodel: the emulated clocks (owned; par_trace_summary) */
+    /* per-rank memory accounting (parallel/dpwire.h par_dpw_memory), bytes:
+     * mem[r*PAR_RUN_MEM + k], k = weights, grads, optim (held), optim_full
+     * (unsharded), act (saved activations, max over steps), comm (DP workspace) */
+    int64_t *mem;             /* [world * PAR_RUN_MEM] */
+    int64_t start_step;       /* the loaded checkpoint's step (0 without --load) */
+    int64_t saves;            /* checkpoints written */
+} par_run_summary;
+#define PAR_RUN_MEM 6
+
+static inline void par_run_summary_free(par_run_summary *s)
+{
+    if (!s)
+        return;
+    par_free(s->mem);
+    par_free(s->step);
+    if (s->net)
+        par_netrun_free(s->net);
+    memset(s, 0, sizeof *s);
+}
+
+/* Runs o->steps training steps under o->layout.  Layout errors are
+ * PAR_EINVAL / PAR_EUNSUPPORTED with the rule and the numbers. */
+par_status par_run_f64(const par_run_opts *o, par_run_summary *sum);
+par_status par_run_f32(const par_run_opts *o, par_run_summary *sum);
+
+static inline par_status par_run(const par_run_opts *o, par_run_summary *sum)
+{
+    if (o->precision == 32)
+        return par_run_f32(o, sum);
+    if (o->precision == 64)
+        return par_run_f64(o, sum);
+    return par_err(PAR_EINVAL, "run: precision must be 64 or 32 bits (got %d)", o->precision);
+}
+
+/* The driver's checkpoint ownership rule (parallel/ckptwire.h; a
+ * par_ckpt_owner_fn, ud unused): dense tensors on the replica tp = cp = dp = 0,
+ * routed experts on their EP owner at edp = 0, optimizer state on the ZeRO-1
+ * shard owners (padding never written) or with the parameter when
+ * replicated.  PP > 1 is PAR_EUNSUPPORTED until the pipeline stages' ownership
+ * is wired. */
+par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank, const par_ckpt_tensor *tensors,
+                                 int ntensors, par_ckpt_slice **out, int *nout, void *ud);
+/* par_ckpt_set_owner(par_ckpt_owner_driver): `parity ckpt reshard` and
+ * `parity run` register it. */
+void par_run_register_ckpt_owner(void);
+
+#endif

@@ -1,0 +1,308 @@
+/* tests/parallel/test_pp.c - pipeline parallelism in the training driver
+ * (parallel/pp.h): every schedule on v4-tiny (3 layers + MTP) against the
+ * serial golden of the same data and seed, with DP, EP, CP and ZeRO-1; the
+ * layout and schedule errors `parity run` surfaces; the stage ownership
+ * (par_model_init_held). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/registry.h"
+#include "comm/netmodel.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "model/compare.h"
+#include "model/facade.h"
+#include "model/model.h"
+#include "parallel/driver.h"
+
+static char *mktmp(void)
+{
+    char *d = strdup("/tmp/parity-test-pp-XXXXXX");
+    cr_assert(d && mkdtemp(d), "mkdtemp");
+    return d;
+}
+
+static char *sub(const char *dir, const char *name)
+{
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+static void rmtree(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static void golden(const char *out, int precision)
+{
+    par_golden_opts o;
+    par_golden_opts_init(&o);
+    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), 0);
+    o.steps = 2;
+    o.seed = 1234;
+    o.precision = precision;
+    o.out_dir = out;
+    cr_assert_eq(par_golden_run(&o, NULL), 0, "%s", par_last_error());
+}
+
+typedef struct {
+    int64_t pp, vpp, world, ep, cp, mbs, gb;
+    const char *layout, *schedule;
+    int zero, precision;
+    const par_netmodel *net;
+} lay;
+
+static par_status run(const char *dump, lay l, par_run_summary *sum)
+{
+    par_run_opts o;
+    par_run_opts_init(&o);
+    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), 0);
+    o.precision = l.precision ? l.precision : 64;
+    o.steps = 2;
+    o.seed = 1234;
+    o.backend = par_backend_find("threads");
+    cr_assert(o.backend);
+    o.layout.pp = l.pp;
+    o.layout.vpp = l.vpp;
+    o.layout.world = l.world;
+    o.layout.ep = l.ep ? l.ep : 1;
+    o.layout.cp = l.cp ? l.cp : 1;
+    o.layout.micro_batch = l.mbs;
+    o.layout.global_batch = l.gb;
+    o.layout.distributed_optimizer = l.zero;
+    if (l.layout)
+        cr_assert_eq(par_layout_set_pp_layout(&o.layout, l.layout), 0);
+    if (l.schedule)
+        cr_assert_eq(par_layout_set_schedule(&o.layout, l.schedule), 0);
+    o.netmodel = l.net;
+    o.net_spans = 0;
+    o.dump_dir = dump;
+    return par_run(&o, sum);
+}
+
+/* GOLDEN.md's policy (f64 or f32 from the manifests); with forward_bitwise
+ * step 0's forward (logits, activations, routing, losses) is equal bit for
+ * bit: the microbatches are whole rows and the stages run the serial pieces
+ * on them. */
+static void check(const char *g, const char *d, int forward_bitwise)
+{
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
+    if (!par_compare_report_ok(r))
+        par_compare_report_print(r, stderr, 0);
+    cr_expect(par_compare_report_ok(r), "%d failing entries", par_compare_report_failed(r));
+    cr_expect_gt(par_compare_report_count(r), 100);
+    par_compare_report_free(r);
+    if (!forward_bitwise)
+        return;
+    co.policy = PAR_POLICY_BITWISE;
+    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
+    int checked = 0;
+    for (int i = 0; i < par_compare_report_count(r); i++) {
+        const par_cmp_entry *e = par_compare_report_entry(r, i);
+        if (strcmp(e->file, "step.0.safetensors") || !strncmp(e->tensor, "grad.", 5) ||
+            !strcmp(e->tensor, "out.grad_norm"))
+            continue;
+        checked++;
+        cr_expect(e->pass, "step 0 forward tensor %s differs: %s", e->tensor, e->reason);
+    }
+    cr_expect_gt(checked, 10);
+    par_compare_report_free(r);
+}
+
+/* golden, one layout, compare */
+static void cell(lay l, int forward_bitwise, par_run_summary *sum)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "run");
+    golden(g, l.precision ? l.precision : 64);
+    cr_assert_eq(run(d, l, sum), 0, "%s", par_last_error());
+    check(g, d, forward_bitwise);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+Test(pp, pp2_1f1b_matches_the_serial_golden)
+{
+    par_run_summary sum;
+    cell((lay){.pp = 2, .layout = "Et*2|tmL"}, 1, &sum);
+    cr_expect_eq(sum.layout.pp, 2);
+    cr_expect_str_eq(sum.pp_schedule, "1f1b");
+    cr_expect_eq(sum.pp_micro, 8, "m = B / (Da * mbs) = 8 / 1");
+    cr_expect(fabs(sum.pp_dry_bubble - 1.0 / 9.0) < 1e-12, "1F1B bubble (p-1)/(m+p-1) = 1/9, got %g",
+              sum.pp_dry_bubble);
+    cr_expect_lt(sum.pp_net_bubble, 0, "no network: no emulated bubble");
+    cr_expect_lt(sum.max_rank_floats, sum.n_params, "a stage holds part of the model");
+    par_run_summary_free(&sum);
+}
+
+Test(pp, gpipe) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "gpipe"}, 1, NULL); }
+
+/* ZB-H1: B runs the whole backward, W is a no-op (pp.h); numerics exact */
+Test(pp, zb_h1) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "zb-h1"}, 1, NULL); }
+
+/* DualPipe: two directions, every rank holds stages r and p-1-r (the
+ * copies' gradients summed over the pair) */
+Test(pp, dualpipe) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "dualpipe"}, 1, NULL); }
+
+/* DualPipeV: 4 stages in a V on 2 ranks; the turn at rank 1 is local */
+Test(pp, dualpipev) { cell((lay){.pp = 2, .layout = "Et|t|t|mL", .schedule = "dualpipev"}, 1, NULL); }
+
+/* interleaved 1F1B with VPP 2 (from the string's 4 segments), microbatch
+ * groups of PP */
+Test(pp, interleaved_vpp2)
+{
+    par_run_summary sum;
+    cell((lay){.pp = 2, .layout = "Et|t|t|mL"}, 1, &sum);
+    cr_expect_eq(sum.layout.vpp, 2);
+    cr_expect_str_eq(sum.pp_schedule, "interleaved");
+    par_run_summary_free(&sum);
+}
+
+Test(pp, pp3_one_layer_per_stage) { cell((lay){.pp = 3, .layout = "Et|t|tmL"}, 1, NULL); }
+
+/* the MTP block and the head on different stages; an empty stage */
+Test(pp, mtp_and_loss_apart) { cell((lay){.pp = 4, .layout = "Et|t|tm|L"}, 1, NULL); }
+Test(pp, empty_stage) { cell((lay){.pp = 4, .layout = "Et|t||tmL", .schedule = "gpipe"}, 1, NULL); }
+
+/* two rows per microbatch */
+Test(pp, micro_batch_2) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .mbs = 2}, 1, NULL); }
+
+Test(pp, pp2_dp2) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .world = 4, .schedule = "zb-h1"}, 1, NULL); }
+
+Test(pp, pp2_ep2_dualpipev)
+{
+    cell((lay){.pp = 2, .layout = "Et|t|t|mL", .ep = 2, .schedule = "dualpipev"}, 1, NULL);
+}
+
+Test(pp, pp2_zero1) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .world = 4, .zero = 1}, 1, NULL); }
+
+/* CP splits every row: the aux gradient's counts are summed over CP per
+ * microbatch; CE sums combine over CP as without PP (not bitwise) */
+Test(pp, pp2_cp2) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .cp = 2}, 0, NULL); }
+
+Test(pp, pp2_cp2_ep4_dp2_interleaved)
+{
+    cell((lay){.pp = 2, .layout = "Et|t|t|mL", .cp = 2, .ep = 4, .world = 8}, 0, NULL);
+}
+
+/* f32: every step file and the init within the f32 policy (as the matrix's
+ * f32 cells select: parameters after AdamW updates amplify the rounding of
+ * near-zero gradients, docs/matrix.md) */
+Test(pp, f32_steps_within_the_f32_policy)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "run");
+    golden(g, 32);
+    cr_assert_eq(run(d, (lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "dualpipe", .precision = 32}, NULL), 0,
+                 "%s", par_last_error());
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
+    int checked = 0;
+    for (int i = 0; i < par_compare_report_count(r); i++) {
+        const par_cmp_entry *e = par_compare_report_entry(r, i);
+        if (strncmp(e->file, "step.", 5) && strcmp(e->file, "params.0.safetensors"))
+            continue;
+        checked++;
+        cr_expect(e->pass, "%s %s: %s", e->file, e->tensor, e->reason);
+    }
+    cr_expect_gt(checked, 500);
+    par_compare_report_free(r);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+Test(pp, emulated_bubble_with_a_network)
+{
+    par_netmodel nm;
+    cr_assert_eq(par_netmodel_preset("h800", &nm), 0);
+    par_run_summary sum;
+    cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "gpipe", .net = &nm}, &sum), 0, "%s",
+                 par_last_error());
+    cr_expect(sum.pp_net_bubble > 0 && sum.pp_net_bubble < 1, "emulated bubble %g", sum.pp_net_bubble);
+    cr_expect_gt(sum.pp_net_makespan_s, 0);
+    par_run_summary_free(&sum);
+}
+
+Test(pp, nothing_left_allocated)
+{
+    int64_t before = par_alloc_live_total();
+    cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = "Et|t|t|mL", .ep = 2, .schedule = "dualpipev"}, NULL), 0, "%s",
+                 par_last_error());
+    cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = "Et*2|tmL", .cp = 2, .schedule = "dualpipe"}, NULL), 0, "%s",
+                 par_last_error());
+    cr_expect_eq(par_alloc_live_total(), before, "live bytes %lld -> %lld", (long long)before,
+                 (long long)par_alloc_live_total());
+}
+
+/* ---- errors parity run surfaces (the layout's and the schedule's) ---- */
+
+static void expect_error(lay l, par_status code, const char *a, const char *b)
+{
+    par_err_set_quiet(1);
+    par_status s = run(NULL, l, NULL);
+    par_err_set_quiet(0);
+    cr_expect_eq(s, code, "status %d: %s", s, par_last_error());
+    cr_expect(strstr(par_last_error(), a) && (!b || strstr(par_last_error(), b)), "%s", par_last_error());
+}
+
+Test(pp, vpp_rule_for_a_one_chunk_schedule)
+{
+    expect_error((lay){.pp = 2, .layout = "Et|t|t|mL", .schedule = "1f1b"}, PAR_EINVAL, "1f1b",
+                 "virtual-pipeline-model-parallel-size is 2");
+}
+
+Test(pp, malformed_layout_string)
+{
+    expect_error((lay){.pp = 2, .layout = "Et*2|(tmL"}, PAR_EINVAL, "column", NULL);
+    expect_error((lay){.pp = 2, .layout = "Et*3|tmL"}, PAR_EINVAL, "n_layers", NULL);
+}
+
+Test(pp, three_layers_do_not_split_evenly)
+{
+    expect_error((lay){.pp = 2}, PAR_EINVAL, "divisible", NULL);
+}
+
+Test(pp, dualpipe_needs_enough_microbatches)
+{
+    expect_error((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "dualpipe", .world = 8}, PAR_EINVAL, "dualpipe",
+                 "m = 2");
+}
+
+/* ---- ownership ---- */
+
+Test(pp, held_model_holds_its_stage)
+{
+    par_config c;
+    cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
+    par_model_f64 A, H;
+    cr_assert_eq(par_model_init_f64(&A, &c, 5), 0);
+    uint8_t blocks[4] = {0, 0, 1, 1}; /* layer 2 and mtp.0 */
+    par_model_hold h = {.blocks = blocks, .embed = 1, .head = 1, .final = 1};
+    cr_assert_eq(par_model_init_held_f64(&H, &c, 5, 2, 6, &h), 0, "%s", par_last_error());
+    int held = 0;
+    for (int i = 0; i < A.tab.n; i++) {
+        const par_param *p = &A.tab.p[i];
+        if (p->dtype != PAR_PDT_REAL)
+            continue;
+        int want = p->layer >= 0 ? blocks[p->layer] && (p->expert < 0 || (p->expert >= 2 && p->expert < 6)) : 1;
+        double *a = par_model_ptr_f64(&A, A.params, i), *o = par_model_ptr_f64(&H, H.params, i);
+        cr_expect_eq(o != NULL, want, "%s: held %d, expected %d", p->name, o != NULL, want);
+        if (o) {
+            held++;
+            cr_expect_eq(memcmp(a, o, (size_t)p->numel * sizeof *a), 0, "%s: not the serial values", p->name);
+        }
+    }
+    cr_expect_gt(held, 10);
+    cr_expect_lt(H.n_local, A.n_local);
+    par_model_free_f64(&A);
+    par_model_free_f64(&H);
+}
