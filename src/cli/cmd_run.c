@@ -88,6 +88,7 @@ int par_cmd_run(int argc, char **argv)
     const char *save = NULL, *load = NULL;
     int64_t save_interval = 0;
     const char *backend = "threads";
+    double comm_timeout = 0;
     int64_t steps = 1, seed = 1234;
     int quiet = 0;
     par_strlist sets;
@@ -102,7 +103,8 @@ int par_cmd_run(int argc, char **argv)
         {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
         {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
         {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
-        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads (default threads)"},
+        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
+        {"comm-timeout", PAR_OPT_DOUBLE, &comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
         {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
         {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
         {"save-interval", PAR_OPT_INT, &save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
@@ -110,7 +112,9 @@ int par_cmd_run(int argc, char **argv)
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
     };
-    int nopts = 13;
+    int nopts = 0;
+    while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
+        nopts++;
     nopts = par_layout_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &la);
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
     par_net_args_init(&na);
@@ -121,7 +125,7 @@ int par_cmd_run(int argc, char **argv)
     }
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-        "       [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...\n"
+        "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
         "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--quiet]\n\n"
         "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
         "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
@@ -228,7 +232,7 @@ int par_cmd_run(int argc, char **argv)
     o.load = ck;
     o.progress = !quiet;
     /* a rank may wait while rank 0 writes a large dump */
-    o.timeout_s = getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0;
+    o.timeout_s = comm_timeout > 0 ? comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
 
     par_alloc_reset_peaks();
     par_run_summary sum;
