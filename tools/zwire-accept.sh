@@ -11,6 +11,10 @@
 #   pp2_ep16 pp2_ep16_zero  PP2 x DP16 x EP16 (N=32)
 #   reshard_dp8z_dp2        DP8 + ZeRO-1 -> DP2 replicated: A -> B -> export == A -> export (bytes)
 #   reshard_ep128_ep32      EP128 -> EP32 (N=32): the same
+#   reshard_pp2ep32_pp4ep64cp2  PP2 x EP32 (N=64) -> PP4 x EP64 x CP2 (N=256): the same
+#   reshard_pp4vpp2_pp1     PP4 x VPP2 interleaved (N=4) -> PP1 (N=1): the same
+#   resume_pp2ep16z_ep32    2 steps PP2 x DP16 x EP16 + ZeRO-1, load under EP32 (no PP), 2 more: as resume_*
+#   resume_dp8_pp4vpp2      2 steps DP8, load under PP4 x VPP2 x DP2 + ZeRO-1 (N=8), 2 more: the same
 #   resume_ep32z_dp8        2 steps EP32 + ZeRO-1, save, load under DP8, 2 more steps:
 #                           == the serial golden's params.4 and == 4 steps under A (f64 policy)
 # Every compare includes the optimizer state (opt.<name>.<slot>) of params.1.. .
@@ -27,7 +31,7 @@ done
 shift $((OPTIND - 1))
 [ -n "$W" ] || { W=$(mktemp -d) && trap 'rm -rf "$W"' EXIT; }
 mkdir -p "$W"
-CELLS=${*:-"dp8 dp8_zero dp4_cp2 dp4_cp2_zero cp4_ep32 cp4_ep32_zero pp2_ep16 pp2_ep16_zero reshard_dp8z_dp2 reshard_ep128_ep32 resume_ep32z_dp8"}
+CELLS=${*:-"dp8 dp8_zero dp4_cp2 dp4_cp2_zero cp4_ep32 cp4_ep32_zero pp2_ep16 pp2_ep16_zero reshard_dp8z_dp2 reshard_ep128_ep32 resume_ep32z_dp8 reshard_pp2ep32_pp4ep64cp2 reshard_pp4vpp2_pp1 resume_pp2ep16z_ep32 resume_dp8_pp4vpp2"}
 M="--preset v4-mini --quiet"
 export PARITY_COMM_TIMEOUT=${PARITY_COMM_TIMEOUT:-7200}
 golden() { # steps
@@ -75,6 +79,14 @@ for c in $CELLS; do
     reshard_ep128_ep32) reshard $c "--expert-model-parallel-size 128 --global-batch-size 128" \
         "--expert-model-parallel-size 32 --world-size 32" ;;
     resume_ep32z_dp8) resume $c "--expert-model-parallel-size 32 --use-distributed-optimizer" "--world-size 8" ;;
+    reshard_pp2ep32_pp4ep64cp2) reshard $c "--pipeline-model-parallel-size 2 --expert-model-parallel-size 32 --world-size 64" \
+        "--pipeline-model-parallel-size 4 --expert-model-parallel-size 64 --context-parallel-size 2 --world-size 256" ;;
+    reshard_pp4vpp2_pp1) reshard $c "--pipeline-model-parallel-size 4 --virtual-pipeline-model-parallel-size 2 --world-size 4" \
+        "--world-size 1" ;;
+    resume_pp2ep16z_ep32) resume $c "--pipeline-model-parallel-size 2 --expert-model-parallel-size 16 --world-size 32 \
+        --use-distributed-optimizer" "--expert-model-parallel-size 32" ;;
+    resume_dp8_pp4vpp2) resume $c "--world-size 8" "--pipeline-model-parallel-size 4 \
+        --virtual-pipeline-model-parallel-size 2 --world-size 8 --use-distributed-optimizer" ;;
     *) echo "unknown cell $c" >&2; false ;;
     esac
     rc=$?

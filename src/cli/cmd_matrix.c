@@ -24,7 +24,8 @@ int par_cmd_matrix(int argc, char **argv)
     const char *preset = NULL, *backend = "threads", *report = NULL, *out = NULL, *fixtures_dir = NULL,
                *golden = NULL;
     int64_t steps = 0, seed = 1234;
-    int quick = 0, keep = 0, list = 0, quiet = 0;
+    int quick = 0, keep = 0, list = 0, quiet = 0, full = 0;
+    int64_t mpi_procs = 8;
     par_strlist cells, fixtures;
     memset(&cells, 0, sizeof cells);
     memset(&fixtures, 0, sizeof fixtures);
@@ -32,6 +33,9 @@ int par_cmd_matrix(int argc, char **argv)
         {"quick", PAR_OPT_FLAG, &quick, NULL, "v4-tiny, a few minutes at most (what CI runs)"},
         {"preset", PAR_OPT_STR, &preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
         {"backend", PAR_OPT_STR, &backend, "threads|mpi", "backend of the parallel cells (default threads)"},
+        {"full", PAR_OPT_FLAG, &full, NULL, "also the heaviest v4-mini cells (EP64, EP128, PP4, CP2 on every fixture)"},
+        {"mpi-procs", PAR_OPT_INT, &mpi_procs, "P",
+         "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
         {"report", PAR_OPT_STR, &report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
         {"out", PAR_OPT_STR, &out, "DIR",
          "results directory (default out/matrix-<time>); an earlier matrix's is replaced"},
@@ -46,8 +50,8 @@ int par_cmd_matrix(int argc, char **argv)
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no progress lines"},
     };
     const char *synopsis =
-        "[--quick] [--preset v4-tiny|v4-mini] [--backend threads|mpi] [--report FILE] [--out DIR]\n"
-        "       [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]\n\n"
+        "[--quick] [--full] [--preset v4-tiny|v4-mini] [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
+        "       [--out DIR] [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]\n\n"
         "Runs the conformance matrix: the serial f64 golden, then every cell, each compared with its\n"
         "reference by the code of `parity compare`.  A progress line per cell on stderr, a summary\n"
         "table on stdout.  Exit 0: every cell passed; 1: a cell failed; 2: bad usage or unreadable\n"
@@ -77,6 +81,10 @@ int par_cmd_matrix(int argc, char **argv)
                 (long long)seed);
         return 2;
     }
+    if (mpi_procs < 1 || mpi_procs > 1024) {
+        fprintf(stderr, "parity matrix: --mpi-procs must be in [1, 1024] (got %lld)\n", (long long)mpi_procs);
+        return 2;
+    }
     if (report && !has_suffix(report, ".md") && !has_suffix(report, ".json")) {
         fprintf(stderr, "parity matrix: --report %s: the name must end in .md (Markdown) or .json\n", report);
         return 2;
@@ -87,7 +95,9 @@ int par_cmd_matrix(int argc, char **argv)
     o.preset = preset;
     o.quick = quick;
     o.backend = backend;
-    o.backend_impl = par_backend_find(backend);
+    /* --backend mpi: each parallel cell runs under mpiexec (a child process);
+     * this process never initializes MPI itself. */
+    o.backend_impl = strcmp(backend, "mpi") ? par_backend_find(backend) : NULL;
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.out_dir = out;
@@ -98,6 +108,8 @@ int par_cmd_matrix(int argc, char **argv)
     o.only_fixtures = fixtures.items;
     o.n_only_fixtures = fixtures.count;
     o.keep = keep;
+    o.full = full;
+    o.mpi_procs = (int)mpi_procs;
     o.no_out = list;
     o.progress = quiet ? NULL : stderr;
 

@@ -88,6 +88,7 @@ int par_cmd_run(int argc, char **argv)
     const char *save = NULL, *load = NULL;
     int64_t save_interval = 0;
     const char *backend = "threads";
+    const char *moe_dispatch = "flat";
     double comm_timeout = 0;
     int64_t steps = 1, seed = 1234;
     int quiet = 0;
@@ -111,6 +112,8 @@ int par_cmd_run(int argc, char **argv)
         {"load", PAR_OPT_STR, &load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+        {"moe-dispatch", PAR_OPT_STR, &moe_dispatch, "flat|hierarchical",
+         "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -137,7 +140,10 @@ int par_cmd_run(int argc, char **argv)
         "--trace FILE) attach the emulated network: a per-rank summary at the end.  PP runs any\n"
         "--pipeline-schedule (gpipe, 1f1b, interleaved, zb-h1, dualpipe, dualpipev) over the layout\n"
         "string's stages and prints the schedule's dry-run bubble, with a network also the bubble\n"
-        "measured on the virtual clock.  TP and ETP are not supported (sizes must be 1).";
+        "measured on the virtual clock.  --moe-dispatch hierarchical sends a token across nodes once\n"
+        "per destination node, then over NVLink (bitwise the same results as flat; the EP report gives\n"
+        "bytes per tier and, with a network, the emulated dispatch / combine time).  TP and ETP are not\n"
+        "supported (sizes must be 1).";
     par_positional pos;
     int rc = par_args_parse("run", synopsis, opts, nopts, argc, argv, &pos);
     if (rc == 1)
@@ -168,6 +174,12 @@ int par_cmd_run(int argc, char **argv)
         o.precision = 32;
     else {
         fprintf(stderr, "parity run: --precision expects f64 or f32, got '%s'\n", precision);
+        return 2;
+    }
+    if (!strcmp(moe_dispatch, "hierarchical") || !strcmp(moe_dispatch, "hier"))
+        o.moe_dispatch = 1;
+    else if (strcmp(moe_dispatch, "flat")) {
+        fprintf(stderr, "parity run: --moe-dispatch expects flat or hierarchical, got '%s'\n", moe_dispatch);
         return 2;
     }
     par_err_set_quiet(1);
@@ -282,6 +294,23 @@ int par_cmd_run(int argc, char **argv)
         printf("expert parallel: rows received per rank min %lld  mean %.1f  max %lld; all-to-all bytes "
                "(to other ranks, all ranks, fwd+bwd): dispatch %s, combine %s; %lld all-to-all calls per rank\n",
                (long long)sum.recv_min, sum.recv_mean, (long long)sum.recv_max, db, cb, (long long)sum.a2a_calls);
+        if (sum.ep_recv && rl->world <= 16) {
+            printf("  rows received per rank:");
+            for (int64_t r = 0; r < rl->world; r++)
+                printf(" r%lld %lld", (long long)r, (long long)sum.ep_recv[r]);
+            printf("\n");
+        }
+        char b[4][32];
+        for (int k = 0; k < 4; k++)
+            human_bytes(b[k], sizeof b[k], (double)sum.ep_bytes[k / 2][k % 2]);
+        printf("  %s dispatch, nodes of %d ranks: all-to-all bytes by tier (all ranks, fwd+bwd): dispatch nvlink %s "
+               "ib %s; combine nvlink %s ib %s\n",
+               sum.moe_dispatch ? "hierarchical" : "flat", sum.ep_gpn, b[0], b[1], b[2], b[3]);
+        if (sum.net)
+            printf("  emulated time per rank (virtual clock, fwd+bwd, all steps): dispatch mean %.6g ms max %.6g ms; "
+                   "combine mean %.6g ms max %.6g ms\n",
+                   1e3 * sum.ep_time_mean[0], 1e3 * sum.ep_time_max[0], 1e3 * sum.ep_time_mean[1],
+                   1e3 * sum.ep_time_max[1]);
     }
     print_memory(&sum);
     if (rl->cp > 1) {

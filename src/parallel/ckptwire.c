@@ -56,10 +56,6 @@ static par_status owner_layout(const par_layout *in, int nranks, par_layout *l)
     if (l->tp > 1 || l->etp > 1)
         return par_err(PAR_EUNSUPPORTED, "checkpoint ownership: TP %lld / ETP %lld > 1 is not supported",
                        (long long)l->tp, (long long)l->etp);
-    if (l->pp > 1)
-        return par_err(PAR_EUNSUPPORTED,
-                       "checkpoint ownership: pipeline-model-parallel-size %lld: stage ownership is not wired yet "
-                       "(PP must be 1)", (long long)l->pp);
     int64_t a = l->pp * l->tp * l->cp, e = l->pp * l->etp * l->ep;
     if (nranks % a || nranks % e)
         return par_err(PAR_EINVAL, "checkpoint ownership: world %d does not fold: N/PP = TP*CP*Da = ETP*EP*De needs "
@@ -67,6 +63,99 @@ static par_status owner_layout(const par_layout *in, int nranks, par_layout *l)
     l->da = nranks / a;
     l->de = nranks / e;
     l->resolved = 1;
+    return PAR_OK;
+}
+
+/* Block index of a parameter name: layers.N.* -> N, mtp.N.* -> n_layers + N,
+ * anything else -1 (embed, head, the main head's norm / hc_head_*). */
+static int block_of(const char *name, int n_layers)
+{
+    if (!strncmp(name, "layers.", 7))
+        return atoi(name + 7);
+    if (!strncmp(name, "mtp.", 4))
+        return n_layers + atoi(name + 4);
+    return -1;
+}
+
+/* The pipeline part a table entry belongs to, as an index into the holder
+ * arrays of pipe_holders: a block b -> b, embed -> nb, head -> nb + 1,
+ * the rest (norm.weight, hc_head_*) -> nb + 2. */
+static int part_of(const par_param *p, int nb)
+{
+    if (p->layer >= 0)
+        return p->layer;
+    if (!strcmp(p->name, "embed.weight"))
+        return nb;
+    if (!strcmp(p->name, "head.weight"))
+        return nb + 1;
+    return nb + 2;
+}
+
+/* Which pipeline ranks hold which parts, exactly as parallel/pp.c builds a
+ * stage's model (seg_hold over the schedule's (direction, stage) -> rank
+ * map): low[part] = the lowest pipeline rank holding the part (the one that
+ * writes it; -1: none), mine[part] = 1 when pipeline rank `me` holds it.
+ * Parts as part_of: nb blocks, embed, head, final.  The segments come from
+ * the resolved layout (l->pipe), or, for a layout that was not resolved
+ * against a model, from its layout string / Megatron's default split with
+ * the block counts of the tensor list. */
+static par_status pipe_holders(const par_layout *l, int n_layers, int n_mtp, int me, int *low, uint8_t *mine)
+{
+    const int nb = n_layers + n_mtp, np = nb + 3, p = (int)l->pp;
+    for (int i = 0; i < np; i++) {
+        low[i] = p <= 1 ? 0 : -1;
+        mine[i] = p <= 1;
+    }
+    if (p <= 1)
+        return PAR_OK;
+    par_layout lr = *l;
+    par_status s;
+    if (!lr.schedule[0])
+        snprintf(lr.schedule, sizeof lr.schedule, "%s", lr.vpp > 1 ? "interleaved" : "1f1b");
+    if (lr.pipe.n_segments <= 0) {
+        int64_t vpp = lr.vpp > 0 ? lr.vpp : !strcmp(lr.schedule, "dualpipev") ? 2 : 1;
+        if ((s = lr.pp_layout[0] ? par_pplayout_parse(lr.pp_layout, &lr.pipe)
+                                 : par_pplayout_default(&lr.pipe, lr.pp, vpp, n_layers, n_mtp)))
+            return s;
+        if (lr.pp_layout[0] && (s = par_pplayout_check(&lr.pipe, lr.pp, lr.pipe.n_segments / lr.pp, n_layers, n_mtp)))
+            return s;
+    }
+    const par_pplayout *pl = &lr.pipe;
+    const int dual = !strcmp(lr.schedule, "dualpipe");
+    for (int sg = 0; sg < pl->n_segments; sg++) {
+        int ranks[2] = {par_layout_segment_rank(&lr, sg), dual ? p - 1 - sg : -1};
+        int t = par_pplayout_offset(pl, sg, PAR_BLK_LAYER), mt = par_pplayout_offset(pl, sg, PAR_BLK_MTP);
+        for (int i = pl->seg_off[sg]; i < pl->seg_off[sg + 1]; i++) {
+            int parts[3] = {-1, -1, -1};
+            switch (pl->items[i]) {
+            case PAR_BLK_EMBED:
+                parts[0] = nb;
+                break;
+            case PAR_BLK_LAYER:
+                parts[0] = t++;
+                break;
+            case PAR_BLK_MTP: /* the MTP input embeds, the MTP head */
+                parts[0] = n_layers + mt++;
+                parts[1] = nb;
+                parts[2] = nb + 1;
+                break;
+            case PAR_BLK_LOSS:
+                parts[0] = nb + 1;
+                parts[1] = nb + 2;
+                break;
+            }
+            for (int k = 0; k < 3; k++)
+                for (int j = 0; j < 2 && parts[k] >= 0; j++) {
+                    int r = ranks[j];
+                    if (r < 0 || parts[k] >= np)
+                        continue;
+                    if (low[parts[k]] < 0 || r < low[parts[k]])
+                        low[parts[k]] = r;
+                    if (r == me)
+                        mine[parts[k]] = 1;
+                }
+        }
+    }
     return PAR_OK;
 }
 
@@ -106,6 +195,8 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
     par_ckpt_slice *sl = par_calloc((size_t)(ntensors > 0 ? ntensors : 1), sizeof *sl, PAR_TAG_IO);
     plan_t pl[2];
     memset(pl, 0, sizeof pl);
+    int *low = NULL;
+    uint8_t *held = NULL;
     if (!role || !t.p || !lists || !sl) {
         s = par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d tensors", ntensors);
         goto done;
@@ -128,7 +219,7 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
         p->shape[1] = x->ndim > 1 ? x->shape[1] : 1;
         p->numel = par_shape_numel(x->ndim, x->shape, 0);
         p->expert = expert_of(x->name);
-        p->layer = -1;
+        p->layer = -1; /* set below, once the number of main layers is known */
         if (p->dtype == PAR_PDT_REAL) {
             p->offset = t.n_float;
             t.n_float += p->numel;
@@ -138,6 +229,34 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
         role[i].param = t.n++;
         role[i].slot = -1;
     }
+    /* blocks: layers.N and mtp.N, from the names */
+    int n_layers = 0, n_mtp = 0;
+    for (int i = 0; i < t.n; i++) {
+        if (!strncmp(t.p[i].name, "layers.", 7) && atoi(t.p[i].name + 7) + 1 > n_layers)
+            n_layers = atoi(t.p[i].name + 7) + 1;
+        if (!strncmp(t.p[i].name, "mtp.", 4) && atoi(t.p[i].name + 4) + 1 > n_mtp)
+            n_mtp = atoi(t.p[i].name + 4) + 1;
+    }
+    for (int i = 0; i < t.n; i++)
+        t.p[i].layer = block_of(t.p[i].name, n_layers);
+    /* the pipeline stages: which parts this rank's stages hold, and which
+     * pipeline rank writes each part (the lowest holder) */
+    const int nb = n_layers + n_mtp;
+    low = par_malloc((size_t)(nb + 3) * sizeof *low, PAR_TAG_IO);
+    held = par_malloc((size_t)(nb + 3), PAR_TAG_IO);
+    if (!low || !held) {
+        s = par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d pipeline parts", nb + 3);
+        goto done;
+    }
+    if ((s = pipe_holders(&l, n_layers, n_mtp, rc.pp, low, held)))
+        goto done;
+    for (int i = 0; i < t.n; i++)
+        if (low[part_of(&t.p[i], nb)] < 0) {
+            s = par_err(PAR_EINVAL, "checkpoint ownership: no pipeline stage of the layout holds '%s' (the layout "
+                        "has %d segments for %d layers + %d MTP blocks)", t.p[i].name, l.pipe.n_segments, n_layers,
+                        n_mtp);
+            goto done;
+        }
     int cur = 0;
     for (int i = 0; i < ntensors; i++) {
         const char *nm = tensors[i].name;
@@ -166,11 +285,12 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
         El = E / l.ep;
     }
     const int64_t e0 = (int64_t)rc.ep * El, e1 = e0 + El;
-    /* the plans of this rank's groups, exactly as the run builds them */
+    /* the plans of this rank's groups, exactly as the run builds them (the
+     * entries its stages hold, parallel/dpwire.c) */
     int nl[2] = {0, 0};
     for (int i = 0; i < t.n; i++) {
         const par_param *p = &t.p[i];
-        if (p->dtype != PAR_PDT_REAL)
+        if (p->dtype != PAR_PDT_REAL || !held[part_of(p, nb)])
             continue;
         if (p->expert < 0)
             lists[nl[0]++] = i;
@@ -186,7 +306,9 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
     int n = 0;
     for (int i = 0; i < ntensors; i++) {
         const par_param *p = &t.p[role[i].param];
-        int mine = p->expert < 0 || (p->expert >= e0 && p->expert < e1);
+        /* held here, and this is the lowest pipeline rank holding it */
+        int part = part_of(p, nb);
+        int mine = held[part] && low[part] == rc.pp && (p->expert < 0 || (p->expert >= e0 && p->expert < e1));
         int des = p->expert < 0 ? dense_des : exp_des;
         if (!mine)
             continue;
@@ -221,6 +343,8 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
 done:
     PAR_FN(par_zero_plan_free)(&pl[0]);
     PAR_FN(par_zero_plan_free)(&pl[1]);
+    par_free(held);
+    par_free(low);
     par_free(sl);
     par_free(lists);
     par_free(t.p);

@@ -5,20 +5,29 @@
  *
  * The ownership rule (par_ckpt_owner_driver, declared in parallel/driver.h
  * because the CLI registers it): which elements of which tensor each world
- * rank WRITES.  Dense parameters (gate.bias and tid2eid included): the
- * replica at attention coordinates tp = cp = dp = 0 of the stage; routed
- * experts: their EP owner at etp = edp = 0; optimizer state: under ZeRO-1
- * the shard owners' element ranges (AdamW: the pieces of the flat buffer
- * each dp-cp / edp group rank owns, padding never written; Muon: the owning
- * rank, whole matrix), replicated: the same designated replica as the
- * parameter.  Computed from the checkpoint's tensor list alone (table order,
- * optimizer kinds from the opt.* names, experts from the names), with the
- * same plan builder as the run (parallel/zero.h), so it needs no model.
+ * rank WRITES.  Every tensor is written by the pipeline stage that holds it
+ * (pipeline parts as parallel/pp.c builds them: a block on the stage of its
+ * segment, embed.weight on the stages with E or m, head.weight on the stages
+ * with L or m, norm.weight + hc_head_* with L); a part held by several
+ * pipeline ranks (embed / head under PP with MTP, DualPipe's two copies) is
+ * written by the LOWEST pipeline rank holding it, the rank
+ * par_pp_gather_full takes it from.  On that pipeline rank: dense
+ * parameters (gate.bias and tid2eid included): the replica at attention
+ * coordinates tp = cp = dp = 0; routed experts: their EP owner at etp =
+ * edp = 0; optimizer state: under ZeRO-1 the shard owners' element ranges
+ * of that stage's plans (AdamW: the pieces of the flat buffer each dp-cp /
+ * edp group rank owns, padding never written; Muon: the owning rank, whole
+ * matrix), replicated: the same designated replica as the parameter.
+ * Computed from the checkpoint's tensor list alone (table order, optimizer
+ * kinds from the opt.* names, experts and blocks from the names) and the
+ * layout (its resolved segments, or its layout string / the default split),
+ * with the same plan builder as the run (parallel/zero.h), so it needs no
+ * model.
  *
  * Loading reads, for every rank, EVERYTHING it holds (all its parameters;
  * its shard / owned matrices of the state, or the whole state when
  * replicated) from whatever shards cover it: that is the reshard to the
- * current layout (any DP, EP, ZeRO on/off).
+ * current layout (any PP / VPP / schedule, DP, CP, EP, ZeRO on/off).
  */
 #ifndef PAR_PARALLEL_CKPTWIRE_H
 #define PAR_PARALLEL_CKPTWIRE_H

@@ -223,9 +223,20 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
             memcpy(hs + b * D * d, x_local + (b * L + L - D) * d,
                    (size_t)(D * d) * sizeof(par_real));
         st = shift_exchange(cp, hs, hr, nh, +1, TAG_HALO_FWD);
+#if PAR_FAULT_CP_HALO_SHORT
+        /* Deliberate fault (meson -Dfault=cp_halo_short; docs/matrix.md "Fault
+         * demonstration"): the halo one row short at the boundary, its last
+         * row (the previous rank's last token) left zero. */
+        if (!st && Dh > 0)
+            for (int64_t b = 0; b < rows; b++) {
+                memcpy(sv.xw + b * W_ * d, hr + b * D * d, (size_t)((D - 1) * d) * sizeof(par_real));
+                memset(sv.xw + (b * W_ + D - 1) * d, 0, (size_t)d * sizeof(par_real));
+            }
+#else
         if (!st && Dh > 0)
             for (int64_t b = 0; b < rows; b++)
                 memcpy(sv.xw + b * W_ * d, hr + b * D * d, (size_t)(D * d) * sizeof(par_real));
+#endif
         par_free(hb);
         if (st)
             goto fail_free_saved;

@@ -43,6 +43,8 @@ typedef struct {
     int64_t *load_acc;        /* [n_blocks, E] global loads summed over steps */
     int64_t *rank_ctr;        /* [N, 6] ep counters + local floats of each rank */
     int64_t *cp_ctr;          /* [N, 4] cp attention bytes of each rank (par_cp_traffic) */
+    int64_t *ep_tier;         /* [N, 4] ep bytes: dispatch nvlink, ib, combine nvlink, ib */
+    double *ep_time;          /* [N, 2] ep emulated dispatch, combine seconds */
     int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dpwire.h) */
     par_pp_info ppi;          /* PP > 1: world rank 0's pipeline (pp.h) */
     int64_t step0;            /* updates already applied (the loaded checkpoint's step) */
@@ -282,6 +284,9 @@ static par_status rank_main(par_comm *world, void *arg)
         if ((s = PAR_FN(par_ep_create)(&ep, P.g.g[PAR_GROUP_EP], &M)))
             goto fail_model;
         PAR_FN(par_ep_install)(ep, &M);
+        if ((s = PAR_FN(par_ep_set_dispatch)(ep, o->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
+                                             o->netmodel ? o->netmodel->gpus_per_node : 8)))
+            goto fail_model;
         if (pp && (s = PAR_FN(par_pp_set_ep)(pp, ep)))
             goto fail_model;
     }
@@ -399,6 +404,12 @@ static par_status rank_main(par_comm *world, void *arg)
     PAR_FN(par_ep_counters_get)(ep, &ec);
     int64_t mine[6] = {ec.rows_sent, ec.rows_recv, ec.dispatch_bytes, ec.combine_bytes, ec.calls, M.n_local};
     s = gather0(world, mine, 6, R->rank_ctr, NULL, PAR_C_I64);
+    int64_t ept[4] = {ec.dispatch_nvlink, ec.dispatch_ib, ec.combine_nvlink, ec.combine_ib};
+    double eps[2] = {ec.dispatch_s, ec.combine_s};
+    if (!s)
+        s = gather0(world, ept, 4, R->ep_tier, NULL, PAR_C_I64);
+    if (!s)
+        s = gather0(world, eps, 2, R->ep_time, NULL, PAR_C_F64);
     par_cp_traffic ct;
     PAR_FN(par_cpw_traffic)(cpw, &ct);
     int64_t cpm[4] = {ct.halo_fwd, ct.gather_fwd, ct.rs_bwd, ct.halo_bwd};
@@ -480,6 +491,21 @@ static void summarize(const shared *R, par_run_summary *sum, int N, int n_blocks
         sum->cp_rs_bytes += c[2];
     }
     sum->recv_mean = N > 0 ? (double)rt / N : 0;
+    for (int r = 0; r < N; r++) {
+        for (int k = 0; k < 4; k++)
+            sum->ep_bytes[k / 2][k % 2] += R->ep_tier[4 * r + k];
+        for (int k = 0; k < 2; k++) {
+            double v = R->ep_time[2 * r + k];
+            sum->ep_time_mean[k] += N > 0 ? v / N : 0;
+            if (v > sum->ep_time_max[k])
+                sum->ep_time_max[k] = v;
+        }
+    }
+    sum->moe_dispatch = R->o->moe_dispatch;
+    sum->ep_gpn = R->o->netmodel ? R->o->netmodel->gpus_per_node : 8;
+    sum->ep_recv = par_malloc((size_t)(N > 0 ? N : 1) * sizeof *sum->ep_recv, PAR_TAG_MISC);
+    for (int r = 0; sum->ep_recv && r < N; r++)
+        sum->ep_recv[r] = R->rank_ctr[6 * r + 1];
 }
 
 par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
@@ -557,9 +583,12 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
                             sizeof *R.load_acc, PAR_TAG_MISC);
     R.rank_ctr = par_calloc((size_t)N * 6, sizeof *R.rank_ctr, PAR_TAG_MISC);
     R.cp_ctr = par_calloc((size_t)N * 4, sizeof *R.cp_ctr, PAR_TAG_MISC);
+    R.ep_tier = par_calloc((size_t)N * 4, sizeof *R.ep_tier, PAR_TAG_MISC);
+    R.ep_time = par_calloc((size_t)N * 2, sizeof *R.ep_time, PAR_TAG_MISC);
     R.mem = par_calloc((size_t)N * PAR_RUN_MEM, sizeof *R.mem, PAR_TAG_MISC);
     R.cursor = par_calloc((size_t)o->steps, sizeof *R.cursor, PAR_TAG_MISC);
-    if (!R.tok || !R.seg || !R.nsamp || !R.info || !R.load_acc || !R.rank_ctr || !R.cp_ctr || !R.mem || !R.cursor) {
+    if (!R.tok || !R.seg || !R.nsamp || !R.info || !R.load_acc || !R.rank_ctr || !R.cp_ctr || !R.ep_tier || !R.ep_time || !R.mem ||
+        !R.cursor) {
         s = par_err(PAR_ENOMEM, "run: out of memory for %lld steps of %lld x %lld tokens", (long long)o->steps,
                     (long long)R.B, (long long)R.S);
         goto fail_data;
@@ -659,6 +688,8 @@ fail_data:
     par_free(R.load_acc);
     par_free(R.rank_ctr);
     par_free(R.cp_ctr);
+    par_free(R.ep_tier);
+    par_free(R.ep_time);
     par_free(R.mem);
     par_free(R.cursor);
     return s;

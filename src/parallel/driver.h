@@ -52,6 +52,8 @@ typedef struct {
     const par_netmodel *netmodel; /* emulated network (comm/netmodel.h) or NULL: the run
                                    * creates the per-rank clocks (sum->net) */
     int net_spans;            /* 1: record spans for a Chrome trace */
+    int moe_dispatch;         /* EP all-to-all: 0 flat, 1 hierarchical (parallel/ep.h par_ep_dispatch);
+                               * nodes of netmodel->gpus_per_node ranks, 8 without a network */
     /* checkpoints (parallel/ckptwire.h, docs/checkpoints.md "With the driver") */
     const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
@@ -94,6 +96,11 @@ typedef struct {
     double recv_mean;
     int64_t dispatch_bytes, combine_bytes; /* summed over ranks, to other ranks only */
     int64_t a2a_calls;        /* all-to-all(v) calls of one rank */
+    int moe_dispatch;         /* as opts; ep_gpn: ranks per node of the tiers below */
+    int ep_gpn;
+    int64_t ep_bytes[2][2];   /* [dispatch, combine][nvlink, ib] bytes, all ranks, fwd+bwd */
+    double ep_time_mean[2], ep_time_max[2]; /* [dispatch, combine] emulated s per rank (0: no network) */
+    int64_t *ep_recv;         /* [world] rows received by each rank (EP > 1; freed with the summary) */
     /* context parallelism (zero with CP = 1): attention bytes handed to
      * src/comm, summed over ranks and steps (parallel/cp.h's par_cp_traffic) */
     int64_t cp_halo_bytes;    /* halo rows forward + their gradients backward */
@@ -121,6 +128,7 @@ static inline void par_run_summary_free(par_run_summary *s)
     if (!s)
         return;
     par_free(s->mem);
+    par_free(s->ep_recv);
     par_free(s->step);
     if (s->net)
         par_netrun_free(s->net);
@@ -142,11 +150,11 @@ static inline par_status par_run(const par_run_opts *o, par_run_summary *sum)
 }
 
 /* The driver's checkpoint ownership rule (parallel/ckptwire.h; a
- * par_ckpt_owner_fn, ud unused): dense tensors on the replica tp = cp = dp = 0,
- * routed experts on their EP owner at edp = 0, optimizer state on the ZeRO-1
- * shard owners (padding never written) or with the parameter when
- * replicated.  PP > 1 is PAR_EUNSUPPORTED until the pipeline stages' ownership
- * is wired. */
+ * par_ckpt_owner_fn, ud unused): each tensor on the lowest pipeline rank
+ * holding it; there dense tensors on the replica tp = cp = dp = 0, routed
+ * experts on their EP owner at edp = 0, optimizer state on the ZeRO-1 shard
+ * owners of that stage's plans (padding never written) or with the
+ * parameter when replicated. */
 par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank, const par_ckpt_tensor *tensors,
                                  int ntensors, par_ckpt_slice **out, int *nout, void *ud);
 /* par_ckpt_set_owner(par_ckpt_owner_driver): `parity ckpt reshard` and

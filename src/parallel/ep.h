@@ -18,6 +18,24 @@
  *   backward  dy rows to the owners, expert backward (weight gradients
  *             accumulate into the owner's local gradients), (dx, d rw) rows
  *             back; slot combine exactly as the serial backward.
+ *
+ * Hierarchical (node-aware) dispatch (par_ep_set_dispatch, PAR_EP_HIER):
+ * ranks sit on nodes of `gpus_per_node` world ranks (comm/netmodel.h).  A
+ * token's row crosses to another node ONCE per destination node: stage 1
+ * sends one record (x row, and the token's experts on that node with their
+ * routing weights) to the token's relay on that node -- the EP rank of that
+ * node with the sender's local index (its position among the EP ranks of
+ * its own node) modulo the node's EP ranks, the same "rail" when nodes are
+ * alike; on the sender's own node the relay is the sender itself -- and
+ * stage 2 fans each (token, expert) row out to the expert's owner over
+ * NVLink (an all-to-all(v) of the EP group with data only between ranks of
+ * one node).  The owner sorts the rows by expert, then (source EP rank, t):
+ * the flat path's order, so every GEMM and every sum is the flat path's and
+ * the results are bitwise equal.  Outputs go back the same way, UNSUMMED
+ * (one row per (token, expert): a partial sum on the relay would change the
+ * contract's per-token summation order), so only the dispatch directions
+ * (forward x, backward dy) save inter-node bytes; the combine directions
+ * send the flat path's inter-node bytes plus NVLink hops.
  */
 #ifndef PAR_PARALLEL_EP_H
 #define PAR_PARALLEL_EP_H
@@ -32,12 +50,29 @@
 typedef struct PAR_FN(par_ep_s) PAR_FN(par_ep);
 
 /* Counters of one rank, accumulated over every block and step. */
+typedef enum {
+    PAR_EP_FLAT = 0,  /* one all-to-all(v): every (token, expert) row straight to its owner */
+    PAR_EP_HIER = 1,  /* node-aware: once per (token, destination node) over IB, then NVLink */
+} par_ep_dispatch;
+
+/* Counters of one rank, accumulated over every block and step.  Bytes are
+ * the data rows' (counts exchanges excluded: 8 bytes per peer pair), sent
+ * to OTHER ranks, split by the tier of the pair: nodes of gpus_per_node
+ * consecutive world ranks (par_ep_set_dispatch; the emulated network's
+ * rule).  Times are this rank's virtual clock (comm/clock.h; 0 without an
+ * emulated network): dispatch = from before the counts exchange until the
+ * rows are at the owners; combine = from after the experts ran until the
+ * rows are back on the token's rank (idle waits for other ranks included);
+ * forward and backward summed. */
 typedef struct {
     int64_t rows_sent;       /* token-slot rows dispatched (forward)            */
     int64_t rows_recv;       /* token-slot rows received for the held experts   */
     int64_t dispatch_bytes;  /* bytes sent to other ranks: forward x + ids, backward dy  */
     int64_t combine_bytes;   /* bytes sent to other ranks: forward y, backward dx, d rw  */
     int64_t calls;           /* all-to-all(v) calls (counts exchanges included)  */
+    int64_t dispatch_nvlink, dispatch_ib; /* dispatch_bytes by tier */
+    int64_t combine_nvlink, combine_ib;   /* combine_bytes by tier  */
+    double dispatch_s, combine_s;         /* emulated seconds        */
 } par_ep_counters;
 
 /* An executor for M over the EP group `ep` (this rank's handle; its size
@@ -46,6 +81,11 @@ typedef struct {
 par_status PAR_FN(par_ep_create)(PAR_FN(par_ep) **out, par_comm *ep, PAR_FN(par_model) *M);
 /* M->moe = this executor. */
 void PAR_FN(par_ep_install)(PAR_FN(par_ep) *x, PAR_FN(par_model) *M);
+/* Dispatch mode and the node size (ranks per node, >= 1) the tiers and the
+ * hierarchical relays use; the default is flat with 8 GPUs per node (the
+ * reference preset).  Every rank of the EP group must pass the same values
+ * (else the collectives report a mismatch).  Frees the per-block state. */
+par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, int gpus_per_node);
 /* Keeps n independent sets of per-block forward state (slot 0 .. n-1; 1 by
  * default): a pipeline (parallel/pp.h) has several microbatches of one block
  * between forward and backward and selects the microbatch's slot before each

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 
 #include "core/alloc.h"
 #include "core/fileio.h"
@@ -66,6 +68,10 @@ struct par_matrix {
     char fixtures_dir[PATH_CAP];
     char golden_root[PATH_CAP];
     int keep;
+    int full;
+    int mpi_procs;
+    char mpiexec[PATH_CAP];
+    char self_exe[PATH_CAP];
     FILE *progress;
     char **only_cells;
     int n_only_cells;
@@ -407,6 +413,15 @@ par_status par_matrix_new(const par_matrix_opts *o, par_matrix **out)
     m->seed = o->seed;
     m->steps = o->steps ? o->steps : (!strcmp(o->preset, "v4-tiny") ? 3 : 1);
     m->keep = o->keep;
+    m->full = o->full;
+    m->mpi_procs = o->mpi_procs;
+    sfmt(m->mpiexec, sizeof m->mpiexec, "%s", o->mpiexec ? o->mpiexec : "mpiexec");
+    if (o->self_exe) {
+        sfmt(m->self_exe, sizeof m->self_exe, "%s", o->self_exe);
+    } else {
+        ssize_t k = readlink("/proc/self/exe", m->self_exe, sizeof m->self_exe - 1);
+        m->self_exe[k > 0 ? k : 0] = 0;
+    }
     m->progress = o->progress;
     sfmt(m->blas_core, sizeof m->blas_core, "%s", par_blas_core_name());
     if (o->n_only_cells > 0) {
@@ -622,79 +637,9 @@ static par_status prod_repeat(par_matrix *m, const par_matrix_cell *c, const cha
     return par_matrix_golden(m, 64, c->fixture, NULL, c->steps, c->seed, set_dir);
 }
 
-/* cp2, cp4: `parity run` with context parallelism CP = c->arg (world CP,
- * Da = 1) on the cell's fixture, dumped; the emulated network (reference
- * preset) gives the step time and the exposed communication. */
-static par_status prod_cp(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
-                          const char **cand, par_cell_metrics *met)
-{
-    (void)work_dir, (void)cand;
-    if (!m->backend_impl)
-        return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
-                       "available)", c->name, (long long)c->ranks, m->backend);
-    par_netmodel net;
-    par_status s = par_netmodel_preset("reference", &net);
-    if (s)
-        return s;
-    par_run_opts o;
-    par_run_opts_init(&o);
-    o.cfg = m->cfg;
-    o.steps = c->steps;
-    o.seed = c->seed;
-    o.fixture = c->fixture[0] ? c->fixture : NULL;
-    o.fixtures_dir = m->fixtures_dir;
-    o.backend = m->backend_impl;
-    o.layout.cp = c->arg;
-    o.layout.world = c->ranks;
-    o.dump_dir = set_dir;
-    o.netmodel = &net;
-    par_run_summary sum;
-    if ((s = par_run(&o, &sum)))
-        return s;
-    double tmax = 0, cmax = 0;
-    for (int r = 0; sum.net && r < (int)c->ranks; r++) {
-        const par_rankstats *st = par_netrun_stats(sum.net, r);
-        if (st && st->total_s > tmax)
-            tmax = st->total_s;
-        if (st && st->comm_s > cmax)
-            cmax = st->comm_s;
-    }
-    if (sum.net) {
-        met->step_time_s = tmax / (double)c->steps;
-        met->exposed_comm_s = cmax / (double)c->steps;
-    }
-    par_run_summary_free(&sum);
-    return PAR_OK;
-}
-
-/* dp4-zero1, ep4-zero1: `parity run --use-distributed-optimizer` (ZeRO-1)
- * on c->ranks ranks with EP = c->arg, dumped (parameters and the optimizer
- * state gathered from the shards after every step; parallel/dpwire.h). */
-static par_status prod_zero(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
-                            const char **cand, par_cell_metrics *met)
-{
-    (void)work_dir, (void)cand, (void)met;
-    if (!m->backend_impl)
-        return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
-                       "available)", c->name, (long long)c->ranks, m->backend);
-    par_run_opts o;
-    par_run_opts_init(&o);
-    o.cfg = m->cfg;
-    o.steps = c->steps;
-    o.seed = c->seed;
-    o.fixture = c->fixture[0] ? c->fixture : NULL;
-    o.fixtures_dir = m->fixtures_dir;
-    o.backend = m->backend_impl;
-    o.layout.world = c->ranks;
-    o.layout.ep = c->arg;
-    o.layout.distributed_optimizer = 1;
-    o.dump_dir = set_dir;
-    return par_run(&o, NULL);
-}
-
-/* A PP 2 layout string of `segs` segments (2 or 4) for n_layers main
- * layers and n_mtp MTP blocks: the layers split as evenly as possible, E on
- * the first segment, the MTP blocks and L on the last. */
+/* A PP layout string of `segs` segments for n_layers main layers and n_mtp
+ * MTP blocks: the layers split as evenly as possible, E on the first
+ * segment, the MTP blocks and L on the last. */
 static void pp_layout_string(char *buf, size_t n, int64_t n_layers, int64_t n_mtp, int segs)
 {
     size_t o = 0;
@@ -708,13 +653,242 @@ static void pp_layout_string(char *buf, size_t n, int64_t n_layers, int64_t n_mt
     }
 }
 
-/* pp2-<schedule>: `parity run` with PP = 2 (world 2) and the schedule
- * c->arg (par_sched_kind; interleaved and dualpipev over 4 segments, VPP 2),
- * dumped; the emulated network (reference preset) gives the step time. */
-static par_status prod_pp(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
-                          const char **cand, par_cell_metrics *met)
+static int64_t size_or_1(int64_t v) { return v > 0 ? v : 1; }
+
+static int lay_segs(const par_cell_layout *L) { return L->segs > 0 ? L->segs : (int)size_or_1(L->pp); }
+
+/* The driver's layout of a cell layout. */
+static par_status cell_layout(const par_matrix *m, const par_cell_layout *L, par_layout *out)
 {
-    (void)work_dir, (void)cand;
+    par_layout_init(out);
+    out->world = L->world;
+    out->cp = size_or_1(L->cp);
+    out->ep = size_or_1(L->ep);
+    out->pp = size_or_1(L->pp);
+    out->distributed_optimizer = L->zero;
+    if (out->pp > 1) {
+        char str[256];
+        pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers, lay_segs(L));
+        par_status s = par_layout_set_pp_layout(out, str);
+        if (!s && L->sched >= 0)
+            s = par_layout_set_schedule(out, par_schedule_kind_name((par_sched_kind)L->sched));
+        if (s)
+            return s;
+    }
+    return PAR_OK;
+}
+
+/* One line describing a cell layout ("EP=4 De=2 (world 8)", ...). */
+static void describe_layout(const par_matrix *m, const par_cell_layout *L, char *buf, size_t n)
+{
+    int64_t world = L->world ? L->world : size_or_1(L->pp) * size_or_1(L->cp) * size_or_1(L->ep);
+    int64_t cp = size_or_1(L->cp), ep = size_or_1(L->ep), pp = size_or_1(L->pp);
+    int64_t da = world / (pp * cp), de = world / (pp * ep);
+    size_t o = 0;
+#define ADD(...) (o += (o < n ? (size_t)sfmt(buf + o, n - o, __VA_ARGS__) : 0))
+    buf[0] = 0;
+    if (pp > 1) {
+        char str[256];
+        pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers, lay_segs(L));
+        ADD("PP=%lld %s '%s' ", (long long)pp, L->sched >= 0 ? par_schedule_kind_name((par_sched_kind)L->sched) : "",
+            str);
+    }
+    if (cp > 1)
+        ADD("CP=%lld ", (long long)cp);
+    if (da > 1)
+        ADD("DP=%lld ", (long long)da);
+    if (ep > 1)
+        ADD("EP=%lld ", (long long)ep);
+    if (ep > 1 && de > 1)
+        ADD("De=%lld ", (long long)de);
+    if (L->zero)
+        ADD("ZeRO-1 ");
+    ADD("(world %lld)", (long long)world);
+#undef ADD
+}
+
+/* The emulated network's metrics of a run, per step. */
+static void metrics_of(const par_run_summary *sum, int64_t world, int64_t steps, par_cell_metrics *met)
+{
+    if (!sum->net)
+        return;
+    double tmax = 0, cmax = 0;
+    for (int r = 0; r < (int)world; r++) {
+        const par_rankstats *st = par_netrun_stats(sum->net, r);
+        if (st && st->total_s > tmax)
+            tmax = st->total_s;
+        if (st && st->comm_s > cmax)
+            cmax = st->comm_s;
+    }
+    met->step_time_s = tmax / (double)steps;
+    met->exposed_comm_s = cmax / (double)steps;
+    if (sum->pp_net_bubble >= 0)
+        met->bubble = sum->pp_net_bubble;
+}
+
+/* Reads the metrics `parity run` printed (the emulated network's "max" row:
+ * total ms, compute ms, comm ms; the pipeline's "emulated bubble X %"). */
+static void metrics_of_log(const char *log, int64_t steps, par_cell_metrics *met)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        double tot, comp, comm;
+        const char *b = strstr(line, "emulated bubble ");
+        double bub;
+        if (!strncmp(line, "max ", 4) && sscanf(line + 4, "%lf %lf %lf", &tot, &comp, &comm) == 3) {
+            met->step_time_s = tot * 1e-3 / (double)steps;
+            met->exposed_comm_s = comm * 1e-3 / (double)steps;
+        } else if (b && sscanf(b, "emulated bubble %lf", &bub) == 1) {
+            met->bubble = bub / 100.0;
+        }
+    }
+    fclose(f);
+}
+
+/* The last lines of a log, flattened into one line (a failing run's reason). */
+static void log_tail(const char *log, char *buf, size_t n)
+{
+    buf[0] = 0;
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    char lines[3][400] = {{0}};
+    char line[400];
+    int k = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (line[0])
+            sfmt(lines[k++ % 3], sizeof lines[0], "%s", line);
+    }
+    fclose(f);
+    for (int i = k > 3 ? k - 3 : 0; i < k; i++) {
+        size_t o = strlen(buf);
+        sfmt(buf + o, n - o, "%s%s", o ? " / " : "", lines[i % 3]);
+    }
+}
+
+/* Runs `mpiexec -n P parity run --backend mpi ...` (P <= mpi_procs, a
+ * divisor of the world; each process hosts world / P thread ranks), output
+ * into log.  Fixture, steps, seed and layout as the in-process run. */
+static par_status run_layout_mpi(par_matrix *m, const par_matrix_cell *c, const par_cell_layout *L, int64_t steps,
+                                 const char *dump, const char *save, const char *load, const char *log,
+                                 par_cell_metrics *met)
+{
+    par_layout lay;
+    par_status s = cell_layout(m, L, &lay);
+    if (s)
+        return s;
+    int64_t world = L->world ? L->world : size_or_1(L->pp) * size_or_1(L->cp) * size_or_1(L->ep);
+    int64_t p = m->mpi_procs > 0 ? m->mpi_procs : 8;
+    while (p > 1 && world % p)
+        p--;
+    if (p > world)
+        p = world;
+    char a[40][PATH_CAP];
+    char *argv[41];
+    int n = 0;
+#define ARG(...) sfmt(a[n++], sizeof a[0], __VA_ARGS__)
+    ARG("%s", m->mpiexec[0] ? m->mpiexec : "mpiexec");
+    ARG("-n");
+    ARG("%lld", (long long)p);
+    ARG("%s", m->self_exe);
+    ARG("run");
+    ARG("--preset");
+    ARG("%s", m->preset);
+    ARG("--backend");
+    ARG("mpi");
+    ARG("--ranks-per-process");
+    ARG("%lld", (long long)(world / p));
+    ARG("--world-size");
+    ARG("%lld", (long long)world);
+    ARG("--steps");
+    ARG("%lld", (long long)steps);
+    ARG("--seed");
+    ARG("%llu", (unsigned long long)c->seed);
+    if (c->fixture[0]) { /* the fixtures directory through PARITY_FIXTURES_DIR (below) */
+        ARG("--fixture");
+        ARG("%s", c->fixture);
+    }
+    ARG("--context-parallel-size");
+    ARG("%lld", (long long)lay.cp);
+    ARG("--expert-model-parallel-size");
+    ARG("%lld", (long long)lay.ep);
+    if (lay.pp > 1) {
+        ARG("--pipeline-model-parallel-size");
+        ARG("%lld", (long long)lay.pp);
+        ARG("--pipeline-model-parallel-layout");
+        ARG("%s", lay.pp_layout);
+        if (L->sched >= 0) {
+            ARG("--pipeline-schedule");
+            ARG("%s", par_schedule_kind_name((par_sched_kind)L->sched));
+        }
+    }
+    if (L->zero)
+        ARG("--use-distributed-optimizer");
+    ARG("--topology");
+    ARG("reference");
+    ARG("--quiet");
+    if (dump) {
+        ARG("--dump");
+        ARG("%s", dump);
+    }
+    if (save) {
+        ARG("--save");
+        ARG("%s", save);
+    }
+    if (load) {
+        ARG("--load");
+        ARG("%s", load);
+    }
+#undef ARG
+    for (int i = 0; i < n; i++)
+        argv[i] = a[i];
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return par_err(PAR_EIO, "matrix: fork for %s: %s", argv[0], strerror(errno));
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setenv("PARITY_FIXTURES_DIR", m->fixtures_dir, 1);
+        execvp(argv[0], argv);
+        fprintf(stderr, "matrix: cannot start %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char tail[600];
+        log_tail(log, tail, sizeof tail);
+        return par_err(PAR_EIO, "matrix: `%s -n %lld parity run --backend mpi` (world %lld) %s %d (log %s): %s",
+                       argv[0], (long long)p, (long long)world, WIFEXITED(st) ? "exited" : "killed by signal",
+                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log, tail);
+    }
+    metrics_of_log(log, steps, met);
+    return PAR_OK;
+}
+
+/* Runs `steps` steps of the cell's data under L on the matrix's backend
+ * (in process, or under mpiexec with --backend mpi), with the emulated
+ * network (reference preset) attached: dump / save / load as `parity run`. */
+static par_status run_layout(par_matrix *m, const par_matrix_cell *c, const par_cell_layout *L, int64_t steps,
+                             const char *dump, const char *save, const char *load, const char *work_dir,
+                             par_cell_metrics *met)
+{
+    if (!strcmp(m->backend, "mpi")) {
+        char log[PATH_CAP];
+        sfmt(log, sizeof log, "%s/run-%s.log", work_dir, load ? "resumed" : "first");
+        return run_layout_mpi(m, c, L, steps, dump, save, load, log, met);
+    }
     if (!m->backend_impl)
         return par_err(PAR_EUNSUPPORTED, "matrix: cell %s needs a backend for its %lld ranks (backend '%s' not "
                        "available)", c->name, (long long)c->ranks, m->backend);
@@ -725,40 +899,122 @@ static par_status prod_pp(par_matrix *m, const par_matrix_cell *c, const char *w
     par_run_opts o;
     par_run_opts_init(&o);
     o.cfg = m->cfg;
-    o.steps = c->steps;
+    o.steps = steps;
     o.seed = c->seed;
     o.fixture = c->fixture[0] ? c->fixture : NULL;
     o.fixtures_dir = m->fixtures_dir;
     o.backend = m->backend_impl;
-    o.layout.pp = 2;
-    o.layout.world = c->ranks;
-    char str[256];
-    int segs = c->arg == PAR_SCHED_INTERLEAVED || c->arg == PAR_SCHED_DUALPIPEV ? 4 : 2;
-    pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers, segs);
-    if ((s = par_layout_set_pp_layout(&o.layout, str)) ||
-        (s = par_layout_set_schedule(&o.layout, par_schedule_kind_name((par_sched_kind)c->arg))))
+    if ((s = cell_layout(m, L, &o.layout)))
         return s;
-    o.dump_dir = set_dir;
+    o.dump_dir = dump;
+    o.save_dir = save;
     o.netmodel = &net;
-    par_run_summary sum;
-    if ((s = par_run(&o, &sum)))
+    par_ckpt *ck = NULL;
+    if (load && (s = par_ckpt_open(load, &ck)))
         return s;
-    double tmax = 0, cmax = 0;
-    for (int r = 0; sum.net && r < (int)c->ranks; r++) {
-        const par_rankstats *st = par_netrun_stats(sum.net, r);
-        if (st && st->total_s > tmax)
-            tmax = st->total_s;
-        if (st && st->comm_s > cmax)
-            cmax = st->comm_s;
-    }
-    if (sum.net) {
-        met->step_time_s = tmax / (double)c->steps;
-        met->exposed_comm_s = cmax / (double)c->steps;
-    }
-    if (sum.pp_net_bubble >= 0)
-        met->bubble = sum.pp_net_bubble;
+    o.load = ck;
+    par_run_summary sum;
+    s = par_run(&o, &sum);
+    par_ckpt_close(ck);
+    if (s)
+        return s;
+    metrics_of(&sum, sum.layout.world, steps, met);
     par_run_summary_free(&sum);
     return PAR_OK;
+}
+
+/* Layout cells (cp*, ep*, dp*, pp*, ...): `parity run` under c->lay on the
+ * cell's data, dumped; the emulated network gives the metrics. */
+static par_status prod_layout(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
+                              const char **cand, par_cell_metrics *met)
+{
+    (void)cand;
+    return run_layout(m, c, &c->lay, c->steps, set_dir, NULL, NULL, work_dir, met);
+}
+
+/* Renames "params.K.safetensors" / "step.K.safetensors" to index K + off;
+ * 0 when the name is neither. */
+static int shifted_name(const char *nm, int64_t off, char *buf, size_t n)
+{
+    long long k;
+    char tail[32];
+    if (sscanf(nm, "params.%lld.%31s", &k, tail) == 2 && !strcmp(tail, "safetensors"))
+        return sfmt(buf, n, "params.%lld.safetensors", k + (long long)off), 1;
+    if (sscanf(nm, "step.%lld.%31s", &k, tail) == 2 && !strcmp(tail, "safetensors"))
+        return sfmt(buf, n, "step.%lld.safetensors", k + (long long)off), 1;
+    return 0;
+}
+
+/* dst = the files of first (params.K with K <= split, step.K with K <
+ * split) and of resumed (its step.J and params.J, J >= 1, as split + J),
+ * hard-linked, with a manifest of the merged set (first's, over every
+ * step).  The resumed run's params.0 (the loaded parameters, written like an
+ * initial state: without optimizer state) is not used: the loaded state,
+ * moments included, is checked by every later file. */
+static par_status merge_sets(const char *first, const char *resumed, int64_t split, const char *dst)
+{
+    par_manifest a, b;
+    par_status s = par_manifest_read(first, &a);
+    if (s)
+        return s;
+    if ((s = par_manifest_read(resumed, &b))) {
+        par_manifest_free(&a);
+        return s;
+    }
+    s = mkdir_p(dst);
+    for (int i = 0; !s && i < a.nfiles; i++) {
+        const char *nm = a.files[i].name;
+        long long k = -1;
+        char tail[32], from[PATH_CAP], to[PATH_CAP];
+        if (!((sscanf(nm, "params.%lld.%31s", &k, tail) == 2 || sscanf(nm, "step.%lld.%31s", &k, tail) == 2) &&
+              k <= split))
+            continue;
+        sfmt(from, sizeof from, "%s/%s", first, nm);
+        sfmt(to, sizeof to, "%s/%s", dst, nm);
+        if (link(from, to) != 0)
+            s = par_err(PAR_EIO, "matrix: cannot link %s to %s: %s", from, to, strerror(errno));
+    }
+    for (int i = 0; !s && i < b.nfiles; i++) {
+        char nn[128], from[PATH_CAP], to[PATH_CAP];
+        if (!shifted_name(b.files[i].name, split, nn, sizeof nn) || !strcmp(b.files[i].name, "params.0.safetensors"))
+            continue;
+        sfmt(from, sizeof from, "%s/%s", resumed, b.files[i].name);
+        sfmt(to, sizeof to, "%s/%s", dst, nn);
+        if (link(from, to) != 0)
+            s = par_err(PAR_EIO, "matrix: cannot link %s to %s: %s", from, to, strerror(errno));
+    }
+    if (!s) {
+        a.steps = split + b.steps;
+        s = par_manifest_write(&a, dst); /* lists (and hashes) the merged files */
+    }
+    par_manifest_free(&a);
+    par_manifest_free(&b);
+    return s;
+}
+
+/* resume / reshard pairs: c->split steps under c->lay saved to a
+ * checkpoint, the rest loaded under c->lay2 (the same layout: resume; another
+ * one: reshard on load), both dumped; the cell's set is the first run's
+ * steps before the checkpoint and the resumed run's after it, compared with
+ * the serial reference of all steps. */
+static par_status prod_pair(par_matrix *m, const par_matrix_cell *c, const char *work_dir, const char *set_dir,
+                            const char **cand, par_cell_metrics *met)
+{
+    (void)cand;
+    if (c->split < 1 || c->split >= c->steps)
+        return par_err(PAR_EINVAL, "matrix: cell %s needs 1 <= split (%lld) < steps (%lld)", c->name,
+                       (long long)c->split, (long long)c->steps);
+    char d1[PATH_CAP], d2[PATH_CAP], ck[PATH_CAP];
+    sfmt(d1, sizeof d1, "%s/first", work_dir);
+    sfmt(d2, sizeof d2, "%s/resumed", work_dir);
+    sfmt(ck, sizeof ck, "%s/ckpt", work_dir);
+    par_cell_metrics m1 = *met;
+    par_status s = run_layout(m, c, &c->lay, c->split, d1, ck, NULL, work_dir, &m1);
+    if (!s)
+        s = run_layout(m, c, &c->lay2, c->steps - c->split, d2, NULL, ck, work_dir, met);
+    if (!s)
+        s = merge_sets(d1, d2, c->split, set_dir);
+    return s;
 }
 
 /* Copies the golden set src into dst with every F32 tensor widened to F64
@@ -993,6 +1249,18 @@ const char *par_matrix_primary_fixture(const par_matrix *m)
     return m->nfix ? m->fixtures[0] : "";
 }
 
+/* v4-mini without --full: the layout cells that matter most within ~5
+ * minutes on 2 cores (docs/matrix.md, "Measured"); cp2 and cp4 on the
+ * primary fixture only. */
+static int mini_default_cell(const char *name)
+{
+    static const char *const names[] = {"cp2", "cp4", "ep32", "dp4", "dp4-zero1", "pp2-1f1b", "pp2-dualpipev"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(names[i], name))
+            return 1;
+    return 0;
+}
+
 par_status par_matrix_add_builtin_cells(par_matrix *m)
 {
     par_matrix_cell c;
@@ -1001,6 +1269,10 @@ par_status par_matrix_add_builtin_cells(par_matrix *m)
      *    checked-in set where one exists for (preset, fixture). */
     for (int i = 0; !s && i < m->nfix; i++) {
         const char *fx = m->fixtures[i];
+        /* v4-mini without --full: only the primary fixture (the others have
+         * no checked-in set and no default cell using their reference) */
+        if (strcmp(m->preset, "v4-tiny") && !m->full && strcmp(fx, par_matrix_primary_fixture(m)))
+            continue;
         par_matrix_cell_init(m, &c, "serial-f64", fx);
         c.produce = prod_reference;
         c.check = check_sane;
@@ -1077,62 +1349,134 @@ par_status par_matrix_add_builtin_cells(par_matrix *m)
                  "near-zero gradients' rounding (docs/matrix.md)");
         s = par_matrix_add(m, &c);
     }
-    /* 4. cp2, cp4: context parallelism on every boundary fixture (S/CP must
-     *    reach D_window, which the layout checks: a preset with too short
-     *    rows makes the cell ERROR with the rule's message).  Not in --quick
-     *    (tests/parallel/test_cp_run.c runs them in CI). */
-    for (int64_t cp = 2; cp <= 4 && !s && !m->quick; cp *= 2)
+    /* 4. Layout cells: the parallel driver (`parity run --dump`) against the
+     *    serial f64 reference of the same data (docs/matrix.md lists them
+     *    and which are behind --full on v4-mini). */
+    int mini = strcmp(m->preset, "v4-tiny") != 0;
+    int all = !mini || m->full; /* v4-tiny (--quick) runs every layout cell */
+#define SKIP_HEAVY(nm) (!all && !mini_default_cell(nm))
+    static const char cp_note[] = "f64 policy: CE/aux partial sums and weight gradients of split rows add in rank "
+                                  "order; routing, loads and attn selections exactly equal";
+    /* 4a. cp2, cp4 on every boundary fixture (S/CP must reach D_window, which
+     *     the layout checks).  v4-mini default: cp4 on every fixture, cp2 on
+     *     the primary one; --full: cp2 on every fixture too. */
+    for (int64_t cp = 2; cp <= 4 && !s; cp *= 2)
         for (int i = 0; !s && i < m->nfix; i++) {
+            if (!all && strcmp(m->fixtures[i], fx))
+                continue;
             par_matrix_cell_init(m, &c, cp == 2 ? "cp2" : "cp4", m->fixtures[i]);
-            c.produce = prod_cp;
+            c.produce = prod_layout;
+            c.lay = (par_cell_layout){.world = cp, .cp = cp, .sched = -1};
             c.ranks = cp;
-            c.arg = cp;
             c.policy = PAR_POLICY_F64;
-            sfmt(c.layout, sizeof c.layout, "CP=%lld (world %lld)", (long long)cp, (long long)cp);
-            sfmt(c.note, sizeof c.note,
-                 "f64 policy: CE/aux partial sums and weight gradients of split rows add in rank order; "
-                 "routing, loads and attn selections exactly equal");
+            describe_layout(m, &c.lay, c.layout, sizeof c.layout);
+            sfmt(c.note, sizeof c.note, "%s", cp_note);
             s = par_matrix_add(m, &c);
         }
-    /* 4b. dp4-zero1, ep4-zero1: ZeRO-1 (--use-distributed-optimizer); the
-     *     dumps carry the optimizer state gathered from the shards.  Not in
-     *     --quick (tests/parallel/test_zero_run.c runs them in CI). */
-    for (int64_t ep = 1; ep <= 4 && !s && !m->quick; ep *= 4) {
-        par_matrix_cell_init(m, &c, ep == 1 ? "dp4-zero1" : "ep4-zero1", fx);
-        c.produce = prod_zero;
-        c.ranks = ep == 1 ? 4 : 8;
-        c.arg = ep;
+    /* 4b. expert parallelism: v4-tiny EP2, EP4, EP8, EP4 x De2; v4-mini EP32,
+     *     and with --full EP64 (CP2 folding) and EP128 (CP4 folding) so that
+     *     the global batch stays the preset's (Da = N / CP divides B). */
+    static const struct {
+        const char *name;
+        int64_t world, ep, cp;
+        int preset_mini; /* 0 tiny, 1 mini default, 2 mini --full */
+    } eps[] = {{"ep2", 2, 2, 1, 0},     {"ep4", 4, 4, 1, 0},       {"ep8", 8, 8, 1, 0},
+               {"ep4-de2", 8, 4, 1, 0}, {"ep32", 32, 32, 1, 1},    {"ep64-cp2", 64, 64, 2, 2},
+               {"ep128-cp4", 128, 128, 4, 2}};
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0] && !s; i++) {
+        int want = mini ? eps[i].preset_mini == 1 || (eps[i].preset_mini == 2 && m->full) : eps[i].preset_mini == 0;
+        if (!want || SKIP_HEAVY(eps[i].name))
+            continue;
+        par_matrix_cell_init(m, &c, eps[i].name, fx);
+        c.produce = prod_layout;
+        c.lay = (par_cell_layout){.world = eps[i].world, .ep = eps[i].ep, .cp = eps[i].cp, .sched = -1};
+        c.ranks = eps[i].world;
         c.policy = PAR_POLICY_F64;
-        sfmt(c.layout, sizeof c.layout, "ZeRO-1, EP=%lld (world %lld)", (long long)ep, (long long)c.ranks);
+        describe_layout(m, &c.lay, c.layout, sizeof c.layout);
         sfmt(c.note, sizeof c.note,
-             "f64 policy: gradients reduced in rank order over DP (x CP) and EDP; optimizer state "
-             "(opt.*) gathered from the ZeRO shards and compared after every step");
+             "f64 policy: experts' rows dispatched and combined by all-to-all in a fixed order; expert gradients "
+             "reduced over De in rank order; routing and loads exactly equal");
         s = par_matrix_add(m, &c);
     }
-    /* 4c. pp2-<schedule>: pipeline parallelism, every schedule once (PP 2;
-     *     interleaved and dualpipev on 4 segments).  Not in --quick
-     *     (tests/parallel/test_pp.c runs them in CI). */
+    /* 4c. data parallelism with and without ZeRO-1 (the dumps carry the
+     *     optimizer state gathered from the shards after every step). */
+    static const struct {
+        const char *name;
+        int64_t world, ep;
+        int zero;
+    } dps[] = {{"dp2", 2, 1, 0}, {"dp4", 4, 1, 0}, {"dp2-zero1", 2, 1, 1}, {"dp4-zero1", 4, 1, 1}, {"ep4-zero1", 8, 4, 1}};
+    for (size_t i = 0; i < sizeof dps / sizeof dps[0] && !s; i++) {
+        if (SKIP_HEAVY(dps[i].name))
+            continue;
+        par_matrix_cell_init(m, &c, dps[i].name, fx);
+        c.produce = prod_layout;
+        c.lay = (par_cell_layout){.world = dps[i].world, .ep = dps[i].ep, .zero = dps[i].zero, .sched = -1};
+        c.ranks = dps[i].world;
+        c.policy = PAR_POLICY_F64;
+        describe_layout(m, &c.lay, c.layout, sizeof c.layout);
+        sfmt(c.note, sizeof c.note,
+             "f64 policy: gradients reduced in rank order over DP (x CP) and EDP%s",
+             dps[i].zero ? "; optimizer state (opt.*) gathered from the ZeRO shards and compared after every step"
+                         : "; optimizer replicated");
+        s = par_matrix_add(m, &c);
+    }
+    /* 4d. pipeline parallelism: PP 2 with every schedule (interleaved and
+     *     dualpipev on 4 segments, VPP 2), and PP 4 layouts (v4-mini --full). */
     static const struct {
         par_sched_kind k;
         const char *name;
-    } pps[] = {{PAR_SCHED_GPIPE, "pp2-gpipe"},         {PAR_SCHED_1F1B, "pp2-1f1b"},
-               {PAR_SCHED_INTERLEAVED, "pp2-interleaved"}, {PAR_SCHED_ZBH1, "pp2-zbh1"},
-               {PAR_SCHED_DUALPIPE, "pp2-dualpipe"},     {PAR_SCHED_DUALPIPEV, "pp2-dualpipev"}};
-    for (size_t i = 0; i < sizeof pps / sizeof pps[0] && !s && !m->quick; i++) {
+        int64_t pp;
+        int segs;
+    } pps[] = {{PAR_SCHED_GPIPE, "pp2-gpipe", 2, 2},        {PAR_SCHED_1F1B, "pp2-1f1b", 2, 2},
+               {PAR_SCHED_INTERLEAVED, "pp2-interleaved", 2, 4}, {PAR_SCHED_ZBH1, "pp2-zbh1", 2, 2},
+               {PAR_SCHED_DUALPIPE, "pp2-dualpipe", 2, 2},  {PAR_SCHED_DUALPIPEV, "pp2-dualpipev", 2, 4},
+               {PAR_SCHED_1F1B, "pp4-1f1b", 4, 4},          {PAR_SCHED_INTERLEAVED, "pp4-interleaved", 4, 8},
+               {PAR_SCHED_ZBH1, "pp4-zbh1", 4, 4},          {PAR_SCHED_DUALPIPEV, "pp4-dualpipev", 4, 8}};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0] && !s; i++) {
+        if ((pps[i].pp > 2 && !(mini && m->full)) || SKIP_HEAVY(pps[i].name))
+            continue;
         par_matrix_cell_init(m, &c, pps[i].name, fx);
-        c.produce = prod_pp;
-        c.ranks = 2;
-        c.arg = pps[i].k;
+        c.produce = prod_layout;
+        c.lay = (par_cell_layout){.world = pps[i].pp, .pp = pps[i].pp, .sched = (int)pps[i].k, .segs = pps[i].segs};
+        c.ranks = pps[i].pp;
         c.policy = PAR_POLICY_F64;
-        char str[200];
-        pp_layout_string(str, sizeof str, m->cfg.n_layers, m->cfg.n_mtp_layers,
-                         pps[i].k == PAR_SCHED_INTERLEAVED || pps[i].k == PAR_SCHED_DUALPIPEV ? 4 : 2);
-        sfmt(c.layout, sizeof c.layout, "PP=2 %s '%s' (world 2)", par_schedule_kind_name(pps[i].k), str);
+        describe_layout(m, &c.lay, c.layout, sizeof c.layout);
         sfmt(c.note, sizeof c.note,
              "f64 policy: forward bitwise (whole rows per microbatch); weight gradients accumulate over "
              "microbatches, embed/head over stages");
         s = par_matrix_add(m, &c);
     }
+    /* 4e. resume and reshard pairs through a distributed checkpoint: the
+     *     first split steps under A saved, the rest loaded under A (resume)
+     *     or B (reshard on load); at least 2 steps (v4-mini: 2 steps, its own
+     *     2-step reference). */
+    static const struct {
+        const char *name;
+        par_cell_layout a, b;
+    } prs[] = {{"resume", {.world = 4, .ep = 2, .zero = 1, .sched = -1}, {.world = 4, .ep = 2, .zero = 1, .sched = -1}},
+               {"reshard", {.world = 4, .ep = 2, .zero = 1, .sched = -1}, {.world = 4, .cp = 2, .sched = -1}}};
+    for (size_t i = 0; i < sizeof prs / sizeof prs[0] && !s; i++) {
+        if (SKIP_HEAVY(prs[i].name))
+            continue;
+        par_matrix_cell_init(m, &c, prs[i].name, fx);
+        c.produce = prod_pair;
+        c.lay = prs[i].a;
+        c.lay2 = prs[i].b;
+        c.steps = c.steps < 2 ? 2 : c.steps;
+        c.split = c.steps / 2;
+        c.ranks = 4;
+        c.policy = PAR_POLICY_F64;
+        char a[128], b[128];
+        describe_layout(m, &c.lay, a, sizeof a);
+        describe_layout(m, &c.lay2, b, sizeof b);
+        sfmt(c.layout, sizeof c.layout, "%s -> ckpt@%lld -> %s", a, (long long)c.split, b);
+        sfmt(c.note, sizeof c.note,
+             "f64 policy: params.0..%lld and step.0..%lld from the first run, every later file from the run that "
+             "loaded its checkpoint (%s)",
+             (long long)c.split, (long long)c.split - 1, i ? "resharded on load to another layout" : "the same layout");
+        s = par_matrix_add(m, &c);
+    }
+#undef SKIP_HEAVY
     /* 5. data-file: the batches through --data give the same set. */
     if (!s) {
         par_matrix_cell_init(m, &c, "data-file", fx);

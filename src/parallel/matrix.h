@@ -76,6 +76,15 @@ typedef par_status (*par_cell_check_fn)(par_matrix *m, const par_matrix_cell *ce
  * with their own manifests), so a file missing from one side still fails. */
 typedef int (*par_cell_select_fn)(const char *file_name);
 
+/* The parallel layout a layout cell runs (sizes 0 = 1; world 0 = the
+ * smallest the folding allows).  sched: a par_sched_kind with pp > 1, or -1;
+ * segs: segments of the PP layout string the cell builds (0: pp). */
+typedef struct {
+    int64_t world, cp, ep, pp;
+    int zero;             /* --use-distributed-optimizer (ZeRO-1) */
+    int sched, segs;
+} par_cell_layout;
+
 struct par_matrix_cell {
     char name[48];        /* kind of check: "serial-f64", "repeat-bitwise", "cp2", ... */
     char layout[128];     /* one line: "serial f64 (world 1)", "CP=2 EP=1 PP=1 DP=1", ... */
@@ -92,6 +101,9 @@ struct par_matrix_cell {
     par_cell_select_fn select; /* files compared; NULL = every file */
     int informational;    /* a failed comparison is WARN (reported, exit status unaffected) */
     int64_t arg;          /* free for the producer (e.g. a precision, a CP size) */
+    par_cell_layout lay;  /* layout cells: the layout run (and saved, for a pair) */
+    par_cell_layout lay2; /* resume/reshard pairs: the layout that loads the checkpoint */
+    int64_t split;        /* pairs: steps run before the checkpoint (the rest after loading) */
 };
 
 /* Outcome of one cell. */
@@ -130,6 +142,10 @@ typedef struct {
     int n_only_cells;
     const char *const *only_fixtures; /* use only these fixtures (NULL/0: every fixture of the preset) */
     int n_only_fixtures;
+    int full;                 /* also the heaviest cells (v4-mini EP64/EP128; docs/matrix.md) */
+    int mpi_procs;            /* --backend mpi: at most this many processes per cell (0: 8) */
+    const char *mpiexec;      /* --backend mpi: the launcher (NULL: "mpiexec") */
+    const char *self_exe;     /* --backend mpi: the parity binary (NULL: /proc/self/exe) */
     int keep;                 /* keep every set (passing cells' and references) */
     int no_out;               /* create no results directory (listing the cells only) */
     FILE *progress;           /* progress lines (NULL: none) */

@@ -180,7 +180,8 @@ static void copy_golden(const char *dst, const char *file, const char *tensor, i
 }
 
 /* --quick on two fixtures: the serial cells (one against the checked-in
- * set), repeat-bitwise, f32-vs-f64 and data-file all pass; exit 0; the JSON
+ * set), repeat-bitwise, f32-vs-f64, data-file and the layout cells (CP, EP,
+ * DP +- ZeRO-1, PP schedules, resume/reshard) all pass; exit 0; the JSON
  * and Markdown reports say so. */
 Test(matrix, quick_passes_and_reports, .timeout = 240)
 {
@@ -207,9 +208,10 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
     cr_assert(par_json_int(r, "cells_total", &total));
     cr_assert(par_json_int(r, "passed", &passed));
     cr_assert(par_json_int(r, "failed", &failed));
-    cr_expect_eq(total, 6, "2 serial cells + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, got %lld",
-                 (long long)total);
-    cr_expect_geq(passed, 5);
+    /* 2 serial + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, cp2 and cp4 on both fixtures, ep2,
+     * ep4, ep8, ep4-de2, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, 6 pp2 schedules, resume, reshard */
+    cr_expect_eq(total, 6 + 4 + 4 + 5 + 6 + 2, "cells: %lld", (long long)total);
+    cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
     cr_assert(cJSON_IsArray(cells));
@@ -236,6 +238,16 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
             cr_expect(pol && (!strcmp(pol, "bitwise") || !strcmp(pol, "f64")), "policy %s", pol ? pol : "?");
             seen_golden = 1;
         }
+        int64_t ranks = 0;
+        cr_assert(par_json_int(c, "ranks", &ranks));
+        if (ranks > 1) {
+            /* layout cells run with the emulated network: step time and exposed communication */
+            cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "emulated_step_s")), "%s: no step time", name);
+            cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "exposed_comm_s")), "%s: no exp.comm", name);
+            cr_expect_str_eq(par_json_str(c, "policy"), "f64", "%s", name);
+        }
+        if (!strncmp(name, "pp2-", 4))
+            cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "bubble")), "%s: no bubble", name);
         if (!strcmp(name, "repeat-bitwise") || !strcmp(name, "data-file"))
             cr_expect_str_eq(par_json_str(c, "policy"), "bitwise");
         if (!strcmp(name, "f32-vs-f64")) {
@@ -252,7 +264,8 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
 
     /* the summary table and the results directory's own report */
     char *text = slurp(log);
-    cr_expect(has_line(text, "6 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "27 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "reshard ", "PASS"), "no reshard row");
     cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
     par_free(text);
     char own[PATH_MAX + 128];
