@@ -39,6 +39,7 @@ typedef struct {
     int32_t *tok, *seg;       /* [steps, B, S] the global batches */
     int64_t *nsamp;           /* [steps, B] samples per row */
     char *tmp;                /* the dump's temporary directory, or NULL */
+    int hosts_rank0;          /* this process ran world rank 0 (it alone commits the dump) */
     par_run_step_info *info;  /* [steps] */
     int64_t *load_acc;        /* [n_blocks, E] global loads summed over steps */
     int64_t *rank_ctr;        /* [N, 6] ep counters + local floats of each rank */
@@ -257,6 +258,8 @@ static par_status rank_main(par_comm *world, void *arg)
     P.lay = l;
     P.world = world;
     P.rank = par_comm_rank(world);
+    if (P.rank == 0)
+        R->hosts_rank0 = 1; /* under MPI only one process does */
     P.N = par_comm_size(world);
     PAR_FN(par_model) M;
     memset(&M, 0, sizeof M);
@@ -628,6 +631,12 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     if (s)
         goto fail_tmp;
 
+    if (R.tmp && !R.hosts_rank0) {
+        /* another MPI process hosts rank 0 and commits the dump: this
+         * process's temporary directory stayed empty */
+        par_adir_abort(R.tmp);
+        R.tmp = NULL;
+    }
     if (R.tmp) {
         par_golden_layout gl = {
             .world = R.lay.world, .tp = R.lay.tp, .pp = R.lay.pp, .vpp = R.lay.vpp, .cp = R.lay.cp,
