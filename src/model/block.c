@@ -6,22 +6,7 @@
 
 #include "kernels/ops.h"
 
-#define P(idx) PAR_FN(par_model_ptr)(M, M->params, (idx))
-#define G(idx) PAR_FN(par_model_ptr)(M, M->grads, (idx))
-
-static void *aalloc(par_arena *ar, size_t n, int zero)
-{
-    if (n == 0)
-        n = 64;
-    return zero ? par_arena_calloc(ar, n, 64) : par_arena_alloc(ar, n, 64);
-}
-
-#define AREAL(ptr, count, zero)                                                                    \
-    do {                                                                                           \
-        (ptr) = aalloc(ar, (size_t)(count) * sizeof(par_real), (zero));                            \
-        if (!(ptr))                                                                                \
-            goto fail_oom;                                                                         \
-    } while (0)
+#include "model/model-impl.h"
 
 static void attn_weights(const PAR_FN(par_model) *M, int b, par_real *flat,
                          PAR_FN(par_attn_weights) *W, int with_indexer)

@@ -8,6 +8,8 @@
  * uninterrupted run bit for bit.  v4-tiny (3 layers + 1 MTP, 8 experts),
  * f64, threads backend. */
 #include <criterion/criterion.h>
+
+#include "files.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,21 +88,6 @@ static par_status run(lay l, int64_t steps, const char *dump, const char *save, 
     return s;
 }
 
-static int files_equal(const char *a, const char *b)
-{
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    cr_assert(fa && fb);
-    int eq = 1, ca, cb;
-    do {
-        ca = fgetc(fa);
-        cb = fgetc(fb);
-        if (ca != cb)
-            eq = 0;
-    } while (eq && ca != EOF);
-    fclose(fa);
-    fclose(fb);
-    return eq;
-}
 
 static void compare(const char *a, const char *b, const char *what)
 {

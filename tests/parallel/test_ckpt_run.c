@@ -4,6 +4,8 @@
  * the uninterrupted run, save intervals, refused loads.  v4-tiny, f64,
  * threads backend. */
 #include <criterion/criterion.h>
+
+#include "files.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,21 +78,6 @@ static par_status run(lay l, int64_t steps, const char *dump, const char *save, 
     return s;
 }
 
-static int files_equal(const char *a, const char *b)
-{
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    cr_assert(fa && fb);
-    int eq = 1, ca, cb;
-    do {
-        ca = fgetc(fa);
-        cb = fgetc(fb);
-        if (ca != cb)
-            eq = 0;
-    } while (eq && ca != EOF);
-    fclose(fa);
-    fclose(fb);
-    return eq;
-}
 
 static void compare(const char *a, const char *b, par_policy policy, const char *what)
 {
