@@ -9,6 +9,8 @@
  * f64, threads backend. */
 #include <criterion/criterion.h>
 
+#include "tmpdir.h"
+
 #include "files.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,27 +25,6 @@
 #include "parallel/ckpt.h"
 #include "parallel/driver.h"
 #include "parallel/plan.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-ckpp-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 typedef struct {
     int64_t world, pp, vpp, ep, cp, zero;

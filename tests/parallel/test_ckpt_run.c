@@ -5,6 +5,8 @@
  * threads backend. */
 #include <criterion/criterion.h>
 
+#include "tmpdir.h"
+
 #include "files.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,27 +20,6 @@
 #include "model/params.h"
 #include "parallel/ckpt.h"
 #include "parallel/driver.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-ckrun-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 typedef struct {
     int64_t world, ep, zero, cp;

@@ -2,6 +2,9 @@
  * the threads backend against the serial golden of the same data and seed;
  * the model's ownership variant (parallel/driver.h, model/model.h). */
 #include <criterion/criterion.h>
+
+#include "golden_check.h"
+#include "tmpdir.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,27 +16,6 @@
 #include "model/facade.h"
 #include "model/model.h"
 #include "parallel/driver.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-dp-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 static void tiny(par_config *c)
 {
@@ -69,36 +51,6 @@ static par_status run(const char *dump, const char *backend, int precision, int6
     return par_run(&o, sum);
 }
 
-/* The comparison of GOLDEN.md's policy; with forward_bitwise, step 0's
- * forward (inputs, logits, activations, routing, losses) must be equal bit
- * for bit (only gradients and the norm are sums in another order). */
-static void check(const char *g, const char *d, int forward_bitwise)
-{
-    par_compare_opts co;
-    par_compare_opts_init(&co);
-    par_compare_report *r = NULL;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    if (!par_compare_report_ok(r))
-        par_compare_report_print(r, stderr, 0);
-    cr_expect(par_compare_report_ok(r), "%d failing entries", par_compare_report_failed(r));
-    cr_expect_gt(par_compare_report_count(r), 100);
-    par_compare_report_free(r);
-    if (!forward_bitwise)
-        return;
-    co.policy = PAR_POLICY_BITWISE;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    int checked = 0;
-    for (int i = 0; i < par_compare_report_count(r); i++) {
-        const par_cmp_entry *e = par_compare_report_entry(r, i);
-        if (strcmp(e->file, "step.0.safetensors") || !strncmp(e->tensor, "grad.", 5) ||
-            !strcmp(e->tensor, "out.grad_norm"))
-            continue;
-        checked++;
-        cr_expect(e->pass, "step 0 forward tensor %s differs: %s", e->tensor, e->reason);
-    }
-    cr_expect_gt(checked, 10);
-    par_compare_report_free(r);
-}
 
 Test(dp, dp2_matches_the_serial_golden)
 {
@@ -111,7 +63,7 @@ Test(dp, dp2_matches_the_serial_golden)
     cr_expect_eq(sum.steps, 2);
     cr_expect_eq(sum.max_rank_floats, sum.n_params, "EP = 1: every rank holds everything");
     par_run_summary_free(&sum);
-    check(g, d, 1);
+    check_golden(g, d, 1);
     rmtree(t);
     free(t), free(g), free(d);
 }
@@ -121,7 +73,7 @@ Test(dp, dp4_replicated_experts_match)
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "dp4");
     golden(g, 64);
     cr_assert_eq(run(d, "threads", 64, 4, 1, NULL), 0, "%s", par_last_error());
-    check(g, d, 1);
+    check_golden(g, d, 1);
     rmtree(t);
     free(t), free(g), free(d);
 }
@@ -152,7 +104,7 @@ Test(dp, f32_dp2_within_the_f32_policy)
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "dp2");
     golden(g, 32);
     cr_assert_eq(run(d, "threads", 32, 2, 1, NULL), 0, "%s", par_last_error());
-    check(g, d, 0); /* auto policy: f32 from the manifests */
+    check_golden(g, d, 0); /* auto policy: f32 from the manifests */
     rmtree(t);
     free(t), free(g), free(d);
 }

@@ -2,6 +2,8 @@
  * the threads backend against the serial golden (v4-tiny: E = 8): EP2, EP4,
  * EP8 at De = 1, EP4 with De = 2; invalid layouts; the EP report. */
 #include <criterion/criterion.h>
+
+#include "tmpdir.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,27 +13,6 @@
 #include "model/compare.h"
 #include "model/facade.h"
 #include "parallel/driver.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-ep-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 static void golden(const char *out)
 {

@@ -4,6 +4,8 @@
  * inter-node bytes strictly fewer, the report has bytes per tier and the
  * emulated dispatch / combine time. */
 #include <criterion/criterion.h>
+
+#include "tmpdir.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,27 +17,6 @@
 #include "core/status.h"
 #include "model/compare.h"
 #include "parallel/driver.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-ephier-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 typedef struct {
     int64_t world, ep;

@@ -4,6 +4,9 @@
  * layout and schedule errors `parity run` surfaces; the stage ownership
  * (par_model_init_held). */
 #include <criterion/criterion.h>
+
+#include "golden_check.h"
+#include "tmpdir.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,27 +20,6 @@
 #include "model/facade.h"
 #include "model/model.h"
 #include "parallel/driver.h"
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-pp-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 static void golden(const char *out, int precision)
 {
@@ -86,37 +68,6 @@ static par_status run(const char *dump, lay l, par_run_summary *sum)
     return par_run(&o, sum);
 }
 
-/* GOLDEN.md's policy (f64 or f32 from the manifests); with forward_bitwise
- * step 0's forward (logits, activations, routing, losses) is equal bit for
- * bit: the microbatches are whole rows and the stages run the serial pieces
- * on them. */
-static void check(const char *g, const char *d, int forward_bitwise)
-{
-    par_compare_opts co;
-    par_compare_opts_init(&co);
-    par_compare_report *r = NULL;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    if (!par_compare_report_ok(r))
-        par_compare_report_print(r, stderr, 0);
-    cr_expect(par_compare_report_ok(r), "%d failing entries", par_compare_report_failed(r));
-    cr_expect_gt(par_compare_report_count(r), 100);
-    par_compare_report_free(r);
-    if (!forward_bitwise)
-        return;
-    co.policy = PAR_POLICY_BITWISE;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    int checked = 0;
-    for (int i = 0; i < par_compare_report_count(r); i++) {
-        const par_cmp_entry *e = par_compare_report_entry(r, i);
-        if (strcmp(e->file, "step.0.safetensors") || !strncmp(e->tensor, "grad.", 5) ||
-            !strcmp(e->tensor, "out.grad_norm"))
-            continue;
-        checked++;
-        cr_expect(e->pass, "step 0 forward tensor %s differs: %s", e->tensor, e->reason);
-    }
-    cr_expect_gt(checked, 10);
-    par_compare_report_free(r);
-}
 
 /* golden, one layout, compare */
 static void cell(lay l, int forward_bitwise, par_run_summary *sum)
@@ -124,7 +75,7 @@ static void cell(lay l, int forward_bitwise, par_run_summary *sum)
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "run");
     golden(g, l.precision ? l.precision : 64);
     cr_assert_eq(run(d, l, sum), 0, "%s", par_last_error());
-    check(g, d, forward_bitwise);
+    check_golden(g, d, forward_bitwise);
     rmtree(t);
     free(t), free(g), free(d);
 }

@@ -4,6 +4,8 @@
  * two modes bitwise equal, the per-rank memory accounting. v4-tiny, f64,
  * threads backend, 3 steps. */
 #include <criterion/criterion.h>
+
+#include "tmpdir.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,27 +18,6 @@
 #include "parallel/driver.h"
 
 #define STEPS 3
-
-static char *mktmp(void)
-{
-    char *d = strdup("/tmp/parity-test-zrun-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp");
-    return d;
-}
-
-static char *sub(const char *dir, const char *name)
-{
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
-    return p;
-}
-
-static void rmtree(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_expect_eq(system(cmd), 0);
-}
 
 static void golden(const char *out)
 {
