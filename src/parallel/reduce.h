@@ -1,9 +1,9 @@
-/* parallel/reduce.h - THE cross-rank reduction point of a parallel step
- * (templated: see kernels/real.h).  Every sum over ranks of a training step
- * goes through this file: the step statistics (losses, loads, aux-loss
- * terms), the gradient all-reduces (dense over the attention data-parallel
- * group, routed experts over the expert data-parallel group) and the global
- * gradient norm.  docs/parallel.md explains what is bitwise and what is
+/* parallel/reduce.h - the cross-rank reduction of a parallel step's
+ * statistics (templated: see kernels/real.h): losses, target counts, loads
+ * and aux-loss terms, combined over CP and then the world.  Gradient
+ * reductions and the global gradient norm go through the optimizer's one
+ * reduction point, par_dp_reduce_grads (parallel/zero.h, driven by
+ * parallel/dpwire.h).  docs/parallel.md explains what is bitwise and what is
  * within the f64 policy.
  *
  * A rank's context (par_pctx) carries the resolved layout, its coordinates
@@ -51,16 +51,5 @@ typedef struct {
  * group in the world step.  Collective over the world.
  * PAR_EMISMATCH if the windows do not tile [0, Ns_global). */
 par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M);
-
-/* After par_model_backward on every rank: sums the dense gradients over the
- * attention data-parallel x CP group and the held experts' over the expert
- * data-parallel group (rank-order sums), then the global squared norm with
- * every entry counted once (on one replica), summed in table order:
- * M->stats.grad_sumsq and M->last.grad_norm.  Collective over the world. */
-par_status PAR_FN(par_reduce_grads)(const par_pctx *P, PAR_FN(par_model) *M);
-
-/* 1 when this rank counts entry idx in the global norm (and supplies it to
- * a dump): dense entries on attention dp = cp = 0, experts on edp = 0. */
-int PAR_FN(par_reduce_counts_entry)(const par_pctx *P, const PAR_FN(par_model) *M, int idx);
 
 #endif
