@@ -19,8 +19,10 @@ static inline char *mktmp(void)
 /* "dir/name", malloc'd. */
 static inline char *sub(const char *dir, const char *name)
 {
-    char *p = malloc(strlen(dir) + strlen(name) + 2);
-    sprintf(p, "%s/%s", dir, name);
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    cr_assert(p != NULL, "malloc");
+    snprintf(p, n, "%s/%s", dir, name);
     return p;
 }
 
