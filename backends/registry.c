@@ -1,8 +1,7 @@
 /* backends/registry.c - the only file that knows which backends are built.
  *
- * Optional backends are declared weak: a build with MPI found but without
- * backends/mpi/mpi.c (or a CUDA backend yet to come) links and simply does
- * not list them. */
+ * Optional backends (MPI, built when meson finds MPICH) are compiled in
+ * under their HAVE_* switch from parity_config.h. */
 #include "backends/registry.h"
 
 #include <stdio.h>
@@ -14,10 +13,7 @@
 extern const par_backend par_backend_self;
 extern const par_backend par_backend_threads;
 #if HAVE_MPI
-extern const par_backend par_backend_mpi __attribute__((weak));
-#endif
-#if HAVE_CUDA
-extern const par_backend par_backend_cuda __attribute__((weak));
+extern const par_backend par_backend_mpi;
 #endif
 
 static const par_backend *const candidates[] = {
@@ -25,9 +21,6 @@ static const par_backend *const candidates[] = {
     &par_backend_threads,
 #if HAVE_MPI
     &par_backend_mpi,
-#endif
-#if HAVE_CUDA
-    &par_backend_cuda,
 #endif
 };
 

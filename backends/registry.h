@@ -7,7 +7,7 @@
 #include "comm/comm.h"
 
 /* Number of backends in this build and the i-th (0 <= i < count), in the
- * order self, threads, then mpi and cuda when built. */
+ * order self, threads, then mpi when built. */
 int par_backend_count(void);
 const par_backend *par_backend_at(int i);
 /* The backend named `name`, or NULL. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages parity needs, if any are missing.  Idempotent;
 # prints nothing when everything is already there.  Run as root (or with sudo
-# available).  CUDA (nvcc) is optional and never installed here.
+# available).
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
       libcriterion-dev libcjson-dev nettle-dev python3-numpy)

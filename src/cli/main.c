@@ -14,30 +14,14 @@ typedef struct {
 } command;
 
 static const command commands[] = {
-#ifdef PAR_HAVE_CMD_GOLDEN
     {"golden", par_cmd_golden, "run the serial reference and write a golden set"},
-#endif
-#ifdef PAR_HAVE_CMD_RUN
     {"run", par_cmd_run, "run training steps under a parallel layout (optionally --dump a golden set)"},
-#endif
-#ifdef PAR_HAVE_CMD_COMPARE
     {"compare", par_cmd_compare, "compare two golden sets or safetensors files (GOLDEN.md policy)"},
-#endif
-#ifdef PAR_HAVE_CMD_MATRIX
     {"matrix", par_cmd_matrix, "run the conformance matrix against the serial golden"},
-#endif
-#ifdef PAR_HAVE_CMD_CKPT
     {"ckpt", par_cmd_ckpt, "reshard, export and diff distributed checkpoints"},
-#endif
-#ifdef PAR_HAVE_CMD_PLAN
     {"plan", par_cmd_plan, "check a layout and print its sizes, stages and groups"},
-#endif
-#ifdef PAR_HAVE_CMD_SCHEDULE
     {"schedule", par_cmd_schedule, "dry-run a pipeline schedule: bubbles, deadlocks, timeline"},
-#endif
-#ifdef PAR_HAVE_CMD_TOPO
     {"topo", par_cmd_topo, "print the host topology and the rank-to-core binding"},
-#endif
     {NULL, NULL, NULL},
 };
 
@@ -59,8 +43,7 @@ int main(int argc, char **argv)
             return 0;
         }
         if (!strcmp(argv[i], "--version")) {
-            printf("parity %s (mpi: %s, cuda toolkit: %s, hwloc: %s)\n", PARITY_VERSION, HAVE_MPI ? "yes" : "no",
-                   HAVE_CUDA ? "yes" : "no", HAVE_HWLOC ? "yes" : "no");
+            printf("parity %s (mpi: %s)\n", PARITY_VERSION, HAVE_MPI ? "yes" : "no");
             return 0;
         }
         if (!strcmp(argv[i], "--log") && i + 1 < argc) {

@@ -4,11 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "parity_config.h"
-
-#if HAVE_HWLOC
 #include <hwloc.h>
-#endif
 
 int par_topo_core_of(int rank, int nranks, int ncores)
 {
@@ -54,8 +50,6 @@ static int online_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
-#if HAVE_HWLOC
-
 static hwloc_topology_t topo;
 static int topo_ok;
 static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
@@ -76,8 +70,6 @@ static int loaded(void)
     pthread_once(&topo_once, topo_load);
     return topo_ok;
 }
-
-int par_topo_have_hwloc(void) { return 1; }
 
 int par_topo_ncores(void)
 {
@@ -166,25 +158,3 @@ par_status par_topo_bind_thread(int rank, int nranks)
         return par_err(PAR_EIO, "bind: rank %d of %d to core %d failed", rank, nranks, core);
     return PAR_OK;
 }
-
-#else /* no hwloc */
-
-int par_topo_have_hwloc(void) { return 0; }
-int par_topo_ncores(void) { return online_cpus(); }
-
-par_status par_topo_print(FILE *f, int nranks)
-{
-    int n = online_cpus();
-    fprintf(f, "host: %d online CPUs (this build has no hwloc: no packages, NUMA nodes or caches "
-               "to show, and --bind cannot bind)\n", n);
-    print_binding(f, nranks, n, NULL);
-    return PAR_OK;
-}
-
-par_status par_topo_bind_thread(int rank, int nranks)
-{
-    (void)rank, (void)nranks;
-    return par_err(PAR_EUNSUPPORTED, "bind: this build has no hwloc");
-}
-
-#endif

@@ -4,9 +4,8 @@
  * the rank-to-core binding that `--bind` uses: the ranks of one process are
  * spread evenly over its cores in hwloc's logical order (packages, then cores
  * within them), rank r of n on core floor(r * ncores / n) while n <= ncores,
- * and round-robin, core r mod ncores, when ranks outnumber cores.  Without
- * hwloc (HAVE_HWLOC 0) the core count comes from sysconf, nothing is bound,
- * and the printout says that hwloc is missing.
+ * and round-robin, core r mod ncores, when ranks outnumber cores.  hwloc is
+ * a required dependency (tools/setup.sh installs libhwloc-dev).
  */
 #ifndef PAR_COMM_TOPOLOGY_H
 #define PAR_COMM_TOPOLOGY_H
@@ -15,9 +14,7 @@
 
 #include "core/status.h"
 
-/* 1 when this build has hwloc. */
-int par_topo_have_hwloc(void);
-/* Cores (hwloc: physical cores, else online CPUs); at least 1. */
+/* Physical cores (online CPUs when hwloc cannot load the topology); at least 1. */
 int par_topo_ncores(void);
 /* The core (logical index) of rank `rank` of `nranks` ranks in one process
  * on a host of `ncores` cores (the rule above; -1 for bad arguments). */

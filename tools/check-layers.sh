@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The layer rules, checked from the includes (a meson test, suite 'build'):
+#   core <- kernels <- model <- parallel <- cli;  comm on core only;
+#   backends on comm + core only;  backends/registry.c the only file with #if HAVE_*;
+#   no exit() in library code (outside src/cli).
+# Prints each violation and ends with "N passed, N failed" (one check per rule).
+set -uo pipefail
+cd "${1:-$(dirname "$0")/..}"
+passed=0 failed=0
+# rule DIR ALLOWED...: every '#include "LAYER/..."' under DIR names an allowed layer
+rule() {
+  local dir=$1; shift
+  local allowed="$*" bad=""
+  while IFS= read -r line; do
+    local layer
+    layer=$(printf '%s\n' "$line" | sed -E 's/^[^:]*:[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]+"([a-z_]+)\/.*/\1/')
+    case " $allowed " in *" $layer "*) ;; *) bad+="$line"$'\n' ;; esac
+  done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[a-z_]+/' "$dir" --include='*.c' --include='*.h')
+  if [ -n "$bad" ]; then
+    printf 'layer rule: %s may include only {%s}:\n%s' "$dir" "$allowed" "$bad"
+    failed=$((failed + 1))
+  else
+    passed=$((passed + 1))
+  fi
+}
+rule src/core core
+rule src/comm comm core
+rule src/kernels kernels core
+rule src/model model kernels core
+rule src/parallel parallel model kernels comm core
+rule src/cli cli parallel model kernels comm core backends
+rule backends backends comm core
+v=$(grep -rnE '^[[:space:]]*#[[:space:]]*(if|ifdef|ifndef|elif)[[:space:]].*HAVE_' src backends --include='*.c' --include='*.h' | grep -v '^backends/registry.c:')
+if [ -n "$v" ]; then
+  printf 'build rule: only backends/registry.c may test HAVE_* with #if:\n%s\n' "$v"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
+v=$(grep -rnE '(^|[^_a-zA-Z])exit[[:space:]]*\(' src backends --include='*.c' | grep -v '^src/cli/')
+if [ -n "$v" ]; then
+  printf 'library rule: no exit() outside src/cli (return a par_status):\n%s\n' "$v"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
