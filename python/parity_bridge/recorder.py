@@ -21,8 +21,9 @@ import numpy as np
 
 
 def _to_numpy(t):
+    import torch
     t = t.detach()
-    if t.dtype.is_floating_point and t.dtype not in (__import__("torch").float32, __import__("torch").float64):
+    if t.dtype.is_floating_point and t.dtype not in (torch.float32, torch.float64):
         t = t.float()  # bf16 / fp16 -> fp32 (exact)
     return t.cpu().numpy().copy()
 

@@ -86,10 +86,14 @@ def step_tensors(rec, out, bt, seg, grad_norm, fdt):
 
 
 def to_numpy(state, fdt):
+    """{name: tensor} -> {name: ndarray}, floats in the golden's dtype (exact widening)."""
+    import torch
     out = {}
     for n, v in state.items():
-        a = v.detach().float().cpu().numpy() if v.dtype.is_floating_point and v.dtype not in (
-            __import__("torch").float32, __import__("torch").float64) else v.detach().cpu().numpy()
+        v = v.detach()
+        if v.dtype.is_floating_point and v.dtype not in (torch.float32, torch.float64):
+            v = v.float()
+        a = v.cpu().numpy()
         out[n] = a.astype(fdt) if np.issubdtype(a.dtype, np.floating) else a
     return out
 
@@ -175,11 +179,24 @@ def judge_dump(golden, dump, policy):
 
 
 def parity_compare(parity, golden, dump, policy, json_path):
-    """`parity compare` (the authoritative judge); returns (exit code, report)."""
-    rc = subprocess.run([parity, "compare", golden, dump, "--policy", policy, "--json", json_path],
-                        stdout=subprocess.DEVNULL).returncode
-    with open(json_path) as f:
-        return rc, json.load(f)
+    """`parity compare` (the authoritative judge) of the two sets, or of each
+    file pair when the dump holds fewer steps than the golden; returns
+    (exit code, {"pass", "entries", "failed"})."""
+    gfiles = {f for f in GoldenSet(golden, verify=False).manifest["files"] if f.endswith(".safetensors")}
+    dfiles = {f for f in GoldenSet(dump, verify=False).manifest["files"] if f.endswith(".safetensors")}
+    pairs = [(golden, dump)] if gfiles == dfiles else \
+        [(os.path.join(golden, f), os.path.join(dump, f)) for f in sorted(dfiles & gfiles)]
+    rc, tot = 0, {"pass": True, "entries": 0, "failed": 0}
+    for a, b in pairs:
+        r = subprocess.run([parity, "compare", a, b, "--policy", policy, "--json", json_path],
+                           stdout=subprocess.DEVNULL).returncode
+        with open(json_path) as f:
+            j = json.load(f)
+        rc = max(rc, r)
+        tot["pass"] = tot["pass"] and bool(j.get("pass"))
+        tot["entries"] += int(j.get("entries", 0))
+        tot["failed"] += int(j.get("failed", 0))
+    return rc, tot
 
 
 def worst(rows):
@@ -217,6 +234,7 @@ def main(argv=None):
     ap.add_argument("--force-decisions", action="store_true",
                     help="take routing and indexer selections from the golden (isolates continuous error)")
     ap.add_argument("--report", help="write the summary as JSON")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
     ap.add_argument("--verbose", action="store_true", help="print every tensor's line")
     a = ap.parse_args(argv)
     import torch
@@ -230,7 +248,8 @@ def main(argv=None):
     if (not a.hf or not a.batch) and not a.parity:
         print("parity-torch-check: give --parity (to export the set) or both --hf and --batch", file=sys.stderr)
         return 2
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+    if a.threads:
+        torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="parity-torch-")
     summary = []
     try:

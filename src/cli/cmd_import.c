@@ -68,7 +68,7 @@ static int cmd_hf(int argc, char **argv)
     if (s) {
         fprintf(stderr, "parity import hf: %s\n", par_last_error());
         par_err_set_quiet(0);
-        return (s == PAR_ENOMEM || s == PAR_EIO || s == PAR_EINTERNAL) ? 1 : 2;
+        return (s == PAR_ENOMEM || s == PAR_EINTERNAL) ? 1 : 2;
     }
     par_err_set_quiet(0);
     printf("imported %s -> %s: %d parameters%s, %s (%d shared tensors skipped)\n", pos.argv[0], pos.argv[1],
