@@ -229,7 +229,7 @@ def main(argv=None):
     ap.add_argument("--hf", help="an existing `parity export hf` directory (else exported with --parity)")
     ap.add_argument("--batch", help="an existing `parity export batch` directory (else exported with --parity)")
     ap.add_argument("--steps", type=int, default=0, help="steps to run (default: all of the set)")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda[:N], or auto (cuda when present; default cpu)")
     ap.add_argument("--precision", default="f64", help="f64, f32, bf16 (autocast) or all")
     ap.add_argument("--force-decisions", action="store_true",
                     help="take routing and indexer selections from the golden (isolates continuous error)")
@@ -238,6 +238,9 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true", help="print every tensor's line")
     a = ap.parse_args(argv)
     import torch
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+        print(f"parity-torch-check: device {a.device}", file=sys.stderr)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print("parity-torch-check: no CUDA device here (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
