@@ -98,8 +98,10 @@ def to_numpy(state, fdt):
     return out
 
 
-def run(args, precision, out_dir, hf_dir, batch_dir):
-    """Runs the steps in one precision and writes the dump; returns its wall time."""
+def run(args, precision, out_dir, hf_dir, batch_dir, blockwise):
+    """Runs the steps in one precision and writes the dump; returns its wall time.
+    With --blockwise, appends a row per block and step to `blockwise`: the block
+    fed the golden's input, judged against the golden's output."""
     import torch
     from parity_torch import v4
     gs = GoldenSet(args.golden)
@@ -137,6 +139,13 @@ def run(args, precision, out_dir, hf_dir, batch_dir):
                 out.loss.backward()
             gn = optim.grad_norm()
             w.write_step(k, step_tensors(rec, out, bt, seg, gn, fdt))
+            if args.blockwise:
+                gstep = gs.step(k)
+                with auto:
+                    bw = model.blockwise(bt, gstep)
+                for name, t in bw.items():
+                    r = compare.judge(gstep[name], to_numpy({name: t}, fdt)[name], precision)
+                    blockwise.append({"file": f"blockwise.{k}", "tensor": name, "gating": True, **r})
             optim.step(out)
             model.zero_grad(set_to_none=True)
             w.write_params(k + 1, to_numpy(model.parity_state(), fdt),
@@ -151,12 +160,20 @@ def run(args, precision, out_dir, hf_dir, batch_dir):
 
 
 def gating(policy, file, first_step):
-    """Which comparisons decide pass/fail.  f64: all.  f32 / bf16 against the f64
+    """Which comparisons decide pass/fail (the others are reported as informational).  f64: all.  f32 / bf16 against the f64
     golden: what a step computes (step.K) and params.first, while the parameters
     after updates are informational: AdamW's m/(sqrt(v)+eps) turns a relative
     error of a near-zero gradient into an absolute one of up to lr per step
     (docs/matrix.md "Reading: f32 against f64"; docs/gpu-rollout.md)."""
     return policy == "f64" or file.startswith("step.") or file == f"params.{first_step}.safetensors"
+
+
+def gating_tensor(policy, file, tensor, first_step):
+    """gating(), and for bf16 the gradients too are informational: they carry the bf16
+    error of the whole backward (docs/gpu-rollout.md "Which policy")."""
+    if policy == "bf16" and tensor.startswith("grad."):
+        return False
+    return gating(policy, file, first_step)
 
 
 def judge_dump(golden, dump, policy):
@@ -167,8 +184,8 @@ def judge_dump(golden, dump, policy):
         if not f.endswith(".safetensors"):
             continue
         a, b = gs.file(f), ds.file(f)
-        g = gating(policy, f, ds.first_step)
         for name in sorted(set(a) | set(b)):
+            g = gating_tensor(policy, f, name, ds.first_step)
             if name not in a or name not in b:
                 rows.append({"file": f, "tensor": name, "pass": False, "gating": True,
                              "reason": "missing in " + ("golden" if name not in a else "dump")})
@@ -233,6 +250,8 @@ def main(argv=None):
     ap.add_argument("--precision", default="f64", help="f64, f32, bf16 (autocast) or all")
     ap.add_argument("--force-decisions", action="store_true",
                     help="take routing and indexer selections from the golden (isolates continuous error)")
+    ap.add_argument("--blockwise", action="store_true",
+                    help="also run each block on the golden's input and judge its output alone (gating)")
     ap.add_argument("--report", help="write the summary as JSON")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
     ap.add_argument("--verbose", action="store_true", help="print every tensor's line")
@@ -261,8 +280,14 @@ def main(argv=None):
             os.makedirs(a.out, exist_ok=True)
         for p in precs:
             out = a.out if len(precs) == 1 else os.path.join(a.out, p)
-            wall = run(a, p, out, hf_dir, batch_dir)
+            bw = []
+            wall = run(a, p, out, hf_dir, batch_dir, bw)
             rows = judge_dump(a.golden, out, p)
+            if a.blockwise:  # the whole-model activations then inform; the block-local ones gate
+                for r in rows:
+                    if r["tensor"].startswith("act."):
+                        r["gating"] = False
+                rows += bw
             pc = parity_compare(a.parity, a.golden, out, p, os.path.join(tmp, f"cmp-{p}.json")) if a.parity else None
             s = summarize(p, rows, wall, a.force_decisions, pc)
             summary.append(s)
@@ -290,7 +315,7 @@ def print_report(s, rows, verbose):
           + (f"; worst {w['file']} {w['tensor']}: ||d|| {w['diff_norm']:.3e} = {w['ratio']:.3e} x bound "
              f"(rel_l2 {w['rel_l2']:.3e})" if w else "")
           + (f"; parity compare exit {pc['exit']} ({pc['entries']} entries, {pc['failed']} failed)" if pc else "")
-          + (f"; parameters after updates (informational): {s['informational_outside']} outside, worst {wi['file']} "
+          + (f"; informational: {s['informational_outside']} outside, worst {wi['file']} "
              f"{wi['tensor']} {wi['ratio']:.3g} x bound" if wi else "")
           + f"; {s['wall_s']:.1f} s")
 

@@ -494,6 +494,28 @@ class V4(nn.Module):
             mtp_logits = self.mtp_logits_tap(self.head_logits(Xm, m.hc_head_fn, m.hc_head_base, m.hc_head_scale, m.norm))
         return StepOutput(self, bt, logits, mtp_logits, acts, recs)
 
+    @torch.no_grad()
+    def blockwise(self, bt, golden_act):
+        """Each block fed the golden's input instead of the previous block's output
+        (block 0 the embedding, the MTP block the golden's last main residual):
+        {"act.<block>": output}, so a comparison bounds one block's error, not the
+        sum over the depth.  golden_act: {"act.<block>": [B, S, n, d] array}."""
+        cfg, n = self.cfg, self.n
+        w = self.embed.weight
+        def gold(name):
+            return torch.as_tensor(golden_act[f"act.{name}"]).to(device=w.device, dtype=w.dtype)
+        out = {}
+        X = w[bt.tokens].unsqueeze(-2).expand(bt.B, bt.S, n, cfg["dim"])
+        names = self.block_names()
+        for b, blk in enumerate(self.layers):
+            Xin = X if b == 0 else gold(names[b - 1])
+            out[f"act.{names[b]}"] = blk(Xin, bt.tokens, bt, {})
+        for i, m in enumerate(self.mtp):
+            h = gold(names[len(self.layers) - 1])
+            Xm = m.e_proj(m.enorm(w[bt.mtp_inputs])).unsqueeze(-2) + m.h_proj(m.hnorm(h))
+            out[f"act.{names[len(self.layers) + i]}"] = m(Xm, bt.mtp_inputs, bt, {})
+        return out
+
 
 def cross_entropy_sum(logits, targets):
     """(sum over tokens with a target of logsumexp - logit[target], count)."""
