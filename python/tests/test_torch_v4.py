@@ -47,11 +47,12 @@ class TorchV4Test(TmpCase):
     def test_forced_decisions_match_the_golden(self):
         """bf16 autocast with routing and selections taken from the golden: every
         integer tensor equal (continuous differences are reported, not judged here)."""
-        rc, runs = self.check("--precision", "bf16", "--steps", "1", "--force-decisions")
+        rc, runs = self.check("--precision", "bf16", "--steps", "1", "--force-decisions", "--blockwise")
         r = runs[0]
         self.assertEqual(r["decisions"], "forced from the golden")
         ints = [f for f in r["failures"] if f.get("n_diff") is not None]
         self.assertEqual(ints, [])
+        self.assertEqual(r["tensors"], 898 + 4, "params.0, step.0, params.1 and one row per block")
 
     @unittest.skipUnless(os.environ.get("PARITY_SLOW_TESTS") == "1", "v4-mini: slow (-Dslow_tests=true)")
     def test_v4_mini_f64_within_policy(self):
