@@ -230,6 +230,8 @@ def summarize(precision, rows, wall, forced, pc=None):
          "tensors": len(rows), "failed": len(fails), "informational_outside": len(info),
          "informational_worst": {k: wi[k] for k in ("file", "tensor", "rel_l2", "ratio")} if wi else None,
          "pass": not fails, "wall_s": round(wall, 3),
+         "blockwise_worst": ({k: wb[k] for k in ("file", "tensor", "rel_l2", "ratio")}
+                             if (wb := worst([r for r in rows if r["file"].startswith("blockwise.")])) else None),
          "worst": {k: w[k] for k in ("file", "tensor", "rel_l2", "diff_norm", "bound", "ratio", "max_abs")} if w else None,
          "failures": [{k: r.get(k) for k in ("file", "tensor", "reason", "n_diff", "rel_l2", "ratio")} for r in fails[:40]]}
     if pc is not None:
