@@ -195,6 +195,12 @@ static void sort_idx(int *v, int *tmp, int n, const par_ckpt_tensor *t)
     memcpy(v, tmp, (size_t)n * sizeof *v);
 }
 
+static void index_free(name_index *ix)
+{
+    par_free(ix->order);
+    ix->order = NULL;
+}
+
 static par_status index_build(name_index *ix, const par_ckpt_tensor *t, int n, const char *what)
 {
     ix->t = t;
@@ -213,17 +219,13 @@ static par_status index_build(name_index *ix, const par_ckpt_tensor *t, int n, c
     par_free(tmp);
     for (int i = 1; i < n; i++)
         if (!strcmp(t[ix->order[i]].name, t[ix->order[i - 1]].name)) {
-            par_free(ix->order);
-            ix->order = NULL;
-            return par_err(PAR_EINVAL, "%s: tensor '%s' is listed twice", what, t[ix->order[i]].name);
+            /* the message first: it names the tensor through ix->order */
+            par_status st = par_err(PAR_EINVAL, "%s: tensor '%s' is listed twice (tensors %d and %d)", what,
+                                    t[ix->order[i]].name, ix->order[i - 1], ix->order[i]);
+            index_free(ix);
+            return st;
         }
     return PAR_OK;
-}
-
-static void index_free(name_index *ix)
-{
-    par_free(ix->order);
-    ix->order = NULL;
 }
 
 static int index_find(const name_index *ix, const char *name)

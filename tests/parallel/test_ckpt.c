@@ -756,6 +756,25 @@ Test(ckpt, fault_gap_in_stored_metadata)
     root_remove();
 }
 
+/* Issue 13, item 1: a tensor listed twice in metadata.json (the first
+ * "embed.weight" renamed to an existing name, hashes made for it) is a format
+ * error naming the tensor, not a SIGSEGV (index_build's error path used to
+ * free its index and then read it for the message). */
+Test(ckpt, fault_duplicate_tensor_name_in_metadata)
+{
+    root_make();
+    model m;
+    save_a(&m);
+    char a[512];
+    pth(a, "a", NULL);
+    edit_meta(a, "\"name\":\t\"embed.weight\"", "\"name\":\t\"norm.weight\"");
+    rehash(a);
+    expect_open_fails(a, PAR_EFORMAT, "tensor 'norm.weight' is listed twice", "tensors 0 and 3");
+    cr_assert_eq(par_alloc_live(PAR_TAG_IO), 0, "IO memory leaked: %lld", (long long)par_alloc_live(PAR_TAG_IO));
+    model_free(&m);
+    root_remove();
+}
+
 Test(ckpt, fault_not_a_checkpoint)
 {
     root_make();
@@ -824,6 +843,24 @@ Test(ckpt, save_failing_rank_and_table_mismatch)
     st = run_save(&m, a, 4, owner_split, F_TABLE, 1, &job);
     cr_assert_neq(st, PAR_OK);
     cr_assert_not_null(strstr(job.rank_msg[0], "rank 1 passed another tensor table"), "%s", job.rank_msg[0]);
+    cr_assert_eq(par_path_exists(a), 0);
+    model_free(&m);
+    root_remove();
+}
+
+Test(ckpt, save_refuses_a_tensor_listed_twice)
+{
+    root_make();
+    model m;
+    model_make(&m, 2, 0, 1);
+    add(&m, "norm.weight", PAR_F32, 1, 6, 1); /* the same name as tensors[3] */
+    char a[512];
+    save_job job;
+    par_status st = run_save(&m, pth(a, "a", NULL), 2, owner_rr, F_NONE, 1, &job);
+    cr_assert_eq(st, PAR_EINVAL, "%s", par_last_error());
+    for (int r = 0; r < 2; r++)
+        cr_assert_not_null(strstr(job.rank_msg[r], "tensor 'norm.weight' is listed twice"), "rank %d: %s", r,
+                           job.rank_msg[r]);
     cr_assert_eq(par_path_exists(a), 0);
     model_free(&m);
     root_remove();
