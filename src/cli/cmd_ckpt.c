@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 #include "parallel/driver.h"
 #include "parallel/layout.h"
 #include "parallel/plan.h"
@@ -101,8 +102,8 @@ static int cmd_reshard(int argc, char **argv)
         par_err_set_quiet(0);
         return 2;
     }
-    par_run_register_ckpt_owner(); /* the training driver's ownership (parallel/ckptwire.h) */
-    par_status st = par_ckpt_reshard_open(ck, pos.argv[1], &l, NULL, NULL);
+    /* the training driver's ownership: the shards are what a run under l holds */
+    par_status st = par_ckpt_reshard_open(ck, pos.argv[1], &l, par_ckpt_owner_driver, NULL);
     par_ckpt_close(ck);
     if (st != PAR_OK)
         return fail("reshard");

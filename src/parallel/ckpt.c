@@ -32,25 +32,6 @@ static void hook(const char *phase, int rank)
         g_hook(phase, rank);
 }
 
-/* ---- owner registry ----------------------------------------------------- */
-
-static par_ckpt_owner_fn g_owner = par_ckpt_owner_simple;
-static void *g_owner_ud;
-
-void par_ckpt_set_owner(par_ckpt_owner_fn fn, void *ud)
-{
-    g_owner = fn ? fn : par_ckpt_owner_simple;
-    g_owner_ud = fn ? ud : NULL;
-}
-
-void par_ckpt_get_owner(par_ckpt_owner_fn *fn, void **ud)
-{
-    if (fn)
-        *fn = g_owner;
-    if (ud)
-        *ud = g_owner_ud;
-}
-
 int64_t par_ckpt_layout_world(const par_layout *l)
 {
     if (!l)
@@ -60,73 +41,43 @@ int64_t par_ckpt_layout_world(const par_layout *l)
     return par_layout_default_world(l->tp, l->pp, l->cp, l->ep, l->etp);
 }
 
-/* Expert index of a name holding ".experts.<e>." (-1 if none). */
-static int64_t expert_of(const char *name)
+/* ---- tensors and their roles -------------------------------------------------- */
+
+static const char *const slot_names[PAR_CKPT_SLOT_COUNT] = {"param", "momentum", "exp_avg", "exp_avg_sq"};
+
+const char *par_ckpt_slot_name(par_ckpt_slot s)
 {
-    const char *p = strstr(name, ".experts.");
-    if (!p)
-        return -1;
-    p += 9;
-    if (*p < '0' || *p > '9')
-        return -1;
-    char *end;
-    long long e = strtoll(p, &end, 10);
-    if (*end != '.')
-        return -1;
-    return e;
+    return s >= 0 && s < PAR_CKPT_SLOT_COUNT ? slot_names[s] : NULL;
 }
 
-par_status par_ckpt_owner_simple(const par_layout *layout, int nranks, int rank,
-                                 const par_ckpt_tensor *tensors, int ntensors, par_ckpt_slice **out,
-                                 int *n, void *ud)
-{
-    (void)ud;
-    int64_t ep = layout && layout->ep > 0 ? layout->ep : 1;
-    int64_t E = 0;
-    for (int i = 0; i < ntensors; i++) {
-        int64_t e = expert_of(tensors[i].name);
-        if (e + 1 > E)
-            E = e + 1;
-    }
-    if (E > 0 && E % ep != 0)
-        return par_err(PAR_EINVAL, "ckpt placeholder owner: %lld routed experts do not split evenly over EP %lld",
-                       (long long)E, (long long)ep);
-    if (ep > nranks)
-        return par_err(PAR_EINVAL, "ckpt placeholder owner: EP %lld exceeds the world size %d", (long long)ep,
-                       nranks);
-    int64_t per = E > 0 ? E / ep : 1;
-    par_ckpt_slice *s = par_calloc(ntensors > 0 ? (size_t)ntensors : 1, sizeof *s, PAR_TAG_IO);
-    if (!s)
-        return par_err(PAR_ENOMEM, "ckpt placeholder owner: out of memory");
-    int k = 0;
-    for (int i = 0; i < ntensors; i++) {
-        int64_t e = expert_of(tensors[i].name);
-        int owner = e >= 0 ? (int)(e / per) : 0;
-        if (owner != rank)
-            continue;
-        snprintf(s[k].name, sizeof s[k].name, "%s", tensors[i].name);
-        s[k].begin = 0;
-        s[k].end = par_shape_numel(tensors[i].ndim, tensors[i].shape, 0);
-        k++;
-    }
-    *out = s;
-    *n = k;
-    return PAR_OK;
-}
-
-/* ---- the model's tensor list -------------------------------------------------- */
-
-static void set_tensor(par_ckpt_tensor *x, const par_param *p, const char *slot, par_dtype dt)
+void par_ckpt_tensor_init(par_ckpt_tensor *x, const char *name, par_dtype dtype, int ndim, const int64_t *shape)
 {
     memset(x, 0, sizeof *x);
-    if (slot)
-        snprintf(x->name, sizeof x->name, "opt.%s.%s", p->name, slot);
-    else
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->dtype = dtype;
+    x->ndim = ndim;
+    for (int d = 0; d < ndim && d < PAR_MAX_DIMS; d++)
+        x->shape[d] = shape[d];
+    x->slot = PAR_CKPT_PARAM;
+    x->param = x->expert = x->layer = x->mtp = -1;
+}
+
+/* Table entry p (list index i) as a parameter, or as state slot `slot` of
+ * it; p's shape is [out, in], or [n] with shape[1] = 0 in the list. */
+static void set_tensor(par_ckpt_tensor *x, const par_param *p, int i, par_ckpt_slot slot, par_dtype dt,
+                       int64_t n_layers)
+{
+    const int64_t shape[2] = {p->shape[0], p->ndim > 1 ? p->shape[1] : 0};
+    par_ckpt_tensor_init(x, "", dt, p->ndim, shape);
+    if (slot == PAR_CKPT_PARAM)
         snprintf(x->name, sizeof x->name, "%s", p->name);
-    x->dtype = dt;
-    x->ndim = p->ndim;
-    x->shape[0] = p->shape[0];
-    x->shape[1] = p->ndim > 1 ? p->shape[1] : 0;
+    else
+        snprintf(x->name, sizeof x->name, "opt.%s.%s", p->name, slot_names[slot]);
+    x->slot = slot;
+    x->param = slot == PAR_CKPT_PARAM ? -1 : i;
+    x->expert = p->expert;
+    x->layer = p->layer >= 0 && p->layer < n_layers ? p->layer : -1;
+    x->mtp = p->layer >= n_layers ? (int)(p->layer - n_layers) : -1;
 }
 
 par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bits, par_ckpt_tensor **out, int *n)
@@ -139,17 +90,18 @@ par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bi
     par_ckpt_tensor *v = par_calloc((size_t)(cap > 0 ? cap : 1), sizeof *v, PAR_TAG_IO);
     if (!v)
         return par_err(PAR_ENOMEM, "checkpoint tensors: out of memory for %d tensors", cap);
-    par_dtype real = precision_bits == 64 ? PAR_F64 : PAR_F32;
+    const par_dtype real = precision_bits == 64 ? PAR_F64 : PAR_F32;
+    const int64_t nl = t->cfg.n_layers;
     int k = 0;
     for (int i = 0; i < t->n; i++)
-        set_tensor(&v[k++], &t->p[i], NULL, t->p[i].dtype == PAR_PDT_I32 ? PAR_I32 : real);
+        set_tensor(&v[k++], &t->p[i], i, PAR_CKPT_PARAM, t->p[i].dtype == PAR_PDT_I32 ? PAR_I32 : real, nl);
     for (int i = 0; i < t->n; i++) {
         const par_param *p = &t->p[i];
         if (p->opt == PAR_OPT_MUON) {
-            set_tensor(&v[k++], p, "momentum", real);
+            set_tensor(&v[k++], p, i, PAR_CKPT_MOMENTUM, real, nl);
         } else if (p->opt == PAR_OPT_ADAMW) {
-            set_tensor(&v[k++], p, "exp_avg", real);
-            set_tensor(&v[k++], p, "exp_avg_sq", real);
+            set_tensor(&v[k++], p, i, PAR_CKPT_EXP_AVG, real, nl);
+            set_tensor(&v[k++], p, i, PAR_CKPT_EXP_AVG_SQ, real, nl);
         }
     }
     *out = v;
@@ -258,6 +210,99 @@ static par_status check_tensors(const par_ckpt_tensor *t, int n, const char *wha
             return par_err(PAR_EINVAL, "%s: tensor '%s': negative or overflowing shape", what, t[i].name);
     }
     return PAR_OK;
+}
+
+/* The role rules of par_ckpt_tensor (ckpt.h); the first broken one names
+ * the tensor. */
+static par_status check_roles(const par_ckpt_tensor *t, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        const par_ckpt_tensor *x = &t[i];
+        if (x->slot < 0 || x->slot >= PAR_CKPT_SLOT_COUNT)
+            return par_err(PAR_EINVAL, "%s: tensor '%s': slot %d is not one of param|momentum|exp_avg|exp_avg_sq",
+                           what, x->name, (int)x->slot);
+        if (x->expert < -1 || x->layer < -1 || x->mtp < -1 || (x->layer >= 0 && x->mtp >= 0))
+            return par_err(PAR_EINVAL, "%s: tensor '%s': expert %d, layer %d, mtp %d (each >= -1, -1: none; not "
+                           "both a layer and an MTP block)", what, x->name, x->expert, x->layer, x->mtp);
+        if (x->slot == PAR_CKPT_PARAM) {
+            if (x->param != -1)
+                return par_err(PAR_EINVAL, "%s: tensor '%s' is a parameter but names parameter %d (must be -1)",
+                               what, x->name, x->param);
+            continue;
+        }
+        const par_ckpt_tensor *p = x->param >= 0 && x->param < n ? &t[x->param] : NULL;
+        if (!p || p->slot != PAR_CKPT_PARAM)
+            return par_err(PAR_EINVAL, "%s: tensor '%s' (%s) names tensor %d as its parameter, which is %s", what,
+                           x->name, slot_names[x->slot], x->param, p ? "optimizer state" : "not in the list");
+        if (p->ndim != x->ndim || memcmp(p->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]) ||
+            p->expert != x->expert || p->layer != x->layer || p->mtp != x->mtp)
+            return par_err(PAR_EINVAL, "%s: tensor '%s' (%s of '%s') has another shape, expert or block than its "
+                           "parameter", what, x->name, slot_names[x->slot], p->name);
+    }
+    return PAR_OK;
+}
+
+/* Whole digits at s up to `stop` (a '.'): the number, or -1. */
+static int leading_index(const char *s, char stop)
+{
+    if (*s < '0' || *s > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || v > INT32_MAX || *end != stop ? -1 : (int)v;
+}
+
+/* A parameter's expert and block from the contract's names (legacy). */
+static void roles_of_param_name(par_ckpt_tensor *x)
+{
+    const char *e = strstr(x->name, ".experts.");
+    x->expert = e ? leading_index(e + 9, '.') : -1;
+    x->layer = strncmp(x->name, "layers.", 7) ? -1 : leading_index(x->name + 7, '.');
+    x->mtp = strncmp(x->name, "mtp.", 4) ? -1 : leading_index(x->name + 4, '.');
+}
+
+/* The parameter of a legacy state name "opt.<P>.<slot>": P's list index when
+ * P is listed with the same shape (*slot set), else -1. */
+static int state_of_name(const par_ckpt_tensor *t, const name_index *ix, int i, par_ckpt_slot *slot)
+{
+    const char *nm = t[i].name, *dot = strrchr(nm, '.');
+    if (strncmp(nm, "opt.", 4) || !dot || dot <= nm + 4)
+        return -1;
+    int k = PAR_CKPT_MOMENTUM;
+    while (k < PAR_CKPT_SLOT_COUNT && strcmp(dot + 1, slot_names[k]))
+        k++;
+    char pn[PAR_CKPT_NAME_MAX];
+    snprintf(pn, sizeof pn, "%.*s", (int)(dot - (nm + 4)), nm + 4);
+    int j = k < PAR_CKPT_SLOT_COUNT ? index_find(ix, pn) : -1;
+    if (j < 0 || t[j].ndim != t[i].ndim || memcmp(t[j].shape, t[i].shape, (size_t)t[i].ndim * sizeof t[i].shape[0]))
+        return -1;
+    *slot = (par_ckpt_slot)k;
+    return j;
+}
+
+/* Roles of a checkpoint written before metadata.json recorded them, from
+ * the contract's names (the one place a name becomes a role; ckpt.h,
+ * par_ckpt_open).  A name that does not match is a plain parameter. */
+static void roles_from_names(par_ckpt_tensor *t, int n, const name_index *ix)
+{
+    for (int i = 0; i < n; i++) {
+        t[i].slot = PAR_CKPT_PARAM;
+        t[i].param = -1;
+        roles_of_param_name(&t[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        par_ckpt_slot slot;
+        int j = state_of_name(t, ix, i, &slot);
+        par_ckpt_slot dummy;
+        if (j < 0 || state_of_name(t, ix, j, &dummy) >= 0) /* the state of state is not state */
+            continue;
+        t[i].slot = slot;
+        t[i].param = j;
+        t[i].expert = t[j].expert;
+        t[i].layer = t[j].layer;
+        t[i].mtp = t[j].mtp;
+    }
 }
 
 /* ---- coverage ------------------------------------------------------------- */
@@ -575,6 +620,11 @@ static cJSON *tensors_json(const par_ckpt_tensor *t, int n)
         for (int d = 0; d < t[i].ndim; d++)
             cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
         cJSON_AddItemToObject(o, "shape", sh);
+        cJSON_AddStringToObject(o, "slot", slot_names[t[i].slot]);
+        cJSON_AddNumberToObject(o, "param", t[i].param);
+        cJSON_AddNumberToObject(o, "expert", t[i].expert);
+        cJSON_AddNumberToObject(o, "layer", t[i].layer);
+        cJSON_AddNumberToObject(o, "mtp", t[i].mtp);
         cJSON_AddItemToArray(a, o);
     }
     return a;
@@ -775,6 +825,8 @@ par_status par_ckpt_save(par_comm *world, const char *dir, const par_ckpt_info *
 
     /* 1. local checks, rank 0 makes the temporary directory */
     st = check_tensors(info->tensors, info->ntensors, ctx);
+    if (!st)
+        st = check_roles(info->tensors, info->ntensors, ctx);
     if (!st)
         st = index_build(&ix, info->tensors, info->ntensors, ctx);
     if (!st && info->layout && par_ckpt_layout_world(info->layout) != size)
@@ -1020,41 +1072,87 @@ static par_status check_file_hash(const char *dir, const char *name, const char 
     return st;
 }
 
-static par_status parse_tensors(const cJSON *a, const char *label, par_ckpt_tensor **out, int *n)
+/* The role members of tensors[i] ("slot", "param", "expert", "layer",
+ * "mtp"); *has = 0 when the entry has none (a checkpoint written before they
+ * were recorded). */
+static par_status parse_role(const cJSON *e, const char *label, int i, par_ckpt_tensor *x, int *has)
+{
+    const char *slot = par_json_str(e, "slot");
+    *has = slot != NULL || cJSON_GetObjectItemCaseSensitive(e, "slot");
+    if (!*has)
+        return PAR_OK;
+    const char *keys[4] = {"param", "expert", "layer", "mtp"};
+    int *dst[4] = {&x->param, &x->expert, &x->layer, &x->mtp};
+    int k = 0;
+    while (slot && k < PAR_CKPT_SLOT_COUNT && strcmp(slot, slot_names[k]))
+        k++;
+    if (!slot || k == PAR_CKPT_SLOT_COUNT)
+        return par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s'): \"slot\" must be param|momentum|exp_avg|exp_avg_sq",
+                       label, i, x->name);
+    x->slot = (par_ckpt_slot)k;
+    for (int j = 0; j < 4; j++) {
+        int64_t v;
+        if (!par_json_int(e, keys[j], &v) || v < -1 || v > INT32_MAX)
+            return par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s'): \"%s\" missing or not an integer >= -1", label, i,
+                           x->name, keys[j]);
+        *dst[j] = (int)v;
+    }
+    return PAR_OK;
+}
+
+/* One entry of "tensors": name, dtype, shape and the role members. */
+static par_status parse_tensor(const cJSON *e, const char *label, int i, par_ckpt_tensor *x, int *has_role)
+{
+    const char *nm = par_json_str(e, "name"), *dt = par_json_str(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    par_dtype dtype;
+    if (!nm || !dt || !cJSON_IsArray(sh) || strlen(nm) >= PAR_CKPT_NAME_MAX ||
+        cJSON_GetArraySize(sh) > PAR_MAX_DIMS || par_dtype_parse(dt, &dtype))
+        return par_err(PAR_EFORMAT, "%s: tensors[%d]: needs \"name\", \"dtype\" (F64|F32|BF16|I32|I64) and "
+                                    "\"shape\" (at most %d dims)", label, i, PAR_MAX_DIMS);
+    int64_t shape[PAR_MAX_DIMS] = {0};
+    const int ndim = cJSON_GetArraySize(sh);
+    for (int d = 0; d < ndim; d++)
+        if (!par_json_as_int(cJSON_GetArrayItem(sh, d), &shape[d]) || shape[d] < 0)
+            return par_err(PAR_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", label, nm, d);
+    par_ckpt_tensor_init(x, nm, dtype, ndim, shape);
+    return parse_role(e, label, i, x, has_role);
+}
+
+/* "tensors" of metadata.json; *legacy = 1 when no entry records its role
+ * (then roles_from_names gives them, once the names are indexed). */
+static par_status parse_tensors(const cJSON *a, const char *label, par_ckpt_tensor **out, int *n, int *legacy)
 {
     if (!cJSON_IsArray(a))
         return par_err(PAR_EFORMAT, "%s: \"tensors\" missing or not an array", label);
-    int k = cJSON_GetArraySize(a), i = 0;
+    int k = cJSON_GetArraySize(a), i = 0, with_role = 0;
     par_ckpt_tensor *t = par_calloc((size_t)(k > 0 ? k : 1), sizeof *t, PAR_TAG_IO);
     if (!t)
         return par_err(PAR_ENOMEM, "%s: out of memory", label);
+    par_status st = PAR_OK;
     const cJSON *e;
     cJSON_ArrayForEach(e, a)
     {
-        const char *nm = par_json_str(e, "name"), *dt = par_json_str(e, "dtype");
-        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        if (!nm || !dt || !cJSON_IsArray(sh) || strlen(nm) >= PAR_CKPT_NAME_MAX ||
-            cJSON_GetArraySize(sh) > PAR_MAX_DIMS || par_dtype_parse(dt, &t[i].dtype)) {
-            par_free(t);
-            return par_err(PAR_EFORMAT, "%s: tensors[%d]: needs \"name\", \"dtype\" (F64|F32|BF16|I32|I64) and "
-                                        "\"shape\" (at most %d dims)", label, i, PAR_MAX_DIMS);
+        int has = 0;
+        if ((st = parse_tensor(e, label, i, &t[i], &has)))
+            break;
+        if (i > 0 && has != (with_role > 0)) {
+            st = par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s') %s its role (\"slot\", ...) but tensors[0] %s", label,
+                         i, t[i].name, has ? "records" : "lacks", has ? "does not" : "does");
+            break;
         }
-        snprintf(t[i].name, sizeof t[i].name, "%s", nm);
-        t[i].ndim = cJSON_GetArraySize(sh);
-        for (int d = 0; d < t[i].ndim; d++)
-            if (!par_json_as_int(cJSON_GetArrayItem(sh, d), &t[i].shape[d]) || t[i].shape[d] < 0) {
-                par_free(t);
-                return par_err(PAR_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", label, nm, d);
-            }
+        with_role += has;
         i++;
     }
-    par_status st = check_tensors(t, k, label);
+    if (!st && (st = check_tensors(t, k, label)))
+        st = par_err(PAR_EFORMAT, "%s", par_last_error());
     if (st) {
         par_free(t);
-        return par_err(PAR_EFORMAT, "%s", par_last_error());
+        return st;
     }
     *out = t;
     *n = k;
+    *legacy = k > 0 && with_role == 0;
     return PAR_OK;
 }
 
@@ -1222,9 +1320,16 @@ par_status par_ckpt_open(const char *dir, par_ckpt **out)
         st = par_err(PAR_ENOMEM, "%s: out of memory", label);
         goto fail;
     }
-    if ((st = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), ml, &ck->t, &ck->nt)))
+    int legacy = 0;
+    if ((st = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), ml, &ck->t, &ck->nt, &legacy)))
         goto fail;
     if ((st = index_build(&ck->ix, ck->t, ck->nt, ml))) {
+        st = par_err(PAR_EFORMAT, "%s", par_last_error());
+        goto fail;
+    }
+    if (legacy)
+        roles_from_names(ck->t, ck->nt, &ck->ix);
+    if ((st = check_roles(ck->t, ck->nt, ml))) {
         st = par_err(PAR_EFORMAT, "%s", par_last_error());
         goto fail;
     }
@@ -1471,11 +1576,12 @@ fail_close:
 par_status par_ckpt_reshard_open(const par_ckpt *ck, const char *dst_dir, const par_layout *layout,
                                  par_ckpt_owner_fn fn, void *ud)
 {
-    if (!fn)
-        par_ckpt_get_owner(&fn, &ud);
     int64_t world = par_ckpt_layout_world(layout);
     char ctx[ERRMSG_MAX];
     snprintf(ctx, sizeof ctx, "reshard %s -> %s", ck->dir, dst_dir);
+    if (!fn)
+        return par_err(PAR_EINVAL, "%s: needs an ownership rule (parallel/ckpt_owner.h: par_ckpt_owner_driver for "
+                       "the training driver's layouts)", ctx);
     if (world < 1 || world > (1 << 20))
         return par_err(PAR_EINVAL, "%s: world size %lld outside 1..%d", ctx, (long long)world, 1 << 20);
     par_status st = PAR_OK;
@@ -1539,6 +1645,18 @@ par_status par_ckpt_reshard(const char *src_dir, const char *dst_dir, const par_
     return st;
 }
 
+/* A tensor's role in words, e.g. "exp_avg of 'layers.0.ffn.experts.3.w1.weight'
+ * (expert 3, layers.0)"; comparable across checkpoints (no list indices). */
+static const char *role_str(const par_ckpt *ck, const par_ckpt_tensor *x, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s", slot_names[x->slot]);
+    if (x->slot != PAR_CKPT_PARAM && k >= 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, " of '%s'", ck->t[x->param].name);
+    if (k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " (expert %d, layer %d, mtp %d)", x->expert, x->layer, x->mtp);
+    return buf;
+}
+
 static int state_equal(const par_ckpt_state *a, const par_ckpt_state *b)
 {
     return a->step == b->step && a->cursor == b->cursor && a->seed == b->seed && !strcmp(a->precision, b->precision);
@@ -1583,7 +1701,7 @@ par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ck
     for (int i = 0; i < a->nt && !st; i++) {
         const par_ckpt_tensor *ta = &a->t[i];
         const par_ckpt_tensor *tb = par_ckpt_find(b, ta->name);
-        char s1[96], s2[96];
+        char s1[2 * PAR_CKPT_NAME_MAX], s2[2 * PAR_CKPT_NAME_MAX];
         if (!tb) {
             r.n_tensors_diff++;
             note(&r, out, "%s: only in A", ta->name);
@@ -1595,6 +1713,11 @@ par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ck
             note(&r, out, "%s: A %s %s, B %s %s", ta->name, par_dtype_name(ta->dtype),
                  par_shape_str(ta->ndim, ta->shape, s1, sizeof s1), par_dtype_name(tb->dtype),
                  par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
+            continue;
+        }
+        if (strcmp(role_str(a, ta, s1, sizeof s1), role_str(b, tb, s2, sizeof s2))) {
+            r.n_tensors_diff++;
+            note(&r, out, "%s: A %s, B %s", ta->name, s1, s2);
             continue;
         }
         par_tensor xa, xb;

@@ -1,6 +1,6 @@
 /* tests/parallel/test_ckpt_pp.c - distributed checkpoints under pipeline
- * parallelism (parallel/ckptwire.h, docs/checkpoints.md "With the driver"):
- * the ownership rule covers every element once for PP / VPP / DualPipe /
+ * parallelism (parallel/ckpt_model.h, parallel/ckpt_owner.h,
+ * docs/checkpoints.md "With the driver"): the ownership rule covers every element once for PP / VPP / DualPipe /
  * DualPipeV layouts with DP, CP, EP and ZeRO-1; a save under PP resharded to
  * a layout without PP (and the reverse) exports bitwise equal; a run resumed
  * under PP from a checkpoint saved without PP (and the reverse) equals the
@@ -23,6 +23,7 @@
 #include "model/facade.h"
 #include "model/params.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 #include "parallel/driver.h"
 #include "parallel/plan.h"
 
@@ -215,7 +216,6 @@ Test(ckpt_pp, save_under_every_pp_layout)
 Test(ckpt_pp, reshard_pp_and_back_is_bitwise)
 {
     char *t = mktmp();
-    par_run_register_ckpt_owner();
     const lay A[] = {PPL[1], {4, 1, 0, 1, 1, 1, NULL, NULL}};
     const lay B[2][4] = {{{1, 1, 0, 1, 1, 0, NULL, NULL}, {8, 1, 0, 8, 1, 1, NULL, NULL}, PPL[5], PPL[7]},
                          {PPL[3], PPL[4], PPL[6], PPL[8]}};
@@ -235,14 +235,14 @@ Test(ckpt_pp, reshard_pp_and_back_is_bitwise)
             cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
             par_layout l = layout_of(B[ai][bi]);
             cr_assert_eq(par_plan_resolve(&l, &c), 0, "%s", par_last_error());
-            cr_assert_eq(par_ckpt_reshard(a, b, &l, NULL, NULL), 0, "A%d -> B%d: %s", ai, bi, par_last_error());
+            cr_assert_eq(par_ckpt_reshard(a, b, &l, par_ckpt_owner_driver, NULL), 0, "A%d -> B%d: %s", ai, bi,
+                         par_last_error());
             cr_assert_eq(par_ckpt_export(b, eb), 0, "%s", par_last_error());
             cr_expect(files_equal(ea, eb), "A%d -> B%d -> export differs from A%d -> export", ai, bi, ai);
             free(b), free(eb);
         }
         free(a), free(ea);
     }
-    par_ckpt_set_owner(NULL, NULL);
     rmtree(t);
     free(t);
 }
