@@ -636,15 +636,12 @@ static char *seed_str(uint64_t seed, char *buf, size_t n)
     return buf;
 }
 
-/* Writes metadata.json and SHA256SUMS into tmp. */
-static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int64_t world, const shard_desc *d,
-                                 int nshards)
+/* The metadata.json tree of a save (NULL: out of memory). */
+static cJSON *metadata_json(const par_ckpt_info *info, int64_t world, const shard_desc *d, int nshards)
 {
-    par_status st = PAR_OK;
-    char *path = NULL;
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
+        return NULL;
     char buf[32];
     cJSON_AddStringToObject(root, "format", PAR_CKPT_FORMAT);
     cJSON_AddNumberToObject(root, "version", PAR_CKPT_VERSION);
@@ -672,10 +669,40 @@ static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int
     if (!state || !rng || !sh || !files || cJSON_GetArraySize(sh) != nshards ||
         !cJSON_GetObjectItemCaseSensitive(root, "tensors") ||
         (info->layout && !cJSON_GetObjectItemCaseSensitive(root, "layout"))) {
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-        goto fail_free_root;
+        cJSON_Delete(root);
+        return NULL;
     }
-    path = par_path_join(tmp, PAR_CKPT_META);
+    return root;
+}
+
+/* tmp/SHA256SUMS in sha256sum's text form: metadata.json (hash msha), then
+ * the shards in rank order (file names sort the same way). */
+static par_status write_sums(const char *tmp, const char *msha, const shard_desc *d, int nshards)
+{
+    size_t cap = (size_t)(nshards + 1) * (PAR_SHA256_HEX + 48) + 1, len = 0;
+    char *txt = par_malloc(cap, PAR_TAG_IO);
+    char *path = par_path_join(tmp, PAR_CKPT_SUMS);
+    par_status st = PAR_OK;
+    if (!txt || !path) {
+        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
+    } else {
+        len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", msha, PAR_CKPT_META);
+        for (int r = 0; r < nshards; r++)
+            len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", d[r].sha, d[r].file);
+        st = par_file_write_atomic(path, txt, len);
+    }
+    par_free(path);
+    par_free(txt);
+    return st;
+}
+
+/* Writes metadata.json and SHA256SUMS into tmp. */
+static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int64_t world, const shard_desc *d,
+                                 int nshards)
+{
+    cJSON *root = metadata_json(info, world, d, nshards);
+    char *path = root ? par_path_join(tmp, PAR_CKPT_META) : NULL;
+    par_status st = PAR_OK;
     if (!path) {
         st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
         goto fail_free_root;
@@ -684,28 +711,9 @@ static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int
         goto fail_free_path;
     hook("metadata", 0);
     char msha[PAR_SHA256_HEX];
-    if ((st = par_sha256_file(path, msha)))
+    if ((st = par_sha256_file(path, msha)) || (st = write_sums(tmp, msha, d, nshards)))
         goto fail_free_path;
-    par_free(path);
-    path = NULL;
-    /* SHA256SUMS in sha256sum's text form, sorted by file name. */
-    size_t cap = (size_t)(nshards + 1) * (PAR_SHA256_HEX + 48) + 1, len = 0;
-    char *txt = par_malloc(cap, PAR_TAG_IO);
-    if (!txt) {
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-        goto fail_free_root;
-    }
-    len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", msha, PAR_CKPT_META);
-    for (int r = 0; r < nshards; r++)
-        len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", d[r].sha, d[r].file);
-    path = par_path_join(tmp, PAR_CKPT_SUMS);
-    if (!path)
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-    else
-        st = par_file_write_atomic(path, txt, len);
-    par_free(txt);
-    if (!st)
-        hook("sums", 0);
+    hook("sums", 0);
 fail_free_path:
     par_free(path);
 fail_free_root:
@@ -808,134 +816,160 @@ static par_status agree(par_comm *c, int root, par_status mine, const char *ctx)
     return par_err((par_status)s, "%s (rank %d): %s", ctx, root, msg);
 }
 
+/* One rank's part of a save between its steps. */
+typedef struct {
+    par_comm *world;
+    int rank, size;
+    const char *dir;
+    char ctx[ERRMSG_MAX];  /* "checkpoint save DIR"                              */
+    name_index ix;         /* the tensor table's names                            */
+    char *tmp;             /* rank 0: the temporary directory until committed     */
+    char tmpname[4096];    /* every rank: its name                                */
+    shard_desc mine;       /* this rank's shard                                   */
+    char *desc_txt;        /* ... as JSON                                         */
+    rank_report *rep;      /* [size] every rank's status, descriptor size, digest */
+    size_t *counts;        /* [2*size] descriptor lengths, then displacements     */
+    char *all_txt;         /* every rank's descriptor                             */
+    shard_desc *descs;     /* rank 0: [size] parsed                               */
+} save_ctx;
+
+static void save_ctx_free(save_ctx *c)
+{
+    if (c->tmp)
+        par_adir_abort(c->tmp);
+    for (int r = 0; c->descs && r < c->size; r++)
+        desc_free(&c->descs[r]);
+    par_free(c->descs);
+    par_free(c->all_txt);
+    par_free(c->counts);
+    par_free(c->rep);
+    cJSON_free(c->desc_txt);
+    desc_free(&c->mine);
+    index_free(&c->ix);
+}
+
+/* Step 1: local checks (*st: this rank's verdict), rank 0 makes the
+ * temporary directory and every rank learns its name.  A failure of rank 0
+ * is every rank's (the return value); another rank's stays in *st until
+ * step 3. */
+static par_status save_begin(save_ctx *c, const par_ckpt_info *info, par_status *st)
+{
+    *st = check_tensors(info->tensors, info->ntensors, c->ctx);
+    if (!*st)
+        *st = check_roles(info->tensors, info->ntensors, c->ctx);
+    if (!*st)
+        *st = index_build(&c->ix, info->tensors, info->ntensors, c->ctx);
+    if (!*st && info->layout && par_ckpt_layout_world(info->layout) != c->size)
+        *st = par_err(PAR_EMISMATCH, "%s: layout world size %lld but the world has %d ranks", c->ctx,
+                      (long long)par_ckpt_layout_world(info->layout), c->size);
+    if (c->rank == 0 && !*st && !(*st = par_adir_begin(c->dir, &c->tmp)))
+        hook("tmp", 0);
+    par_status cst = agree(c->world, 0, *st, c->ctx);
+    if (cst)
+        return cst;
+    if (c->rank == 0)
+        snprintf(c->tmpname, sizeof c->tmpname, "%s", c->tmp);
+    cst = par_bcast(c->world, c->tmpname, sizeof c->tmpname, PAR_C_BYTE, 0);
+    c->tmpname[sizeof c->tmpname - 1] = 0;
+    return cst;
+}
+
+/* Step 2: this rank writes its shard and describes it. */
+static void save_shard(save_ctx *c, const par_ckpt_item *items, int nitems, par_status *st)
+{
+    if (*st || (*st = write_shard(c->tmpname, c->rank, &c->ix, items, nitems, &c->mine)))
+        return;
+    hook("shard", c->rank);
+    cJSON *j = desc_json(&c->mine);
+    c->desc_txt = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!c->desc_txt)
+        *st = par_err(PAR_ENOMEM, "%s: rank %d: out of memory", c->ctx, c->rank);
+}
+
+/* Step 3: every rank's status, digest and descriptor to every rank;
+ * *failed = the first rank that failed (-1: none; then no descriptors). */
+static par_status save_gather(save_ctx *c, const par_ckpt_info *info, par_status st, int *failed)
+{
+    c->rep = par_calloc((size_t)c->size, sizeof *c->rep, PAR_TAG_IO);
+    rank_report me = {st, c->desc_txt ? (int64_t)strlen(c->desc_txt) : 0, {0}};
+    info_digest(info, me.digest);
+    if (!c->rep) /* the world is stopped by this rank's failure */
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    par_status cst = par_allgather(c->world, &me, c->rep, sizeof me, PAR_C_BYTE);
+    if (cst)
+        return cst;
+    *failed = -1;
+    for (int r = 0; r < c->size && *failed < 0; r++)
+        if (c->rep[r].status)
+            *failed = r;
+    if (*failed >= 0)
+        return PAR_OK;
+    c->counts = par_calloc((size_t)c->size * 2, sizeof *c->counts, PAR_TAG_IO);
+    size_t total = 0;
+    for (int r = 0; c->counts && r < c->size; r++) {
+        c->counts[r] = (size_t)c->rep[r].desc_len;
+        c->counts[c->size + r] = total;
+        total += c->counts[r];
+    }
+    if (!c->counts || !(c->all_txt = par_malloc(total + 1, PAR_TAG_IO)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    return par_allgatherv(c->world, c->desc_txt, (size_t)me.desc_len, c->all_txt, c->counts, c->counts + c->size,
+                          PAR_C_BYTE);
+}
+
+/* Step 4, rank 0: every rank passed the same table and state; coverage,
+ * metadata, commit (finalize). */
+static par_status save_commit(save_ctx *c, const par_ckpt_info *info)
+{
+    hook("gathered", 0);
+    for (int r = 1; r < c->size; r++)
+        if (memcmp(c->rep[r].digest, c->rep[0].digest, PAR_SHA256_BYTES))
+            return par_err(PAR_EMISMATCH, "%s: rank %d passed another tensor table or training state than rank 0",
+                           c->ctx, r);
+    if (!(c->descs = par_calloc((size_t)c->size, sizeof *c->descs, PAR_TAG_IO)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    for (int r = 0; r < c->size; r++) {
+        cJSON *j = NULL;
+        par_status st = par_json_parse(c->all_txt + c->counts[c->size + r], c->counts[r], c->ctx, &j);
+        if (!st)
+            st = desc_parse(j, c->ctx, r, &c->descs[r]);
+        cJSON_Delete(j);
+        if (st)
+            return st;
+    }
+    par_status st = finalize(c->tmp, c->dir, info, &c->ix, c->size, c->descs, c->size);
+    c->tmp = NULL; /* committed or removed */
+    if (!st)
+        hook("done", 0);
+    return st;
+}
+
 par_status par_ckpt_save(par_comm *world, const char *dir, const par_ckpt_info *info,
                          const par_ckpt_item *items, int nitems)
 {
-    int rank = par_comm_rank(world), size = par_comm_size(world);
-    char ctx[ERRMSG_MAX];
-    snprintf(ctx, sizeof ctx, "checkpoint save %s", dir);
-    par_status st = PAR_OK, cst;
-    name_index ix = {0};
-    char *tmp = NULL;
-    shard_desc mine = {0};
-    char *desc_txt = NULL;
-    rank_report *rep = NULL;
-    char *all_txt = NULL;
-    shard_desc *descs = NULL;
-
-    /* 1. local checks, rank 0 makes the temporary directory */
-    st = check_tensors(info->tensors, info->ntensors, ctx);
-    if (!st)
-        st = check_roles(info->tensors, info->ntensors, ctx);
-    if (!st)
-        st = index_build(&ix, info->tensors, info->ntensors, ctx);
-    if (!st && info->layout && par_ckpt_layout_world(info->layout) != size)
-        st = par_err(PAR_EMISMATCH, "%s: layout world size %lld but the world has %d ranks", ctx,
-                     (long long)par_ckpt_layout_world(info->layout), size);
-    if (rank == 0 && !st) {
-        st = par_adir_begin(dir, &tmp);
-        if (!st)
-            hook("tmp", 0);
+    save_ctx c;
+    memset(&c, 0, sizeof c);
+    c.world = world;
+    c.rank = par_comm_rank(world);
+    c.size = par_comm_size(world);
+    c.dir = dir;
+    snprintf(c.ctx, sizeof c.ctx, "checkpoint save %s", dir);
+    par_status st = PAR_OK;
+    int failed = -1;
+    par_status cst = save_begin(&c, info, &st);
+    if (!cst) {
+        save_shard(&c, items, nitems, &st);
+        cst = save_gather(&c, info, st, &failed);
     }
-    if ((cst = agree(world, 0, st, ctx)))
-        goto fail_cleanup;
-    char tmpname[4096] = {0};
-    if (rank == 0)
-        snprintf(tmpname, sizeof tmpname, "%s", tmp);
-    if ((cst = par_bcast(world, tmpname, sizeof tmpname, PAR_C_BYTE, 0)))
-        goto fail_cleanup;
-    tmpname[sizeof tmpname - 1] = 0;
-
-    /* 2. every rank writes its shard */
-    if (!st)
-        st = write_shard(tmpname, rank, &ix, items, nitems, &mine);
-    if (!st) {
-        hook("shard", rank);
-        cJSON *j = desc_json(&mine);
-        desc_txt = j ? cJSON_PrintUnformatted(j) : NULL;
-        cJSON_Delete(j);
-        if (!desc_txt)
-            st = par_err(PAR_ENOMEM, "%s: rank %d: out of memory", ctx, rank);
+    if (!cst && failed >= 0) /* every rank reports the first failure, in its rank's words */
+        cst = agree(world, failed, c.rank == failed ? st : PAR_OK, c.ctx);
+    else if (!cst) {
+        if (c.rank == 0)
+            st = save_commit(&c, info);
+        cst = agree(world, 0, st, c.ctx);
     }
-
-    /* 3. gather statuses, digests and descriptors */
-    rep = par_calloc((size_t)size, sizeof *rep, PAR_TAG_IO);
-    rank_report me = {st, desc_txt ? (int64_t)strlen(desc_txt) : 0, {0}};
-    info_digest(info, me.digest);
-    if (!rep) {
-        cst = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        goto fail_cleanup; /* the world is stopped by this rank's failure */
-    }
-    if ((cst = par_allgather(world, &me, rep, sizeof me, PAR_C_BYTE)))
-        goto fail_cleanup;
-    int bad = -1;
-    for (int r = 0; r < size && bad < 0; r++)
-        if (rep[r].status)
-            bad = r;
-    if (bad >= 0) {
-        cst = agree(world, bad, rank == bad ? st : 0, ctx);
-        goto fail_cleanup;
-    }
-    size_t *counts = par_calloc((size_t)size * 2, sizeof(size_t), PAR_TAG_IO);
-    size_t total = 0;
-    if (counts) {
-        for (int r = 0; r < size; r++) {
-            counts[r] = (size_t)rep[r].desc_len;
-            counts[size + r] = total;
-            total += counts[r];
-        }
-        all_txt = par_malloc(total + 1, PAR_TAG_IO);
-    }
-    if (!counts || !all_txt) {
-        par_free(counts);
-        cst = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        goto fail_cleanup;
-    }
-    cst = par_allgatherv(world, desc_txt, (size_t)me.desc_len, all_txt, counts, counts + size, PAR_C_BYTE);
-    if (cst) {
-        par_free(counts);
-        goto fail_cleanup;
-    }
-
-    /* 4. rank 0 checks agreement and coverage, writes metadata, commits */
-    if (rank == 0) {
-        hook("gathered", 0);
-        for (int r = 1; r < size && !st; r++)
-            if (memcmp(rep[r].digest, rep[0].digest, PAR_SHA256_BYTES))
-                st = par_err(PAR_EMISMATCH,
-                             "%s: rank %d passed another tensor table or training state than rank 0", ctx, r);
-        descs = par_calloc((size_t)size, sizeof *descs, PAR_TAG_IO);
-        if (!st && !descs)
-            st = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        for (int r = 0; r < size && !st; r++) {
-            cJSON *j = NULL;
-            st = par_json_parse(all_txt + counts[size + r], counts[r], ctx, &j);
-            if (!st)
-                st = desc_parse(j, ctx, r, &descs[r]);
-            cJSON_Delete(j);
-        }
-        if (!st) {
-            st = finalize(tmp, dir, info, &ix, size, descs, size);
-            tmp = NULL;
-        }
-        if (!st)
-            hook("done", 0);
-    }
-    par_free(counts);
-    cst = agree(world, 0, st, ctx);
-
-fail_cleanup:
-    if (tmp)
-        par_adir_abort(tmp);
-    if (descs)
-        for (int r = 0; r < size; r++)
-            desc_free(&descs[r]);
-    par_free(descs);
-    par_free(all_txt);
-    par_free(rep);
-    cJSON_free(desc_txt);
-    desc_free(&mine);
-    index_free(&ix);
+    save_ctx_free(&c);
     return cst;
 }
 
@@ -1199,185 +1233,177 @@ static par_status check_shard(par_ckpt *ck, int r, const char *label, int64_t *c
     return PAR_OK;
 }
 
-par_status par_ckpt_open(const char *dir, par_ckpt **out)
+/* What par_ckpt_open reads before it trusts anything. */
+typedef struct {
+    const char *dir;
+    char label[ERRMSG_MAX];   /* "checkpoint DIR"                */
+    char ml[ERRMSG_MAX + 16]; /* "checkpoint DIR: metadata.json" */
+    char *mtxt, *stxt;        /* metadata.json, SHA256SUMS       */
+    size_t mlen, slen;
+    sum_line *sums;
+    int nsums;
+    cJSON *root;              /* metadata.json, parsed           */
+} open_ctx;
+
+static void open_ctx_free(open_ctx *c)
 {
-    char label[ERRMSG_MAX];
-    snprintf(label, sizeof label, "checkpoint %s", dir);
-    if (!par_path_is_dir(dir))
-        return par_err(par_path_exists(dir) ? PAR_EINVAL : PAR_ENOTFOUND, "%s: %s", label,
-                       par_path_exists(dir) ? "not a directory" : "no such directory");
+    par_free(c->mtxt);
+    par_free(c->stxt);
+    par_free(c->sums);
+    cJSON_Delete(c->root);
+}
+
+/* Reads DIR/name into *txt; PAR_ENOTFOUND "<label>: <name> is missing<why>". */
+static par_status read_member(const open_ctx *c, const char *name, const char *why, char **txt, size_t *len)
+{
+    char *path = par_path_join(c->dir, name);
+    if (!path)
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
     par_status st = PAR_OK;
-    char *path = NULL, *mtxt = NULL, *stxt = NULL;
-    size_t mlen = 0, slen = 0;
-    cJSON *root = NULL;
-    sum_line *sums = NULL;
-    int nsums = 0;
-    int64_t *cur = NULL;
-    par_ckpt *ck = par_calloc(1, sizeof *ck, PAR_TAG_IO);
-    if (!ck || !(ck->dir = par_strdup(dir, PAR_TAG_IO))) {
-        par_free(ck);
-        return par_err(PAR_ENOMEM, "%s: out of memory", label);
-    }
-
-    /* metadata.json: format and version first (a newer format may hash differently) */
-    path = par_path_join(dir, PAR_CKPT_META);
-    if (!path) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    if (!par_path_exists(path)) {
-        st = par_err(PAR_ENOTFOUND, "%s: %s is missing (not a checkpoint, or an unfinished save)", label,
-                     PAR_CKPT_META);
-        goto fail;
-    }
-    if ((st = par_file_read(path, PAR_TAG_IO, (void **)&mtxt, &mlen)))
-        goto fail;
+    if (!par_path_exists(path))
+        st = par_err(PAR_ENOTFOUND, "%s: %s is missing%s", c->label, name, why);
+    else
+        st = par_file_read(path, PAR_TAG_IO, (void **)txt, len);
     par_free(path);
-    path = par_path_join(dir, PAR_CKPT_SUMS);
-    if (!path) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    if (!par_path_exists(path)) {
-        st = par_err(PAR_ENOTFOUND, "%s: %s is missing", label, PAR_CKPT_SUMS);
-        goto fail;
-    }
-    if ((st = par_file_read(path, PAR_TAG_IO, (void **)&stxt, &slen)))
-        goto fail;
+    return st;
+}
+
+/* metadata.json and SHA256SUMS read, the sums parsed, the metadata parsed
+ * (a parse failure with a wrong hash says "corrupt"), format and version
+ * checked first (a newer format may hash differently). */
+static par_status open_metadata(open_ctx *c)
+{
+    par_status st;
+    if ((st = read_member(c, PAR_CKPT_META, " (not a checkpoint, or an unfinished save)", &c->mtxt, &c->mlen)) ||
+        (st = read_member(c, PAR_CKPT_SUMS, "", &c->stxt, &c->slen)))
+        return st;
     char sl[ERRMSG_MAX + 16];
-    snprintf(sl, sizeof sl, "%s: %s", label, PAR_CKPT_SUMS);
-    if ((st = parse_sums(stxt, slen, sl, &sums, &nsums)))
-        goto fail;
-    const sum_line *ms = sums_find(sums, nsums, PAR_CKPT_META);
-    if (!ms) {
-        st = par_err(PAR_EFORMAT, "%s: %s does not list %s", label, PAR_CKPT_SUMS, PAR_CKPT_META);
-        goto fail;
-    }
-    char ml[ERRMSG_MAX + 16];
-    snprintf(ml, sizeof ml, "%s: %s", label, PAR_CKPT_META);
-    st = par_json_parse(mtxt, mlen, ml, &root);
-    if (st) {
+    snprintf(sl, sizeof sl, "%s: %s", c->label, PAR_CKPT_SUMS);
+    if ((st = parse_sums(c->stxt, c->slen, sl, &c->sums, &c->nsums)))
+        return st;
+    const sum_line *ms = sums_find(c->sums, c->nsums, PAR_CKPT_META);
+    if (!ms)
+        return par_err(PAR_EFORMAT, "%s: %s does not list %s", c->label, PAR_CKPT_SUMS, PAR_CKPT_META);
+    if ((st = par_json_parse(c->mtxt, c->mlen, c->ml, &c->root))) {
         char got[PAR_SHA256_HEX];
-        par_sha256_hex(mtxt, mlen, got);
+        par_sha256_hex(c->mtxt, c->mlen, got);
         if (strcmp(got, ms->sha))
-            st = par_err(PAR_EMISMATCH, "%s: %s is corrupt: sha256 %s, expected %s", label, PAR_CKPT_META, got,
+            st = par_err(PAR_EMISMATCH, "%s: %s is corrupt: sha256 %s, expected %s", c->label, PAR_CKPT_META, got,
                          ms->sha);
-        goto fail;
+        return st;
     }
-    const char *fmt = par_json_str(root, "format");
+    const char *fmt = par_json_str(c->root, "format");
     int64_t version;
-    if (!fmt || strcmp(fmt, PAR_CKPT_FORMAT)) {
-        st = par_err(PAR_EFORMAT, "%s: format '%s', expected '%s'", ml, fmt ? fmt : "(missing)", PAR_CKPT_FORMAT);
-        goto fail;
-    }
-    if (!par_json_int(root, "version", &version)) {
-        st = par_err(PAR_EFORMAT, "%s: \"version\" missing or not an integer", ml);
-        goto fail;
-    }
-    if (version != PAR_CKPT_VERSION) {
-        st = par_err(PAR_EUNSUPPORTED, "%s: format version %lld, this build reads version %d", ml,
-                     (long long)version, PAR_CKPT_VERSION);
-        goto fail;
-    }
+    if (!fmt || strcmp(fmt, PAR_CKPT_FORMAT))
+        return par_err(PAR_EFORMAT, "%s: format '%s', expected '%s'", c->ml, fmt ? fmt : "(missing)",
+                       PAR_CKPT_FORMAT);
+    if (!par_json_int(c->root, "version", &version))
+        return par_err(PAR_EFORMAT, "%s: \"version\" missing or not an integer", c->ml);
+    if (version != PAR_CKPT_VERSION)
+        return par_err(PAR_EUNSUPPORTED, "%s: format version %lld, this build reads version %d", c->ml,
+                       (long long)version, PAR_CKPT_VERSION);
+    return PAR_OK;
+}
 
-    /* every file's hash */
-    for (int i = 0; i < nsums; i++)
-        if ((st = check_file_hash(dir, sums[i].name, sums[i].sha, label)))
-            goto fail;
-
-    /* structure */
-    const cJSON *state = par_json_obj(root, "state"), *rng = par_json_obj(root, "rng");
-    const char *seed = rng ? par_json_str(rng, "seed") : NULL, *prec = par_json_str(root, "precision");
-    int64_t world;
+/* Training state, precision, world size, layout and model of metadata.json. */
+static par_status parse_state(par_ckpt *ck, const open_ctx *c, int64_t *world)
+{
+    const cJSON *state = par_json_obj(c->root, "state"), *rng = par_json_obj(c->root, "rng");
+    const char *seed = rng ? par_json_str(rng, "seed") : NULL, *prec = par_json_str(c->root, "precision");
     char *end = NULL;
     if (!state || !par_json_int(state, "step", &ck->state.step) ||
         !par_json_int(state, "data_cursor", &ck->state.cursor) || !seed || !prec ||
-        !par_json_int(root, "world_size", &world)) {
-        st = par_err(PAR_EFORMAT, "%s: needs \"state\": {step, data_cursor}, \"rng\": {seed}, \"precision\" and "
-                                  "\"world_size\"", ml);
-        goto fail;
-    }
+        !par_json_int(c->root, "world_size", world))
+        return par_err(PAR_EFORMAT, "%s: needs \"state\": {step, data_cursor}, \"rng\": {seed}, \"precision\" and "
+                                    "\"world_size\"", c->ml);
     errno = 0;
     ck->state.seed = strtoull(seed, &end, 10);
-    if (errno || !*seed || *end || *seed == '-') {
-        st = par_err(PAR_EFORMAT, "%s: rng.seed '%s' is not an unsigned 64-bit integer", ml, seed);
-        goto fail;
-    }
+    if (errno || !*seed || *end || *seed == '-')
+        return par_err(PAR_EFORMAT, "%s: rng.seed '%s' is not an unsigned 64-bit integer", c->ml, seed);
     snprintf(ck->state.precision, sizeof ck->state.precision, "%s", prec);
-    const cJSON *lay = par_json_obj(root, "layout");
+    const cJSON *lay = par_json_obj(c->root, "layout");
     if (lay) {
-        if ((st = layout_parse(lay, ml, &ck->layout)))
-            goto fail;
+        par_status st = layout_parse(lay, c->ml, &ck->layout);
+        if (st)
+            return st;
         ck->has_layout = 1;
-        if (ck->layout.world != world) {
-            st = par_err(PAR_EFORMAT, "%s: layout.world_size %lld but world_size %lld", ml,
-                         (long long)ck->layout.world, (long long)world);
-            goto fail;
-        }
+        if (ck->layout.world != *world)
+            return par_err(PAR_EFORMAT, "%s: layout.world_size %lld but world_size %lld", c->ml,
+                           (long long)ck->layout.world, (long long)*world);
     }
-    const cJSON *model = par_json_obj(root, "model");
-    if (model && !(ck->model = cJSON_Duplicate(model, 1))) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
+    const cJSON *model = par_json_obj(c->root, "model");
+    if (model && !(ck->model = cJSON_Duplicate(model, 1)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
+    return PAR_OK;
+}
+
+/* The tensor list: entries, the name index (no name twice), the roles (from
+ * the names for a checkpoint written before they were recorded), their
+ * rules.  Every fault is PAR_EFORMAT. */
+static par_status parse_table(par_ckpt *ck, const open_ctx *c)
+{
     int legacy = 0;
-    if ((st = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), ml, &ck->t, &ck->nt, &legacy)))
-        goto fail;
-    if ((st = index_build(&ck->ix, ck->t, ck->nt, ml))) {
-        st = par_err(PAR_EFORMAT, "%s", par_last_error());
-        goto fail;
-    }
+    par_status st = parse_tensors(cJSON_GetObjectItemCaseSensitive(c->root, "tensors"), c->ml, &ck->t, &ck->nt,
+                                  &legacy);
+    if (st)
+        return st;
+    if ((st = index_build(&ck->ix, ck->t, ck->nt, c->ml)))
+        return par_err(PAR_EFORMAT, "%s", par_last_error());
     if (legacy)
         roles_from_names(ck->t, ck->nt, &ck->ix);
-    if ((st = check_roles(ck->t, ck->nt, ml))) {
-        st = par_err(PAR_EFORMAT, "%s", par_last_error());
-        goto fail;
-    }
-    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(root, "shards");
-    const cJSON *files = par_json_obj(root, "files");
-    if (!cJSON_IsArray(shards) || !files || cJSON_GetArraySize(shards) != world || world < 1) {
-        st = par_err(PAR_EFORMAT, "%s: needs \"shards\" (one per rank of world_size %lld) and \"files\"", ml,
-                     (long long)world);
-        goto fail;
-    }
+    if ((st = check_roles(ck->t, ck->nt, c->ml)))
+        return par_err(PAR_EFORMAT, "%s", par_last_error());
+    return PAR_OK;
+}
+
+/* One descriptor per rank; each shard's hash the same in "shards", "files"
+ * and SHA256SUMS (a shard file not there: PAR_ENOTFOUND); *npieces = the
+ * non-empty slices. */
+static par_status parse_shards(par_ckpt *ck, const open_ctx *c, int64_t world, int64_t *npieces)
+{
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(c->root, "shards");
+    const cJSON *files = par_json_obj(c->root, "files");
+    if (!cJSON_IsArray(shards) || !files || cJSON_GetArraySize(shards) != world || world < 1)
+        return par_err(PAR_EFORMAT, "%s: needs \"shards\" (one per rank of world_size %lld) and \"files\"", c->ml,
+                       (long long)world);
     ck->nranks = (int)world;
     ck->d = par_calloc((size_t)world, sizeof *ck->d, PAR_TAG_IO);
     ck->files = par_calloc((size_t)world, sizeof *ck->files, PAR_TAG_IO);
-    if (!ck->d || !ck->files) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    int64_t npieces = 0;
+    if (!ck->d || !ck->files)
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
+    *npieces = 0;
     for (int r = 0; r < ck->nranks; r++) {
-        if ((st = desc_parse(cJSON_GetArrayItem(shards, r), ml, r, &ck->d[r])))
-            goto fail;
+        par_status st = desc_parse(cJSON_GetArrayItem(shards, r), c->ml, r, &ck->d[r]);
+        if (st)
+            return st;
         const char *fsha = par_json_str(files, ck->d[r].file);
-        const sum_line *s = sums_find(sums, nsums, ck->d[r].file);
+        const sum_line *s = sums_find(c->sums, c->nsums, ck->d[r].file);
         if (!fsha || strcmp(fsha, ck->d[r].sha) || !s || strcmp(s->sha, ck->d[r].sha)) {
-            char *p = par_path_join(dir, ck->d[r].file);
+            char *p = par_path_join(c->dir, ck->d[r].file);
             int exists = p && par_path_exists(p);
             par_free(p);
             if (!exists)
-                st = par_err(PAR_ENOTFOUND, "%s: shard %s of rank %d is missing", label, ck->d[r].file, r);
-            else
-                st = par_err(PAR_EMISMATCH, "%s: shard %s: the hashes in %s, \"files\" and %s disagree", label,
-                             ck->d[r].file, PAR_CKPT_META, PAR_CKPT_SUMS);
-            goto fail;
+                return par_err(PAR_ENOTFOUND, "%s: shard %s of rank %d is missing", c->label, ck->d[r].file, r);
+            return par_err(PAR_EMISMATCH, "%s: shard %s: the hashes in %s, \"files\" and %s disagree", c->label,
+                           ck->d[r].file, PAR_CKPT_META, PAR_CKPT_SUMS);
         }
         for (int i = 0; i < ck->d[r].n; i++)
-            npieces += ck->d[r].s[i].end > ck->d[r].s[i].begin;
+            *npieces += ck->d[r].s[i].end > ck->d[r].s[i].begin;
     }
-    /* coverage before reading shard files (cheap, and names the gap) */
-    if ((st = check_descs(label, &ck->ix, ck->d, ck->nranks)))
-        goto fail;
+    return PAR_OK;
+}
 
-    /* shard files against their slice lists */
+/* Reads every shard file, checks it against its slice list and records its
+ * pieces, per tensor sorted by begin. */
+static par_status load_shards(par_ckpt *ck, const char *label, int64_t npieces)
+{
     ck->poff = par_calloc((size_t)ck->nt + 1, sizeof *ck->poff, PAR_TAG_IO);
     ck->pieces = par_malloc((size_t)(npieces > 0 ? npieces : 1) * sizeof *ck->pieces, PAR_TAG_IO);
-    cur = par_calloc((size_t)ck->nt + 1, sizeof *cur, PAR_TAG_IO);
+    int64_t *cur = par_calloc((size_t)ck->nt + 1, sizeof *cur, PAR_TAG_IO);
+    par_status st = PAR_OK;
     if (!ck->poff || !ck->pieces || !cur) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
+        par_free(cur);
+        return par_err(PAR_ENOMEM, "%s: out of memory", label);
     }
     for (int r = 0; r < ck->nranks; r++)
         for (int i = 0; i < ck->d[r].n; i++)
@@ -1386,39 +1412,54 @@ par_status par_ckpt_open(const char *dir, par_ckpt **out)
     for (int t = 0; t < ck->nt; t++)
         ck->poff[t + 1] += ck->poff[t];
     memcpy(cur, ck->poff, (size_t)ck->nt * sizeof *cur);
-    for (int r = 0; r < ck->nranks; r++) {
-        par_free(path);
-        path = par_path_join(dir, ck->d[r].file);
-        if (!path) {
+    for (int r = 0; r < ck->nranks && !st; r++) {
+        char *path = par_path_join(ck->dir, ck->d[r].file);
+        if (!path)
             st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-            goto fail;
-        }
-        if ((st = par_st_read(path, &ck->files[r])))
-            goto fail;
-        if ((st = check_shard(ck, r, label, cur)))
-            goto fail;
+        else if (!(st = par_st_read(path, &ck->files[r])))
+            st = check_shard(ck, r, label, cur);
+        par_free(path);
     }
-    for (int t = 0; t < ck->nt; t++)
-        qsort(ck->pieces + ck->poff[t], (size_t)(ck->poff[t + 1] - ck->poff[t]), sizeof *ck->pieces, cmp_piece);
-
     par_free(cur);
-    par_free(path);
-    par_free(mtxt);
-    par_free(stxt);
-    par_free(sums);
-    cJSON_Delete(root);
+    for (int t = 0; t < ck->nt && !st; t++)
+        qsort(ck->pieces + ck->poff[t], (size_t)(ck->poff[t + 1] - ck->poff[t]), sizeof *ck->pieces, cmp_piece);
+    return st;
+}
+
+par_status par_ckpt_open(const char *dir, par_ckpt **out)
+{
+    open_ctx c = {.dir = dir};
+    snprintf(c.label, sizeof c.label, "checkpoint %s", dir);
+    snprintf(c.ml, sizeof c.ml, "%s: %s", c.label, PAR_CKPT_META);
+    if (!par_path_is_dir(dir))
+        return par_err(par_path_exists(dir) ? PAR_EINVAL : PAR_ENOTFOUND, "%s: %s", c.label,
+                       par_path_exists(dir) ? "not a directory" : "no such directory");
+    par_ckpt *ck = par_calloc(1, sizeof *ck, PAR_TAG_IO);
+    if (!ck || !(ck->dir = par_strdup(dir, PAR_TAG_IO))) {
+        par_free(ck);
+        return par_err(PAR_ENOMEM, "%s: out of memory", c.label);
+    }
+    int64_t world = 0, npieces = 0;
+    par_status st = open_metadata(&c);
+    for (int i = 0; !st && i < c.nsums; i++) /* every file's hash */
+        st = check_file_hash(dir, c.sums[i].name, c.sums[i].sha, c.label);
+    if (!st)
+        st = parse_state(ck, &c, &world);
+    if (!st)
+        st = parse_table(ck, &c);
+    if (!st)
+        st = parse_shards(ck, &c, world, &npieces);
+    if (!st) /* coverage before reading shard files (cheap, and names the gap) */
+        st = check_descs(c.label, &ck->ix, ck->d, ck->nranks);
+    if (!st)
+        st = load_shards(ck, c.label, npieces);
+    open_ctx_free(&c);
+    if (st) {
+        par_ckpt_close(ck);
+        return st;
+    }
     *out = ck;
     return PAR_OK;
-
-fail:
-    par_free(cur);
-    par_free(path);
-    par_free(mtxt);
-    par_free(stxt);
-    par_free(sums);
-    cJSON_Delete(root);
-    par_ckpt_close(ck);
-    return st;
 }
 
 const char *par_ckpt_dir(const par_ckpt *ck)
@@ -1676,6 +1717,62 @@ static void note(par_ckpt_diff_result *res, FILE *out, const char *fmt, ...)
         fprintf(out, "%s\n", line);
 }
 
+/* Tensor ta of A against the tensor of its name in B (tb, or NULL): one
+ * noted line when they differ (presence, dtype or shape, role, values). */
+static par_status diff_tensor(const par_ckpt *a, const par_ckpt *b, const par_ckpt_tensor *ta, FILE *out,
+                              par_ckpt_diff_result *r)
+{
+    const par_ckpt_tensor *tb = par_ckpt_find(b, ta->name);
+    char s1[2 * PAR_CKPT_NAME_MAX], s2[2 * PAR_CKPT_NAME_MAX];
+    if (!tb) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: only in A", ta->name);
+        return PAR_OK;
+    }
+    if (ta->dtype != tb->dtype || ta->ndim != tb->ndim ||
+        memcmp(ta->shape, tb->shape, (size_t)ta->ndim * sizeof ta->shape[0])) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: A %s %s, B %s %s", ta->name, par_dtype_name(ta->dtype),
+             par_shape_str(ta->ndim, ta->shape, s1, sizeof s1), par_dtype_name(tb->dtype),
+             par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
+        return PAR_OK;
+    }
+    if (strcmp(role_str(a, ta, s1, sizeof s1), role_str(b, tb, s2, sizeof s2))) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: A %s, B %s", ta->name, s1, s2);
+        return PAR_OK;
+    }
+    par_tensor xa, xb;
+    par_status st = par_ckpt_read_tensor(a, ta->name, PAR_TAG_IO, &xa);
+    if (st)
+        return st;
+    if ((st = par_ckpt_read_tensor(b, ta->name, PAR_TAG_IO, &xb))) {
+        par_tensor_free(&xa);
+        return st;
+    }
+    int64_t n = par_tensor_numel(&xa), ndiff = 0, first = -1;
+    size_t es = par_dtype_size(xa.dtype);
+    double maxabs = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (memcmp((char *)xa.data + (size_t)k * es, (char *)xb.data + (size_t)k * es, es)) {
+            if (first < 0)
+                first = k;
+            ndiff++;
+            double d = fabs(par_tensor_get_f64(&xa, k) - par_tensor_get_f64(&xb, k));
+            if (d > maxabs || isnan(d))
+                maxabs = d;
+        }
+    if (ndiff) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: %lld of %lld elements differ (first at %lld: A %.17g, B %.17g; max |A-B| %.3g)", ta->name,
+             (long long)ndiff, (long long)n, (long long)first, par_tensor_get_f64(&xa, first),
+             par_tensor_get_f64(&xb, first), maxabs);
+    }
+    par_tensor_free(&xa);
+    par_tensor_free(&xb);
+    return PAR_OK;
+}
+
 par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ckpt_diff_result *res)
 {
     par_ckpt *a, *b;
@@ -1698,56 +1795,8 @@ par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ck
             r.n_tensors_diff++;
             note(&r, out, "%s: only in B", b->t[i].name);
         }
-    for (int i = 0; i < a->nt && !st; i++) {
-        const par_ckpt_tensor *ta = &a->t[i];
-        const par_ckpt_tensor *tb = par_ckpt_find(b, ta->name);
-        char s1[2 * PAR_CKPT_NAME_MAX], s2[2 * PAR_CKPT_NAME_MAX];
-        if (!tb) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: only in A", ta->name);
-            continue;
-        }
-        if (ta->dtype != tb->dtype || ta->ndim != tb->ndim ||
-            memcmp(ta->shape, tb->shape, (size_t)ta->ndim * sizeof ta->shape[0])) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: A %s %s, B %s %s", ta->name, par_dtype_name(ta->dtype),
-                 par_shape_str(ta->ndim, ta->shape, s1, sizeof s1), par_dtype_name(tb->dtype),
-                 par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
-            continue;
-        }
-        if (strcmp(role_str(a, ta, s1, sizeof s1), role_str(b, tb, s2, sizeof s2))) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: A %s, B %s", ta->name, s1, s2);
-            continue;
-        }
-        par_tensor xa, xb;
-        if ((st = par_ckpt_read_tensor(a, ta->name, PAR_TAG_IO, &xa)))
-            break;
-        if ((st = par_ckpt_read_tensor(b, ta->name, PAR_TAG_IO, &xb))) {
-            par_tensor_free(&xa);
-            break;
-        }
-        int64_t n = par_tensor_numel(&xa), ndiff = 0, first = -1;
-        size_t es = par_dtype_size(xa.dtype);
-        double maxabs = 0;
-        for (int64_t k = 0; k < n; k++)
-            if (memcmp((char *)xa.data + (size_t)k * es, (char *)xb.data + (size_t)k * es, es)) {
-                if (first < 0)
-                    first = k;
-                ndiff++;
-                double d = fabs(par_tensor_get_f64(&xa, k) - par_tensor_get_f64(&xb, k));
-                if (d > maxabs || isnan(d))
-                    maxabs = d;
-            }
-        if (ndiff) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: %lld of %lld elements differ (first at %lld: A %.17g, B %.17g; max |A-B| %.3g)",
-                 ta->name, (long long)ndiff, (long long)n, (long long)first, par_tensor_get_f64(&xa, first),
-                 par_tensor_get_f64(&xb, first), maxabs);
-        }
-        par_tensor_free(&xa);
-        par_tensor_free(&xb);
-    }
+    for (int i = 0; i < a->nt && !st; i++)
+        st = diff_tensor(a, b, &a->t[i], out, &r);
     r.tensors_equal = r.n_tensors_diff == 0;
     par_ckpt_close(a);
     par_ckpt_close(b);
