@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/log.h"
 
 #define HDR 64u /* header size; keeps user blocks 64-byte aligned */
@@ -50,6 +51,7 @@ void *par_malloc(size_t n, par_tag tag)
     h->tag = tag;
     h->magic = MAGIC;
     account(tag, (int64_t)n);
+    par__dev_register((char *)raw + HDR, n); /* GPU mode: known to core/device.h */
     return (char *)raw + HDR;
 }
 
@@ -78,6 +80,7 @@ void par_free(void *p)
     if (!p)
         return;
     blk_hdr *h = hdr_of(p);
+    par__dev_unregister(p);
     account((par_tag)h->tag, -(int64_t)h->size);
     h->magic = 0;
     free(h);
@@ -91,6 +94,7 @@ void *par_realloc(void *p, size_t n, par_tag tag)
     void *q = par_malloc(n, (par_tag)h->tag);
     if (!q)
         return NULL;
+    par_dev_host_read(p, h->size < n ? h->size : n);
     memcpy(q, p, h->size < n ? h->size : n);
     par_free(p);
     return q;
@@ -181,7 +185,7 @@ void *par_arena_calloc(par_arena *a, size_t n, size_t align)
 {
     void *p = par_arena_alloc(a, n, align);
     if (p)
-        memset(p, 0, n);
+        par_dev_zero(p, n); /* memset, on the device when the chunk lives there */
     return p;
 }
 

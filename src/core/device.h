@@ -1,0 +1,126 @@
+/* core/device.h - where a rank's memory lives: host only (the default), or
+ * on a GPU through OpenMP target offload (the build option -Doffload=nvptx,
+ * docs/gpu.md).
+ *
+ * In GPU mode every block of the tagged allocator (core/alloc.h) is known
+ * here and gets a device twin the first time a kernel uses it.  Each byte
+ * range of a block is in one of three states: HOST (only the host copy is
+ * current), DEV (only the device copy) or BOTH.  Kernels translate their
+ * operands (par_dev_in / _out / _inout return the device address and move
+ * what is stale there); host code that touches memory a kernel may have
+ * written says so (par_dev_host_read / _write / _set), which moves what is
+ * stale on the host.  Data therefore moves only when its owner changes side:
+ * parameters, gradients and activations stay on the device for the whole
+ * step, and a transfer is made once per change, never per kernel.
+ *
+ * Two device runtimes behind the same state machine:
+ *   real      libgomp's nvptx plugin: omp_target_alloc / omp_target_memcpy
+ *             on the process's device (MPI: local rank mod the device count);
+ *   emulated  (PARITY_GPU_EMULATE=1, for machines without a GPU) the device
+ *             copy is a separate host buffer, the kernels run as OpenMP host
+ *             fallback on it, and every stale copy is poisoned (NaN for
+ *             floats, a huge value for integers), so a missing annotation
+ *             shows as a wrong or non-finite result on any machine.
+ * The emulation moves exactly the bytes the real runtime would move: a run
+ * that is right emulated is right on the device, up to the device's
+ * arithmetic (docs/gpu.md).
+ *
+ * In the default build (no PAR_OFFLOAD) everything here is an inline no-op,
+ * par_dev_zero / par_dev_copy are memset / memcpy, and par_dev_init refuses
+ * GPU mode.  Process-wide: one mode and one device per process; call
+ * par_dev_init before allocating anything that kernels will see.
+ */
+#ifndef PAR_CORE_DEVICE_H
+#define PAR_CORE_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/status.h"
+
+typedef enum { PAR_DEV_CPU = 0, PAR_DEV_GPU = 1 } par_device_kind;
+
+/* Transfer accounting of the process (bytes and calls since init). */
+typedef struct {
+    int64_t h2d_bytes, d2h_bytes, d2d_bytes;
+    int64_t h2d_calls, d2h_calls;
+    int64_t twins, twin_bytes_peak; /* device twins created, most device bytes live */
+} par_dev_stats;
+
+/* "cpu" or "gpu" -> *kind; anything else PAR_EINVAL naming the choices. */
+par_status par_dev_parse(const char *name, par_device_kind *kind);
+
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+
+/* Selects the process's mode.  GPU: a real device when libgomp sees one
+ * (device local_rank mod count), else emulated when PARITY_GPU_EMULATE=1,
+ * else PAR_EUNSUPPORTED naming both.  Idempotent for the same kind. */
+par_status par_dev_init(par_device_kind kind, int local_rank);
+int par_dev_gpu(void);  /* 1 in GPU mode (real or emulated) */
+int par_dev_real(void); /* 1 when kernels run on a real device */
+/* One line: "cpu", "gpu: nvptx device 0 of 1 (OpenMP offload)" or
+ * "gpu: emulated on the host (PARITY_GPU_EMULATE=1)". */
+const char *par_dev_describe(void);
+void par_dev_get_stats(par_dev_stats *out);
+
+/* Kernel operands: the device address of [p, p + bytes) after making it
+ * current there.  in: read; out: every byte will be written (nothing is
+ * copied); inout: read and written.  NULL stays NULL; an address that is
+ * already a device address is returned as is.  Outside GPU mode: p. */
+void *par_dev_in(const void *p, size_t bytes);
+void *par_dev_out(void *p, size_t bytes);
+void *par_dev_inout(void *p, size_t bytes);
+
+/* Host access to [p, p + bytes): read (pull what is stale), write (pull,
+ * then the host copy is the only current one), set (the host overwrites
+ * every byte: nothing is pulled).  Memory this module does not know is host
+ * memory: nothing to do. */
+void par_dev_host_read(const void *p, size_t bytes);
+void par_dev_host_write(void *p, size_t bytes);
+void par_dev_host_set(void *p, size_t bytes);
+/* memset(p, 0, bytes) / memcpy(dst, src, bytes) on whichever side holds the
+ * data (device to device when both are there). */
+void par_dev_zero(void *p, size_t bytes);
+void par_dev_copy(void *dst, const void *src, size_t bytes);
+/* Barriers for code outside the step (writers, checkpoints): every known
+ * byte current on the host (sync_host: BOTH) / owned by the host from now on
+ * (host_all: the next kernel moves what it uses). */
+void par_dev_sync_host(void);
+void par_dev_host_all(void);
+
+/* core/alloc.c's hooks: a block is born (HOST), resized, or freed. */
+void par__dev_register(void *p, size_t n);
+void par__dev_unregister(void *p);
+
+#else /* the default build: host memory only */
+
+static inline par_status par_dev_init(par_device_kind kind, int local_rank)
+{
+    (void)local_rank;
+    if (kind == PAR_DEV_GPU)
+        return par_err(PAR_EUNSUPPORTED,
+                       "--device gpu: this build has no GPU offload (configure with "
+                       "-Doffload=nvptx, docs/gpu.md)");
+    return PAR_OK;
+}
+static inline int par_dev_gpu(void) { return 0; }
+static inline int par_dev_real(void) { return 0; }
+static inline const char *par_dev_describe(void) { return "cpu"; }
+static inline void par_dev_get_stats(par_dev_stats *out) { memset(out, 0, sizeof *out); }
+static inline void *par_dev_in(const void *p, size_t bytes) { (void)bytes; return (void *)(uintptr_t)p; }
+static inline void *par_dev_out(void *p, size_t bytes) { (void)bytes; return p; }
+static inline void *par_dev_inout(void *p, size_t bytes) { (void)bytes; return p; }
+static inline void par_dev_host_read(const void *p, size_t bytes) { (void)p; (void)bytes; }
+static inline void par_dev_host_write(void *p, size_t bytes) { (void)p; (void)bytes; }
+static inline void par_dev_host_set(void *p, size_t bytes) { (void)p; (void)bytes; }
+static inline void par_dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static inline void par_dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void par_dev_sync_host(void) {}
+static inline void par_dev_host_all(void) {}
+static inline void par__dev_register(void *p, size_t n) { (void)p; (void)n; }
+static inline void par__dev_unregister(void *p) { (void)p; }
+
+#endif
+
+#endif
