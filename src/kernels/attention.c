@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/offload.h"
 #include "kernels/ops.h"
 
 #ifdef _OPENMP
@@ -160,10 +161,38 @@ void PAR_FN(par_attn_saved_carve)(PAR_FN(par_attn_saved) *s, void *buf,
 static void add_ape(par_real *z, const par_real *ape, const int32_t *pos, int64_t T, int64_t m,
                     int64_t n)
 {
+    PAR_DEV_BEGIN();
+    PAR_DIN(ape, m * n);
+    PAR_DIN(pos, T);
+    PAR_DINOUT(z, T * n);
+    PAR_KLOOP(is_device_ptr(z, ape, pos))
     for (int64_t t = 0; t < T; t++) {
         const par_real *ap = ape + (pos[t] % m) * n;
         for (int64_t e = 0; e < n; e++)
             z[t * n + e] += ap[e];
+    }
+}
+
+/* dape[pos[t] mod m] += dz[t], rows t ascending (per element: the host's
+ * order; on the device one thread per column). */
+static void ape_backward(par_real *dape, const par_real *dz, const int32_t *pos, int64_t T,
+                         int64_t m, int64_t nc)
+{
+    PAR_DEV_BEGIN();
+    if (PAR_ON_DEVICE()) {
+        PAR_DIN(dz, T * nc);
+        PAR_DIN(pos, T);
+        PAR_DINOUT(dape, m * nc);
+        PAR_KLOOP(is_device_ptr(dape, dz, pos))
+        for (int64_t e = 0; e < nc; e++)
+            for (int64_t t = 0; t < T; t++)
+                dape[(pos[t] % m) * nc + e] += dz[t * nc + e];
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        par_real *ap = dape + (pos[t] % m) * nc;
+        for (int64_t e = 0; e < nc; e++)
+            ap[e] += dz[t * nc + e];
     }
 }
 
@@ -197,8 +226,11 @@ void PAR_FN(par_attn_proj_forward)(PAR_FN(par_attn_saved) *s,
         PAR_FN(par_rope_apply)(s->iq, pos, dm->rope, T, iH, ihd, +1);
         PAR_FN(par_linear_forward)(s->iw, x, W->idx_weights_proj, T, d, iH);
         const par_real sc = (par_real)(1.0 / sqrt((double)ihd) / sqrt((double)iH));
+        PAR_DEV_BEGIN();
+        par_real *iw = PAR_DINOUT_AS(s->iw, T * iH);
+        PAR_KLOOP(is_device_ptr(iw))
         for (int64_t e = 0; e < T * iH; e++)
-            s->iw[e] *= sc;
+            iw[e] *= sc;
         PAR_FN(par_linear_forward)(s->ica, x, W->idx_cmp_wkv, T, d, 2 * ihd);
         PAR_FN(par_linear_forward)(s->icz, x, W->idx_cmp_wgate, T, d, 2 * ihd);
         add_ape(s->icz, W->idx_cmp_ape, pos, T, 4, 2 * ihd);
@@ -246,11 +278,7 @@ par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NU
         if (dcz) {
             PAR_FN(par_linear_backward)(dx, dW->cmp_wgate, dcz, x, W->cmp_wgate, T, d, nc);
             if (dW->cmp_ape)
-                for (int64_t t = 0; t < T; t++) {
-                    par_real *ap = dW->cmp_ape + (pos[t] % m) * nc;
-                    for (int64_t e = 0; e < nc; e++)
-                        ap[e] += dcz[t * nc + e];
-                }
+                ape_backward(dW->cmp_ape, dcz, pos, T, m, nc);
         }
     }
     par_free(buf);
@@ -260,6 +288,7 @@ par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NU
 /* ------------------------------------------------------------------------ */
 /* (4) core attention                                                        */
 
+PAR_DECLARE_TARGET /* the per-query pieces of (4) run inside device loops */
 /* The key set of query t: nwin window rows from w0, then ne entries. */
 typedef struct {
     int64_t s0, w0, nwin, ne;
@@ -300,6 +329,8 @@ static int64_t key_ptrs(const par_real **kp, const key_set *k, int64_t t, const 
     return n;
 }
 
+PAR_END_DECLARE_TARGET
+
 static int64_t max_keys(const int32_t *pos, const par_attn_dims *dm, int64_t q0, int64_t q1)
 {
     int64_t ne = 0;
@@ -312,12 +343,24 @@ static int64_t max_keys(const int32_t *pos, const par_attn_dims *dm, int64_t q0,
     return dm->window + ne;
 }
 
+PAR_DECLARE_TARGET
 static inline par_real dot(const par_real *a, const par_real *b, int64_t n)
 {
     par_real s = 0;
     for (int64_t e = 0; e < n; e++)
         s += a[e] * b[e];
     return s;
+}
+
+PAR_END_DECLARE_TARGET
+
+/* The dims as device code reads them: a copy whose rope points at the
+ * table's device address. */
+static par_attn_dims dims_on_device(const par_attn_dims *dm)
+{
+    par_attn_dims d = *dm;
+    PAR_DIN(d.rope, 1);
+    return d;
 }
 
 par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
@@ -332,22 +375,38 @@ par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
 {
     const int64_t H = dm->H, hd = dm->hd;
     const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    PAR_HOST_READ(pos + q0, q1 - q0);
     const int64_t mk = max_keys(pos, dm, q0, q1);
     const int nth = max_threads();
-    par_real *zb = par_malloc((size_t)nth * (size_t)mk * sizeof(par_real), PAR_TAG_ACT);
-    const par_real **kb = par_malloc((size_t)nth * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
+    const size_t ns = PAR_SLOTS(nth, q1 - q0);
+    par_real *zb = par_malloc(ns * (size_t)mk * sizeof(par_real), PAR_TAG_ACT);
+    const par_real **kb = par_malloc(ns * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
     if (!zb || !kb) {
         par_free(zb);
         par_free(kb);
         return par_err(PAR_ENOMEM, "attention core_forward: scratch of %d x %lld keys", nth,
                        (long long)mk);
     }
-#pragma omp parallel for schedule(static) if ((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    PAR_DEV_BEGIN();
+    void *zb_host = zb, *kb_host = (void *)kb;
+    const int64_t T = q1; /* rows [0, q1) may be read: keys of earlier rows */
+    PAR_DIN(q, T * H * hd);
+    PAR_DIN(kv, T * hd);
+    PAR_DIN(cmp, T * hd);
+    PAR_DIN(sel, T * dm->topk);
+    PAR_DIN(pos, T);
+    PAR_DIN(sink, H);
+    PAR_DOUT(zb, ns * (size_t)mk);
+    PAR_DOUT(kb, ns * (size_t)mk);
+    par_real *o_ = PAR_DINOUT_AS(o, T * H * hd), *lse_ = PAR_DINOUT_AS(lse, T * H);
+    const par_attn_dims dd = dims_on_device(dm);
+    PAR_KLOOP_PAR((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK,
+                  is_device_ptr(o_, lse_, q, kv, cmp, sel, pos, sink, zb, kb) map(to: dd))
     for (int64_t t = q0; t < q1; t++) {
-        par_real *z = zb + (size_t)thread_id() * (size_t)mk;
-        const par_real **kp = kb + (size_t)thread_id() * (size_t)mk;
-        key_set ks = keys_of(t, pos, sel, dm);
-        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, dm);
+        par_real *z = zb + PAR_SLOT(thread_id(), t - q0) * (size_t)mk;
+        const par_real **kp = kb + PAR_SLOT(thread_id(), t - q0) * (size_t)mk;
+        key_set ks = keys_of(t, pos, sel, &dd);
+        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, &dd);
         for (int64_t h = 0; h < H; h++) {
             const par_real *qh = q + (t * H + h) * hd;
             par_real mx = sink[h];
@@ -361,19 +420,19 @@ par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
                 z[k] = (par_real)exp((double)(z[k] - mx));
                 sum += z[k];
             }
-            par_real *oh = o + (t * H + h) * hd;
+            par_real *oh = o_ + (t * H + h) * hd;
             memset(oh, 0, (size_t)hd * sizeof(par_real));
             for (int64_t k = 0; k < nk; k++) {
                 par_real p = z[k] / sum;
                 for (int64_t e = 0; e < hd; e++)
                     oh[e] += p * kp[k][e];
             }
-            lse[t * H + h] = mx + (par_real)log((double)sum);
+            lse_[t * H + h] = mx + (par_real)log((double)sum);
         }
-        PAR_FN(par_rope_apply)(o + t * H * hd, pos + t, dm->rope, 1, H, hd, -1);
+        PAR_FN(par_rope_row)(o_ + t * H * hd, (double)pos[t], dd.rope, H, hd, -1.0);
     }
-    par_free(zb);
-    par_free(kb);
+    par_free(zb_host);
+    par_free(kb_host);
     return PAR_OK;
 }
 
@@ -393,10 +452,12 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
 {
     const int64_t H = dm->H, hd = dm->hd;
     const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    PAR_HOST_READ(pos + q0, q1 - q0);
     const int64_t mk = max_keys(pos, dm, q0, q1);
     const int nth = max_threads();
-    par_real *pb = par_malloc((size_t)nth * (size_t)mk * 2 * sizeof(par_real), PAR_TAG_ACT);
-    const par_real **kb = par_malloc((size_t)nth * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
+    const size_t ns = PAR_SLOTS(nth, q1 - q0);
+    par_real *pb = par_malloc(ns * (size_t)mk * 2 * sizeof(par_real), PAR_TAG_ACT);
+    const par_real **kb = par_malloc(ns * (size_t)mk * sizeof(*kb), PAR_TAG_ACT);
     par_real *ds = par_malloc((size_t)((q1 - q0) * H + 1) * sizeof(par_real), PAR_TAG_ACT);
     if (!pb || !kb || !ds) {
         par_free(pb);
@@ -405,14 +466,35 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
         return par_err(PAR_ENOMEM, "attention core_backward_q: scratch of %d x %lld keys", nth,
                        (long long)mk);
     }
-#pragma omp parallel for schedule(static) if ((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    PAR_DEV_BEGIN();
+    void *pb_host = pb, *kb_host = (void *)kb, *ds_host = ds;
+    const int64_t T = q1;
+    PAR_DIN(dout, T * H * hd);
+    PAR_DIN(lse, T * H);
+    PAR_DIN(q, T * H * hd);
+    PAR_DIN(kv, T * hd);
+    PAR_DIN(cmp, T * hd);
+    PAR_DIN(sel, T * dm->topk);
+    PAR_DIN(pos, T);
+    PAR_DIN(sink, H);
+    PAR_DINOUT(dq, T * H * hd);
+    PAR_DINOUT(dsink, H);
+    PAR_DINOUT(dop, T * H * hd);
+    PAR_DINOUT(Dd, T * H);
+    PAR_DOUT(pb, ns * (size_t)mk * 2);
+    PAR_DOUT(kb, ns * (size_t)mk);
+    PAR_DOUT(ds, (q1 - q0) * H + 1);
+    const par_attn_dims dd = dims_on_device(dm);
+    PAR_KLOOP_PAR((q1 - q0) * mk * H * hd >= PAR_ATTN_OMP_MIN_WORK,
+                  is_device_ptr(dq, dop, Dd, dout, lse, q, kv, cmp, sel, pos, sink, pb, kb, ds)
+                  map(to: dd))
     for (int64_t t = q0; t < q1; t++) {
-        par_real *P = pb + (size_t)thread_id() * (size_t)mk * 2, *dP = P + mk;
-        const par_real **kp = kb + (size_t)thread_id() * (size_t)mk;
-        key_set ks = keys_of(t, pos, sel, dm);
-        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, dm);
+        par_real *P = pb + PAR_SLOT(thread_id(), t - q0) * (size_t)mk * 2, *dP = P + mk;
+        const par_real **kp = kb + PAR_SLOT(thread_id(), t - q0) * (size_t)mk;
+        key_set ks = keys_of(t, pos, sel, &dd);
+        int64_t nk = key_ptrs(kp, &ks, t, kv, cmp, sel, &dd);
         memcpy(dop + t * H * hd, dout + t * H * hd, (size_t)(H * hd) * sizeof(par_real));
-        PAR_FN(par_rope_apply)(dop + t * H * hd, pos + t, dm->rope, 1, H, hd, +1);
+        PAR_FN(par_rope_row)(dop + t * H * hd, (double)pos[t], dd.rope, H, hd, 1.0);
         for (int64_t h = 0; h < H; h++) {
             const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
             const par_real L = lse[t * H + h];
@@ -434,16 +516,20 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
             ds[(t - q0) * H + h] = -(par_real)exp((double)(sink[h] - L)) * D;
         }
     }
-    if (dsink)
-        for (int64_t t = q0; t < q1; t++)
-            for (int64_t h = 0; h < H; h++)
+    if (dsink) {
+        /* per head, t ascending (the order of the host's t-major loop) */
+        PAR_KLOOP(is_device_ptr(dsink, ds))
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = q0; t < q1; t++)
                 dsink[h] += ds[(t - q0) * H + h];
-    par_free(pb);
-    par_free(kb);
-    par_free(ds);
+    }
+    par_free(pb_host);
+    par_free(kb_host);
+    par_free(ds_host);
     return PAR_OK;
 }
 
+PAR_DECLARE_TARGET
 /* dk += sum over (t, h) of dz scale q + p dop for one key vector k seen by
  * query t. */
 static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real *dop,
@@ -468,6 +554,7 @@ static int selected_has(const int32_t *st, int64_t K, int64_t i)
             return 1;
     return 0;
 }
+PAR_END_DECLARE_TARGET
 
 void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL */
                                        par_real *dcmp,        /* [T, hd] or NULL */
@@ -482,23 +569,36 @@ void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL
                                        const par_attn_dims *dm, int64_t k0, int64_t k1,
                                        int64_t nq)
 {
-    const int64_t hd = dm->hd, m = dm->m;
+    const int64_t hd = dm->hd, m = dm->m, H = dm->H;
     const par_real scale = (par_real)(1.0 / sqrt((double)hd));
-#pragma omp parallel for schedule(static) \
-    if ((k1 - k0) * dm->window * dm->H * hd >= PAR_ATTN_OMP_MIN_WORK)
+    PAR_DEV_BEGIN();
+    const int64_t T = nq > k1 ? nq : k1; /* rows read: keys [k0, k1), queries [0, nq) */
+    PAR_DIN(dop, nq * H * hd);
+    PAR_DIN(Dd, nq * H);
+    PAR_DIN(lse, nq * H);
+    PAR_DIN(q, nq * H * hd);
+    PAR_DIN(kv, k1 * hd);
+    PAR_DIN(cmp, k1 * hd);
+    PAR_DIN(sel, nq * dm->topk);
+    PAR_DIN(pos, T);
+    PAR_DINOUT(dkv, k1 * hd);
+    PAR_DINOUT(dcmp, k1 * hd);
+    const par_attn_dims dd = dims_on_device(dm);
+    PAR_KLOOP_PAR((k1 - k0) * dm->window * dm->H * hd >= PAR_ATTN_OMP_MIN_WORK,
+                  is_device_ptr(dkv, dcmp, dop, Dd, lse, q, kv, cmp, sel, pos) map(to: dd))
     for (int64_t j = k0; j < k1; j++) {
         const int64_t pj = pos[j];
         /* window: queries t = j .. j + window - 1 of the same sample */
         if (dkv)
-            for (int64_t t = j; t < nq && t < j + dm->window && pos[t] == pj + (t - j); t++)
-                key_grad(dkv + j * hd, kv + j * hd, t, dop, Dd, lse, q, dm, scale);
+            for (int64_t t = j; t < nq && t < j + dd.window && pos[t] == pj + (t - j); t++)
+                key_grad(dkv + j * hd, kv + j * hd, t, dop, Dd, lse, q, &dd, scale);
         /* entry i at its block's last row: every later query of the sample */
         if (dcmp && m > 0 && (pj + 1) % m == 0) {
             const int64_t i = (pj + 1) / m - 1;
             for (int64_t t = j; t < nq && pos[t] == pj + (t - j); t++) {
-                if (m == 4 && !selected_has(sel + t * dm->topk, dm->topk, i))
+                if (m == 4 && !selected_has(sel + t * dd.topk, dd.topk, i))
                     continue;
-                key_grad(dcmp + j * hd, cmp + j * hd, t, dop, Dd, lse, q, dm, scale);
+                key_grad(dcmp + j * hd, cmp + j * hd, t, dop, Dd, lse, q, &dd, scale);
             }
         }
     }
@@ -563,6 +663,7 @@ par_status PAR_FN(par_attn_forward)(par_real *y,                      /* [T, d] 
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;
+    PAR_HOST_READ(pos, T);
     if ((st = check_pos(pos, T)))
         return st;
     PAR_FN(par_attn_saved) *s = saved;
@@ -576,7 +677,7 @@ par_status PAR_FN(par_attn_forward)(par_real *y,                      /* [T, d] 
         if ((st = PAR_FN(par_indexer_select)(s->sel, s->iq, s->iw, s->icmp, pos, dm, 0, T)))
             return st;
         if (selected)
-            memcpy(selected, s->sel, (size_t)(T * dm->topk) * sizeof(int32_t));
+            par_dev_copy(selected, s->sel, (size_t)(T * dm->topk) * sizeof(int32_t));
     }
     if ((st = PAR_FN(par_attn_core_forward)(s->o, s->lse, s->q, s->kv, s->cmp, s->sel, pos,
                                             W->attn_sink, dm, 0, T)))
@@ -597,6 +698,7 @@ par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] 
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;
+    PAR_HOST_READ(pos, T);
     if ((st = check_pos(pos, T)))
         return st;
     const PAR_FN(par_attn_saved) *s = saved;

@@ -13,8 +13,10 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/offload.h"
 #include "kernels/ops.h"
 
+PAR_DECLARE_TARGET /* the per-block pieces run inside device loops */
 /* The slots of one channel `ch` of the block that ends at row t (position
  * p): slot s < nprev is row b - m + s, column ch (block i-1, m == 4 only);
  * slot s >= nprev is row b + s - nprev, column ccur. */
@@ -60,6 +62,8 @@ static void slot_softmax_stats(par_real *mx, par_real *sum, const slot_set *s, c
     *sum = sm;
 }
 
+PAR_END_DECLARE_TARGET
+
 void PAR_FN(par_compress_forward)(par_real *cmp,        /* [T, c] */
                                   par_real *raw,        /* [T, c] */
                                   par_real *rstd,       /* [T] */
@@ -71,7 +75,17 @@ void PAR_FN(par_compress_forward)(par_real *cmp,        /* [T, c] */
                                   int64_t c, int64_t m, double eps)
 {
     const int64_t ac = (m == 4 ? 2 : 1) * c;
-#pragma omp parallel for schedule(static) if ((t1 - t0) * ac * m >= PAR_ATTN_OMP_MIN_WORK)
+    PAR_DEV_BEGIN();
+    PAR_DIN(a, t1 * ac); /* block rows before t0 may be read (m == 4: block i-1) */
+    PAR_DIN(z, t1 * ac);
+    PAR_DIN(pos, t1);
+    PAR_DIN(norm, c);
+    PAR_DIN(rope, 1);
+    PAR_DINOUT(cmp, t1 * c);
+    PAR_DINOUT(raw, t1 * c);
+    PAR_DINOUT(rstd, t1);
+    PAR_KLOOP_PAR((t1 - t0) * ac * m >= PAR_ATTN_OMP_MIN_WORK,
+                  is_device_ptr(cmp, raw, rstd, a, z, pos, norm, rope))
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = pos[t];
         if ((p + 1) % m != 0) {
@@ -92,9 +106,9 @@ void PAR_FN(par_compress_forward)(par_real *cmp,        /* [T, c] */
             }
             raw[t * c + ch] = acc;
         }
-        PAR_FN(par_rmsnorm_forward)(cmp + t * c, rstd + t, raw + t * c, norm, 1, c, eps);
+        PAR_FN(par_rmsnorm_row)(cmp + t * c, rstd + t, raw + t * c, norm, c, eps);
         int32_t pe = (int32_t)(p + 1 - m); /* i*m */
-        PAR_FN(par_rope_apply)(cmp + t * c, &pe, rope, 1, 1, c, +1);
+        PAR_FN(par_rope_row)(cmp + t * c, (double)pe, rope, 1, c, 1.0);
     }
 }
 
@@ -115,19 +129,34 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
     par_real *g = par_malloc(2 * (size_t)c * sizeof(par_real), PAR_TAG_ACT);
     if (!g)
         return par_err(PAR_ENOMEM, "compress_backward: scratch of %lld reals", (long long)(2 * c));
+    PAR_DEV_BEGIN();
+    void *g_host = g;
+    PAR_DIN(dcmp, t1 * c);
+    PAR_DIN(raw, t1 * c);
+    PAR_DIN(rstd, t1);
+    PAR_DIN(a, t1 * ac);
+    PAR_DIN(z, t1 * ac);
+    PAR_DIN(pos, t1);
+    PAR_DIN(norm, c);
+    PAR_DIN(rope, 1);
+    PAR_DINOUT(da, t1 * ac);
+    PAR_DINOUT(dz, t1 * ac);
+    PAR_DINOUT(dnorm, c);
+    PAR_DOUT(g, 2 * c);
     par_real *draw = g + c;
     /* Serial over rows (ascending t): dnorm is summed in that order; the
      * (row, column) slots of different blocks never overlap, so da/dz too
-     * get one contribution per element. */
+     * get one contribution per element.  On a device: one thread. */
+    PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dnorm, dcmp, raw, rstd, a, z, pos, norm, rope))
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = pos[t];
         if ((p + 1) % m != 0)
             continue;
         memcpy(g, dcmp + t * c, (size_t)c * sizeof(par_real));
         int32_t pe = (int32_t)(p + 1 - m);
-        PAR_FN(par_rope_apply)(g, &pe, rope, 1, 1, c, -1);
+        PAR_FN(par_rope_row)(g, (double)pe, rope, 1, c, -1.0);
         memset(draw, 0, (size_t)c * sizeof(par_real));
-        PAR_FN(par_rmsnorm_backward)(draw, dnorm, g, raw + t * c, norm, rstd + t, 1, c);
+        PAR_FN(par_rmsnorm_row_backward)(draw, dnorm, g, raw + t * c, norm, rstd[t], c);
         for (int64_t ch = 0; ch < c; ch++) {
             slot_set s = slots_of(t, p, ch, c, m);
             par_real mx, sum;
@@ -143,6 +172,6 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
             }
         }
     }
-    par_free(g);
+    par_free(g_host);
     return PAR_OK;
 }

@@ -7,11 +7,13 @@
 #include <stdlib.h>
 
 #include "core/alloc.h"
+#include "kernels/offload.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+PAR_DECLARE_TARGET /* qsort's comparators run on the device too */
 typedef struct {
     double score;
     int32_t i;
@@ -34,6 +36,8 @@ static int by_index_asc(const void *pa, const void *pb)
     return (a > b) - (a < b);
 }
 
+PAR_END_DECLARE_TARGET
+
 par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const par_real *iq,     /* [T, iH*ihd] */
                                       const par_real *iw,     /* [T, iH] */
@@ -43,6 +47,7 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
 {
     const int64_t iH = dm->iH, ihd = dm->ihd, K = dm->topk, m = 4;
     int64_t maxvis = 0;
+    PAR_HOST_READ(pos + t0, t1 - t0);
     for (int64_t t = t0; t < t1; t++)
         if ((pos[t] + 1) / m > maxvis)
             maxvis = (pos[t] + 1) / m;
@@ -50,19 +55,27 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
 #ifdef _OPENMP
     nth = omp_get_max_threads();
 #endif
-    scored *buf = par_malloc((size_t)nth * (size_t)(maxvis > 0 ? maxvis : 1) * sizeof(scored),
-                             PAR_TAG_ACT);
+    const size_t ns = PAR_SLOTS(nth, t1 - t0), per = (size_t)(maxvis > 0 ? maxvis : 1);
+    scored *buf = par_malloc(ns * per * sizeof(scored), PAR_TAG_ACT);
     if (!buf)
         return par_err(PAR_ENOMEM, "indexer_select: scratch of %d x %lld entries", nth,
                        (long long)maxvis);
-#pragma omp parallel for schedule(static) \
-    if ((t1 - t0) * (maxvis + 1) * iH * ihd >= PAR_ATTN_OMP_MIN_WORK)
+    PAR_DEV_BEGIN();
+    void *buf_host = buf;
+    PAR_DIN(iq, t1 * iH * ihd);
+    PAR_DIN(iw, t1 * iH);
+    PAR_DIN(icmp, t1 * ihd);
+    PAR_DIN(pos, t1);
+    PAR_DINOUT(sel, t1 * K);
+    PAR_DOUT(buf, ns * per);
+    PAR_KLOOP_PAR((t1 - t0) * (maxvis + 1) * iH * ihd >= PAR_ATTN_OMP_MIN_WORK,
+                  is_device_ptr(sel, iq, iw, icmp, pos, buf))
     for (int64_t t = t0; t < t1; t++) {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        scored *sc = buf + (size_t)tid * (size_t)(maxvis > 0 ? maxvis : 1);
+        scored *sc = buf + PAR_SLOT(tid, t - t0) * per;
         int64_t s0 = t - pos[t];
         int64_t nvis = (pos[t] + 1) / m;
         const par_real *qt = iq + t * iH * ihd;
@@ -90,6 +103,6 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
         for (int64_t k = nk; k < K; k++)
             out[k] = -1;
     }
-    par_free(buf);
+    par_free(buf_host);
     return PAR_OK;
 }

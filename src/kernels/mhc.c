@@ -70,10 +70,12 @@ void PAR_FN(par_hc_head_saved_init)(PAR_FN(par_hc_head_saved) *s, void *buf, int
 
 /* ---- scalar helpers ---- */
 
+PAR_DECLARE_TARGET /* through combine_backward_token: device-callable */
 static par_real sigm(par_real z)
 {
     return (par_real)(1.0 / (1.0 + exp(-(double)z)));
 }
+PAR_END_DECLARE_TARGET
 
 static par_status check_dims(const char *who, int64_t T, int64_t n, int64_t d, int64_t iters)
 {
@@ -90,6 +92,8 @@ static par_status check_dims(const char *who, int64_t T, int64_t n, int64_t d, i
 }
 
 /* ---- Sinkhorn ---- */
+
+PAR_DECLARE_TARGET /* Sinkhorn and the per-token pieces run inside device loops */
 
 /* out = in / (sum over the normalised axis + eps); col: divide each column k
  * by sum_j in[j][k]; row: each row j by sum_k in[j][k]. */
@@ -225,15 +229,35 @@ static int64_t group_of(int64_t p, int64_t n)
     return p < n ? 0 : p < 2 * n ? 1 : 2;
 }
 
+PAR_END_DECLARE_TARGET
+
 /* From work[t][p] = dLoss/dz_p (z = mixes * scale[g] + base): reduce dbase and
  * dscale over tokens in order, then back through mixes = proj * rsq and
- * proj = fn v into dX and dfn.  Overwrites work with dLoss/dproj. */
+ * proj = fn v into dX and dfn.  Overwrites work with dLoss/dproj.  Every
+ * pointer may be a device address (the callers translated them). */
 static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_real *dscale,
                              par_real *work, const par_real *proj, const par_real *rsq,
                              const par_real *mixes, const par_real *X, const par_real *fn,
                              const par_real *scale, int64_t T, int64_t n, int64_t nd, int64_t P)
 {
-    if (dbase || dscale) {
+    PAR_DEV_BEGIN();
+    if ((dbase || dscale) && PAR_ON_DEVICE()) {
+        /* one device thread per sum, each over t (and p) in the host's order */
+        const int64_t ng = P == n ? 1 : 3;
+        PAR_KLOOP(is_device_ptr(dbase, dscale, work, mixes))
+        for (int64_t q = 0; q < P + ng; q++) {
+            if (q < P) {
+                if (dbase)
+                    for (int64_t t = 0; t < T; t++)
+                        dbase[q] += work[t * P + q];
+            } else if (dscale) {
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t p = 0; p < P; p++)
+                        if (group_of(p, n) == q - P)
+                            dscale[q - P] += work[t * P + p] * mixes[t * P + p];
+            }
+        }
+    } else if (dbase || dscale) {
         for (int64_t t = 0; t < T; t++) {
             for (int64_t p = 0; p < P; p++) {
                 par_real dz = work[t * P + p];
@@ -246,7 +270,8 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
     }
     if (!dX && !dfn)
         return;
-#pragma omp parallel for schedule(static) OMP_IF(T * P * nd)
+    PAR_KLOOP_PAR(T * P * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(dX, work, proj, rsq, X, fn, scale))
     for (int64_t t = 0; t < T; t++) {
         par_real *w = work + t * P;
         const par_real *pr = proj + t * P;
@@ -279,7 +304,14 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
             }
         }
     }
-    if (dfn) {
+    if (dfn && PAR_ON_DEVICE()) {
+        /* one device thread per element, t ascending: the host's order */
+        PAR_KLOOP(collapse(2) is_device_ptr(dfn, work, X))
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t c = 0; c < nd; c++)
+                for (int64_t t = 0; t < T; t++)
+                    dfn[p * nd + c] += work[t * P + p] * X[t * nd + c];
+    } else if (dfn) {
         /* Columns of dfn in blocks, each block owned by one thread; every
          * element sums over t in ascending order. */
         const int64_t CB = 256, nblk = (nd + CB - 1) / CB;
@@ -299,6 +331,7 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
     }
 }
 
+PAR_DECLARE_TARGET
 /* One token of the x = sum pre_i X_i backward: dX_i += pre_i dx, and the
  * gradient of the pre logits into dz[0..n). */
 static void combine_backward_token(par_real *dXt, par_real *dz, const par_real *dxt,
@@ -325,6 +358,8 @@ static void combine_backward_token(par_real *dXt, par_real *dz, const par_real *
     }
 }
 
+PAR_END_DECLARE_TARGET
+
 /* ---- hc_pre ---- */
 
 par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d] out */
@@ -347,12 +382,23 @@ par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d]
                        (long long)T, (long long)n, (long long)iters);
     const int64_t P = (2 + n) * n, nd = n * d, nn = n * n;
     const par_real eps = (par_real)hc_eps;
-#pragma omp parallel for schedule(static) OMP_IF(T * (P + 1) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(X, T * nd);
+    PAR_DIN(fn, P * nd);
+    PAR_DIN(base, P);
+    PAR_DIN(scale, 3);
+    PAR_DOUT(x, T * d);
+    par_real *proj = PAR_DOUT_AS(saved->proj, T * P), *rsq = PAR_DOUT_AS(saved->rsq, T);
+    par_real *mixes = PAR_DOUT_AS(saved->mixes, T * P), *pre_ = PAR_DOUT_AS(saved->pre, T * n);
+    par_real *post_ = PAR_DOUT_AS(saved->post, T * n), *C = PAR_DOUT_AS(saved->C, T * nn);
+    par_real *sk = PAR_DOUT_AS(saved->sk, T * 2 * iters * nn);
+    PAR_KLOOP_PAR(T * (P + 1) * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(x, X, fn, base, scale, proj, rsq, mixes, pre_, post_, C, sk))
     for (int64_t t = 0; t < T; t++) {
         const par_real *Xt = X + t * nd;
-        par_real *m = saved->mixes + t * P;
-        project_token(saved->proj + t * P, saved->rsq + t, m, Xt, fn, P, nd, norm_eps);
-        par_real *pre = saved->pre + t * n, *post = saved->post + t * n;
+        par_real *m = mixes + t * P;
+        project_token(proj + t * P, rsq + t, m, Xt, fn, P, nd, norm_eps);
+        par_real *pre = pre_ + t * n, *post = post_ + t * n;
         for (int64_t i = 0; i < n; i++)
             pre[i] = sigm(m[i] * scale[0] + base[i]) + eps;
         for (int64_t j = 0; j < n; j++)
@@ -360,8 +406,7 @@ par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d]
         par_real L[MAXNN];
         for (int64_t e = 0; e < nn; e++)
             L[e] = m[2 * n + e] * scale[2] + base[2 * n + e];
-        PAR_FN(par_sinkhorn_forward)(saved->C + t * nn, saved->sk + t * 2 * iters * nn, L, n,
-                                     iters, hc_eps);
+        PAR_FN(par_sinkhorn_forward)(C + t * nn, sk + t * 2 * iters * nn, L, n, iters, hc_eps);
         combine_token(x + t * d, pre, Xt, n, d);
     }
     return PAR_OK;
@@ -393,12 +438,29 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
                        (long long)saved->T, (long long)saved->n, (long long)saved->iters,
                        (long long)T, (long long)n, (long long)iters);
     const int64_t P = (2 + n) * n, nd = n * d, nn = n * n;
-#pragma omp parallel for schedule(static) OMP_IF(T * (P + 1) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(dx, T * d);
+    PAR_DIN(dpost, T * n);
+    PAR_DIN(dC, T * nn);
+    PAR_DIN(X, T * nd);
+    PAR_DIN(fn, P * nd);
+    PAR_DIN(base, P);
+    PAR_DIN(scale, 3);
+    PAR_DINOUT(dX, T * nd);
+    PAR_DINOUT(dfn, P * nd);
+    PAR_DINOUT(dbase, P);
+    PAR_DINOUT(dscale, 3);
+    const par_real *proj = PAR_DIN_AS(saved->proj, T * P), *rsq = PAR_DIN_AS(saved->rsq, T);
+    const par_real *mixes = PAR_DIN_AS(saved->mixes, T * P), *pre = PAR_DIN_AS(saved->pre, T * n);
+    const par_real *sk = PAR_DIN_AS(saved->sk, T * 2 * iters * nn);
+    par_real *work = PAR_DOUT_AS(saved->work, T * P);
+    PAR_KLOOP_PAR(T * (P + 1) * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(dX, dx, dpost, dC, X, base, scale, mixes, pre, sk, work))
     for (int64_t t = 0; t < T; t++) {
-        const par_real *m = saved->mixes + t * P;
-        par_real *dz = saved->work + t * P;
+        const par_real *m = mixes + t * P;
+        par_real *dz = work + t * P;
         combine_backward_token(dX ? dX + t * nd : NULL, dz, dx ? dx + t * d : NULL, X + t * nd,
-                               saved->pre + t * n, m, base, scale[0], n, d);
+                               pre + t * n, m, base, scale[0], n, d);
         for (int64_t j = 0; j < n; j++) {
             if (!dpost) {
                 dz[n + j] = 0;
@@ -410,11 +472,10 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
         for (int64_t e = 0; e < nn; e++)
             dz[2 * n + e] = 0;
         if (dC)
-            PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn,
-                                          saved->sk + t * 2 * iters * nn, n, iters, hc_eps);
+            PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn, sk + t * 2 * iters * nn, n,
+                                          iters, hc_eps);
     }
-    project_backward(dX, dfn, dbase, dscale, saved->work, saved->proj, saved->rsq, saved->mixes,
-                     X, fn, scale, T, n, nd, P);
+    project_backward(dX, dfn, dbase, dscale, work, proj, rsq, mixes, X, fn, scale, T, n, nd, P);
     return PAR_OK;
 }
 
@@ -428,7 +489,13 @@ void PAR_FN(par_hc_post_forward)(par_real *Xout,       /* [T, n, d] out */
                                  int64_t T, int64_t n, int64_t d)
 {
     const int64_t nd = n * d, nn = n * n;
-#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(f, T * d);
+    PAR_DIN(X, T * nd);
+    PAR_DIN(post, T * n);
+    PAR_DIN(C, T * nn);
+    PAR_DOUT(Xout, T * nd);
+    PAR_KLOOP_PAR(T * (n + 1) * nd >= PAR_HC_OMP_MIN_WORK, is_device_ptr(Xout, f, X, post, C))
     for (int64_t t = 0; t < T; t++) {
         const par_real *ft = f + t * d, *Xt = X + t * nd, *Ct = C + t * nn, *pt = post + t * n;
         for (int64_t k = 0; k < n; k++) {
@@ -455,7 +522,18 @@ void PAR_FN(par_hc_post_backward)(par_real *df,          /* [T, d] += or NULL */
                                   int64_t T, int64_t n, int64_t d)
 {
     const int64_t nd = n * d, nn = n * n;
-#pragma omp parallel for schedule(static) OMP_IF(T * (2 * n + 2) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(dXout, T * nd);
+    PAR_DIN(f, T * d);
+    PAR_DIN(X, T * nd);
+    PAR_DIN(post, T * n);
+    PAR_DIN(C, T * nn);
+    PAR_DINOUT(df, T * d);
+    PAR_DINOUT(dX, T * nd);
+    PAR_DINOUT(dpost, T * n);
+    PAR_DINOUT(dC, T * nn);
+    PAR_KLOOP_PAR(T * (2 * n + 2) * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(df, dX, dpost, dC, dXout, f, X, post, C))
     for (int64_t t = 0; t < T; t++) {
         const par_real *g = dXout + t * nd, *ft = f + t * d, *Xt = X + t * nd;
         const par_real *Ct = C + t * nn, *pt = post + t * n;
@@ -517,11 +595,20 @@ par_status PAR_FN(par_hc_head_forward)(par_real *x,                          /* 
                        (long long)saved->T, (long long)saved->n, (long long)T, (long long)n);
     const int64_t nd = n * d;
     const par_real eps = (par_real)hc_eps;
-#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(X, T * nd);
+    PAR_DIN(fn, n * nd);
+    PAR_DIN(base, n);
+    PAR_DIN(scale, 1);
+    PAR_DOUT(x, T * d);
+    par_real *proj = PAR_DOUT_AS(saved->proj, T * n), *rsq = PAR_DOUT_AS(saved->rsq, T);
+    par_real *mixes = PAR_DOUT_AS(saved->mixes, T * n), *pre_ = PAR_DOUT_AS(saved->pre, T * n);
+    PAR_KLOOP_PAR(T * (n + 1) * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(x, X, fn, base, scale, proj, rsq, mixes, pre_))
     for (int64_t t = 0; t < T; t++) {
         const par_real *Xt = X + t * nd;
-        par_real *m = saved->mixes + t * n, *pre = saved->pre + t * n;
-        project_token(saved->proj + t * n, saved->rsq + t, m, Xt, fn, n, nd, norm_eps);
+        par_real *m = mixes + t * n, *pre = pre_ + t * n;
+        project_token(proj + t * n, rsq + t, m, Xt, fn, n, nd, norm_eps);
         for (int64_t i = 0; i < n; i++)
             pre[i] = sigm(m[i] * scale[0] + base[i]) + eps;
         combine_token(x + t * d, pre, Xt, n, d);
@@ -553,13 +640,25 @@ par_status PAR_FN(par_hc_head_backward)(par_real *dX,          /* [T, n, d] += o
                        "n=%lld",
                        (long long)saved->T, (long long)saved->n, (long long)T, (long long)n);
     const int64_t nd = n * d;
-#pragma omp parallel for schedule(static) OMP_IF(T * (n + 1) * nd)
+    PAR_DEV_BEGIN();
+    PAR_DIN(dx, T * d);
+    PAR_DIN(X, T * nd);
+    PAR_DIN(fn, n * nd);
+    PAR_DIN(base, n);
+    PAR_DIN(scale, 1);
+    PAR_DINOUT(dX, T * nd);
+    PAR_DINOUT(dfn, n * nd);
+    PAR_DINOUT(dbase, n);
+    PAR_DINOUT(dscale, 1);
+    const par_real *proj = PAR_DIN_AS(saved->proj, T * n), *rsq = PAR_DIN_AS(saved->rsq, T);
+    const par_real *mixes = PAR_DIN_AS(saved->mixes, T * n), *pre = PAR_DIN_AS(saved->pre, T * n);
+    par_real *work = PAR_DOUT_AS(saved->work, T * n);
+    PAR_KLOOP_PAR(T * (n + 1) * nd >= PAR_HC_OMP_MIN_WORK,
+                  is_device_ptr(dX, dx, X, base, scale, mixes, pre, work))
     for (int64_t t = 0; t < T; t++)
-        combine_backward_token(dX ? dX + t * nd : NULL, saved->work + t * n,
-                               dx ? dx + t * d : NULL, X + t * nd, saved->pre + t * n,
-                               saved->mixes + t * n, base, scale[0], n, d);
+        combine_backward_token(dX ? dX + t * nd : NULL, work + t * n, dx ? dx + t * d : NULL,
+                               X + t * nd, pre + t * n, mixes + t * n, base, scale[0], n, d);
     /* group_of(p, n) is 0 for every p < n: the head's one scale. */
-    project_backward(dX, dfn, dbase, dscale, saved->work, saved->proj, saved->rsq, saved->mixes,
-                     X, fn, scale, T, n, nd, n);
+    project_backward(dX, dfn, dbase, dscale, work, proj, rsq, mixes, X, fn, scale, T, n, nd, n);
     return PAR_OK;
 }

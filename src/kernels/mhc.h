@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "kernels/offload.h"
 #include "kernels/real.h"
 
 #define PAR_HC_MAX_N 16 /* largest hc_mult the kernels accept */
@@ -147,6 +148,8 @@ par_status PAR_FN(par_hc_head_backward)(par_real *dX,          /* [T, n, d] += o
                                         double norm_eps);
 
 /* ---- Sinkhorn on one [n, n] matrix (used by hc_pre; exposed for tests) ---- */
+/* Device-callable (kernels/offload.h): hc_pre's device loops call them. */
+PAR_DECLARE_TARGET
 /* C = Sinkhorn(L) as above; sk [2*iters, n, n] receives the saved matrices. */
 void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
                                   par_real *sk,      /* [2*iters, n, n] saved */
@@ -158,5 +161,6 @@ void PAR_FN(par_sinkhorn_backward)(par_real *dL,       /* [n, n] += */
                                    const par_real *dC, /* [n, n] */
                                    const par_real *sk, /* [2*iters, n, n] */
                                    int64_t n, int64_t iters, double hc_eps);
+PAR_END_DECLARE_TARGET
 
 #endif

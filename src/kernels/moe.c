@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "kernels/offload.h"
 #include "kernels/ops.h"
 
 static par_status check_dims(const char *fn, int64_t T, int64_t d, int E, int K)
@@ -52,6 +53,7 @@ par_status PAR_FN(par_moe_tid2eid)(int32_t *table, /* [V, K] */
     return PAR_OK;
 }
 
+PAR_DECLARE_TARGET /* the gate's per-row pieces run inside device loops */
 /* d sqrt(softplus(l)) / dl = sigmoid(l) / (2 sqrt(softplus(l))), in double.
  * When softplus underflows to 0 (l below about -745) the ratio tends to
  * exp(l/2)/2 (softplus(l) ~ sigmoid(l) ~ e^l there). */
@@ -73,6 +75,93 @@ static void sort_small(int32_t *a, int n)
             j--;
         }
         a[j + 1] = v;
+    }
+}
+
+/* The selection and weights of row t (st_ = s[t]): 0, or why the row is
+ * refused: 1 its token is outside [0, V); 2 its tid2eid row is not K
+ * distinct experts in [0, E) (*det = the sorted entry); 3 score *det is not
+ * finite; 4 the selected scores do not sum to > 0.  `taken` is [E] scratch. */
+static int gate_row(int32_t *it, par_real *wt, unsigned char *taken, const par_real *st_,
+                    const par_real *bias, const int32_t *tid2eid, const int32_t *tokens,
+                    int64_t t, int64_t V, int E, int K, double route_scale, int *det)
+{
+    if (tid2eid) {
+        int32_t tok = tokens[t];
+        if (tok < 0 || tok >= V)
+            return 1;
+        memcpy(it, tid2eid + (int64_t)tok * K, (size_t)K * sizeof *it);
+        sort_small(it, K);
+        for (int k = 0; k < K; k++) {
+            if (it[k] < 0 || it[k] >= E || (k > 0 && it[k] == it[k - 1])) {
+                *det = k;
+                return 2;
+            }
+        }
+    } else {
+        for (int e = 0; e < E; e++) {
+            if (!isfinite(st_[e])) {
+                *det = e;
+                return 3;
+            }
+        }
+        memset(taken, 0, (size_t)E);
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            par_real bv = 0;
+            for (int e = 0; e < E; e++) {
+                if (taken[e])
+                    continue;
+                par_real v = bias ? st_[e] + bias[e] : st_[e];
+                if (best < 0 || v > bv) { /* strict: ties keep the lower e */
+                    best = e;
+                    bv = v;
+                }
+            }
+            taken[best] = 1;
+            it[k] = best;
+        }
+        sort_small(it, K);
+    }
+    par_real S = 0;
+    for (int k = 0; k < K; k++)
+        S += st_[it[k]];
+    if (!(S > 0))
+        return 4;
+    for (int k = 0; k < K; k++)
+        wt[k] = st_[it[k]] / S * (par_real)route_scale;
+    return 0;
+}
+PAR_END_DECLARE_TARGET
+
+/* The message of gate_row's refusal `code` of row t (host copies). */
+static par_status gate_refusal(int code, int det, int64_t t, const int32_t *idx, const par_real *s,
+                               const int32_t *tokens, int64_t V, int E, int K)
+{
+    static const char fn[] = "moe gate forward";
+    const par_real *st_ = s + t * E;
+    const int32_t *it = idx + t * K;
+    switch (code) {
+    case 1:
+        return par_err(PAR_ERANGE, "%s: token %d of row %lld outside the hash table [0, V=%lld)", fn,
+                       (int)tokens[t], (long long)t, (long long)V);
+    case 2:
+        return par_err(PAR_EINVAL,
+                       "%s: tid2eid[%d] must hold %d distinct experts in [0, E=%d); "
+                       "sorted entry %d is %d",
+                       fn, (int)tokens[t], K, E, det, (int)it[det]);
+    case 3:
+        return par_err(PAR_ERANGE, "%s: score s[%lld][%d] = %g is not finite", fn, (long long)t,
+                       det, (double)st_[det]);
+    default: {
+        par_real S = 0;
+        for (int k = 0; k < K; k++)
+            S += st_[it[k]];
+        return par_err(PAR_ERANGE,
+                       "%s: row %lld: the selected scores sum to %g (must be > 0 to normalise "
+                       "the route weights)",
+                       fn, (long long)t, (double)S);
+    }
     }
 }
 
@@ -98,78 +187,58 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
         return PAR_OK;
 
     PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
-#pragma omp parallel for schedule(static) if (T * E > 65536)
+    PAR_DEV_BEGIN();
+    par_real *logits_d = PAR_DIN_AS(logits, T * E), *s_d = PAR_DOUT_AS(s, T * E);
+    PAR_KLOOP_PAR(T * E > 65536, is_device_ptr(logits_d, s_d))
     for (int64_t i = 0; i < T * E; i++)
-        s[i] = (par_real)sqrt(par_softplus((double)logits[i]));
+        s_d[i] = (par_real)sqrt(par_softplus((double)logits_d[i]));
 
-    unsigned char *taken = par_calloc((size_t)E, 1, PAR_TAG_ACT);
-    if (!taken)
+    /* one row of scratch (the host: rows in order, stopping at the first
+     * refused one); on a device a row each, refusals gathered after */
+    const int dev = PAR_ON_DEVICE();
+    const int64_t nrow = dev ? T : 1;
+    unsigned char *taken = par_calloc((size_t)(nrow * E), 1, PAR_TAG_ACT);
+    int32_t *why = dev ? par_calloc((size_t)(2 * T), sizeof *why, PAR_TAG_ACT) : NULL;
+    if (!taken || (dev && !why)) {
+        par_free(taken);
+        par_free(why);
         return par_err(PAR_ENOMEM, "%s: %d bytes of selection workspace", fn, E);
-
-    for (int64_t t = 0; t < T; t++) {
-        const par_real *st_ = s + t * E;
-        int32_t *it = idx + t * K;
-        if (tid2eid) {
-            int32_t tok = tokens[t];
-            if (tok < 0 || tok >= V) {
-                st = par_err(PAR_ERANGE, "%s: token %d of row %lld outside the hash table [0, V=%lld)",
-                             fn, (int)tok, (long long)t, (long long)V);
-                goto fail_free_taken;
-            }
-            memcpy(it, tid2eid + (int64_t)tok * K, (size_t)K * sizeof *it);
-            sort_small(it, K);
-            for (int k = 0; k < K; k++) {
-                if (it[k] < 0 || it[k] >= E || (k > 0 && it[k] == it[k - 1])) {
-                    st = par_err(PAR_EINVAL,
-                                 "%s: tid2eid[%d] must hold %d distinct experts in [0, E=%d); "
-                                 "sorted entry %d is %d",
-                                 fn, (int)tok, K, E, k, (int)it[k]);
-                    goto fail_free_taken;
-                }
-            }
-        } else {
-            for (int e = 0; e < E; e++) {
-                if (!isfinite(st_[e])) {
-                    st = par_err(PAR_ERANGE, "%s: score s[%lld][%d] = %g is not finite", fn,
-                                 (long long)t, e, (double)st_[e]);
-                    goto fail_free_taken;
-                }
-            }
-            memset(taken, 0, (size_t)E);
-            for (int k = 0; k < K; k++) {
-                int best = -1;
-                par_real bv = 0;
-                for (int e = 0; e < E; e++) {
-                    if (taken[e])
-                        continue;
-                    par_real v = bias ? st_[e] + bias[e] : st_[e];
-                    if (best < 0 || v > bv) { /* strict: ties keep the lower e */
-                        best = e;
-                        bv = v;
-                    }
-                }
-                taken[best] = 1;
-                it[k] = best;
-            }
-            sort_small(it, K);
-        }
-        par_real S = 0;
-        for (int k = 0; k < K; k++)
-            S += st_[it[k]];
-        if (!(S > 0)) {
-            st = par_err(PAR_ERANGE,
-                         "%s: row %lld: the selected scores sum to %g (must be > 0 to normalise "
-                         "the route weights)",
-                         fn, (long long)t, (double)S);
-            goto fail_free_taken;
-        }
-        for (int k = 0; k < K; k++)
-            w[t * K + k] = st_[it[k]] / S * (par_real)route_scale;
     }
-    par_free(taken);
-    return PAR_OK;
-
-fail_free_taken:
+    if (!dev) {
+        for (int64_t t = 0; t < T; t++) {
+            int det = 0;
+            int code = gate_row(idx + t * K, w + t * K, taken, s + t * E, bias, tid2eid, tokens, t,
+                                V, E, K, route_scale, &det);
+            if (code) {
+                st = gate_refusal(code, det, t, idx, s, tokens, V, E, K);
+                break;
+            }
+        }
+    } else {
+        int32_t *idx_d = PAR_DOUT_AS(idx, T * K), *why_d = PAR_DOUT_AS(why, 2 * T);
+        par_real *w_d = PAR_DOUT_AS(w, T * K);
+        unsigned char *tk_d = PAR_DOUT_AS(taken, T * E);
+        const par_real *b_d = PAR_DIN_AS(bias, E);
+        const int32_t *tab_d = PAR_DIN_AS(tid2eid, V * K), *tok_d = PAR_DIN_AS(tokens, T);
+        PAR_KLOOP(is_device_ptr(idx_d, why_d, w_d, tk_d, s_d, b_d, tab_d, tok_d))
+        for (int64_t t = 0; t < T; t++) {
+            int det = 0;
+            why_d[2 * t] = gate_row(idx_d + t * K, w_d + t * K, tk_d + t * E, s_d + t * E, b_d,
+                                    tab_d, tok_d, t, V, E, K, route_scale, &det);
+            why_d[2 * t + 1] = det;
+        }
+        PAR_HOST_READ(why, 2 * T);
+        for (int64_t t = 0; t < T; t++) {
+            if (why[2 * t]) {
+                PAR_HOST_READ(idx, T * K);
+                PAR_HOST_READ(s, T * E);
+                PAR_HOST_READ(tokens, T);
+                st = gate_refusal(why[2 * t], why[2 * t + 1], t, idx, s, tokens, V, E, K);
+                break;
+            }
+        }
+    }
+    par_free(why);
     par_free(taken);
     return st;
 }
@@ -198,7 +267,16 @@ par_status PAR_FN(par_moe_gate_backward)(par_real *dx,             /* [T, d] or 
     if (!dl)
         return par_err(PAR_ENOMEM, "%s: workspace of %lld x %d", fn, (long long)T, E);
 
-#pragma omp parallel for schedule(static) if (T * E > 65536)
+    PAR_DEV_BEGIN();
+    par_real *dl_host = dl;
+    PAR_DIN(ds_extra, T * E);
+    PAR_DIN(dw, T * K);
+    PAR_DIN(idx, T * K);
+    PAR_DIN(w, T * K);
+    PAR_DIN(s, T * E);
+    PAR_DIN(logits, T * E);
+    PAR_DINOUT(dl, T * E); /* zeros from the calloc */
+    PAR_KLOOP_PAR(T * E > 65536, is_device_ptr(dl, ds_extra, dw, idx, w, s, logits))
     for (int64_t t = 0; t < T; t++) { /* row t owned by one thread */
         par_real *r = dl + t * E;     /* first ds, then dlogit */
         if (ds_extra)
@@ -219,7 +297,7 @@ par_status PAR_FN(par_moe_gate_backward)(par_real *dx,             /* [T, d] or 
             r[e] = (par_real)((double)r[e] * dsqrtsoftplus((double)logits[t * E + e]));
     }
     PAR_FN(par_linear_backward)(dx, dwg, dl, x, wg, T, d, E);
-    par_free(dl);
+    par_free(dl_host);
     return PAR_OK;
 }
 
@@ -339,7 +417,14 @@ void PAR_FN(par_moe_combine)(par_real *y,             /* [T, d] */
                              const par_real *shared,  /* [T, d] or NULL */
                              int64_t T, int K, int64_t d, int accumulate)
 {
-#pragma omp parallel for schedule(static) if (T * d > 65536)
+    PAR_DEV_BEGIN();
+    PAR_DIN(slots, T * K * d);
+    PAR_DIN(shared, T * d);
+    if (accumulate)
+        PAR_DINOUT(y, T * d);
+    else
+        PAR_DOUT(y, T * d);
+    PAR_KLOOP_PAR(T * d > 65536, is_device_ptr(y, slots, shared))
     for (int64_t t = 0; t < T; t++) {
         const par_real *sl = slots + t * K * d;
         par_real *yt = y + t * d;
@@ -375,6 +460,46 @@ static par_status check_layer(const char *fn, const par_moe_saved *sv, const par
     return PAR_OK;
 }
 
+/* Gathered rows: xg[p] = x[tok[p]] (and rwg[p] = w[tok[p], slot[p]] when rwg;
+ * with dy, dyg[p] = dy[tok[p]] too). */
+static void gather_rows(par_real *xg, par_real *dyg, par_real *rwg, const par_real *x,
+                        const par_real *dy, const par_real *w, const int32_t *tok,
+                        const int32_t *slot, int64_t NR, int64_t T, int K, int64_t d)
+{
+    PAR_DEV_BEGIN();
+    PAR_DIN(x, T * d);
+    PAR_DIN(dy, T * d);
+    PAR_DIN(w, T * K);
+    PAR_DIN(tok, NR);
+    PAR_DIN(slot, NR);
+    PAR_DOUT(xg, NR * d);
+    PAR_DOUT(dyg, NR * d);
+    PAR_DOUT(rwg, NR);
+    PAR_KLOOP_PAR(NR * d > 65536, is_device_ptr(xg, dyg, rwg, x, dy, w, tok, slot))
+    for (int64_t p = 0; p < NR; p++) {
+        int64_t t = tok[p];
+        if (rwg)
+            rwg[p] = w[t * K + slot[p]];
+        memcpy(xg + p * d, x + t * d, (size_t)d * sizeof *xg);
+        if (dyg)
+            memcpy(dyg + p * d, dy + t * d, (size_t)d * sizeof *xg);
+    }
+}
+
+/* slots[tok[p], slot[p]] = rows[p]: every slot of [T, K] gets one row. */
+static void scatter_rows(par_real *slots, const par_real *rows, const int32_t *tok,
+                         const int32_t *slot, int64_t NR, int K, int64_t d)
+{
+    PAR_DEV_BEGIN();
+    PAR_DIN(rows, NR * d);
+    PAR_DIN(tok, NR);
+    PAR_DIN(slot, NR);
+    PAR_DOUT(slots, NR * d); /* NR = T * K */
+    PAR_KLOOP_PAR(NR * d > 65536, is_device_ptr(slots, rows, tok, slot))
+    for (int64_t p = 0; p < NR; p++)
+        memcpy(slots + ((int64_t)tok[p] * K + slot[p]) * d, rows + p * d, (size_t)d * sizeof *slots);
+}
+
 par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
                                    par_moe_saved *sv,          /* from par_moe_saved_alloc(T,d,E,K,I) */
                                    const par_real *x,          /* [T, d] */
@@ -388,13 +513,19 @@ par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
     if (!st)
         st = check_layer(fn, sv, W, T, d, E, K, I);
     if (!st)
+        PAR_HOST_READ(idx, T * K); /* the row plan is made on the host */
+    if (!st)
         st = check_idx(fn, idx, T, E, K);
     if (st)
         return st;
     if (T == 0)
         return PAR_OK;
 
-    /* Gathered rows, expert-major, ascending t inside an expert. */
+    /* Gathered rows, expert-major, ascending t inside an expert (the row
+     * plan on the host, the rows moved by gather_rows). */
+    PAR_HOST_SET(sv->off, E + 1);
+    PAR_HOST_SET(sv->tok, T * K);
+    PAR_HOST_SET(sv->slot, T * K);
     int64_t *off = sv->off;
     memset(off, 0, ((size_t)E + 1) * sizeof *off);
     for (int64_t i = 0; i < T * K; i++)
@@ -420,10 +551,9 @@ par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
             int64_t p = cur[idx[t * K + k]]++;
             sv->tok[p] = (int32_t)t;
             sv->slot[p] = k;
-            rwg[p] = w[t * K + k];
-            memcpy(xg + p * d, x + t * d, (size_t)d * sizeof *xg);
         }
     }
+    gather_rows(xg, NULL, rwg, x, NULL, w, sv->tok, sv->slot, NR, T, K, d);
     for (int e = 0; e < E; e++) {
         int64_t o = off[e], n = off[e + 1] - off[e];
         PAR_FN(par_moe_expert_forward)(yg + o * d, sv->g + o * I, sv->u + o * I, sv->h + o * I,
@@ -432,9 +562,7 @@ par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
     }
     /* Slots: reuse xg as [T, K, d]. */
     par_real *slots = xg;
-    for (int64_t p = 0; p < NR; p++)
-        memcpy(slots + ((int64_t)sv->tok[p] * K + sv->slot[p]) * d, yg + p * d,
-               (size_t)d * sizeof *slots);
+    scatter_rows(slots, yg, sv->tok, sv->slot, NR, K, d);
     if (has_shared(W))
         PAR_FN(par_moe_expert_forward)(ysh, sv->sg, sv->su, sv->sh, x, NULL, W->sw1, W->sw2,
                                        W->sw3, T, d, I, L);
@@ -477,12 +605,7 @@ par_status PAR_FN(par_moe_backward)(par_real *dx,               /* [T, d] or NUL
     par_real *rwg = dxg + NR * d; /* [NR] */
     par_real *drwg = rwg + NR;    /* [NR], zero */
     par_real *dxs = drwg + NR;    /* [T, d], zero */
-    for (int64_t p = 0; p < NR; p++) {
-        int64_t t = sv->tok[p];
-        rwg[p] = w[t * K + sv->slot[p]];
-        memcpy(xg + p * d, x + t * d, (size_t)d * sizeof *xg);
-        memcpy(dyg + p * d, dy + t * d, (size_t)d * sizeof *xg);
-    }
+    gather_rows(xg, dyg, rwg, x, dy, w, sv->tok, sv->slot, NR, T, K, d);
     for (int e = 0; e < E; e++) {
         int64_t o = sv->off[e], n = sv->off[e + 1] - sv->off[e];
         par_real *g1 = dW && dW->w1 ? dW->w1[e] : NULL;
@@ -505,14 +628,19 @@ par_status PAR_FN(par_moe_backward)(par_real *dx,               /* [T, d] or NUL
     }
     if (dx) {
         par_real *slots = xg; /* [T, K, d] */
-        for (int64_t p = 0; p < NR; p++)
-            memcpy(slots + ((int64_t)sv->tok[p] * K + sv->slot[p]) * d, dxg + p * d,
-                   (size_t)d * sizeof *slots);
+        scatter_rows(slots, dxg, sv->tok, sv->slot, NR, K, d);
         PAR_FN(par_moe_combine)(dx, slots, has_shared(W) ? dxs : NULL, T, K, d, 1);
     }
-    if (dw)
+    if (dw) {
+        /* every (t, k) slot is one gathered row: no two rows meet */
+        PAR_DEV_BEGIN();
+        const int32_t *tok = PAR_DIN_AS(sv->tok, NR), *slot = PAR_DIN_AS(sv->slot, NR);
+        const par_real *dr = PAR_DIN_AS(drwg, NR);
+        par_real *dw_d = PAR_DINOUT_AS(dw, NR);
+        PAR_KLOOP(is_device_ptr(tok, slot, dr, dw_d))
         for (int64_t p = 0; p < NR; p++)
-            dw[(int64_t)sv->tok[p] * K + sv->slot[p]] += drwg[p];
+            dw_d[(int64_t)tok[p] * K + slot[p]] += dr[p];
+    }
     st = PAR_OK;
 
 fail_free_ws:
@@ -526,6 +654,8 @@ void PAR_FN(par_moe_count_loads)(int64_t *loads,      /* [E] */
                                  const int32_t *idx,  /* [T, K] */
                                  int64_t T, int E, int K)
 {
+    PAR_HOST_READ(idx, T * K);
+    PAR_HOST_WRITE(loads, E);
     for (int64_t i = 0; i < T * K; i++)
         if (idx[i] >= 0 && idx[i] < E)
             loads[idx[i]]++;
@@ -548,6 +678,12 @@ par_status PAR_FN(par_moe_aux_stats)(int64_t *cnt,             /* [Ns, E] */
                                      int64_t T, int E, int K, int64_t Ns)
 {
     static const char fn[] = "moe aux stats";
+    PAR_HOST_READ(s, T * E); /* statistics are summed on the host */
+    PAR_HOST_READ(idx, T * K);
+    PAR_HOST_READ(sample_of, T);
+    PAR_HOST_WRITE(cnt, Ns * E);
+    PAR_HOST_WRITE(psum, Ns * E);
+    PAR_HOST_WRITE(ntok, Ns);
     for (int64_t t = 0; t < T; t++) {
         par_status st = check_sample(fn, sample_of, t, Ns);
         if (st)
@@ -593,6 +729,34 @@ par_real PAR_FN(par_moe_aux_loss)(const int64_t *cnt,   /* [Ns, E] */
     return Ns_global > 0 ? total / (par_real)Ns_global : 0;
 }
 
+PAR_DECLARE_TARGET
+/* Row t of the aux-loss backward: 0, or 1 its sample is outside [0, Ns),
+ * 2 its sample has no tokens, 3 its scores do not sum to > 0. */
+static int aux_row(par_real *dst, const int64_t *cnt, const int64_t *ntok, const par_real *st_,
+                   const int32_t *sample_of, int64_t t, int E, int K, int64_t Ns,
+                   int64_t Ns_global, double scale)
+{
+    if (sample_of[t] < 0 || sample_of[t] >= Ns)
+        return 1;
+    int64_t q = sample_of[t];
+    if (ntok[q] <= 0)
+        return 2;
+    double Tq = (double)ntok[q];
+    par_real coef = (par_real)(scale * E / ((double)Ns_global * K * Tq * Tq));
+    const int64_t *cq = cnt + q * E;
+    par_real S = 0, dot = 0;
+    for (int e = 0; e < E; e++)
+        S += st_[e];
+    if (!(S > 0))
+        return 3;
+    for (int e = 0; e < E; e++)
+        dot += coef * (par_real)cq[e] * (st_[e] / S);
+    for (int e = 0; e < E; e++)
+        dst[e] += (coef * (par_real)cq[e] - dot) / S;
+    return 0;
+}
+PAR_END_DECLARE_TARGET
+
 par_status PAR_FN(par_moe_aux_backward)(par_real *ds_extra,       /* [T, E] */
                                         const int64_t *cnt,       /* [Ns, E] */
                                         const int64_t *ntok,      /* [Ns] */
@@ -605,28 +769,43 @@ par_status PAR_FN(par_moe_aux_backward)(par_real *ds_extra,       /* [T, E] */
     if (Ns_global <= 0)
         return par_err(PAR_EINVAL, "%s: Ns_global must be > 0 (got %lld)", fn,
                        (long long)Ns_global);
-    for (int64_t t = 0; t < T; t++) {
-        par_status st = check_sample(fn, sample_of, t, Ns);
-        if (st)
-            return st;
-        int64_t q = sample_of[t];
-        if (ntok[q] <= 0)
-            return par_err(PAR_EINVAL, "%s: token %lld is in sample %lld whose count is %lld", fn,
-                           (long long)t, (long long)q, (long long)ntok[q]);
-        double Tq = (double)ntok[q];
-        par_real coef = (par_real)(scale * E / ((double)Ns_global * K * Tq * Tq));
-        const par_real *st_ = s + t * E;
-        const int64_t *cq = cnt + q * E;
-        par_real S = 0, dot = 0;
-        for (int e = 0; e < E; e++)
-            S += st_[e];
-        if (!(S > 0))
-            return par_err(PAR_ERANGE, "%s: row %lld: the scores sum to %g (must be > 0)", fn,
-                           (long long)t, (double)S);
-        for (int e = 0; e < E; e++)
-            dot += coef * (par_real)cq[e] * (st_[e] / S);
-        for (int e = 0; e < E; e++)
-            ds_extra[t * E + e] += (coef * (par_real)cq[e] - dot) / S;
+    if (T <= 0)
+        return PAR_OK;
+    int32_t *why = par_malloc((size_t)T * sizeof *why, PAR_TAG_ACT);
+    if (!why)
+        return par_err(PAR_ENOMEM, "%s: %lld row codes", fn, (long long)T);
+    PAR_DEV_BEGIN();
+    const int64_t *cnt_d = PAR_DIN_AS(cnt, Ns * E), *ntok_d = PAR_DIN_AS(ntok, Ns);
+    const par_real *s_d = PAR_DIN_AS(s, T * E);
+    const int32_t *smp_d = PAR_DIN_AS(sample_of, T);
+    par_real *ds_d = PAR_DINOUT_AS(ds_extra, T * E);
+    int32_t *why_d = PAR_DOUT_AS(why, T);
+    PAR_KLOOP(is_device_ptr(cnt_d, ntok_d, s_d, smp_d, ds_d, why_d))
+    for (int64_t t = 0; t < T; t++)
+        why_d[t] = aux_row(ds_d + t * E, cnt_d, ntok_d, s_d + t * E, smp_d, t, E, K, Ns,
+                           Ns_global, scale);
+    PAR_HOST_READ(why, T);
+    par_status st = PAR_OK;
+    for (int64_t t = 0; t < T && !st; t++) {
+        if (!why[t])
+            continue;
+        PAR_HOST_READ(sample_of, T);
+        if (why[t] == 1) {
+            st = check_sample(fn, sample_of, t, Ns);
+        } else if (why[t] == 2) {
+            PAR_HOST_READ(ntok, Ns);
+            int64_t q = sample_of[t];
+            st = par_err(PAR_EINVAL, "%s: token %lld is in sample %lld whose count is %lld", fn,
+                         (long long)t, (long long)q, (long long)ntok[q]);
+        } else {
+            PAR_HOST_READ(s, T * E);
+            par_real S = 0;
+            for (int e = 0; e < E; e++)
+                S += s[t * E + e];
+            st = par_err(PAR_ERANGE, "%s: row %lld: the scores sum to %g (must be > 0)", fn,
+                         (long long)t, (double)S);
+        }
     }
-    return PAR_OK;
+    par_free(why);
+    return st;
 }

@@ -16,6 +16,7 @@
 #include "core/alloc.h"
 #include "core/counters.h"
 #include "core/log.h"
+#include "kernels/offload.h"
 
 #if PAR_REAL_BITS == 64
 #define PAR_GEMM cblas_dgemm
@@ -25,12 +26,14 @@
 
 /* ---------------------------------------------------------------- scalars */
 
+PAR_DECLARE_TARGET
 /* d silu / dx = s (1 + x (1 - s)) */
 static inline double silu_grad_d(double x)
 {
     double s = par_sigmoid(x);
     return s * (1.0 + x * (1.0 - s));
 }
+PAR_END_DECLARE_TARGET
 
 /* ------------------------------------------------------------------- gemm */
 
@@ -67,6 +70,8 @@ void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real 
     par_count_bytes(sizeof(par_real) * ((uint64_t)M * (uint64_t)(K > 0 ? K : 0) +
                                         (uint64_t)(K > 0 ? K : 0) * (uint64_t)N +
                                         (uint64_t)M * (uint64_t)N * (beta != 0 ? 2u : 1u)));
+    if (PAR_GEMM_ON_DEVICE(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return; /* GPU mode: the offload build's device GEMM (kernels/gemm_device.c) */
     if (K <= 0) {
         /* Empty product: C = beta C (beta == 0 writes zeros, ignoring old C). */
         for (int64_t i = 0; i < M; i++)
@@ -152,22 +157,14 @@ void PAR_FN(par_rmsnorm_forward)(par_real *out,      /* [T, D] */
                                  const par_real *w,  /* [D] or NULL */
                                  int64_t T, int64_t D, double eps)
 {
-    for (int64_t t = 0; t < T; t++) {
-        const par_real *x = in + t * D;
-        par_real *y = out + t * D;
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++)
-            ss += (double)x[j] * (double)x[j];
-        par_real r = (par_real)(1.0 / sqrt(ss / (double)D + eps));
-        rstd[t] = r;
-        if (w) {
-            for (int64_t j = 0; j < D; j++)
-                y[j] = w[j] * (x[j] * r);
-        } else {
-            for (int64_t j = 0; j < D; j++)
-                y[j] = x[j] * r;
-        }
-    }
+    PAR_DEV_BEGIN();
+    PAR_DIN(in, T * D); /* inputs first: out may be in (in place) */
+    PAR_DIN(w, D);
+    PAR_DOUT(out, T * D);
+    PAR_DOUT(rstd, T);
+    PAR_KLOOP(is_device_ptr(out, rstd, in, w))
+    for (int64_t t = 0; t < T; t++)
+        PAR_FN(par_rmsnorm_row)(out + t * D, rstd + t, in + t * D, w, D, eps);
 }
 
 /* Columns of dw handled per pass over the rows (a stack accumulator). */
@@ -184,7 +181,15 @@ void PAR_FN(par_rmsnorm_backward)(par_real *din,        /* [T, D] or NULL */
     /* y_j = w_j x_j r,  r = (mean(x^2) + eps)^-1/2,  dr/dx_k = -r^3 x_k / D:
      *   din_k = r w_k g_k - x_k r^3 mean_j(g_j w_j x_j)
      *   dw_j  = sum_t g_tj x_tj r_t */
+    PAR_DEV_BEGIN();
+    PAR_DIN(dout, T * D);
+    PAR_DIN(in, T * D);
+    PAR_DIN(w, D);
+    PAR_DIN(rstd, T);
+    PAR_DINOUT(din, T * D);
+    PAR_DINOUT(dw, D);
     if (din) {
+        PAR_KLOOP(is_device_ptr(din, dout, in, w, rstd))
         for (int64_t t = 0; t < T; t++) {
             const par_real *x = in + t * D, *g = dout + t * D;
             par_real *dx = din + t * D;
@@ -200,6 +205,18 @@ void PAR_FN(par_rmsnorm_backward)(par_real *din,        /* [T, D] or NULL */
         }
     }
     if (dw) {
+        /* column j sums over t ascending in double: on the device one thread
+         * per column (the same order); on the host in chunks of columns */
+        if (PAR_ON_DEVICE()) {
+            PAR_KLOOP(is_device_ptr(dw, dout, in, rstd))
+            for (int64_t j = 0; j < D; j++) {
+                double a = 0;
+                for (int64_t t = 0; t < T; t++)
+                    a += (double)dout[t * D + j] * (double)in[t * D + j] * (double)rstd[t];
+                dw[j] += (par_real)a;
+            }
+            return;
+        }
         double acc[RMS_DW_CHUNK];
         for (int64_t j0 = 0; j0 < D; j0 += RMS_DW_CHUNK) {
             int64_t nj = D - j0 < RMS_DW_CHUNK ? D - j0 : RMS_DW_CHUNK;
@@ -224,6 +241,21 @@ void PAR_FN(par_embedding_forward)(par_real *out,         /* [T, D] */
                                    const par_real *table, /* [V, D] */
                                    int64_t T, int64_t D)
 {
+    PAR_DEV_BEGIN();
+    if (PAR_ON_DEVICE()) {
+        PAR_HOST_READ(ids, T); /* the rows the table is read at */
+        int64_t hi = 0;
+        for (int64_t t = 0; t < T; t++)
+            hi = ids[t] + 1 > hi ? ids[t] + 1 : hi;
+        PAR_DIN(ids, T);
+        PAR_DIN(table, hi * D);
+        PAR_DOUT(out, T * D);
+        PAR_KLOOP(is_device_ptr(out, ids, table) collapse(2))
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < D; j++)
+                out[t * D + j] = table[(int64_t)ids[t] * D + j];
+        return;
+    }
     for (int64_t t = 0; t < T; t++)
         memcpy(out + t * D, table + (int64_t)ids[t] * D, (size_t)D * sizeof(par_real));
 }
@@ -233,6 +265,22 @@ void PAR_FN(par_embedding_backward)(par_real *dtable,     /* [V, D] */
                                     const int32_t *ids,   /* [T] */
                                     int64_t T, int64_t D)
 {
+    PAR_DEV_BEGIN();
+    if (PAR_ON_DEVICE()) {
+        /* one thread per column, rows in ascending t: the host's order */
+        PAR_HOST_READ(ids, T);
+        int64_t hi = 0;
+        for (int64_t t = 0; t < T; t++)
+            hi = ids[t] + 1 > hi ? ids[t] + 1 : hi;
+        PAR_DIN(ids, T);
+        PAR_DIN(dout, T * D);
+        PAR_DINOUT(dtable, hi * D);
+        PAR_KLOOP(is_device_ptr(dtable, dout, ids))
+        for (int64_t j = 0; j < D; j++)
+            for (int64_t t = 0; t < T; t++)
+                dtable[(int64_t)ids[t] * D + j] += dout[t * D + j];
+        return;
+    }
     for (int64_t t = 0; t < T; t++) {
         par_real *row = dtable + (int64_t)ids[t] * D;
         const par_real *g = dout + t * D;
@@ -251,6 +299,12 @@ void PAR_FN(par_swiglu_forward)(par_real *h,        /* [T, nI] */
                                 const par_real *rw, /* [T] or NULL */
                                 int64_t T, int64_t nI, double L)
 {
+    PAR_DEV_BEGIN();
+    PAR_DIN(g, T * nI);
+    PAR_DIN(u, T * nI);
+    PAR_DIN(rw, T);
+    PAR_DOUT(h, T * nI);
+    PAR_KLOOP(is_device_ptr(h, g, u, rw))
     for (int64_t t = 0; t < T; t++) {
         for (int64_t i = 0; i < nI; i++) {
             double gv = g[t * nI + i], uv = u[t * nI + i];
@@ -274,6 +328,15 @@ void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, nI] or NULL */
                                  const par_real *rw,  /* [T] or NULL */
                                  int64_t T, int64_t nI, double L)
 {
+    PAR_DEV_BEGIN();
+    PAR_DIN(dh, T * nI);
+    PAR_DIN(g, T * nI);
+    PAR_DIN(u, T * nI);
+    PAR_DIN(rw, T);
+    PAR_DINOUT(dg, T * nI);
+    PAR_DINOUT(du, T * nI);
+    PAR_DINOUT(drw, T);
+    PAR_KLOOP(is_device_ptr(dg, du, drw, dh, g, u, rw))
     for (int64_t t = 0; t < T; t++) {
         double w = rw ? (double)rw[t] : 1.0;
         double racc = 0;
@@ -315,6 +378,12 @@ void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */
                               const int32_t *target,  /* [T], -1 = none */
                               int64_t T, int64_t V)
 {
+    PAR_DEV_BEGIN();
+    PAR_DIN(logits, T * V);
+    PAR_DIN(target, T);
+    PAR_DOUT(ce, T);
+    PAR_DOUT(lse, T);
+    PAR_KLOOP(is_device_ptr(ce, lse, logits, target))
     for (int64_t t = 0; t < T; t++) {
         const par_real *z = logits + t * V;
         double m = -INFINITY;
@@ -342,6 +411,12 @@ void PAR_FN(par_xent_backward)(par_real *dlogits,      /* [T, V] */
                                const int32_t *target,  /* [T] */
                                double scale, int64_t T, int64_t V)
 {
+    PAR_DEV_BEGIN();
+    PAR_DIN(logits, T * V);
+    PAR_DIN(lse, T);
+    PAR_DIN(target, T);
+    PAR_DINOUT(dlogits, T * V);
+    PAR_KLOOP(is_device_ptr(dlogits, logits, lse, target))
     for (int64_t t = 0; t < T; t++) {
         int32_t y = target[t];
         if (y < 0 || y >= V)

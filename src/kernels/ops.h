@@ -107,4 +107,60 @@ void PAR_FN(par_xent_backward)(par_real *dlogits,       /* [T, V] */
 /* Scalar helpers (par_sigmoid, par_softplus, par_silu) live in kernels/scalar.h. */
 #include "kernels/scalar.h"
 
+#include <math.h>
+
+#include "kernels/offload.h"
+
+PAR_DECLARE_TARGET
+/* One row of par_rmsnorm_forward / _backward (device-callable; the kernels
+ * above run them per row, kernels/compressor.c inside its device loops). */
+static inline void PAR_FN(par_rmsnorm_row)(par_real *y,       /* [D] */
+                                           par_real *rstd,    /* [1] */
+                                           const par_real *x, /* [D] */
+                                           const par_real *w, /* [D] or NULL */
+                                           int64_t D, double eps)
+{
+    double ss = 0;
+    for (int64_t j = 0; j < D; j++)
+        ss += (double)x[j] * (double)x[j];
+    par_real r = (par_real)(1.0 / sqrt(ss / (double)D + eps));
+    *rstd = r;
+    if (w) {
+        for (int64_t j = 0; j < D; j++)
+            y[j] = w[j] * (x[j] * r);
+    } else {
+        for (int64_t j = 0; j < D; j++)
+            y[j] = x[j] * r;
+    }
+}
+
+/* dx += (one row of par_rmsnorm_backward's din); dw (or NULL) += the row's
+ * dw contribution (as par_rmsnorm_backward with T = 1). */
+static inline void PAR_FN(par_rmsnorm_row_backward)(par_real *dx,      /* [D] or NULL */
+                                                    par_real *dw,      /* [D] or NULL */
+                                                    const par_real *g, /* [D] */
+                                                    const par_real *x, /* [D] */
+                                                    const par_real *w, /* [D] or NULL */
+                                                    par_real rstd, int64_t D)
+{
+    double r = rstd;
+    if (dx) {
+        double dot = 0;
+        for (int64_t j = 0; j < D; j++)
+            dot += (double)g[j] * (w ? (double)w[j] : 1.0) * (double)x[j];
+        double coef = r * r * r * dot / (double)D;
+        for (int64_t j = 0; j < D; j++) {
+            double wg = (double)g[j] * (w ? (double)w[j] : 1.0);
+            dx[j] += (par_real)(r * wg - (double)x[j] * coef);
+        }
+    }
+    if (dw)
+        for (int64_t j = 0; j < D; j++) {
+            double a = 0;
+            a += (double)g[j] * (double)x[j] * r;
+            dw[j] += (par_real)a;
+        }
+}
+PAR_END_DECLARE_TARGET
+
 #endif

@@ -14,20 +14,12 @@ void PAR_FN(par_rope_apply)(par_real *x,        /* [T, nvec, D] in place */
                             const int32_t *pos, /* [T] */
                             const par_rope *r, int64_t T, int64_t nvec, int64_t D, int sign)
 {
-    int half = r->rd / 2;
+    PAR_DEV_BEGIN();
     double sg = sign < 0 ? -1.0 : 1.0;
-    for (int64_t t = 0; t < T; t++) {
-        double p = (double)pos[t];
-        par_real *xt = x + t * nvec * D + (D - r->rd);
-        for (int i = 0; i < half; i++) {
-            double ang = sg * (p * r->freq[i]);
-            par_real c = (par_real)cos(ang), s = (par_real)sin(ang);
-            for (int64_t v = 0; v < nvec; v++) {
-                par_real *e = xt + v * D + 2 * i;
-                par_real a = e[0], b = e[1];
-                e[0] = a * c - b * s;
-                e[1] = a * s + b * c;
-            }
-        }
-    }
+    PAR_DIN(pos, T);
+    PAR_DIN(r, 1);
+    PAR_DINOUT(x, T * nvec * D);
+    PAR_KLOOP(is_device_ptr(x, pos, r))
+    for (int64_t t = 0; t < T; t++)
+        PAR_FN(par_rope_row)(x + t * nvec * D, (double)pos[t], r, nvec, D, sg);
 }

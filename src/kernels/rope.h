@@ -10,6 +10,7 @@
 #ifndef PAR_KERNELS_ROPE_H
 #define PAR_KERNELS_ROPE_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "kernels/real.h"
@@ -22,5 +23,29 @@
 void PAR_FN(par_rope_apply)(par_real *x,          /* [T, nvec, D] in place */
                             const int32_t *pos,   /* [T] */
                             const par_rope *r, int64_t T, int64_t nvec, int64_t D, int sign);
+
+#include "kernels/offload.h"
+
+PAR_DECLARE_TARGET
+/* One token of par_rope_apply (device-callable, kernels/offload.h): x points
+ * at the token's [nvec, D], p is its position, sg = +1 or -1. */
+static inline void PAR_FN(par_rope_row)(par_real *x,      /* [nvec, D] in place */
+                                        double p, const par_rope *r, int64_t nvec, int64_t D,
+                                        double sg)
+{
+    int half = r->rd / 2;
+    par_real *xt = x + (D - r->rd);
+    for (int i = 0; i < half; i++) {
+        double ang = sg * (p * r->freq[i]);
+        par_real c = (par_real)cos(ang), s = (par_real)sin(ang);
+        for (int64_t v = 0; v < nvec; v++) {
+            par_real *e = xt + v * D + 2 * i;
+            par_real a = e[0], b = e[1];
+            e[0] = a * c - b * s;
+            e[1] = a * s + b * c;
+        }
+    }
+}
+PAR_END_DECLARE_TARGET
 
 #endif

@@ -4,6 +4,7 @@
 
 #include "kernels/scalar.h"
 
+PAR_DECLARE_TARGET
 double par_sigmoid(double x)
 {
     if (x >= 0)
@@ -16,3 +17,4 @@ double par_sigmoid(double x)
 double par_softplus(double x) { return (x > 0 ? x : 0.0) + log1p(exp(-fabs(x))); }
 
 double par_silu(double x) { return x * par_sigmoid(x); }
+PAR_END_DECLARE_TARGET
