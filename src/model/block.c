@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "core/device.h"
 #include "kernels/ops.h"
 
 #include "model/model-impl.h"
@@ -231,8 +232,8 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, int b, PAR_FN(par_bl
 
     /* ---- attention sub-layer ---- */
     AREAL(dya, T * d, 1);
-    memset(dpost, 0, (size_t)(T * n) * sizeof(par_real));
-    memset(dC, 0, (size_t)(T * n * n) * sizeof(par_real));
+    par_dev_zero(dpost, (size_t)(T * n) * sizeof(par_real)); /* memset (core/device.h) */
+    par_dev_zero(dC, (size_t)(T * n * n) * sizeof(par_real));
     PAR_FN(par_hc_post_backward)(dya, dXin, dpost, dC, dXmid, a->ya, a->Xin, a->hca.post, a->hca.C,
                                  T, n, d);
     AREAL(dxan, T * d, 1);

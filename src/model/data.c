@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/rng.h"
 
 par_status par_batch_alloc(par_batch *b, int64_t B, int64_t S)
@@ -68,6 +69,11 @@ void par_batch_derive(par_batch *b)
 {
     const int64_t B = b->B, S = b->S;
     int64_t nl = 0, nm = 0;
+    /* every writer of a batch ends here: the host holds the new batch
+     * (kernels read tokens and positions; core/device.h) */
+    int32_t *arrays[6] = {b->tokens, b->segments, b->pos, b->labels, b->mtp_inputs, b->mtp_labels};
+    for (int i = 0; i < 6; i++)
+        par_dev_host_set(arrays[i], (size_t)(B * S) * sizeof(int32_t));
     for (int64_t r = 0; r < B; r++) {
         const int32_t *seg = b->segments + r * S, *tok = b->tokens + r * S;
         int32_t *pos = b->pos + r * S, *lab = b->labels + r * S;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/device.h"
 #include "core/fileio.h"
 #include "core/log.h"
 #include "core/manifest.h"
@@ -41,6 +42,7 @@ static par_status add(par_st_writer *w, const char *name, par_dtype dt, int ndim
                       const int64_t *shape, const void *data)
 {
     par_tensor t = par_tensor_view(dt, ndim, shape, (void *)data);
+    par_dev_host_read(data, par_tensor_nbytes(&t)); /* GPU mode: current on the host */
     return par_st_writer_add(w, name, &t);
 }
 

@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "kernels/offload.h"
 #include "kernels/ops.h"
 
 #include "model/model-impl.h"
@@ -16,6 +17,11 @@ void PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, const i
 {
     int64_t n = M->n, d = M->d;
     const par_real *tab = P(M->tab.top.embed);
+    PAR_DEV_BEGIN();
+    PAR_DIN(tab, M->V * d);
+    PAR_DIN(tokens, T);
+    PAR_DOUT(X0, T * n * d);
+    PAR_KLOOP(is_device_ptr(tab, tokens, X0))
     for (int64_t t = 0; t < T; t++) {
         const par_real *row = tab + (int64_t)tokens[t] * d;
         for (int64_t i = 0; i < n; i++)
@@ -30,8 +36,12 @@ par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,
     par_arena_mark mark = par_arena_get_mark(ar);
     par_real *dh;
     AREAL(dh, T * d, 0);
+    PAR_DEV_BEGIN();
+    par_real *dh_d = PAR_DOUT_AS(dh, T * d);
+    PAR_DIN(dX0, T * n * d);
+    PAR_KLOOP(is_device_ptr(dh_d, dX0))
     for (int64_t t = 0; t < T; t++) {
-        par_real *o = dh + t * d;
+        par_real *o = dh_d + t * d;
         const par_real *g = dX0 + t * n * d;
         for (int64_t c = 0; c < d; c++)
             o[c] = g[c];
@@ -99,6 +109,9 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
     PAR_FN(par_linear_forward)(h->logits, h->xn, P(M->tab.top.head), T, d, V);
     PAR_FN(par_xent_forward)(h->ce, h->lse, h->logits, target, T, V);
     if (ce_sum) {
+        PAR_HOST_READ(h->ce, T); /* CE sums per sample on the host, in token order */
+        PAR_HOST_READ(target, T);
+        PAR_HOST_READ(sample, T);
         for (int64_t t = 0; t < T; t++)
             if (target[t] >= 0)
                 ce_sum[sample[t]] += (double)h->ce[t];
@@ -160,10 +173,14 @@ par_status PAR_FN(par_mtp_input_forward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_ac
     PAR_FN(par_rmsnorm_forward)(a->hn, a->hn_rstd, XL, P(bp->hnorm), T * n, d, c->norm_eps);
     hp = a->X0; /* h_proj output in place, then + e_proj(e) per stream */
     PAR_FN(par_linear_forward)(hp, a->hn, P(bp->h_proj), T * n, d, d);
+    PAR_DEV_BEGIN();
+    par_real *X0 = PAR_DINOUT_AS(a->X0, T * n * d);
+    const par_real *ep = PAR_DIN_AS(a->ep, T * d);
+    PAR_KLOOP(collapse(2) is_device_ptr(X0, ep))
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < n; i++) {
-            par_real *x = a->X0 + (t * n + i) * d;
-            const par_real *e = a->ep + t * d;
+            par_real *x = X0 + (t * n + i) * d;
+            const par_real *e = ep + t * d;
             for (int64_t k = 0; k < d; k++)
                 x[k] = e[k] + x[k];
         }
@@ -184,9 +201,13 @@ par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_a
     AREAL(den, T * d, 1);
     AREAL(demb, T * d, 1);
     AREAL(dhn, T * n * d, 1);
+    PAR_DEV_BEGIN();
+    par_real *dep_d = PAR_DOUT_AS(dep, T * d);
+    const par_real *dX0_d = PAR_DIN_AS(dX0, T * n * d);
+    PAR_KLOOP(is_device_ptr(dep_d, dX0_d))
     for (int64_t t = 0; t < T; t++) {
-        par_real *o = dep + t * d;
-        const par_real *g = dX0 + t * n * d;
+        par_real *o = dep_d + t * d;
+        const par_real *g = dX0_d + t * n * d;
         for (int64_t k = 0; k < d; k++)
             o[k] = g[k];
         for (int64_t i = 1; i < n; i++)

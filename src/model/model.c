@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/log.h"
 #include "model/init.h"
 #include "model/optim.h"
@@ -73,6 +74,9 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
     size_t E = (size_t)st->E;
     st->n_main = st->n_mtp = st->n_tokens = 0;
     st->grad_sumsq = 0;
+    /* kernels read cnt/ntok (the aux backward): the host owns them again */
+    par_dev_host_set(st->cnt, nb * ns * E * sizeof(int64_t));
+    par_dev_host_set(st->ntok, nb * ns * sizeof(int64_t));
     memset(st->ce_main, 0, ns * sizeof(double));
     memset(st->ce_mtp, 0, ns * sizeof(double));
     memset(st->loads, 0, nb * E * sizeof(int64_t));
@@ -107,6 +111,8 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
                        (long long)dst->q0, (long long)src->q0, (long long)dst->Ns_global,
                        (long long)src->Ns_global);
     int64_t ns = dst->Ns, nb = dst->n_blocks, E = dst->E;
+    par_dev_host_write(dst->cnt, (size_t)(nb * ns * E) * sizeof(int64_t));
+    par_dev_host_write(dst->ntok, (size_t)(nb * ns) * sizeof(int64_t));
     dst->n_main += src->n_main;
     dst->n_mtp += src->n_mtp;
     dst->n_tokens += src->n_tokens;

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/device.h"
+#include "kernels/offload.h"
 #include "kernels/ops.h"
 
 static const double ns_main[3] = {3.4445, -4.7750, 2.0315};
@@ -20,6 +22,10 @@ static const double ns_tail[3] = {2.0, -1.5, 0.5};
 double PAR_FN(par_sumsq)(const par_real *x, int64_t n)
 {
     double s = 0.0;
+    PAR_DEV_BEGIN();
+    PAR_DIN(x, n);
+    /* index order: one device thread (the order sets the bits) */
+    PAR_KSERIAL(is_device_ptr(x) map(tofrom: s))
     for (int64_t i = 0; i < n; i++)
         s += (double)x[i] * (double)x[i];
     return s;
@@ -36,7 +42,9 @@ double PAR_FN(par_grad_sumsq)(const par_real *grads, const par_param_table *t)
     return s;
 }
 
+PAR_DECLARE_TARGET
 static inline par_real scaled(par_real g, double f) { return f == 1.0 ? g : (par_real)(f * (double)g); }
+PAR_END_DECLARE_TARGET
 
 void PAR_FN(par_grad_scale)(par_real *grads, const par_param_table *t, double factor)
 {
@@ -46,7 +54,9 @@ void PAR_FN(par_grad_scale)(par_real *grads, const par_param_table *t, double fa
         const par_param *p = &t->p[i];
         if (p->dtype != PAR_PDT_REAL || !p->has_grad)
             continue;
-        par_real *g = grads + p->offset;
+        PAR_DEV_BEGIN();
+        par_real *g = PAR_DINOUT_AS(grads + p->offset, p->numel);
+        PAR_KLOOP(is_device_ptr(g))
         for (int64_t k = 0; k < p->numel; k++)
             g[k] = scaled(g[k], factor);
     }
@@ -59,14 +69,26 @@ static void ns_step(par_real *X, par_real *A, par_real *B, par_real *Y, int64_t 
     /* A = X X^T */
     PAR_FN(par_gemm)(0, 1, r, r, c, (par_real)1, X, c, X, c, (par_real)0, A, r);
     /* B = b A + c A A */
-    for (int64_t i = 0; i < r * r; i++)
-        B[i] = (par_real)(k[1] * (double)A[i]);
+    PAR_DEV_BEGIN();
+    const double k0 = k[0], k1 = k[1];
+    {
+        const par_real *Ad = PAR_DIN_AS(A, r * r);
+        par_real *Bd = PAR_DOUT_AS(B, r * r);
+        PAR_KLOOP(is_device_ptr(Ad, Bd))
+        for (int64_t i = 0; i < r * r; i++)
+            Bd[i] = (par_real)(k1 * (double)Ad[i]);
+    }
     PAR_FN(par_gemm)(0, 0, r, r, r, (par_real)k[2], A, r, A, r, (par_real)1, B, r);
     /* Y = a X + B X */
-    for (int64_t i = 0; i < r * c; i++)
-        Y[i] = (par_real)(k[0] * (double)X[i]);
+    {
+        const par_real *Xd = PAR_DIN_AS(X, r * c);
+        par_real *Yd = PAR_DOUT_AS(Y, r * c);
+        PAR_KLOOP(is_device_ptr(Xd, Yd))
+        for (int64_t i = 0; i < r * c; i++)
+            Yd[i] = (par_real)(k0 * (double)Xd[i]);
+    }
     PAR_FN(par_gemm)(0, 0, r, c, r, (par_real)1, B, r, X, c, (par_real)1, Y, c);
-    memcpy(X, Y, (size_t)(r * c) * sizeof *X);
+    par_dev_copy(X, Y, (size_t)(r * c) * sizeof *X);
 }
 
 par_status PAR_FN(par_muon_orthogonalize)(par_real *out, const par_real *U, int64_t rows, int64_t cols)
@@ -85,24 +107,34 @@ par_status PAR_FN(par_muon_orthogonalize)(par_real *out, const par_real *U, int6
 
     double fro = sqrt(PAR_FN(par_sumsq)(U, (int64_t)n));
     double inv = 1.0 / (fro + PAR_MUON_NORM_EPS);
-    if (tr) {
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++)
-                X[j * c + i] = (par_real)((double)U[i * cols + j] * inv);
-    } else {
-        for (size_t i = 0; i < n; i++)
-            X[i] = (par_real)((double)U[i] * inv);
+    PAR_DEV_BEGIN();
+    {
+        const par_real *Ud = PAR_DIN_AS(U, n);
+        par_real *Xd = PAR_DOUT_AS(X, n);
+        if (tr) {
+            PAR_KLOOP(collapse(2) is_device_ptr(Ud, Xd))
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++)
+                    Xd[j * c + i] = (par_real)((double)Ud[i * cols + j] * inv);
+        } else {
+            PAR_KLOOP(is_device_ptr(Ud, Xd))
+            for (size_t i = 0; i < n; i++)
+                Xd[i] = (par_real)((double)Ud[i] * inv);
+        }
     }
     for (int s = 0; s < NS_MAIN_STEPS; s++)
         ns_step(X, A, B, Y, r, c, ns_main);
     for (int s = 0; s < NS_TAIL_STEPS; s++)
         ns_step(X, A, B, Y, r, c, ns_tail);
     if (tr) {
+        const par_real *Xd = PAR_DIN_AS(X, n);
+        par_real *od = PAR_DINOUT_AS(out, n); /* out may be U (in place) */
+        PAR_KLOOP(collapse(2) is_device_ptr(Xd, od))
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++)
-                out[i * cols + j] = X[j * c + i];
+                od[i * cols + j] = Xd[j * c + i];
     } else {
-        memcpy(out, X, n * sizeof *X);
+        par_dev_copy(out, X, n * sizeof *X);
     }
     par_free(X);
     return PAR_OK;
@@ -116,18 +148,29 @@ par_status PAR_FN(par_muon_update)(par_real *w, par_real *mom, const par_real *g
     if (!U)
         return par_err(PAR_ENOMEM, "muon: no memory for a [%lld, %lld] update", (long long)rows,
                        (long long)cols);
-    for (int64_t i = 0; i < n; i++) {
-        double G = (double)scaled(g[i], gscale);
-        mom[i] = (par_real)(mu * (double)mom[i] + G);
-        U[i] = (par_real)(mu * (double)mom[i] + G);
+    PAR_DEV_BEGIN();
+    {
+        const par_real *gd = PAR_DIN_AS(g, n);
+        par_real *md = PAR_DINOUT_AS(mom, n), *Ud = PAR_DOUT_AS(U, n);
+        PAR_KLOOP(is_device_ptr(gd, md, Ud))
+        for (int64_t i = 0; i < n; i++) {
+            double G = (double)scaled(gd[i], gscale);
+            md[i] = (par_real)(mu * (double)md[i] + G);
+            Ud[i] = (par_real)(mu * (double)md[i] + G);
+        }
     }
     par_status st = PAR_FN(par_muon_orthogonalize)(U, U, rows, cols);
     if (st)
         goto fail_free_u;
     const double decay = 1.0 - lr * wd;
     const double step = lr * PAR_MUON_SCALE * sqrt((double)(rows > cols ? rows : cols));
-    for (int64_t i = 0; i < n; i++)
-        w[i] = (par_real)((double)w[i] * decay - step * (double)U[i]);
+    {
+        const par_real *Ud = PAR_DIN_AS(U, n);
+        par_real *wd_ = PAR_DINOUT_AS(w, n);
+        PAR_KLOOP(is_device_ptr(Ud, wd_))
+        for (int64_t i = 0; i < n; i++)
+            wd_[i] = (par_real)((double)wd_[i] * decay - step * (double)Ud[i]);
+    }
 fail_free_u:
     par_free(U);
     return st;
@@ -139,6 +182,12 @@ void PAR_FN(par_adamw_update)(par_real *w, par_real *m, par_real *v, const par_r
     const double b1 = PAR_ADAM_BETA1, b2 = PAR_ADAM_BETA2;
     const double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
     const double decay = 1.0 - lr * wd;
+    PAR_DEV_BEGIN();
+    PAR_DIN(g, n);
+    PAR_DINOUT(w, n);
+    PAR_DINOUT(m, n);
+    PAR_DINOUT(v, n);
+    PAR_KLOOP(is_device_ptr(w, m, v, g))
     for (int64_t i = 0; i < n; i++) {
         double G = (double)scaled(g[i], gscale);
         par_real mi = (par_real)(b1 * (double)m[i] + (1.0 - b1) * G);
@@ -192,6 +241,8 @@ void PAR_FN(par_balance_update)(par_real *bias, const int64_t *load, int64_t E, 
                                 double rate)
 {
     const double target = (double)K * (double)T_total / (double)E;
+    par_dev_host_write(bias, (size_t)E * sizeof *bias); /* E values: on the host */
+    par_dev_host_read(load, (size_t)E * sizeof *load);
     for (int64_t e = 0; e < E; e++) {
         double diff = target - (double)load[e];
         double s = diff > 0 ? 1.0 : diff < 0 ? -1.0 : 0.0;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "model/optim.h"
 
 static void release_acts(PAR_FN(par_model) *M)
@@ -34,6 +35,7 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
     if (!M->sample)
         goto fail_oom;
     int64_t q = -1;
+    par_dev_host_set(M->sample, (size_t)T * sizeof *M->sample); /* arena memory reused */
     for (int64_t t = 0; t < T && !M->sample_in; t++) {
         if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
             q++;
@@ -105,7 +107,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
     size_t xbytes = (size_t)(T * nd) * sizeof(par_real);
     par_real *dA, *dB;
 
-    memset(M->grads, 0, (size_t)M->n_local * sizeof(par_real));
+    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
     dA = par_arena_calloc(ar, xbytes ? xbytes : 64, 64); /* d/dX_L */
     dB = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
     if (!dA || !dB)
@@ -134,7 +136,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
             goto done;
     }
     for (int64_t b = L - 1; b >= 0; b--) {
-        memset(dB, 0, xbytes);
+        par_dev_zero(dB, xbytes);
         s = PAR_FN(par_block_backward)(M, (int)b, &M->blk[b], ar, dB, dA, M->batch->pos, M->sample, st,
                                        c->aux_alpha, T);
         if (s)
