@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/devargs.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "model/config.h"
@@ -33,6 +34,7 @@ static void print_mib(const char *what, int64_t bytes)
 int par_cmd_golden(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
+    const char *device = NULL;
     int64_t steps = 1, seed = 1234, gbs = 0;
     int quiet = 0;
     par_strlist sets;
@@ -50,10 +52,12 @@ int par_cmd_golden(int argc, char **argv)
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)"},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+        {"device", PAR_OPT_STR, &device, "cpu|gpu", PAR_DEVICE_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-        "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] --out DIR\n\n"
+        "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--device cpu|gpu]\n"
+        "       --out DIR\n\n"
         "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
         "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
         "synthetic generator with a random packing plan drawn from --seed.";
@@ -83,6 +87,8 @@ int par_cmd_golden(int argc, char **argv)
         fprintf(stderr, "parity golden: --seed must be >= 0 (got %lld)\n", (long long)seed);
         return 2;
     }
+    if (par_cli_device("golden", device))
+        return 2;
     par_golden_opts o;
     par_golden_opts_init(&o);
     if (!strcmp(precision, "f64"))
@@ -150,6 +156,7 @@ int par_cmd_golden(int argc, char **argv)
     print_mib("optim", par_alloc_peak(PAR_TAG_OPTIM));
     print_mib("act", par_alloc_peak(PAR_TAG_ACT));
     print_mib("io", par_alloc_peak(PAR_TAG_IO));
+    par_cli_device_report(stdout);
     par_golden_summary_free(&sum);
     return 0;
 }

@@ -1,0 +1,49 @@
+/* cli/devargs.c - the --device flag (see cli/devargs.h). */
+#include "cli/devargs.h"
+
+#include <stdlib.h>
+
+#include "core/device.h"
+#include "core/status.h"
+
+/* The node-local rank the MPI launcher exported (MPICH's hydra, Open MPI,
+ * Slurm), 0 without one. */
+static int local_rank(void)
+{
+    static const char *const vars[] = {"MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "SLURM_LOCALID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return atoi(v);
+    }
+    return 0;
+}
+
+int par_cli_device(const char *cmd, const char *name)
+{
+    par_device_kind kind = PAR_DEV_CPU;
+    par_status s = name ? par_dev_parse(name, &kind) : PAR_OK;
+    if (!s)
+        s = par_dev_init(kind, local_rank());
+    if (s) {
+        fprintf(stderr, "parity %s: %s\n", cmd, par_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+void par_cli_device_report(FILE *f)
+{
+    if (!par_dev_gpu())
+        return;
+    par_dev_stats st;
+    par_dev_get_stats(&st);
+    const double mib = 1024.0 * 1024.0;
+    fprintf(f,
+            "device: %s (host to device %.2f MiB in %lld copies, device to host %.2f MiB in %lld "
+            "copies, %lld twins, %.2f MiB device memory at most)\n",
+            par_dev_describe(), (double)st.h2d_bytes / mib, (long long)st.h2d_calls,
+            (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (long long)st.twins,
+            (double)st.twin_bytes_peak / mib);
+}
