@@ -638,12 +638,15 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         R.tmp = NULL;
     }
     if (R.tmp) {
+        char pp_str[PAR_LAYOUT_STR_MAX];
+        par_pplayout_format(&R.lay.pipe, pp_str, (int)sizeof pp_str);
         par_golden_layout gl = {
             .world = R.lay.world, .tp = R.lay.tp, .pp = R.lay.pp, .vpp = R.lay.vpp, .cp = R.lay.cp,
             .ep = R.lay.ep, .etp = R.lay.etp, .da = R.lay.da, .de = R.lay.de,
             .micro_batch = R.lay.micro_batch, .global_batch = R.lay.global_batch,
             .distributed_optimizer = R.lay.distributed_optimizer,
             .schedule = R.lay.pp > 1 ? R.lay.schedule : "none", .backend = par_backend_name(o->backend),
+            .pp_layout = R.lay.pp > 1 ? pp_str : NULL,
         };
         if ((s = PAR_FN(par_golden_write_manifest)(R.tmp, &R.cfg, o->steps, PAR_FN(par_golden_layout_json)(&gl),
                                                    PAR_FN(par_golden_data_json)(&ds, &go, &R.cfg))))
@@ -666,6 +669,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         R.mem = NULL;
         sum->start_step = R.step0;
         sum->saves = R.saves;
+        sum->hosts_rank0 = R.hosts_rank0;
         sum->wall_s = now_s() - t_start;
         sum->net = net;
         sum->pp_net_bubble = -1;

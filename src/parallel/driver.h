@@ -120,6 +120,8 @@ typedef struct {
     int64_t *mem;             /* [world * PAR_RUN_MEM] */
     int64_t start_step;       /* the loaded checkpoint's step (0 without --load) */
     int64_t saves;            /* checkpoints written */
+    int hosts_rank0;          /* this process ran world rank 0 (under MPI one process does: it writes the
+                               * dump, and `parity run --summary`) */
 } par_run_summary;
 #define PAR_RUN_MEM 6
 

@@ -209,8 +209,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
     cr_assert(par_json_int(r, "passed", &passed));
     cr_assert(par_json_int(r, "failed", &failed));
     /* 2 serial + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, cp2 and cp4 on both fixtures, ep2,
-     * ep4, ep8, ep4-de2, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, 6 pp2 schedules, resume, reshard */
-    cr_expect_eq(total, 6 + 4 + 4 + 5 + 6 + 2, "cells: %lld", (long long)total);
+     * ep4, ep8, ep4-de2, ep8-hier, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, dp4-ep2-clip, dp2-zero1-clip,
+     * cp2-ep2-zero1-f32, 6 pp2 schedules, pp2-vpp3, pp2-head-apart, pp2-mbs2, pp2-ep2-zero1, resume, reshard */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 10 + 2, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -244,7 +245,13 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
             /* layout cells run with the emulated network: step time and exposed communication */
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "emulated_step_s")), "%s: no step time", name);
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "exposed_comm_s")), "%s: no exp.comm", name);
-            cr_expect_str_eq(par_json_str(c, "policy"), "f64", "%s", name);
+            const char *want = strstr(name, "-f32") ? "f32" : "f64";
+            cr_expect_str_eq(par_json_str(c, "policy"), want, "%s", name);
+            /* the run's JSON summary (`parity run --summary`'s document) rides along */
+            const cJSON *run = cJSON_GetObjectItemCaseSensitive(c, "run");
+            cr_expect(cJSON_IsObject(run) && par_json_str(run, "format") &&
+                          !strcmp(par_json_str(run, "format"), "parity-run-summary"),
+                      "%s: no run summary", name);
         }
         if (!strncmp(name, "pp2-", 4))
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "bubble")), "%s: no bubble", name);
@@ -264,7 +271,7 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
 
     /* the summary table and the results directory's own report */
     char *text = slurp(log);
-    cr_expect(has_line(text, "27 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "35 cells: ", " 0 failed"), "no summary line in:\n%s", text);
     cr_expect(has_line(text, "reshard ", "PASS"), "no reshard row");
     cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
     par_free(text);
