@@ -149,7 +149,10 @@ static int build(const matrix_cli *c, const par_matrix_opts *o, par_matrix **m)
     if (!s && par_matrix_count(*m) == 0)
         s = par_err(PAR_EINVAL, "no cell matches the preset, tier and --cell/--fixture selection");
     if (s) {
-        fprintf(stderr, "parity matrix: %s\n", par_last_error());
+        /* a row of the file that names no data: the file too (read errors name it already) */
+        int name_file = c->cells_file && *m && !strstr(par_last_error(), c->cells_file);
+        fprintf(stderr, "parity matrix: %s%s%s\n", name_file ? c->cells_file : "", name_file ? ": " : "",
+                par_last_error());
         par_matrix_free(*m);
         *m = NULL;
         return 2;

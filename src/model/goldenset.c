@@ -145,6 +145,14 @@ par_status par_goldenset_merge(const char *first, const char *resumed, int64_t s
         par_setfile_name(kind, split + k, to, sizeof to);
         s = link_file(resumed, b.files[i].name, dst, to);
     }
+    if (!s && a.layout && b.layout) { /* the files from step split on were computed under b's layout */
+        cJSON *after = cJSON_Duplicate(b.layout, 1);
+        if (!after || !cJSON_AddNumberToObject(after, "from_step", (double)split))
+            s = par_err(PAR_ENOMEM, "golden set: out of memory");
+        else
+            cJSON_AddItemToObject(a.layout, "after_checkpoint", after), after = NULL;
+        cJSON_Delete(after);
+    }
     if (!s) {
         a.steps = split + b.steps;
         s = par_manifest_write(&a, dst); /* lists (and hashes) the merged files */

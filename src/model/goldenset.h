@@ -47,7 +47,8 @@ par_status par_goldenset_select(const char *src, const char *dst, par_setfile_pi
 /* dst = first's params.0..split and step.0..split-1, then resumed's
  * step.J and params.J+1 (J >= 0) renumbered as split + J (resumed's
  * params.0, the loaded state written like an initial one, is left out),
- * with first's manifest over split + resumed's steps. */
+ * with first's manifest over split + resumed's steps; its "layout" gets
+ * resumed's as "after_checkpoint" (with "from_step": split). */
 par_status par_goldenset_merge(const char *first, const char *resumed, int64_t split, const char *dst);
 
 /* dst = src with every F32 tensor widened exactly to F64, metadata kept

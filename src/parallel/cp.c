@@ -501,10 +501,20 @@ par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local,          /* [rows, L
             for (int64_t b = 0; b < rows; b++)
                 memcpy(hs + b * D * d, dxw + b * W_ * d, (size_t)(D * d) * sizeof(par_real));
         st = shift_exchange(cp, hs, hr, nh, -1, TAG_HALO_BWD);
+#if PAR_FAULT_CP_HALO_GRAD_DROP
+        /* Deliberate fault (meson -Dfault=cp_halo_grad_drop; docs/matrix.md
+         * "Fault demonstration"): the halo gradient of the row next to the
+         * boundary (this rank's last token) is dropped.  The forward is
+         * exact; the input gradients of every attention layer, and so the
+         * weight gradients below it, are not. */
+        const int64_t D_add = D - 1;
+#else
+        const int64_t D_add = D;
+#endif
         if (!st && r + 1 < ncp)
             for (int64_t b = 0; b < rows; b++) {
                 par_real *dst = dx_local + (b * L + L - D) * d;
-                for (int64_t e = 0; e < D * d; e++)
+                for (int64_t e = 0; e < D_add * d; e++)
                     dst[e] += hr[b * D * d + e];
             }
         par_free(hb);

@@ -143,6 +143,8 @@ double par_mx_now(void);
 par_status par_mx_mkdir_p(const char *path);
 int par_mx_dir_is_empty(const char *dir);
 void par_mx_remove_quiet(const char *path);
+/* Creates the results directory (replacing an earlier matrix's). */
+par_status par_mx_prepare_out_dir(par_matrix *m);
 /* The last error message, one line (newlines flattened), after prefix. */
 void par_mx_last_error(char *buf, size_t n, const char *prefix);
 /* The serial run of the cell's config, data, steps and seed in precision

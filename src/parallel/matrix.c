@@ -296,7 +296,9 @@ static par_status list_goldens(par_matrix *m, const char *given)
     return s;
 }
 
-static par_status prepare_out_dir(par_matrix *m, const char *given)
+/* Chooses the results directory and checks it may be used (new, empty,
+ * or an earlier matrix's); nothing is written before par_matrix_run. */
+static par_status choose_out_dir(par_matrix *m, const char *given)
 {
     if (given) {
         par_mx_fmt(m->out_dir, sizeof m->out_dir, "%s", given);
@@ -312,19 +314,26 @@ static par_status prepare_out_dir(par_matrix *m, const char *given)
     }
     char marker[PAR_MX_PATH + 32];
     par_mx_fmt(marker, sizeof marker, "%s/%s", m->out_dir, PAR_MX_MARKER);
-    if (par_path_exists(m->out_dir)) {
-        if (!par_path_is_dir(m->out_dir))
-            return par_err(PAR_EINVAL, "matrix: --out %s exists and is not a directory", m->out_dir);
-        if (par_path_exists(marker)) {
-            par_status s = par_remove_tree(m->out_dir);
-            if (s)
-                return s;
-        } else if (!par_mx_dir_is_empty(m->out_dir)) {
-            return par_err(PAR_EINVAL,
-                           "matrix: --out %s exists, is not empty and is not an earlier matrix's results "
-                           "directory (no %s in it); give a new or empty directory",
-                           m->out_dir, PAR_MX_MARKER);
-        }
+    if (!par_path_exists(m->out_dir) || par_path_exists(marker))
+        return PAR_OK;
+    if (!par_path_is_dir(m->out_dir))
+        return par_err(PAR_EINVAL, "matrix: --out %s exists and is not a directory", m->out_dir);
+    if (!par_mx_dir_is_empty(m->out_dir))
+        return par_err(PAR_EINVAL,
+                       "matrix: --out %s exists, is not empty and is not an earlier matrix's results directory (no "
+                       "%s in it); give a new or empty directory",
+                       m->out_dir, PAR_MX_MARKER);
+    return PAR_OK;
+}
+
+par_status par_mx_prepare_out_dir(par_matrix *m)
+{
+    char marker[PAR_MX_PATH + 32];
+    par_mx_fmt(marker, sizeof marker, "%s/%s", m->out_dir, PAR_MX_MARKER);
+    if (par_path_exists(marker)) { /* an earlier matrix's: replaced */
+        par_status s = par_remove_tree(m->out_dir);
+        if (s)
+            return s;
     }
     par_status s = par_mx_mkdir_p(m->out_dir);
     if (s)
@@ -378,7 +387,7 @@ par_status par_matrix_new(const par_matrix_opts *o, par_matrix **out)
     if (!s)
         s = list_goldens(m, o->golden_root);
     if (!s && !o->no_out)
-        s = prepare_out_dir(m, o->out_dir);
+        s = choose_out_dir(m, o->out_dir);
     if (s) {
         par_matrix_free(m);
         return s;

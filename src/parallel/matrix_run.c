@@ -517,6 +517,9 @@ static void release_refs(par_matrix *m, int i)
 par_status par_matrix_run(par_matrix *m, int *n_failed)
 {
     double t0 = par_mx_now();
+    par_status s = par_mx_prepare_out_dir(m);
+    if (s)
+        return s;
     /* Every cell is taken to use the f64 serial run of its config, data,
      * steps and seed; a reference is removed after its last such cell. */
     for (int i = 0; i < m->n; i++) {

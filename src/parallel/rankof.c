@@ -44,6 +44,12 @@ static par_status layout_of(const cJSON *lj, par_layout *l)
     return s;
 }
 
+static par_status resolve_one(const cJSON *lj, const par_layout_model *lm, par_layout *l)
+{
+    par_status s = layout_of(lj, l);
+    return s ? s : par_layout_resolve(l, lm);
+}
+
 par_status par_rankof_from_set(const char *dir, par_rankof *out)
 {
     if (!par_path_is_dir(dir))
@@ -72,13 +78,17 @@ par_status par_rankof_from_set(const char *dir, par_rankof *out)
         .n_routed_experts = x.E, .seq_length = x.S, .global_batch_size = get_int(train, "global_batch_size", 0),
         .window_size = get_int(model, "window_size", 0), .n_ratios = nr, .compress_ratios = r,
     };
-    s = lj ? layout_of(lj, &x.l) : par_err(PAR_EINVAL, "rankof: %s records no layout", dir);
-    if (!s)
-        s = par_layout_resolve(&x.l, &lm);
+    s = lj ? resolve_one(lj, &lm, &x.lay[0]) : par_err(PAR_EINVAL, "rankof: %s records no layout", dir);
+    x.n_lay = 1;
+    const cJSON *after = lj ? par_json_obj(lj, "after_checkpoint") : NULL;
+    if (!s && after && resolve_one(after, &lm, &x.lay[1]) == PAR_OK) {
+        x.from_step = get_int(after, "from_step", 0);
+        x.n_lay = 2;
+    }
     cJSON_Delete(man);
     if (s)
         return s;
-    x.B = x.l.global_batch;
+    x.B = x.lay[0].global_batch;
     *out = x;
     return PAR_OK;
 }
@@ -129,6 +139,18 @@ static int stage_of(const par_layout *l, par_block_kind k, int64_t idx)
 
 /* ---- the description -------------------------------------------------- */
 
+/* The layout that computed a file of the set. */
+static const par_layout *layout_of_file(const par_rankof *x, const char *file)
+{
+    const char *base = strrchr(file, '/');
+    par_setfile_kind kind;
+    int64_t k;
+    if (x->n_lay < 2 || !par_setfile_parse(base ? base + 1 : file, &kind, &k))
+        return &x->lay[0];
+    int after = kind == PAR_SETFILE_STEP ? k >= x->from_step : k > x->from_step;
+    return &x->lay[after ? 1 : 0];
+}
+
 static int is_row_tensor(const char *file, const char *t, int ndim)
 {
     const char *base = strrchr(file, '/');
@@ -140,30 +162,31 @@ static int is_row_tensor(const char *file, const char *t, int ndim)
            (has_prefix(t, "router.") && !strstr(t, ".load")) || has_prefix(t, "attn.");
 }
 
-static int describe_row(const par_rankof *x, const int64_t *coord, int pp, char *buf, size_t n)
+static int describe_row(const par_rankof *x, const par_layout *l, const int64_t *coord, int pp, char *buf,
+                        size_t n)
 {
-    const par_layout *l = &x->l;
     int64_t Bl = x->B / l->da, Sl = x->S / l->cp;
     if (Bl < 1 || Sl < 1)
         return 0;
     int dp = (int)(coord[0] / Bl), cp = (int)(coord[1] / Sl);
-    int o = snprintf(buf, n, "dp rank %d of %lld", dp, (long long)l->da);
-    if (l->cp > 1 && o > 0 && (size_t)o < n)
-        o += snprintf(buf + o, n - (size_t)o, ", cp rank %d of %lld", cp, (long long)l->cp);
-    if (l->pp > 1 && o > 0 && (size_t)o < n) {
+    int o = 0;
+    if (l->da > 1)
+        o += snprintf(buf, n, "dp rank %d of %lld, ", dp, (long long)l->da);
+    if (l->cp > 1 && (size_t)o < n)
+        o += snprintf(buf + o, n - (size_t)o, "cp rank %d of %lld, ", cp, (long long)l->cp);
+    if (l->pp > 1 && (size_t)o < n) {
         int64_t mbs = l->micro_batch > 0 ? l->micro_batch : 1;
-        o += snprintf(buf + o, n - (size_t)o, ", stage %d of %lld, microbatch %lld", pp, (long long)l->pp,
+        o += snprintf(buf + o, n - (size_t)o, "stage %d of %lld (microbatch %lld), ", pp, (long long)l->pp,
                       (long long)((coord[0] % Bl) / mbs));
     }
     int w = par_rank_of_attn(l, 0, cp, dp, pp < 0 ? 0 : pp);
-    if (w >= 0 && o > 0 && (size_t)o < n)
-        snprintf(buf + o, n - (size_t)o, ": world rank %d", w);
+    if ((size_t)o < n)
+        snprintf(buf + o, n - (size_t)o, "world rank %d", w);
     return 1;
 }
 
-static int describe_expert(const par_rankof *x, int64_t e, int pp, char *buf, size_t n)
+static int describe_expert(const par_rankof *x, const par_layout *l, int64_t e, int pp, char *buf, size_t n)
 {
-    const par_layout *l = &x->l;
     if (x->E < l->ep || l->ep < 1)
         return 0;
     int ep = (int)(e / (x->E / l->ep));
@@ -172,7 +195,7 @@ static int describe_expert(const par_rankof *x, int64_t e, int pp, char *buf, si
     if (l->pp > 1 && o > 0 && (size_t)o < n)
         o += snprintf(buf + o, n - (size_t)o, ", stage %d of %lld", pp, (long long)l->pp);
     if (o > 0 && (size_t)o < n)
-        snprintf(buf + o, n - (size_t)o, ": world rank %d%s", w, l->de > 1 ? " and its expert-DP replicas" : "");
+        snprintf(buf + o, n - (size_t)o, ", world rank %d%s", w, l->de > 1 ? " and its expert-DP replicas" : "");
     return 1;
 }
 
@@ -180,7 +203,7 @@ int par_rankof_describe(const par_rankof *x, const char *file, const char *tenso
                         char *buf, size_t n)
 {
     buf[0] = 0;
-    const par_layout *l = &x->l;
+    const par_layout *l = layout_of_file(x, file);
     if (l->world <= 1 || !tensor[0])
         return 0;
     const char *t = tensor;
@@ -192,12 +215,12 @@ int par_rankof_describe(const par_rankof *x, const char *file, const char *tenso
     par_block_kind k = block_of(t, &idx);
     int pp = l->pp > 1 ? stage_of(l, k, idx) : 0;
     if (is_row_tensor(file, tensor, ndim))
-        return describe_row(x, coord, pp, buf, n);
+        return describe_row(x, l, coord, pp, buf, n);
     int64_t e = component(t, "experts");
     if (e < 0 && has_prefix(t, "router.") && strstr(t, ".load") && ndim == 1)
         e = coord[0];
     if (e >= 0 && l->ep > 1)
-        return describe_expert(x, e, pp, buf, n);
+        return describe_expert(x, l, e, pp, buf, n);
     if (l->pp > 1 && pp >= 0) {
         snprintf(buf, n, "stage %d of %lld (world ranks %lld-%lld)", pp, (long long)l->pp,
                  (long long)(pp * (l->world / l->pp)), (long long)((pp + 1) * (l->world / l->pp) - 1));

@@ -13,7 +13,9 @@
  *
  * A set's manifest records its layout ("layout") and model ("model",
  * "train"); the layout string is "pipeline_model_parallel_layout" (Megatron's
- * even split when absent).  Untemplated.
+ * even split when absent); a resumed pair's merged set
+ * (model/goldenset.h) records the layout after the checkpoint as
+ * "layout"."after_checkpoint".  Untemplated.
  */
 #ifndef PAR_PARALLEL_RANKOF_H
 #define PAR_PARALLEL_RANKOF_H
@@ -25,7 +27,9 @@
 #include "parallel/layout.h"
 
 typedef struct {
-    par_layout l;       /* resolved */
+    par_layout lay[2];  /* resolved: the set's layout, and (a resumed pair's set) the one after the checkpoint */
+    int n_lay;
+    int64_t from_step;  /* lay[1] computed step.K for K >= from_step and params.K for K > from_step */
     int64_t B, S, E;    /* global batch, sequence length, routed experts */
 } par_rankof;
 
