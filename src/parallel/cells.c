@@ -17,7 +17,8 @@
 /* ---- names ------------------------------------------------------------ */
 
 static const char *const tier_names[PAR_CELL_TIER_COUNT] = {"quick", "default", "full", "scale"};
-static const char *const kind_names[PAR_KIND_COUNT] = {"golden", "repeat", "serial", "data-file", "layout", "resume"};
+static const char *const kind_names[PAR_KIND_COUNT] = {"golden", "repeat", "serial", "data-file",
+                                                        "layout", "resume", "ckpt-reshard"};
 static const char *const files_names[PAR_FILES_COUNT] = {"all", "steps-and-init", "updated-params"};
 
 const char *par_cell_tier_name(par_cell_tier t) { return (unsigned)t < PAR_CELL_TIER_COUNT ? tier_names[t] : "?"; }
@@ -278,6 +279,23 @@ static const par_cell_spec builtin[] = {
      .load_layout = {.world_size = 8, .pipeline_model_parallel_size = 4, .virtual_pipeline_model_parallel_size = 2,
                      .use_distributed_optimizer = 1},
      .note = NOTE_PAIR},
+    /* checkpoints resharded offline (tools/zwire-accept.sh): A's checkpoint after 1 step == its reshard to B */
+#define RS(nm, ...) \
+    {.name = nm, .preset = MINI, .data = "generator", .kind = PAR_KIND_CKPT_RESHARD, .tier = X, .steps = 1, \
+     .note = "the checkpoint of `layout` after 1 step resharded to `load-layout`: state and tensors bitwise equal", \
+     __VA_ARGS__}
+    RS("reshard_dp8z_dp2", .layout = {.world_size = 8, .use_distributed_optimizer = 1},
+       .load_layout = {.world_size = 2}),
+    RS("reshard_ep128_ep32", .layout = {.expert_model_parallel_size = 128, B128},
+       .load_layout = {.world_size = 32, .expert_model_parallel_size = 32}),
+    RS("reshard_pp2ep32_pp4ep64cp2",
+       .layout = {.world_size = 64, .pipeline_model_parallel_size = 2, .expert_model_parallel_size = 32},
+       .load_layout = {.world_size = 256, .pipeline_model_parallel_size = 4, .expert_model_parallel_size = 64,
+                       .context_parallel_size = 2}),
+    RS("reshard_pp4vpp2_pp1",
+       .layout = {.world_size = 4, .pipeline_model_parallel_size = 4, .virtual_pipeline_model_parallel_size = 2},
+       .load_layout = {.world_size = 1}),
+#undef RS
 #undef SC
 #undef PPX
 #undef B128
@@ -451,13 +469,17 @@ static par_status check_layout(const par_cell_spec *c, const par_config *cfg, co
  * would otherwise silently drop a layout). */
 static par_status check_kind_fields(const par_cell_spec *c)
 {
-    int lay = c->kind == PAR_KIND_LAYOUT || c->kind == PAR_KIND_RESUME;
+    int two = c->kind == PAR_KIND_RESUME || c->kind == PAR_KIND_CKPT_RESHARD;
+    int lay = c->kind == PAR_KIND_LAYOUT || two;
     if (!lay && !par_cell_layout_empty(&c->layout))
         return par_err(PAR_EINVAL, "cell '%s': \"layout\": a %s cell runs serially and takes no layout", c->name,
                        par_cell_kind_name(c->kind));
-    if (c->kind != PAR_KIND_RESUME && (!par_cell_layout_empty(&c->load_layout) || c->split))
-        return par_err(PAR_EINVAL, "cell '%s': \"load-layout\" and \"split\" belong to resume cells (kind is %s)",
+    if (!two && !par_cell_layout_empty(&c->load_layout))
+        return par_err(PAR_EINVAL, "cell '%s': \"load-layout\" belongs to resume and ckpt-reshard cells (kind is %s)",
                        c->name, par_cell_kind_name(c->kind));
+    if (c->kind != PAR_KIND_RESUME && c->split)
+        return par_err(PAR_EINVAL, "cell '%s': \"split\" belongs to resume cells (kind is %s)", c->name,
+                       par_cell_kind_name(c->kind));
     if (c->precision != 0 && c->precision != 64 && c->precision != 32)
         return par_err(PAR_EINVAL, "cell '%s': \"precision\": expected f64 or f32", c->name);
     if (c->precision == 32 && (c->kind == PAR_KIND_GOLDEN || c->kind == PAR_KIND_REPEAT ||
@@ -483,9 +505,10 @@ par_status par_cell_check(const par_cell_spec *c)
     par_config cfg;
     if (!s)
         s = par_cell_config(c, &cfg);
-    if (!s && (c->kind == PAR_KIND_LAYOUT || c->kind == PAR_KIND_RESUME))
+    int two = c->kind == PAR_KIND_RESUME || c->kind == PAR_KIND_CKPT_RESHARD;
+    if (!s && (c->kind == PAR_KIND_LAYOUT || two))
         s = check_layout(c, &cfg, &c->layout, "\"layout\"");
-    if (!s && c->kind == PAR_KIND_RESUME)
+    if (!s && two)
         s = check_layout(c, &cfg, &c->load_layout, "\"load-layout\"");
     return s;
 }

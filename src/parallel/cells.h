@@ -42,6 +42,9 @@ typedef enum {
                           * same precision, config and data */
     PAR_KIND_RESUME,     /* "resume": `split` steps under `layout` saved to a checkpoint, the rest loaded
                           * under `load-layout` (resharded when it differs), against the serial run */
+    PAR_KIND_CKPT_RESHARD, /* "ckpt-reshard": `steps` under `layout` saved, the checkpoint resharded to
+                          * `load-layout` (`parity ckpt reshard`): both hold the same state and tensors,
+                          * bitwise (`parity ckpt diff`) */
     PAR_KIND_COUNT
 } par_cell_kind;
 
@@ -90,7 +93,7 @@ typedef struct {
     par_cell_files files;   /* which files are compared */
     int informational;      /* a failed comparison is WARN, not FAIL */
     par_cell_layout layout; /* layout and resume */
-    par_cell_layout load_layout; /* resume: the layout that loads the checkpoint */
+    par_cell_layout load_layout; /* resume: the layout that loads the checkpoint; ckpt-reshard: the target */
     int64_t split;          /* resume: steps before the checkpoint (0: steps / 2) */
     char sets[PAR_CELL_MAX_SETS][64]; /* config overrides `key=value` (MODEL.md keys), "" = none */
     char note[240];         /* why this reference and policy */

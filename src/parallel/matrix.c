@@ -569,6 +569,10 @@ static par_status kind_fields(const par_matrix *m, par_mx_cell *c)
         if (r->kind == PAR_KIND_RESUME) {
             describe_layout(c, &r->load_layout, b, sizeof b);
             par_mx_fmt(c->layout, sizeof c->layout, "%s -> ckpt@%lld -> %s", a, (long long)c->split, b);
+        } else if (r->kind == PAR_KIND_CKPT_RESHARD) {
+            describe_layout(c, &r->load_layout, b, sizeof b);
+            par_mx_fmt(c->layout, sizeof c->layout, "%s -> ckpt@%lld resharded -> %s", a, (long long)c->steps, b);
+            c->ref = PAR_REF_NONE;
         } else {
             par_mx_fmt(c->layout, sizeof c->layout, "%s%s", prec == 32 ? "f32 " : "", a);
         }

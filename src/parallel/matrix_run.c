@@ -141,6 +141,32 @@ static par_status prod_resume(par_matrix *m, const par_mx_cell *c, const char *w
     return s;
 }
 
+/* ckpt-reshard: steps under layout saved, the checkpoint resharded to
+ * load-layout with the driver's ownership; PAR_ECHECK when the two differ
+ * in state or in any tensor bit. */
+static par_status prod_ckpt_reshard(par_matrix *m, const par_mx_cell *c, const char *work_dir, const char *set_dir,
+                                    const char **cand, par_mx_result *res)
+{
+    (void)set_dir;
+    (void)cand;
+    char a[PAR_MX_PATH], b[PAR_MX_PATH];
+    par_mx_fmt(a, sizeof a, "%s/ckpt", work_dir);
+    par_mx_fmt(b, sizeof b, "%s/resharded", work_dir);
+    par_layout to;
+    par_status s = run_layout(m, c, &c->row.layout, c->steps, NULL, a, NULL, work_dir, "run", res);
+    if (!s)
+        s = par_cell_layout_resolve(&c->row.load_layout, &c->cfg, &to);
+    if (!s)
+        s = par_ckpt_reshard(a, b, &to, par_ckpt_owner_driver, NULL);
+    par_ckpt_diff_result d;
+    if (!s)
+        s = par_ckpt_diff(a, b, NULL, &d);
+    if (!s && !(d.state_equal && d.tensors_equal))
+        s = par_err(PAR_ECHECK, "%s resharded to %s differs from it: %d tensors differ%s%s; first: %s", a, b,
+                    d.n_tensors_diff, d.state_equal ? "" : ", training state differs", "", d.first);
+    return s;
+}
+
 static par_status prod_data_file(par_matrix *m, const par_mx_cell *c, const char *work_dir, const char *set_dir,
                                  const char **cand, par_mx_result *res)
 {
@@ -168,6 +194,7 @@ static par_status produce(par_matrix *m, const par_mx_cell *c, const char *work_
     case PAR_KIND_DATA_FILE: return prod_data_file(m, c, work_dir, set_dir, cand, res);
     case PAR_KIND_LAYOUT: return prod_layout(m, c, work_dir, set_dir, cand, res);
     case PAR_KIND_RESUME: return prod_resume(m, c, work_dir, set_dir, cand, res);
+    case PAR_KIND_CKPT_RESHARD: return prod_ckpt_reshard(m, c, work_dir, set_dir, cand, res);
     default: return par_err(PAR_EINTERNAL, "matrix: cell %s has kind %d", c->row.name, (int)c->row.kind);
     }
 }
@@ -439,9 +466,16 @@ static void evaluate(par_matrix *m, const par_mx_cell *c, par_mx_result *res)
         ref = c->ref_dir;
     if (!s)
         s = produce(m, c, res->dir, set_dir, &cand, res);
-    if (s) {
-        res->verdict = PAR_CELL_ERROR;
-        par_mx_last_error(res->diagnosis, sizeof res->diagnosis, "");
+    if (s) { /* a check inside the producer (ckpt-reshard) fails the cell; anything else is an error */
+        res->verdict = s == PAR_ECHECK ? PAR_CELL_FAIL : PAR_CELL_ERROR;
+        par_mx_last_error(res->diagnosis, sizeof res->diagnosis, s == PAR_ECHECK ? "check: " : "");
+        if (s == PAR_ECHECK)
+            par_mx_fmt(res->policy, sizeof res->policy, "checks");
+        return;
+    }
+    if (c->ref == PAR_REF_NONE && c->row.kind == PAR_KIND_CKPT_RESHARD) {
+        par_mx_fmt(res->policy, sizeof res->policy, "bitwise");
+        res->verdict = PAR_CELL_PASS;
         return;
     }
     if (c->row.kind == PAR_KIND_GOLDEN && (s = check_sane(c, cand))) {
