@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/alloc.h"
 #include "core/json.h"
 #include "core/status.h"
 
@@ -154,18 +155,19 @@ par_status par_mpi_run_layout(const par_layout_job *job, void *ud, cJSON **summa
     char log[1100], sum[1100];
     snprintf(log, sizeof log, "%s/%s.log", job->work_dir, job->tag);
     snprintf(sum, sizeof sum, "%s/%s-summary.json", job->work_dir, job->tag);
-    static argvec v;
-    build_argv(job, &r, p, sum, &v);
+    argvec *v = par_malloc(sizeof *v, PAR_TAG_MISC);
+    if (!v)
+        return par_err(PAR_ENOMEM, "matrix: out of memory");
+    build_argv(job, &r, p, sum, v);
     int st = 0;
-    par_status s = spawn(v.argv, log, job->fixtures_dir, &st);
-    if (s)
-        return s;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    par_status s = spawn(v->argv, log, job->fixtures_dir, &st);
+    if (!s && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
         char tail[600];
         log_tail(log, tail, sizeof tail);
-        return par_err(PAR_EIO, "matrix: `%s -n %lld parity run --backend mpi` (world %lld) %s %d (log %s): %s",
-                       v.argv[0], (long long)p, (long long)job->world, WIFEXITED(st) ? "exited" : "killed by signal",
-                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log, tail);
+        s = par_err(PAR_EIO, "matrix: `%s -n %lld parity run --backend mpi` (world %lld) %s %d (log %s): %s",
+                    v->argv[0], (long long)p, (long long)job->world, WIFEXITED(st) ? "exited" : "killed by signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), log, tail);
     }
-    return par_json_read_file(sum, summary);
+    par_free(v);
+    return s ? s : par_json_read_file(sum, summary);
 }

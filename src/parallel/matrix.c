@@ -182,7 +182,7 @@ static par_status select_fixtures(par_matrix *m, const par_matrix_opts *o)
 {
     if (o->n_only_fixtures <= 0)
         return PAR_OK;
-    static char keep[PAR_MX_MAX_FIXTURES][64];
+    char keep[PAR_MX_MAX_FIXTURES][64];
     int nk = 0;
     for (int i = 0; i < o->n_only_fixtures; i++) {
         const char *want = o->only_fixtures[i];
@@ -282,7 +282,7 @@ static par_status list_goldens(par_matrix *m, const char *given)
     DIR *d = opendir(m->golden_root);
     if (!d)
         return par_err(PAR_EIO, "matrix: cannot read %s: %s", m->golden_root, strerror(errno));
-    static char names[PAR_MX_MAX_FIXTURES][128];
+    char names[PAR_MX_MAX_FIXTURES][128];
     int nn = 0;
     struct dirent *de;
     while ((de = readdir(d)) && nn < PAR_MX_MAX_FIXTURES)
@@ -626,7 +626,7 @@ static par_status append_cell(par_matrix *m, const par_mx_cell *c)
 static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_config *cfg, const char *fixture,
                            const char *data_path)
 {
-    static par_mx_cell c; /* large: not on the stack */
+    par_mx_cell c;
     memset(&c, 0, sizeof c);
     c.row = *r;
     c.cfg = *cfg;
@@ -662,7 +662,7 @@ static par_status add_unreadable_goldens(par_matrix *m, const par_cell_spec *r, 
         const par_mx_golden *ge = &m->gold[g];
         if (strcmp(ge->preset, r->preset) || !ge->error[0] || !strcmp(ge->error, "skip"))
             continue;
-        static par_mx_cell c;
+        par_mx_cell c;
         memset(&c, 0, sizeof c);
         c.row = *r;
         c.cfg = *cfg;
