@@ -771,7 +771,8 @@ static par_mx_ref *ref_find(par_matrix *m, const par_mx_cell *c, int precision)
 }
 
 /* OUT/ref/f<P>-<data>-s<K>-seed<N>, plus -<preset> for data that is not a
- * preset's fixture and -c<hash> for a config with overrides. */
+ * preset's fixture and -c<hash> for a config with overrides or a data file
+ * (two files of one base name get two references). */
 static void ref_dir_name(const par_matrix *m, const par_mx_cell *c, int precision, char *buf, size_t n)
 {
     char data[96];
@@ -783,9 +784,11 @@ static void ref_dir_name(const par_matrix *m, const par_mx_cell *c, int precisio
                                   (long long)c->steps, (unsigned long long)c->seed);
     if (!c->fixture[0] && o < n)
         o += (size_t)par_mx_fmt(buf + o, n - o, "-%s", c->row.preset);
-    if (strcmp(c->cfgkey, c->row.preset) && o < n) {
+    if ((strcmp(c->cfgkey, c->row.preset) || c->data_path[0]) && o < n) { /* overrides, or a file's path */
+        char key[sizeof c->cfgkey + sizeof c->data_path + 2];
         uint8_t h[32];
-        par_sha256(c->cfgkey, strlen(c->cfgkey), h);
+        int k = par_mx_fmt(key, sizeof key, "%s|%s", c->cfgkey, c->data_path);
+        par_sha256(key, (size_t)k, h);
         par_mx_fmt(buf + o, n - o, "-c%02x%02x%02x%02x", h[0], h[1], h[2], h[3]);
     }
 }

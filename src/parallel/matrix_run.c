@@ -507,8 +507,13 @@ void par_mx_run_cell(par_matrix *m, int idx)
         fprintf(m->o.progress, "[%2d/%d] %-44s running\n", idx + 1, m->n, label);
         fflush(m->o.progress);
     }
-    par_mx_fmt(res->dir, sizeof res->dir, "%s/cells/%02d-%s-%s", m->out_dir, idx + 1, c->row.name,
-               c->fixture[0] ? c->fixture : "generator");
+    char data[96]; /* the fixture, a data file's base name, or "generator" */
+    par_mx_fmt(data, sizeof data, "%s", c->fixture[0] ? c->fixture : c->data_path[0] && !c->error[0] ? c->data_label
+                                                                                                    : "generator");
+    char *dot = strstr(data, ".safetensors");
+    if (dot)
+        *dot = 0;
+    par_mx_fmt(res->dir, sizeof res->dir, "%s/cells/%02d-%s-%s", m->out_dir, idx + 1, c->row.name, data);
     evaluate(m, c, res);
     res->wall_s = par_mx_now() - t0;
     if (res->verdict == PAR_CELL_FAIL || res->verdict == PAR_CELL_ERROR) {
