@@ -245,7 +245,6 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
     o->dump_dir = c->dump;
     o->save_dir = c->save;
     o->save_interval = c->save_interval;
-    par_run_register_ckpt_owner();
     if (c->load && par_ckpt_open(c->load, ck) != PAR_OK) { /* validated before anything runs or is written */
         fprintf(stderr, "parity run: --load: %s\n", par_last_error());
         return 2;

@@ -16,6 +16,7 @@
 #include "model/goldenset.h"
 #include "model/rootcause.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 #include "parallel/driver.h"
 #include "parallel/matrix-impl.h"
 #include "parallel/rankof.h"
