@@ -1,0 +1,101 @@
+/* parallel/mm_zero.c - ZeRO-1 plan geometry for the memory model (see
+ * parallel/mm_zero.h). */
+#include "parallel/mm_zero.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+typedef struct {
+    int64_t numel, ws;
+    int idx;
+} mu_item;
+
+/* numel descending, then table order (zero.c cmp_muon). */
+static int cmp_mu(const void *a, const void *b)
+{
+    const mu_item *x = a, *y = b;
+    if (x->numel != y->numel)
+        return x->numel > y->numel ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/* Min-heap of ranks by (load, rank): the least-loaded rank, ties lower. */
+static int less(const int64_t *load, int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; }
+
+static void sift_down(int *h, int n, const int64_t *load, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && less(load, h[l], h[m]))
+            m = l;
+        if (r < n && less(load, h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        int t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+void par_mm_zero_free(par_mm_zero *g)
+{
+    if (!g)
+        return;
+    par_free(g->load);
+    par_free(g->muon_ws);
+    memset(g, 0, sizeof *g);
+}
+
+par_status par_mm_zero_build(par_mm_zero *out, const par_mm_zero_entry *e, int n, int dp)
+{
+    if (dp < 1 || n < 0 || (n > 0 && !e))
+        return par_err(PAR_EINVAL, "zero geometry: group of %d ranks, %d entries", dp, n);
+    par_mm_zero g;
+    memset(&g, 0, sizeof g);
+    g.dp = dp;
+    g.load = par_calloc((size_t)dp, sizeof *g.load, PAR_TAG_MODEL);
+    g.muon_ws = par_calloc((size_t)dp, sizeof *g.muon_ws, PAR_TAG_MODEL);
+    mu_item *mu = par_malloc((size_t)(n > 0 ? n : 1) * sizeof *mu, PAR_TAG_MODEL);
+    int *heap = par_malloc((size_t)dp * sizeof *heap, PAR_TAG_MODEL);
+    if (!g.load || !g.muon_ws || !mu || !heap) {
+        par_free(mu);
+        par_free(heap);
+        par_mm_zero_free(&g);
+        return par_err(PAR_ENOMEM, "zero geometry: no memory for %d entries over %d ranks", n, dp);
+    }
+    int nm = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].opt == PAR_OPT_ADAMW)
+            g.n_adamw += e[i].numel;
+        if (e[i].opt != PAR_OPT_MUON)
+            continue;
+        int64_t r = e[i].rows < e[i].cols ? e[i].rows : e[i].cols;
+        mu[nm++] = (mu_item){e[i].numel, 3 * e[i].numel + 2 * r * r, i};
+        g.n_muon += e[i].numel;
+        if (mu[nm - 1].ws > g.muon_ws_all)
+            g.muon_ws_all = mu[nm - 1].ws;
+    }
+    g.shard = (g.n_adamw + dp - 1) / dp;
+    qsort(mu, (size_t)nm, sizeof *mu, cmp_mu);
+    for (int q = 0; q < dp; q++)
+        heap[q] = q; /* all loads 0: rank order is a heap */
+    for (int j = 0; j < nm; j++) {
+        int best = heap[0];
+        g.load[best] += mu[j].numel;
+        if (mu[j].ws > g.muon_ws[best])
+            g.muon_ws[best] = mu[j].ws;
+        sift_down(heap, dp, g.load, 0);
+    }
+    for (int q = 0; q < dp; q++)
+        if (g.load[q] > g.load_max)
+            g.load_max = g.load[q];
+    g.seg = g.shard + g.load_max;
+    par_free(mu);
+    par_free(heap);
+    *out = g;
+    return PAR_OK;
+}

@@ -1,0 +1,42 @@
+/* parallel/mm_zero.h - the memory model's view of a ZeRO-1 plan: which
+ * rank of a data-parallel group owns what optimizer state (untemplated, no
+ * state allocated, works for V4-Pro's tables).
+ *
+ * The geometry is zero.h's (parallel/zero.h, "Packed layout"): AdamW
+ * tensors concatenated in table order and sharded element-wise, shard =
+ * ceil(n_adamw / dp); Muon matrices owned whole, greedy by numel descending
+ * (ties: table order) to the least-loaded rank (ties: the lower rank); seg =
+ * shard + load_max.  Until the plan geometry has an untemplated home of its
+ * own, this file computes it with that rule; tests/parallel/test_memmodel.c
+ * checks it against par_zero_plan_build_f64 entry by entry.
+ */
+#ifndef PAR_PARALLEL_MM_ZERO_H
+#define PAR_PARALLEL_MM_ZERO_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/params.h"
+
+/* One optimized tensor, in table order. */
+typedef struct {
+    int64_t numel, rows, cols;
+    par_opt_kind opt; /* PAR_OPT_MUON or PAR_OPT_ADAMW (others are skipped) */
+} par_mm_zero_entry;
+
+typedef struct {
+    int dp;
+    int64_t n_adamw, shard, n_muon, load_max, seg;
+    int64_t *load;     /* [dp] Muon elements owned by each rank                   */
+    int64_t *muon_ws;  /* [dp] Muon scratch elements of each rank: the largest over
+                        * its matrices of 3 numel + 2 min(rows, cols)^2 (optim.c
+                        * par_muon_update + par_muon_orthogonalize)                */
+    int64_t muon_ws_all; /* the same over every matrix (replicated: one rank updates all) */
+} par_mm_zero;
+
+/* The geometry of entries e[0..n) over a group of dp ranks.  *g is set
+ * only on success; free it with par_mm_zero_free. */
+par_status par_mm_zero_build(par_mm_zero *g, const par_mm_zero_entry *e, int n, int dp);
+void par_mm_zero_free(par_mm_zero *g);
+
+#endif
