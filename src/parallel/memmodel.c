@@ -26,7 +26,8 @@ struct par_mm {
     par_config cfg;
     par_layout lay;
     par_mm_opts o;
-    par_param_table tab;
+    par_param_table own;      /* built by par_mm_create (unused when shared) */
+    const par_param_table *tab;
     int pp, per;
     par_schedule sch;
     int have_sch;
@@ -72,7 +73,8 @@ void par_mm_free(par_mm *mm)
     par_free(mm->st);
     if (mm->have_sch)
         par_schedule_free(&mm->sch);
-    par_param_table_free(&mm->tab);
+    if (mm->tab == &mm->own)
+        par_param_table_free(&mm->own);
     par_free(mm);
 }
 
@@ -102,16 +104,16 @@ static void seg_hold(const par_mm *mm, int seg, stage_info *si)
 
 static int holds(const par_mm *mm, const stage_info *si, int idx)
 {
-    const par_param *p = &mm->tab.p[idx];
+    const par_param *p = &mm->tab->p[idx];
     if (p->dtype != PAR_PDT_REAL)
         return 0;
     if (p->expert >= mm->cfg.n_routed_experts / mm->lay.ep)
         return 0; /* one EP slice: [0, E/EP) (every slice has the same shapes) */
     if (p->layer >= 0)
         return si->blocks[p->layer];
-    if (idx == mm->tab.top.embed)
+    if (idx == mm->tab->top.embed)
         return si->embed;
-    if (idx == mm->tab.top.head)
+    if (idx == mm->tab->top.head)
         return si->head;
     return si->final;
 }
@@ -120,7 +122,7 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
  * experts: one EP slice), and the held float count. */
 static par_status stage_plans(par_mm *mm, stage_info *si)
 {
-    const par_param_table *t = &mm->tab;
+    const par_param_table *t = mm->tab;
     par_mm_zero_entry *e = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *e, PAR_TAG_MODEL);
     if (!e)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d table entries", t->n);
@@ -151,7 +153,7 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
 
 static par_status stages_build(par_mm *mm)
 {
-    int nb = mm->tab.n_blocks;
+    int nb = mm->tab->n_blocks;
     mm->st = par_calloc((size_t)mm->pp, sizeof *mm->st, PAR_TAG_MODEL);
     if (!mm->st)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", mm->pp);
@@ -196,7 +198,8 @@ static par_status schedule_of(par_mm *mm)
     return PAR_OK;
 }
 
-par_status par_mm_create(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o)
+static par_status mm_new(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o,
+                         const par_param_table *shared)
 {
     *out = NULL;
     if (!l->resolved)
@@ -223,17 +226,30 @@ par_status par_mm_create(par_mm **out, const par_config *cfg, const par_layout *
     mm->es_o = parity ? rb : 4;
     mm->es_m = parity ? 0 : 4;
     mm->es_a = parity ? rb : 2;
-    par_status s = par_param_table_build(&mm->tab, cfg);
-    if (s) {
-        par_free(mm);
-        return s;
-    }
-    if ((s = schedule_of(mm)) || (s = stages_build(mm))) {
+    par_status s = PAR_OK;
+    if (shared)
+        mm->tab = shared;
+    else if (!(s = par_param_table_build(&mm->own, cfg)))
+        mm->tab = &mm->own;
+    if (s || (s = schedule_of(mm)) || (s = stages_build(mm))) {
         par_mm_free(mm);
         return s;
     }
     *out = mm;
     return PAR_OK;
+}
+
+par_status par_mm_create(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o)
+{
+    return mm_new(out, cfg, l, o, NULL);
+}
+
+par_status par_mm_create_shared(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o,
+                                const par_param_table *tab)
+{
+    if (!tab)
+        return par_err(PAR_EINVAL, "memory model: no parameter table to share");
+    return mm_new(out, cfg, l, o, tab);
 }
 
 /* ---- activations ---------------------------------------------------------- */
@@ -426,8 +442,12 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     double *v = par_calloc((size_t)ns_seg * 3, sizeof *v, PAR_TAG_MODEL);
     if (!v)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
-    for (int s = 0; s < ns_seg; s++)
+    for (int s = 0; s < ns_seg; s++) {
         seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s]);
+        if (!parity) /* a GPU job frees the dispatch rows with the microbatch; parity's ep.c / cp.c keep
+                      * them for the step */
+            v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
+    }
     walk_out w;
     par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, par_act_stream(&c, T), &w);
     par_free(v);
@@ -519,7 +539,7 @@ par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
     out.rank = r;
     out.stage = rc.pp;
     out.held_floats = si->floats;
-    out.weights = (double)si->floats * mm->es_w + (double)mm->tab.n_i32 * 4.0;
+    out.weights = (double)si->floats * mm->es_w + (double)mm->tab->n_i32 * 4.0;
     out.grads = (double)si->floats * mm->es_g;
     optim_of(mm, si, &rc, &out);
     out.recv_factor = recv_factor(mm, si, r);

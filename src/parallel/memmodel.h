@@ -35,6 +35,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "model/params.h"
 #include "parallel/layout.h"
 
 typedef enum {
@@ -89,6 +90,10 @@ typedef struct par_mm par_mm;
  * parameter table is built inside: planning presets are fine).  *out is
  * set only on success; free it with par_mm_free. */
 par_status par_mm_create(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o);
+/* The same with cfg's table built once by the caller (borrowed; it must
+ * outlive the model): what a search over many layouts does. */
+par_status par_mm_create_shared(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o,
+                                const par_param_table *tab);
 void par_mm_free(par_mm *mm);
 
 /* The estimate of world rank r. */
