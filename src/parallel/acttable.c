@@ -130,6 +130,19 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
     return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d);
 }
 
+/* attention.c's core scratch on one thread: the keys a query sees (max_keys:
+ * window + topk with the indexer, + S/m compressed entries otherwise), pb
+ * [mk, 2] reals + kb [mk] pointers (the backward's; the forward's zb, kb is
+ * smaller), and ds [T, H]. */
+static double attn_core_scratch(const par_act_ctx *c, int b, double T)
+{
+    const par_config *g = c->cfg;
+    int64_t m = ratio_of(g, b);
+    double mk = (double)g->window_size +
+                (m == 4 ? (double)g->index_topk : m > 0 ? (double)g->seq_length / (double)m : 0);
+    return mk * (2 * c->es + 8) + c->es * (T * (double)g->n_heads + 1);
+}
+
 /* Scratch of the attention backward: attention.c par_attn_backward (dO,
  * dop, dq, Dd, dkv, dcmp, dca, dcz) with the nested proj_backward (dqb,
  * dqr, dqa, dkva), or cp.c's row-coordinate scratch plus one row's
@@ -142,11 +155,12 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
     int64_t m = ratio_of(g, b);
     double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
     if (c->cp <= 1)
-        return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd);
+        return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
+               attn_core_scratch(c, b, T);
     double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp, Tt = rows * S;
     double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L;
     return es * (3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W * d + 1) +
-           es * (W * HD + 2 * W * ql + W * hd);
+           es * (W * HD + 2 * W * ql + W * hd) + attn_core_scratch(c, b, L);
 }
 
 double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)

@@ -22,6 +22,7 @@
 #include "model/params.h"
 #include "parallel/acttable.h"
 #include "parallel/driver.h"
+#include "parallel/memcheck.h"
 #include "parallel/memmodel.h"
 #include "parallel/mm_zero.h"
 #include "parallel/zero.h"
@@ -188,6 +189,17 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
         }
     }
     par_mm_free(mm);
+    /* the refusal estimate of `parity run` (memcheck.h, the same model with balanced routing) is the
+     * measured sum of the ranks' peaks within 10 % */
+    par_memest est;
+    cr_assert_eq(par_memcheck_run(&o.cfg, &o.layout, 64, 1, 0, 0, &est), PAR_OK, "%s", par_last_error());
+    double measured = 0;
+    for (int64_t r = 0; r < s.layout.world; r++)
+        for (int k = 0; k < NTAGS; k++)
+            measured += (double)s.alloc_peak[r * PAR_TAG_COUNT + TAGS[k]];
+    cr_expect_leq(fabs(est.ranks - measured) / measured, 0.10, "%s: memcheck %.0f vs measured %.0f bytes", L->name,
+                  est.ranks, measured);
+    cr_expect_gt(est.shared, 0);
     par_run_summary_free(&s);
 }
 
