@@ -9,6 +9,22 @@
 #define LL(x) ((long long)(x))
 #define GB 1e9
 
+/* A decimal unit for a table whose largest value is `max` bytes. */
+static double unit_of(double max, const char **name)
+{
+    static const struct {
+        double v;
+        const char *n;
+    } u[] = {{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "kB"}};
+    for (int i = 0; i < 4; i++)
+        if (max >= u[i].v) {
+            *name = u[i].n;
+            return u[i].v;
+        }
+    *name = "B";
+    return 1;
+}
+
 /* 524288 -> "524,288" */
 static const char *commas(int64_t v, char *buf, size_t n)
 {
@@ -31,18 +47,26 @@ static void print_guide(FILE *f, const par_config *cfg, const par_layout *l, con
     char a[32], b[32];
     par_guide_ep_row ep[3];
     int ne = par_guide_ep_table(cfg, l, ep);
+    double top = 0;
+    for (int i = 0; i < ne; i++)
+        top = ep[i].bytes > top ? ep[i].bytes : top;
+    const char *un;
+    double u = unit_of(top, &un);
     fprintf(f, "guide    routed expert parameters 3hf = 3 x %lld x %lld = %s; bf16 routed weights of the fullest "
-               "stage's %lld MoE layers on one rank (ETP 1, no FSDP; GB = 1e9 B):\n",
+               "stage's %lld MoE layers on one rank (ETP 1, no FSDP; decimal units):\n",
             LL(cfg->dim), LL(cfg->moe_inter_dim), commas(g->expert_params, a, sizeof a), LL(g->moe_layers));
     fprintf(f, "           EP    experts/rank  De    routed weights\n");
     for (int i = 0; i < ne; i++)
-        fprintf(f, "           %-5lld %-13lld %-5lld %6.2f GB%s\n", LL(ep[i].ep), LL(ep[i].experts_per_rank),
-                LL(ep[i].de), ep[i].bytes / GB, ep[i].ep == l->ep ? "  (this layout)" : "");
+        fprintf(f, "           %-5lld %-13lld %-5lld %6.2f %s%s\n", LL(ep[i].ep), LL(ep[i].experts_per_rank),
+                LL(ep[i].de), ep[i].bytes / u, un, ep[i].ep == l->ep ? "  (this layout)" : "");
     fprintf(f, "         m = B/(b*Da) = %lld/(%lld*%lld) = %lld microbatches", LL(g->B), LL(g->b), LL(g->da), LL(g->m));
     if (g->pp > 1)
         fprintf(f, "; balanced 1F1B bubble (p-1)/(m+p-1) = %lld/%lld = %.1f %%", LL(g->pp - 1), LL(g->m + g->pp - 1),
                 100.0 * g->bubble);
-    fprintf(f, "\n         interleaved VPP: %s%s\n", g->vpp_legal ? "legal" : "refused: ", g->vpp_legal ? "" : g->vpp_why);
+    if (g->pp < 2)
+        fprintf(f, "\n         interleaved VPP: n/a (PP 1)\n");
+    else
+        fprintf(f, "\n         interleaved VPP: %s%s\n", g->vpp_legal ? "legal" : "refused: ", g->vpp_legal ? "" : g->vpp_why);
     fprintf(f, "         EP%lld dispatch: T_group = EP*b*S/CP = %lld*%lld*%lld/%lld = %s unique tokens; E[T_expert] = "
                "k*T_group/E = %lld*%s/%lld = %.0f assignments per expert\n",
             LL(g->ep), LL(g->ep), LL(g->b), LL(g->S), LL(g->cp), commas(g->t_group, a, sizeof a),
@@ -101,23 +125,26 @@ static par_status stage_rows(const par_planrep_opts *o, par_mm_rank **rows)
 static void print_memory(FILE *f, const par_planrep_opts *o, const par_mm_rank *rows)
 {
     const par_layout *l = o->l;
-    fprintf(f, "memory   heaviest rank of every stage (%s; ZeRO-1 %s; %s; EP receive skew %s; GB = 1e9 B):\n",
-            runtime_words(&o->mm), l->distributed_optimizer ? "on" : "off",
-            o->mm.rt == PAR_MM_MEGATRON && o->mm.recompute ? "full recomputation" : "no recomputation",
-            l->ep <= 1 ? "-" : o->mm.recv_rows ? "measured" : "assumed");
-    fprintf(f, "  stage  rank    params      weights   grads     optimizer activations in-flight comm      "
-               "workspace total\n");
     double peak = 0;
     int at = 0;
+    for (int s = 0; s < (int)l->pp; s++)
+        if (rows[s].total > peak)
+            peak = rows[s].total, at = s;
+    const char *un;
+    double u = unit_of(peak, &un);
+    fprintf(f, "memory   heaviest rank of every stage (%s; ZeRO-1 %s; %s; EP receive skew %s; %s = %.0e B):\n",
+            runtime_words(&o->mm), l->distributed_optimizer ? "on" : "off",
+            o->mm.rt == PAR_MM_MEGATRON && o->mm.recompute ? "full recomputation" : "no recomputation",
+            l->ep <= 1 ? "-" : o->mm.recv_rows ? "measured" : "assumed", un, u);
+    fprintf(f, "  stage  rank    params      weights   grads     optimizer activations in-flight comm      "
+               "workspace total\n");
     for (int s = 0; s < (int)l->pp; s++) {
         const par_mm_rank *r = &rows[s];
         fprintf(f, "  %-6d %-7d %-11lld %8.2f  %8.2f  %8.2f  %9.2f   %-9d %8.2f  %8.2f  %8.2f\n", s, r->rank,
-                LL(r->held_floats), r->weights / GB, r->grads / GB, r->optim / GB, r->act / GB, r->inflight,
-                r->comm / GB, r->workspace / GB, r->total / GB);
-        if (r->total > peak)
-            peak = r->total, at = s;
+                LL(r->held_floats), r->weights / u, r->grads / u, r->optim / u, r->act / u, r->inflight,
+                r->comm / u, r->workspace / u, r->total / u);
     }
-    fprintf(f, "  peak %.2f GB on stage %d (rank %d); EP rows received per row sent %.2f\n", peak / GB, at,
+    fprintf(f, "  peak %.2f %s on stage %d (rank %d); EP rows received per row sent %.2f\n", peak / u, un, at,
             rows[at].rank, rows[at].recv_factor);
 }
 

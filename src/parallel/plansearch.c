@@ -64,12 +64,12 @@ static par_status evaluate(const par_config *cfg, const par_search_opts *o, cons
         return s;
     if (o->memory > 0 && c->mem_peak > o->memory) {
         c->status = PAR_CAND_MEMORY;
-        snprintf(c->reason, sizeof c->reason, "heaviest rank (stage %d) needs %.2f GB > %.2f GB per GPU", c->mem_stage,
-                 c->mem_peak / 1e9, o->memory / 1e9);
+        snprintf(c->reason, sizeof c->reason, "heaviest rank (stage %d) needs %.0f bytes > %.0f per GPU (%.3g GB)",
+                 c->mem_stage, c->mem_peak, o->memory, o->memory / 1e9);
         return PAR_OK;
     }
     c->status = PAR_CAND_KEPT;
-    snprintf(c->reason, sizeof c->reason, "fits: %.2f GB (stage %d)", c->mem_peak / 1e9, c->mem_stage);
+    snprintf(c->reason, sizeof c->reason, "fits: %.4g GB (stage %d)", c->mem_peak / 1e9, c->mem_stage);
     par_steptime_opts so = o->st;
     so.recompute = c->recompute;
     return par_steptime_estimate(cfg, l, o->net, &so, &c->t);
@@ -155,7 +155,7 @@ static const char *status_name(par_cand_status s)
     return (unsigned)s < 4 ? names[s] : "?";
 }
 
-static void print_row(FILE *f, int rank, const par_search_cand *c)
+static void print_row(FILE *f, int rank, const par_search_cand *c, double unit)
 {
     char step[32] = "-";
     if (c->status == PAR_CAND_KEPT)
@@ -163,31 +163,36 @@ static void print_row(FILE *f, int rank, const par_search_cand *c)
     fprintf(f, "  %-4d %-3lld %-3lld %-3lld %-4lld %-3lld %-2lld %-5lld %-4lld %-5lld %-11s %-4s %8.2f  %-9s %5.1f  %-9s "
                "%s\n",
             rank, LL(c->pp), LL(c->vpp), LL(c->cp), LL(c->ep), LL(c->etp), LL(c->b), LL(c->da), LL(c->de), LL(c->m),
-            c->schedule, c->recompute ? "full" : "none", c->mem_peak > 0 ? c->mem_peak / 1e9 : 0.0, step,
+            c->schedule, c->recompute ? "full" : "none", c->mem_peak > 0 ? c->mem_peak / unit : 0.0, step,
             c->status == PAR_CAND_KEPT ? 100 * c->t.bubble : 0.0, status_name(c->status), c->reason);
 }
 
 void par_plan_search_print(FILE *f, const par_search_cand *c, int n, int top, const par_search_opts *o)
 {
     int kept = 0, by[4] = {0};
+    double top_peak = 0;
     for (int i = 0; i < n; i++) {
         by[c[i].status]++;
         kept += c[i].status == PAR_CAND_KEPT;
+        if (c[i].status == PAR_CAND_KEPT && c[i].mem_peak > top_peak)
+            top_peak = c[i].mem_peak;
     }
+    const int gb = top_peak >= 1e9 || o->memory >= 1e9;
+    const double unit = gb ? 1e9 : 1e6;
     fprintf(f, "search   %lld GPUs, B %lld, budget %s; %d candidates: %d kept, %d illegal, %d unsupported, %d over "
                "memory; ranked by the analytical step time (network %s)\n",
             LL(o->world), LL(o->global_batch), o->memory > 0 ? "per GPU" : "none", n, kept, by[PAR_CAND_ILLEGAL],
             by[PAR_CAND_UNSUPPORTED], by[PAR_CAND_MEMORY], o->net->name);
     if (o->memory > 0)
-        fprintf(f, "         memory per GPU %.2f GB\n", o->memory / 1e9);
-    fprintf(f, "  rank PP  VPP CP  EP   ETP b  Da    De   m     schedule    rcmp peak GB   step s    bub %%  status    "
-               "reason\n");
+        fprintf(f, "         memory per GPU %.0f bytes (%.4g GB)\n", o->memory, o->memory / 1e9);
+    fprintf(f, "  rank PP  VPP CP  EP   ETP b  Da    De   m     schedule    rcmp peak %s   step s    bub %%  status    "
+               "reason\n", gb ? "GB" : "MB");
     for (int i = 0; i < n && i < top && c[i].status == PAR_CAND_KEPT; i++)
-        print_row(f, i + 1, &c[i]);
+        print_row(f, i + 1, &c[i], unit);
     for (int s = 1; s < 4; s++) { /* the first dropped candidate of each reason */
         for (int i = 0; i < n; i++)
             if (c[i].status == (par_cand_status)s) {
-                print_row(f, 0, &c[i]);
+                print_row(f, 0, &c[i], unit);
                 break;
             }
     }
