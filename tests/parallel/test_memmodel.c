@@ -137,6 +137,7 @@ typedef struct {
     const char *name, *preset;
     int64_t world, pp, cp, ep, zero, mbs;
     const char *schedule, *layout;
+    int f32;
 } lay;
 
 #define NTAGS 5
@@ -152,6 +153,7 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     cr_assert_eq(par_config_preset(&o.cfg, L->preset), PAR_OK);
     o.backend = par_backend_find("threads");
     cr_assert(o.backend);
+    o.precision = L->f32 ? 32 : 64;
     o.layout.world = L->world;
     o.layout.pp = L->pp ? L->pp : 1;
     o.layout.cp = L->cp ? L->cp : 1;
@@ -168,7 +170,7 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     par_mm_opts mo;
     par_mm_opts_init(&mo);
     mo.rt = PAR_MM_PARITY;
-    mo.real_bytes = 8;
+    mo.real_bytes = L->f32 ? 4 : 8;
     mo.recv_rows = s.ep_recv; /* one step: the forward's rows per rank */
     par_mm *mm = NULL;
     cr_assert_eq(par_mm_create(&mm, &o.cfg, &s.layout, &mo), PAR_OK, "%s: %s", L->name, par_last_error());
@@ -192,7 +194,7 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     /* the refusal estimate of `parity run` (memcheck.h, the same model with balanced routing) is the
      * measured sum of the ranks' peaks within 10 % */
     par_memest est;
-    cr_assert_eq(par_memcheck_run(&o.cfg, &o.layout, 64, 1, 0, 0, &est), PAR_OK, "%s", par_last_error());
+    cr_assert_eq(par_memcheck_run(&o.cfg, &o.layout, o.precision, 1, 0, 0, &est), PAR_OK, "%s", par_last_error());
     double measured = 0;
     for (int64_t r = 0; r < s.layout.world; r++)
         for (int k = 0; k < NTAGS; k++)
@@ -222,17 +224,19 @@ static void run_set(const lay *set, int n)
 Test(memmodel, predicts_the_allocator_per_rank_v4_tiny, .timeout = 600)
 {
     static const lay set[] = {
-        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL},
-        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL},
-        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL},
-        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL},
-        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL},
-        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL},
-        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL"},
-        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL"},
-        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL"},
-        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL"},
-        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL"},
+        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL, 0},
+        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0},
+        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL, 0},
+        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL, 0},
+        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 0},
+        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL, 0},
+        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0},
+        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL", 0},
+        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL", 0},
+        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL", 0},
+        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL", 0},
+        {"f32 PP2 1f1b EP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 2, 1, 1, "1f1b", "Et*2|tmL", 1},
+        {"f32 CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 1},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }
@@ -243,11 +247,11 @@ Test(memmodel, predicts_the_allocator_per_rank_v4_mini, .timeout = 1800)
     if (!getenv("MEMMODEL_MINI"))
         cr_skip_test("v4-mini layouts run with -Dslow_tests=true (MEMMODEL_MINI=1)");
     static const lay set[] = {
-        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL},
-        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL},
-        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL"},
-        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL"},
-        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL"},
+        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL, 0},
+        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL, 0},
+        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL", 0},
+        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL", 0},
+        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL", 0},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }
