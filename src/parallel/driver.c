@@ -685,6 +685,8 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
                 sum->alloc_res_peak[r * PAR_TAG_COUNT + t] = R.apeak[(2 * r + 1) * PAR_TAG_COUNT + t];
             }
         sum->start_step = R.step0;
+        for (int64_t r = 0; r < R.B; r++)
+            sum->samples0 += R.nsamp[r];
         sum->saves = R.saves;
         sum->wall_s = now_s() - t_start;
         sum->net = net;

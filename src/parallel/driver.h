@@ -123,6 +123,7 @@ typedef struct {
      * (blocks + arena handouts) and reserved view (arena chunks whole) */
     int64_t *alloc_peak, *alloc_res_peak; /* [world * PAR_TAG_COUNT] */
     int64_t start_step;       /* the loaded checkpoint's step (0 without --load) */
+    int64_t samples0;         /* samples of the first step's global batch (memory model statistics) */
     int64_t saves;            /* checkpoints written */
 } par_run_summary;
 #define PAR_RUN_MEM 6
