@@ -83,6 +83,11 @@ static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *s
     memset(st, 0, sizeof *st);
     st->efficiency = a->efficiency;
     st->skew = a->skew;
+    if (a->net.trace) {
+        fprintf(stderr, "parity plan: --trace writes a run's emulated timeline; plan runs nothing (use parity run or "
+                        "parity schedule --trace)\n");
+        return 2;
+    }
     int on = 0;
     if (par_net_args_resolve(&a->net, net, &on) != PAR_OK)
         return fail("network");
