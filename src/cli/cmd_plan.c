@@ -85,6 +85,8 @@ int par_cmd_plan(int argc, char **argv)
         fprintf(stderr, "parity plan: unexpected argument '%s' (see 'parity plan --help')\n", pos.argv[0]);
         return 2;
     }
+    if (par_plan_args_check(&pa))
+        return 2;
     par_err_set_quiet(1);
     par_config cfg;
     if (par_config_preset(&cfg, preset) != PAR_OK)

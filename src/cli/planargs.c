@@ -96,6 +96,26 @@ static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *s
     return 0;
 }
 
+int par_plan_args_check(const par_plan_args *a)
+{
+    par_mm_opts mm;
+    par_steptime_opts st;
+    par_netmodel net;
+    int rc = resolve(a, &mm, &st, &net);
+    if (!rc && a->memory) {
+        double b;
+        if (par_size_parse(a->memory, &b)) {
+            fprintf(stderr, "parity plan: --memory-per-gpu '%s' is not a size (e.g. 80GB, 80GiB, 8e10)\n", a->memory);
+            return 2;
+        }
+    }
+    if (!rc && a->top < 1) {
+        fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
+        return 2;
+    }
+    return rc;
+}
+
 static int write_json(const char *path, cJSON *root)
 {
     char *text = cJSON_Print(root);

@@ -35,6 +35,10 @@ void par_plan_args_init(par_plan_args *a);
 /* Appends the options above (capacity checked); returns the new count or -1. */
 int par_plan_opts(par_opt *opts, int n, int cap, par_plan_args *a);
 
+/* Checks the planning flags before anything is printed (0, or 2 with one
+ * message on stderr). */
+int par_plan_args_check(const par_plan_args *a);
+
 /* After the layout summary: the guide, memory and step-time sections of a
  * resolved layout, and the JSON file.  Returns the exit status (0, or 2
  * with one message on stderr). */
