@@ -118,36 +118,29 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
     return si->final;
 }
 
-/* The held entries of stage si as ZeRO geometry inputs (dense: expert < 0;
- * experts: one EP slice), and the held float count. */
+/* The held entries of stage si as the two plans' lists (dense: expert < 0;
+ * experts: one EP slice; table order, like dpwire.c), and the held floats. */
 static par_status stage_plans(par_mm *mm, stage_info *si)
 {
     const par_param_table *t = mm->tab;
-    par_mm_zero_entry *e = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *e, PAR_TAG_MODEL);
-    if (!e)
+    int *lists = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *lists, PAR_TAG_MODEL);
+    if (!lists)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d table entries", t->n);
-    par_mm_zero_entry *ed = e, *ee = e + t->n;
-    int nd = 0, ne = 0;
+    int nl[2] = {0, 0};
     for (int i = 0; i < t->n; i++) {
-        const par_param *p = &t->p[i];
         if (!holds(mm, si, i))
             continue;
-        si->floats += p->numel;
-        if (p->opt == PAR_OPT_NONE)
-            continue;
-        par_mm_zero_entry z = {p->numel, p->shape[0], p->ndim == 2 ? p->shape[1] : 1, p->opt};
-        if (p->expert >= 0)
-            ee[ne++] = z;
-        else
-            ed[nd++] = z;
+        si->floats += t->p[i].numel;
+        int k = t->p[i].expert >= 0;
+        lists[k * t->n + nl[k]++] = i;
     }
     for (int b = 0; b < t->n_blocks; b++)
         si->n_moe += si->blocks[b];
     const par_layout *l = &mm->lay;
-    par_status s = par_mm_zero_build(&si->zd, ed, nd, (int)(l->cp * l->da));
+    par_status s = par_mm_zero_build(&si->zd, t, lists, nl[0], (int)(l->cp * l->da));
     if (!s)
-        s = par_mm_zero_build(&si->ze, ee, ne, (int)l->de);
-    par_free(e);
+        s = par_mm_zero_build(&si->ze, t, lists + t->n, nl[1], (int)l->de);
+    par_free(lists);
     return s;
 }
 

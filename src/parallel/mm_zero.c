@@ -50,9 +50,9 @@ void par_mm_zero_free(par_mm_zero *g)
     memset(g, 0, sizeof *g);
 }
 
-par_status par_mm_zero_build(par_mm_zero *out, const par_mm_zero_entry *e, int n, int dp)
+par_status par_mm_zero_build(par_mm_zero *out, const par_param_table *t, const int *idx, int n, int dp)
 {
-    if (dp < 1 || n < 0 || (n > 0 && !e))
+    if (!t || dp < 1 || n < 0 || (n > 0 && !idx))
         return par_err(PAR_EINVAL, "zero geometry: group of %d ranks, %d entries", dp, n);
     par_mm_zero g;
     memset(&g, 0, sizeof g);
@@ -68,14 +68,23 @@ par_status par_mm_zero_build(par_mm_zero *out, const par_mm_zero_entry *e, int n
         return par_err(PAR_ENOMEM, "zero geometry: no memory for %d entries over %d ranks", n, dp);
     }
     int nm = 0;
-    for (int i = 0; i < n; i++) {
-        if (e[i].opt == PAR_OPT_ADAMW)
-            g.n_adamw += e[i].numel;
-        if (e[i].opt != PAR_OPT_MUON)
+    for (int k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= t->n) {
+            par_free(mu);
+            par_free(heap);
+            par_mm_zero_free(&g);
+            return par_err(PAR_ERANGE, "zero geometry: item %d is table index %d, outside [0, %d)", k, idx[k], t->n);
+        }
+        const par_param *p = &t->p[idx[k]];
+        if (p->dtype != PAR_PDT_REAL)
             continue;
-        int64_t r = e[i].rows < e[i].cols ? e[i].rows : e[i].cols;
-        mu[nm++] = (mu_item){e[i].numel, 3 * e[i].numel + 2 * r * r, i};
-        g.n_muon += e[i].numel;
+        if (p->opt == PAR_OPT_ADAMW)
+            g.n_adamw += p->numel;
+        if (p->opt != PAR_OPT_MUON)
+            continue;
+        int64_t r = p->ndim == 2 && p->shape[1] < p->shape[0] ? p->shape[1] : p->shape[0];
+        mu[nm++] = (mu_item){p->numel, 3 * p->numel + 2 * r * r, idx[k]};
+        g.n_muon += p->numel;
         if (mu[nm - 1].ws > g.muon_ws_all)
             g.muon_ws_all = mu[nm - 1].ws;
     }

@@ -6,9 +6,12 @@
  * tensors concatenated in table order and sharded element-wise, shard =
  * ceil(n_adamw / dp); Muon matrices owned whole, greedy by numel descending
  * (ties: table order) to the least-loaded rank (ties: the lower rank); seg =
- * shard + load_max.  Until the plan geometry has an untemplated home of its
- * own, this file computes it with that rule; tests/parallel/test_memmodel.c
- * checks it against par_zero_plan_build_f64 entry by entry.
+ * shard + load_max.  The call has the shape of the untemplated geometry
+ * the `ckpt` work adds (parallel/zero_plan.h par_zero_geom_build: table,
+ * index list, group size); until that lands in main this file computes it
+ * with the same rule, and tests/parallel/test_memmodel.c checks it against
+ * par_zero_plan_build_f64 rank by rank.  Then the body below becomes a call
+ * of par_zero_geom_build plus the Muon scratch of each rank's matrices.
  */
 #ifndef PAR_PARALLEL_MM_ZERO_H
 #define PAR_PARALLEL_MM_ZERO_H
@@ -17,12 +20,6 @@
 
 #include "core/status.h"
 #include "model/params.h"
-
-/* One optimized tensor, in table order. */
-typedef struct {
-    int64_t numel, rows, cols;
-    par_opt_kind opt; /* PAR_OPT_MUON or PAR_OPT_ADAMW (others are skipped) */
-} par_mm_zero_entry;
 
 typedef struct {
     int dp;
@@ -34,9 +31,10 @@ typedef struct {
     int64_t muon_ws_all; /* the same over every matrix (replicated: one rank updates all) */
 } par_mm_zero;
 
-/* The geometry of entries e[0..n) over a group of dp ranks.  *g is set
- * only on success; free it with par_mm_zero_free. */
-par_status par_mm_zero_build(par_mm_zero *g, const par_mm_zero_entry *e, int n, int dp);
+/* The geometry of table entries idx[0..n) (table order; entries without an
+ * optimizer or not float are ignored, as zero.h does) over a group of dp
+ * ranks.  *g is set only on success; free it with par_mm_zero_free. */
+par_status par_mm_zero_build(par_mm_zero *g, const par_param_table *t, const int *idx, int n, int dp);
 void par_mm_zero_free(par_mm_zero *g);
 
 #endif

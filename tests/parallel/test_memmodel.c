@@ -40,21 +40,15 @@ static void geometry_matches(const char *preset, int experts)
     cr_assert_eq(par_config_preset(&cfg, preset), PAR_OK);
     cr_assert_eq(par_param_table_build(&t, &cfg), PAR_OK, "%s", par_last_error());
     int *idx = malloc((size_t)t.n * sizeof *idx);
-    par_mm_zero_entry *e = malloc((size_t)t.n * sizeof *e);
-    int n = 0, ne = 0;
-    for (int i = 0; i < t.n; i++) {
-        const par_param *p = &t.p[i];
-        if ((p->expert >= 0) != experts || p->dtype != PAR_PDT_REAL)
-            continue;
-        idx[n++] = i;
-        if (p->opt != PAR_OPT_NONE)
-            e[ne++] = (par_mm_zero_entry){p->numel, p->shape[0], p->ndim == 2 ? p->shape[1] : 1, p->opt};
-    }
+    int n = 0;
+    for (int i = 0; i < t.n; i++)
+        if ((t.p[i].expert >= 0) == experts && t.p[i].dtype == PAR_PDT_REAL)
+            idx[n++] = i;
     static const int dps[] = {1, 2, 3, 4, 8, 16};
     for (size_t k = 0; k < sizeof dps / sizeof dps[0]; k++) {
         int dp = dps[k];
         par_mm_zero g;
-        cr_assert_eq(par_mm_zero_build(&g, e, ne, dp), PAR_OK, "%s", par_last_error());
+        cr_assert_eq(par_mm_zero_build(&g, &t, idx, n, dp), PAR_OK, "%s", par_last_error());
         PAR_FN(par_zero_plan) pl;
         cr_assert_eq(PAR_FN(par_zero_plan_build)(&pl, &t, idx, n, dp, 0, PAR_DP_ZERO1), PAR_OK, "%s",
                      par_last_error());
@@ -68,7 +62,6 @@ static void geometry_matches(const char *preset, int experts)
         par_mm_zero_free(&g);
     }
     free(idx);
-    free(e);
     par_param_table_free(&t);
 }
 
