@@ -41,6 +41,26 @@ static void sift_down(int *h, int n, const int64_t *load, int i)
     }
 }
 
+/* zero.c's greedy: matrices by numel descending (ties table order), each
+ * to the least-loaded rank (ties the lower); loads, Muon scratch, seg. */
+static void assign(par_mm_zero *g, mu_item *mu, int nm, int *heap)
+{
+    qsort(mu, (size_t)nm, sizeof *mu, cmp_mu);
+    for (int q = 0; q < g->dp; q++)
+        heap[q] = q; /* all loads 0: rank order is a heap */
+    for (int j = 0; j < nm; j++) {
+        int best = heap[0];
+        g->load[best] += mu[j].numel;
+        if (mu[j].ws > g->muon_ws[best])
+            g->muon_ws[best] = mu[j].ws;
+        sift_down(heap, g->dp, g->load, 0);
+    }
+    for (int q = 0; q < g->dp; q++)
+        if (g->load[q] > g->load_max)
+            g->load_max = g->load[q];
+    g->seg = g->shard + g->load_max;
+}
+
 void par_mm_zero_free(par_mm_zero *g)
 {
     if (!g)
@@ -89,20 +109,7 @@ par_status par_mm_zero_build(par_mm_zero *out, const par_param_table *t, const i
             g.muon_ws_all = mu[nm - 1].ws;
     }
     g.shard = (g.n_adamw + dp - 1) / dp;
-    qsort(mu, (size_t)nm, sizeof *mu, cmp_mu);
-    for (int q = 0; q < dp; q++)
-        heap[q] = q; /* all loads 0: rank order is a heap */
-    for (int j = 0; j < nm; j++) {
-        int best = heap[0];
-        g.load[best] += mu[j].numel;
-        if (mu[j].ws > g.muon_ws[best])
-            g.muon_ws[best] = mu[j].ws;
-        sift_down(heap, dp, g.load, 0);
-    }
-    for (int q = 0; q < dp; q++)
-        if (g.load[q] > g.load_max)
-            g.load_max = g.load[q];
-    g.seg = g.shard + g.load_max;
+    assign(&g, mu, nm, heap);
     par_free(mu);
     par_free(heap);
     *out = g;
