@@ -14,6 +14,7 @@
 #include "parallel/plan.h"
 #include "parallel/planreport.h"
 #include "parallel/plansearch.h"
+#include "parallel/schedule.h"
 
 static void quiet(void) { par_err_set_quiet(1); }
 
@@ -188,4 +189,54 @@ Test(guide, search_keeps_what_fits_ranked_by_step_time)
     cr_expect_gt(mem, 0);
     cr_expect_lt(k2, kept);
     par_free(c);
+}
+
+/* The memory model's microbatches in flight are the dry run's peak_live
+ * (release at B) and, for a GPU job with a split backward, peak_held
+ * (release at W): the same schedule, two readings (parallel/schedule.h). */
+Test(guide, in_flight_is_the_dry_runs_peak)
+{
+    par_config cfg;
+    cr_assert_eq(par_config_preset(&cfg, "v4-mini"), PAR_OK);
+    static const struct {
+        const char *sched, *layout;
+        int vpp, m;
+    } cases[] = {{"1f1b", "Et*2|t*2|t*2|t*2mL", 1, 8},       {"gpipe", "Et*2|t*2|t*2|t*2mL", 1, 8},
+                 {"zb-h1", "Et*2|t*2|t*2|t*2mL", 1, 8},      {"interleaved", "Et|t|t|t|t|t|t|tmL", 2, 8},
+                 {"dualpipe", "Et*2|t*2|t*2|t*2mL", 1, 8},   {"dualpipev", "Et|t|t|t|t|t|t|tmL", 2, 8}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        for (int rt = 0; rt < 2; rt++) {
+            par_layout l;
+            par_layout_init(&l);
+            l.pp = 4, l.world = 4, l.micro_batch = 1, l.global_batch = cases[k].m;
+            cr_assert_eq(par_layout_set_schedule(&l, cases[k].sched), PAR_OK);
+            cr_assert_eq(par_layout_set_pp_layout(&l, cases[k].layout), PAR_OK);
+            cr_assert_eq(par_plan_resolve(&l, &cfg), PAR_OK, "%s: %s", cases[k].sched, par_last_error());
+            par_schedule_params sp;
+            par_schedule_params_init(&sp);
+            cr_assert_eq(par_schedule_kind_parse(cases[k].sched, &sp.kind), PAR_OK);
+            sp.pp = 4, sp.vpp = (int)l.vpp, sp.n_micro = (int)l.n_micro;
+            par_schedule s;
+            cr_assert_eq(par_schedule_build(&sp, &s), PAR_OK, "%s", par_last_error());
+            par_sched_costs c;
+            par_sched_costs_init(&c);
+            par_sched_sim sim;
+            cr_assert_eq(par_schedule_simulate(&s, &c, &sim), PAR_OK);
+            par_mm_opts o;
+            par_mm_opts_init(&o);
+            o.rt = rt ? PAR_MM_PARITY : PAR_MM_MEGATRON;
+            par_mm *mm = NULL;
+            cr_assert_eq(par_mm_create(&mm, &cfg, &l, &o), PAR_OK, "%s", par_last_error());
+            for (int r = 0; r < 4; r++) {
+                par_mm_rank x;
+                cr_assert_eq(par_mm_rank_of(mm, r, &x), PAR_OK);
+                int want = rt || !s.split_bw ? sim.peak_live[r] : sim.peak_held[r];
+                cr_expect_eq(x.inflight, want, "%s %s rank %d: in flight %d, dry run %d", cases[k].sched,
+                             rt ? "parity" : "megatron", r, x.inflight, want);
+            }
+            par_mm_free(mm);
+            par_sched_sim_free(&sim);
+            par_schedule_free(&s);
+        }
+    }
 }
