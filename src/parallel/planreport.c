@@ -132,10 +132,10 @@ static void print_memory(FILE *f, const par_planrep_opts *o, const par_mm_rank *
             peak = rows[s].total, at = s;
     const char *un;
     double u = unit_of(peak, &un);
-    fprintf(f, "memory   heaviest rank of every stage (%s; ZeRO-1 %s; %s; EP receive skew %s; %s = %.0e B):\n",
+    fprintf(f, "memory   heaviest rank of every stage (%s; ZeRO-1 %s; %s; EP receive skew %s; in %s, decimal):\n",
             runtime_words(&o->mm), l->distributed_optimizer ? "on" : "off",
             o->mm.rt == PAR_MM_MEGATRON && o->mm.recompute ? "full recomputation" : "no recomputation",
-            l->ep <= 1 ? "-" : o->mm.recv_rows ? "measured" : "assumed", un, u);
+            l->ep <= 1 ? "-" : o->mm.recv_rows ? "measured" : "assumed", un);
     fprintf(f, "  stage  rank    params      weights   grads     optimizer activations in-flight comm      "
                "workspace total\n");
     for (int s = 0; s < (int)l->pp; s++) {
