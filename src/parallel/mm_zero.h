@@ -2,16 +2,13 @@
  * rank of a data-parallel group owns what optimizer state (untemplated, no
  * state allocated, works for V4-Pro's tables).
  *
- * The geometry is zero.h's (parallel/zero.h, "Packed layout"): AdamW
+ * The geometry is parallel/zero_plan.h's (par_zero_geom_build: AdamW
  * tensors concatenated in table order and sharded element-wise, shard =
- * ceil(n_adamw / dp); Muon matrices owned whole, greedy by numel descending
- * (ties: table order) to the least-loaded rank (ties: the lower rank); seg =
- * shard + load_max.  The call has the shape of the untemplated geometry
- * the `ckpt` work adds (parallel/zero_plan.h par_zero_geom_build: table,
- * index list, group size); until that lands in main this file computes it
- * with the same rule, and tests/parallel/test_memmodel.c checks it against
- * par_zero_plan_build_f64 rank by rank.  Then the body below becomes a call
- * of par_zero_geom_build plus the Muon scratch of each rank's matrices.
+ * ceil(n_adamw / dp); Muon matrices owned whole, greedy by numel descending,
+ * ties table order, to the least-loaded rank, ties the lower rank; seg =
+ * shard + load_max), the same geometry the executor (zero.c) and the
+ * checkpoint owner rule use; this adds what the memory model needs on top:
+ * every rank's load and the Muon scratch of the largest matrix it updates.
  */
 #ifndef PAR_PARALLEL_MM_ZERO_H
 #define PAR_PARALLEL_MM_ZERO_H
