@@ -12,6 +12,7 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
@@ -87,6 +88,7 @@ static void print_memory(const par_run_summary *sum)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *data, *fixture, *precision, *dump, *save, *load, *backend, *moe_dispatch, *summary;
+    const char *max_memory;
     int64_t save_interval, steps, seed;
     double comm_timeout;
     int quiet;
@@ -143,6 +145,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
+        {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -389,7 +392,11 @@ int par_cmd_run(int argc, char **argv)
     par_netmodel netm;
     par_ckpt *ck = NULL;
     par_err_set_quiet(1);
-    if ((rc = build_opts(&c, &o, &netm, &ck))) {
+    if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */
+        rc = par_memlimit_run("run", c.max_memory, &o.cfg, &o.layout, o.precision, c.steps,
+                              strcmp(c.backend, "mpi") ? 0 : c.la.ranks_per_process);
+    if (rc) {
+        par_ckpt_close(ck);
         par_err_set_quiet(0);
         return rc;
     }
