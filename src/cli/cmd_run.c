@@ -47,7 +47,7 @@ static void human_bytes(char *buf, size_t n, double b)
     snprintf(buf, n, "%.2f %s", b, u[i]);
 }
 
-/* Per-rank memory accounting (parallel/dpwire.h): every rank for N <= 8,
+/* Per-rank memory accounting (parallel/dp_step.h): every rank for N <= 8,
  * else min / max over ranks. */
 static void print_memory(const par_run_summary *sum)
 {

@@ -34,14 +34,10 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
     if (!M->sample)
         goto fail_oom;
     int64_t q = -1;
-    for (int64_t t = 0; t < T && !M->sample_in; t++) {
+    for (int64_t t = 0; t < T; t++) {
         if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
             q++;
         M->sample[t] = (int32_t)q;
-    }
-    if (M->sample_in) { /* parts of rows (context parallelism): the layout numbers them */
-        memcpy(M->sample, M->sample_in, (size_t)T * sizeof *M->sample);
-        q = M->Ns_in - 1;
     }
     int64_t Ns = q + 1;
     if (!M->stats.ce_main || M->stats.Ns != Ns) {
@@ -61,7 +57,7 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
         goto fail_oom;
     PAR_FN(par_model_embed_forward)(M, M->X[0], batch->tokens, T);
     for (int b = 0; b < L; b++) {
-        s = PAR_FN(par_block_forward)(M, b, &M->blk[b], ar, M->X[b], batch->tokens, batch->pos,
+        s = PAR_FN(par_block_forward)(M, NULL, b, &M->blk[b], ar, M->X[b], batch->tokens, batch->pos,
                                       M->sample, st, T);
         if (s)
             return s;
@@ -74,7 +70,7 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
         s = PAR_FN(par_mtp_input_forward)(M, &M->mtp, ar, M->X[L], batch->mtp_inputs, T);
         if (s)
             return s;
-        s = PAR_FN(par_block_forward)(M, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs,
+        s = PAR_FN(par_block_forward)(M, NULL, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs,
                                       batch->pos, M->sample, st, T);
         if (s)
             return s;
@@ -125,7 +121,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
         par_real *d0 = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
         if (!d0)
             goto fail_oom;
-        s = PAR_FN(par_block_backward)(M, (int)L, &M->blk[L], ar, d0, dB, M->batch->pos, M->sample, st,
+        s = PAR_FN(par_block_backward)(M, NULL, (int)L, &M->blk[L], ar, d0, dB, M->batch->pos, M->sample, st,
                                        c->aux_alpha, T);
         if (s)
             goto done;
@@ -135,7 +131,7 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
     }
     for (int64_t b = L - 1; b >= 0; b--) {
         memset(dB, 0, xbytes);
-        s = PAR_FN(par_block_backward)(M, (int)b, &M->blk[b], ar, dB, dA, M->batch->pos, M->sample, st,
+        s = PAR_FN(par_block_backward)(M, NULL, (int)b, &M->blk[b], ar, dB, dA, M->batch->pos, M->sample, st,
                                        c->aux_alpha, T);
         if (s)
             goto done;
