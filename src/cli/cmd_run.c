@@ -330,6 +330,11 @@ int par_cmd_run(int argc, char **argv)
             printf("; emulated bubble %.1f %% of %.6g s (rank 0's pipeline, virtual clock, all steps)",
                    100.0 * sum.pp_net_bubble, sum.pp_net_makespan_s);
         printf("\n");
+        if (sum.pp_net_bubble >= 0 && sum.pp_dry_bubble_measured >= 0)
+            printf("pipeline: executor bubble %.4f %% (virtual clock) vs dry-run bubble %.4f %% with the executor's "
+                   "own costs (mean F %.3g s, B %.3g s, W %.3g s per stage, message %.3g s): difference %.2g points\n",
+                   100.0 * sum.pp_net_bubble, 100.0 * sum.pp_dry_bubble_measured, sum.pp_cost_f_s, sum.pp_cost_b_s,
+                   sum.pp_cost_w_s, sum.pp_latency_s, 100.0 * (sum.pp_net_bubble - sum.pp_dry_bubble_measured));
     }
     if (sum.net) { /* the emulated network: per-rank time, compute, communication per tier */
         printf("emulated network (%s):\n", na.topology ? na.topology : "reference");

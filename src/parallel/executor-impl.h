@@ -91,6 +91,9 @@ struct PAR_FN(par_exec_s) {
     double net_makespan, net_busy;
     double *cost, *cost_n;    /* [COST_KINDS * n_stages] virtual seconds / actions, this rank, this step */
     double *cost_all;         /* [2, COST_KINDS * n_stages] seconds, actions summed over the PP group and the steps */
+    double *acost;            /* [3, m * n_stages] this step's virtual time of each F, B or BW, W (executor.c) */
+    double t_start;           /* the pipeline phase's start on the virtual clock */
+    double dry_makespan, dry_busy; /* the dry run with the measured action costs, summed over the steps */
     double latency;           /* one PP message on the network */
     int64_t act_peak;
 };

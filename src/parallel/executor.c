@@ -69,12 +69,13 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
         return s;
     ex->dry_bubble = sim.bubble;
     par_sched_sim_free(&sim);
-    size_t nc = (size_t)(COST_KINDS * ex->n_stages);
-    ex->cost = par_calloc(4 * nc, sizeof *ex->cost, PAR_TAG_MODEL); /* cost, cost_n, cost_all (sums, counts) */
+    size_t nc = (size_t)(COST_KINDS * ex->n_stages), na = 3 * (size_t)ex->m * (size_t)ex->n_stages;
+    ex->cost = par_calloc(4 * nc + na, sizeof *ex->cost, PAR_TAG_MODEL); /* cost, cost_n, cost_all (2), acost */
     if (!ex->cost)
         return par_err(PAR_ENOMEM, "pipeline: out of memory");
     ex->cost_n = ex->cost + nc;
     ex->cost_all = ex->cost_n + nc;
+    ex->acost = ex->cost_all + 2 * nc;
     return PAR_OK;
 }
 
@@ -239,8 +240,10 @@ static par_status run_compute(exec_t *ex, PAR_FN(par_model) *M, const par_action
     par_status s = a->kind == PAR_ACT_F ? PAR_FN(par__exec_forward)(ex, M, a->mb, a->stage)
                                         : PAR_FN(par__exec_backward)(ex, M, a->mb, a->stage, a->kind);
     int k = a->kind == PAR_ACT_F ? COST_F : a->kind == PAR_ACT_W ? COST_W : COST_B;
-    ex->cost[k * ex->n_stages + a->stage] += par_comm_vclock(ex->pc) - t0;
+    double dt = par_comm_vclock(ex->pc) - t0;
+    ex->cost[k * ex->n_stages + a->stage] += dt;
     ex->cost_n[k * ex->n_stages + a->stage] += 1;
+    ex->acost[((size_t)k * (size_t)ex->m + (size_t)a->mb) * (size_t)ex->n_stages + (size_t)a->stage] = dt;
     note_activations(ex);
     return s;
 }
@@ -283,39 +286,48 @@ static par_status run_actions(exec_t *ex, PAR_FN(par_model) *M)
 /* ----------------------------------------------------------- the bubble -- */
 
 /* With an emulated network: the pipeline phase's makespan and busy time
- * over the PP group, and the per-action costs summed over the group. */
-static par_status note_bubble(exec_t *ex, double t0, double t1)
+ * over the PP group (its clocks started together), and the dry run of the
+ * same schedule with the same per-action costs (every action's virtual
+ * time, summed over the group: each ran on one rank) and the message time:
+ * its makespan and busy time. */
+static par_status note_bubble(exec_t *ex, double t1)
 {
-    const int nc = COST_KINDS * ex->n_stages, w = 3 + 2 * nc;
-    double *mine = par_malloc((size_t)w * (size_t)(ex->p + 1) * sizeof *mine, PAR_TAG_COMM), *all = mine + w;
-    if (!mine)
+    const size_t nc = (size_t)(COST_KINDS * ex->n_stages), na = 3 * (size_t)ex->m * (size_t)ex->n_stages;
+    double *ends = par_malloc((size_t)ex->p * sizeof *ends, PAR_TAG_COMM), busy = 0;
+    if (!ends)
         return par_err(PAR_ENOMEM, "pipeline: out of memory");
-    mine[0] = t0;
-    mine[1] = t1;
-    mine[2] = 0;
-    for (int i = 0; i < nc; i++) {
-        mine[2] += ex->cost[i];
-        mine[3 + i] = ex->cost[i];
-        mine[3 + nc + i] = ex->cost_n[i];
+    for (size_t i = 0; i < nc; i++)
+        busy += ex->cost[i];
+    par_field f[4] = {PAR_FIELD(&busy, 1, PAR_C_F64), PAR_FIELD(ex->cost, nc, PAR_C_F64),
+                      PAR_FIELD(ex->cost_n, nc, PAR_C_F64), PAR_FIELD(ex->acost, na, PAR_C_F64)};
+    par_status s = par_allgather(ex->pc, &t1, ends, 1, PAR_C_F64);
+    if (!s)
+        s = par_reduce_fields(ex->pc, f, 4, NULL);
+    double hi = ex->t_start;
+    for (int r = 0; !s && r < ex->p; r++)
+        hi = ends[r] > hi ? ends[r] : hi;
+    par_free(ends);
+    if (s)
+        return s;
+    ex->net_steps++;
+    ex->net_makespan += hi - ex->t_start;
+    ex->net_busy += busy;
+    for (size_t i = 0; i < nc; i++) {
+        ex->cost_all[i] += ex->cost[i];
+        ex->cost_all[nc + i] += ex->cost_n[i];
     }
-    par_status s = par_allgather(ex->pc, mine, all, (size_t)w, PAR_C_F64);
-    if (!s) {
-        double lo = all[0], hi = all[1];
-        for (int r = 0; r < ex->p; r++) {
-            const double *q = all + (size_t)r * (size_t)w;
-            lo = q[0] < lo ? q[0] : lo;
-            hi = q[1] > hi ? q[1] : hi;
-            ex->net_busy += q[2];
-            for (int i = 0; i < nc; i++) {
-                ex->cost_all[i] += q[3 + i];
-                ex->cost_all[nc + i] += q[3 + nc + i];
-            }
-        }
-        ex->net_steps++;
-        ex->net_makespan += hi - lo;
-    }
-    par_free(mine);
-    return s;
+    par_sched_costs sc;
+    par_sched_costs_init(&sc);
+    sc.action = ex->acost;
+    sc.latency = ex->latency;
+    par_sched_sim sim;
+    if ((s = par_schedule_simulate(&ex->sch, &sc, &sim)))
+        return s;
+    for (int r = 0; r < ex->p; r++)
+        ex->dry_busy += sim.busy[r];
+    ex->dry_makespan += sim.makespan;
+    par_sched_sim_free(&sim);
+    return PAR_OK;
 }
 
 /* The pipeline phase of one step; with a network, its clocks start
@@ -324,8 +336,9 @@ static par_status pipeline_phase(exec_t *ex, PAR_FN(par_model) *M)
 {
     int timed = ex->net && ex->p > 1;
     memset(ex->cost, 0, (size_t)(2 * COST_KINDS * ex->n_stages) * sizeof *ex->cost);
+    memset(ex->acost, 0, 3 * (size_t)ex->m * (size_t)ex->n_stages * sizeof *ex->acost);
     par_status s = timed ? par_barrier(ex->pc) : PAR_OK;
-    double t0 = timed ? par_comm_vclock(ex->pc) : 0;
+    ex->t_start = timed ? par_comm_vclock(ex->pc) : 0; /* the same on every rank after the barrier */
     if (!s)
         s = run_actions(ex, M);
     par_status w = wait_sends(ex);
@@ -333,7 +346,7 @@ static par_status pipeline_phase(exec_t *ex, PAR_FN(par_model) *M)
         s = w;
     PAR_FN(par__exec_release_all)(ex);
     if (!s && timed)
-        s = note_bubble(ex, t0, par_comm_vclock(ex->pc));
+        s = note_bubble(ex, par_comm_vclock(ex->pc));
     return s;
 }
 
@@ -371,41 +384,18 @@ const uint8_t *PAR_FN(par_exec_norm_skip)(const PAR_FN(par_exec) *ex)
     return ex ? ex->norm_skip : NULL;
 }
 
-/* The dry run of the schedule with the measured mean costs per stage. */
-static double measured_dry_bubble(const exec_t *ex, double *mean)
+/* The mean virtual time of each kind of compute action over the steps. */
+static void mean_costs(const exec_t *ex, double *mean)
 {
-    const int S = ex->n_stages;
-    double *c = par_calloc((size_t)(3 * S), sizeof *c, PAR_TAG_MODEL), bubble = -1;
-    if (!c)
-        return -1;
+    const int S = ex->n_stages, nc = COST_KINDS * S;
     for (int k = 0; k < COST_KINDS; k++) {
         double tot = 0, n = 0;
         for (int st = 0; st < S; st++) {
-            double cnt = ex->cost_all[COST_KINDS * S + k * S + st];
-            c[k * S + st] = cnt > 0 ? ex->cost_all[k * S + st] / cnt : 0;
             tot += ex->cost_all[k * S + st];
-            n += cnt;
+            n += ex->cost_all[nc + k * S + st];
         }
         mean[k] = n > 0 ? tot / n : 0;
     }
-    for (int st = 0; st < S; st++) { /* b is the whole backward: B + W; an empty stage costs ~0 */
-        c[COST_B * S + st] += c[COST_W * S + st];
-        for (int k = COST_F; k <= COST_B; k++)
-            c[k * S + st] = c[k * S + st] > 1e-15 ? c[k * S + st] : 1e-15;
-    }
-    par_sched_costs sc;
-    par_sched_costs_init(&sc);
-    sc.f_stage = c + COST_F * S;
-    sc.b_stage = c + COST_B * S;
-    sc.w_stage = c + COST_W * S;
-    sc.latency = ex->latency;
-    par_sched_sim sim;
-    if (!par_schedule_simulate(&ex->sch, &sc, &sim)) { /* the costs are valid: it cannot fail */
-        bubble = sim.bubble;
-        par_sched_sim_free(&sim);
-    }
-    par_free(c);
-    return bubble;
 }
 
 void PAR_FN(par_exec_info_get)(const PAR_FN(par_exec) *ex, par_exec_info *out)
@@ -427,7 +417,9 @@ void PAR_FN(par_exec_info_get)(const PAR_FN(par_exec) *ex, par_exec_info *out)
     out->latency_s = ex->latency;
     if (ex->net_steps > 0) {
         double mean[COST_KINDS];
-        out->dry_bubble_measured = measured_dry_bubble(ex, mean);
+        mean_costs(ex, mean);
+        out->dry_bubble_measured =
+            ex->dry_makespan > 0 ? 1.0 - ex->dry_busy / ((double)ex->p * ex->dry_makespan) : 0.0;
         out->cost_f_s = mean[COST_F];
         out->cost_b_s = mean[COST_B];
         out->cost_w_s = mean[COST_W];
