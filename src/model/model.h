@@ -13,11 +13,14 @@
  *   par_block_forward/_backward           one block on a token range of whole samples
  *   par_mtp_input_forward/_backward       X_L, mtp inputs -> the MTP block's input
  *   par_head_forward/_backward            hc_head, norm, logits, CE (main or MTP head)
+ *     each backward also in two passes, _input (B: the input gradient, the
+ *     weight pass's inputs kept) and _weights (W: the weight gradients),
+ *     bitwise the one pass (a zero-bubble pipeline runs W later)
  *   par_stats_*                           every cross-sample statistic (target counts,
  *                                         per-sample CE sums, loads, aux statistics,
  *                                         grad sum of squares) as partial sums with
  *                                         ONE combine step, where a parallel layout
- *                                         all-reduces them
+ *                                         sums them (src/parallel/reduce.h)
  *   par_model_losses                      scalars from combined statistics
  *   par_model_update                      clip + Muon/AdamW + balance (model/optim.h)
  * par_model_step runs all of it serially on one global batch.
@@ -66,7 +69,7 @@ typedef struct {
     /* The per-sample arrays cover a window of the global batch's samples:
      * window sample q is global sample q0 + q.  The serial step's window is
      * the whole batch (q0 = 0, Ns = Ns_global); a data-parallel rank's is
-     * the samples of its rows (src/parallel/reduce.c).  Ns_global is the
+     * the samples of its rows (src/parallel/microbatch.c).  Ns_global is the
      * number of samples of the global batch (the aux-loss mean's
      * denominator). */
     int64_t q0, Ns_global;
@@ -291,7 +294,7 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
  * values (slice init). */
 par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
                                         int64_t e0, int64_t e1);
-/* Which dense parts a pipeline rank holds (parallel/pp.h): the tensors of
+/* Which dense parts a pipeline rank holds (parallel/executor.h): the tensors of
  * the blocks with blocks[b] != 0 (NULL: every block), embed.weight, head.weight
  * and the main head's norm.weight + hc_head_* ("final").  NULL hold = all. */
 typedef struct {

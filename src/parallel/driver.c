@@ -257,11 +257,12 @@ static par_status rank_main(par_comm *world, void *arg)
 
 /* ------------------------------------------------------------------- run -- */
 
-static void summarize(const shared *R, par_run_summary *sum, int N, int n_blocks)
+/* Tokens per expert over every block and step: range, mean, the hottest
+ * (block, expert), the histogram by load / mean. */
+static void summarize_loads(const shared *R, par_run_summary *sum, int n_blocks)
 {
-    int64_t E = R->cfg.n_routed_experts, n = (int64_t)n_blocks * E;
+    int64_t E = R->cfg.n_routed_experts, n = (int64_t)n_blocks * E, tot = 0;
     sum->load_min = INT64_MAX;
-    int64_t tot = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t v = R->load_acc[i];
         tot += v;
@@ -283,38 +284,34 @@ static void summarize(const shared *R, par_run_summary *sum, int N, int n_blocks
             h++;
         sum->hist[h]++;
     }
+}
+
+/* The ranks' EP and CP counters. */
+static void summarize_comm(const shared *R, par_run_summary *sum, int N)
+{
     sum->recv_min = INT64_MAX;
     int64_t rt = 0;
     for (int r = 0; r < N; r++) {
-        const int64_t *c = R->rank_ctr + 6 * r;
+        const int64_t *c = R->rank_ctr + 6 * r, *p = R->cp_ctr + 4 * r;
         rt += c[1];
-        if (c[1] < sum->recv_min)
-            sum->recv_min = c[1];
-        if (c[1] > sum->recv_max)
-            sum->recv_max = c[1];
+        sum->recv_min = c[1] < sum->recv_min ? c[1] : sum->recv_min;
+        sum->recv_max = c[1] > sum->recv_max ? c[1] : sum->recv_max;
         sum->dispatch_bytes += c[2];
         sum->combine_bytes += c[3];
-        if (c[5] > sum->max_rank_floats)
-            sum->max_rank_floats = c[5];
-    }
-    sum->a2a_calls = R->rank_ctr[4];
-    for (int r = 0; r < N; r++) {
-        const int64_t *c = R->cp_ctr + 4 * r;
-        sum->cp_halo_bytes += c[0] + c[3];
-        sum->cp_gather_bytes += c[1];
-        sum->cp_rs_bytes += c[2];
-    }
-    sum->recv_mean = N > 0 ? (double)rt / N : 0;
-    for (int r = 0; r < N; r++) {
+        sum->max_rank_floats = c[5] > sum->max_rank_floats ? c[5] : sum->max_rank_floats;
+        sum->cp_halo_bytes += p[0] + p[3];
+        sum->cp_gather_bytes += p[1];
+        sum->cp_rs_bytes += p[2];
         for (int k = 0; k < 4; k++)
             sum->ep_bytes[k / 2][k % 2] += R->ep_tier[4 * r + k];
         for (int k = 0; k < 2; k++) {
             double v = R->ep_time[2 * r + k];
             sum->ep_time_mean[k] += N > 0 ? v / N : 0;
-            if (v > sum->ep_time_max[k])
-                sum->ep_time_max[k] = v;
+            sum->ep_time_max[k] = v > sum->ep_time_max[k] ? v : sum->ep_time_max[k];
         }
     }
+    sum->a2a_calls = R->rank_ctr[4];
+    sum->recv_mean = N > 0 ? (double)rt / N : 0;
     sum->moe_dispatch = R->o->moe_dispatch;
     sum->ep_gpn = R->o->netmodel ? R->o->netmodel->gpus_per_node : 8;
     sum->ep_recv = par_malloc((size_t)(N > 0 ? N : 1) * sizeof *sum->ep_recv, PAR_TAG_MISC);
@@ -462,7 +459,8 @@ static void fill_summary(shared *R, par_run_summary *sum, par_netrun *net, doubl
     sum->layout = R->lay;
     snprintf(sum->backend, sizeof sum->backend, "%s", par_backend_name(R->o->backend));
     sum->n_params = R->n_float;
-    summarize(R, sum, N, (int)par_config_n_blocks(&R->cfg));
+    summarize_loads(R, sum, (int)par_config_n_blocks(&R->cfg));
+    summarize_comm(R, sum, N);
     sum->mem = R->mem;
     R->mem = NULL;
     sum->start_step = R->step0;

@@ -191,8 +191,45 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
 
 /* ------------------------------------------------------------ backward -- */
 
-/* B: dy rows to the owners (kept expert-major in S->dyg for W), the held
- * experts' input gradients (dx, d rw) back to the token's rank in slot
+/* B, owner side: dy rows to the owners (kept expert-major in S->dyg for
+ * W), the held experts' input gradients (dx, d rw) in received order into
+ * rbuf [NR, d+1]. */
+static par_status experts_input(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, const par_real *dy,
+                                par_real *rbuf)
+{
+    const int K = (int)M->K;
+    const int64_t d = M->d, I = M->I, NR = S->nrecv;
+    const size_t E = (size_t)M->E;
+    par_free(S->dyg);
+    S->dyg = xalloc((size_t)(NR * d), sizeof *S->dyg);
+    par_real *dxg = xcalloc((size_t)(NR * (d + 1)), sizeof *dxg);
+    par_status s = S->dyg && dxg ? PAR_OK
+                                 : par_err(PAR_ENOMEM, "ep: block %d backward: out of memory (%lld rows received)", b,
+                                           (long long)NR);
+    double t0 = par_comm_vclock(x->c);
+    if (!s && !(s = PAR_FN(par__ep_dispatch_dy)(x, S, dy, K, d, rbuf))) {
+        x->cnt.dispatch_s += par_comm_vclock(x->c) - t0;
+        for (int64_t r = 0; r < NR; r++)
+            memcpy(S->dyg + (int64_t)S->rpos[r] * d, rbuf + r * d, (size_t)d * sizeof *rbuf);
+    }
+    par_real *drwg = dxg ? dxg + NR * d : NULL;
+    for (int64_t l = 0; l < x->El && !s; l++) {
+        int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
+        size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
+        s = PAR_FN(par_moe_expert_backward)(dxg + o * d, NULL, NULL, NULL, drwg + o, S->dyg + o * d, S->xg + o * d,
+                                            S->rwg + o, M->ew[base], M->ew[base + E], M->ew[base + 2 * E],
+                                            S->g + o * I, S->u + o * I, S->h + o * I, n, d, I, M->cfg.swiglu_limit);
+    }
+    for (int64_t r = 0; r < NR && !s; r++) {
+        int64_t p = S->rpos[r];
+        memcpy(rbuf + r * (d + 1), dxg + p * d, (size_t)d * sizeof *rbuf);
+        rbuf[r * (d + 1) + d] = drwg[p];
+    }
+    par_free(dxg);
+    return s;
+}
+
+/* B: the held experts' input gradients back to the token's rank in slot
  * order, then the shared expert's dx and the serial backward's combine. */
 static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
                          const par_real *dy, const par_real *x_in, const par_real *w, int64_t T)
@@ -203,58 +240,32 @@ static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     if (!S)
         return no_state(x, c, b);
     const int K = (int)M->K;
-    const int64_t d = M->d, I = M->I, NS = S->nsend, NR = S->nrecv;
+    const int64_t d = M->d, NS = S->nsend, NR = S->nrecv;
     if (S->T != T)
         return par_err(PAR_EINVAL, "ep: block %d backward for T=%lld tokens, its forward had %lld", b, (long long)T,
                        (long long)S->T);
-    par_free(S->dyg);
-    par_real *rbuf = xalloc((size_t)(NR * (d + 1)), sizeof *rbuf), *dxg = xcalloc((size_t)(NR * (d + 1)), sizeof *dxg);
-    par_real *back = xalloc((size_t)(NS * (d + 1)), sizeof *back), *slots = xalloc((size_t)(NS * d), sizeof *slots);
-    par_real *dxs = xcalloc((size_t)(T * d), sizeof *dxs);
-    S->dyg = xalloc((size_t)(NR * d), sizeof *S->dyg);
-    par_status s = PAR_OK;
-    if (!rbuf || !dxg || !back || !slots || !dxs || !S->dyg) {
-        s = par_err(PAR_ENOMEM, "ep: block %d backward: out of memory (T=%lld, %lld rows received)", b,
-                    (long long)T, (long long)NR);
-        goto done;
-    }
-    par_real *drwg = dxg + NR * d;
-    double t0 = par_comm_vclock(x->c);
-    if ((s = PAR_FN(par__ep_dispatch_dy)(x, S, dy, K, d, rbuf)))
-        goto done;
-    x->cnt.dispatch_s += par_comm_vclock(x->c) - t0;
-    for (int64_t r = 0; r < NR; r++)
-        memcpy(S->dyg + (int64_t)S->rpos[r] * d, rbuf + r * d, (size_t)d * sizeof *rbuf);
-    for (int64_t l = 0; l < x->El && !s; l++) {
-        int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
-        size_t base = (size_t)b * 3 * (size_t)M->E + (size_t)(x->e0 + l), E = (size_t)M->E;
-        s = PAR_FN(par_moe_expert_backward)(dxg + o * d, NULL, NULL, NULL, drwg + o, S->dyg + o * d, S->xg + o * d,
-                                            S->rwg + o, M->ew[base], M->ew[base + E], M->ew[base + 2 * E],
-                                            S->g + o * I, S->u + o * I, S->h + o * I, n, d, I, M->cfg.swiglu_limit);
-    }
-    for (int64_t r = 0; r < NR && !s; r++) {
-        int64_t p = S->rpos[r];
-        memcpy(rbuf + r * (d + 1), dxg + p * d, (size_t)d * sizeof *rbuf);
-        rbuf[r * (d + 1) + d] = drwg[p];
-    }
+    par_real *rbuf = xalloc((size_t)(NR * (d + 1)), sizeof *rbuf), *back = xalloc((size_t)(NS * (d + 1)), sizeof *back);
+    par_real *slots = xalloc((size_t)(NS * d), sizeof *slots), *dxs = xcalloc((size_t)(T * d), sizeof *dxs);
+    par_status s = rbuf && back && slots && dxs ? experts_input(x, S, M, b, dy, rbuf)
+                                                : par_err(PAR_ENOMEM, "ep: block %d backward: out of memory (T=%lld)",
+                                                          b, (long long)T);
     double t2 = par_comm_vclock(x->c);
-    if (s || (s = PAR_FN(par__ep_return_rows)(x, S, rbuf, d + 1, back)))
-        goto done;
-    x->cnt.combine_s += par_comm_vclock(x->c) - t2;
+    if (!s && !(s = PAR_FN(par__ep_return_rows)(x, S, rbuf, d + 1, back)))
+        x->cnt.combine_s += par_comm_vclock(x->c) - t2;
     const par_real *sw[3];
     int shared = shared_of(M, b, sw);
-    if (shared && (s = PAR_FN(par_moe_expert_backward)(dxs, NULL, NULL, NULL, NULL, dy, x_in, NULL, sw[0], sw[1], sw[2],
-                                                       S->sg, S->su, S->sh, T, d, I, M->cfg.swiglu_limit)))
-        goto done;
-    for (int64_t i = 0; i < NS; i++)
-        memcpy(slots + i * d, back + i * (d + 1), (size_t)d * sizeof *slots);
-    if (dx)
-        PAR_FN(par_moe_combine)(dx, slots, shared ? dxs : NULL, T, K, d, 1);
-    for (int64_t i = 0; dw && i < NS; i++)
-        dw[i] += back[i * (d + 1) + d];
-done:
+    if (!s && shared)
+        s = PAR_FN(par_moe_expert_backward)(dxs, NULL, NULL, NULL, NULL, dy, x_in, NULL, sw[0], sw[1], sw[2], S->sg,
+                                            S->su, S->sh, T, d, M->I, M->cfg.swiglu_limit);
+    if (!s) {
+        for (int64_t i = 0; i < NS; i++)
+            memcpy(slots + i * d, back + i * (d + 1), (size_t)d * sizeof *slots);
+        if (dx)
+            PAR_FN(par_moe_combine)(dx, slots, shared ? dxs : NULL, T, K, d, 1);
+        for (int64_t i = 0; dw && i < NS; i++)
+            dw[i] += back[i * (d + 1) + d];
+    }
     par_free(rbuf);
-    par_free(dxg);
     par_free(back);
     par_free(slots);
     par_free(dxs);
