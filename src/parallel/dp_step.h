@@ -1,7 +1,7 @@
 /* parallel/dp_step.h - the data-parallel optimizer step of a training step:
  * ZeRO-1 / replicated DP (parallel/zero.h) on a rank's model (templated:
  * see kernels/real.h; its identifiers keep the prefix par_dpw_, "DP wired
- * onto the model").  docs/parallel.md, "The optimizer step".
+ * onto the model").  docs/parallel.md, "The optimizer step of a rank".
  *
  * A rank's model keeps its held entries packed in LOCAL flat buffers
  * (M->loc, model/model.h).  zero.h's plans work on flat buffers addressed by

@@ -1,7 +1,7 @@
 /* parallel/ep.c - the expert-parallel MoE executor: forward, the input
  * pass (B) and the weight pass (W) of the routed experts around the
  * transport of parallel/ep_dispatch.c (see parallel/ep.h, docs/parallel.md
- * "The MoE executor hook"). */
+ * "Expert parallelism"). */
 #include "parallel/ep.h"
 
 #include <stdlib.h>
