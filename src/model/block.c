@@ -211,72 +211,109 @@ fail_oom:
                    (long long)T);
 }
 
-/* B of the MoE sub-layer: dXmid from dXout; k->dyf, dw, ds, dxfn, dxf, dpf, dCf kept. */
-static par_status moe_backward_input(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a,
-                                     par_real *dXmid, const par_real *dXout, const int32_t *sample,
-                                     const PAR_FN(par_stats) *st, double aux_scale, int64_t T)
+/* The passes of a backward: B (input gradients, the weight pass's inputs
+ * kept), W (weight gradients from them), BW (both in one pass: each kernel
+ * call gets its input and weight gradient outputs at once).  IN / WT pass a
+ * gradient output only to the passes that compute it. */
+enum { PASS_B = 1, PASS_W = 2, PASS_BW = 3 };
+#define IN(p) ((pass & PASS_B) ? (p) : NULL)
+#define WT(p) ((pass & PASS_W) ? (p) : NULL)
+
+/* The MoE sub-layer: dXmid from dXout (B), its weights (W). */
+static par_status moe_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a, int pass,
+                                    par_real *dXmid, const par_real *dXout, const int32_t *sample,
+                                    const PAR_FN(par_stats) *st, double aux_scale)
 {
     const par_config *c = &M->cfg;
     const int b = a->b;
     const par_block_params *bp = &M->tab.blocks[b];
-    int64_t n = M->n, d = M->d, E = M->E, K = M->K, iters = c->hc_sinkhorn_iters;
+    int64_t n = M->n, d = M->d, E = M->E, K = M->K, T = a->T, iters = c->hc_sinkhorn_iters;
     PAR_FN(par_block_wkeep) *k = &a->wk;
-    par_status s;
-    PAR_FN(par_hc_post_backward)(k->dyf, dXmid, k->dpf, k->dCf, dXout, a->yf, a->Xmid, a->hcf.post, a->hcf.C, T, n,
-                                 d);
+    par_status s = PAR_OK;
+    if (pass & PASS_B)
+        PAR_FN(par_hc_post_backward)(k->dyf, dXmid, k->dpf, k->dCf, dXout, a->yf, a->Xmid, a->hcf.post, a->hcf.C,
+                                     T, n, d);
     if (M->moe.bwd) {
-        s = M->moe.bwd(M->moe.ctx, x, M, b, k->dxfn, k->dw, k->dyf, a->xfn, a->gw, T);
+        if (pass & PASS_B)
+            s = M->moe.bwd(M->moe.ctx, x, M, b, k->dxfn, k->dw, k->dyf, a->xfn, a->gw, T);
+        if (!s && (pass & PASS_W))
+            s = M->moe.wgt(M->moe.ctx, x, M, b, k->dyf, a->xfn, T);
     } else {
         par_moe_weights MW;
-        moe_weights(M, b, &MW, NULL);
-        s = PAR_FN(par_moe_backward)(k->dxfn, NULL, k->dw, k->dyf, a->xfn, a->gw, &MW, &a->ms, c->swiglu_limit);
+        par_moe_grads MG;
+        moe_weights(M, b, &MW, &MG);
+        s = PAR_FN(par_moe_backward)(IN(k->dxfn), WT(&MG), IN(k->dw), k->dyf, a->xfn, a->gw, &MW, &a->ms,
+                                     c->swiglu_limit);
     }
-    if (s)
+    if (!s && k->ds && (pass & PASS_B))
+        s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + (int64_t)b * st->Ns * E, st->ntok + (int64_t)b * st->Ns,
+                                         a->gs, sample, T, (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
+    if (s || (s = PAR_FN(par_moe_gate_backward)(IN(k->dxfn), WT(G(bp->gate_weight)), k->dw, k->ds, a->xfn,
+                                                P(bp->gate_weight), a->glog, a->gs, a->idx, a->gw, T, d, (int)E,
+                                                (int)K, c->route_scale)))
         return s;
-    if (k->ds && (s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + (int64_t)b * st->Ns * E,
-                                                   st->ntok + (int64_t)b * st->Ns, a->gs, sample, T, (int)E,
-                                                   (int)K, st->Ns, st->Ns_global, aux_scale)))
-        return s;
-    if ((s = PAR_FN(par_moe_gate_backward)(k->dxfn, NULL, k->dw, k->ds, a->xfn, P(bp->gate_weight), a->glog, a->gs,
-                                           a->idx, a->gw, T, d, (int)E, (int)K, c->route_scale)))
-        return s;
-    PAR_FN(par_rmsnorm_backward)(k->dxf, NULL, k->dxfn, a->xf, P(bp->ffn_norm), a->rstdf, T, d);
-    return PAR_FN(par_hc_pre_backward)(dXmid, NULL, NULL, NULL, k->dxf, k->dpf, k->dCf, &a->hcf, a->Xmid,
+    PAR_FN(par_rmsnorm_backward)(IN(k->dxf), WT(G(bp->ffn_norm)), k->dxfn, a->xf, P(bp->ffn_norm), a->rstdf, T, d);
+    return PAR_FN(par_hc_pre_backward)(IN(dXmid), WT(G(bp->hc_ffn_fn)), WT(G(bp->hc_ffn_base)),
+                                       WT(G(bp->hc_ffn_scale)), k->dxf, k->dpf, k->dCf, &a->hcf, a->Xmid,
                                        P(bp->hc_ffn_fn), P(bp->hc_ffn_base), P(bp->hc_ffn_scale), T, n, d, iters,
                                        c->hc_eps, c->norm_eps);
 }
 
-/* B of the attention sub-layer: dXin from dXmid; k->dya, dxan, dxa, dpa, dCa kept. */
-static par_status attn_backward_input(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a,
-                                      par_real *dXin, const par_real *dXmid, const int32_t *pos, int64_t T)
+/* The attention's own backward: B (dx, dsink), W (every other weight, no
+ * gradient into the indexer: MODEL.md 3), BW (one pass). */
+static par_status attention_pass(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a, int pass)
 {
-    const par_config *c = &M->cfg;
     const int b = a->b;
-    const par_block_params *bp = &M->tab.blocks[b];
-    int64_t n = M->n, d = M->d, iters = c->hc_sinkhorn_iters;
     PAR_FN(par_block_wkeep) *k = &a->wk;
-    par_status s;
-    PAR_FN(par_hc_post_backward)(k->dya, dXin, k->dpa, k->dCa, dXmid, a->ya, a->Xin, a->hca.post, a->hca.C, T, n, d);
-    PAR_FN(par_attn_weights) AW;
+    PAR_FN(par_attn_weights) AW, AG;
     attn_weights(M, b, M->params, &AW, 1);
-    par_real *dsink = G(bp->attn_sink); /* B's by-product (kernels/attention.h) */
-    if (M->attn.bwd)
-        s = M->attn.bwd(M->attn.ctx, x, M, b, k->dxan, dsink, k->dya, &AW, T);
-    else
-        s = PAR_FN(par_attn_backward_input)(k->dxan, dsink, &k->ak, k->dya, &a->as, a->xan, pos, &AW, &M->adims[b],
-                                            T);
-    if (s)
+    attn_weights(M, b, M->grads, &AG, 0);
+    par_real *dsink = AG.attn_sink; /* B's by-product (kernels/attention.h) */
+    AG.attn_sink = NULL;
+    par_status s = PAR_OK;
+    if (M->attn.bwd) {
+        if (pass & PASS_B)
+            s = M->attn.bwd(M->attn.ctx, x, M, b, k->dxan, dsink, k->dya, &AW, a->T);
+        if (!s && (pass & PASS_W))
+            s = M->attn.wgt(M->attn.ctx, x, M, b, &AG, k->dya, &AW, a->T);
         return s;
-    PAR_FN(par_rmsnorm_backward)(k->dxa, NULL, k->dxan, a->xa, P(bp->attn_norm), a->rstda, T, d);
-    return PAR_FN(par_hc_pre_backward)(dXin, NULL, NULL, NULL, k->dxa, k->dpa, k->dCa, &a->hca, a->Xin,
-                                       P(bp->hc_attn_fn), P(bp->hc_attn_base), P(bp->hc_attn_scale), T, n, d,
-                                       iters, c->hc_eps, c->norm_eps);
+    }
+    if (pass == PASS_BW) {
+        AG.attn_sink = dsink;
+        return PAR_FN(par_attn_backward)(k->dxan, &AG, k->dya, &a->as, a->xan, k->pos, &AW, &M->adims[b], a->T);
+    }
+    if (pass == PASS_B)
+        return PAR_FN(par_attn_backward_input)(k->dxan, dsink, &k->ak, k->dya, &a->as, a->xan, k->pos, &AW,
+                                               &M->adims[b], a->T);
+    return PAR_FN(par_attn_backward_weights)(&AG, &k->ak, k->dya, &a->as, a->xan, k->pos, &AW, &M->adims[b], a->T);
 }
 
-par_status PAR_FN(par_block_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
-                                            PAR_FN(par_block_act) *a, par_arena *ar, par_real *dXin,
-                                            const par_real *dXout, const int32_t *pos, const int32_t *sample,
-                                            const PAR_FN(par_stats) *st, double aux_scale, int64_t T)
+/* The attention sub-layer: dXin from dXmid (B), its weights (W). */
+static par_status attn_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a, int pass,
+                                     par_real *dXin, const par_real *dXmid)
+{
+    const par_config *c = &M->cfg;
+    const par_block_params *bp = &M->tab.blocks[a->b];
+    int64_t n = M->n, d = M->d, T = a->T, iters = c->hc_sinkhorn_iters;
+    PAR_FN(par_block_wkeep) *k = &a->wk;
+    if (pass & PASS_B)
+        PAR_FN(par_hc_post_backward)(k->dya, dXin, k->dpa, k->dCa, dXmid, a->ya, a->Xin, a->hca.post, a->hca.C, T, n,
+                                     d);
+    par_status s = attention_pass(M, x, a, pass);
+    if (s)
+        return s;
+    PAR_FN(par_rmsnorm_backward)(IN(k->dxa), WT(G(bp->attn_norm)), k->dxan, a->xa, P(bp->attn_norm), a->rstda, T, d);
+    return PAR_FN(par_hc_pre_backward)(IN(dXin), WT(G(bp->hc_attn_fn)), WT(G(bp->hc_attn_base)),
+                                       WT(G(bp->hc_attn_scale)), k->dxa, k->dpa, k->dCa, &a->hca, a->Xin,
+                                       P(bp->hc_attn_fn), P(bp->hc_attn_base), P(bp->hc_attn_scale), T, n, d, iters,
+                                       c->hc_eps, c->norm_eps);
+}
+
+/* B or BW: the kept gradients allocated (BW: scratch the caller rewinds),
+ * both sub-layers' passes. */
+static par_status block_input_pass(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
+                                   par_arena *ar, int pass, par_real *dXin, const par_real *dXout, const int32_t *pos,
+                                   const int32_t *sample, const PAR_FN(par_stats) *st, double aux_scale, int64_t T)
 {
     if (a->b != b || a->T != T || a->wk.pending)
         return par_err(PAR_EINVAL, "block %d backward: the activations are of block %d on %lld tokens%s", b, a->b,
@@ -289,57 +326,30 @@ par_status PAR_FN(par_block_backward_input)(PAR_FN(par_model) *M, const par_mbct
     par_real *dXmid = aalloc(ar, (size_t)(T * M->n * M->d) * sizeof(par_real), 1);
     if (!dXmid)
         return par_err(PAR_ENOMEM, "block %d backward: out of scratch memory (T=%lld)", b, (long long)T);
-    if (!(s = moe_backward_input(M, x, a, dXmid, dXout, sample, st, aux_scale, T)))
-        s = attn_backward_input(M, x, a, dXin, dXmid, pos, T);
+    if (!(s = moe_backward_pass(M, x, a, pass, dXmid, dXout, sample, st, aux_scale)))
+        s = attn_backward_pass(M, x, a, pass, dXin, dXmid);
     par_arena_rewind(ar, mark);
-    a->wk.pending = !s;
+    a->wk.pending = !s && pass == PASS_B;
     return s;
+}
+
+par_status PAR_FN(par_block_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
+                                            PAR_FN(par_block_act) *a, par_arena *ar, par_real *dXin,
+                                            const par_real *dXout, const int32_t *pos, const int32_t *sample,
+                                            const PAR_FN(par_stats) *st, double aux_scale, int64_t T)
+{
+    return block_input_pass(M, x, b, a, ar, PASS_B, dXin, dXout, pos, sample, st, aux_scale, T);
 }
 
 par_status PAR_FN(par_block_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
                                               PAR_FN(par_block_act) *a, par_arena *ar)
 {
     (void)ar;
-    const par_config *c = &M->cfg;
-    const par_block_params *bp = &M->tab.blocks[b];
-    const par_attn_dims *dm = &M->adims[b];
-    PAR_FN(par_block_wkeep) *k = &a->wk;
-    int64_t n = M->n, d = M->d, E = M->E, K = M->K, T = a->T, iters = c->hc_sinkhorn_iters;
-    par_status s;
-    if (a->b != b || !k->pending)
+    if (a->b != b || !a->wk.pending)
         return par_err(PAR_EINVAL, "block %d: weight pass without its input pass", b);
-    k->pending = 0;
-    /* MoE sub-layer: experts, gate, norm, mHC */
-    if (M->moe.wgt) {
-        s = M->moe.wgt(M->moe.ctx, x, M, b, k->dyf, a->xfn, T);
-    } else {
-        par_moe_weights MW;
-        par_moe_grads MG;
-        moe_weights(M, b, &MW, &MG);
-        s = PAR_FN(par_moe_backward)(NULL, &MG, NULL, k->dyf, a->xfn, a->gw, &MW, &a->ms, c->swiglu_limit);
-    }
-    if (s || (s = PAR_FN(par_moe_gate_backward)(NULL, G(bp->gate_weight), k->dw, k->ds, a->xfn, P(bp->gate_weight),
-                                                a->glog, a->gs, a->idx, a->gw, T, d, (int)E, (int)K,
-                                                c->route_scale)))
-        return s;
-    PAR_FN(par_rmsnorm_backward)(NULL, G(bp->ffn_norm), k->dxfn, a->xf, P(bp->ffn_norm), a->rstdf, T, d);
-    if ((s = PAR_FN(par_hc_pre_backward)(NULL, G(bp->hc_ffn_fn), G(bp->hc_ffn_base), G(bp->hc_ffn_scale), k->dxf,
-                                         k->dpf, k->dCf, &a->hcf, a->Xmid, P(bp->hc_ffn_fn), P(bp->hc_ffn_base),
-                                         P(bp->hc_ffn_scale), T, n, d, iters, c->hc_eps, c->norm_eps)))
-        return s;
-    /* attention sub-layer (no gradient into the indexer, MODEL.md 3) */
-    PAR_FN(par_attn_weights) AW, AG;
-    attn_weights(M, b, M->params, &AW, 1);
-    attn_weights(M, b, M->grads, &AG, 0);
-    AG.attn_sink = NULL; /* accumulated by B */
-    s = M->attn.wgt ? M->attn.wgt(M->attn.ctx, x, M, b, &AG, k->dya, &AW, T)
-                    : PAR_FN(par_attn_backward_weights)(&AG, &k->ak, k->dya, &a->as, a->xan, k->pos, &AW, dm, T);
-    if (s)
-        return s;
-    PAR_FN(par_rmsnorm_backward)(NULL, G(bp->attn_norm), k->dxan, a->xa, P(bp->attn_norm), a->rstda, T, d);
-    return PAR_FN(par_hc_pre_backward)(NULL, G(bp->hc_attn_fn), G(bp->hc_attn_base), G(bp->hc_attn_scale), k->dxa,
-                                       k->dpa, k->dCa, &a->hca, a->Xin, P(bp->hc_attn_fn), P(bp->hc_attn_base),
-                                       P(bp->hc_attn_scale), T, n, d, iters, c->hc_eps, c->norm_eps);
+    a->wk.pending = 0;
+    par_status s = moe_backward_pass(M, x, a, PASS_W, NULL, NULL, NULL, NULL, 0.0);
+    return s ? s : attn_backward_pass(M, x, a, PASS_W, NULL, NULL);
 }
 
 par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
@@ -347,10 +357,7 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, 
                                       const int32_t *sample, const PAR_FN(par_stats) *st, double aux_scale, int64_t T)
 {
     par_arena_mark mark = par_arena_get_mark(ar);
-    par_status s = PAR_FN(par_block_backward_input)(M, x, b, a, ar, dXin, dXout, pos, sample, st, aux_scale, T);
-    if (!s)
-        s = PAR_FN(par_block_backward_weights)(M, x, b, a, ar);
-    a->wk.pending = 0;
+    par_status s = block_input_pass(M, x, b, a, ar, PASS_BW, dXin, dXout, pos, sample, st, aux_scale, T);
     par_arena_rewind(ar, mark);
     return s;
 }

@@ -198,7 +198,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
 
 /* ------------------------------------------------------------ backward -- */
 
-/* The gradients one item's input pass writes: t: the block input's (out[0]);
+/* The gradients one item's backward writes: t: the block input's (out[0]);
  * m: the MTP head's into the MTP block (out[0]), the MTP block's input's
  * (out[1], kept until W). */
 static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_real **out)
@@ -214,9 +214,9 @@ static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_re
     return PAR_OK;
 }
 
-/* B of item j: *dX is the gradient of the item's output, replaced by that
- * of its input. */
-static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb,
+/* B (or, bw, the whole backward in one pass) of item j: *dX is the
+ * gradient of the item's output, replaced by that of its input. */
+static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb, int bw,
                              par_real **dX, par_real **out)
 {
     const par_config *c = &ex->cfg;
@@ -224,29 +224,35 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
     const par_mbctx *x = &ex->mbx[mb];
     const int32_t *sample = ex->msample[mb];
     const PAR_FN(par_stats) *st = &M->stats, *bst = ex->cph ? &ex->bst : st;
+    const double ls_main = st->n_main > 0 ? 1.0 / (double)st->n_main : 0.0;
+    const double ls_mtp = st->n_mtp > 0 ? c->mtp_lambda / (double)st->n_mtp : 0.0;
     int64_t T = ex->Tm;
     int b = ls->block[j];
     par_arena *ar = &sl->ar;
     par_status s = PAR_OK;
     switch (ls->items[j]) {
     case PAR_BLK_LOSS:
-        return st->n_main > 0 ? PAR_FN(par_head_backward_input)(M, 0, &sl->head, ar, *dX, 1.0 / (double)st->n_main)
-                              : PAR_OK;
+        if (st->n_main <= 0)
+            return PAR_OK;
+        return bw ? PAR_FN(par_head_backward)(M, 0, &sl->head, ar, *dX, ls_main)
+                  : PAR_FN(par_head_backward_input)(M, 0, &sl->head, ar, *dX, ls_main);
     case PAR_BLK_MTP:
-        if ((st->n_mtp > 0 &&
-             (s = PAR_FN(par_head_backward_input)(M, 1, &sl->mtp_head, ar, out[0], c->mtp_lambda / (double)st->n_mtp))) ||
-            (s = PAR_FN(par_block_backward_input)(M, x, b, &sl->blk[j], ar, out[1], out[0], bt->pos, sample, bst,
-                                                  c->aux_alpha, T)))
+        if (st->n_mtp > 0 && (s = bw ? PAR_FN(par_head_backward)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)
+                                     : PAR_FN(par_head_backward_input)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)))
             return s;
-        return PAR_FN(par_mtp_input_backward_input)(M, &sl->mtp, ar, *dX, out[1]);
+        if ((s = (bw ? PAR_FN(par_block_backward) : PAR_FN(par_block_backward_input))(
+                 M, x, b, &sl->blk[j], ar, out[1], out[0], bt->pos, sample, bst, c->aux_alpha, T)))
+            return s;
+        return bw ? PAR_FN(par_mtp_input_backward)(M, &sl->mtp, ar, *dX, out[1])
+                  : PAR_FN(par_mtp_input_backward_input)(M, &sl->mtp, ar, *dX, out[1]);
     case PAR_BLK_LAYER:
-        if (!(s = PAR_FN(par_block_backward_input)(M, x, b, &sl->blk[j], ar, out[0], *dX, bt->pos, sample, bst,
-                                                   c->aux_alpha, T)))
+        if (!(s = (bw ? PAR_FN(par_block_backward) : PAR_FN(par_block_backward_input))(
+                  M, x, b, &sl->blk[j], ar, out[0], *dX, bt->pos, sample, bst, c->aux_alpha, T)))
             *dX = out[0];
         return s;
-    case PAR_BLK_EMBED:
-        sl->dxe = *dX; /* no input gradient: everything is W */
-        return PAR_OK;
+    case PAR_BLK_EMBED: /* no input gradient: everything is the weight pass */
+        sl->dxe = *dX;
+        return bw ? PAR_FN(par_model_embed_backward)(M, ar, *dX, bt->tokens, T) : PAR_OK;
     }
     return par_err(PAR_EINTERNAL, "pipeline: unknown layout item '%c'", ls->items[j]);
 }
@@ -326,15 +332,10 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             memcpy(dX, sl->gout, xb);
     }
     for (int j = ls->n_items - 1; j >= 0 && !s; j--) {
-        if (kind != PAR_ACT_W && (s = item_outs(sl, ls, j, xb, out)))
-            break;
-        par_arena_mark mark = par_arena_get_mark(&sl->ar); /* BW: the item's passes are done with it */
-        if (kind != PAR_ACT_W)
-            s = item_input(ex, M, sl, ls, j, mb, &dX, out);
-        if (!s && kind != PAR_ACT_B)
+        if (kind == PAR_ACT_W)
             s = item_weights(ex, M, sl, ls, j, mb);
-        if (kind == PAR_ACT_BW)
-            par_arena_rewind(&sl->ar, mark);
+        else if (!(s = item_outs(sl, ls, j, xb, out)))
+            s = item_input(ex, M, sl, ls, j, mb, kind == PAR_ACT_BW, &dX, out);
     }
     if (s)
         return s;
