@@ -15,7 +15,8 @@
  *   par_head_forward/_backward            hc_head, norm, logits, CE (main or MTP head)
  *     each backward also in two passes, _input (B: the input gradient, the
  *     weight pass's inputs kept) and _weights (W: the weight gradients),
- *     bitwise the one pass (a zero-bubble pipeline runs W later)
+ *     bitwise the one pass (a zero-bubble pipeline runs W later); one
+ *     implementation serves the three
  *   par_stats_*                           every cross-sample statistic (target counts,
  *                                         per-sample CE sums, loads, aux statistics,
  *                                         grad sum of squares) as partial sums with
@@ -358,7 +359,8 @@ par_status PAR_FN(par_block_backward_input)(PAR_FN(par_model) *M, const par_mbct
                                             const PAR_FN(par_stats) *st, double aux_scale, int64_t T);
 par_status PAR_FN(par_block_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
                                               PAR_FN(par_block_act) *a, par_arena *ar);
-/* B then W; all scratch rewound. */
+/* The one-pass backward (B and W at once, the same bits); all scratch
+ * rewound. */
 par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                       par_arena *ar, par_real *dXin, /* [T, n, d] += */
                                       const par_real *dXout,         /* [T, n, d] */
@@ -378,7 +380,7 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
                                     int64_t T);
 /* dX += d/dX of scale * sum_t CE_t (scale = 1/N_main or mtp_lambda/N_mtp).
  * _input (B) keeps what _weights (W: head.weight, the norm, hc_head_*)
- * needs in h (arena memory from `ar`); par_head_backward is both. */
+ * needs in h (arena memory from `ar`); par_head_backward is one pass. */
 par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
                                            par_arena *ar, par_real *dX, /* [T, n, d] += */
                                            double scale);

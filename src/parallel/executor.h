@@ -36,11 +36,12 @@
  * forward of the block is (with CP, after the CP sum of the microbatch's
  * counts), whatever the schedule does with the others.
  *
- * B, W and BW: BW runs, item by item, the input-gradient pass and then the
- * weight-gradient pass (model/model.h *_backward_input / _weights); a split
- * schedule's B runs the input passes of the stage's items (keeping what W
- * needs in the (mb, stage) slot), its W later runs their weight passes in
- * the same item order.  An overlapped F&B pair (DualPipe) runs as F then B.
+ * B, W and BW: BW runs, item by item, the one-pass backward (model/model.h
+ * par_block_backward, ...); a split schedule's B runs the input passes of
+ * the stage's items (*_backward_input, keeping what W needs in the (mb,
+ * stage) slot), its W later runs their weight passes (*_backward_weights)
+ * in the same item order.  An overlapped F&B pair (DualPipe) runs as F then
+ * B.
  *
  * After the last action: the statistics and losses (parallel/reduce.h
  * par_reduce_stats), embed/head gradients summed over the embd / mtp groups
