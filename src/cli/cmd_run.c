@@ -332,7 +332,8 @@ int par_cmd_run(int argc, char **argv)
         printf("\n");
         if (sum.pp_net_bubble >= 0 && sum.pp_dry_bubble_measured >= 0)
             printf("pipeline: executor bubble %.4f %% (virtual clock) vs dry-run bubble %.4f %% with the executor's "
-                   "own costs (mean F %.3g s, B %.3g s, W %.3g s per stage, message %.3g s): difference %.2g points\n",
+                   "own costs (mean F %.3g s, B or BW %.3g s, W %.3g s per stage, message %.3g s): "
+                   "difference %.2g points\n",
                    100.0 * sum.pp_net_bubble, 100.0 * sum.pp_dry_bubble_measured, sum.pp_cost_f_s, sum.pp_cost_b_s,
                    sum.pp_cost_w_s, sum.pp_latency_s, 100.0 * (sum.pp_net_bubble - sum.pp_dry_bubble_measured));
     }
