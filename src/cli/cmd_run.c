@@ -12,6 +12,7 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
@@ -85,7 +86,7 @@ static void print_memory(const par_run_summary *sum)
 int par_cmd_run(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *dump = NULL;
-    const char *save = NULL, *load = NULL;
+    const char *save = NULL, *load = NULL, *max_memory = NULL;
     int64_t save_interval = 0;
     const char *backend = "threads";
     const char *moe_dispatch = "flat";
@@ -114,6 +115,7 @@ int par_cmd_run(int argc, char **argv)
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"moe-dispatch", PAR_OPT_STR, &moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
+        {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -234,7 +236,6 @@ int par_cmd_run(int argc, char **argv)
         par_err_set_quiet(0);
         return 2;
     }
-    par_run_register_ckpt_owner();
     par_ckpt *ck = NULL;
     if (load && par_ckpt_open(load, &ck) != PAR_OK) { /* validated before anything runs or is written */
         fprintf(stderr, "parity run: --load: %s\n", par_last_error());
@@ -246,6 +247,13 @@ int par_cmd_run(int argc, char **argv)
     /* a rank may wait while rank 0 writes a large dump */
     o.timeout_s = comm_timeout > 0 ? comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
 
+    /* the memory estimate before anything big is allocated (issue 13) */
+    if ((rc = par_memlimit_run("run", max_memory, &o.cfg, &o.layout, o.precision, steps,
+                               strcmp(backend, "mpi") ? 0 : la.ranks_per_process))) {
+        par_ckpt_close(ck);
+        par_err_set_quiet(0);
+        return rc;
+    }
     par_alloc_reset_peaks();
     par_run_summary sum;
     s = par_run(&o, &sum);

@@ -13,7 +13,7 @@
 #include "core/log.h"
 #include "model/golden.h"
 #include "model/model.h"
-#include "parallel/ckptwire.h"
+#include "parallel/ckpt_model.h"
 #include "parallel/dp_step.h"
 #include "parallel/executor.h"
 #include "parallel/groups.h"
@@ -45,6 +45,7 @@ typedef struct {
     int64_t *ep_tier;         /* [N, 4] ep bytes: dispatch nvlink, ib, combine nvlink, ib */
     double *ep_time;          /* [N, 2] ep emulated dispatch, combine seconds */
     int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dp_step.h) */
+    int64_t *apeak;           /* [N, 2 * PAR_TAG_COUNT] per-rank allocator peaks (allocated, reserved) */
     par_exec_info exi;        /* world rank 0's pipeline (executor.h) */
     int64_t step0;            /* updates already applied (the loaded checkpoint's step) */
     uint64_t seed;            /* the data's seed (the checkpoint's with --load) */
@@ -61,6 +62,7 @@ typedef struct {
     PAR_FN(par_dpw) dpw;      /* the optimizer step (dp_step.h) */
     par_real *params, *m, *v, *grads; /* [n_float] dump buffers on rank 0 */
     par_real *lm, *lv;        /* [n_local] optimizer state gathered to the group roots */
+    int ascope;               /* this rank's allocator scope (core/alloc.h): its memory truth */
 } rank_state;
 
 /* ---------------------------------------------------------------- dumps -- */
@@ -141,7 +143,7 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     for (int i = 0; i < S->M.tab.n; i++)
         if (skip[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
             return s;
-    if (o->load && (s = PAR_FN(par_ckptw_load)(P, &S->M, &S->dpw, o->load)))
+    if (o->load && (s = PAR_FN(par_ckpt_model_load)(P, &S->M, &S->dpw, o->load)))
         return s;
     if (R->tmp && ((s = dump_alloc(R, S)) || (s = dump_params(R, S, 0))))
         return s;
@@ -192,7 +194,7 @@ static par_status rank_step(shared *R, rank_state *S, int64_t k)
     if (o->save_dir && ((o->save_interval > 0 && gstep % o->save_interval == 0) || k == o->steps - 1)) {
         par_ckpt_state cs = {.step = gstep, .cursor = R->cursor[k], .seed = R->seed};
         snprintf(cs.precision, sizeof cs.precision, "%s", PAR_REAL_BITS == 64 ? "f64" : "f32");
-        if ((s = PAR_FN(par_ckptw_save)(&S->P, &S->M, &S->dpw, o->save_dir, &cs)))
+        if ((s = PAR_FN(par_ckpt_model_save)(&S->P, &S->M, &S->dpw, o->save_dir, &cs)))
             return s;
         if (S->P.rank == 0)
             R->saves++;
@@ -234,11 +236,17 @@ static par_status rank_report(shared *R, rank_state *S)
     double eps[2] = {ec.dispatch_s, ec.combine_s};
     int64_t cpm[4] = {ct.halo_fwd, ct.gather_fwd, ct.rs_bwd, ct.halo_bwd};
     int64_t mem[PAR_RUN_MEM] = {mm.weights, mm.grads, mm.optim, mm.optim_full, mm.act, mm.comm};
+    par_alloc_stats ast;
+    par_alloc_scope_stats(S->ascope, &ast);
+    int64_t ap[2 * PAR_TAG_COUNT];
+    memcpy(ap, ast.peak, sizeof ast.peak);
+    memcpy(ap + PAR_TAG_COUNT, ast.res_peak, sizeof ast.res_peak);
     par_status s;
     if ((s = to_rank0(world, ctr, 6, PAR_C_I64, R->rank_ctr)) || (s = to_rank0(world, ept, 4, PAR_C_I64, R->ep_tier)) ||
-        (s = to_rank0(world, eps, 2, PAR_C_F64, R->ep_time)) || (s = to_rank0(world, cpm, 4, PAR_C_I64, R->cp_ctr)))
+        (s = to_rank0(world, eps, 2, PAR_C_F64, R->ep_time)) || (s = to_rank0(world, cpm, 4, PAR_C_I64, R->cp_ctr)) ||
+        (s = to_rank0(world, mem, PAR_RUN_MEM, PAR_C_I64, R->mem)))
         return s;
-    return to_rank0(world, mem, PAR_RUN_MEM, PAR_C_I64, R->mem);
+    return to_rank0(world, ap, 2 * PAR_TAG_COUNT, PAR_C_I64, R->apeak);
 }
 
 static par_status rank_main(par_comm *world, void *arg)
@@ -246,12 +254,15 @@ static par_status rank_main(par_comm *world, void *arg)
     shared *R = arg;
     rank_state S;
     memset(&S, 0, sizeof S);
+    S.ascope = par_alloc_scope_open(); /* this rank's allocator truth (alloc.h) */
     par_status s = rank_setup(R, world, &S);
+    par_alloc_scope_reset_peaks(S.ascope); /* the window: the steps */
     for (int64_t k = 0; k < R->o->steps && !s; k++)
         s = rank_step(R, &S, k);
     if (!s)
         s = rank_report(R, &S);
     rank_free(&S);
+    par_alloc_scope_close(S.ascope);
     return s;
 }
 
@@ -381,6 +392,7 @@ static void shared_free(shared *R)
     par_free(R->ep_tier);
     par_free(R->ep_time);
     par_free(R->mem);
+    par_free(R->apeak);
     par_free(R->cursor);
 }
 
@@ -400,9 +412,10 @@ static par_status prebuild(shared *R, par_golden_opts *go, par_golden_data *ds)
     R->ep_tier = par_calloc((size_t)N * 4, sizeof *R->ep_tier, PAR_TAG_MISC);
     R->ep_time = par_calloc((size_t)N * 2, sizeof *R->ep_time, PAR_TAG_MISC);
     R->mem = par_calloc((size_t)N * PAR_RUN_MEM, sizeof *R->mem, PAR_TAG_MISC);
+    R->apeak = par_calloc((size_t)N * 2 * PAR_TAG_COUNT, sizeof *R->apeak, PAR_TAG_MISC);
     R->cursor = par_calloc((size_t)steps, sizeof *R->cursor, PAR_TAG_MISC);
     if (!R->tok || !R->seg || !R->info || !R->load_acc || !R->rank_ctr || !R->cp_ctr || !R->ep_tier || !R->ep_time ||
-        !R->mem || !R->cursor)
+        !R->mem || !R->apeak || !R->cursor)
         return par_err(PAR_ENOMEM, "run: out of memory for %lld steps of %lld x %lld tokens", (long long)steps,
                        (long long)R->B, (long long)R->S);
     par_batch full;
@@ -463,6 +476,15 @@ static void fill_summary(shared *R, par_run_summary *sum, par_netrun *net, doubl
     summarize_comm(R, sum, N);
     sum->mem = R->mem;
     R->mem = NULL;
+    sum->alloc_peak = par_malloc((size_t)N * PAR_TAG_COUNT * sizeof *sum->alloc_peak, PAR_TAG_MISC);
+    sum->alloc_res_peak = par_malloc((size_t)N * PAR_TAG_COUNT * sizeof *sum->alloc_res_peak, PAR_TAG_MISC);
+    for (int r = 0; r < N && sum->alloc_peak && sum->alloc_res_peak; r++)
+        for (int t = 0; t < PAR_TAG_COUNT; t++) {
+            sum->alloc_peak[r * PAR_TAG_COUNT + t] = R->apeak[(2 * r) * PAR_TAG_COUNT + t];
+            sum->alloc_res_peak[r * PAR_TAG_COUNT + t] = R->apeak[(2 * r + 1) * PAR_TAG_COUNT + t];
+        }
+    for (int64_t r = 0; r < R->B; r++) /* samples of the first step's batch: per row, its last segment + 1 */
+        sum->samples0 += (int64_t)R->seg[(r + 1) * R->S - 1] + 1;
     sum->start_step = R->step0;
     sum->saves = R->saves;
     sum->wall_s = now_s() - t_start;
@@ -506,7 +528,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         return s;
     par_netrun *net = NULL; /* with o->netmodel: the emulated clocks (to sum->net) */
     if ((s = resolve_layout(&R, &go)) || (s = prebuild(&R, &go, &ds)) ||
-        (o->load && (s = PAR_FN(par_ckptw_check)(o->load, &R.cfg))) ||
+        (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))) ||
         (o->dump_dir && (s = par_adir_begin(o->dump_dir, &R.tmp))))
         goto fail_data;
     openblas_set_num_threads(1); /* one BLAS thread per rank */
