@@ -154,10 +154,10 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     PAR_FN(par_stats) *st = &M->stats;
     par_field f[6];
     int nf = stats_fields(st, f);
-    par_comm *cp = P->g.g[PAR_GROUP_CP];
+    par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
     par_status s;
-    if ((s = par_reduce_fields(P->g.g[PAR_GROUP_PP], f, nf, NULL)) || (s = cp_window_check(cp, st)) ||
-        (s = par_reduce_fields(cp, f, nf, NULL)))
+    if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
+        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))))
         return s;
     par_comm *dp = P->g.g[PAR_GROUP_DP];
     if (!dp)

@@ -22,7 +22,23 @@ size_t par_fields_pack(void *buf, const par_field *f, int n, par_ctype t, int un
     return at;
 }
 
-/* One element type: pack, one collective, unpack (or scatter to out). */
+/* The one field of type t when the type's data is a single field (summed
+ * in place, no packing), else NULL. */
+static const par_field *sole_field(const par_field *f, int n, par_ctype t)
+{
+    const par_field *one = NULL;
+    for (int i = 0; i < n; i++) {
+        if (f[i].t != t || !f[i].n)
+            continue;
+        if (one || !f[i].p)
+            return NULL;
+        one = &f[i];
+    }
+    return one;
+}
+
+/* One element type: pack, one collective, unpack (or scatter to out); a
+ * single field is summed where it lies. */
 static par_status reduce_type(par_comm *c, const par_field *f, int n, par_ctype t, void *out)
 {
     size_t count = par_fields_pack(NULL, f, n, t, 0), p = (size_t)par_comm_size(c);
@@ -31,6 +47,10 @@ static par_status reduce_type(par_comm *c, const par_field *f, int n, par_ctype 
     if (out && count % p != 0)
         return par_err(PAR_EINVAL, "reduce over %s: %zu elements do not split into %zu equal blocks",
                        par_comm_name(c), count, p);
+    const par_field *one = sole_field(f, n, t);
+    if (one)
+        return out ? par_reduce_scatter(c, one->p, out, count / p, t, PAR_OP_SUM)
+                   : par_allreduce(c, one->p, one->p, count, t, PAR_OP_SUM);
     void *buf = par_malloc(count * par_ctype_size(t), PAR_TAG_COMM);
     if (!buf)
         return par_err(PAR_ENOMEM, "reduce over %s: out of memory for %zu elements", par_comm_name(c), count);
@@ -53,7 +73,7 @@ par_status par_reduce_fields(par_comm *c, const par_field *f, int n, void *out)
                        c ? par_comm_name(c) : "one rank");
     for (int t = 0; t < PAR_C_COUNT; t++) {
         par_status s = PAR_OK;
-        if (!c || par_comm_size(c) <= 1) /* nothing to sum: the one block is the fields */
+        if (!c) /* no group: nothing to sum, the one block is the fields */
             (void)(out && par_fields_pack(out, f, n, (par_ctype)t, 0));
         else
             s = reduce_type(c, f, n, (par_ctype)t, out);

@@ -30,8 +30,9 @@ size_t par_fields_pack(void *buf, const par_field *f, int n, par_ctype t, int un
  * all-reduce, every member's fields receive the sums (one collective per
  * element type present).  out not NULL: a reduce-scatter of fields of ONE
  * type whose packed length is a multiple of the group size p: member r
- * receives block r of the sums at out (the fields stay as they were).  A
- * group of one rank (or c NULL) sums nothing: out gets the packed fields. */
+ * receives block r of the sums at out (the fields stay as they were).  The
+ * data of one type that is a single field is summed where it lies (no
+ * copy).  c NULL sums nothing: out gets the packed fields. */
 par_status par_reduce_fields(par_comm *c, const par_field *f, int n, void *out);
 
 #endif
