@@ -1,6 +1,6 @@
 #!/bin/sh
 # tools/cp_acceptance.sh - issue 6's acceptance cells for context parallelism
-# (docs/parallel.md "Context parallelism in the driver").  For every named
+# (docs/parallel.md "Context parallelism in the step").  For every named
 # boundary fixture of a preset and for random packings (several seeds):
 # the serial golden (2 steps), then `parity run` at CP2 and CP4 (threads
 # backend) with --dump, compared under the f64 policy (integers -- routing,

@@ -50,7 +50,7 @@ static void human_bytes(char *buf, size_t n, double b)
     snprintf(buf, n, "%.2f %s", b, u[i]);
 }
 
-/* Per-rank memory accounting (parallel/dpwire.h): every rank for N <= 8,
+/* Per-rank memory accounting (parallel/dp_step.h): every rank for N <= 8,
  * else min / max over ranks. */
 static void print_memory(const par_run_summary *sum)
 {
@@ -345,6 +345,13 @@ static void print_cp_pp(const par_run_summary *sum)
             printf("; emulated bubble %.1f %% of %.6g s (rank 0's pipeline, virtual clock, all steps)",
                    100.0 * sum->pp_net_bubble, sum->pp_net_makespan_s);
         printf("\n");
+        if (sum->pp_net_bubble >= 0 && sum->pp_dry_bubble_measured >= 0)
+            printf("pipeline: executor bubble %.4f %% (virtual clock) vs dry-run bubble %.4f %% with the executor's "
+                   "own costs (mean F %.3g s, B or BW %.3g s, W %.3g s per stage, message %.3g s): "
+                   "difference %.2g points\n",
+                   100.0 * sum->pp_net_bubble, 100.0 * sum->pp_dry_bubble_measured, sum->pp_cost_f_s,
+                   sum->pp_cost_b_s, sum->pp_cost_w_s, sum->pp_latency_s,
+                   100.0 * (sum->pp_net_bubble - sum->pp_dry_bubble_measured));
     }
 }
 
