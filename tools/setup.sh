@@ -5,13 +5,17 @@
 #   --with-torch   also python3-torch (Debian's PyTorch 1.13, CPU; about 200
 #                  packages with its dependencies), for the python_torch tests
 #                  and parity_torch (docs/gpu-rollout.md)
+#   --with-offload gcc-12-offload-nvptx (GCC's OpenMP offload compiler for
+#                  NVIDIA GPUs, with nvptx-tools and libgomp's nvptx plugin),
+#                  for the -Doffload=nvptx build (docs/gpu.md)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
       libcriterion-dev libcjson-dev nettle-dev python3-numpy python3-venv)
 for a in "$@"; do
   case "$a" in
     --with-torch) pkgs+=(python3-torch) ;;
-    *) echo "parity setup: unknown option '$a' (known: --with-torch)" >&2; exit 2 ;;
+    --with-offload) pkgs+=(gcc-12-offload-nvptx libgomp-plugin-nvptx1) ;;
+    *) echo "parity setup: unknown option '$a' (known: --with-torch, --with-offload)" >&2; exit 2 ;;
   esac
 done
 missing=()

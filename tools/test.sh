@@ -34,7 +34,8 @@ for line in open(sys.argv[1]):
     elif res == "OK":
         passed += 1
     elif res == "SKIP":
-        pass
+        why = [l for l in out.splitlines() if l.startswith("SKIP")]
+        print(f"skipped: {t.get('name')}: {why[0] if why else 'no reason given'}")
     else:
         failed += 1
 print(f"{passed} passed, {failed} failed")

@@ -11,6 +11,7 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/devargs.h"
 #include "cli/matrix_mpi.h"
 #include "core/alloc.h"
 #include "core/status.h"
@@ -25,7 +26,7 @@ static int has_suffix(const char *s, const char *suf)
 
 /* What the command line gave. */
 typedef struct {
-    const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier;
+    const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device;
     int64_t steps, seed, mpi_procs;
     int quick, keep, list, quiet, full;
     par_strlist cells, fixtures;
@@ -60,11 +61,12 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no progress lines"},
+        {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP "; the references run there too"},
     };
     const char *synopsis =
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full] [--cells FILE.json]\n"
         "       [--cell NAME]... [--fixture NAME]... [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
-        "       [--out DIR] [--steps K] [--seed N] [--keep] [--list]\n\n"
+        "       [--out DIR] [--steps K] [--seed N] [--keep] [--list] [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
         "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
         "A progress line per cell on stderr, a summary table on stdout; a failing cell names the\n"
@@ -193,6 +195,13 @@ int par_cmd_matrix(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     if ((rc = check_cli(&c)))
         return rc;
+    if (c.device && !strcmp(c.device, "gpu") && !strcmp(c.backend, "mpi")) {
+        fprintf(stderr, "parity matrix: --device gpu runs the cells in this process; --backend mpi would "
+                        "launch them elsewhere (use --backend threads)\n");
+        return 2;
+    }
+    if (!c.list && par_cli_device("matrix", c.device))
+        return 2;
     par_matrix_opts o;
     par_mpi_runner mpi;
     par_err_set_quiet(1);

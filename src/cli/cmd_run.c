@@ -12,6 +12,7 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/devargs.h"
 #include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
@@ -88,7 +89,7 @@ static void print_memory(const par_run_summary *sum)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *data, *fixture, *precision, *dump, *save, *load, *backend, *moe_dispatch, *summary;
-    const char *max_memory;
+    const char *max_memory, *device;
     int64_t save_interval, steps, seed;
     double comm_timeout;
     int quiet;
@@ -100,7 +101,8 @@ typedef struct {
 static const char synopsis[] =
     "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
     "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
-    "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n\n"
+    "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n"
+    "       [--device cpu|gpu]\n\n"
     "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
     "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
     "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
@@ -146,6 +148,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", PAR_MEMLIMIT_HELP},
+        {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -398,6 +401,8 @@ int par_cmd_run(int argc, char **argv)
     par_run_opts o;
     par_netmodel netm;
     par_ckpt *ck = NULL;
+    if (par_cli_device("run", c.device))
+        return 2;
     par_err_set_quiet(1);
     if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */
         rc = par_memlimit_run("run", c.max_memory, &o.cfg, &o.layout, o.precision, c.steps,
@@ -430,6 +435,7 @@ int par_cmd_run(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,
            (double)ru.ru_maxrss / 1024.0);
+    par_cli_device_report(stdout);
     par_run_summary_free(&sum);
     return rc;
 }
