@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm/clock.h"
+#include "core/device.h"
 #include "parallel/executor-impl.h"
 
 /* ------------------------------------------------------------ schedule -- */
@@ -361,7 +362,7 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
-    memset(M->grads, 0, (size_t)M->n_local * sizeof *M->grads);
+    par_dev_zero(M->grads, (size_t)M->n_local * sizeof *M->grads); /* memset (core/device.h) */
     M->have_fwd = 0;
     if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)))
         return s;

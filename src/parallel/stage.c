@@ -4,6 +4,7 @@
  * the step executor (parallel/executor-impl.h). */
 #include <string.h>
 
+#include "core/device.h"
 #include "parallel/executor-impl.h"
 
 /* ---------------------------------------------------------------- slots -- */
@@ -58,14 +59,14 @@ static par_real *heap_copy(const par_real *x, int64_t n)
 {
     par_real *c = par_malloc((size_t)(n > 0 ? n : 1) * sizeof *c, PAR_TAG_COMM);
     if (c)
-        memcpy(c, x, (size_t)n * sizeof *c);
+        par_dev_copy(c, x, (size_t)n * sizeof *c); /* memcpy (core/device.h: GPU mode too) */
     return c;
 }
 
 static void keep_rows(void *dst, const void *src, int64_t row0, int64_t per, size_t esz, int64_t T)
 {
     if (dst && src)
-        memcpy((char *)dst + (size_t)(row0 * per) * esz, src, (size_t)(T * per) * esz);
+        par_dev_copy((char *)dst + (size_t)(row0 * per) * esz, src, (size_t)(T * per) * esz);
 }
 
 /* ------------------------------------------------------------- forward -- */
@@ -293,7 +294,7 @@ static par_status grad_out(exec_t *ex, int mb, int stage, const par_real *dX, si
             return s;
         if (!(pv->gout = par_arena_alloc(&pv->ar, xb ? xb : 64, 64)))
             return par_err(PAR_ENOMEM, "pipeline: out of memory for a local gradient");
-        memcpy(pv->gout, dX, xb);
+        par_dev_copy(pv->gout, dX, xb);
         return PAR_OK;
     }
     int o = mb * ex->n_stages + stage;
@@ -329,7 +330,7 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             return par_err(PAR_ENOMEM, "pipeline: out of memory in the backward of microbatch %d stage %d", mb,
                            stage);
         if (sl->gout)
-            memcpy(dX, sl->gout, xb);
+            par_dev_copy(dX, sl->gout, xb);
     }
     for (int j = ls->n_items - 1; j >= 0 && !s; j--) {
         if (kind == PAR_ACT_W)

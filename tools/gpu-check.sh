@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The GPU checks of the OpenMP offload route (docs/gpu.md), in two halves:
+#
+#   tools/gpu-check.sh --prepare   on a Debian 12 build machine (network, the
+#       offload compiler: tools/setup.sh --with-offload).  Builds build-gpu/
+#       (-Doffload=nvptx, no MPI, no tests) and downloads with `apt-get
+#       download` the .deb of every shared library build-gpu/parity loads
+#       (glibc included) into .gpu-debs/ (git-ignored).  Carry build-gpu and
+#       .gpu-debs to the GPU machine (together well under 64 MiB).
+#
+#   tools/gpu-check.sh             on the lent GPU machine (no network, none
+#       of parity's Debian libraries, any glibc).  Unpacks .gpu-debs/*.deb into
+#       .gpu-debs/root (dpkg-deb, or python3 where there is no dpkg), writes
+#       .gpu-debs/parity, a wrapper that starts build-gpu/parity with the
+#       unpacked loader and libraries (the host's libcuda.so.1 found after
+#       them), and runs tests/gpu/against_cpu.sh real: the serial golden in
+#       f64 and f32 and two layout cells on the GPU against the CPU golden, then
+#       the step time on the GPU and the CPU (v4-mini, one step).  A few
+#       minutes; the log is also written to $OUT/gpu-check.log when OUT is set.
+#
+# Options of the second half: --emulated runs the same checks on the host's
+# emulated device (what tests/gpu/host_fallback.sh does), to try the unpack
+# and wrapper path on a machine without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEBS=.gpu-debs
+BUILD=build-gpu
+
+prepare() {
+  bash tools/setup.sh --with-offload || return 1
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    meson setup "$BUILD" -Doffload=nvptx -Dmpi=disabled -Dtests=disabled >/dev/null || return 1
+  fi
+  ninja -C "$BUILD" parity >/dev/null || return 1
+  mkdir -p "$DEBS"
+  # the packages of the libraries the binary loads (and of its loader)
+  local libs pkgs
+  libs=$(ldd "$BUILD/parity" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | xargs -r readlink -f)
+  libs="$libs $(readlink -f /usr/lib/x86_64-linux-gnu/libgomp-plugin-nvptx.so.1)"
+  pkgs=$(for l in $libs; do dpkg -S "$l" 2>/dev/null || dpkg -S "${l#/usr}" 2>/dev/null; done |
+         cut -d: -f1 | sort -u)
+  [ -n "$pkgs" ] || { echo "gpu-check: no packages found for the binary's libraries" >&2; return 1; }
+  (cd "$DEBS" && rm -f ./*.deb && apt-get download $pkgs >/dev/null) || return 1
+  echo "gpu-check: prepared $BUILD/parity and $(ls "$DEBS"/*.deb | wc -l) packages in $DEBS" \
+       "($(du -sh "$DEBS" "$BUILD/parity" | awk '{print $1}' | paste -sd+)): $pkgs"
+}
+
+# ar archive member data.tar.* of a .deb, extracted into $2 (no dpkg needed)
+unpack_py() {
+  python3 - "$1" "$2" <<'PY'
+import io, sys, tarfile
+deb, dest = sys.argv[1], sys.argv[2]
+data = open(deb, "rb").read()
+assert data[:8] == b"!<arch>\n", deb
+i = 8
+while i < len(data):
+    name = data[i:i + 16].decode().strip().rstrip("/")
+    size = int(data[i + 48:i + 58].decode().strip())
+    body = data[i + 60:i + 60 + size]
+    if name.startswith("data.tar"):
+        if name.endswith(".zst"):
+            import subprocess
+            body = subprocess.run(["zstd", "-dc"], input=body, capture_output=True, check=True).stdout
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(dest)
+    i += 60 + size + (size & 1)
+PY
+}
+
+unpack() {
+  local root="$DEBS/root"
+  ls "$DEBS"/*.deb >/dev/null 2>&1 || { echo "gpu-check: no .deb in $DEBS (run --prepare on a build machine)" >&2; return 2; }
+  [ -x "$BUILD/parity" ] || { echo "gpu-check: no $BUILD/parity (run --prepare on a build machine)" >&2; return 2; }
+  rm -rf "$root" && mkdir -p "$root"
+  for d in "$DEBS"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$d" "$root"; else unpack_py "$d" "$root"; fi || return 1
+  done
+  local abs lp loader
+  abs=$(cd "$root" && pwd)
+  loader="$abs/lib64/ld-linux-x86-64.so.2"
+  [ -e "$loader" ] || loader="$abs/usr/lib64/ld-linux-x86-64.so.2"
+  [ -e "$loader" ] || loader=$(ls "$abs"/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 2>/dev/null)
+  [ -e "$loader" ] || { echo "gpu-check: the unpacked glibc has no loader" >&2; return 1; }
+  lp="$abs/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu/openblas-pthread"
+  # the host's driver library (libcuda.so.1) after the unpacked ones
+  lp="$lp:/usr/lib/x86_64-linux-gnu:/usr/lib64:/usr/local/cuda/compat:/usr/local/cuda/lib64:/usr/lib/wsl/lib"
+  cat >"$DEBS/parity" <<EOF
+#!/bin/sh
+exec "$loader" --library-path "$lp" "$(pwd)/$BUILD/parity" "\$@"
+EOF
+  chmod +x "$DEBS/parity"
+  "$DEBS/parity" --version >/dev/null || { echo "gpu-check: the wrapper does not start parity" >&2; return 1; }
+}
+
+step_time() { # device: seconds of one v4-mini step (parity golden's wall time)
+  local t0 t1 dir
+  dir=$(mktemp -d)
+  t0=$(date +%s.%N)
+  "$DEBS/parity" golden --preset v4-mini --steps 1 --quiet --device "$1" --out "$dir/g" >/dev/null 2>&1 || {
+    rm -rf "$dir"; echo "failed"; return; }
+  t1=$(date +%s.%N)
+  rm -rf "$dir"
+  python3 -c "print(f'{$t1 - $t0:.2f} s')"
+}
+
+check() {
+  local mode=$1 log=${OUT:-/tmp}/gpu-check.log
+  unpack || return $?
+  echo "gpu-check: $(date -u +%FT%TZ) on $(uname -n); mode $mode" | tee "$log"
+  command -v nvidia-smi >/dev/null && nvidia-smi -L 2>&1 | tee -a "$log"
+  sh tests/gpu/against_cpu.sh "$DEBS/parity" "$mode" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "gpu-check: checks exit $rc" | tee -a "$log"; return "$rc"; }
+  [ "$mode" = emulated ] && export PARITY_GPU_EMULATE=1
+  echo "step time v4-mini (1 step, parity golden wall): cpu $(step_time cpu), gpu $(step_time gpu)" |
+    tee -a "$log"
+}
+
+case "${1:-}" in
+  --prepare) prepare ;;
+  --emulated) check emulated ;;
+  "") check real ;;
+  *) echo "gpu-check: unknown option '$1' (known: --prepare, --emulated)" >&2; exit 2 ;;
+esac
