@@ -6,12 +6,13 @@
 #       (-Doffload=nvptx, no MPI, no tests) and downloads with `apt-get
 #       download` the .deb of every shared library build-gpu/parity loads
 #       (glibc included) into .gpu-debs/ (git-ignored).  Carry build-gpu and
-#       .gpu-debs to the GPU machine (together well under 64 MiB).
+#       .gpu-debs to the GPU machine (the run tool's carry: ["build-gpu/parity",
+#       ".gpu-debs"], about 17 MiB).
 #
 #   tools/gpu-check.sh             on the lent GPU machine (no network, none
 #       of parity's Debian libraries, any glibc).  Unpacks .gpu-debs/*.deb into
-#       .gpu-debs/root (dpkg-deb, or python3 where there is no dpkg), writes
-#       .gpu-debs/parity, a wrapper that starts build-gpu/parity with the
+#       .gpu-root (dpkg-deb, or python3 where there is no dpkg), writes
+#       .gpu-root/parity, a wrapper that starts build-gpu/parity with the
 #       unpacked loader and libraries (the host's libcuda.so.1 found after
 #       them), and runs tests/gpu/against_cpu.sh real: the serial golden in
 #       f64 and f32 and two layout cells on the GPU against the CPU golden, then
@@ -24,6 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEBS=.gpu-debs
+ROOT=.gpu-root # the unpacked packages (git-ignored; not carried)
 BUILD=build-gpu
 
 prepare() {
@@ -42,7 +44,7 @@ prepare() {
   [ -n "$pkgs" ] || { echo "gpu-check: no packages found for the binary's libraries" >&2; return 1; }
   (cd "$DEBS" && rm -f ./*.deb && apt-get download $pkgs >/dev/null) || return 1
   echo "gpu-check: prepared $BUILD/parity and $(ls "$DEBS"/*.deb | wc -l) packages in $DEBS" \
-       "($(du -sh "$DEBS" "$BUILD/parity" | awk '{print $1}' | paste -sd+)): $pkgs"
+       "($(du -sh "$DEBS" "$BUILD/parity" | awk '{print $1}' | paste -sd+)):" $pkgs
 }
 
 # ar archive member data.tar.* of a .deb, extracted into $2 (no dpkg needed)
@@ -67,7 +69,7 @@ PY
 }
 
 unpack() {
-  local root="$DEBS/root"
+  local root="$ROOT"
   ls "$DEBS"/*.deb >/dev/null 2>&1 || { echo "gpu-check: no .deb in $DEBS (run --prepare on a build machine)" >&2; return 2; }
   [ -x "$BUILD/parity" ] || { echo "gpu-check: no $BUILD/parity (run --prepare on a build machine)" >&2; return 2; }
   rm -rf "$root" && mkdir -p "$root"
@@ -76,26 +78,28 @@ unpack() {
   done
   local abs lp loader
   abs=$(cd "$root" && pwd)
-  loader="$abs/lib64/ld-linux-x86-64.so.2"
-  [ -e "$loader" ] || loader="$abs/usr/lib64/ld-linux-x86-64.so.2"
-  [ -e "$loader" ] || loader=$(ls "$abs"/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 2>/dev/null)
-  [ -e "$loader" ] || { echo "gpu-check: the unpacked glibc has no loader" >&2; return 1; }
+  # the unpacked loader itself: /lib64's is an absolute link (to the host's)
+  loader=
+  for l in "$abs/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$abs/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"; do
+    [ -f "$l" ] && [ ! -L "$l" ] && { loader=$l; break; }
+  done
+  [ -n "$loader" ] || { echo "gpu-check: the unpacked glibc has no loader" >&2; return 1; }
   lp="$abs/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu/openblas-pthread"
   # the host's driver library (libcuda.so.1) after the unpacked ones
   lp="$lp:/usr/lib/x86_64-linux-gnu:/usr/lib64:/usr/local/cuda/compat:/usr/local/cuda/lib64:/usr/lib/wsl/lib"
-  cat >"$DEBS/parity" <<EOF
+  cat >"$ROOT/parity" <<EOF
 #!/bin/sh
 exec "$loader" --library-path "$lp" "$(pwd)/$BUILD/parity" "\$@"
 EOF
-  chmod +x "$DEBS/parity"
-  "$DEBS/parity" --version >/dev/null || { echo "gpu-check: the wrapper does not start parity" >&2; return 1; }
+  chmod +x "$ROOT/parity"
+  "$ROOT/parity" --version >/dev/null || { echo "gpu-check: the wrapper does not start parity" >&2; return 1; }
 }
 
 step_time() { # device: seconds of one v4-mini step (parity golden's wall time)
   local t0 t1 dir
   dir=$(mktemp -d)
   t0=$(date +%s.%N)
-  "$DEBS/parity" golden --preset v4-mini --steps 1 --quiet --device "$1" --out "$dir/g" >/dev/null 2>&1 || {
+  "$ROOT/parity" golden --preset v4-mini --steps 1 --quiet --device "$1" --out "$dir/g" >/dev/null 2>&1 || {
     rm -rf "$dir"; echo "failed"; return; }
   t1=$(date +%s.%N)
   rm -rf "$dir"
@@ -107,10 +111,13 @@ check() {
   unpack || return $?
   echo "gpu-check: $(date -u +%FT%TZ) on $(uname -n); mode $mode" | tee "$log"
   command -v nvidia-smi >/dev/null && nvidia-smi -L 2>&1 | tee -a "$log"
-  sh tests/gpu/against_cpu.sh "$DEBS/parity" "$mode" 2>&1 | tee -a "$log"
+  sh tests/gpu/against_cpu.sh "$ROOT/parity" "$mode" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || { echo "gpu-check: checks exit $rc" | tee -a "$log"; return "$rc"; }
-  [ "$mode" = emulated ] && export PARITY_GPU_EMULATE=1
+  if [ "$mode" = emulated ]; then # the host emulation's time means nothing
+    echo "step time: not measured (emulated device)" | tee -a "$log"
+    return 0
+  fi
   echo "step time v4-mini (1 step, parity golden wall): cpu $(step_time cpu), gpu $(step_time gpu)" |
     tee -a "$log"
 }
