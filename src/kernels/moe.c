@@ -475,7 +475,7 @@ static void gather_rows(par_real *xg, par_real *dyg, par_real *rwg, const par_re
     PAR_DOUT(xg, NR * d);
     PAR_DOUT(dyg, NR * d);
     PAR_DOUT(rwg, NR);
-    PAR_KLOOP_PAR(NR * d > 65536, is_device_ptr(xg, dyg, rwg, x, dy, w, tok, slot))
+    PAR_KLOOP(is_device_ptr(xg, dyg, rwg, x, dy, w, tok, slot)) /* serial on the host, as before */
     for (int64_t p = 0; p < NR; p++) {
         int64_t t = tok[p];
         if (rwg)
@@ -495,7 +495,7 @@ static void scatter_rows(par_real *slots, const par_real *rows, const int32_t *t
     PAR_DIN(tok, NR);
     PAR_DIN(slot, NR);
     PAR_DOUT(slots, NR * d); /* NR = T * K */
-    PAR_KLOOP_PAR(NR * d > 65536, is_device_ptr(slots, rows, tok, slot))
+    PAR_KLOOP(is_device_ptr(slots, rows, tok, slot)) /* serial on the host, as before */
     for (int64_t p = 0; p < NR; p++)
         memcpy(slots + ((int64_t)tok[p] * K + slot[p]) * d, rows + p * d, (size_t)d * sizeof *slots);
 }
