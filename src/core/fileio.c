@@ -97,23 +97,60 @@ int par_path_exists(const char *path)
     return lstat(path, &sb) == 0;
 }
 
+/* ---- opening files to read ------------------------------------------- */
+
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO (named pipe)";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    return "not a regular file";
+}
+
+par_status par_file_open_read(const char *path, int *fd_out, int64_t *size)
+{
+    /* O_NONBLOCK: opening a FIFO without a writer must not block; the file
+     * type is checked on the descriptor itself (no stat/open race). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        par_status st = par_err(PAR_EIO, "%s: fstat failed: %s", path, strerror(errno));
+        close(fd);
+        return st;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return par_err(PAR_EIO, "%s: is %s; parity reads only regular files", path, file_kind(sb.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    if (size)
+        *size = (int64_t)sb.st_size;
+    return PAR_OK;
+}
+
 /* ---- whole-file read -------------------------------------------------- */
 
 par_status par_file_read(const char *path, par_tag tag, void **data, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    par_status st = PAR_OK;
+    int fd;
+    int64_t fsize;
+    par_status st = par_file_open_read(path, &fd, &fsize);
+    if (st)
+        return st;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = par_err(PAR_EIO, "%s: fstat failed: %s", path, strerror(errno));
-        goto fail_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = par_err(PAR_EIO, "%s: not a regular file", path);
-        goto fail_close;
-    }
+    sb.st_size = (off_t)fsize;
     if ((unsigned long long)sb.st_size >= (unsigned long long)SIZE_MAX) {
         st = par_err(PAR_ERANGE, "%s: %lld bytes do not fit in memory", path, (long long)sb.st_size);
         goto fail_close;

@@ -16,9 +16,17 @@
 #define PAR_CORE_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
+
+/* Opens path for reading after checking, on the descriptor, that it is a
+ * regular file: a FIFO, directory, socket or device is refused with a
+ * message naming what it is (the open itself never blocks).  *fd (close it)
+ * and *size (bytes; NULL is fine) are set only on success.  Every reader of
+ * user files goes through here. */
+par_status par_file_open_read(const char *path, int *fd, int64_t *size);
 
 /* Reads a whole regular file into a par_malloc'd buffer of `tag`, followed by
  * one extra NUL byte (not counted in *len).  *data and *len are set only on

@@ -6,34 +6,16 @@
 #include <cjson/cJSON.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "model/data.h"
 
 static par_status read_text(const char *path, char **out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return par_err(PAR_EIO, "%s: cannot open fixture", path);
-    par_status st = PAR_OK;
-    if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
-        st = par_err(PAR_EIO, "%s: cannot size fixture", path);
-        goto fail_close;
-    }
-    long n = ftell(f);
-    rewind(f);
-    char *text = par_malloc((size_t)n + 1, PAR_TAG_IO);
-    if (!text) {
-        st = par_err(PAR_ENOMEM, "%s: no memory for %ld bytes", path, n);
-        goto fail_close;
-    }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        par_free(text);
-        st = par_err(PAR_EIO, "%s: short read", path);
-        goto fail_close;
-    }
-    text[n] = '\0';
-    *out = text;
-fail_close:
-    fclose(f);
+    void *data;
+    size_t n;
+    par_status st = par_file_read(path, PAR_TAG_IO, &data, &n); /* regular files only (a FIFO never blocks) */
+    if (!st)
+        *out = data;
     return st;
 }
 
