@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/outdir.h"
+#include "core/status.h"
+
 static const par_opt *find_opt(const par_opt *opts, int nopts, const char *name, size_t len)
 {
     for (int i = 0; i < nopts; i++)
@@ -169,4 +172,24 @@ int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
     for (int i = 0; i < k; i++)
         opts[n + i] = add[i];
     return n + k;
+}
+
+int par_cli_check_outputs(const char *cmd, const par_cli_output *outs, int n)
+{
+    par_err_set_quiet(1); /* the message is printed here, once */
+    for (int i = 0; i < n; i++) {
+        if (!outs[i].path)
+            continue;
+        for (int j = 0; j < i; j++)
+            if (outs[j].path && par_outdir_same(outs[i].path, outs[j].path)) {
+                fprintf(stderr, "parity %s: %s %s and %s %s name the same path; each output needs its own\n", cmd,
+                        outs[j].flag, outs[j].path, outs[i].flag, outs[i].path);
+                return 2;
+            }
+        if (par_outdir_check(outs[i].path, (par_out_kind)outs[i].kind, outs[i].flag) != PAR_OK) {
+            fprintf(stderr, "parity %s: %s\n", cmd, par_last_error());
+            return 2;
+        }
+    }
+    return 0;
 }

@@ -57,4 +57,17 @@ void par_layout_args_init(par_layout_args *l);
  * count or -1. */
 int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l);
 
+/* An output path of a command (NULL path: not given). */
+typedef struct {
+    const char *flag;  /* "--dump", "--save", "--trace", ...      */
+    const char *path;
+    int kind;          /* par_out_kind (core/outdir.h)             */
+} par_cli_output;
+
+/* Checks every given output before anything runs (core/outdir.h): each may
+ * be written (a directory only replaced when parity wrote it, parents
+ * writable) and no two name the same path.  Prints one message and returns
+ * 2, else 0. */
+int par_cli_check_outputs(const char *cmd, const par_cli_output *outs, int n);
+
 #endif

@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/compare.h"
 
@@ -34,6 +35,9 @@ int par_cmd_compare(int argc, char **argv)
         fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", pos.count);
         return 2;
     }
+    const par_cli_output outs[] = {{"--json", json, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("compare", outs, 1))
+        return 2;
     par_compare_opts o;
     par_compare_opts_init(&o);
     par_err_set_quiet(1);

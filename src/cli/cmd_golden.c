@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/alloc.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "model/facade.h"
@@ -75,6 +76,9 @@ int par_cmd_golden(int argc, char **argv)
         fprintf(stderr, "parity golden: give --data or --fixture, not both\n");
         return 2;
     }
+    const par_cli_output outs[] = {{"--out", out, PAR_OUT_GOLDEN}};
+    if (par_cli_check_outputs("golden", outs, 1))
+        return 2;
     if (steps < 1) {
         fprintf(stderr, "parity golden: --steps must be >= 1 (got %lld)\n", (long long)steps);
         return 2;

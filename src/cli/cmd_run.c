@@ -16,6 +16,7 @@
 #include "cli/netgroups.h"
 #include "comm/trace.h"
 #include "core/alloc.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
@@ -158,6 +159,10 @@ int par_cmd_run(int argc, char **argv)
         fprintf(stderr, "parity run: give --data or --fixture, not both\n");
         return 2;
     }
+    const par_cli_output outs[] = {{"--dump", dump, PAR_OUT_GOLDEN}, {"--save", save, PAR_OUT_CKPT},
+                                   {"--trace", na.trace, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("run", outs, 3)) /* before the first step: nothing is lost at the end */
+        return 2;
     if (steps < 1) {
         fprintf(stderr, "parity run: --steps must be >= 1 (got %lld)\n", (long long)steps);
         return 2;

@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "parallel/schedule.h"
 
@@ -63,6 +64,9 @@ int par_cmd_schedule(int argc, char **argv)
                 (long long)vpp, (long long)m, (long long)group);
         return 2;
     }
+    const par_cli_output outs[] = {{"--svg", svg, PAR_OUT_FILE}, {"--trace", trace, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("schedule", outs, 2))
+        return 2;
     par_err_set_quiet(1);
     par_schedule_params sp;
     par_schedule_params_init(&sp);

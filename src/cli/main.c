@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "core/outdir.h"
 #include "parity_config.h"
 
 typedef struct {
@@ -36,6 +37,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    par_tmp_install_signal_cleanup(); /* SIGINT/SIGTERM/SIGHUP remove live temporaries */
     int i = 1;
     while (i < argc && !strncmp(argv[i], "--", 2)) {
         if (!strcmp(argv[i], "--help")) {

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE /* renameat2 / RENAME_EXCHANGE where glibc has them */
 #include "core/fileio.h"
+#include "core/outdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,7 +28,7 @@ char *par_path_join(const char *dir, const char *name)
 }
 
 /* Parent directory of path in a par_malloc'd string ("." when none). */
-static char *parent_of(const char *path)
+char *par__path_parent(const char *path)
 {
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') /* ignore trailing slashes */
@@ -77,7 +78,7 @@ static par_status fsync_dir(const char *dir)
 
 static par_status fsync_parent(const char *path)
 {
-    char *d = parent_of(path);
+    char *d = par__path_parent(path);
     if (!d)
         return par_err(PAR_ENOMEM, "%s: out of memory", path);
     par_status st = fsync_dir(d);
@@ -111,7 +112,7 @@ static const char *file_kind(mode_t m)
         return "a character device";
     if (S_ISBLK(m))
         return "a block device";
-    return "not a regular file";
+    return "of another kind";
 }
 
 par_status par_file_open_read(const char *path, int *fd_out, int64_t *size)
@@ -129,7 +130,8 @@ par_status par_file_open_read(const char *path, int *fd_out, int64_t *size)
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return par_err(PAR_EIO, "%s: is %s; parity reads only regular files", path, file_kind(sb.st_mode));
+        return par_err(PAR_EIO, "%s: is %s, not a regular file (parity reads only regular files)", path,
+                       file_kind(sb.st_mode));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
@@ -193,6 +195,7 @@ fail_close:
 
 struct par_afile {
     int fd;
+    int slot;   /* in the table of live temporaries (core/outdir.h) */
     char *path; /* target */
     char *tmp;  /* temporary in the same directory */
 };
@@ -221,6 +224,7 @@ par_status par_afile_open(const char *path, par_afile **out)
         return st;
     }
     (void)fchmod(f->fd, 0644); /* mkstemp makes 0600 */
+    f->slot = par__tmp_register(f->tmp, 0);
     *out = f;
     return PAR_OK;
 }
@@ -244,6 +248,7 @@ par_status par_afile_write(par_afile *f, const void *data, size_t n)
 
 static void afile_free(par_afile *f)
 {
+    par__tmp_unregister(f->slot);
     par_free(f->path);
     par_free(f->tmp);
     par_free(f);
@@ -255,6 +260,8 @@ void par_afile_abort(par_afile *f)
         return;
     if (f->fd >= 0)
         close(f->fd);
+    par__tmp_unregister(f->slot);
+    f->slot = -1;
     unlink(f->tmp);
     afile_free(f);
 }
@@ -349,6 +356,7 @@ par_status par_adir_begin(const char *dir, char **tmp)
     char *t = with_suffix(dir, ".tmp-XXXXXX");
     if (!t)
         return par_err(PAR_ENOMEM, "%s: out of memory", dir);
+    par__tmp_sweep(dir); /* temporaries of this DIR left by processes that are gone */
     if (!mkdtemp(t)) {
         par_status st = par_err(PAR_EIO, "%s: cannot create a temporary directory next to it: %s", dir,
                                 strerror(errno));
@@ -356,6 +364,12 @@ par_status par_adir_begin(const char *dir, char **tmp)
         return st;
     }
     (void)chmod(t, 0755); /* mkdtemp makes 0700 */
+    par__tmp_register(t, 1);
+    par_status st = par__tmp_mark(t);
+    if (st) {
+        par_adir_abort(t);
+        return st;
+    }
     *tmp = t;
     return PAR_OK;
 }
@@ -365,12 +379,18 @@ void par_adir_abort(char *tmp)
     if (!tmp)
         return;
     (void)par_remove_tree(tmp);
+    par__tmp_unregister(par__tmp_find(tmp));
     par_free(tmp);
 }
 
 par_status par_adir_commit(char *tmp, const char *dir)
 {
-    par_status st = fsync_dir(tmp);
+    int slot = par__tmp_find(tmp);
+    par__tmp_unmark(tmp);
+    /* parity replaces only a directory it wrote (core/outdir.h) */
+    par_status st = par_outdir_replaceable(dir, PAR_OUT_ANY, "replacing");
+    if (!st)
+        st = fsync_dir(tmp);
     if (st)
         goto fail_abort;
     struct stat sb;
@@ -384,6 +404,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
             goto fail_abort;
         }
         st = fsync_parent(dir);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st;
     }
@@ -396,6 +417,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
         /* tmp now holds the old tree */
         st = fsync_parent(dir);
         par_status st2 = par_remove_tree(tmp);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st ? st : st2;
     }
@@ -433,6 +455,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
         st = fsync_parent(dir);
         par_status st2 = par_remove_tree(old);
         par_free(old);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st ? st : st2;
     }

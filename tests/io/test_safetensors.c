@@ -243,7 +243,7 @@ Test(safetensors, sha256_known_vectors)
     char fh[PAR_SHA256_HEX];
     cr_assert_eq(par_sha256_file(p, fh), PAR_OK);
     cr_expect_str_eq(fh, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    cr_expect_eq(par_sha256_file("/nonexistent/parity", fh), PAR_EIO);
+    cr_expect_eq(par_sha256_file("/nonexistent/parity", fh), PAR_ENOTFOUND);
     par_free(p);
     io_rmtree(dir);
 }
@@ -276,12 +276,23 @@ Test(safetensors, atomic_file_and_directory)
     par_free(x);
     cr_assert_eq(par_adir_commit(tmp, gd), PAR_OK, "%s", par_last_error());
     cr_expect(par_path_is_dir(gd));
+    char *gx = par_path_join(gd, "x"), *gy = par_path_join(gd, "y");
+    /* "set" holds x and no parity marker: it is not replaced (core/outdir.h) */
+    cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);
+    cr_expect_eq(par_adir_commit(tmp, gd), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "was not written by parity"), "%s", par_last_error());
+    cr_expect(par_path_exists(gx), "a directory parity did not write was replaced");
+    cr_expect_eq(io_count_entries(dir, ".tmp-"), 0);
+    /* with a golden-set marker listing x it is parity's and is replaced */
+    char *man = par_path_join(gd, "manifest.json");
+    static const char mtext[] = "{\"format\": \"parity-golden\", \"files\": {\"x\": \"00\"}}";
+    cr_assert_eq(par_file_write_atomic(man, mtext, sizeof mtext - 1), PAR_OK);
+    par_free(man);
     cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);
     x = par_path_join(tmp, "y");
     cr_assert_eq(par_file_write_atomic(x, "2", 1), PAR_OK);
     par_free(x);
     cr_assert_eq(par_adir_commit(tmp, gd), PAR_OK, "%s", par_last_error());
-    char *gx = par_path_join(gd, "x"), *gy = par_path_join(gd, "y");
     cr_expect(!par_path_exists(gx), "old content survived the replacement");
     cr_expect(par_path_exists(gy));
     cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);

@@ -227,7 +227,7 @@ Test(config, load_file)
     cr_expect(c.lr == 0.01);
     cr_expect_eq(par_config_validate(&c), PAR_OK);
     unlink(path);
-    cr_expect_eq(par_config_load_file(&c, "/nonexistent/cfg.json"), PAR_EIO);
+    cr_expect_eq(par_config_load_file(&c, "/nonexistent/cfg.json"), PAR_ENOTFOUND);
 }
 
 Test(config, planning_presets_refuse_to_run)
