@@ -19,7 +19,7 @@ int par_cmd_compare(int argc, char **argv)
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
         {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
         {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
-        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)"},
+        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
     };
     const char *synopsis = "A B [options]\n\n"
                            "Compares two golden-set directories or two safetensors files, tensor by tensor\n"

@@ -4,6 +4,7 @@
  * Training steps under a parallel layout (parallel/driver.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
  * Exit: 0 success, 2 bad usage, an invalid layout or unreadable input, 1 the run failed. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,25 @@ static int exit_code(par_status s)
     default:
         return 2;
     }
+}
+
+/* --comm-timeout, else PARITY_COMM_TIMEOUT, else 3600 s (a rank may wait
+ * while rank 0 writes a large dump).  -1 after a message for a bad value. */
+static double comm_timeout_of(double given)
+{
+    if (given > 0)
+        return given;
+    const char *e = getenv("PARITY_COMM_TIMEOUT");
+    if (!e || !*e)
+        return 3600.0;
+    char *end;
+    double v = strtod(e, &end);
+    if (*end || !(v > 0) || !isfinite(v) || v > 1e9) {
+        fprintf(stderr, "parity run: PARITY_COMM_TIMEOUT=%s: must be a number of seconds in (0, 1e9] (unset: 3600)\n",
+                e);
+        return -1;
+    }
+    return v;
 }
 
 static void human_bytes(char *buf, size_t n, double b)
@@ -100,17 +120,19 @@ int par_cmd_run(int argc, char **argv)
     par_opt opts[40] = {
         {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
         {"data", PAR_OPT_STR, &data, "FILE",
-         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
-        {"fixture", PAR_OPT_STR, &fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
-        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
-        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
+        {"fixture", PAR_OPT_STR, &fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)", PAR_CHK_NONEMPTY},
+        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)", PAR_CHK_POS, 1e8},
+        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)", PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
         {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
-        {"comm-timeout", PAR_OPT_DOUBLE, &comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
-        {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
-        {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
-        {"save-interval", PAR_OPT_INT, &save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
-        {"load", PAR_OPT_STR, &load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
+        {"comm-timeout", PAR_OPT_DOUBLE, &comm_timeout, "SECONDS",
+         "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
+        {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)", PAR_CHK_NONEMPTY},
+        {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps", PAR_CHK_NONEMPTY},
+        {"save-interval", PAR_OPT_INT, &save_interval, "K", "checkpoint every K steps (counted from step 0 of training)",
+         PAR_CHK_POS},
+        {"load", PAR_OPT_STR, &load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)", PAR_CHK_NONEMPTY},
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"moe-dispatch", PAR_OPT_STR, &moe_dispatch, "flat|hierarchical",
@@ -159,6 +181,14 @@ int par_cmd_run(int argc, char **argv)
         fprintf(stderr, "parity run: give --data or --fixture, not both\n");
         return 2;
     }
+    if (la.ranks_per_process && strcmp(backend, "mpi")) {
+        fprintf(stderr, "parity run: --ranks-per-process applies to --backend mpi only (thread ranks per MPI "
+                        "process); the %s backend runs every rank in this process\n", backend);
+        return 2;
+    }
+    double timeout_s = comm_timeout_of(comm_timeout);
+    if (timeout_s < 0)
+        return 2;
     const par_cli_output outs[] = {{"--dump", dump, PAR_OUT_GOLDEN}, {"--save", save, PAR_OUT_CKPT},
                                    {"--trace", na.trace, PAR_OUT_FILE}};
     if (par_cli_check_outputs("run", outs, 3)) /* before the first step: nothing is lost at the end */
@@ -248,8 +278,7 @@ int par_cmd_run(int argc, char **argv)
     }
     o.load = ck;
     o.progress = !quiet;
-    /* a rank may wait while rank 0 writes a large dump */
-    o.timeout_s = comm_timeout > 0 ? comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
+    o.timeout_s = timeout_s;
 
     par_alloc_reset_peaks();
     par_run_summary sum;
@@ -260,13 +289,12 @@ int par_cmd_run(int argc, char **argv)
         par_err_set_quiet(0);
         return exit_code(s);
     }
-    par_err_set_quiet(0);
 
     const par_layout *rl = &sum.layout;
     printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            preset, precision, sum.backend, (long long)sum.steps, (long long)rl->global_batch,
-           (long long)o.cfg.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)sum.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum.n_params, (long long)sum.max_rank_floats);
     if (dump)
@@ -341,10 +369,11 @@ int par_cmd_run(int argc, char **argv)
         par_trace_summary(sum.net, stdout, 64);
         par_net_group_summary(sum.net, stdout);
         if (na.trace) {
-            if ((s = par_trace_write_chrome(sum.net, na.trace))) {
+            if ((s = par_trace_write_chrome(sum.net, na.trace))) { /* quiet: the message once */
                 fprintf(stderr, "parity run: %s\n", par_last_error());
                 par_run_summary_free(&sum);
-                return 1;
+                par_err_set_quiet(0);
+                return 2;
             }
             printf("Chrome trace written: %s\n", na.trace);
         }
@@ -354,5 +383,6 @@ int par_cmd_run(int argc, char **argv)
     printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,
            (double)ru.ru_maxrss / 1024.0);
     par_run_summary_free(&sum);
+    par_err_set_quiet(0);
     return 0;
 }

@@ -271,8 +271,12 @@ par_status PAR_FN(par_golden_data_open)(par_golden_data *ds, const par_golden_op
         }
         if (tt->dtype != PAR_I32 || ts->dtype != PAR_I32 || tt->ndim != 2 ||
             !par_tensor_same_shape(tt, ts)) {
-            s = par_err(PAR_EFORMAT, "%s: input.tokens and input.segments must both be I32 [R,S]",
-                        o->data_path);
+            char a[96], b[96];
+            par_shape_str(tt->ndim, tt->shape, a, sizeof a);
+            par_shape_str(ts->ndim, ts->shape, b, sizeof b);
+            s = par_err(PAR_EFORMAT, "%s: input.tokens and input.segments must both be I32 [R,S]; the file has "
+                        "input.tokens %s %s and input.segments %s %s", o->data_path, par_dtype_name(tt->dtype), a,
+                        par_dtype_name(ts->dtype), b);
             goto fail_close;
         }
         ds->R = tt->shape[0];
@@ -483,6 +487,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     if (sum) {
         memset(sum, 0, sizeof *sum);
         sum->steps = o->steps;
+        sum->seq_length = cfg.seq_length;
         sum->step = info;
         info = NULL;
         sum->n_params = M.tab.n_float;

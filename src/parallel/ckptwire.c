@@ -464,9 +464,14 @@ par_status PAR_FN(par_ckptw_check)(const par_ckpt *ck, const par_config *cfg)
         int same = a->dtype == b->dtype && a->ndim == b->ndim;
         for (int d = 0; same && d < a->ndim; d++)
             same = a->shape[d] == b->shape[d];
-        if (!same)
-            s = par_err(PAR_EINVAL, "--load %s: tensor '%s' has another shape or dtype in the checkpoint than in "
-                        "this model", par_ckpt_dir(ck), a->name);
+        if (!same) {
+            char sa[96], sb[96];
+            par_shape_str(a->ndim, a->shape, sa, sizeof sa);
+            par_shape_str(b->ndim, b->shape, sb, sizeof sb);
+            s = par_err(PAR_EINVAL, "--load %s: tensor '%s' is %s %s in the checkpoint but %s %s in this model "
+                        "(another model config: --set / --preset differ from the saved run's?)", par_ckpt_dir(ck),
+                        a->name, par_dtype_name(b->dtype), sb, par_dtype_name(a->dtype), sa);
+        }
     }
     if (!s && par_ckpt_ntensors(ck) != nt)
         s = par_err(PAR_EINVAL, "--load %s: the checkpoint holds %d tensors, the model %d", par_ckpt_dir(ck),

@@ -656,6 +656,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     if (sum) {
         memset(sum, 0, sizeof *sum);
         sum->steps = o->steps;
+        sum->seq_length = R.S;
         sum->step = R.info;
         R.info = NULL;
         sum->layout = R.lay;

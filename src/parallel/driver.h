@@ -79,6 +79,7 @@ typedef struct {
 
 typedef struct {
     int64_t steps;
+    int64_t seq_length;       /* S of the run (a --data file's, not the preset's) */
     par_run_step_info *step;  /* [steps] (par_run_summary_free) */
     double wall_s;            /* the whole run (launch, dump included) */
     par_layout layout;        /* resolved */
