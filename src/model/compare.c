@@ -694,6 +694,79 @@ static int64_t layout_cp(const par_manifest *m)
     return 1;
 }
 
+/* A set's files agree with its manifest: every params/step file is listed
+ * in "files" (so its sha256 was checked), params.K only for K <= steps and
+ * step.K only for K < steps, each kind contiguous, and the claimed end
+ * (params.steps or step.steps-1) present.  A selection of a set's files
+ * (as the matrix compares) passes; a claim the files do not back does not. */
+static par_status check_set(const char *dir, const par_manifest *m, const gfile *g, int n)
+{
+    int64_t lo[2] = {-1, -1}, hi[2] = {-1, -1}, cnt[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        if (!par_manifest_file_sha(m, g[i].name))
+            return par_err(PAR_EFORMAT, "%s: %s is not listed in %s \"files\" (its sha256 would go unchecked); a "
+                           "golden set lists every file", dir, g[i].name, PAR_MANIFEST_NAME);
+        int k = g[i].kind;
+        if (g[i].k > m->steps - (k == 1))
+            return par_err(PAR_EFORMAT, "%s: %s is past the manifest's \"steps\": %lld (%s.K exists for K %s %lld)",
+                           dir, g[i].name, (long long)m->steps, k ? "step" : "params", k ? "<" : "<=",
+                           (long long)m->steps);
+        lo[k] = lo[k] < 0 || g[i].k < lo[k] ? g[i].k : lo[k];
+        hi[k] = g[i].k > hi[k] ? g[i].k : hi[k];
+        cnt[k]++;
+    }
+    for (int k = 0; k < 2; k++)
+        if (cnt[k] && hi[k] - lo[k] + 1 != cnt[k])
+            return par_err(PAR_EFORMAT, "%s: the %s files are not contiguous (%lld files for steps %lld..%lld)", dir,
+                           k ? "step" : "params", (long long)cnt[k], (long long)lo[k], (long long)hi[k]);
+    if (n && hi[0] != m->steps && hi[1] != m->steps - 1)
+        return par_err(PAR_EFORMAT, "%s: the manifest claims \"steps\": %lld, but neither params.%lld nor step.%lld is "
+                       "in the set (its last files: params %lld, step %lld; -1 = none)", dir, (long long)m->steps,
+                       (long long)m->steps, (long long)(m->steps - 1), (long long)hi[0], (long long)hi[1]);
+    return PAR_OK;
+}
+
+/* One failing entry per config key whose value differs between the sets'
+ * manifests ("model" and "train": a reported difference, not an error). */
+static par_status compare_configs(par_compare_report *r, const par_manifest *ma, const par_manifest *mb)
+{
+    const cJSON *sec[2][2] = {{ma->model, mb->model}, {ma->train, mb->train}};
+    static const char *const secname[2] = {"model", "train"};
+    for (int s = 0; s < 2; s++) {
+        for (int side = 0; side < 2; side++) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, sec[s][side])
+            {
+                if (!it->string)
+                    continue;
+                const cJSON *other = cJSON_GetObjectItemCaseSensitive(sec[s][!side], it->string);
+                if (side == 1 && other)
+                    continue; /* seen from A's side */
+                if (other && cJSON_Compare(it, other, 1))
+                    continue;
+                char key[160], va[96] = "(absent)", vb[96] = "(absent)";
+                snprintf(key, sizeof key, "%s.%s", secname[s], it->string);
+                char *pa = cJSON_PrintUnformatted(side ? other : it), *pb = cJSON_PrintUnformatted(side ? it : other);
+                if (pa)
+                    snprintf(va, sizeof va, "%s", pa);
+                if (pb)
+                    snprintf(vb, sizeof vb, "%s", pb);
+                cJSON_free(pa);
+                cJSON_free(pb);
+                par_cmp_entry *e = report_add(r, PAR_MANIFEST_NAME, key);
+                if (!e)
+                    return par_err(PAR_ENOMEM, "compare: out of memory");
+                snprintf(e->reason, sizeof e->reason, "config differs: A %s = %s, B %s = %s (the sets are of different "
+                         "runs)", it->string, va, it->string, vb);
+                e->mode = "-";
+                e->dtype = PAR_DTYPE_COUNT; /* not a tensor: printed as "?" */
+                entry_fail(r, e);
+            }
+        }
+    }
+    return PAR_OK;
+}
+
 static par_status compare_dirs(par_compare_report *r, const char *da, const char *db, const par_compare_opts *o)
 {
     par_manifest ma, mb;
@@ -720,6 +793,8 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
     if ((st = list_gfiles(da, &fa, &na)))
         goto done_free_mb;
     if ((st = list_gfiles(db, &fb, &nb)))
+        goto done_free_lists;
+    if ((st = check_set(da, &ma, fa, na)) || (st = check_set(db, &mb, fb, nb)) || (st = compare_configs(r, &ma, &mb)))
         goto done_free_lists;
     int i = 0, j = 0;
     while (i < na || j < nb) {

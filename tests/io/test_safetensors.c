@@ -191,12 +191,12 @@ Test(safetensors, writer_rejects_bad_input)
 
 Test(safetensors, misaligned_tensor_is_copied)
 {
-    /* data section starts at 8 + 67 (odd); an F64 at offset 1 is misaligned */
+    /* data section starts at 8 + 67 (odd); an F64 at offset 0 is misaligned */
     double v[2] = {1.5, -2.25};
-    unsigned char data[17] = {0};
-    memcpy(data + 1, v, 16);
+    unsigned char data[16] = {0};
+    memcpy(data, v, 16);
     char hdr[256];
-    snprintf(hdr, sizeof hdr, "{\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[1,17]}}");
+    snprintf(hdr, sizeof hdr, "{\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}");
     size_t len;
     unsigned char *raw = io_raw(hdr, data, sizeof data, &len);
     par_st_file *f;
@@ -210,20 +210,42 @@ Test(safetensors, misaligned_tensor_is_copied)
     free(raw);
 }
 
-Test(safetensors, foreign_files_with_gaps_and_extra_keys_are_read)
+Test(safetensors, foreign_files_with_extra_keys_are_read_but_gaps_refused)
 {
-    /* Reference writers may order by dtype and leave gaps; both are accepted. */
+    /* Unknown keys of an entry are ignored; tensors must tile the data
+     * section (no gap, no trailing bytes: issue 13, as the Rust reference). */
     int32_t i[3] = {1, 2, 3};
     unsigned char data[24] = {0};
     memcpy(data + 8, i, 12);
     size_t len;
-    unsigned char *raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[8,20],\"extra\":1},"
+    unsigned char *raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12],\"extra\":1},"
                                 "\"a\":{\"dtype\":\"I32\",\"shape\":[0],\"data_offsets\":[0,0]}}   \n",
-                                data, sizeof data, &len);
+                                i, sizeof i, &len);
     par_st_file *f;
-    cr_assert_eq(par_st_read_mem(raw, len, "gap", &f), PAR_OK, "%s", par_last_error());
+    cr_assert_eq(par_st_read_mem(raw, len, "extra", &f), PAR_OK, "%s", par_last_error());
     cr_expect_str_eq(par_st_name(f, 0), "a");
     cr_expect_eq(((int32_t *)par_st_find(f, "z")->data)[2], 3);
+    par_st_close(f);
+    free(raw);
+    raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[8,20]}}", data, sizeof data, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "gap", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "bytes [0,8) of the data section belong to no tensor"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", data + 8, 16, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "tail", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "4 trailing bytes after the last tensor 'z'"), "%s", par_last_error());
+    free(raw);
+    /* names: NUL and invalid UTF-8 are refused */
+    raw = io_raw("{\"a\\u0000b\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "nul", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "NUL"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"a\xff\xfe\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "utf8", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "not valid UTF-8"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"caf\xc3\xa9\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "utf8-ok", &f), PAR_OK, "%s", par_last_error());
     par_st_close(f);
     free(raw);
 }
