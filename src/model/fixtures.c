@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/alloc.h"
+#include "core/datadir.h"
 #include "core/fileio.h"
 #include "model/data.h"
 
@@ -126,15 +127,17 @@ fail_free_text:
 
 par_status par_fixture_load_named(par_fixture *fx, const char *name, const char *dir)
 {
-    char path[4096];
+    char path[4096], found[4096];
     const char *d = dir;
-    const char *root = NULL;
     if (!d)
         d = getenv("PARITY_FIXTURES_DIR");
-    if (!d && (root = getenv("PARITY_SOURCE_ROOT")))
-        snprintf(path, sizeof path, "%s/fixtures/%s.json", root, name);
-    else
-        snprintf(path, sizeof path, "%s/%s.json", d ? d : "fixtures", name);
+    if (!d || !*d) {
+        par_status st = par_data_dir("fixtures", found, sizeof found); /* any working directory (core/datadir.h) */
+        if (st)
+            return st;
+        d = found;
+    }
+    snprintf(path, sizeof path, "%s/%s.json", d, name);
     return par_fixture_load(fx, path);
 }
 

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 
 #include "core/alloc.h"
+#include "core/datadir.h"
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -210,10 +211,8 @@ static par_status resolve_fixtures_dir(par_matrix *m, const char *given)
         sfmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s", given);
     else if (env && *env)
         sfmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s", env);
-    else if (root && *root)
-        sfmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s/fixtures", root);
-    else
-        sfmt(m->fixtures_dir, sizeof m->fixtures_dir, "fixtures");
+    else if (par_data_dir("fixtures", m->fixtures_dir, sizeof m->fixtures_dir) != PAR_OK) /* core/datadir.h */
+        sfmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s/fixtures", root && *root ? root : ".");
     if (!par_path_is_dir(m->fixtures_dir))
         return par_err(PAR_ENOTFOUND,
                        "matrix: fixtures directory '%s' not found (run from the repository root, or give "
@@ -310,10 +309,8 @@ static par_status list_goldens(par_matrix *m, const char *given)
     const char *root = getenv("PARITY_SOURCE_ROOT");
     if (given)
         sfmt(m->golden_root, sizeof m->golden_root, "%s", given);
-    else if (root && *root)
-        sfmt(m->golden_root, sizeof m->golden_root, "%s/golden", root);
-    else
-        sfmt(m->golden_root, sizeof m->golden_root, "golden");
+    else if (par_data_dir("golden", m->golden_root, sizeof m->golden_root) != PAR_OK) /* core/datadir.h */
+        sfmt(m->golden_root, sizeof m->golden_root, "%s/golden", root && *root ? root : ".");
     if (!par_path_is_dir(m->golden_root)) {
         if (given)
             return par_err(PAR_ENOTFOUND, "matrix: golden directory '%s' not found", given);
