@@ -332,8 +332,6 @@ static void on_signal(int sig)
     if (sig > 0 && sig < 65 && (old_act[sig].sa_flags & SA_SIGINFO) == 0 &&
         old_act[sig].sa_handler != SIG_DFL && old_act[sig].sa_handler != SIG_IGN) {
         old_act[sig].sa_handler(sig);
-    } else if (sig > 0 && sig < 65 && old_act[sig].sa_handler == SIG_IGN) {
-        /* ignored before: keep ignoring */
     } else {
         signal(sig, SIG_DFL);
         raise(sig);
@@ -347,11 +345,15 @@ void par_tmp_install_signal_cleanup(void)
         return;
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        /* a signal ignored on entry (nohup, a background job) stays ignored:
+         * the process goes on and needs its temporaries */
+        if (sigaction(sigs[i], NULL, &old_act[sigs[i]]) != 0 || old_act[sigs[i]].sa_handler == SIG_IGN)
+            continue;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
         sigemptyset(&sa.sa_mask);
-        sigaction(sigs[i], &sa, &old_act[sigs[i]]);
+        sigaction(sigs[i], &sa, NULL);
     }
 }
 
