@@ -261,6 +261,9 @@ Test(config, every_integer_key_is_bounded)
             continue; /* reals, the ratio list, keys with a fixed set of values */
         if (par_config_set(&c, k, "9223372036854775807") != PAR_OK)
             continue;
+        cr_assert_eq(par_config_get(&c, k, buf, sizeof buf), PAR_OK);
+        if (strcmp(buf, "9223372036854775807"))
+            continue; /* a real key */
         cr_expect_eq(par_config_validate(&c), PAR_EINVAL, "%s = 2^63-1 validated", k);
         cr_expect(strstr(par_last_error(), k), "%s: %s", k, par_last_error());
         checked++;
