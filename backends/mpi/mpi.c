@@ -55,15 +55,18 @@
  * has DONE from all: every process then returns the same verdict, and no
  * message is in flight when the communicator is freed.
  */
+#include <errno.h>
 #include <mpi.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backends/mpi/procs.h"
 #include "backends/threads/tsync.h"
@@ -80,12 +83,35 @@
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_provided = -1;   /* thread level MPI gave            */
 static int g_broken;          /* an MPI operation was left pending */
+static _Atomic int g_peer_gone; /* a process died or never finished: no MPI_Finalize */
+
+/* Hydra (mpiexec -disable-auto-cleanup) tells the survivors of a dead
+ * process with SIGUSR1, whose default action would kill them before they
+ * report: the watchdog finds the dead process itself. */
+static void on_sigusr1(int sig) { (void)sig; }
+
+static void keep_sigusr1(void)
+{
+    struct sigaction old;
+    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO))
+        return; /* somebody (MPI itself?) handles it */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
 
 static void mpi_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin)
+        return;
+    /* MPI_Finalize waits for every process, so a dead one would hang it, and
+     * MPI_Abort would kill the survivors before they report: exit as is. */
+    if (atomic_load(&g_peer_gone))
         return;
     if (g_broken)
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -111,6 +137,10 @@ par_status par_mpi_procs(int *nprocs, int *proc)
             goto done;
         }
         atexit(mpi_at_exit);
+        /* a failed peer must not abort this process from inside MPI: calls
+         * return errors and the engine's liveness checks report it */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        keep_sigusr1();
     }
     if (g_provided < 0)
         MPI_Query_thread(&g_provided);
@@ -137,7 +167,15 @@ static void last_resort(const char *msg)
 
 /* ---- the engine: one per world and process ------------------------------ */
 
-enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE };
+enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE, CT_HEARTBEAT };
+
+/* Liveness (docs/comm.md "A process dies"): a watchdog thread per process
+ * sends a heartbeat to every other process every HB_EVERY seconds and
+ * declares one dead when its pid is gone (same host) or nothing came from
+ * it for DEAD_AFTER seconds. */
+#define HB_EVERY 0.5
+#define DEAD_AFTER 6.0
+#define WATCH_EVERY_NS 100000000L
 
 typedef struct {
     int32_t kind;
@@ -179,6 +217,7 @@ typedef struct unexp {
 typedef struct outmsg {
     struct outmsg *next;
     MPI_Request req;
+    int proc;         /* destination process                 */
     char data[];      /* copy of a control message, if any */
 } outmsg;
 
@@ -215,6 +254,16 @@ typedef struct {
     size_t trash_n;
     ctrlmsg rx;
     tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
+    /* liveness: under mu but ndead (read anywhere) */
+    long *pids;             /* [nprocs] each process's pid                           */
+    unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
+    double *heard;          /* [nprocs] when anything last came from it             */
+    double *hb_sent;        /* [nprocs] when our last heartbeat went to it          */
+    unsigned char *dead;    /* [nprocs]                                              */
+    _Atomic int ndead;
+    pthread_t watchdog;
+    int watchdog_on;
+    _Atomic int watchdog_stop;
 } mworld;
 
 static inline void cpu_relax(void)
@@ -245,25 +294,34 @@ static void e_send_ctrl(mworld *e, int proc, const ctrlmsg *m)
     size_t len = CTRL_HDR;
     if (m->kind == CT_ABORT || m->kind == CT_DONE)
         len += strnlen(m->msg, sizeof m->msg - 1) + 1;
+    if (e->dead && e->dead[proc])
+        return; /* nobody there */
     outmsg *o = par_malloc(sizeof *o + len, PAR_TAG_COMM);
     if (!o) { /* small and eager: a blocking send does not wait for the peer */
         MPI_Send(m, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm);
         return;
     }
+    o->proc = proc;
     memcpy(o->data, m, len);
     MPI_Isend(o->data, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm, &o->req);
     o->next = e->out;
     e->out = o;
 }
 
-static void e_orphan(mworld *e, MPI_Request *req)
+static void e_orphan(mworld *e, MPI_Request *req, int proc)
 {
+    if (e->dead && e->dead[proc]) { /* nobody will take it */
+        MPI_Cancel(req);
+        MPI_Request_free(req);
+        return;
+    }
     outmsg *o = par_malloc(sizeof *o, PAR_TAG_COMM);
     if (!o) {
         g_broken = 1; /* lost track of it: no clean finalize */
         MPI_Request_free(req);
         return;
     }
+    o->proc = proc;
     o->req = *req;
     *req = MPI_REQUEST_NULL;
     o->next = e->out;
@@ -399,7 +457,7 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
                 if (m->data_tag >= 0) { /* tell the matched receiver we withdrew */
                     MPI_Request q;
                     MPI_Isend(NULL, 0, MPI_BYTE, proc, m->data_tag, e->comm, &q);
-                    e_orphan(e, &q);
+                    e_orphan(e, &q, proc);
                 }
             } else if (m->status == PAR_EMISMATCH) {
                 char msg[320];
@@ -432,6 +490,7 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
         }
         return; /* already matched: the CTS crossed the cancel */
     case CT_ABORT: e_remote_failure(e, m); return;
+    case CT_HEARTBEAT: return; /* e_progress noted when it came */
     case CT_DONE:
         /* Its failure was sent as ABORT or seen by everyone concerned; while
          * our ranks run it is kept (a mismatch every member detects itself
@@ -459,6 +518,8 @@ static void e_progress(mworld *e, int drain)
         MPI_Iprobe(MPI_ANY_SOURCE, drain ? MPI_ANY_TAG : TAG_CTRL, e->comm, &flag, &s);
         if (!flag)
             break;
+        if (e->heard && s.MPI_SOURCE >= 0 && s.MPI_SOURCE < e->nprocs)
+            e->heard[s.MPI_SOURCE] = par__now();
         if (s.MPI_TAG == TAG_CTRL) {
             memset(&e->rx, 0, CTRL_HDR + 1);
             MPI_Recv(&e->rx, (int)sizeof e->rx, MPI_BYTE, s.MPI_SOURCE, TAG_CTRL, e->comm,
@@ -577,6 +638,163 @@ static void e_poll_try(void *ctx)
     }
 }
 
+/* ---- liveness ------------------------------------------------------------- */
+
+static par_status wait_start_req(MPI_Request *req, double deadline, const char *what);
+
+/* Drops what the engine holds for process q, which is gone: its control
+ * messages and orphaned sends are abandoned, point-to-point requests with it
+ * fail.  Under e->mu. */
+static void e_forget(mworld *e, int q)
+{
+    for (outmsg **pp = &e->out; *pp;) {
+        outmsg *o = *pp;
+        if (o->proc != q) {
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        MPI_Cancel(&o->req);
+        MPI_Request_free(&o->req);
+        e_bury(e, o); /* MPI may still hold the bytes */
+    }
+    for (mop **pp = &e->ops; *pp;) {
+        mop *op = *pp;
+        if (op->proc != q) {
+            pp = &op->next;
+            continue;
+        }
+        *pp = op->next;
+        if (op->state == OP_DATA) {
+            MPI_Cancel(&op->req);
+            MPI_Request_free(&op->req);
+        }
+        if (op->r)
+            req_complete(op->r, PAR_ECOMM, "the peer's MPI process died during the transfer");
+        par_free(op);
+    }
+    for (unexp **pp = &e->unexp; *pp;) {
+        unexp *u = *pp;
+        if (u->proc != q) {
+            pp = &u->next;
+            continue;
+        }
+        *pp = u->next;
+        par_free(u);
+    }
+}
+
+/* Process q is gone (why: how we know).  The world fails with a message
+ * naming it and what this process's ranks were waiting on; the other live
+ * processes are told.  Under e->mu. */
+static void e_proc_dead(mworld *e, int q, const char *why)
+{
+    if (e->dead[q])
+        return;
+    e->dead[q] = 1;
+    atomic_fetch_add(&e->ndead, 1);
+    atomic_store(&g_peer_gone, 1);
+    e_forget(e, q);
+    char msg[640];
+    size_t k = (size_t)snprintf(msg, sizeof msg, "MPI process %d (world ranks %d..%d, pid %ld) died: %s; waiting here:",
+                                q, q * e->R, q * e->R + e->R - 1, e->pids[q], why);
+    for (int r = e->proc * e->R; r < (e->proc + 1) * e->R && k + 8 < sizeof msg; r++) {
+        char d[200];
+        par__rank_describe(e->w, r, d, sizeof d);
+        k += (size_t)snprintf(msg + k, sizeof msg - k, "%s rank %d %s", r > e->proc * e->R ? ";" : "", r, d);
+    }
+    PAR_LOG_E("mpi: process %d: %s", e->proc, msg);
+    par__world_fail(e->w, q * e->R, PAR_ECOMM, msg);
+    e_notify_locked(e, q * e->R, msg, e->dead); /* the survivors hear the same story */
+}
+
+/* One round of the watchdog: heartbeats out, liveness in.  Under e->mu. */
+static void e_watch(mworld *e)
+{
+    static const ctrlmsg hb = {.kind = CT_HEARTBEAT};
+    double now = par__now();
+    e_progress(e, 0);
+    for (int q = 0; q < e->nprocs; q++) {
+        if (q == e->proc || e->dead[q] || e->proc_done[q])
+            continue; /* a process that said DONE may leave and fall silent */
+        if (now - e->hb_sent[q] >= HB_EVERY) {
+            MPI_Request rq; /* fire and forget: the buffer is static */
+            if (MPI_Isend(&hb, (int)CTRL_HDR, MPI_BYTE, q, TAG_CTRL, e->comm, &rq) == MPI_SUCCESS)
+                MPI_Request_free(&rq);
+            e->hb_sent[q] = now;
+        }
+        char why[160];
+        if (e->same_host[q] && kill((pid_t)e->pids[q], 0) != 0 && errno == ESRCH) {
+            snprintf(why, sizeof why, "its pid no longer exists on this host (killed?)");
+            e_proc_dead(e, q, why);
+        } else if (now - e->heard[q] > DEAD_AFTER) {
+            snprintf(why, sizeof why, "nothing came from it for %.1f s (heartbeats every %.1f s)", now - e->heard[q],
+                     HB_EVERY);
+            e_proc_dead(e, q, why);
+        }
+    }
+}
+
+static void *watchdog_main(void *arg)
+{
+    mworld *e = arg;
+    while (!atomic_load(&e->watchdog_stop)) {
+        struct timespec ts = {0, WATCH_EVERY_NS};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&e->mu);
+        e_watch(e);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* Every process's pid and host, and the watchdog thread (nprocs > 1). */
+static par_status liveness_start(mworld *e, double timeout)
+{
+    int P = e->nprocs;
+    e->pids = par_calloc((size_t)P, sizeof *e->pids, PAR_TAG_COMM);
+    e->same_host = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    e->heard = par_calloc((size_t)P, sizeof *e->heard, PAR_TAG_COMM);
+    e->hb_sent = par_calloc((size_t)P, sizeof *e->hb_sent, PAR_TAG_COMM);
+    e->dead = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    typedef struct {
+        int64_t pid;
+        char host[120];
+    } ident;
+    ident *all = par_calloc((size_t)P, sizeof *all, PAR_TAG_COMM);
+    if (!e->pids || !e->same_host || !e->heard || !e->hb_sent || !e->dead || !all) {
+        par_free(all);
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d processes", P);
+    }
+    ident me = {.pid = (int64_t)getpid()};
+    gethostname(me.host, sizeof me.host - 1);
+    MPI_Request req;
+    MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, e->comm, &req);
+    par_status st = wait_start_req(&req, par__now() + timeout, "exchanging process ids (MPI_Iallgather)");
+    double now = par__now();
+    for (int q = 0; q < P && !st; q++) {
+        e->pids[q] = (long)all[q].pid;
+        e->same_host[q] = !strcmp(all[q].host, me.host);
+        e->heard[q] = now;
+    }
+    par_free(all);
+    if (st || P == 1 || g_provided < MPI_THREAD_SERIALIZED) /* the watchdog calls MPI from its thread */
+        return st;
+    if (pthread_create(&e->watchdog, NULL, watchdog_main, e) != 0)
+        return par_err(PAR_EUNSUPPORTED, "mpi: cannot start the liveness watchdog thread");
+    e->watchdog_on = 1;
+    return PAR_OK;
+}
+
+static void liveness_stop(mworld *e)
+{
+    if (!e->watchdog_on)
+        return;
+    atomic_store(&e->watchdog_stop, 1);
+    pthread_join(e->watchdog, NULL);
+    e->watchdog_on = 0;
+}
+
 /* ---- group handles ------------------------------------------------------ */
 
 /* What a rank tells each remote member of an exchange. */
@@ -683,7 +901,7 @@ static void withdraw_metas(mcomm *mc)
             int flag = 0;
             MPI_Test(&mc->rq[p + j], &flag, MPI_STATUS_IGNORE);
             if (!flag) {
-                e_orphan(e, &mc->rq[p + j]);
+                e_orphan(e, &mc->rq[p + j], mc->proc[j]);
                 orphans++;
             }
         }
@@ -707,6 +925,12 @@ static int test_range(mcomm *mc, int lo, int hi)
     for (int i = lo; i < hi; i++) {
         if (mc->rq[i] == MPI_REQUEST_NULL)
             continue;
+        int is_send = (i / mc->p) % 2 == 1; /* rq: meta recv, meta send, data recv, data send */
+        if (is_send && atomic_load(&e->ndead) && e->dead[mc->proc[i % mc->p]]) {
+            MPI_Cancel(&mc->rq[i]); /* nobody will take it; a receive stays for the failure path */
+            MPI_Request_free(&mc->rq[i]);
+            continue;
+        }
         int flag = 0;
         MPI_Test(&mc->rq[i], &flag, MPI_STATUS_IGNORE);
         left += !flag;
@@ -1201,8 +1425,13 @@ static void mworld_free(mworld *e)
     par_free(e->trash);
     par_free(e->proc_done);
     par_free(e->skip);
+    par_free(e->pids);
+    par_free(e->same_host);
+    par_free(e->heard);
+    par_free(e->hb_sent);
+    par_free(e->dead);
     tsync_group_unref(e->wgroup);
-    if (e->comm != MPI_COMM_NULL)
+    if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
     par_free(e);
@@ -1293,6 +1522,8 @@ static par_status m_world_init(par__world *w, void **bworld)
         for (int i = 0; i < e->R; i++)
             e->wgroup->slot_rank[i] = proc * e->R + i;
     }
+    if ((st = liveness_start(e, timeout)))
+        goto fail_free_world;
     *bworld = e;
     return PAR_OK;
 
@@ -1304,55 +1535,85 @@ fail_free_world:
 static void m_world_finalize(par__world *w, void *bworld)
 {
     (void)w;
+    liveness_stop(bworld);
     mworld_free(bworld);
 }
 
+/* Processes this one still waits for at the end (neither DONE nor dead),
+ * as "1,3" in who; returns how many. */
+static int laggards(const mworld *e, char *who, size_t n)
+{
+    size_t k = 0;
+    int cnt = 0;
+    who[0] = '\0';
+    for (int q = 0; q < e->nprocs; q++)
+        if (q != e->proc && !e->proc_done[q] && !e->dead[q]) {
+            cnt++;
+            if (k < n - 16)
+                k += (size_t)snprintf(who + k, n - k, "%s%d", k ? "," : "", q);
+        }
+    return cnt;
+}
+
+/* DONE (with this process's failure, if any) to every live process. */
+static void e_send_done(mworld *e)
+{
+    par_status f = par__world_failed(e->w);
+    ctrlmsg m = {.kind = CT_DONE, .status = f, .src_wrank = e->proc * e->R};
+    if (f) {
+        if (e->fail_msg[0]) {
+            m.src_wrank = e->fail_wrank;
+            snprintf(m.msg, sizeof m.msg, "%s", e->fail_msg);
+        } else {
+            snprintf(m.msg, sizeof m.msg, "a rank of MPI process %d failed (%s); see that process's log", e->proc,
+                     par_status_str(f));
+        }
+    }
+    atomic_store(&e->notified, 1);
+    for (int q = 0; q < e->nprocs; q++)
+        if (q != e->proc)
+            e_send_ctrl(e, q, &m);
+}
+
 /* After this process's ranks returned: DONE to every process, then serve
- * the engine and drain until every process said DONE.  No deadline: the
- * other processes' ranks are either in comm calls, which have the timeout,
- * or computing, which par_world_run waits for on every backend; a process
- * that dies makes mpiexec end the job.  A warning names the laggards. */
+ * the engine and drain until every other process said DONE or is dead (the
+ * watchdog finds those).  The wait has a deadline, the world's timeout: a
+ * process that is alive but never finishes fails the world with its
+ * number.  A warning names the laggards meanwhile. */
 static void e_finish(mworld *e)
 {
-    double start = par__now(), warn_at = start + (par__world_timeout(e->w) > 10
-                                                       ? par__world_timeout(e->w)
-                                                       : 10);
+    double timeout = par__world_timeout(e->w);
+    double start = par__now(), warn_at = start + (timeout > 10 ? timeout / 4 : 10), deadline = start + timeout;
     int sent = 0;
     unsigned iter = 0;
+    char who[160];
     pthread_mutex_lock(&e->mu);
     for (;;) {
         e_progress(e, 1);
+        if (!e->watchdog_on && e->dead)
+            e_watch(e); /* no watchdog thread: check liveness here */
         if (!sent && !e->out) {
-            par_status f = par__world_failed(e->w);
-            ctrlmsg m = {.kind = CT_DONE, .status = f, .src_wrank = e->proc * e->R};
-            if (f) {
-                if (e->fail_msg[0]) {
-                    m.src_wrank = e->fail_wrank;
-                    snprintf(m.msg, sizeof m.msg, "%s", e->fail_msg);
-                } else {
-                    snprintf(m.msg, sizeof m.msg, "a rank of MPI process %d failed (%s); see "
-                             "that process's log", e->proc, par_status_str(f));
-                }
-            }
-            atomic_store(&e->notified, 1);
-            for (int q = 0; q < e->nprocs; q++)
-                if (q != e->proc)
-                    e_send_ctrl(e, q, &m);
+            e_send_done(e);
             sent = 1;
         }
-        if (sent && e->ndone == e->nprocs - 1 && !e->out) {
+        int left = laggards(e, who, sizeof who);
+        if (sent && !left && !e->out) {
             if (e->done_st && !par__world_failed(e->w))
                 par__world_fail(e->w, e->done_wrank, e->done_st, e->done_msg);
             break;
         }
         double now = par__now();
+        if (now > deadline) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "mpi: process %d: its ranks returned %.0f s ago, but MPI process(es) %s did not "
+                     "finish the world within the comm timeout (%g s; they are alive: they still answer)",
+                     e->proc, now - start, left ? who : "(none: sends pending)", timeout);
+            PAR_LOG_E("%s", msg);
+            par__world_fail(e->w, e->proc * e->R, PAR_ETIMEOUT, msg);
+            atomic_store(&g_peer_gone, 1); /* MPI_Finalize would wait for them */
+            break;
+        }
         if (now > warn_at) {
-            char who[160];
-            size_t k = 0;
-            who[0] = '\0';
-            for (int q = 0; q < e->nprocs && k < sizeof who - 16; q++)
-                if (q != e->proc && !e->proc_done[q])
-                    k += (size_t)snprintf(who + k, sizeof who - k, "%s%d", k ? "," : "", q);
             PAR_LOG_W("mpi: process %d: its ranks returned %.0f s ago; still waiting for MPI "
                       "process(es) %s to finish the world", e->proc, now - start, who);
             warn_at = now + 2 * (warn_at - start);
