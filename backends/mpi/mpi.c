@@ -247,9 +247,11 @@ typedef struct {
     int ndone;              /* DONE messages received                               */
     unsigned char *proc_done; /* [nprocs] the process sent DONE                     */
     unsigned char *skip;    /* [nprocs] scratch: processes a notice need not reach   */
-    int done_wrank;         /* the first failure a DONE reported                     */
-    par_status done_st;
-    char done_msg[640];
+    /* the first failure each process reported in its DONE (this one's own
+     * included): every process picks the same one (e_agree_failure) */
+    int32_t *rep_rank;      /* [nprocs]                                              */
+    int32_t *rep_st;        /* [nprocs] 0: no failure                                */
+    char (*rep_msg)[640];   /* [nprocs]                                              */
     char *trash;            /* drained payloads                                     */
     size_t trash_n;
     ctrlmsg rx;
@@ -498,11 +500,9 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
          * applied when they returned (e_finish). */
         e->ndone++;
         e->proc_done[proc] = 1;
-        if (m->status != PAR_OK && !e->done_st) {
-            e->done_st = m->status;
-            e->done_wrank = m->src_wrank;
-            snprintf(e->done_msg, sizeof e->done_msg, "%s", m->msg);
-        }
+        e->rep_st[proc] = m->status;
+        e->rep_rank[proc] = m->src_wrank;
+        snprintf(e->rep_msg[proc], sizeof e->rep_msg[proc], "%s", m->msg);
         return;
     default: return;
     }
@@ -1425,6 +1425,9 @@ static void mworld_free(mworld *e)
     par_free(e->trash);
     par_free(e->proc_done);
     par_free(e->skip);
+    par_free(e->rep_rank);
+    par_free(e->rep_st);
+    par_free(e->rep_msg);
     par_free(e->pids);
     par_free(e->same_host);
     par_free(e->heard);
@@ -1435,6 +1438,100 @@ static void mworld_free(mworld *e)
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
     par_free(e);
+}
+
+/* Value of key in "key=value" lines (NULL when absent); *len its length. */
+static const char *fp_value(const char *text, const char *key, size_t klen, size_t *len)
+{
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (eq && (size_t)(eq - p) == klen && !memcmp(p, key, klen)) {
+            *len = (size_t)(end - eq - 1);
+            return eq + 1;
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+/* Appends to msg the keys whose values differ between a and b (either side). */
+static size_t fp_diff(const char *a, const char *b, int pa, int pb, char *msg, size_t k, size_t cap, int *nd)
+{
+    for (int side = 0; side < 2; side++) {
+        const char *x = side ? b : a, *y = side ? a : b;
+        for (const char *p = x; p && *p && k + 8 < cap;) {
+            const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+            const char *eq = memchr(p, '=', (size_t)(end - p));
+            if (eq) {
+                size_t kl = (size_t)(eq - p), vl = (size_t)(end - eq - 1), ol = 0;
+                const char *ov = fp_value(y, p, kl, &ol);
+                if (side && ov) {
+                    p = nl ? nl + 1 : NULL;
+                    continue; /* seen from a's side */
+                }
+                if (!ov || ol != vl || memcmp(ov, eq + 1, vl)) {
+                    const char *va = side ? ov : eq + 1, *vb = side ? eq + 1 : ov;
+                    int la = (int)(side ? ol : vl), lb = (int)(side ? vl : ol);
+                    k += (size_t)snprintf(msg + k, cap - k, "%s %.*s: process %d has %.*s, process %d has %.*s",
+                                          (*nd)++ ? ";" : "", (int)kl, p, pa, va ? la : 8, va ? va : "(absent)",
+                                          pb, vb ? lb : 8, vb ? vb : "(absent)");
+                }
+            }
+            p = nl ? nl + 1 : NULL;
+        }
+    }
+    return k;
+}
+
+/* Every process must run the same configuration (par_world_opts
+ * .fingerprint): the texts are gathered, and every process reaches the same
+ * verdict, naming each key that differs from process 0's. */
+static par_status check_fingerprints(mworld *e, double timeout)
+{
+    const char *mine = par__world_fingerprint(e->w);
+    int P = e->nprocs;
+    int64_t len = mine ? (int64_t)strlen(mine) + 1 : 1;
+    int64_t *lens = par_calloc((size_t)P, sizeof *lens, PAR_TAG_COMM);
+    int *cnt = par_calloc((size_t)P * 2, sizeof *cnt, PAR_TAG_COMM);
+    char *all = NULL;
+    par_status st = (!lens || !cnt) ? par_err(PAR_ENOMEM, "mpi: no memory for %d fingerprints", P) : PAR_OK;
+    MPI_Request req;
+    if (!st) {
+        MPI_Iallgather(&len, 1, MPI_INT64_T, lens, 1, MPI_INT64_T, e->comm, &req);
+        st = wait_start_req(&req, par__now() + timeout, "comparing configurations (MPI_Iallgather)");
+    }
+    int64_t total = 0;
+    for (int q = 0; !st && q < P; q++) {
+        if (lens[q] < 1 || lens[q] > (1 << 24) || total > INT32_MAX - lens[q])
+            st = par_err(PAR_EMISMATCH, "mpi: process %d sent a configuration of %lld bytes", q, (long long)lens[q]);
+        cnt[q] = (int)lens[q];
+        cnt[P + q] = (int)total;
+        total += lens[q];
+    }
+    if (!st && !(all = par_malloc((size_t)total, PAR_TAG_COMM)))
+        st = par_err(PAR_ENOMEM, "mpi: no memory for the configurations (%lld bytes)", (long long)total);
+    if (!st) {
+        MPI_Iallgatherv(mine ? mine : "", (int)len, MPI_CHAR, all, cnt, cnt + P, MPI_CHAR, e->comm, &req);
+        st = wait_start_req(&req, par__now() + timeout, "comparing configurations (MPI_Iallgatherv)");
+    }
+    char msg[900];
+    size_t k = 0;
+    int nd = 0;
+    if (!st)
+        all[cnt[0] - 1] = '\0';
+    for (int q = 1; !st && q < P && k + 16 < sizeof msg; q++) {
+        all[cnt[P + q] + cnt[q] - 1] = '\0';
+        if (strcmp(all, all + cnt[P + q]))
+            k = fp_diff(all, all + cnt[P + q], 0, q, msg, k, sizeof msg, &nd);
+    }
+    if (!st && nd)
+        st = par_err(PAR_EINVAL, "mpi: the MPI processes were started with different configurations (every process "
+                     "must run the same model, training keys, layout, data, seed, precision and build):%s", msg);
+    par_free(all);
+    par_free(lens);
+    par_free(cnt);
+    return st;
 }
 
 static par_status m_world_init(par__world *w, void **bworld)
@@ -1455,7 +1552,10 @@ static par_status m_world_init(par__world *w, void **bworld)
     pthread_mutex_init(&e->mu, NULL);
     e->proc_done = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
     e->skip = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
-    if (!e->proc_done || !e->skip) {
+    e->rep_rank = par_calloc((size_t)nprocs, sizeof *e->rep_rank, PAR_TAG_COMM);
+    e->rep_st = par_calloc((size_t)nprocs, sizeof *e->rep_st, PAR_TAG_COMM);
+    e->rep_msg = par_calloc((size_t)nprocs, sizeof *e->rep_msg, PAR_TAG_COMM);
+    if (!e->proc_done || !e->skip || !e->rep_rank || !e->rep_st || !e->rep_msg) {
         st = par_err(PAR_ENOMEM, "mpi: no memory for %d processes", nprocs);
         goto fail_free_world;
     }
@@ -1485,6 +1585,8 @@ static par_status m_world_init(par__world *w, void **bworld)
         }
     }
     par_free(sizes);
+    if (st == PAR_OK)
+        st = check_fingerprints(e, timeout);
     if (st != PAR_OK)
         goto fail_free_world;
     if (n % nprocs != 0) {
@@ -1570,9 +1672,31 @@ static void e_send_done(mworld *e)
         }
     }
     atomic_store(&e->notified, 1);
+    e->rep_st[e->proc] = m.status;
+    e->rep_rank[e->proc] = m.src_wrank;
+    snprintf(e->rep_msg[e->proc], sizeof e->rep_msg[e->proc], "%s", m.msg);
     for (int q = 0; q < e->nprocs; q++)
         if (q != e->proc)
             e_send_ctrl(e, q, &m);
+}
+
+/* One first failure for the whole world: of the failures the processes
+ * reported in their DONE (each the first it knew of), the one of the lowest
+ * world rank.  Every live process holds the same reports, so every process
+ * names the same "rank N failed first" (a mismatch that each member detects
+ * itself no longer gives each process its own story). */
+static void e_agree_failure(mworld *e)
+{
+    int best = -1;
+    for (int q = 0; q < e->nprocs; q++)
+        if (e->rep_st[q] && !e->dead[q] && (best < 0 || e->rep_rank[q] < e->rep_rank[best]))
+            best = q;
+    if (best < 0)
+        return;
+    if (par__world_failed(e->w))
+        par__world_set_first_failure(e->w, e->rep_rank[best], e->rep_st[best], e->rep_msg[best]);
+    else
+        par__world_fail(e->w, e->rep_rank[best], e->rep_st[best], e->rep_msg[best]);
 }
 
 /* After this process's ranks returned: DONE to every process, then serve
@@ -1598,8 +1722,7 @@ static void e_finish(mworld *e)
         }
         int left = laggards(e, who, sizeof who);
         if (sent && !left && !e->out) {
-            if (e->done_st && !par__world_failed(e->w))
-                par__world_fail(e->w, e->done_wrank, e->done_st, e->done_msg);
+            e_agree_failure(e);
             break;
         }
         double now = par__now();

@@ -13,6 +13,7 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/fingerprint.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
@@ -280,16 +281,26 @@ int par_cmd_run(int argc, char **argv)
     o.progress = !quiet;
     o.timeout_s = timeout_s;
 
+    /* MPI: the processes compare their whole configuration before they start */
+    char *fp = strcmp(backend, "mpi") ? NULL : par_run_fingerprint(&o, moe_dispatch, &na);
+    o.fingerprint = fp;
+
     par_alloc_reset_peaks();
     par_run_summary sum;
     s = par_run(&o, &sum);
     par_ckpt_close(ck);
+    free(fp);
     if (s) {
         fprintf(stderr, "parity run: %s\n", par_last_error());
         par_err_set_quiet(0);
         return exit_code(s);
     }
 
+    if (!sum.hosts_rank0) { /* under MPI the process hosting rank 0 prints the results */
+        par_run_summary_free(&sum);
+        par_err_set_quiet(0);
+        return 0;
+    }
     const par_layout *rl = &sum.layout;
     printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",

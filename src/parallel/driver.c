@@ -624,6 +624,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     par_world_opts wo;
     memset(&wo, 0, sizeof wo);
     wo.timeout_s = o->timeout_s;
+    wo.fingerprint = o->fingerprint; /* MPI: every process runs the same configuration */
     if (o->netmodel && (s = par_netrun_create(o->netmodel, N, o->net_spans, &net)))
         goto fail_tmp;
     wo.net = net;
@@ -657,6 +658,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         memset(sum, 0, sizeof *sum);
         sum->steps = o->steps;
         sum->seq_length = R.S;
+        sum->hosts_rank0 = R.hosts_rank0;
         sum->step = R.info;
         R.info = NULL;
         sum->layout = R.lay;

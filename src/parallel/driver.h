@@ -58,6 +58,7 @@ typedef struct {
     const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
+    const char *fingerprint;  /* the whole configuration (comm.h par_world_opts), or NULL */
 } par_run_opts;
 
 /* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */
@@ -80,6 +81,7 @@ typedef struct {
 typedef struct {
     int64_t steps;
     int64_t seq_length;       /* S of the run (a --data file's, not the preset's) */
+    int hosts_rank0;          /* this process ran world rank 0 (under MPI: prints the results) */
     par_run_step_info *step;  /* [steps] (par_run_summary_free) */
     double wall_s;            /* the whole run (launch, dump included) */
     par_layout layout;        /* resolved */
