@@ -2,9 +2,16 @@
 # Installs the Debian packages parity needs, if any are missing.  Idempotent;
 # prints nothing when everything is already there.  Run as root (or with sudo
 # available).
+#   --with-fuzz   also clang, its libFuzzer runtime and OpenMP (tools/fuzz.sh)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
       libcriterion-dev libcjson-dev nettle-dev python3-numpy)
+for a in "$@"; do
+  case $a in
+    --with-fuzz) pkgs+=(clang libclang-rt-14-dev libomp-dev) ;;
+    *) echo "setup.sh: unknown option $a (--with-fuzz)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
