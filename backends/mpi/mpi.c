@@ -1595,7 +1595,7 @@ static par_status m_world_init(par__world *w, void **bworld)
                      "started: the world size must be a multiple of the process count (each "
                      "process hosts world size / processes ranks), e.g. %d or %d",
                      n, nprocs, n / nprocs * nprocs > 0 ? n / nprocs * nprocs : nprocs,
-                     (n / nprocs + 1) * nprocs);
+                     n / nprocs * nprocs > 0 ? (n / nprocs + 1) * nprocs : 2 * nprocs);
         goto fail_free_world;
     }
     e->R = n / nprocs;
