@@ -27,7 +27,7 @@ expect 2 "is a directory" "$P" plan --config .
 expect 2 "--microbatches must be >= 1, got 0" "$P" schedule --pipeline-schedule 1f1b --pipeline-model-parallel-size 2 --microbatches 0
 expect 2 "--world-size must be >= 1, got -1" "$P" run --world-size -1 --quiet
 "$P" run --steps 1 --save ck --quiet >/dev/null
-expect 2 "is F64 [128,32] in the checkpoint but F64 [128,64] in this model" "$P" run --load ck --set dim=64 --quiet
+expect 2 "is F64 [128,64] in this model but F64 [128,32] in the checkpoint" "$P" run --load ck --set dim=64 --quiet
 expect 0 "default: PARITY_COMM_TIMEOUT, else 3600" "$P" run --help
 PARITY_COMM_TIMEOUT=abc expect 2 "PARITY_COMM_TIMEOUT=abc: must be a number of seconds" "$P" run --quiet
 mkdir tdir
