@@ -137,7 +137,9 @@ par_status par_fixture_load_named(par_fixture *fx, const char *name, const char 
             return st;
         d = found;
     }
-    snprintf(path, sizeof path, "%s/%s.json", d, name);
+    int n = snprintf(path, sizeof path, "%s/%s.json", d, name);
+    if (n < 0 || (size_t)n >= sizeof path)
+        return par_err(PAR_EINVAL, "fixture '%s': the path under %s is longer than %zu bytes", name, d, sizeof path - 1);
     return par_fixture_load(fx, path);
 }
 
