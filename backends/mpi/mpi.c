@@ -175,6 +175,7 @@ enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE, CT_HEARTBEAT };
  * it for DEAD_AFTER seconds. */
 #define HB_EVERY 0.5
 #define DEAD_AFTER 6.0
+#define GONE_GRACE 0.3 /* a gone pid counts after this long without its DONE */
 #define WATCH_EVERY_NS 100000000L
 
 typedef struct {
@@ -261,6 +262,7 @@ typedef struct {
     unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
     double *heard;          /* [nprocs] when anything last came from it             */
     double *hb_sent;        /* [nprocs] when our last heartbeat went to it          */
+    double *gone_since;     /* [nprocs] when its pid was first seen gone (0: not)    */
     unsigned char *dead;    /* [nprocs]                                              */
     _Atomic int ndead;
     pthread_t watchdog;
@@ -724,10 +726,16 @@ static void e_watch(mworld *e)
             e->hb_sent[q] = now;
         }
         char why[160];
-        if (e->same_host[q] && kill((pid_t)e->pids[q], 0) != 0 && errno == ESRCH) {
+        int gone = e->same_host[q] && kill((pid_t)e->pids[q], 0) != 0 && errno == ESRCH;
+        if (!gone) {
+            e->gone_since[q] = 0;
+        } else if (e->gone_since[q] == 0) {
+            e->gone_since[q] = now; /* a process that ended normally may have a DONE in flight */
+        } else if (now - e->gone_since[q] > GONE_GRACE) {
             snprintf(why, sizeof why, "its pid no longer exists on this host (killed?)");
             e_proc_dead(e, q, why);
-        } else if (now - e->heard[q] > DEAD_AFTER) {
+        }
+        if (!gone && now - e->heard[q] > DEAD_AFTER) {
             snprintf(why, sizeof why, "nothing came from it for %.1f s (heartbeats every %.1f s)", now - e->heard[q],
                      HB_EVERY);
             e_proc_dead(e, q, why);
@@ -757,12 +765,13 @@ static par_status liveness_start(mworld *e, double timeout)
     e->heard = par_calloc((size_t)P, sizeof *e->heard, PAR_TAG_COMM);
     e->hb_sent = par_calloc((size_t)P, sizeof *e->hb_sent, PAR_TAG_COMM);
     e->dead = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    e->gone_since = par_calloc((size_t)P, sizeof *e->gone_since, PAR_TAG_COMM);
     typedef struct {
         int64_t pid;
         char host[120];
     } ident;
     ident *all = par_calloc((size_t)P, sizeof *all, PAR_TAG_COMM);
-    if (!e->pids || !e->same_host || !e->heard || !e->hb_sent || !e->dead || !all) {
+    if (!e->pids || !e->same_host || !e->heard || !e->hb_sent || !e->dead || !e->gone_since || !all) {
         par_free(all);
         return par_err(PAR_ENOMEM, "mpi: no memory for %d processes", P);
     }
@@ -1433,6 +1442,7 @@ static void mworld_free(mworld *e)
     par_free(e->heard);
     par_free(e->hb_sent);
     par_free(e->dead);
+    par_free(e->gone_since);
     tsync_group_unref(e->wgroup);
     if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
@@ -1706,8 +1716,10 @@ static void e_agree_failure(mworld *e)
  * number.  A warning names the laggards meanwhile. */
 static void e_finish(mworld *e)
 {
-    double timeout = par__world_timeout(e->w);
-    double start = par__now(), warn_at = start + (timeout > 10 ? timeout / 4 : 10), deadline = start + timeout;
+    /* the others' ranks are in comm calls, which time out, or computing: give
+     * them twice the timeout (a minute at least) once ours returned */
+    double timeout = par__world_timeout(e->w), limit = 2 * timeout > 60 ? 2 * timeout : 60;
+    double start = par__now(), warn_at = start + (timeout > 10 ? timeout / 4 : 10), deadline = start + limit;
     int sent = 0;
     unsigned iter = 0;
     char who[160];
@@ -1729,8 +1741,8 @@ static void e_finish(mworld *e)
         if (now > deadline) {
             char msg[400];
             snprintf(msg, sizeof msg, "mpi: process %d: its ranks returned %.0f s ago, but MPI process(es) %s did not "
-                     "finish the world within the comm timeout (%g s; they are alive: they still answer)",
-                     e->proc, now - start, left ? who : "(none: sends pending)", timeout);
+                     "finish the world within twice the comm timeout (%g s; they are alive: they still answer)",
+                     e->proc, now - start, left ? who : "(none: sends pending)", limit);
             PAR_LOG_E("%s", msg);
             par__world_fail(e->w, e->proc * e->R, PAR_ETIMEOUT, msg);
             atomic_store(&g_peer_gone, 1); /* MPI_Finalize would wait for them */
