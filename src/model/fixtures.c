@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/datadir.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "model/data.h"
 
 static par_status read_text(const char *path, char **out)
@@ -23,9 +24,8 @@ static par_status read_text(const char *path, char **out)
 static par_status get_int(const cJSON *o, const char *key, const char *path, int64_t *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    if (!par_json_as_int(v, out)) /* exact below 2^53: no float-to-int overflow (fuzz_fixture) */
         return par_err(PAR_EFORMAT, "%s: fixture key '%s' missing or not an integer", path, key);
-    *out = (int64_t)v->valuedouble;
     return PAR_OK;
 }
 
@@ -62,8 +62,8 @@ par_status par_fixture_load(par_fixture *fx, const char *path)
     }
     if ((st = get_int(root, "seq_length", path, &f.seq_length)) || (st = get_int(root, "window_size", path, &f.window_size)))
         goto fail_delete;
-    if (f.seq_length < 1) {
-        st = par_err(PAR_EFORMAT, "%s: seq_length = %lld must be >= 1", path, (long long)f.seq_length);
+    if (f.seq_length < 1 || f.seq_length > ((int64_t)1 << 24)) { /* the config's range of seq_length */
+        st = par_err(PAR_EFORMAT, "%s: seq_length = %lld must be in [1, 16777216]", path, (long long)f.seq_length);
         goto fail_delete;
     }
     const cJSON *rows = cJSON_GetObjectItemCaseSensitive(root, "rows");
@@ -96,13 +96,14 @@ par_status par_fixture_load(par_fixture *fx, const char *path)
         const cJSON *len;
         cJSON_ArrayForEach(len, row)
         {
-            if (!cJSON_IsNumber(len) || len->valuedouble < 1 || len->valuedouble != (double)(int64_t)len->valuedouble) {
-                st = par_err(PAR_EFORMAT, "%s: row %lld sample %lld: length must be an integer >= 1", path,
-                             (long long)r, (long long)(k - f.row_off[r]));
+            int64_t v = 0;
+            if (!par_json_as_int(len, &v) || v < 1 || v > f.seq_length) {
+                st = par_err(PAR_EFORMAT, "%s: row %lld sample %lld: length must be an integer in [1, seq_length = %lld]",
+                             path, (long long)r, (long long)(k - f.row_off[r]), (long long)f.seq_length);
                 goto fail_free_fx;
             }
-            f.lengths[k++] = (int64_t)len->valuedouble;
-            sum += (int64_t)len->valuedouble;
+            f.lengths[k++] = v;
+            sum += v; /* at most 2^31 entries of at most 2^24 each: no overflow */
         }
         if (sum != f.seq_length) {
             st = par_err(PAR_EFORMAT, "%s: row %lld lengths sum to %lld, must be seq_length = %lld", path,
