@@ -28,15 +28,21 @@
 
 typedef struct {
     par_out_kind kind;
-    const char *marker; /* file naming the kind          */
-    const char *format; /* its "format" string           */
+    const char *marker; /* file naming the kind                              */
+    const char *outer;  /* object of the marker holding "format" (NULL: top) */
+    const char *format; /* its "format" string                               */
     const char *noun;
-    const char *extra;  /* one more file it may hold     */
+    const char *extra;  /* one more file it may hold                         */
+    int listed;         /* 1: every entry must be in the marker's "files"    */
 } kind_def;
 
+/* The exports (`parity export hf|batch`, src/cli/cmd_export.c) keep no file
+ * list: their marker alone says parity wrote them. */
 static const kind_def kinds[] = {
-    {PAR_OUT_GOLDEN, "manifest.json", "parity-golden", "golden set", NULL},
-    {PAR_OUT_CKPT, "metadata.json", "parity-ckpt", "checkpoint", "SHA256SUMS"},
+    {PAR_OUT_GOLDEN, "manifest.json", NULL, "parity-golden", "golden set", NULL, 1},
+    {PAR_OUT_CKPT, "metadata.json", NULL, "parity-ckpt", "checkpoint", "SHA256SUMS", 1},
+    {PAR_OUT_EXPORT, "config.json", "parity", "parity-hf-export", "HF export", NULL, 0},
+    {PAR_OUT_EXPORT, "batch.json", NULL, "parity-batch", "batch export", NULL, 0},
 };
 #define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
@@ -71,7 +77,8 @@ static int read_marker(const char *dir, cJSON **root)
             j = cJSON_ParseWithLength(text, len); /* not JSON: not a marker (no message) */
         par_free(text);
         par_free(p);
-        const char *f = j ? par_json_str(j, "format") : NULL;
+        const cJSON *o = j && kinds[i].outer ? par_json_obj(j, kinds[i].outer) : j;
+        const char *f = o ? par_json_str(o, "format") : NULL;
         if (f && !strcmp(f, kinds[i].format)) {
             *root = j;
             return i;
@@ -145,8 +152,8 @@ par_status par_outdir_replaceable(const char *dir, par_out_kind kind, const char
     if (ki < 0)
         return par_err(PAR_EINVAL,
                        "%s %s: the directory exists, is not empty and was not written by parity (it holds no "
-                       "golden-set manifest.json nor checkpoint metadata.json); parity never deletes what it did "
-                       "not write: give a new or empty directory",
+                       "golden-set manifest.json nor checkpoint metadata.json nor an export's marker); parity never "
+                       "deletes what it did not write: give a new or empty directory",
                        what, dir);
     if (kind != PAR_OUT_ANY && kinds[ki].kind != kind) {
         cJSON_Delete(root);
@@ -154,7 +161,8 @@ par_status par_outdir_replaceable(const char *dir, par_out_kind kind, const char
                                    "with one of the same kind: give another directory",
                        what, dir, kinds[ki].noun, kind_noun(kind));
     }
-    st = check_entries(dir, &kinds[ki], cJSON_GetObjectItemCaseSensitive(root, "files"), what);
+    if (kinds[ki].listed)
+        st = check_entries(dir, &kinds[ki], cJSON_GetObjectItemCaseSensitive(root, "files"), what);
     cJSON_Delete(root);
     return st;
 }

@@ -6,7 +6,8 @@
  * holds a parity marker file (manifest.json of a golden set, format
  * "parity-golden"; metadata.json of a checkpoint, format "parity-ckpt") and
  * nothing but the files that marker lists (plus SHA256SUMS of a
- * checkpoint).  par_adir_commit enforces the rule for every kind;
+ * checkpoint); the exports of `parity export` (config.json "parity.format"
+ * "parity-hf-export", batch.json "parity-batch") by their marker alone.  par_adir_commit enforces the rule for every kind;
  * par_outdir_check also checks the kind and the parent, and is what the CLI
  * runs on every output path before the first step.
  *
@@ -27,6 +28,7 @@ typedef enum {
     PAR_OUT_ANY = 0,  /* any parity-written directory (commit-time rule) */
     PAR_OUT_GOLDEN,   /* a golden set: manifest.json "parity-golden"     */
     PAR_OUT_CKPT,     /* a checkpoint: metadata.json "parity-ckpt"       */
+    PAR_OUT_EXPORT,   /* `parity export hf|batch` output (its marker)    */
     PAR_OUT_FILE,     /* a file (par_outdir_check: no directory there)   */
 } par_out_kind;
 
