@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/fingerprint.h"
+#include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
@@ -107,7 +108,7 @@ static void print_memory(const par_run_summary *sum)
 int par_cmd_run(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *dump = NULL;
-    const char *save = NULL, *load = NULL;
+    const char *save = NULL, *load = NULL, *max_memory = NULL;
     int64_t save_interval = 0;
     const char *backend = "threads";
     const char *moe_dispatch = "flat";
@@ -138,6 +139,7 @@ int par_cmd_run(int argc, char **argv)
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"moe-dispatch", PAR_OPT_STR, &moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
+        {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -280,10 +282,16 @@ int par_cmd_run(int argc, char **argv)
     o.progress = !quiet;
     o.timeout_s = timeout_s;
 
+    /* the memory estimate before anything big is allocated (issue 13) */
+    if ((rc = par_memlimit_run("run", max_memory, &o.cfg, &o.layout, o.precision, steps,
+                               strcmp(backend, "mpi") ? 0 : (la.ranks_per_process ? la.ranks_per_process : 1)))) {
+        par_ckpt_close(ck);
+        par_err_set_quiet(0);
+        return rc;
+    }
     /* MPI: the processes compare their whole configuration before they start */
     char *fp = strcmp(backend, "mpi") ? NULL : par_run_fingerprint(&o, moe_dispatch, &na);
     o.fingerprint = fp;
-
     par_alloc_reset_peaks();
     par_run_summary sum;
     s = par_run(&o, &sum);

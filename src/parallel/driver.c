@@ -47,6 +47,7 @@ typedef struct {
     int64_t *ep_tier;         /* [N, 4] ep bytes: dispatch nvlink, ib, combine nvlink, ib */
     double *ep_time;          /* [N, 2] ep emulated dispatch, combine seconds */
     int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dpwire.h) */
+    int64_t *apeak;           /* [N, 2 * PAR_TAG_COUNT] per-rank allocator peaks (allocated, reserved) */
     par_pp_info ppi;          /* PP > 1: world rank 0's pipeline (pp.h) */
     int64_t step0;            /* updates already applied (the loaded checkpoint's step) */
     uint64_t seed;            /* the data's seed (the checkpoint's with --load) */
@@ -275,9 +276,10 @@ static par_status rank_main(par_comm *world, void *arg)
     memset(&dpw, 0, sizeof dpw);
     D.w = &dpw;
     par_status s;
+    const int ascope = par_alloc_scope_open(); /* this rank's allocator truth (alloc.h) */
 
     if ((s = par_rank_coords_of(l, P.rank, &P.rc)) || (s = par_groups_build(world, l, &P.g)))
-        return s;
+        goto fail_scope;
     int64_t E = R->cfg.n_routed_experts, El = E / l->ep, e0 = (int64_t)P.rc.ep * El;
     if ((l->pp > 1 ? (s = PAR_FN(par_pp_create)(&pp, &P, &M, &R->cfg, o->seed, e0, e0 + El))
                    : (s = PAR_FN(par_model_init_owned)(&M, &R->cfg, o->seed, e0, e0 + El))))
@@ -333,6 +335,7 @@ static par_status rank_main(par_comm *world, void *arg)
         goto fail_batch;
 
     int64_t r0 = (int64_t)P.rc.dp * R->Bl;
+    par_alloc_scope_reset_peaks(ascope); /* the window: the steps */
     for (int64_t k = 0; k < o->steps; k++) {
         double t0 = now_s();
         const int32_t *tk = R->tok + (k * R->B + r0) * R->S, *sg = R->seg + (k * R->B + r0) * R->S;
@@ -423,6 +426,13 @@ static par_status rank_main(par_comm *world, void *arg)
     int64_t mem[PAR_RUN_MEM] = {mm.weights, mm.grads, mm.optim, mm.optim_full, mm.act, mm.comm};
     if (!s)
         s = gather0(world, mem, PAR_RUN_MEM, R->mem, NULL, PAR_C_I64);
+    par_alloc_stats ast;
+    par_alloc_scope_stats(ascope, &ast);
+    int64_t ap[2 * PAR_TAG_COUNT];
+    memcpy(ap, ast.peak, sizeof ast.peak);
+    memcpy(ap + PAR_TAG_COUNT, ast.res_peak, sizeof ast.res_peak);
+    if (!s)
+        s = gather0(world, ap, 2 * PAR_TAG_COUNT, R->apeak, NULL, PAR_C_I64);
 
 fail_batch:
     par_free(D.lm);
@@ -441,6 +451,8 @@ fail_model:
     PAR_FN(par_model_free)(&M);
 fail_groups:
     par_groups_free(&P.g);
+fail_scope:
+    par_alloc_scope_close(ascope);
     return s;
 }
 
@@ -589,9 +601,10 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     R.ep_tier = par_calloc((size_t)N * 4, sizeof *R.ep_tier, PAR_TAG_MISC);
     R.ep_time = par_calloc((size_t)N * 2, sizeof *R.ep_time, PAR_TAG_MISC);
     R.mem = par_calloc((size_t)N * PAR_RUN_MEM, sizeof *R.mem, PAR_TAG_MISC);
+    R.apeak = par_calloc((size_t)N * 2 * PAR_TAG_COUNT, sizeof *R.apeak, PAR_TAG_MISC);
     R.cursor = par_calloc((size_t)o->steps, sizeof *R.cursor, PAR_TAG_MISC);
     if (!R.tok || !R.seg || !R.nsamp || !R.info || !R.load_acc || !R.rank_ctr || !R.cp_ctr || !R.ep_tier || !R.ep_time || !R.mem ||
-        !R.cursor) {
+        !R.apeak || !R.cursor) {
         s = par_err(PAR_ENOMEM, "run: out of memory for %lld steps of %lld x %lld tokens", (long long)o->steps,
                     (long long)R.B, (long long)R.S);
         goto fail_data;
@@ -667,7 +680,16 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         summarize(&R, sum, N, (int)par_config_n_blocks(&R.cfg));
         sum->mem = R.mem;
         R.mem = NULL;
+        sum->alloc_peak = par_malloc((size_t)N * PAR_TAG_COUNT * sizeof *sum->alloc_peak, PAR_TAG_MISC);
+        sum->alloc_res_peak = par_malloc((size_t)N * PAR_TAG_COUNT * sizeof *sum->alloc_res_peak, PAR_TAG_MISC);
+        for (int r = 0; r < N && sum->alloc_peak && sum->alloc_res_peak; r++)
+            for (int t = 0; t < PAR_TAG_COUNT; t++) {
+                sum->alloc_peak[r * PAR_TAG_COUNT + t] = R.apeak[(2 * r) * PAR_TAG_COUNT + t];
+                sum->alloc_res_peak[r * PAR_TAG_COUNT + t] = R.apeak[(2 * r + 1) * PAR_TAG_COUNT + t];
+            }
         sum->start_step = R.step0;
+        for (int64_t r = 0; r < R.B; r++)
+            sum->samples0 += R.nsamp[r];
         sum->saves = R.saves;
         sum->wall_s = now_s() - t_start;
         sum->net = net;
@@ -703,6 +725,7 @@ fail_data:
     par_free(R.ep_tier);
     par_free(R.ep_time);
     par_free(R.mem);
+    par_free(R.apeak);
     par_free(R.cursor);
     return s;
 }

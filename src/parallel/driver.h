@@ -121,7 +121,12 @@ typedef struct {
      * mem[r*PAR_RUN_MEM + k], k = weights, grads, optim (held), optim_full
      * (unsharded), act (saved activations, max over steps), comm (DP workspace) */
     int64_t *mem;             /* [world * PAR_RUN_MEM] */
+    /* the allocator's per-rank truth (core/alloc.h scopes): peak bytes per tag
+     * during the steps, alloc_peak[r*PAR_TAG_COUNT + tag], allocated view
+     * (blocks + arena handouts) and reserved view (arena chunks whole) */
+    int64_t *alloc_peak, *alloc_res_peak; /* [world * PAR_TAG_COUNT] */
     int64_t start_step;       /* the loaded checkpoint's step (0 without --load) */
+    int64_t samples0;         /* samples of the first step's global batch (memory model statistics) */
     int64_t saves;            /* checkpoints written */
 } par_run_summary;
 #define PAR_RUN_MEM 6
@@ -131,6 +136,8 @@ static inline void par_run_summary_free(par_run_summary *s)
     if (!s)
         return;
     par_free(s->mem);
+    par_free(s->alloc_peak);
+    par_free(s->alloc_res_peak);
     par_free(s->ep_recv);
     par_free(s->step);
     if (s->net)
