@@ -228,6 +228,11 @@ int par_cmd_run(int argc, char **argv)
         s = par_config_set_arg(&o.cfg, sets.items[i]);
     if (!s)
         s = par_config_validate(&o.cfg);
+    if (!s && la.global_batch) { /* the layout's B replaces the preset's: the same ranges apply */
+        par_config c2 = o.cfg;
+        c2.global_batch_size = la.global_batch;
+        s = par_config_validate(&c2);
+    }
     if (!s)
         s = par_config_check_runnable(&o.cfg);
     par_layout *l = &o.layout;
