@@ -186,6 +186,39 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     return peak;
 }
 
+double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim;
+    double E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
+    double H = (double)g->n_heads, hd = (double)g->head_dim, HD = H * hd;
+    int64_t m = ratio_of(g, b);
+    double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
+    int score = b >= g->n_hash_layers && g->aux_alpha != 0.0;
+    /* block.c: dyf, dxfn, dxf, dya, dxan, dxa [T, d]; dw [T, K]; ds [T, E]; dpf, dpa [T, n]; dCf, dCa [T, n, n] */
+    double s = es * T * (6 * d + K + 2 * n + 2 * n * n) + (score ? es * T * E : 0);
+    if (c->cp <= 1) { /* attention.c par_attn_keep: dq, dkv; dcmp, dca, dcz */
+        s += es * T * (HD + hd + (m > 0 ? hd + 2 * nc : 0));
+    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz */
+        double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + (double)g->seq_length / (double)c->cp;
+        s += es * (double)c->rows * W * (HD + 2 * hd + 2 * nc) + 1;
+    }
+    if (c->ep > 1) /* ep.c: the dy rows of the held experts */
+        s += es * T * K * c->recv_factor * d;
+    return s;
+}
+
+double par_act_head_wkeep(const par_act_ctx *c, int64_t Ti)
+{
+    return c->es * 2 * (double)Ti * (double)c->cfg->dim; /* dxn, dx */
+}
+
+double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    return c->es * (double)Ti * (3 * (double)g->dim + (double)(g->hc_mult * g->dim)); /* dep, den, demb, dhn */
+}
+
 double par_act_head_saved(const par_act_ctx *c, int64_t Ti)
 {
     const par_config *g = c->cfg;

@@ -56,6 +56,13 @@ double par_act_hc_saved(const par_act_ctx *c, int64_t T);
 double par_act_attn_saved(const par_act_ctx *c, int b, int64_t T);
 
 /* A head (main or MTP; head.c): kept, and its backward's scratch. */
+/* What the input pass (B) of a split backward keeps for its weight pass
+ * (W), from B until W (model/block.c wkeep_alloc and the serial attention's
+ * par_attn_keep, or cp.c's kept projections' gradients; ep.c's dy rows;
+ * head.c's dxn, dx; the MTP input's dep, den, demb, dhn). */
+double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t T);
+double par_act_head_wkeep(const par_act_ctx *c, int64_t T);
+double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_head_saved(const par_act_ctx *c, int64_t T);
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */

@@ -292,12 +292,12 @@ static void act_whole(const par_mm *mm, const par_act_ctx *c, int64_t T, double 
  * rel = what its slot frees at the backward, kept = what the executors keep
  * for the rest of the step, bwd = the backward's peak beyond the slot. */
 static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, double *rel, double *kept,
-                    double *bwd)
+                    double *bwd, double *wkeep)
 {
     const par_pplayout *pl = &mm->lay.pipe;
     const int L = (int)mm->cfg.n_layers;
     int t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER);
-    double x = par_act_stream(c, T), r = 0, k = 0, acc = x, peak = x; /* dX */
+    double x = par_act_stream(c, T), r = 0, k = 0, wk = 0, acc = x, peak = x; /* dX */
     int first = pl->seg_off[seg], last = pl->seg_off[seg + 1];
     for (int i = first; i < last; i++) {
         char it = pl->items[i];
@@ -305,14 +305,16 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
         if (it == PAR_BLK_EMBED)
             r += x;
         else if (it == PAR_BLK_LOSS)
-            r += par_act_head_saved(c, T);
+            r += par_act_head_saved(c, T), wk += par_act_head_wkeep(c, T);
         if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
             double kb = par_act_block_exec_kept(c, b, T);
             r += par_act_block_saved(c, b, T) - kb;
             k += kb;
+            wk += par_act_block_wkeep(c, b, T);
         }
         if (it == PAR_BLK_MTP)
-            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T);
+            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T),
+                wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
     }
     t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
     for (int i = last - 1; i >= first; i--) { /* the backward, in reverse */
@@ -336,6 +338,7 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
     *rel = r;
     *kept = k;
     *bwd = peak;
+    *wkeep = wk;
 }
 
 typedef struct {
@@ -345,12 +348,13 @@ typedef struct {
 
 /* Runs pipeline rank r's action list (parallel/schedule.h) and tracks the
  * bytes alive: a slot (microbatch, stage) gets its received input, its
- * saved tensors (rel + kept) at F and its received gradient; B (or W when
- * a GPU job keeps the inputs for W) frees rel and the messages; kept stays
- * for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
+ * saved tensors (rel + kept) at F and its received gradient; parity's split
+ * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
+ * backward (parity and a GPU job keep the inputs for W), frees rel and the
+ * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
  * stage's slot (pp.c). */
 static par_status act_walk(const par_mm *mm, int r, const double *rel, const double *kept, const double *bwd,
-                           double x, walk_out *o)
+                           const double *wkeep, double x, walk_out *o)
 {
     const par_schedule *s = &mm->sch;
     int S = s->n_stages, m = s->params.n_micro;
@@ -358,7 +362,7 @@ static par_status act_walk(const par_mm *mm, int r, const double *rel, const dou
     double *slot = par_calloc((size_t)S * (size_t)m, sizeof *slot, PAR_TAG_MODEL);
     if (!slot)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d slots", m, S);
-    const int at_w = mm->o.rt == PAR_MM_MEGATRON && s->split_bw;
+    const int at_w = s->split_bw; /* parity runs real W actions too (docs/parallel.md "The backward in two passes") */
     double live = 0, best = -1, top = 0;
     int alive = 0;
     for (int i = 0; i < s->n_actions[r]; i++) {
@@ -381,6 +385,8 @@ static par_status act_walk(const par_mm *mm, int r, const double *rel, const dou
         case PAR_ACT_B:
         case PAR_ACT_BW:
         case PAR_ACT_W:
+            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the slot until W */
+                slot[k] += wkeep[a->stage], live += wkeep[a->stage];
             if (a->kind != PAR_ACT_W) {
                 if (live + bwd[a->stage] > best)
                     best = live + bwd[a->stage], o->saved = live, o->ws = bwd[a->stage];
@@ -432,17 +438,17 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
         return PAR_OK;
     }
     int ns_seg = mm->sch.n_stages;
-    double *v = par_calloc((size_t)ns_seg * 3, sizeof *v, PAR_TAG_MODEL);
+    double *v = par_calloc((size_t)ns_seg * 4, sizeof *v, PAR_TAG_MODEL);
     if (!v)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
-        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s]);
+        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
         if (!parity) /* a GPU job frees the dispatch rows with the microbatch; parity's ep.c / cp.c keep
                       * them for the step */
             v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
     }
     walk_out w;
-    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, par_act_stream(&c, T), &w);
+    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, v + 3 * ns_seg, par_act_stream(&c, T), &w);
     par_free(v);
     if (st)
         return st;
