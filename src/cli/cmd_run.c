@@ -154,7 +154,9 @@ static int parse_cli(int argc, char **argv, run_cli *c)
          "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
         {"fixture", PAR_OPT_STR, &c->fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)",
          PAR_CHK_NONEMPTY},
-        {"steps", PAR_OPT_INT, &c->steps, "K", "training steps (default 1)", PAR_CHK_POS, 1e8},
+        {"steps", PAR_OPT_INT, &c->steps, "K",
+         "total training steps, as Megatron's --train-iters: with --load at step s, steps s..K-1 run (default 1)",
+         PAR_CHK_POS, 1e8},
         {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)",
          PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
@@ -325,7 +327,7 @@ static void print_steps(const par_run_summary *sum)
            "grad_norm", "wall_s");
     for (int64_t k = 0; k < sum->steps; k++) {
         const par_run_step_info *si = &sum->step[k];
-        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss, si->loss_main,
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)(sum->start_step + k), si->loss, si->loss_main,
                si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
     }
     printf("tokens per expert (all blocks, all steps): min %lld  mean %.1f  max %lld; hottest: block %d expert "
@@ -463,6 +465,14 @@ int par_cmd_run(int argc, char **argv)
         return exit_code(s);
     }
     if (!sum.hosts_rank0) { /* under MPI the process hosting rank 0 prints the results */
+        par_run_summary_free(&sum);
+        par_err_set_quiet(0);
+        return 0;
+    }
+    if (sum.steps == 0) { /* Megatron's --train-iters: the checkpoint is at or past --steps */
+        printf("run: %s is at step %lld and --steps %lld is the total step count (Megatron's --train-iters): "
+               "nothing to do, nothing written\n",
+               c.load, (long long)sum.start_step, (long long)c.steps);
         par_run_summary_free(&sum);
         par_err_set_quiet(0);
         return 0;

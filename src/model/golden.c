@@ -386,7 +386,7 @@ cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
 }
 
 par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
-                                             cJSON *layout, cJSON *data)
+                                             int64_t first_step, cJSON *layout, cJSON *data)
 {
     par_manifest man;
     par_manifest_init(&man);
@@ -397,6 +397,7 @@ par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *
         (s = par_manifest_set_precision(&man, PREC_NAME)))
         goto done;
     man.steps = steps;
+    man.first_step = first_step;
     man.model = par_config_section_to_json(cfg, PAR_CFG_MODEL);
     man.train = par_config_section_to_json(cfg, PAR_CFG_TRAIN);
     if (man.train) {
@@ -479,7 +480,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     /* manifest */
     par_golden_layout lay;
     par_golden_layout_serial(&lay, cfg.global_batch_size);
-    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, PAR_FN(par_golden_layout_json)(&lay),
+    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
                                                PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
         goto fail_tmp;
     s = par_adir_commit(tmp, o->out_dir);
