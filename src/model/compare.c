@@ -1023,6 +1023,28 @@ static cJSON *num_or_str(double v)
     return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
 }
 
+/* "steps": {"compared": [lo, hi], "a", "b", "in_common", "skipped_files_a", "skipped_files_b"}. */
+static int steps_json(const par_compare_report *r, cJSON *root)
+{
+    cJSON *st = cJSON_AddObjectToObject(root, "steps");
+    const int64_t *v[3] = {r->steps_cmp, r->steps_a, r->steps_b};
+    static const char *const key[3] = {"compared", "a", "b"};
+    int ok = st != NULL;
+    for (int q = 0; q < 3 && ok; q++) {
+        cJSON *pair = cJSON_AddArrayToObject(st, key[q]);
+        ok = pair != NULL;
+        for (int h = 0; h < 2 && ok; h++) {
+            cJSON *n = cJSON_CreateNumber((double)v[q][h]);
+            ok = n != NULL;
+            if (ok)
+                cJSON_AddItemToArray(pair, n);
+        }
+    }
+    ok = ok && cJSON_AddBoolToObject(st, "in_common", r->steps_cmp[0] <= r->steps_cmp[1]);
+    ok = ok && cJSON_AddNumberToObject(st, "skipped_files_a", r->skipped_a);
+    return ok && cJSON_AddNumberToObject(st, "skipped_files_b", r->skipped_b);
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -1035,25 +1057,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
     ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
     ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);
-    if (ok && r->have_steps) { /* directories: the steps compared (both sets hold them) and each set's */
-        cJSON *st = cJSON_AddObjectToObject(root, "steps");
-        const int64_t *v[3] = {r->steps_cmp, r->steps_a, r->steps_b};
-        static const char *const key[3] = {"compared", "a", "b"};
-        ok = st != NULL;
-        for (int q = 0; q < 3 && ok; q++) {
-            cJSON *pair = cJSON_AddArrayToObject(st, key[q]);
-            ok = pair != NULL;
-            for (int h = 0; h < 2 && ok; h++) {
-                cJSON *n = cJSON_CreateNumber((double)v[q][h]);
-                ok = n != NULL;
-                if (ok)
-                    cJSON_AddItemToArray(pair, n);
-            }
-        }
-        ok = ok && cJSON_AddBoolToObject(st, "in_common", r->steps_cmp[0] <= r->steps_cmp[1]);
-        ok = ok && cJSON_AddNumberToObject(st, "skipped_files_a", r->skipped_a);
-        ok = ok && cJSON_AddNumberToObject(st, "skipped_files_b", r->skipped_b);
-    }
+    if (ok && r->have_steps) /* directories: the steps compared (both sets hold them) and each set's */
+        ok = steps_json(r, root);
     ok = ok && cJSON_AddNumberToObject(root, "entries", r->n);
     ok = ok && cJSON_AddNumberToObject(root, "failed", r->nfail);
     cJSON *arr = ok ? cJSON_AddArrayToObject(root, "tensors") : NULL;
