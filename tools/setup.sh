@@ -5,6 +5,7 @@
 #   --with-torch   also python3-torch (Debian's PyTorch 1.13, CPU; about 200
 #                  packages with its dependencies), for the python_torch tests
 #                  and parity_torch (docs/gpu-rollout.md)
+#   --with-fuzz    also clang, its libFuzzer runtime and OpenMP (tools/fuzz.sh)
 #   --with-offload gcc-12-offload-nvptx (GCC's OpenMP offload compiler for
 #                  NVIDIA GPUs, with nvptx-tools and libgomp's nvptx plugin),
 #                  for the -Doffload=nvptx build (docs/gpu.md)
@@ -14,8 +15,9 @@ pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenbl
 for a in "$@"; do
   case "$a" in
     --with-torch) pkgs+=(python3-torch) ;;
+    --with-fuzz) pkgs+=(clang libclang-rt-14-dev libomp-dev) ;;
     --with-offload) pkgs+=(gcc-12-offload-nvptx libgomp-plugin-nvptx1) ;;
-    *) echo "parity setup: unknown option '$a' (known: --with-torch, --with-offload)" >&2; exit 2 ;;
+    *) echo "parity setup: unknown option '$a' (known: --with-torch, --with-fuzz, --with-offload)" >&2; exit 2 ;;
   esac
 done
 missing=()
