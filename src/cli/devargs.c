@@ -23,9 +23,11 @@ static int local_rank(void)
 int par_cli_device(const char *cmd, const char *name)
 {
     par_device_kind kind = PAR_DEV_CPU;
+    par_err_set_quiet(1); /* the message once, below (callers quiet errors after this) */
     par_status s = name ? par_dev_parse(name, &kind) : PAR_OK;
     if (!s)
         s = par_dev_init(kind, local_rank());
+    par_err_set_quiet(0);
     if (s) {
         fprintf(stderr, "parity %s: %s\n", cmd, par_last_error());
         return 2;
