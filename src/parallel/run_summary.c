@@ -7,6 +7,8 @@
 
 #include "comm/clock.h"
 #include "core/json.h"
+#include "core/alloc.h"
+#include "parallel/groups.h"
 
 static void add_num(cJSON *o, const char *k, double v)
 {
@@ -104,6 +106,28 @@ static cJSON *emulated_json(const par_run_summary *sum)
     return j;
 }
 
+/* Per pipeline rank: the most rows one of its ranks received over their
+ * mean (the routing skew of its EP groups; `parity plan --measured-loads`). */
+static cJSON *stage_skew_json(const par_run_summary *sum)
+{
+    const par_layout *l = &sum->layout;
+    int P = (int)l->pp;
+    double *mx = par_calloc((size_t)P * 2, sizeof *mx, PAR_TAG_MISC);
+    cJSON *a = mx && sum->ep_recv ? cJSON_CreateArray() : NULL;
+    for (int64_t r = 0; a && r < l->world; r++) {
+        par_rank_coords c;
+        if (par_rank_coords_of(l, (int)r, &c) != PAR_OK)
+            continue;
+        double v = (double)sum->ep_recv[r];
+        mx[c.pp] = v > mx[c.pp] ? v : mx[c.pp];
+        mx[P + c.pp] += v * (double)P / (double)l->world;
+    }
+    for (int p = 0; a && p < P; p++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(mx[P + p] > 0 ? mx[p] / mx[P + p] : 1.0));
+    par_free(mx);
+    return a ? a : cJSON_CreateNull();
+}
+
 /* --cost-as: the target's predicted figures in one place (the emulated
  * and pipeline objects hold them too); null without --cost-as. */
 static cJSON *cost_as_json(const par_run_summary *sum)
@@ -129,6 +153,7 @@ static cJSON *cost_as_json(const par_run_summary *sum)
     cJSON_AddNumberToObject(j, "exposed_comm_s", cmax / steps);
     add_num(j, "bubble", sum->layout.pp > 1 && sum->pp_net_bubble >= 0 ? sum->pp_net_bubble : NAN);
     add_num(j, "moe_skew", sum->recv_mean > 0 ? (double)sum->recv_max / sum->recv_mean : NAN);
+    cJSON_AddItemToObject(j, "stage_skew", sum->layout.ep > 1 ? stage_skew_json(sum) : cJSON_CreateNull());
     cJSON_AddNumberToObject(b, "nvlink", (double)(sum->ep_bytes[0][0] + sum->ep_bytes[1][0]) / steps);
     cJSON_AddNumberToObject(b, "ib", (double)(sum->ep_bytes[0][1] + sum->ep_bytes[1][1]) / steps);
     cJSON_AddItemToObject(j, "ep_bytes_per_step", b);

@@ -27,10 +27,17 @@
 #include "model/config.h"
 #include "parallel/layout.h"
 
+#define PAR_STEPTIME_MAX_PP 128
+
 typedef struct {
     double efficiency; /* fraction of peak FLOP/s the GEMMs reach (0: 1.0) */
     double skew;       /* EP receive skew (0: memmodel.h's default)          */
     int recompute;     /* full recomputation: the backward runs the forward again */
+    /* > 0 (must be PP): measured skews per pipeline rank (`parity run --cost-as`'s
+     * cost_as.stage_skew): they replace `skew` in the EP receive bytes and make the
+     * routed experts of the stage cost stage_skew times their share (its hottest rank) */
+    int n_stage_skew;
+    double stage_skew[PAR_STEPTIME_MAX_PP];
 } par_steptime_opts;
 
 typedef struct {

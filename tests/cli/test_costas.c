@@ -135,14 +135,16 @@ Test(costas, agrees_with_the_plan, .timeout = 120)
     cr_assert_eq(parity(log, RUN, extra), 0, "the --cost-as run failed (see %s)", log);
     cJSON *run = load(s);
     const cJSON *ca = cJSON_GetObjectItem(run, "cost_as");
-    char skew[32];
-    snprintf(skew, sizeof skew, "%.17g", num(ca, "moe_skew"));
+    const cJSON *sk = cJSON_GetObjectItem(ca, "stage_skew");
+    cr_assert(cJSON_IsArray(sk) && cJSON_GetArraySize(sk) == 2, "stage_skew: one per pipeline rank");
+    for (int i = 0; i < 2; i++)
+        cr_assert(cJSON_GetArrayItem(sk, i)->valuedouble >= 1.0);
     const char *lay = cJSON_GetStringValue(cJSON_GetObjectItem(ca, "pipeline_layout"));
     cr_assert(lay && strcmp(lay, "Et*31|t*30mL") == 0, "target layout %s", lay ? lay : "(none)");
     const char *plan[] = {"plan", "--preset", "v4-pro", "--world-size", "8", "--pipeline-model-parallel-size", "2",
                           "--pipeline-model-parallel-layout", lay, "--expert-model-parallel-size", "4",
                           "--micro-batch-size", "1", "--global-batch-size", "8", "--topology", "reference",
-                          "--gpus-per-node", "2", "--moe-skew", skew, "--json", p, NULL};
+                          "--gpus-per-node", "2", "--measured-loads", s, "--json", p, NULL};
     cr_assert_eq(parity(log, plan, NULL), 0, "parity plan failed (see %s)", log);
     cJSON *pl = load(p);
     const cJSON *st = cJSON_GetObjectItem(pl, "step_time");
