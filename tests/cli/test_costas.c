@@ -115,6 +115,7 @@ Test(costas, numerics_unchanged_clock_charged, .timeout = 120)
     cr_assert_eq(t2, num(cJSON_GetObjectItem(b, "emulated"), "step_time_s"));
     cJSON_Delete(a);
     cJSON_Delete(b);
+    par_remove_tree(dir);
 }
 
 static void within(double run, double plan, double tol, const char *what)
@@ -154,6 +155,7 @@ Test(costas, agrees_with_the_plan, .timeout = 120)
     within(num(eb, "ib"), num(st, "ep_bytes_world_ib"), 0.10, "EP bytes over IB per step");
     cJSON_Delete(run);
     cJSON_Delete(pl);
+    par_remove_tree(dir);
 }
 
 Test(costas, refusals, .timeout = 60)
@@ -181,4 +183,5 @@ Test(costas, refusals, .timeout = 60)
     cr_assert_eq(parity(log, RUN, alone), 2, "--cost-as-layout without --cost-as");
     const char *hier[] = {"--cost-as", "v4-pro", "--moe-dispatch", "hierarchical", NULL};
     cr_assert_eq(parity(log, RUN, hier), 2, "the hierarchical dispatch is not costed");
+    par_remove_tree(dir);
 }
