@@ -118,6 +118,7 @@ typedef struct {
     par_strlist sets;
     par_layout_args la;
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
+    const char *cost_as, *cost_as_layout; /* --cost-as PRESET, --cost-as-layout STR */
 } run_cli;
 
 static const char synopsis[] =
@@ -140,7 +141,10 @@ static const char synopsis[] =
     "bytes per tier and, with a network, the emulated dispatch / combine time).  --summary writes\n"
     "the run's metrics as JSON (losses, emulated step time, bubble, exposed communication, bytes\n"
     "per tier, memory per rank, wall time; docs/matrix.md \"Run summary\").  TP and ETP are not\n"
-    "supported (sizes must be 1).";
+    "supported (sizes must be 1).  --cost-as PRESET (say v4-pro) charges the virtual clock with\n"
+    "that preset's compute and message sizes while the numerics stay those of --preset (the\n"
+    "same dump bitwise): the emulated step time, bubble and exposed communication predict the\n"
+    "target on the network (reference unless --topology); docs/planning.md \"--cost-as\".";
 
 /* Parses the options into c; 0 fine, 1 --help, 2 a usage error. */
 static int parse_cli(int argc, char **argv, run_cli *c)
@@ -181,6 +185,10 @@ static int parse_cli(int argc, char **argv, run_cli *c)
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", PAR_MEMLIMIT_HELP},
         {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP},
+        {"cost-as", PAR_OPT_STR, &c->cost_as, "PRESET",
+         "charge the emulated clock with PRESET's sizes (v4-pro, ...); numerics unchanged"},
+        {"cost-as-layout", PAR_OPT_STR, &c->cost_as_layout, "STR",
+         "--cost-as: the target's pipeline layout (default: the even split, else the suggested uneven one)"},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
@@ -287,6 +295,16 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
         fprintf(stderr, "parity run: %s\n", par_last_error());
         return 2;
     }
+    if (!s && c->cost_as_layout && !c->cost_as)
+        s = par_err(PAR_EINVAL, "--cost-as-layout needs --cost-as PRESET");
+    if (!s && c->cost_as && !net_on && !(s = par_netmodel_preset("reference", net)))
+        net_on = 1; /* --cost-as charges the clock: the reference network unless told */
+    if (s) {
+        fprintf(stderr, "parity run: %s\n", par_last_error());
+        return 2;
+    }
+    o->cost_as = c->cost_as;
+    o->cost_as_layout = c->cost_as_layout;
     o->netmodel = net_on ? net : NULL;
     o->net_spans = net_on; /* spans: the per-group table below, and the trace */
     o->steps = c->steps;
@@ -402,6 +420,31 @@ static void print_cp_pp(const par_run_summary *sum)
     }
 }
 
+/* --cost-as: the target's predicted figures (rank maxima per step). */
+static void print_cost_as(const par_run_summary *sum)
+{
+    if (!sum->cost_as[0] || !sum->net)
+        return;
+    double tmax = 0, cmax = 0, steps = sum->steps > 0 ? (double)sum->steps : 1;
+    for (int r = 0; r < par_netrun_nranks(sum->net); r++) {
+        const par_rankstats *st = par_netrun_stats(sum->net, r);
+        tmax = st && st->total_s > tmax ? st->total_s : tmax;
+        cmax = st && st->comm_s > cmax ? st->comm_s : cmax;
+    }
+    printf("cost-as %s (pipeline layout %s, %.0f tokens per microbatch; network %s): predicted step time %.4g s, ",
+           sum->cost_as, sum->cost_as_layout[0] ? sum->cost_as_layout : "even", sum->cost_as_tokens,
+           par_netrun_model(sum->net)->name, tmax / steps);
+    if (sum->layout.pp > 1 && sum->pp_net_bubble >= 0)
+        printf("bubble %.2f %%, ", 100.0 * sum->pp_net_bubble);
+    printf("exposed communication %.4g s per step (largest rank)\n", cmax / steps);
+    if (sum->layout.ep > 1)
+        printf("  EP dispatch + combine bytes sent per step (all ranks): nvlink %.4g GB, ib %.4g GB; receive skew "
+               "(max / mean rows) %.3f\n",
+               (double)(sum->ep_bytes[0][0] + sum->ep_bytes[1][0]) / steps / 1e9,
+               (double)(sum->ep_bytes[0][1] + sum->ep_bytes[1][1]) / steps / 1e9,
+               sum->recv_mean > 0 ? (double)sum->recv_max / sum->recv_mean : 0.0);
+}
+
 /* The emulated network's tables (and the Chrome trace); 0 or exit 1. */
 static int print_net(const run_cli *c, const par_run_summary *sum)
 {
@@ -489,6 +532,7 @@ int par_cmd_run(int argc, char **argv)
     print_memory(&sum);
     print_cp_pp(&sum);
     rc = print_net(&c, &sum); /* still quiet: a write error's message once */
+    print_cost_as(&sum);
     if (!rc)
         rc = write_summary(&c, &o, &sum);
     par_err_set_quiet(0);

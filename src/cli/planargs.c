@@ -8,6 +8,7 @@
 #include "cli/sizearg.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "core/status.h"
 #include "parallel/planreport.h"
 #include "parallel/plansearch.h"
@@ -31,6 +32,8 @@ int par_plan_opts(par_opt *o, int n, int cap, par_plan_args *a)
         {"precision", PAR_OPT_STR, &a->precision, "f64|f32", "working precision of --runtime parity (default f64)"},
         {"recompute-granularity", PAR_OPT_STR, &a->recompute, "none|full", "activation recomputation (megatron runtime; default none, the search tries both)"},
         {"moe-skew", PAR_OPT_DOUBLE, &a->skew, "F", "EP receive skew: heaviest rank / balanced share (default 1.5)"},
+        {"measured-loads", PAR_OPT_STR, &a->measured, "RUN.json",
+         "per-stage EP skews of a `parity run --cost-as` summary: receive bytes and the hottest rank's experts"},
         {"gemm-efficiency", PAR_OPT_DOUBLE, &a->efficiency, "F", "fraction of peak FLOP/s in the step time (default 1)"},
         {"search", PAR_OPT_FLAG, &a->search, NULL, "enumerate layouts for --world-size and --global-batch-size"},
         {"memory-per-gpu", PAR_OPT_STR, &a->memory, "SIZE", "memory budget of the search, e.g. 80GB (default: none)"},
@@ -48,6 +51,30 @@ static int fail(const char *what)
 {
     fprintf(stderr, "parity plan: %s%s%s\n", what ? what : "", what ? ": " : "", par_last_error());
     return 2;
+}
+
+/* --measured-loads: cost_as.stage_skew of a run summary into st; 0 or 2. */
+static int measured_loads(const char *path, par_steptime_opts *st)
+{
+    cJSON *doc = NULL;
+    if (par_json_read_file(path, &doc) != PAR_OK)
+        return fail("--measured-loads");
+    const cJSON *a = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "cost_as"), "stage_skew");
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0, bad = n < 1 || n > PAR_STEPTIME_MAX_PP;
+    for (int i = 0; !bad && i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(a, i);
+        bad = !cJSON_IsNumber(v) || !(v->valuedouble >= 1.0 && v->valuedouble < 1e6);
+        if (!bad)
+            st->stage_skew[i] = v->valuedouble;
+    }
+    cJSON_Delete(doc);
+    if (bad) {
+        fprintf(stderr, "parity plan: --measured-loads %s: no cost_as.stage_skew of 1 to %d skews >= 1 (a `parity run "
+                        "--cost-as` summary with EP > 1)\n", path, PAR_STEPTIME_MAX_PP);
+        return 2;
+    }
+    st->n_stage_skew = n;
+    return 0;
 }
 
 /* The memory / step-time options and the network, checked. */
@@ -83,6 +110,8 @@ static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *s
     memset(st, 0, sizeof *st);
     st->efficiency = a->efficiency;
     st->skew = a->skew;
+    if (a->measured && measured_loads(a->measured, st))
+        return 2;
     if (a->net.trace) {
         fprintf(stderr, "parity plan: --trace writes a run's emulated timeline; plan runs nothing (use parity run or "
                         "parity schedule --trace)\n");

@@ -7,6 +7,7 @@
  *   --precision f64|f32               parity's working precision (runtime parity)
  *   --recompute-granularity none|full Megatron's activation recomputation (runtime megatron)
  *   --moe-skew F                      EP receive skew (default 1.5)
+ *   --measured-loads RUN.json         per-stage skews of a `parity run --cost-as` summary
  *   --gemm-efficiency F               fraction of peak FLOP/s for the step time (default 1)
  *   --search                          enumerate layouts for --world-size / --global-batch-size
  *   --memory-per-gpu SIZE             the search's budget (e.g. 80GB)
@@ -25,6 +26,7 @@
 
 typedef struct {
     const char *json, *runtime, *precision, *recompute, *memory;
+    const char *measured;   /* --measured-loads RUN.json (a `parity run --cost-as` summary) */
     int guide, search;
     double skew, efficiency;
     int64_t top;

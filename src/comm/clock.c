@@ -26,6 +26,17 @@ typedef struct {
     par_span *spans;
     size_t nspans, cap, lost;
     int running;
+    /* --cost-as (clock.h): what the clock charges instead of what moves */
+    int explicit_cost;      /* 1: the counted work is not charged             */
+    struct {
+        const par_comm *c;
+        double p2p, coll;
+    } scl[8];               /* per-comm byte scales                           */
+    int nscl;
+    size_t *ovr;            /* [2 * ovr_p] the next all-to-all's bytes        */
+    int ovr_p, ovr_cap;
+    const par_comm *ovr_c;  /* the comm it is for (NULL: none pending)        */
+    double ovr_rep;
 } rankclock;
 
 struct par_netrun {
@@ -63,8 +74,10 @@ void par_netrun_free(par_netrun *r)
 {
     if (!r)
         return;
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; i < r->n; i++) {
         par_free(r->rc[i].spans);
+        par_free(r->rc[i].ovr);
+    }
     par_free(r->rc);
     par_free(r);
 }
@@ -134,7 +147,7 @@ static void charge(par_netrun *run, rankclock *rc)
     par_counts now = par_counts_get();
     uint64_t df = now.flops - rc->last.flops, db = now.bytes - rc->last.bytes;
     rc->last = now;
-    if (!df && !db)
+    if ((!df && !db) || rc->explicit_cost)
         return;
     double dt = par_net_compute_time(&run->m, df, db);
     size_t before = rc->nspans;
@@ -170,6 +183,9 @@ void par__net_rank_begin(par__world *w, int r)
     rc->nspans = 0;
     rc->lost = 0;
     memset(&rc->st, 0, sizeof rc->st);
+    rc->explicit_cost = 0;
+    rc->nscl = 0;
+    rc->ovr_c = NULL;
     rc->last = par_counts_get();
     rc->running = 1;
     w->ranks[r].clock = rc;
@@ -207,33 +223,55 @@ static size_t max_of(const size_t *v, int p)
     return m;
 }
 
-/* This rank's part of one exchange step under the algorithm charged for it. */
+static size_t B(double bytes) { return (size_t)(bytes + 0.5); }
+
+/* This rank's part of one exchange step under the algorithm charged for it
+ * (step bytes times scale, par_comm_cost_scale). */
 static par_netcost step_cost(const par_netmodel *nm, par_comm *c, const par__callmeta *m,
-                             const par__xfer *x)
+                             const par__xfer *x, double scale)
 {
     int p = c->size, me = c->rank;
     const int *wr = c->world_ranks;
-    size_t es = par_ctype_size((par_ctype)m->dtype);
+    const double es = (double)par_ctype_size((par_ctype)m->dtype) * scale; /* scale: --cost-as */
     size_t count = (size_t)m->count;
     switch ((par__op)m->op) {
     case PAR__OP_ALLREDUCE: /* two ring phases of p-1 steps of the largest block */
         return par_net_ring(nm, wr, p, me, p - 1,
-                            (count / (size_t)p + (count % (size_t)p != 0)) * es);
+                            B((double)(count / (size_t)p + (count % (size_t)p != 0)) * es));
     case PAR__OP_REDUCE_SCATTER:
     case PAR__OP_ALLGATHER:
-        return par_net_ring(nm, wr, p, me, p - 1, count * es);
+        return par_net_ring(nm, wr, p, me, p - 1, B((double)count * es));
     case PAR__OP_ALLGATHERV:
-        return par_net_ring(nm, wr, p, me, p - 1, x ? max_of(x->rbytes, p) : 0);
+        return par_net_ring(nm, wr, p, me, p - 1, x ? B((double)max_of(x->rbytes, p) * scale) : 0);
     case PAR__OP_SPLIT: /* an all-gather of (color, key) */
         return par_net_ring(nm, wr, p, me, p - 1, 2 * sizeof(int32_t));
     case PAR__OP_ALLTOALL:
     case PAR__OP_ALLTOALLV:
         return par_net_alltoall(nm, wr, p, me, x ? x->sbytes : NULL, x ? x->rbytes : NULL);
     case PAR__OP_BCAST:
-        return par_net_chain(nm, wr, p, me, m->root, count * es);
+        return par_net_chain(nm, wr, p, me, m->root, B((double)count * es));
     case PAR__OP_BARRIER:
     default:
         return par_net_barrier(nm, wr, p);
+    }
+}
+
+/* The byte scales of comm c on this rank (1, 1 when none was set). */
+static double scale_of(const rankclock *rc, const par_comm *c, int p2p)
+{
+    for (int i = 0; i < rc->nscl; i++)
+        if (rc->scl[i].c == c)
+            return p2p ? rc->scl[i].p2p : rc->scl[i].coll;
+    return 1.0;
+}
+
+/* k repeated n times (an all-to-all standing for n of the target's). */
+static void cost_times(par_netcost *k, double n)
+{
+    k->time *= n;
+    for (int t = 0; t < PAR_TIER_COUNT; t++) {
+        k->bytes[t] = (uint64_t)((double)k->bytes[t] * n + 0.5);
+        k->msgs[t] = (uint64_t)((double)k->msgs[t] * n + 0.5);
     }
 }
 
@@ -246,7 +284,14 @@ void par__comm_account(par_comm *c, par__callmeta *m, const par__xfer *x)
         return;
     par_netrun *run = run_of(c->world);
     charge(run, rc);
-    rc->mine = step_cost(&run->m, c, m, x);
+    par__op op = (par__op)m->op;
+    if (rc->ovr_c == c && (op == PAR__OP_ALLTOALL || op == PAR__OP_ALLTOALLV)) {
+        rc->mine = par_net_alltoall(&run->m, c->world_ranks, c->size, c->rank, rc->ovr, rc->ovr + rc->ovr_p);
+        cost_times(&rc->mine, rc->ovr_rep);
+        rc->ovr_c = NULL;
+    } else {
+        rc->mine = step_cost(&run->m, c, m, x, scale_of(rc, c, 0));
+    }
     rc->arrive = rc->now;
     /* defaults for a backend that does not sync (one rank: nothing to wait for) */
     rc->start = rc->now;
@@ -312,7 +357,7 @@ void par__net_p2p_done(par_request *r)
     par_netrun *run = run_of(r->comm->world);
     charge(run, rc);
     int send = r->kind == PAR__REQ_SEND;
-    size_t bytes = r->count * par_ctype_size(r->dtype);
+    size_t bytes = (size_t)((double)(r->count * par_ctype_size(r->dtype)) * scale_of(rc, r->comm, 1) + 0.5);
     par_netcost k = send ? par_net_p2p(&run->m, r->wrank, r->peer_wrank, bytes)
                          : par_net_p2p(&run->m, r->peer_wrank, r->wrank, bytes);
     double xs = send ? r->vpost : r->vpeer; /* the transfer leaves with the send */
@@ -335,4 +380,74 @@ void par__net_p2p_done(par_request *r)
     rc->st.p2p++;
     if (send)
         add_cost(rc, &k);
+}
+
+/* ---- charging a target's sizes (clock.h) ---------------------------------- */
+
+void par_comm_cost_explicit(par_comm *c)
+{
+    rankclock *rc = clock_of(c);
+    if (!rc)
+        return;
+    charge(run_of(c->world), rc);
+    rc->explicit_cost = 1;
+}
+
+void par_comm_charge(par_comm *c, double flops)
+{
+    rankclock *rc = clock_of(c);
+    if (!rc || !(flops > 0))
+        return;
+    par_netrun *run = run_of(c->world);
+    charge(run, rc);
+    double dt = flops / run->m.peak_flops;
+    size_t before = rc->nspans;
+    span(run, rc, PAR_SPAN_COMPUTE, "compute", rc->now, rc->now + dt, 0, PAR_TIER_SELF, 0, NULL);
+    if (rc->nspans > before)
+        rc->spans[before].flops = (uint64_t)flops;
+    rc->now += dt;
+    rc->st.compute_s += dt;
+    rc->st.flops += (uint64_t)flops;
+}
+
+par_status par_comm_cost_scale(par_comm *c, double p2p, double coll)
+{
+    rankclock *rc = clock_of(c);
+    if (!rc)
+        return PAR_OK;
+    if (!(p2p >= 0) || !(coll >= 0))
+        return par_err(PAR_EINVAL, "cost scale of %s: scales must be >= 0 (got %g, %g)", c->name, p2p, coll);
+    int i = 0;
+    while (i < rc->nscl && rc->scl[i].c != c)
+        i++;
+    if (i == (int)(sizeof rc->scl / sizeof rc->scl[0]))
+        return par_err(PAR_ERANGE, "cost scale of %s: at most %d comms per rank", c->name, i);
+    rc->scl[i].c = c;
+    rc->scl[i].p2p = p2p;
+    rc->scl[i].coll = coll;
+    rc->nscl += i == rc->nscl;
+    return PAR_OK;
+}
+
+par_status par_comm_cost_next(par_comm *c, const size_t *bytes_to, const size_t *bytes_from, double repeat)
+{
+    rankclock *rc = clock_of(c);
+    if (!rc)
+        return PAR_OK;
+    int p = c->size;
+    if (p > rc->ovr_cap) {
+        size_t *n = par_realloc(rc->ovr, (size_t)p * 2 * sizeof *n, PAR_TAG_MISC);
+        if (!n)
+            return par_err(PAR_ENOMEM, "cost of the next all-to-all of %s: no memory for %d peers", c->name, p);
+        rc->ovr = n;
+        rc->ovr_cap = p;
+    }
+    for (int j = 0; j < p; j++) {
+        rc->ovr[j] = bytes_to ? bytes_to[j] : 0;
+        rc->ovr[p + j] = bytes_from ? bytes_from[j] : 0;
+    }
+    rc->ovr_p = p;
+    rc->ovr_rep = repeat >= 0 ? repeat : 0;
+    rc->ovr_c = c;
+    return PAR_OK;
 }

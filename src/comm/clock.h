@@ -78,4 +78,24 @@ const par_span *par_netrun_spans(const par_netrun *r, int rank, size_t *n, size_
  * counted so far (0 when the world has no network). */
 double par_comm_vclock(par_comm *c);
 
+/* ---- charging a target's sizes (`parity run --cost-as`, docs/planning.md) ----
+ * Numerics never change: these only change what the clock charges.  Each
+ * acts on the calling rank's clock (no-ops without a network).
+ *
+ * par_comm_cost_explicit: from now on the work counted by the kernels
+ * (core/counters.h) is not charged; compute is what par_comm_charge says.
+ * par_comm_charge: advances the clock by flops / peak FLOP/s as compute.
+ * par_comm_cost_scale: every later point-to-point message of c costs its
+ * bytes times p2p, every later collective of c (other than the
+ * all-to-alls) its step bytes times coll (1, 1: as moved; at most 8 comms
+ * per rank, PAR_ERANGE past that).
+ * par_comm_cost_next: the next all-to-all(v) of c costs bytes_to[j] /
+ * bytes_from[j] (c's size entries, copied) `repeat` times over instead of
+ * its buffers (NULL arrays: nothing; 0 bytes to every peer costs no
+ * time but still synchronizes). */
+void par_comm_cost_explicit(par_comm *c);
+void par_comm_charge(par_comm *c, double flops);
+par_status par_comm_cost_scale(par_comm *c, double p2p, double coll);
+par_status par_comm_cost_next(par_comm *c, const size_t *bytes_to, const size_t *bytes_from, double repeat);
+
 #endif

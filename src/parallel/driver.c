@@ -53,6 +53,8 @@ typedef struct {
     int64_t *cursor;          /* [steps] data cursor after each step's batch */
     int64_t saves;            /* checkpoints written (rank 0) */
     int64_t n_float;
+    par_costas ca;            /* --cost-as (parallel/costas.h; has_ca 0: off) */
+    int has_ca;
 } shared;
 
 /* One rank's state. */
@@ -134,7 +136,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     if ((s = par_rank_coords_of(P->lay, P->rank, &P->rc)) || (s = par_groups_build(world, P->lay, &P->g)))
         return s;
     par_exec_opts eo = {.seed = o->seed, .moe_dispatch = o->moe_dispatch, .net = o->netmodel,
-                        .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8};
+                        .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
+                        .ca = R->has_ca ? &R->ca : NULL};
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
@@ -398,6 +401,23 @@ static void shared_free(shared *R)
     par_free(R->mem);
     par_free(R->apeak);
     par_free(R->cursor);
+    par_costas_free(&R->ca);
+}
+
+/* --cost-as: the target's cost plan on the resolved layout. */
+static par_status cost_as(shared *R)
+{
+    const par_run_opts *o = R->o;
+    if (!o->cost_as)
+        return PAR_OK;
+    if (!o->netmodel)
+        return par_err(PAR_EINVAL, "--cost-as %s charges the emulated network's clock: give a network", o->cost_as);
+    if (o->moe_dispatch)
+        return par_err(PAR_EUNSUPPORTED, "--cost-as %s: the hierarchical EP dispatch is not costed yet (use "
+                                         "--moe-dispatch flat)", o->cost_as);
+    par_status s = par_costas_build(&R->cfg, &R->lay, o->precision, o->cost_as, o->cost_as_layout, &R->ca);
+    R->has_ca = s == PAR_OK;
+    return s;
 }
 
 /* The tables the ranks fill and every step's global batch, read-only by the
@@ -499,6 +519,11 @@ static void fill_summary(shared *R, par_run_summary *sum, par_netrun *net, doubl
     sum->net = net;
     sum->pp_net_bubble = -1;
     sum->pp_dry_bubble_measured = -1;
+    if (R->has_ca) {
+        snprintf(sum->cost_as, sizeof sum->cost_as, "%s", R->ca.target.preset);
+        snprintf(sum->cost_as_layout, sizeof sum->cost_as_layout, "%s", R->ca.tl.pp_layout);
+        sum->cost_as_tokens = R->ca.tokens;
+    }
     if (R->lay.pp > 1) {
         const par_exec_info *x = &R->exi;
         snprintf(sum->pp_schedule, sizeof sum->pp_schedule, "%s", x->schedule ? x->schedule : "");
@@ -548,7 +573,8 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     if ((s = open_data(&R, &go, &ds)))
         return s;
     par_netrun *net = NULL; /* with o->netmodel: the emulated clocks (to sum->net) */
-    if ((s = resolve_layout(&R, &go)) || (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))))
+    if ((s = resolve_layout(&R, &go)) || (s = cost_as(&R)) ||
+        (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))))
         goto fail_data;
     if (R.n < 1) { /* loaded at or past --steps (Megatron's --train-iters): checked, nothing runs or is written */
         if (sum)

@@ -57,6 +57,8 @@ typedef struct {
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
     const char *fingerprint;  /* the whole configuration (comm.h par_world_opts), or NULL */
+    const char *cost_as;      /* --cost-as PRESET (parallel/costas.h; needs netmodel) or NULL */
+    const char *cost_as_layout; /* --cost-as-layout: the target's pipeline layout, or NULL */
 } par_run_opts;
 
 /* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */
@@ -131,6 +133,11 @@ typedef struct {
     int64_t saves;            /* checkpoints written */
     int hosts_rank0;          /* this process ran world rank 0 (under MPI one process does: it writes the
                                * dump, prints the results and `parity run --summary`) */
+    /* --cost-as: the target preset ("" off), its pipeline layout (the run's when the string is empty),
+     * T_t of one microbatch; the emulated figures above are then the target's */
+    char cost_as[32];
+    char cost_as_layout[PAR_LAYOUT_STR_MAX];
+    double cost_as_tokens;
 } par_run_summary;
 #define PAR_RUN_MEM 6
 

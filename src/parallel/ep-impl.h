@@ -51,6 +51,8 @@ struct PAR_FN(par_ep_s) {
     int *node;             /* [EP] node of each EP rank (world rank / gpn) */
     int *rel;              /* [EP, EP] rel[s*EP + j]: relay of sender s on the node of rank j */
     par_ep_counters cnt;
+    const par_costas *ca;  /* --cost-as (NULL: off) */
+    int cur_b;             /* the block being exchanged (its blk_mul)  */
 };
 
 

@@ -53,6 +53,14 @@ static int shared_of(const PAR_FN(par_model) *M, int b, const par_real **sw)
     return sw[0] && sw[1] && sw[2];
 }
 
+/* --cost-as: one pass (forward, input or weight half of the backward) of
+ * the held experts over the NR rows received, as the target's FLOPs. */
+static void charge_experts(ep_t *x, int64_t NR)
+{
+    if (x->ca)
+        par_comm_charge(x->c, (double)NR * x->ca->row_mul * x->ca->blk_mul[x->cur_b] * x->ca->expert_flops);
+}
+
 /* ------------------------------------------------------------- forward -- */
 
 /* The received rows in expert-major order (per expert in (source rank, t)
@@ -109,6 +117,7 @@ static par_status run_experts(ep_t *x, blk_state *S, const PAR_FN(par_model) *M,
     S->h = xalloc((size_t)(NR * I), sizeof *S->h);
     if (!S->g || !S->u || !S->h)
         return par_err(PAR_ENOMEM, "ep: block %d forward: out of memory for %lld expert rows", b, (long long)NR);
+    charge_experts(x, NR);
     for (int64_t l = 0; l < x->El; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
         size_t base = (size_t)b * 3 * (size_t)M->E + (size_t)(x->e0 + l);
@@ -167,6 +176,7 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     PAR_FN(par__ep_blk_free)(S);
     S->T = T;
     S->nsend = T * K;
+    x->cur_b = b;
     if (x->mode == PAR_EP_HIER && K > 64)
         return par_err(PAR_EUNSUPPORTED, "ep: hierarchical dispatch supports up to 64 experts per token (K = %d)", K);
     double t0 = par_comm_vclock(x->c);
@@ -213,6 +223,8 @@ static par_status experts_input(ep_t *x, blk_state *S, const PAR_FN(par_model) *
             memcpy(S->dyg + (int64_t)S->rpos[r] * d, rbuf + r * d, (size_t)d * sizeof *rbuf);
     }
     par_real *drwg = dxg ? dxg + NR * d : NULL;
+    if (!s)
+        charge_experts(x, NR);
     for (int64_t l = 0; l < x->El && !s; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
         size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
@@ -244,6 +256,7 @@ static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     if (S->T != T)
         return par_err(PAR_EINVAL, "ep: block %d backward for T=%lld tokens, its forward had %lld", b, (long long)T,
                        (long long)S->T);
+    x->cur_b = b;
     par_real *rbuf = xalloc((size_t)(NR * (d + 1)), sizeof *rbuf), *back = xalloc((size_t)(NS * (d + 1)), sizeof *back);
     par_real *slots = xalloc((size_t)(NS * d), sizeof *slots), *dxs = xcalloc((size_t)(T * d), sizeof *dxs);
     par_status s = rbuf && back && slots && dxs ? experts_input(x, S, M, b, dy, rbuf)
@@ -287,6 +300,8 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     const double L = M->cfg.swiglu_limit;
     const size_t E = (size_t)M->E;
     par_status s = PAR_OK;
+    x->cur_b = b;
+    charge_experts(x, S->nrecv);
     for (int64_t l = 0; l < x->El && !s; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
         size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
@@ -435,6 +450,8 @@ void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out)
     out->dispatch_bytes = out->dispatch_nvlink + out->dispatch_ib;
     out->combine_bytes = out->combine_nvlink + out->combine_ib;
 }
+
+void PAR_FN(par_ep_set_cost)(PAR_FN(par_ep) *x, const par_costas *ca) { x->ca = ca; }
 
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
 {

@@ -50,6 +50,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/costas.h"
 
 typedef struct PAR_FN(par_ep_s) PAR_FN(par_ep);
 
@@ -96,6 +97,10 @@ par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, 
  * (par_mbctx.slot).  Frees the state kept so far. */
 par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n);
 void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out);
+/* --cost-as (parallel/costas.h, not owned; NULL: off): the routed experts
+ * charge the target's FLOPs on the rows received, the all-to-alls cost
+ * (and count) the target's row bytes; the numerics do not change. */
+void PAR_FN(par_ep_set_cost)(PAR_FN(par_ep) *x, const par_costas *ca);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
 
 #endif

@@ -39,12 +39,12 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
 
 /* Counts the bytes this rank sends to OTHER ranks, by tier: counts[j] units
  * of `unit` bytes to EP rank j. */
-static void count_bytes(ep_t *x, const size_t *counts, size_t unit, int phase)
+static void count_bytes(ep_t *x, const size_t *counts, double unit, int phase)
 {
     for (int j = 0; j < x->EP; j++) {
         if (j == x->me || !counts[j])
             continue;
-        int64_t b = (int64_t)(counts[j] * unit);
+        int64_t b = (int64_t)((double)counts[j] * unit + 0.5);
         int ib = x->node[j] != x->node[x->me];
         if (phase == PH_DISPATCH)
             *(ib ? &x->cnt.dispatch_ib : &x->cnt.dispatch_nvlink) += b;
@@ -53,8 +53,27 @@ static void count_bytes(ep_t *x, const size_t *counts, size_t unit, int phase)
     }
 }
 
+/* --cost-as: the next all-to-all of rows costs the target's: scnt[j] /
+ * rcnt[j] rows of `unit` bytes, the block's blk_mul times over (unit 0:
+ * the ids and counts, noise at the target's width, cost nothing). */
+static par_status cost_rows(ep_t *x, const size_t *scnt, const size_t *rcnt, double unit)
+{
+    int EP = x->EP;
+    size_t *b = par_malloc((size_t)EP * 2 * sizeof *b, PAR_TAG_COMM);
+    if (!b)
+        return par_err(PAR_ENOMEM, "ep: out of memory for %d counts", EP);
+    for (int j = 0; j < EP; j++) {
+        b[j] = scnt ? (size_t)((double)scnt[j] * unit + 0.5) : 0;
+        b[EP + j] = rcnt ? (size_t)((double)rcnt[j] * unit + 0.5) : 0;
+    }
+    par_status s = par_comm_cost_next(x->c, b, b + EP, x->ca->blk_mul[x->cur_b]);
+    par_free(b);
+    return s;
+}
+
 /* all-to-all(v) of rows: send scnt[j] rows of `per` elements to rank j,
- * receive rcnt[j] rows from rank j (packed in rank order); counted. */
+ * receive rcnt[j] rows from rank j (packed in rank order); counted (with
+ * --cost-as: charged and counted as the target's rows). */
 static par_status a2a_rows(ep_t *x, const void *in, const size_t *scnt, void *out,
                            const size_t *rcnt, size_t per, par_ctype t, int phase)
 {
@@ -67,9 +86,17 @@ static par_status a2a_rows(ep_t *x, const void *in, const size_t *scnt, void *ou
         sc[j] = scnt[j] * per;
         rc[j] = rcnt[j] * per;
     }
-    par_status s = par_alltoallv(x->c, in, sc, NULL, out, rc, NULL, t);
+    double unit = (double)(per * par_ctype_size(t));
+    par_status s = PAR_OK;
+    if (x->ca) {
+        unit = t == PAR_C_REAL ? x->ca->row_mul * x->ca->row_bytes : 0;
+        s = cost_rows(x, scnt, rcnt, unit);
+        unit *= x->ca->blk_mul[x->cur_b];
+    }
+    if (!s)
+        s = par_alltoallv(x->c, in, sc, NULL, out, rc, NULL, t);
     x->cnt.calls++;
-    count_bytes(x, scnt, per * par_ctype_size(t), phase);
+    count_bytes(x, scnt, unit, phase);
     par_free(sc);
     return s;
 }
@@ -95,6 +122,8 @@ static par_status a2a_counts(ep_t *x, const size_t *send, const uint8_t *to, siz
         sc[EP + j] = !from || from[j];
     }
     /* every pair: the plain all-to-all (the flat path's exchange) */
+    if (x->ca && (s = par_comm_cost_next(x->c, NULL, NULL, 0)))
+        goto done;
     s = !to && !from ? par_alltoall(x->c, buf, buf + EP, 1, PAR_C_I64)
                      : par_alltoallv(x->c, buf, sc, NULL, buf + EP, sc + EP, NULL, PAR_C_I64);
     x->cnt.calls++;

@@ -87,6 +87,7 @@ struct PAR_FN(par_exec_s) {
     /* info */
     double dry_bubble;
     const par_netmodel *net;
+    const par_costas *ca;     /* --cost-as: the target's costs (NULL: the counted work) */
     int net_steps;
     double net_makespan, net_busy;
     double *cost, *cost_n;    /* [COST_KINDS * n_stages] virtual seconds / actions, this rank, this step */

@@ -108,12 +108,35 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
     return PAR_OK;
 }
 
+/* --cost-as with a network (parallel/costas.h): the clock charges the
+ * target's compute (run_compute, ep.c) instead of the counted work, and the
+ * target's bytes on the PP, CP and DP groups and in the EP all-to-alls. */
+static par_status cost_setup(exec_t *ex, const par_pctx *P, const par_exec_opts *o)
+{
+    ex->ca = o->net ? o->ca : NULL;
+    if (!ex->ca)
+        return PAR_OK;
+    par_comm_cost_explicit(ex->pc);
+    par_status s = par_comm_cost_scale(ex->pc, ex->ca->pp_scale, 1);
+    if (!s)
+        s = par_comm_cost_scale(P->g.g[PAR_GROUP_DP_CP], 1, ex->ca->dense_scale);
+    if (!s)
+        s = par_comm_cost_scale(P->g.g[PAR_GROUP_EDP], 1, ex->ca->expert_scale);
+    if (!s && ex->cpc)
+        s = par_comm_cost_scale(ex->cpc, ex->ca->cp_scale, ex->ca->cp_scale);
+    if (!s && ex->ep)
+        PAR_FN(par_ep_set_cost)(ex->ep, ex->ca);
+    return s;
+}
+
 /* One PP message on the network (the slowest neighbour hop). */
 static void message_latency(exec_t *ex)
 {
     ex->latency = 0;
     for (int r = 0; ex->net && r + 1 < ex->p; r++) {
         size_t bytes = (size_t)(ex->Tm * ex->nd) * sizeof(par_real);
+        if (ex->ca)
+            bytes = (size_t)((double)bytes * ex->ca->pp_scale + 0.5);
         par_netcost k = par_net_p2p(ex->net, par_comm_world_rank(ex->pc, r), par_comm_world_rank(ex->pc, r + 1), bytes);
         ex->latency = k.time > ex->latency ? k.time : ex->latency;
     }
@@ -153,7 +176,7 @@ par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PA
     }
     if ((s = build_schedule(ex, P)) || (s = PAR_FN(par__exec_hold)(ex, M, o->seed, e0, e0 + El)))
         goto fail_exec;
-    if ((s = build_hooks(ex, P, M, o)))
+    if ((s = build_hooks(ex, P, M, o)) || (s = cost_setup(ex, P, o)))
         goto fail_model;
     message_latency(ex);
     *out = ex;
@@ -238,6 +261,8 @@ static void note_activations(exec_t *ex)
 static par_status run_compute(exec_t *ex, PAR_FN(par_model) *M, const par_action *a)
 {
     double t0 = par_comm_vclock(ex->pc);
+    if (ex->ca) /* the target's stage without its routed experts (ep.c charges those) */
+        par_comm_charge(ex->pc, ex->ca->f_dense[a->stage] * (a->kind == PAR_ACT_BW ? 2 : 1));
     par_status s = a->kind == PAR_ACT_F ? PAR_FN(par__exec_forward)(ex, M, a->mb, a->stage)
                                         : PAR_FN(par__exec_backward)(ex, M, a->mb, a->stage, a->kind);
     int k = a->kind == PAR_ACT_F ? COST_F : a->kind == PAR_ACT_W ? COST_W : COST_B;

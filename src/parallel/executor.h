@@ -58,6 +58,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/costas.h"
 #include "parallel/cp.h"
 #include "parallel/ep.h"
 #include "parallel/layout.h"
@@ -77,6 +78,8 @@ typedef struct {
     int gpus_per_node;        /* EP tiers and relays (>= 1) */
     const par_netmodel *net;  /* the emulated network or NULL: the message
                                * latency of the dry run with measured costs */
+    const par_costas *ca;     /* --cost-as (parallel/costas.h) or NULL: with a network,
+                               * the clock charges the target's compute and bytes */
 } par_exec_opts;
 
 /* Collective over the world (every rank calls it): the schedule of P->lay,

@@ -158,6 +158,9 @@ static void print_steptime(FILE *f, const par_planrep_opts *o, const par_steptim
                "sent), CP %.4g s; one stage message %.3g ms; %.4g PFLOP per step\n",
             t->compute_s, t->ep_s, t->ep_bytes[PAR_TIER_NVLINK] / GB, t->ep_bytes[PAR_TIER_IB] / GB, t->cp_s,
             1e3 * t->pp_p2p_s, t->flops / 1e15);
+    fprintf(f, "         all ranks per step: EP dispatch + combine bytes sent nvlink %.4g GB, ib %.4g GB (compare "
+               "`parity run --cost-as`)\n",
+            t->ep_bytes_world[PAR_TIER_NVLINK] / GB, t->ep_bytes_world[PAR_TIER_IB] / GB);
 }
 
 par_status par_planrep_print(FILE *f, const par_planrep_opts *o)
@@ -273,6 +276,8 @@ static cJSON *steptime_json(const par_planrep_opts *o, const par_steptime *t)
     NUM(j, "dp_s", t->dp_s), NUM(j, "compute_s", t->compute_s), NUM(j, "ep_s", t->ep_s), NUM(j, "cp_s", t->cp_s);
     NUM(j, "pp_message_s", t->pp_p2p_s), NUM(j, "flops", t->flops);
     NUM(j, "ep_bytes_nvlink", t->ep_bytes[PAR_TIER_NVLINK]), NUM(j, "ep_bytes_ib", t->ep_bytes[PAR_TIER_IB]);
+    NUM(j, "ep_bytes_world_nvlink", t->ep_bytes_world[PAR_TIER_NVLINK]);
+    NUM(j, "ep_bytes_world_ib", t->ep_bytes_world[PAR_TIER_IB]);
     if (!ok) {
         cJSON_Delete(j);
         return NULL;

@@ -7,6 +7,8 @@
 
 #include "comm/clock.h"
 #include "core/json.h"
+#include "core/alloc.h"
+#include "parallel/groups.h"
 
 static void add_num(cJSON *o, const char *k, double v)
 {
@@ -101,6 +103,60 @@ static cJSON *emulated_json(const par_run_summary *sum)
     } else {
         cJSON_Delete(ranks);
     }
+    return j;
+}
+
+/* Per pipeline rank: the most rows one of its ranks received over their
+ * mean (the routing skew of its EP groups; `parity plan --measured-loads`). */
+static cJSON *stage_skew_json(const par_run_summary *sum)
+{
+    const par_layout *l = &sum->layout;
+    int P = (int)l->pp;
+    double *mx = par_calloc((size_t)P * 2, sizeof *mx, PAR_TAG_MISC);
+    cJSON *a = mx && sum->ep_recv ? cJSON_CreateArray() : NULL;
+    for (int64_t r = 0; a && r < l->world; r++) {
+        par_rank_coords c;
+        if (par_rank_coords_of(l, (int)r, &c) != PAR_OK)
+            continue;
+        double v = (double)sum->ep_recv[r];
+        mx[c.pp] = v > mx[c.pp] ? v : mx[c.pp];
+        mx[P + c.pp] += v * (double)P / (double)l->world;
+    }
+    for (int p = 0; a && p < P; p++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(mx[P + p] > 0 ? mx[p] / mx[P + p] : 1.0));
+    par_free(mx);
+    return a ? a : cJSON_CreateNull();
+}
+
+/* --cost-as: the target's predicted figures in one place (the emulated
+ * and pipeline objects hold them too); null without --cost-as. */
+static cJSON *cost_as_json(const par_run_summary *sum)
+{
+    if (!sum->cost_as[0] || !sum->net)
+        return cJSON_CreateNull();
+    double tmax = 0, cmax = 0, steps = sum->steps > 0 ? (double)sum->steps : 1;
+    for (int r = 0; r < par_netrun_nranks(sum->net); r++) {
+        const par_rankstats *st = par_netrun_stats(sum->net, r);
+        tmax = st && st->total_s > tmax ? st->total_s : tmax;
+        cmax = st && st->comm_s > cmax ? st->comm_s : cmax;
+    }
+    cJSON *j = cJSON_CreateObject(), *b = cJSON_CreateObject();
+    if (!j || !b) {
+        cJSON_Delete(j);
+        cJSON_Delete(b);
+        return NULL;
+    }
+    cJSON_AddStringToObject(j, "preset", sum->cost_as);
+    cJSON_AddStringToObject(j, "pipeline_layout", sum->cost_as_layout);
+    cJSON_AddNumberToObject(j, "tokens_per_microbatch", sum->cost_as_tokens);
+    cJSON_AddNumberToObject(j, "step_time_s", tmax / steps);
+    cJSON_AddNumberToObject(j, "exposed_comm_s", cmax / steps);
+    add_num(j, "bubble", sum->layout.pp > 1 && sum->pp_net_bubble >= 0 ? sum->pp_net_bubble : NAN);
+    add_num(j, "moe_skew", sum->recv_mean > 0 ? (double)sum->recv_max / sum->recv_mean : NAN);
+    cJSON_AddItemToObject(j, "stage_skew", sum->layout.ep > 1 ? stage_skew_json(sum) : cJSON_CreateNull());
+    cJSON_AddNumberToObject(b, "nvlink", (double)(sum->ep_bytes[0][0] + sum->ep_bytes[1][0]) / steps);
+    cJSON_AddNumberToObject(b, "ib", (double)(sum->ep_bytes[0][1] + sum->ep_bytes[1][1]) / steps);
+    cJSON_AddItemToObject(j, "ep_bytes_per_step", b);
     return j;
 }
 
@@ -229,6 +285,7 @@ cJSON *par_run_summary_json(const par_run_summary *sum, const char *preset, int 
     cJSON_AddItemToObject(j, "layout", layout_json(&sum->layout));
     cJSON_AddItemToObject(j, "losses", losses_json(sum));
     cJSON_AddItemToObject(j, "emulated", emulated_json(sum));
+    cJSON_AddItemToObject(j, "cost_as", cost_as_json(sum));
     cJSON_AddItemToObject(j, "pipeline", pipeline_json(sum));
     cJSON_AddItemToObject(j, "expert_parallel", expert_json(sum));
     cJSON_AddItemToObject(j, "context_parallel", context_json(sum));

@@ -8,7 +8,7 @@
  *    string}, "losses": [{"step", "loss", "loss_main", "loss_mtp",
  *    "loss_aux", "grad_norm", "wall_s"}], "emulated": null | {"step_time_s",
  *    "exposed_comm_s", "ranks": [{"rank", "total_s", "compute_s", "comm_s",
- *    "idle_s", "bytes": {"nvlink", "ib"}}]}, "pipeline": null | {...},
+ *    "idle_s", "bytes": {"nvlink", "ib"}}]}, "cost_as": null | {...}, "pipeline": null | {...},
  *    "expert_parallel": null | {...}, "context_parallel": null | {...},
  *    "loads": {...}, "memory": [{"rank", "weights", ...}], "n_params",
  *    "max_rank_floats", "saves", "wall_s"}

@@ -45,7 +45,7 @@ double par_steptime_mtp_input_flops(const par_config *g, double T)
 }
 
 /* Forward FLOPs of segment s on T tokens, and its MoE / compressed layers. */
-static double seg_flops(const par_config *g, const par_layout *l, int s, double T, int *moe, int *cmp)
+double par_steptime_segment_flops(const par_config *g, const par_layout *l, int s, double T, int *moe, int *cmp)
 {
     const par_pplayout *pl = &l->pipe;
     int t = par_pplayout_offset(pl, s, PAR_BLK_LAYER), L = (int)g->n_layers;
@@ -168,11 +168,18 @@ static void seg_costs(const par_config *g, const par_netmodel *net, const par_la
     int per = (int)(l->world / l->pp);
     for (int s = 0; s < l->pipe.n_segments; s++) {
         int r = par_layout_segment_rank(l, s) * per, moe = 0, cmp = 0;
-        fl[s] = seg_flops(g, l, s, T, &moe, &cmp);
-        double comp = fl[s] / (net->peak_flops * eff), ep = 0, by[PAR_TIER_COUNT] = {0};
+        fl[s] = par_steptime_segment_flops(g, l, s, T, &moe, &cmp);
+        double sk = skew, hot = 0; /* measured: the hottest rank's extra routed FLOPs */
+        if (o && o->n_stage_skew > 0 && l->ep > 1) {
+            sk = o->stage_skew[par_layout_segment_rank(l, s)];
+            hot = (sk - 1) * moe * 2 * T * (double)g->n_activated_experts * 3 * (double)g->dim * (double)g->moe_inter_dim;
+        }
+        double comp = (fl[s] + hot) / (net->peak_flops * eff), ep = 0, by[PAR_TIER_COUNT] = {0};
         if (moe > 0 && l->ep > 1)
-            ep = moe * ep_a2a(net, l, r, T * (double)g->n_activated_experts, (double)g->dim, skew, by);
+            ep = moe * ep_a2a(net, l, r, T * (double)g->n_activated_experts, (double)g->dim, sk, by);
         double cp = cp_gather(g, net, l, r, s, T);
+        for (int t = 0; t < PAR_TIER_COUNT; t++) /* every rank of the stage, per microbatch */
+            st->ep_bytes_world[t] += (4 + 2 * rc) * moe * by[t] * (double)per;
         /* a stage without blocks (E or L alone) still takes a moment: the dry run wants F, B > 0 */
         const double tiny = 1e-9;
         f[s] = comp + 2 * ep + cp + tiny;
@@ -218,6 +225,9 @@ par_status par_steptime_estimate(const par_config *g, const par_layout *l, const
 {
     if (!l->resolved)
         return par_err(PAR_EINVAL, "step time: the layout is not resolved");
+    if (o && o->n_stage_skew > 0 && o->n_stage_skew != l->pp)
+        return par_err(PAR_EINVAL, "step time: %d measured stage skews for PP = %lld (--measured-loads: a run of the "
+                                   "same PP)", o->n_stage_skew, (long long)l->pp);
     int S = l->pipe.n_segments;
     double T = (double)(l->micro_batch > 0 ? l->micro_batch : 1) * (double)g->seq_length / (double)l->cp;
     double *v = par_calloc((size_t)S * 4, sizeof *v, PAR_TAG_MODEL);
@@ -230,8 +240,10 @@ par_status par_steptime_estimate(const par_config *g, const par_layout *l, const
     for (int s = 0; s < S; s++)
         st.flops += 3 * v[3 * S + s] * m * (double)(l->da * l->cp);
     st.compute_s *= m, st.ep_s *= m, st.cp_s *= m;
-    for (int t = 0; t < PAR_TIER_COUNT; t++)
+    for (int t = 0; t < PAR_TIER_COUNT; t++) {
         st.ep_bytes[t] *= m;
+        st.ep_bytes_world[t] *= m;
+    }
     par_status s = PAR_OK;
     int per = (int)(l->world / l->pp);
     if (l->pp > 1) {

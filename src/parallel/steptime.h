@@ -27,10 +27,17 @@
 #include "model/config.h"
 #include "parallel/layout.h"
 
+#define PAR_STEPTIME_MAX_PP 128
+
 typedef struct {
     double efficiency; /* fraction of peak FLOP/s the GEMMs reach (0: 1.0) */
     double skew;       /* EP receive skew (0: memmodel.h's default)          */
     int recompute;     /* full recomputation: the backward runs the forward again */
+    /* > 0 (must be PP): measured skews per pipeline rank (`parity run --cost-as`'s
+     * cost_as.stage_skew): they replace `skew` in the EP receive bytes and make the
+     * routed experts of the stage cost stage_skew times their share (its hottest rank) */
+    int n_stage_skew;
+    double stage_skew[PAR_STEPTIME_MAX_PP];
 } par_steptime_opts;
 
 typedef struct {
@@ -43,6 +50,7 @@ typedef struct {
     double bubble;          /* idle fraction of the dry run (0 without PP)     */
     double step_s;          /* makespan + DP                                   */
     double ep_bytes[PAR_TIER_COUNT]; /* EP bytes one rank sends per step, by tier */
+    double ep_bytes_world[PAR_TIER_COUNT]; /* EP bytes all ranks send per step, by tier (dispatch + combine) */
 } par_steptime;
 
 /* Forward GEMM FLOPs of block b (main layer or MTP block) on T tokens. */
@@ -50,6 +58,10 @@ double par_steptime_block_flops(const par_config *cfg, int b, double T);
 /* Forward FLOPs of the output head (and of the MTP input) on T tokens. */
 double par_steptime_head_flops(const par_config *cfg, double T);
 double par_steptime_mtp_input_flops(const par_config *cfg, double T);
+/* Forward FLOPs of segment s of resolved layout l on T tokens (its blocks,
+ * MTP input and heads); *moe: its MoE blocks (layers and MTP), *cmp: the
+ * compressed ones among them. */
+double par_steptime_segment_flops(const par_config *cfg, const par_layout *l, int s, double T, int *moe, int *cmp);
 
 par_status par_steptime_estimate(const par_config *cfg, const par_layout *l, const par_netmodel *net,
                                  const par_steptime_opts *o, par_steptime *out);
