@@ -175,6 +175,10 @@ static par_status parse_run(const cJSON *root, const char *label, par_manifest *
         return st;
     if (!par_json_int(root, "steps", &m->steps) || m->steps < 0)
         return par_err(PAR_EFORMAT, "%s: \"steps\" is missing or not a non-negative integer", label);
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "first_step");
+    if (fs && (!par_json_int(root, "first_step", &m->first_step) || m->first_step < 0 || m->first_step > m->steps))
+        return par_err(PAR_EFORMAT, "%s: \"first_step\" must be an integer in [0, steps = %lld]", label,
+                       (long long)m->steps);
     return PAR_OK;
 }
 
@@ -344,6 +348,7 @@ cJSON *par_manifest_to_json(const par_manifest *m)
         if (i == 1) { /* precision and steps between train and layout */
             ok = ok && cJSON_AddStringToObject(root, "precision", m->precision ? m->precision : "f64");
             ok = ok && cJSON_AddNumberToObject(root, "steps", (double)m->steps);
+            ok = ok && cJSON_AddNumberToObject(root, "first_step", (double)m->first_step);
         }
     }
     for (int i = 0; i < m->nfiles && ok; i++)
