@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/cp_acceptance.sh - issue 6's acceptance cells for context parallelism
+# tools/cp_acceptance.sh - the acceptance cells of context parallelism
 # (docs/parallel.md "Context parallelism in the step").  For every named
 # boundary fixture of a preset and for random packings (several seeds):
 # the serial golden (2 steps), then `parity run` at CP2 and CP4 (threads

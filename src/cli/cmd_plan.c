@@ -35,6 +35,70 @@ static par_status resize_ratios(par_config *cfg, const par_config *base)
     return PAR_OK;
 }
 
+/* The model config: the preset, --config, --set, the shorthands (with
+ * compress_ratios resized to the blocks), validated.  0 or exit code 2. */
+typedef struct {
+    const char *preset, *config;
+    par_strlist sets;
+    int64_t n_layers, n_mtp, n_experts, seq;
+} model_args;
+
+static int build_config(par_config *cfg, const model_args *a)
+{
+    if (par_config_preset(cfg, a->preset) != PAR_OK)
+        return fail("--preset");
+    if (a->config && par_config_load_file(cfg, a->config) != PAR_OK)
+        return fail("--config");
+    for (int i = 0; i < a->sets.count; i++)
+        if (par_config_set_arg(cfg, a->sets.items[i]) != PAR_OK)
+            return fail("--set");
+    par_config base = *cfg;
+    struct {
+        const char *key;
+        int64_t v;
+    } shorthands[] = {{"n_layers", a->n_layers}, {"n_mtp_layers", a->n_mtp}, {"n_routed_experts", a->n_experts},
+                      {"seq_length", a->seq}};
+    for (size_t i = 0; i < sizeof shorthands / sizeof shorthands[0]; i++) {
+        if (shorthands[i].v < 0)
+            continue;
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)shorthands[i].v);
+        if (par_config_set(cfg, shorthands[i].key, v) != PAR_OK)
+            return fail(NULL);
+    }
+    /* --n-layers / --mtp-num-layers without compress_ratios: repeat the
+     * preset's pattern of main-layer ratios, MTP blocks keep the preset's
+     * MTP ratio, so that n_compress_ratios matches. */
+    int ratios_set = 0;
+    for (int i = 0; i < a->sets.count; i++)
+        ratios_set |= !strncmp(a->sets.items[i], "compress_ratios=", 16);
+    if (!ratios_set && (a->n_layers >= 0 || a->n_mtp >= 0) && resize_ratios(cfg, &base) != PAR_OK)
+        return fail(NULL);
+    if (par_config_validate(cfg) != PAR_OK)
+        return fail("model config");
+    return 0;
+}
+
+/* The layout the flags give (not yet resolved).  0 or exit code 2. */
+static int layout_of(par_layout *l, const par_layout_args *la, int64_t mb_group)
+{
+    par_layout_init(l);
+    l->tp = la->tp;
+    l->pp = la->pp;
+    l->vpp = la->vpp;
+    l->cp = la->cp;
+    l->ep = la->ep;
+    l->etp = la->etp;
+    l->world = la->world_size;
+    l->micro_batch = la->micro_batch;
+    l->global_batch = la->global_batch;
+    l->mb_group = mb_group;
+    l->distributed_optimizer = la->distributed_optimizer;
+    if (par_layout_set_pp_layout(l, la->pp_layout) != PAR_OK || par_layout_set_schedule(l, la->pp_schedule) != PAR_OK)
+        return fail("invalid layout");
+    return 0;
+}
+
 int par_cmd_plan(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *config = NULL;
@@ -88,56 +152,14 @@ int par_cmd_plan(int argc, char **argv)
     if (par_plan_args_check(&pa))
         return 2;
     par_err_set_quiet(1);
+    const model_args ma = {preset, config, sets, n_layers, n_mtp, n_experts, seq};
     par_config cfg;
-    if (par_config_preset(&cfg, preset) != PAR_OK)
-        return fail("--preset");
-    if (config && par_config_load_file(&cfg, config) != PAR_OK)
-        return fail("--config");
-    for (int i = 0; i < sets.count; i++)
-        if (par_config_set_arg(&cfg, sets.items[i]) != PAR_OK)
-            return fail("--set");
-    par_config base = cfg;
-    struct {
-        const char *key;
-        int64_t v;
-    } shorthands[] = {{"n_layers", n_layers}, {"n_mtp_layers", n_mtp}, {"n_routed_experts", n_experts},
-                      {"seq_length", seq}};
-    for (size_t i = 0; i < sizeof shorthands / sizeof shorthands[0]; i++) {
-        if (shorthands[i].v < 0)
-            continue;
-        char v[32];
-        snprintf(v, sizeof v, "%lld", (long long)shorthands[i].v);
-        if (par_config_set(&cfg, shorthands[i].key, v) != PAR_OK)
-            return fail(NULL);
-    }
-    /* --n-layers / --mtp-num-layers without compress_ratios: repeat the
-     * preset's pattern of main-layer ratios, MTP blocks keep the preset's
-     * MTP ratio, so that n_compress_ratios matches. */
-    int ratios_set = 0;
-    for (int i = 0; i < sets.count; i++)
-        ratios_set |= !strncmp(sets.items[i], "compress_ratios=", 16);
-    if (!ratios_set && (n_layers >= 0 || n_mtp >= 0) && resize_ratios(&cfg, &base) != PAR_OK)
-        return fail(NULL);
-    if (par_config_validate(&cfg) != PAR_OK)
-        return fail("model config");
-
+    if ((rc = build_config(&cfg, &ma)))
+        return rc;
     par_layout l;
-    par_layout_init(&l);
+    if ((rc = layout_of(&l, &la, mb_group)))
+        return rc;
     int rc_extra;
-    l.tp = la.tp;
-    l.pp = la.pp;
-    l.vpp = la.vpp;
-    l.cp = la.cp;
-    l.ep = la.ep;
-    l.etp = la.etp;
-    l.world = la.world_size;
-    l.micro_batch = la.micro_batch;
-    l.global_batch = la.global_batch;
-    l.mb_group = mb_group;
-    l.distributed_optimizer = la.distributed_optimizer;
-    if (par_layout_set_pp_layout(&l, la.pp_layout) != PAR_OK ||
-        par_layout_set_schedule(&l, la.pp_schedule) != PAR_OK)
-        return fail("invalid layout");
     if (pa.search) {
         rc_extra = par_plan_search_cmd(&pa, &cfg, &l);
         par_err_set_quiet(0);

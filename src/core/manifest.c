@@ -138,6 +138,115 @@ static par_status take_object(const cJSON *root, const char *key, const char *la
     return PAR_OK;
 }
 
+/* "format", "version" and "generator" of a manifest object. */
+static par_status parse_header(const cJSON *root, const char *label, par_manifest *m)
+{
+    const char *fmt = par_json_str(root, "format");
+    if (!fmt || strcmp(fmt, PAR_MANIFEST_FORMAT))
+        return par_err(PAR_EFORMAT, "%s: \"format\" is %s%s%s, expected \"" PAR_MANIFEST_FORMAT "\"", label,
+                       fmt ? "\"" : "", fmt ? fmt : "missing or not a string", fmt ? "\"" : "");
+    if (!par_json_int(root, "version", &m->version))
+        return par_err(PAR_EFORMAT, "%s: \"version\" is missing or not an integer", label);
+    if (m->version > PAR_MANIFEST_VERSION)
+        return par_err(PAR_EUNSUPPORTED, "%s: version %lld is newer than this parity reads (%d)", label,
+                       (long long)m->version, PAR_MANIFEST_VERSION);
+    if (m->version < 1)
+        return par_err(PAR_EFORMAT, "%s: version %lld is not valid (versions start at 1)", label,
+                       (long long)m->version);
+    const cJSON *gen = par_json_obj(root, "generator");
+    const char *gn = gen ? par_json_str(gen, "name") : NULL;
+    const char *gv = gen ? par_json_str(gen, "version") : NULL;
+    if (!gn || !gv)
+        return par_err(PAR_EFORMAT, "%s: \"generator\" must be an object with string \"name\" and \"version\"", label);
+    return par_manifest_set_generator(m, gn, gv);
+}
+
+/* "model", "train", "layout", "data" (objects), "precision", "steps". */
+static par_status parse_run(const cJSON *root, const char *label, par_manifest *m)
+{
+    par_status st;
+    if ((st = take_object(root, "model", label, &m->model)) || (st = take_object(root, "train", label, &m->train)) ||
+        (st = take_object(root, "layout", label, &m->layout)) || (st = take_object(root, "data", label, &m->data)))
+        return st;
+    const char *prec = par_json_str(root, "precision");
+    if (!prec || !*prec)
+        return par_err(PAR_EFORMAT, "%s: \"precision\" is missing or not a non-empty string", label);
+    if ((st = par_manifest_set_precision(m, prec)))
+        return st;
+    if (!par_json_int(root, "steps", &m->steps) || m->steps < 0)
+        return par_err(PAR_EFORMAT, "%s: \"steps\" is missing or not a non-negative integer", label);
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "first_step");
+    if (fs && (!par_json_int(root, "first_step", &m->first_step) || m->first_step < 0 || m->first_step > m->steps))
+        return par_err(PAR_EFORMAT, "%s: \"first_step\" must be an integer in [0, steps = %lld]", label,
+                       (long long)m->steps);
+    return PAR_OK;
+}
+
+/* "files": plain names to 64-digit sha256s (kept lower case, sorted by
+ * name, each name once). */
+static par_status parse_files(const cJSON *root, const char *label, par_manifest *m)
+{
+    const cJSON *files = par_json_obj(root, "files");
+    if (!files)
+        return par_err(PAR_EFORMAT, "%s: \"files\" is missing or not an object", label);
+    int nf = cJSON_GetArraySize(files);
+    m->files = par_calloc(nf ? (size_t)nf : 1, sizeof *m->files, PAR_TAG_IO);
+    if (!m->files)
+        return par_err(PAR_ENOMEM, "%s: out of memory", label);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, files)
+    {
+        if (!plain_name(it->string))
+            return par_err(PAR_EFORMAT, "%s: \"files\" lists '%s', which is not a plain file name", label,
+                           it->string);
+        if (!cJSON_IsString(it) || !par_sha256_hex_valid(it->valuestring))
+            return par_err(PAR_EFORMAT, "%s: \"files\" entry '%s' is not a 64-digit hex sha256", label, it->string);
+        par_manifest_file *f = &m->files[m->nfiles];
+        f->name = par_strdup(it->string, PAR_TAG_IO);
+        if (!f->name)
+            return par_err(PAR_ENOMEM, "%s: out of memory", label);
+        for (int i = 0; i < 64; i++)
+            f->sha256[i] = (char)tolower((unsigned char)it->valuestring[i]);
+        f->sha256[64] = '\0';
+        m->nfiles++;
+    }
+    qsort(m->files, (size_t)m->nfiles, sizeof *m->files, cmp_file);
+    for (int i = 1; i < m->nfiles; i++)
+        if (!strcmp(m->files[i - 1].name, m->files[i].name))
+            return par_err(PAR_EFORMAT, "%s: \"files\" lists '%s' twice", label, m->files[i].name);
+    return PAR_OK;
+}
+
+/* "tolerances" (optional): per tensor rtol, atol (finite, >= 0) and a
+ * written reason, each tensor once. */
+static par_status parse_tolerances(const cJSON *root, const char *label, par_manifest *m)
+{
+    const cJSON *tol = cJSON_GetObjectItemCaseSensitive(root, "tolerances"), *it;
+    if (!tol)
+        return PAR_OK;
+    if (!cJSON_IsObject(tol))
+        return par_err(PAR_EFORMAT, "%s: \"tolerances\" is not an object", label);
+    cJSON_ArrayForEach(it, tol)
+    {
+        double rt, at;
+        const char *why = cJSON_IsObject(it) ? par_json_str(it, "reason") : NULL;
+        if (!cJSON_IsObject(it) || !par_json_num(it, "rtol", &rt) || !par_json_num(it, "atol", &at))
+            return par_err(PAR_EFORMAT, "%s: tolerance for '%s' needs numbers \"rtol\" and \"atol\"", label,
+                           it->string);
+        if (!why || !*why)
+            return par_err(PAR_EFORMAT, "%s: tolerance for '%s' has no written \"reason\"", label, it->string);
+        if (!(rt >= 0 && isfinite(rt)) || !(at >= 0 && isfinite(at)))
+            return par_err(PAR_EFORMAT, "%s: tolerance for '%s': rtol %g / atol %g must be finite and >= 0", label,
+                           it->string, rt, at);
+        if (par_manifest_tolerance(m, it->string))
+            return par_err(PAR_EFORMAT, "%s: tolerance for '%s' given twice", label, it->string);
+        par_status st = par_manifest_add_tolerance(m, it->string, rt, at, why);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
 par_status par_manifest_parse(const char *text, size_t len, const char *label, par_manifest *out)
 {
     cJSON *root;
@@ -146,130 +255,11 @@ par_status par_manifest_parse(const char *text, size_t len, const char *label, p
         return st;
     par_manifest m;
     par_manifest_init(&m);
-    if (!cJSON_IsObject(root)) {
+    if (!cJSON_IsObject(root))
         st = par_err(PAR_EFORMAT, "%s: not a JSON object", label);
+    if (st || (st = parse_header(root, label, &m)) || (st = parse_run(root, label, &m)) ||
+        (st = parse_files(root, label, &m)) || (st = parse_tolerances(root, label, &m)))
         goto fail_free;
-    }
-    const char *fmt = par_json_str(root, "format");
-    if (!fmt || strcmp(fmt, PAR_MANIFEST_FORMAT)) {
-        st = par_err(PAR_EFORMAT, "%s: \"format\" is %s%s%s, expected \"" PAR_MANIFEST_FORMAT "\"", label,
-                     fmt ? "\"" : "", fmt ? fmt : "missing or not a string", fmt ? "\"" : "");
-        goto fail_free;
-    }
-    if (!par_json_int(root, "version", &m.version)) {
-        st = par_err(PAR_EFORMAT, "%s: \"version\" is missing or not an integer", label);
-        goto fail_free;
-    }
-    if (m.version > PAR_MANIFEST_VERSION) {
-        st = par_err(PAR_EUNSUPPORTED, "%s: version %lld is newer than this parity reads (%d)", label,
-                     (long long)m.version, PAR_MANIFEST_VERSION);
-        goto fail_free;
-    }
-    if (m.version < 1) {
-        st = par_err(PAR_EFORMAT, "%s: version %lld is not valid (versions start at 1)", label, (long long)m.version);
-        goto fail_free;
-    }
-    const cJSON *gen = par_json_obj(root, "generator");
-    const char *gn = gen ? par_json_str(gen, "name") : NULL;
-    const char *gv = gen ? par_json_str(gen, "version") : NULL;
-    if (!gn || !gv) {
-        st = par_err(PAR_EFORMAT, "%s: \"generator\" must be an object with string \"name\" and \"version\"", label);
-        goto fail_free;
-    }
-    if ((st = par_manifest_set_generator(&m, gn, gv)))
-        goto fail_free;
-    if ((st = take_object(root, "model", label, &m.model)) || (st = take_object(root, "train", label, &m.train)) ||
-        (st = take_object(root, "layout", label, &m.layout)) || (st = take_object(root, "data", label, &m.data)))
-        goto fail_free;
-    const char *prec = par_json_str(root, "precision");
-    if (!prec || !*prec) {
-        st = par_err(PAR_EFORMAT, "%s: \"precision\" is missing or not a non-empty string", label);
-        goto fail_free;
-    }
-    if ((st = par_manifest_set_precision(&m, prec)))
-        goto fail_free;
-    if (!par_json_int(root, "steps", &m.steps) || m.steps < 0) {
-        st = par_err(PAR_EFORMAT, "%s: \"steps\" is missing or not a non-negative integer", label);
-        goto fail_free;
-    }
-    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "first_step");
-    if (fs && (!par_json_int(root, "first_step", &m.first_step) || m.first_step < 0 || m.first_step > m.steps)) {
-        st = par_err(PAR_EFORMAT, "%s: \"first_step\" must be an integer in [0, steps = %lld]", label,
-                     (long long)m.steps);
-        goto fail_free;
-    }
-    const cJSON *files = par_json_obj(root, "files");
-    if (!files) {
-        st = par_err(PAR_EFORMAT, "%s: \"files\" is missing or not an object", label);
-        goto fail_free;
-    }
-    int nf = cJSON_GetArraySize(files);
-    m.files = par_calloc(nf ? (size_t)nf : 1, sizeof *m.files, PAR_TAG_IO);
-    if (!m.files) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail_free;
-    }
-    const cJSON *it;
-    cJSON_ArrayForEach(it, files)
-    {
-        if (!plain_name(it->string)) {
-            st = par_err(PAR_EFORMAT, "%s: \"files\" lists '%s', which is not a plain file name", label, it->string);
-            goto fail_free;
-        }
-        if (!cJSON_IsString(it) || !par_sha256_hex_valid(it->valuestring)) {
-            st = par_err(PAR_EFORMAT, "%s: \"files\" entry '%s' is not a 64-digit hex sha256", label, it->string);
-            goto fail_free;
-        }
-        par_manifest_file *f = &m.files[m.nfiles];
-        f->name = par_strdup(it->string, PAR_TAG_IO);
-        if (!f->name) {
-            st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-            goto fail_free;
-        }
-        for (int i = 0; i < 64; i++)
-            f->sha256[i] = (char)tolower((unsigned char)it->valuestring[i]);
-        f->sha256[64] = '\0';
-        m.nfiles++;
-    }
-    qsort(m.files, (size_t)m.nfiles, sizeof *m.files, cmp_file);
-    for (int i = 1; i < m.nfiles; i++) {
-        if (!strcmp(m.files[i - 1].name, m.files[i].name)) {
-            st = par_err(PAR_EFORMAT, "%s: \"files\" lists '%s' twice", label, m.files[i].name);
-            goto fail_free;
-        }
-    }
-    const cJSON *tol = cJSON_GetObjectItemCaseSensitive(root, "tolerances");
-    if (tol) {
-        if (!cJSON_IsObject(tol)) {
-            st = par_err(PAR_EFORMAT, "%s: \"tolerances\" is not an object", label);
-            goto fail_free;
-        }
-        cJSON_ArrayForEach(it, tol)
-        {
-            double rt, at;
-            const char *why = cJSON_IsObject(it) ? par_json_str(it, "reason") : NULL;
-            if (!cJSON_IsObject(it) || !par_json_num(it, "rtol", &rt) || !par_json_num(it, "atol", &at)) {
-                st = par_err(PAR_EFORMAT, "%s: tolerance for '%s' needs numbers \"rtol\" and \"atol\"", label,
-                             it->string);
-                goto fail_free;
-            }
-            if (!why || !*why) {
-                st = par_err(PAR_EFORMAT, "%s: tolerance for '%s' has no written \"reason\"", label, it->string);
-                goto fail_free;
-            }
-            if (!(rt >= 0 && isfinite(rt)) || !(at >= 0 && isfinite(at))) {
-                st = par_err(PAR_EFORMAT, "%s: tolerance for '%s': rtol %g / atol %g must be finite and >= 0", label,
-                             it->string, rt, at);
-                goto fail_free;
-            }
-            if (par_manifest_tolerance(&m, it->string)) {
-                st = par_err(PAR_EFORMAT, "%s: tolerance for '%s' given twice", label, it->string);
-                goto fail_free;
-            }
-            if ((st = par_manifest_add_tolerance(&m, it->string, rt, at, why)))
-                goto fail_free;
-        }
-    }
     cJSON_Delete(root);
     *out = m;
     return PAR_OK;

@@ -243,6 +243,109 @@ static int hold_has(const par_model_hold *h, const par_param_table *t, int idx)
     return h->final; /* norm.weight, hc_head_fn/base/scale */
 }
 
+/* M->loc: each table entry's offset in the local buffers (int32 tables:
+ * in M->i32; -1: not held, another EP slice or not in `hold`), and
+ * M->n_local, the held floats. */
+static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
+{
+    M->loc = par_malloc((size_t)M->tab.n * sizeof *M->loc, PAR_TAG_MODEL);
+    if (!M->loc)
+        return par_err(PAR_ENOMEM, "model: out of memory for the ownership map");
+    int64_t nf = 0;
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        if (p->dtype == PAR_PDT_I32)
+            M->loc[i] = p->offset;
+        else if ((p->expert >= 0 && (p->expert < M->e0 || p->expert >= M->e1)) || !hold_has(hold, &M->tab, i))
+            M->loc[i] = -1;
+        else {
+            M->loc[i] = nf;
+            nf += p->numel;
+        }
+    }
+    M->n_local = nf;
+    return PAR_OK;
+}
+
+/* The local buffers (params, grads, optimizer state, int32 tables) and the
+ * per-block tables, zeroed. */
+static par_status alloc_state(PAR_FN(par_model) *M)
+{
+    const int64_t nf = M->n_local;
+    M->params = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_PARAM);
+    M->grads = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_GRAD);
+    M->opt_m = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
+    M->opt_v = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
+    M->i32 = par_calloc((size_t)(M->tab.n_i32 > 0 ? M->tab.n_i32 : 1), sizeof(int32_t), PAR_TAG_PARAM);
+    M->rope = par_calloc((size_t)M->n_blocks, sizeof(par_rope), PAR_TAG_MODEL);
+    M->adims = par_calloc((size_t)M->n_blocks, sizeof(par_attn_dims), PAR_TAG_MODEL);
+    M->ew = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
+    M->egw = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
+    M->blk = par_calloc((size_t)M->n_blocks, sizeof(PAR_FN(par_block_act)), PAR_TAG_MODEL);
+    M->X = par_calloc((size_t)M->cfg.n_layers + 1, sizeof(par_real *), PAR_TAG_MODEL);
+    if (!M->params || !M->grads || !M->opt_m || !M->opt_v || !M->i32 || !M->rope || !M->adims || !M->ew ||
+        !M->egw || !M->blk || !M->X)
+        return par_err(PAR_ENOMEM, "model: out of memory for %lld parameters", (long long)nf);
+    return PAR_OK;
+}
+
+/* Every held tensor from its slice init: the serial model's values. */
+static par_status init_values(PAR_FN(par_model) *M, uint64_t seed)
+{
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        par_status st = PAR_OK;
+        if (p->dtype == PAR_PDT_I32)
+            st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
+        else if (M->loc[i] >= 0)
+            st = PAR_FN(par_init_param_slice)(M->params + M->loc[i], &M->tab, i, seed, 0, p->numel);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
+/* Block b's RoPE table and attention dims (checked), and its experts'
+ * weight and gradient pointers. */
+static par_status block_setup(PAR_FN(par_model) *M, int b)
+{
+    const par_config *cfg = &M->cfg;
+    int64_t m = par_config_ratio(cfg, b);
+    if (m > 0)
+        par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->compress_rope_theta, 1, cfg->rope_factor,
+                      cfg->original_seq_len, cfg->beta_fast, cfg->beta_slow);
+    else
+        par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->rope_theta, 0, cfg->rope_factor, 0,
+                      cfg->beta_fast, cfg->beta_slow);
+    par_attn_dims *dm = &M->adims[b];
+    dm->d = cfg->dim;
+    dm->H = cfg->n_heads;
+    dm->hd = cfg->head_dim;
+    dm->rd = cfg->rope_head_dim;
+    dm->q_lora = cfg->q_lora_rank;
+    dm->o_groups = cfg->o_groups;
+    dm->o_lora = cfg->o_lora_rank;
+    dm->window = cfg->window_size;
+    dm->m = m;
+    dm->iH = cfg->index_n_heads;
+    dm->ihd = cfg->index_head_dim;
+    dm->topk = cfg->index_topk;
+    dm->norm_eps = cfg->norm_eps;
+    dm->rope = &M->rope[b];
+    par_status st = PAR_FN(par_attn_check_dims)(dm);
+    if (st)
+        return st;
+    const par_block_params *bp = &M->tab.blocks[b];
+    for (int64_t e = 0; e < M->E; e++)
+        for (int k = 0; k < 3; k++) {
+            int idx = bp->expert0 + 3 * (int)e + k;
+            size_t slot = ((size_t)b * 3 + (size_t)k) * (size_t)M->E + (size_t)e;
+            M->ew[slot] = PAR_FN(par_model_ptr)(M, M->params, idx);
+            M->egw[slot] = PAR_FN(par_model_ptr)(M, M->grads, idx);
+        }
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
                                        int64_t e0, int64_t e1, const par_model_hold *hold)
 {
@@ -271,98 +374,21 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
     M->I = cfg->moe_inter_dim;
     M->n_blocks = (int)par_config_n_blocks(cfg);
     if (e0 < 0 || e1 <= e0 || e1 > M->E) {
-        par_status es = par_err(PAR_EINVAL, "model: owned expert range [%lld, %lld) is not inside [0, E=%lld)",
-                                (long long)e0, (long long)e1, (long long)M->E);
-        PAR_FN(par_model_free)(M);
-        return es;
+        st = par_err(PAR_EINVAL, "model: owned expert range [%lld, %lld) is not inside [0, E=%lld)",
+                     (long long)e0, (long long)e1, (long long)M->E);
+        goto fail_free_model;
     }
     M->e0 = e0;
     M->e1 = e1;
-    M->loc = par_malloc((size_t)M->tab.n * sizeof *M->loc, PAR_TAG_MODEL);
-    if (!M->loc) {
-        PAR_FN(par_model_free)(M);
-        return par_err(PAR_ENOMEM, "model: out of memory for the ownership map");
-    }
-    int64_t nf = 0;
-    for (int i = 0; i < M->tab.n; i++) {
-        const par_param *p = &M->tab.p[i];
-        if (p->dtype == PAR_PDT_I32)
-            M->loc[i] = p->offset;
-        else if ((p->expert >= 0 && (p->expert < e0 || p->expert >= e1)) || !hold_has(hold, &M->tab, i))
-            M->loc[i] = -1;
-        else {
-            M->loc[i] = nf;
-            nf += p->numel;
-        }
-    }
-    M->n_local = nf;
-    M->params = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_PARAM);
-    M->grads = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_GRAD);
-    M->opt_m = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
-    M->opt_v = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
-    M->i32 = par_calloc((size_t)(M->tab.n_i32 > 0 ? M->tab.n_i32 : 1), sizeof(int32_t), PAR_TAG_PARAM);
-    M->rope = par_calloc((size_t)M->n_blocks, sizeof(par_rope), PAR_TAG_MODEL);
-    M->adims = par_calloc((size_t)M->n_blocks, sizeof(par_attn_dims), PAR_TAG_MODEL);
-    M->ew = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
-    M->egw = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
-    M->blk = par_calloc((size_t)M->n_blocks, sizeof(PAR_FN(par_block_act)), PAR_TAG_MODEL);
-    M->X = par_calloc((size_t)cfg->n_layers + 1, sizeof(par_real *), PAR_TAG_MODEL);
-    if (!M->params || !M->grads || !M->opt_m || !M->opt_v || !M->i32 || !M->rope || !M->adims ||
-        !M->ew || !M->egw || !M->blk || !M->X) {
-        PAR_FN(par_model_free)(M);
-        return par_err(PAR_ENOMEM, "model: out of memory for %lld parameters", (long long)nf);
-    }
-    /* every held tensor from its slice init: the serial model's values */
-    for (int i = 0; i < M->tab.n; i++) {
-        const par_param *p = &M->tab.p[i];
-        if (p->dtype == PAR_PDT_I32)
-            st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
-        else if (M->loc[i] >= 0)
-            st = PAR_FN(par_init_param_slice)(M->params + M->loc[i], &M->tab, i, seed, 0, p->numel);
-        if (st) {
-            PAR_FN(par_model_free)(M);
-            return st;
-        }
-    }
-
-    for (int b = 0; b < M->n_blocks; b++) {
-        int64_t m = par_config_ratio(cfg, b);
-        if (m > 0)
-            par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->compress_rope_theta, 1,
-                          cfg->rope_factor, cfg->original_seq_len, cfg->beta_fast, cfg->beta_slow);
-        else
-            par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->rope_theta, 0, cfg->rope_factor,
-                          0, cfg->beta_fast, cfg->beta_slow);
-        par_attn_dims *dm = &M->adims[b];
-        dm->d = cfg->dim;
-        dm->H = cfg->n_heads;
-        dm->hd = cfg->head_dim;
-        dm->rd = cfg->rope_head_dim;
-        dm->q_lora = cfg->q_lora_rank;
-        dm->o_groups = cfg->o_groups;
-        dm->o_lora = cfg->o_lora_rank;
-        dm->window = cfg->window_size;
-        dm->m = m;
-        dm->iH = cfg->index_n_heads;
-        dm->ihd = cfg->index_head_dim;
-        dm->topk = cfg->index_topk;
-        dm->norm_eps = cfg->norm_eps;
-        dm->rope = &M->rope[b];
-        st = PAR_FN(par_attn_check_dims)(dm);
-        if (st) {
-            PAR_FN(par_model_free)(M);
-            return st;
-        }
-        const par_block_params *bp = &M->tab.blocks[b];
-        for (int64_t e = 0; e < M->E; e++) {
-            for (int k = 0; k < 3; k++) {
-                int idx = bp->expert0 + 3 * (int)e + k;
-                size_t slot = ((size_t)b * 3 + (size_t)k) * (size_t)M->E + (size_t)e;
-                M->ew[slot] = PAR_FN(par_model_ptr)(M, M->params, idx);
-                M->egw[slot] = PAR_FN(par_model_ptr)(M, M->grads, idx);
-            }
-        }
-    }
+    if ((st = local_map(M, hold)) || (st = alloc_state(M)) || (st = init_values(M, seed)))
+        goto fail_free_model;
+    for (int b = 0; b < M->n_blocks; b++)
+        if ((st = block_setup(M, b)))
+            goto fail_free_model;
     par_arena_init(&M->arena, (size_t)8 << 20, PAR_TAG_ACT);
     return PAR_OK;
+
+fail_free_model:
+    PAR_FN(par_model_free)(M);
+    return st;
 }

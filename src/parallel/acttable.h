@@ -3,7 +3,7 @@
  * scratch their backward adds, in bytes for T tokens (untemplated).
  *
  * ONE place to update when the model's saved tensors change: every entry
- * names the code that allocates it (block.c, head.c, step.c, pp.c, the
+ * names the code that allocates it (block.c, head.c, step.c, stage.c, the
  * kernels' *_saved_bytes, ep.c's blk_state, cp.c's saved state).  The
  * memory model (parallel/memmodel.h) multiplies these by the microbatches a
  * schedule keeps in flight; tests/parallel/test_memmodel.c checks the table
@@ -24,7 +24,7 @@
 typedef struct {
     const par_config *cfg;
     double es;          /* bytes of a real (activation storage)                  */
-    /* executors (parallel/ep.h, parallel/cpwire.h) */
+    /* executors (parallel/ep.h, parallel/cp_hook.h) */
     int64_t ep;         /* EP size; 1: the serial MoE kernel (moe.c saved struct) */
     double recv_factor; /* EP: rows this rank receives per row it sends (1: balanced
                          * routing; measured: rows_recv / rows_sent of a run)      */

@@ -207,7 +207,7 @@ static const par_cell_spec builtin[] = {
     {.name = "data-file", .preset = MINI, .kind = PAR_KIND_DATA_FILE, .tier = D,
      .note = "the reference's input.* written to a safetensors file and read back: bitwise"},
 
-    /* ---- scale: the acceptance cells (the meson 'slow' suite, tools/pp-accept.sh, zwire-accept.sh, cp_acceptance.sh) ---- */
+    /* ---- scale: the acceptance cells (the meson 'slow' suite, tools/pp-accept.sh, dp-ckpt-accept.sh, cp_acceptance.sh) ---- */
 #define SC(nm, pre, dat, k, ...) \
     {.name = nm, .preset = pre, .data = dat, .kind = LAYOUT, .tier = X, .steps = (k), .note = NOTE_SCALE, __VA_ARGS__}
 #define B128 .global_batch_size = 128
@@ -253,7 +253,7 @@ static const par_cell_spec builtin[] = {
     SC("pp2_cp2_ep64", MINI, "generator", 2,
        .layout = {.world_size = 128, .pipeline_model_parallel_size = 2, .context_parallel_size = 2,
                   .expert_model_parallel_size = 64, B128}),
-    /* data parallelism and ZeRO-1 (tools/zwire-accept.sh) */
+    /* data parallelism and ZeRO-1 (tools/dp-ckpt-accept.sh) */
     SC("dp8", MINI, "generator", 3, .layout = {.world_size = 8}),
     SC("dp8_zero", MINI, "generator", 3, .layout = {.world_size = 8, .use_distributed_optimizer = 1}),
     SC("dp4_cp2", MINI, "generator", 3, .layout = {.world_size = 8, .context_parallel_size = 2}),
@@ -269,7 +269,7 @@ static const par_cell_spec builtin[] = {
     SC("pp2_ep16_zero", MINI, "generator", 3,
        .layout = {.world_size = 32, .pipeline_model_parallel_size = 2, .expert_model_parallel_size = 16,
                   .use_distributed_optimizer = 1}),
-    /* resume under another layout (tools/zwire-accept.sh): 2 steps saved, 2 loaded */
+    /* resume under another layout (tools/dp-ckpt-accept.sh): 2 steps saved, 2 loaded */
     {.name = "resume_ep32z_dp8", .preset = MINI, .data = "generator", .kind = PAR_KIND_RESUME, .tier = X,
      .steps = 4, .split = 2, .layout = DPZ(0, 32, 1), .load_layout = {.world_size = 8}, .note = NOTE_PAIR},
     {.name = "resume_pp2ep16z_ep32", .preset = MINI, .data = "generator", .kind = PAR_KIND_RESUME, .tier = X,
@@ -282,7 +282,7 @@ static const par_cell_spec builtin[] = {
      .load_layout = {.world_size = 8, .pipeline_model_parallel_size = 4, .virtual_pipeline_model_parallel_size = 2,
                      .use_distributed_optimizer = 1},
      .note = NOTE_PAIR},
-    /* checkpoints resharded offline (tools/zwire-accept.sh): A's checkpoint after 1 step == its reshard to B */
+    /* checkpoints resharded offline (tools/dp-ckpt-accept.sh): A's checkpoint after 1 step == its reshard to B */
 #define RS(nm, ...) \
     {.name = nm, .preset = MINI, .data = "generator", .kind = PAR_KIND_CKPT_RESHARD, .tier = X, .steps = 1, \
      .note = "the checkpoint of `layout` after 1 step resharded to `load-layout`: state and tensors bitwise equal", \

@@ -1,4 +1,4 @@
-/* parallel/ckpt.h - distributed checkpoints (issue 9; docs/checkpoints.md).
+/* parallel/ckpt.h - distributed checkpoints (docs/checkpoints.md).
  *
  * A checkpoint is a directory:
  *   rank-RRRRR.safetensors  one shard per rank of the layout it was saved

@@ -4,7 +4,7 @@
  *
  * Saving writes what the ownership rule par_ckpt_owner_driver
  * (parallel/ckpt_owner.h) gives this rank, read from its parameters and its
- * plans' optimizer state (parallel/dpwire.h).
+ * plans' optimizer state (parallel/dp_step.h).
  *
  * Loading reads, for every rank, EVERYTHING it holds (all its parameters;
  * its shard / owned matrices of the state, or the whole state when

@@ -198,7 +198,7 @@ static par_status pipe_segments(const par_layout *l, int n_layers, int n_mtp, pa
     return s ? s : par_pplayout_check(&lr->pipe, lr->pp, lr->pipe.n_segments / lr->pp, n_layers, n_mtp);
 }
 
-/* The parts one item of a segment places (-1: none), as parallel/pp.c
+/* The parts one item of a segment places (-1: none), as parallel/holders.c
  * builds a stage: a layer its block, E the embedding, m its MTP block plus
  * the MTP input embeds and the MTP head, L the head and the final part.
  * *layer / *mtp: the block ids of the segment's next t / m. */
@@ -224,7 +224,7 @@ static void item_parts(char item, int n_layers, int nb, int *layer, int *mtp, in
     }
 }
 
-/* Which pipeline ranks hold which parts, exactly as parallel/pp.c builds a
+/* Which pipeline ranks hold which parts, exactly as parallel/holders.c builds a
  * stage's model (the schedule's segment -> rank map; DualPipe: both
  * directions): v->low[part] = the lowest pipeline rank holding it (the one
  * that writes it), v->held[part] = 1 when this rank's stages hold it. */
@@ -294,7 +294,7 @@ static int entry_held(const owner_view *v, int i)
 }
 
 /* The geometries of this rank's two groups, exactly as the run builds its
- * plans (parallel/dpwire.c): the held float entries, dense over the dp-cp
+ * plans (parallel/dp_step.c): the held float entries, dense over the dp-cp
  * group (rank cp + CP*dp), experts of the slot over the edp group. */
 static par_status rank_geoms(owner_view *v)
 {

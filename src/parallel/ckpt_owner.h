@@ -8,12 +8,12 @@
  * contract's names).  docs/checkpoints.md, "Ownership".
  *
  * par_ckpt_owner_driver, the training driver's rule: every tensor is written
- * by the pipeline stage that holds it (pipeline parts as parallel/pp.c
+ * by the pipeline stage that holds it (pipeline parts as parallel/holders.c
  * builds them: a block on the stage of its segment, embed.weight on the
  * stages with E or m, head.weight on the stages with L or m, the other
  * top-level tensors with L); a part held by several pipeline ranks (embed /
  * head under PP with MTP, DualPipe's two copies) by the LOWEST pipeline rank
- * holding it, the rank par_pp_gather_full takes it from.  On that pipeline
+ * holding it, the rank a dump takes it from (parallel/dump.c).  On that pipeline
  * rank:
  *   - dense parameters (gate.bias and tid2eid included): the replica at
  *     attention coordinates tp = cp = dp = 0;

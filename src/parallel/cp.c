@@ -165,6 +165,177 @@ fail_wait:
 /* ------------------------------------------------------------------------ */
 /* forward                                                                   */
 
+/* The saved state of a forward over rows whole rows: its buffers (sel -1),
+ * the positions, each row's local x at its working rows' offset Dh. */
+static par_status saved_alloc(PAR_FN(par_cp_attn_saved) *sv, const par_real *x_local, /* [rows, L, d] */
+                              const int32_t *pos_rows, /* [rows, S] */
+                              const par_attn_dims *dm, int64_t rows, int64_t L, int64_t ncp, int64_t r,
+                              int64_t D)
+{
+    const int64_t S = L * ncp, Dh = r > 0 ? D : 0, W_ = Dh + L, Tt = rows * S, d = dm->d;
+    memset(sv, 0, sizeof *sv);
+    sv->rows = rows, sv->L = L, sv->S = S, sv->cp = ncp, sv->rank = r, sv->D = D, sv->Dh = Dh;
+    sv->dm = *dm;
+    size_t sb = PAR_FN(par_attn_saved_bytes)(dm, Tt);
+    sv->buf = par_calloc(1, sb ? sb : 1, PAR_TAG_ACT);
+    sv->xw = par_malloc((size_t)(rows * W_ * d + 1) * sizeof(par_real), PAR_TAG_ACT);
+    sv->pos = par_malloc((size_t)(Tt + 1) * sizeof(int32_t), PAR_TAG_ACT);
+    if (!sv->buf || !sv->xw || !sv->pos)
+        return par_err(PAR_ENOMEM, "context parallel attention: saved state of %zu bytes", sb);
+    PAR_FN(par_attn_saved_carve)(&sv->s, sv->buf, dm, Tt);
+    memcpy(sv->pos, pos_rows, (size_t)Tt * sizeof(int32_t));
+    if (dm->m == 4)
+        memset(sv->s.sel, 0xff, (size_t)(Tt * dm->topk) * sizeof(int32_t)); /* -1 */
+    for (int64_t b = 0; b < rows; b++)
+        memcpy(sv->xw + (b * W_ + Dh) * d, x_local + b * L * d, (size_t)(L * d) * sizeof(par_real));
+    return PAR_OK;
+}
+
+/* The forward halo: my last D rows of every row to r+1, the previous
+ * rank's into my working rows [0, Dh). */
+static par_status halo_forward(PAR_FN(par_cp_attn_saved) *sv, const par_real *x_local, /* [rows, L, d] */
+                               par_comm *cp, par_cp_traffic *traffic)
+{
+    const int64_t rows = sv->rows, L = sv->L, D = sv->D, Dh = sv->Dh, d = sv->dm.d, W_ = Dh + L;
+    size_t nh = (size_t)(rows * D * d);
+    par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
+    if (!hb)
+        return par_err(PAR_ENOMEM, "context parallel attention: halo buffers of %zu reals", 2 * nh);
+    par_real *hs = hb, *hr = hb + nh;
+    for (int64_t b = 0; b < rows; b++)
+        memcpy(hs + b * D * d, x_local + (b * L + L - D) * d, (size_t)(D * d) * sizeof(par_real));
+    par_status st = shift_exchange(cp, hs, hr, nh, +1, TAG_HALO_FWD);
+#if PAR_FAULT_CP_HALO_SHORT
+    /* Deliberate fault (meson -Dfault=cp_halo_short; docs/matrix.md "Fault
+     * demonstration"): the halo one row short at the boundary, its last
+     * row (the previous rank's last token) left zero. */
+    if (!st && Dh > 0)
+        for (int64_t b = 0; b < rows; b++) {
+            memcpy(sv->xw + b * W_ * d, hr + b * D * d, (size_t)((D - 1) * d) * sizeof(par_real));
+            memset(sv->xw + (b * W_ + D - 1) * d, 0, (size_t)d * sizeof(par_real));
+        }
+#else
+    if (!st && Dh > 0)
+        for (int64_t b = 0; b < rows; b++)
+            memcpy(sv->xw + b * W_ * d, hr + b * D * d, (size_t)(D * d) * sizeof(par_real));
+#endif
+    par_free(hb);
+    if (!st && traffic && sv->rank + 1 < sv->cp)
+        traffic->halo_fwd += (int64_t)(nh * sizeof(par_real));
+    return st;
+}
+
+/* (1) projections on halo + local rows; halo q rows cleared (no queries of
+ * this rank: they must contribute nothing in the backward); (2) entries of
+ * blocks whose last token is local. */
+static void local_projections(PAR_FN(par_cp_attn_saved) *sv, const PAR_FN(par_attn_weights) *W)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t rows = sv->rows, S = sv->S, Dh = sv->Dh, W_ = Dh + sv->L, d = dm->d, m = dm->m;
+    const int64_t l0 = sv->rank * sv->L, l1 = l0 + sv->L, h0 = l0 - Dh, HD = dm->H * dm->hd;
+    const int64_t ihd = m == 4 ? dm->ihd : 0;
+    for (int64_t b = 0; b < rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv->s, b * S + h0, dm);
+        PAR_FN(par_attn_proj_forward)(&sh, sv->xw + b * W_ * d, sv->pos + b * S + h0, W, dm, W_);
+        memset(sh.q, 0, (size_t)(Dh * HD) * sizeof(par_real));
+    }
+    for (int64_t b = 0; b < rows && m > 0; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv->s, b * S, dm);
+        const int32_t *pb = sv->pos + b * S;
+        PAR_FN(par_compress_forward)(sh.cmp, sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, pb, W->cmp_norm, dm->rope,
+                                     l0, l1, dm->hd, m, dm->norm_eps);
+        if (m == 4)
+            PAR_FN(par_compress_forward)(sh.icmp, sh.icmp_raw, sh.icmp_rstd, sh.ica, sh.icz, pb,
+                                         W->idx_cmp_norm, dm->rope, l0, l1, ihd, 4, dm->norm_eps);
+    }
+}
+
+/* Rank q's entries (cmp, then icmp for m == 4, per entry row) between the
+ * saved state and a packed buffer: to_buf 1 copies them out, 0 back in. */
+static void entries_copy(PAR_FN(par_cp_attn_saved) *sv, par_real *buf, int64_t q, int to_buf)
+{
+    const int64_t hd = sv->dm.hd, m = sv->dm.m, ihd = m == 4 ? sv->dm.ihd : 0, ew = hd + ihd;
+    const int64_t S = sv->S, L = sv->L;
+    for (int64_t b = 0; b < sv->rows; b++)
+        for (int64_t t = b * S + q * L; t < b * S + (q + 1) * L; t++) {
+            if (!is_entry(sv->pos[t], m))
+                continue;
+            if (to_buf) {
+                memcpy(buf, sv->s.cmp + t * hd, (size_t)hd * sizeof(par_real));
+                if (ihd)
+                    memcpy(buf + hd, sv->s.icmp + t * ihd, (size_t)ihd * sizeof(par_real));
+            } else {
+                memcpy(sv->s.cmp + t * hd, buf, (size_t)hd * sizeof(par_real));
+                if (ihd)
+                    memcpy(sv->s.icmp + t * ihd, buf + hd, (size_t)ihd * sizeof(par_real));
+            }
+            buf += ew;
+        }
+}
+
+/* All-gather the entries: every rank's local ones into every rank's rows. */
+static par_status gather_entries(PAR_FN(par_cp_attn_saved) *sv, par_comm *cp, par_cp_traffic *traffic)
+{
+    const int64_t ncp = sv->cp, r = sv->rank, m = sv->dm.m;
+    const int64_t ew = sv->dm.hd + (m == 4 ? sv->dm.ihd : 0);
+    size_t *cnt = par_malloc(2 * (size_t)ncp * sizeof(size_t), PAR_TAG_COMM);
+    if (!cnt)
+        return par_err(PAR_ENOMEM, "context parallel attention: %lld counts", LL(ncp));
+    size_t *dsp = cnt + ncp, tot = 0;
+    for (int64_t q = 0; q < ncp; q++) {
+        cnt[q] = (size_t)(entries_of(sv->pos, sv->rows, sv->S, sv->L, q, m) * ew);
+        dsp[q] = tot;
+        tot += cnt[q];
+    }
+    par_status st = PAR_OK;
+    par_real *eb = tot ? par_malloc(tot * sizeof(par_real), PAR_TAG_COMM) : NULL;
+    if (tot && !eb)
+        st = par_err(PAR_ENOMEM, "context parallel attention: entry buffer of %zu reals", tot);
+    else if (tot) {
+        entries_copy(sv, eb + dsp[r], r, 1);
+        st = par_allgatherv(cp, eb + dsp[r], cnt[r], eb, cnt, dsp, CP_CTYPE);
+        for (int64_t q = 0; q < ncp && !st; q++)
+            if (q != r)
+                entries_copy(sv, eb + dsp[q], q, 0);
+        if (!st && traffic)
+            traffic->gather_fwd += (int64_t)(cnt[r] * sizeof(par_real));
+    }
+    par_free(eb);
+    par_free(cnt);
+    return st;
+}
+
+/* (3) indexer, (4) core, (5) output for the local queries of every row. */
+static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local, /* [rows, L, d] */
+                                int32_t *selected_local,                       /* [rows, L, topk] or NULL */
+                                const PAR_FN(par_attn_weights) *W)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t S = sv->S, L = sv->L, d = dm->d, HD = dm->H * dm->hd, GL = dm->o_groups * dm->o_lora;
+    const int64_t l0 = sv->rank * L, l1 = l0 + L;
+    par_status st;
+    for (int64_t b = 0; b < sv->rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv->s, b * S, dm);
+        const int32_t *pb = sv->pos + b * S;
+        if (dm->m == 4) {
+            if ((st = PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
+                return st;
+            if (selected_local)
+                memcpy(selected_local + b * L * dm->topk, sh.sel + l0 * dm->topk,
+                       (size_t)(L * dm->topk) * sizeof(int32_t));
+        }
+        if ((st = PAR_FN(par_attn_core_forward)(sh.o, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, W->attn_sink, dm,
+                                                l0, l1)))
+            return st;
+        PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + l0 * GL, sh.o + l0 * HD, W->wo_a, W->wo_b, dm,
+                                     L);
+    }
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L, d] */
                                        PAR_FN(par_cp_attn_saved) *saved,
                                        int32_t *selected_local,      /* [rows, L, topk] or NULL */
@@ -187,160 +358,16 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
     if ((st = check_rows(pos_rows, rows, S)))
         return st;
 
-    const int64_t d = dm->d, m = dm->m, hd = dm->hd, HD = dm->H * dm->hd;
-    const int64_t ihd = m == 4 ? dm->ihd : 0, GL = dm->o_groups * dm->o_lora;
-    const int64_t Dh = r > 0 ? D : 0, W_ = Dh + L; /* working rows per row */
-    const int64_t l0 = r * L, l1 = l0 + L, h0 = l0 - Dh, Tt = rows * S;
-
     PAR_FN(par_cp_attn_saved) sv;
-    memset(&sv, 0, sizeof sv);
-    sv.rows = rows, sv.L = L, sv.S = S, sv.cp = ncp, sv.rank = r, sv.D = D, sv.Dh = Dh;
-    sv.dm = *dm;
-    size_t sb = PAR_FN(par_attn_saved_bytes)(dm, Tt);
-    sv.buf = par_calloc(1, sb ? sb : 1, PAR_TAG_ACT);
-    sv.xw = par_malloc((size_t)(rows * W_ * d + 1) * sizeof(par_real), PAR_TAG_ACT);
-    sv.pos = par_malloc((size_t)(Tt + 1) * sizeof(int32_t), PAR_TAG_ACT);
-    if (!sv.buf || !sv.xw || !sv.pos) {
-        st = par_err(PAR_ENOMEM, "context parallel attention: saved state of %zu bytes", sb);
+    if ((st = saved_alloc(&sv, x_local, pos_rows, dm, rows, L, ncp, r, D)))
         goto fail_free_saved;
-    }
-    PAR_FN(par_attn_saved_carve)(&sv.s, sv.buf, dm, Tt);
-    memcpy(sv.pos, pos_rows, (size_t)Tt * sizeof(int32_t));
-    if (m == 4)
-        memset(sv.s.sel, 0xff, (size_t)(Tt * dm->topk) * sizeof(int32_t)); /* -1 */
-    for (int64_t b = 0; b < rows; b++)
-        memcpy(sv.xw + (b * W_ + Dh) * d, x_local + b * L * d, (size_t)(L * d) * sizeof(par_real));
-
-    /* halo: my last D rows of every row to r+1, the previous rank's to me */
-    if (cp && ncp > 1) {
-        size_t nh = (size_t)(rows * D * d);
-        par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
-        if (!hb) {
-            st = par_err(PAR_ENOMEM, "context parallel attention: halo buffers of %zu reals",
-                         2 * nh);
-            goto fail_free_saved;
-        }
-        par_real *hs = hb, *hr = hb + nh;
-        for (int64_t b = 0; b < rows; b++)
-            memcpy(hs + b * D * d, x_local + (b * L + L - D) * d,
-                   (size_t)(D * d) * sizeof(par_real));
-        st = shift_exchange(cp, hs, hr, nh, +1, TAG_HALO_FWD);
-#if PAR_FAULT_CP_HALO_SHORT
-        /* Deliberate fault (meson -Dfault=cp_halo_short; docs/matrix.md "Fault
-         * demonstration"): the halo one row short at the boundary, its last
-         * row (the previous rank's last token) left zero. */
-        if (!st && Dh > 0)
-            for (int64_t b = 0; b < rows; b++) {
-                memcpy(sv.xw + b * W_ * d, hr + b * D * d, (size_t)((D - 1) * d) * sizeof(par_real));
-                memset(sv.xw + (b * W_ + D - 1) * d, 0, (size_t)d * sizeof(par_real));
-            }
-#else
-        if (!st && Dh > 0)
-            for (int64_t b = 0; b < rows; b++)
-                memcpy(sv.xw + b * W_ * d, hr + b * D * d, (size_t)(D * d) * sizeof(par_real));
-#endif
-        par_free(hb);
-        if (st)
-            goto fail_free_saved;
-        if (traffic && r + 1 < ncp)
-            traffic->halo_fwd += (int64_t)(nh * sizeof(par_real));
-    }
-
-    /* (1) projections on halo + local rows; halo q rows cleared (no
-     * queries of this rank: they must contribute nothing in the backward) */
-    for (int64_t b = 0; b < rows; b++) {
-        PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv.s, b * S + h0, dm);
-        PAR_FN(par_attn_proj_forward)(&sh, sv.xw + b * W_ * d, sv.pos + b * S + h0, W, dm, W_);
-        memset(sh.q, 0, (size_t)(Dh * HD) * sizeof(par_real));
-    }
-
-    /* (2) entries of blocks whose last token is local */
-    for (int64_t b = 0; b < rows && m > 0; b++) {
-        PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv.s, b * S, dm);
-        const int32_t *pb = sv.pos + b * S;
-        PAR_FN(par_compress_forward)(sh.cmp, sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, pb,
-                                     W->cmp_norm, dm->rope, l0, l1, hd, m, dm->norm_eps);
-        if (m == 4)
-            PAR_FN(par_compress_forward)(sh.icmp, sh.icmp_raw, sh.icmp_rstd, sh.ica, sh.icz, pb,
-                                         W->idx_cmp_norm, dm->rope, l0, l1, ihd, 4,
-                                         dm->norm_eps);
-    }
-
-    /* all-gather the entries (cmp, then icmp for m == 4, per entry row) */
-    if (m > 0 && cp && ncp > 1) {
-        const int64_t ew = hd + ihd;
-        size_t *cnt = par_malloc(2 * (size_t)ncp * sizeof(size_t), PAR_TAG_COMM);
-        if (!cnt) {
-            st = par_err(PAR_ENOMEM, "context parallel attention: %lld counts", LL(ncp));
-            goto fail_free_saved;
-        }
-        size_t *dsp = cnt + ncp, tot = 0;
-        for (int64_t q = 0; q < ncp; q++) {
-            cnt[q] = (size_t)(entries_of(sv.pos, rows, S, L, q, m) * ew);
-            dsp[q] = tot;
-            tot += cnt[q];
-        }
-        par_real *eb = tot ? par_malloc(tot * sizeof(par_real), PAR_TAG_COMM) : NULL;
-        if (tot && !eb) {
-            par_free(cnt);
-            st = par_err(PAR_ENOMEM, "context parallel attention: entry buffer of %zu reals",
-                         tot);
-            goto fail_free_saved;
-        }
-        if (tot) {
-            par_real *w = eb + dsp[r];
-            for (int64_t b = 0; b < rows; b++)
-                for (int64_t t = b * S + l0; t < b * S + l1; t++)
-                    if (is_entry(sv.pos[t], m)) {
-                        memcpy(w, sv.s.cmp + t * hd, (size_t)hd * sizeof(par_real));
-                        if (ihd)
-                            memcpy(w + hd, sv.s.icmp + t * ihd, (size_t)ihd * sizeof(par_real));
-                        w += ew;
-                    }
-            st = par_allgatherv(cp, eb + dsp[r], cnt[r], eb, cnt, dsp, CP_CTYPE);
-            for (int64_t q = 0; q < ncp && !st; q++) {
-                if (q == r)
-                    continue;
-                const par_real *rd = eb + dsp[q];
-                for (int64_t b = 0; b < rows; b++)
-                    for (int64_t t = b * S + q * L; t < b * S + (q + 1) * L; t++)
-                        if (is_entry(sv.pos[t], m)) {
-                            memcpy(sv.s.cmp + t * hd, rd, (size_t)hd * sizeof(par_real));
-                            if (ihd)
-                                memcpy(sv.s.icmp + t * ihd, rd + hd,
-                                       (size_t)ihd * sizeof(par_real));
-                            rd += ew;
-                        }
-            }
-            if (!st && traffic)
-                traffic->gather_fwd += (int64_t)(cnt[r] * sizeof(par_real));
-        }
-        par_free(eb);
-        par_free(cnt);
-        if (st)
-            goto fail_free_saved;
-    }
-
-    /* (3) indexer, (4) core, (5) output for local queries */
-    for (int64_t b = 0; b < rows; b++) {
-        PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv.s, b * S, dm);
-        const int32_t *pb = sv.pos + b * S;
-        if (m == 4) {
-            if ((st = PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
-                goto fail_free_saved;
-            if (selected_local)
-                memcpy(selected_local + b * L * dm->topk, sh.sel + l0 * dm->topk,
-                       (size_t)(L * dm->topk) * sizeof(int32_t));
-        }
-        if ((st = PAR_FN(par_attn_core_forward)(sh.o, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb,
-                                                W->attn_sink, dm, l0, l1)))
-            goto fail_free_saved;
-        PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + l0 * GL, sh.o + l0 * HD,
-                                     W->wo_a, W->wo_b, dm, L);
-    }
+    if (cp && ncp > 1 && (st = halo_forward(&sv, x_local, cp, traffic)))
+        goto fail_free_saved;
+    local_projections(&sv, W);
+    if (dm->m > 0 && cp && ncp > 1 && (st = gather_entries(&sv, cp, traffic)))
+        goto fail_free_saved;
+    if ((st = local_queries(&sv, y_local, selected_local, W)))
+        goto fail_free_saved;
     PAR_FN(par_cp_attn_saved_free)(saved);
     *saved = sv;
     return PAR_OK;

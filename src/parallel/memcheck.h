@@ -1,5 +1,5 @@
 /* parallel/memcheck.h - refuse a run before it allocates when the memory
- * model says it cannot fit (issue 13 item 3; untemplated).
+ * model says it cannot fit (untemplated).
  *
  * The estimate of `parity run` / `parity golden` is the memory model of
  * parallel/memmodel.h in parity's runtime (f64 / f32) for every rank this

@@ -13,7 +13,7 @@
 /* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
 typedef struct {
     uint8_t *blocks;          /* [n_blocks] 1: held */
-    int embed, head, final;   /* top-level parts (pp.c seg_hold) */
+    int embed, head, final;   /* top-level parts (holders.c seg_hold) */
     int64_t floats;           /* held float parameters (dense + one EP slice) */
     int64_t n_moe;            /* MoE blocks held */
     par_mm_zero zd, ze;       /* dense over dp-cp (CP * Da), experts over edp (De) */
@@ -78,7 +78,7 @@ void par_mm_free(par_mm *mm)
     par_free(mm);
 }
 
-/* pp.c seg_hold: the blocks and top-level parts of segment seg. */
+/* holders.c seg_hold: the blocks and top-level parts of segment seg. */
 static void seg_hold(const par_mm *mm, int seg, stage_info *si)
 {
     const par_pplayout *pl = &mm->lay.pipe;
@@ -119,7 +119,7 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
 }
 
 /* The held entries of stage si as the two plans' lists (dense: expert < 0;
- * experts: one EP slice; table order, like dpwire.c), and the held floats. */
+ * experts: one EP slice; table order, like dp_step.c), and the held floats. */
 static par_status stage_plans(par_mm *mm, stage_info *si)
 {
     const par_param_table *t = mm->tab;
@@ -288,7 +288,8 @@ static void act_whole(const par_mm *mm, const par_act_ctx *c, int64_t T, double 
     *bwd = 2 * x + (w > blk ? w : blk);
 }
 
-/* One pipeline segment on T tokens (pp.c stage_forward / stage_backward):
+/* One pipeline segment on T tokens (stage.c par__exec_forward /
+ * par__exec_backward):
  * rel = what its slot frees at the backward, kept = what the executors keep
  * for the rest of the step, bwd = the backward's peak beyond the slot. */
 static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, double *rel, double *kept,
@@ -352,7 +353,7 @@ typedef struct {
  * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
  * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
- * stage's slot (pp.c). */
+ * stage's slot (stage.c). */
 static par_status act_walk(const par_mm *mm, int r, const double *rel, const double *kept, const double *bwd,
                            const double *wkeep, double x, walk_out *o)
 {
@@ -456,7 +457,7 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     o->ws = w.ws;
     o->sends = w.sends;
     o->inflight = w.inflight;
-    if (parity) /* pp.c step_setup: every microbatch's batch and sample ids; CP: one executor each */
+    if (parity) /* microbatch.c par__exec_setup: every microbatch's batch and sample ids; CP: one executor each */
         o->fixed += (double)l->n_micro * (par_act_batch(T) + 4.0 * T + (l->cp > 1 ? 4.0 * rows * S + 4.0 * T : 0));
     return PAR_OK;
 }

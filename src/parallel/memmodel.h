@@ -3,7 +3,7 @@
  *   M_peak = weights + grads + optimizer + activations + communication + workspace
  *
  * for every rank of a resolved layout (uneven '|' layouts, embedding, head
- * and MTP placement as parallel/pp.c holds them), with the optimizer state
+ * and MTP placement as parallel/holders.c holds them), with the optimizer state
  * of the ZeRO-1 plans (parallel/mm_zero.h: the plan geometry itself, Muon's
  * whole matrices), activations from the schedule's own action lists (the
  * microbatches in flight at every moment, parallel/schedule.h) times the
@@ -21,7 +21,7 @@
  *                    precision (f64 / f32), the whole local batch in one
  *                    forward without PP, the DP plans' packed buffers and the
  *                    collectives' staging, pipeline sends kept until the end
- *                    of the step (pp.c).  Validated against the allocator's
+ *                    of the step (executor.c).  Validated against the allocator's
  *                    per-rank peaks (tests/parallel/test_memmodel.c).
  *
  * Each term is the peak of that kind over a step; M_peak is their sum (an

@@ -89,7 +89,7 @@ static void cell(lay l)
 }
 
 /* (replicated DP against the golden: tests/parallel/test_dp.c; EP8 and DP8 replicated with ZeRO-1
- * on v4-mini: tools/zwire-accept.sh) */
+ * on v4-mini: tools/dp-ckpt-accept.sh) */
 Test(zero_run, dp8_zero1) { cell((lay){.world = 8, .zero = 1}); }
 Test(zero_run, ep4_de2_zero1) { cell((lay){.world = 8, .ep = 4, .zero = 1}); }
 

@@ -1,10 +1,10 @@
 #!/bin/sh
-# v4-mini acceptance cells of issue 8 (DP reduction / ZeRO-1) and issue 9
-# (distributed checkpoints through `parity run`).  The cells are rows of the
-# matrix's scale tier (src/parallel/cells.c, docs/matrix.md): this runs
+# tools/dp-ckpt-accept.sh - v4-mini acceptance cells of data parallelism (the DP
+# reduction, ZeRO-1) and of distributed checkpoints through `parity run`.  The
+# cells are rows of the matrix's scale tier (src/parallel/cells.c, docs/matrix.md): this runs
 # `parity matrix --preset v4-mini --cell NAME...`.  Minutes per cell; not in CI.
 #
-#   tools/zwire-accept.sh [-p PARITY] [-w WORKDIR] [CELL...]
+#   tools/dp-ckpt-accept.sh [-p PARITY] [-w WORKDIR] [CELL...]
 #
 # Cells (default: all):
 #   dp8 dp8_zero            DP8 (N=8), 3 steps vs the serial golden
