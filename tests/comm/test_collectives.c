@@ -388,8 +388,8 @@ static par_status barrier_fn(par_comm *c, void *arg)
 
 Test(collectives, barrier_orders_ranks)
 {
-    static _Atomic int slots[64];
-    for (int i = 0; i < 64; i++)
+    static _Atomic int slots[256];
+    for (int i = 0; i < 256; i++)
         atomic_store(&slots[i], 0);
     RUN_ALL_WORLDS(barrier_fn, (void *)slots);
 }
