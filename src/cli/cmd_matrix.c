@@ -1,4 +1,4 @@
-/* parity matrix [--quick] [--preset v4-tiny|v4-mini] [--backend threads|mpi] [--report FILE] [--out DIR]
+/* parity matrix [--quick] [--preset v4-tiny|v4-mini] [--backend threads|fiber|mpi] [--report FILE] [--out DIR]
  *               [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (issue 10, docs/matrix.md): the serial golden, then
  * every cell compared with it by the comparator of `parity compare`.
@@ -32,7 +32,7 @@ int par_cmd_matrix(int argc, char **argv)
     const par_opt opts[] = {
         {"quick", PAR_OPT_FLAG, &quick, NULL, "v4-tiny, a few minutes at most (what CI runs)"},
         {"preset", PAR_OPT_STR, &preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
-        {"backend", PAR_OPT_STR, &backend, "threads|mpi", "backend of the parallel cells (default threads)"},
+        {"backend", PAR_OPT_STR, &backend, "threads|fiber|mpi", "backend of the parallel cells (default threads)"},
         {"full", PAR_OPT_FLAG, &full, NULL, "also the heaviest v4-mini cells (EP64, EP128, PP4, CP2 on every fixture)"},
         {"mpi-procs", PAR_OPT_INT, &mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
@@ -50,7 +50,7 @@ int par_cmd_matrix(int argc, char **argv)
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no progress lines"},
     };
     const char *synopsis =
-        "[--quick] [--full] [--preset v4-tiny|v4-mini] [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
+        "[--quick] [--full] [--preset v4-tiny|v4-mini] [--backend threads|fiber|mpi [--mpi-procs P]] [--report FILE]\n"
         "       [--out DIR] [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]\n\n"
         "Runs the conformance matrix: the serial f64 golden, then every cell, each compared with its\n"
         "reference by the code of `parity compare`.  A progress line per cell on stderr, a summary\n"
@@ -68,8 +68,8 @@ int par_cmd_matrix(int argc, char **argv)
     }
     if (!preset)
         preset = quick ? "v4-tiny" : "v4-mini";
-    if (strcmp(backend, "threads") && strcmp(backend, "mpi") && strcmp(backend, "self")) {
-        fprintf(stderr, "parity matrix: --backend expects threads or mpi, got '%s'\n", backend);
+    if (strcmp(backend, "threads") && strcmp(backend, "fiber") && strcmp(backend, "mpi") && strcmp(backend, "self")) {
+        fprintf(stderr, "parity matrix: --backend expects threads, fiber or mpi, got '%s'\n", backend);
         return 2;
     }
     if (!strcmp(backend, "mpi") && !HAVE_MPI) {

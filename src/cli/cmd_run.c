@@ -1,5 +1,5 @@
 /* parity run --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
- *            [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...
+ *            [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...
  *            [--dump DIR] [--quiet]
  * Training steps under a parallel layout (parallel/driver.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
@@ -104,7 +104,8 @@ int par_cmd_run(int argc, char **argv)
         {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
         {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
         {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
-        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
+        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
+         "threads; mpi under mpiexec)"},
         {"comm-timeout", PAR_OPT_DOUBLE, &comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
         {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
         {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
@@ -128,7 +129,7 @@ int par_cmd_run(int argc, char **argv)
     }
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-        "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
+        "       [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...\n"
         "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--quiet]\n\n"
         "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
         "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
