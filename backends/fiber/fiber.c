@@ -55,6 +55,7 @@ typedef struct {
     fgroup *world;
     par__rank_main main;
     size_t stack;
+    _Atomic size_t heap;     /* bytes of groups and handles allocated */
 } fworld;
 
 /* One rank's handle: the shared group and the generation it reached. */
@@ -66,8 +67,10 @@ typedef struct {
 
 /* ---- groups ----------------------------------------------------------------- */
 
-static fgroup *group_new(int p, int refs, int with_wranks)
+static fgroup *group_new(fworld *fw, int p, int refs, int with_wranks)
 {
+    atomic_fetch_add_explicit(&fw->heap, sizeof(fgroup) + (size_t)p * sizeof(fslot) +
+                              (with_wranks ? (size_t)p * sizeof(int) : 0), memory_order_relaxed);
     fgroup *g = par_calloc(1, sizeof *g, PAR_TAG_COMM);
     if (!g)
         return NULL;
@@ -223,12 +226,14 @@ static par_status f_split(par_comm *parent, const par__splitplan *plan, void **b
     fcomm *nc = NULL;
     int member = plan->color >= 0;
     if (member && plan->leader == parent->rank) {
-        ng = group_new(plan->size, plan->size, 1); /* NULL: members see it and fail */
+        ng = group_new(fc->fw, plan->size, plan->size, 1); /* NULL: members see it and fail */
         for (int i = 0; ng && i < plan->size; i++)
             ng->wranks[i] = parent->world_ranks[plan->parent_ranks[i]];
     }
-    if (member)
+    if (member) {
         nc = par_calloc(1, sizeof *nc, PAR_TAG_COMM);
+        atomic_fetch_add_explicit(&fc->fw->heap, sizeof *nc, memory_order_relaxed);
+    }
     fc->g->slots[parent->rank].split = ng;
     par__callmeta m = {.group_id = parent->id, .seq = parent->seq, .op = PAR__OP_SPLIT,
                        .dtype = PAR_C_I32, .count = 2, .redop = -1, .root = -1, .phase = 1,
@@ -274,6 +279,7 @@ static par_status f_group_world(par__world *w, void *bworld, int rank, void **bg
     fcomm *fc = par_calloc(1, sizeof *fc, PAR_TAG_COMM);
     if (!fc)
         return par_err(PAR_ENOMEM, "fiber: no memory for rank %d's world handle", rank);
+    atomic_fetch_add_explicit(&fw->heap, sizeof *fc, memory_order_relaxed);
     fc->g = fw->world;
     fc->fw = fw;
     atomic_fetch_add(&fc->g->refs, 1);
@@ -393,7 +399,7 @@ static par_status f_world_init(par__world *w, void **bworld)
         return par_err(PAR_ENOMEM, "fiber: no memory for a world of %d ranks", n);
     fw->w = w;
     fw->stack = so.stack;
-    fw->world = group_new(n, 1, 0); /* the world holds one reference until finalize */
+    fw->world = group_new(fw, n, 1, 0); /* the world holds one reference until finalize */
     if (!fw->world) {
         par_free(fw);
         return par_err(PAR_ENOMEM, "fiber: no memory for a world of %d ranks", n);
@@ -407,15 +413,20 @@ static par_status f_world_init(par__world *w, void **bworld)
     return PAR_OK;
 }
 
+/* One line at info level: stacks, the backend's own memory, switches. */
 static void report(fworld *fw)
 {
     fsched_stats ss;
     fsched_get_stats(fw->s, &ss);
+    int n = par__world_size(fw->w);
     size_t kib = fw->stack >> 10, used = (ss.stack_max + 1023) >> 10;
+    size_t heap = ss.heap + atomic_load(&fw->heap) + sizeof *fw;
     PAR_LOG_I("fiber: %d ranks on %d workers, %zu KiB stacks: deepest use %zu KiB (rank %d); "
-              "%llu switches into ranks, %llu wake-ups", par__world_size(fw->w), ss.workers, kib,
-              used, ss.stack_max_rank, (unsigned long long)ss.switches,
-              (unsigned long long)ss.wakes);
+              "stacks committed %.1f MiB (%.1f KiB per rank), backend heap %.1f MiB (%.0f B per "
+              "rank); %llu switches into ranks, %llu wake-ups", n, ss.workers, kib, used,
+              ss.stack_max_rank, (double)ss.stack_sum / 1048576.0,
+              (double)ss.stack_sum / 1024.0 / n, (double)heap / 1048576.0, (double)heap / n,
+              (unsigned long long)ss.switches, (unsigned long long)ss.wakes);
     if (ss.stack_max > fw->stack / 4 * 3)
         PAR_LOG_W("fiber: rank %d used %zu of its %zu KiB stack; give the ranks more "
                   "(PARITY_FIBER_STACK=%zuK) before it overflows", ss.stack_max_rank, used, kib,

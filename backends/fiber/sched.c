@@ -3,11 +3,13 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "comm/backend.h"
@@ -20,6 +22,8 @@ enum { FIB_READY = 0, FIB_RUNNING, FIB_PARKED, FIB_DONE };
 #define ERR_CAP 1024       /* par_last_error's buffer                      */
 #define SWEEP_S 0.01       /* deadlines and failures are looked at this often */
 #define ALTSTACK (256u << 10) /* the fault handler's stack, per worker       */
+#define IDLE_SPIN 1000     /* polls of an idle worker before it yields      */
+#define IDLE_YIELD_S 200e-6 /* then sched_yield this long before it sleeps  */
 
 typedef struct fworker fworker;
 
@@ -43,6 +47,7 @@ struct fworker {
     pthread_cond_t cv;
     fib *head, *tail;        /* run queue (under mu)                         */
     int sleeping;            /* waiting on cv (under mu)                     */
+    _Atomic unsigned pushes; /* bumped by every push: an idle worker polls it */
     _Alignas(64) fctx home;  /* the worker thread's own context              */
     fsched *s;
     fib *cur;                /* the fiber running now                        */
@@ -76,6 +81,7 @@ static void push(fworker *wk, fib *f)
     else
         wk->head = f;
     wk->tail = f;
+    atomic_fetch_add_explicit(&wk->pushes, 1, memory_order_release);
     if (wk->sleeping)
         pthread_cond_signal(&wk->cv);
     pthread_mutex_unlock(&wk->mu);
@@ -96,21 +102,29 @@ static fib *pop(fworker *wk)
 
 /* ---- the rank's thread-local state ------------------------------------------ */
 
+/* Called at every switch: copies only what differs (tags and messages
+ * rarely change between two switches). */
 static void tls_load(const fib *f)
 {
     par_counts_set(f->counts);
-    par_log_set_thread_tag(f->tag);
-    par_set_last_error(f->err);
+    if (strcmp(par_log_thread_tag(), f->tag))
+        par_log_set_thread_tag(f->tag);
+    if (f->err && f->err[0])
+        par_set_last_error(f->err);
+    else if (par_last_error()[0])
+        par_clear_error();
 }
 
 static void tls_save(fib *f)
 {
     f->counts = par_counts_get();
-    snprintf(f->tag, sizeof f->tag, "%s", par_log_thread_tag());
+    const char *tag = par_log_thread_tag();
+    if (strcmp(f->tag, tag))
+        snprintf(f->tag, sizeof f->tag, "%s", tag);
     const char *e = par_last_error();
     if (e[0] && !f->err)
         f->err = par_malloc(ERR_CAP, PAR_TAG_COMM);
-    if (f->err)
+    if (f->err && strcmp(f->err, e))
         snprintf(f->err, ERR_CAP, "%s", e); /* without memory: the message is lost */
 }
 
@@ -231,11 +245,36 @@ static void run_fib(fworker *wk, fib *f)
     }
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Nothing to run: poll for a push (a wake from another worker) a little,
+ * then yield the core for up to IDLE_YIELD_S, then sleep on the cv until
+ * the next sweep.  The polling keeps a wake from another worker at a few
+ * microseconds instead of a futex wake-up's tens. */
 static void idle(fworker *wk)
 {
+    unsigned seen = atomic_load_explicit(&wk->pushes, memory_order_acquire);
     double now = par__now();
     if (now >= wk->next_sweep)
         sweep(wk, now);
+    for (int i = 0; i < IDLE_SPIN; i++) {
+        if (atomic_load_explicit(&wk->pushes, memory_order_acquire) != seen)
+            return;
+        cpu_relax();
+    }
+    double yield_until = now + IDLE_YIELD_S;
+    while ((now = par__now()) < yield_until && now < wk->next_sweep) {
+        if (atomic_load_explicit(&wk->pushes, memory_order_acquire) != seen)
+            return;
+        sched_yield();
+    }
     pthread_mutex_lock(&wk->mu);
     if (!wk->head) {
         double until = wk->next_sweep;
@@ -484,7 +523,14 @@ void fsched_get_stats(const fsched *s, fsched_stats *out)
         out->switches += s->wk[w].switches;
         out->wakes += atomic_load(&s->wk[w].wakes);
     }
+    out->heap = sizeof *s + (size_t)s->n * sizeof *s->fibs +
+                (size_t)s->o.workers * (sizeof *s->wk + ALTSTACK);
     for (int r = 0; r < s->n; r++) {
+        out->stack_sum += s->fibs[r].used;
+        if (s->fibs[r].err)
+            out->heap += ERR_CAP;
+        if (s->o.kind == FCTX_UCONTEXT)
+            out->heap += sizeof(ucontext_t);
         if (s->fibs[r].used > out->stack_max || out->stack_max_rank < 0) {
             out->stack_max = s->fibs[r].used;
             out->stack_max_rank = r;

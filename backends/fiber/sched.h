@@ -45,6 +45,8 @@ typedef struct {
     uint64_t wakes;       /* parked fibers queued again by a wake        */
     size_t stack_max;     /* deepest stack use of any fiber (bytes)      */
     int stack_max_rank;
+    size_t stack_sum;     /* stack pages committed, all fibers (bytes)   */
+    size_t heap;          /* the scheduler's own allocations (bytes)     */
 } fsched_stats;
 
 /* n fibers with their stacks (mapped now: a failure is PAR_ENOMEM here,
