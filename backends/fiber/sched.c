@@ -395,9 +395,10 @@ static void worker_thread(fsched *s, int id)
     stack_t ss = {.ss_sp = s->alt + (size_t)id * ALTSTACK, .ss_size = ALTSTACK}, old_ss;
     int alt = sigaltstack(&ss, &old_ss) == 0;
     omp_set_num_threads(1);
+    fworker *outer = tl_wk; /* a world started from a rank of another fiber world */
     tl_wk = wk;
     worker_loop(wk);
-    tl_wk = NULL;
+    tl_wk = outer;
     if (alt)
         sigaltstack(&old_ss, NULL);
     tls_load(&mine);
