@@ -2,7 +2,8 @@
  * (context switches) per second, a barrier and an all-to-all of 1,024 and
  * 8,192 ranks, and what a rank costs in memory.  Not a test: numbers only.
  *
- *   bench_fiber [max_ranks]      (default 8192; 1024 skips the big worlds)
+ *   bench_fiber [max_ranks [threads_max]]   (default 8192 8192; 1024 skips the big
+ *                                            worlds; threads_max caps the threads runs)
  *
  * 1. ping-pong: two ranks send 8 bytes back and forth (par_send/par_recv);
  *    on one fiber worker every message is one wake-up of the other rank and
@@ -10,12 +11,15 @@
  *    two workers, and threads.
  * 2. barrier rounds of 1,024 ranks on one worker: p - 1 wake-ups each.
  * 3. for p = 1,024 and 8,192: the mean of a barrier, the best of an
- *    all-to-all of one f64 per pair (+ a barrier), the RSS a rank adds and
+ *    all-to-all of one f64 per pair (+ a barrier), the best all-reduce of
+ *    3 f64 (the driver's statistics are such), the RSS a rank adds and
  *    the comm heap (src/comm's handles and the backend's groups) per rank,
  *    fiber and threads side by side.  The fiber backend's own line (stacks
  *    committed, backend heap, switches) follows each fiber world.
- * Give it the heavy lock: 8,192 thread ranks are 8,192 OS threads, and
- * src/comm's world handle costs 36 p bytes per rank (p^2 in all).
+ * Give it the heavy lock: 8,192 thread ranks are 8,192 OS threads (measured:
+ * 19 minutes and a load average of ~7000 on the 2-core box; `bench_fiber 8192
+ * 1024` leaves them out), and src/comm's world handle costs 36 p bytes per
+ * rank (p^2 in all).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +174,22 @@ static par_status alltoall(par_comm *c, void *arg)
     return st;
 }
 
+/* A small all-reduce (3 f64, like the driver's statistics) over the world. */
+static par_status allreduce(par_comm *c, void *arg)
+{
+    args *a = arg;
+    double v[3] = {par_comm_rank(c), 1, 2};
+    par_status st = par_barrier(c);
+    for (int r = 0; r < a->reps && st == PAR_OK; r++) {
+        double t0 = now();
+        st = par_allreduce(c, v, v, 3, PAR_C_F64, PAR_OP_SUM);
+        double dt = now() - t0;
+        if (par_comm_rank(c) == 0 && (a->t == 0 || dt < a->t))
+            a->t = dt;
+    }
+    return st;
+}
+
 static void bench_wakeups(void)
 {
     args a = {.reps = 50};
@@ -181,13 +201,17 @@ static void bench_wakeups(void)
         printf("   %s\n", fiber_line);
 }
 
-static void bench_world(int p)
+static void bench_world(int p, int threads_max)
 {
     const char *backends[] = {"fiber", "threads"};
     printf("\n3. %d ranks\n", p);
-    printf("%-8s %12s %12s %14s %14s %12s\n", "backend", "barrier ms", "a2a ms", "RSS KiB/rank",
-           "comm B/rank", "launch+run s");
+    printf("%-8s %12s %12s %14s %14s %14s %12s\n", "backend", "barrier ms", "a2a ms",
+           "allreduce ms", "RSS KiB/rank", "comm B/rank", "launch+run s");
     for (int b = 0; b < 2; b++) {
+        if (b == 1 && p > threads_max) {
+            printf("threads  (skipped: more than %d ranks)\n", threads_max);
+            continue;
+        }
         long before = rss_kib();
         args ba = {.reps = p > 2048 ? 5 : 20};
         double t0 = now();
@@ -196,11 +220,12 @@ static void bench_world(int p)
         double wall = now() - t0;
         char line[600];
         snprintf(line, sizeof line, "%s", fiber_line);
-        args aa = {.reps = 3};
-        if (run(backends[b], p, 0, alltoall, &aa) != PAR_OK)
+        args aa = {.reps = 3}, ar = {.reps = 3};
+        if (run(backends[b], p, 0, alltoall, &aa) != PAR_OK ||
+            run(backends[b], p, 0, allreduce, &ar) != PAR_OK)
             continue;
-        printf("%-8s %12.3f %12.3f %14.1f %14.0f %12.2f\n", backends[b], ba.t * 1e3, aa.t * 1e3,
-               (double)(ba.rss - before) / p, (double)ba.comm / p, wall);
+        printf("%-8s %12.3f %12.3f %14.3f %14.1f %14.0f %12.2f\n", backends[b], ba.t * 1e3,
+               aa.t * 1e3, ar.t * 1e3, (double)(ba.rss - before) / p, (double)ba.comm / p, wall);
         if (line[0])
             printf("   barrier world: %s\n", line);
         if (fiber_line[0])
@@ -212,8 +237,9 @@ static void bench_world(int p)
 int main(int argc, char **argv)
 {
     int max = argc > 1 ? atoi(argv[1]) : 8192;
-    if (max < 2) {
-        fprintf(stderr, "usage: bench_fiber [max_ranks]\n");
+    int threads_max = argc > 2 ? atoi(argv[2]) : max;
+    if (max < 2 || threads_max < 0) {
+        fprintf(stderr, "usage: bench_fiber [max_ranks [threads_max_ranks]]\n");
         return 2;
     }
     par_log_set_sink(sink, NULL);
@@ -222,6 +248,6 @@ int main(int argc, char **argv)
     bench_pingpong();
     bench_wakeups();
     for (int p = 1024; p <= max; p *= 8)
-        bench_world(p);
+        bench_world(p, threads_max);
     return 0;
 }
