@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 #include "parallel/driver.h"
 #include "parallel/layout.h"
 #include "parallel/plan.h"
@@ -49,8 +50,8 @@ static int cmd_reshard(int argc, char **argv)
         "Validates checkpoint SRC (version, hashes, shapes, coverage) and writes it as DST with\n"
         "the shards of the layout the flags give (atomic: DST is replaced only when complete).\n"
         "When SRC records its model config the layout is checked against it.  Training state is\n"
-        "kept.  Ownership: the registered owner; until the parallel driver registers its own,\n"
-        "a placeholder (dense tensors on rank 0, routed experts contiguous by EP).";
+        "kept.  Ownership: the training driver's rule, so DST holds the shards a run under those\n"
+        "flags saves (docs/checkpoints.md, \"Ownership\").";
     par_positional pos;
     int rc = par_args_parse("ckpt reshard", synopsis, opts, n, argc, argv, &pos);
     if (rc == 1)
@@ -101,8 +102,8 @@ static int cmd_reshard(int argc, char **argv)
         par_err_set_quiet(0);
         return 2;
     }
-    par_run_register_ckpt_owner(); /* the training driver's ownership (parallel/ckptwire.h) */
-    par_status st = par_ckpt_reshard_open(ck, pos.argv[1], &l, NULL, NULL);
+    /* the training driver's ownership: the shards are what a run under l holds */
+    par_status st = par_ckpt_reshard_open(ck, pos.argv[1], &l, par_ckpt_owner_driver, NULL);
     par_ckpt_close(ck);
     if (st != PAR_OK)
         return fail("reshard");
@@ -188,14 +189,19 @@ static int cmd_info(int argc, char **argv)
                (long long)l->ep, (long long)l->etp, (long long)l->da, (long long)l->de,
                l->distributed_optimizer ? "on" : "off");
     int64_t elems = 0;
+    int params = 0, experts = 0, states = 0;
     for (int i = 0; i < par_ckpt_ntensors(ck); i++) {
         const par_ckpt_tensor *t = par_ckpt_tensor_at(ck, i);
         elems += par_shape_numel(t->ndim, t->shape, 0);
+        params += t->slot == PAR_CKPT_PARAM;
+        experts += t->slot == PAR_CKPT_PARAM && t->expert >= 0;
+        states += t->slot != PAR_CKPT_PARAM;
     }
     printf("  %d tensors, %lld elements, %d shards:", par_ckpt_ntensors(ck), (long long)elems, par_ckpt_nranks(ck));
     for (int r = 0; r < par_ckpt_nranks(ck); r++)
         printf(" %d", par_ckpt_rank_nslices(ck, r));
     printf(" slices\n");
+    printf("  roles: %d parameters (%d of routed experts), %d optimizer state tensors\n", params, experts, states);
     par_ckpt_close(ck);
     return 0;
 }

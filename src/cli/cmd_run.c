@@ -235,7 +235,6 @@ int par_cmd_run(int argc, char **argv)
         par_err_set_quiet(0);
         return 2;
     }
-    par_run_register_ckpt_owner();
     par_ckpt *ck = NULL;
     if (load && par_ckpt_open(load, &ck) != PAR_OK) { /* validated before anything runs or is written */
         fprintf(stderr, "parity run: --load: %s\n", par_last_error());

@@ -1,6 +1,7 @@
 #include "core/status.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "core/log.h"
 
@@ -29,7 +30,11 @@ const char *par_status_str(par_status s)
 
 par_status par_verr(par_status code, const char *fmt, va_list ap)
 {
-    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    /* through a copy: the arguments may include par_last_error() itself
+     * (re-coding or prefixing a lower layer's message) */
+    char msg[sizeof last_msg];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(last_msg, msg, sizeof last_msg);
     if (!quiet)
         par_log(PAR_LOG_ERROR, "%s", last_msg);
     return code;

@@ -32,25 +32,6 @@ static void hook(const char *phase, int rank)
         g_hook(phase, rank);
 }
 
-/* ---- owner registry ----------------------------------------------------- */
-
-static par_ckpt_owner_fn g_owner = par_ckpt_owner_simple;
-static void *g_owner_ud;
-
-void par_ckpt_set_owner(par_ckpt_owner_fn fn, void *ud)
-{
-    g_owner = fn ? fn : par_ckpt_owner_simple;
-    g_owner_ud = fn ? ud : NULL;
-}
-
-void par_ckpt_get_owner(par_ckpt_owner_fn *fn, void **ud)
-{
-    if (fn)
-        *fn = g_owner;
-    if (ud)
-        *ud = g_owner_ud;
-}
-
 int64_t par_ckpt_layout_world(const par_layout *l)
 {
     if (!l)
@@ -60,73 +41,43 @@ int64_t par_ckpt_layout_world(const par_layout *l)
     return par_layout_default_world(l->tp, l->pp, l->cp, l->ep, l->etp);
 }
 
-/* Expert index of a name holding ".experts.<e>." (-1 if none). */
-static int64_t expert_of(const char *name)
+/* ---- tensors and their roles -------------------------------------------------- */
+
+static const char *const slot_names[PAR_CKPT_SLOT_COUNT] = {"param", "momentum", "exp_avg", "exp_avg_sq"};
+
+const char *par_ckpt_slot_name(par_ckpt_slot s)
 {
-    const char *p = strstr(name, ".experts.");
-    if (!p)
-        return -1;
-    p += 9;
-    if (*p < '0' || *p > '9')
-        return -1;
-    char *end;
-    long long e = strtoll(p, &end, 10);
-    if (*end != '.')
-        return -1;
-    return e;
+    return s >= 0 && s < PAR_CKPT_SLOT_COUNT ? slot_names[s] : NULL;
 }
 
-par_status par_ckpt_owner_simple(const par_layout *layout, int nranks, int rank,
-                                 const par_ckpt_tensor *tensors, int ntensors, par_ckpt_slice **out,
-                                 int *n, void *ud)
-{
-    (void)ud;
-    int64_t ep = layout && layout->ep > 0 ? layout->ep : 1;
-    int64_t E = 0;
-    for (int i = 0; i < ntensors; i++) {
-        int64_t e = expert_of(tensors[i].name);
-        if (e + 1 > E)
-            E = e + 1;
-    }
-    if (E > 0 && E % ep != 0)
-        return par_err(PAR_EINVAL, "ckpt placeholder owner: %lld routed experts do not split evenly over EP %lld",
-                       (long long)E, (long long)ep);
-    if (ep > nranks)
-        return par_err(PAR_EINVAL, "ckpt placeholder owner: EP %lld exceeds the world size %d", (long long)ep,
-                       nranks);
-    int64_t per = E > 0 ? E / ep : 1;
-    par_ckpt_slice *s = par_calloc(ntensors > 0 ? (size_t)ntensors : 1, sizeof *s, PAR_TAG_IO);
-    if (!s)
-        return par_err(PAR_ENOMEM, "ckpt placeholder owner: out of memory");
-    int k = 0;
-    for (int i = 0; i < ntensors; i++) {
-        int64_t e = expert_of(tensors[i].name);
-        int owner = e >= 0 ? (int)(e / per) : 0;
-        if (owner != rank)
-            continue;
-        snprintf(s[k].name, sizeof s[k].name, "%s", tensors[i].name);
-        s[k].begin = 0;
-        s[k].end = par_shape_numel(tensors[i].ndim, tensors[i].shape, 0);
-        k++;
-    }
-    *out = s;
-    *n = k;
-    return PAR_OK;
-}
-
-/* ---- the model's tensor list -------------------------------------------------- */
-
-static void set_tensor(par_ckpt_tensor *x, const par_param *p, const char *slot, par_dtype dt)
+void par_ckpt_tensor_init(par_ckpt_tensor *x, const char *name, par_dtype dtype, int ndim, const int64_t *shape)
 {
     memset(x, 0, sizeof *x);
-    if (slot)
-        snprintf(x->name, sizeof x->name, "opt.%s.%s", p->name, slot);
-    else
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->dtype = dtype;
+    x->ndim = ndim;
+    for (int d = 0; d < ndim && d < PAR_MAX_DIMS; d++)
+        x->shape[d] = shape[d];
+    x->slot = PAR_CKPT_PARAM;
+    x->param = x->expert = x->layer = x->mtp = -1;
+}
+
+/* Table entry p (list index i) as a parameter, or as state slot `slot` of
+ * it; p's shape is [out, in], or [n] with shape[1] = 0 in the list. */
+static void set_tensor(par_ckpt_tensor *x, const par_param *p, int i, par_ckpt_slot slot, par_dtype dt,
+                       int64_t n_layers)
+{
+    const int64_t shape[2] = {p->shape[0], p->ndim > 1 ? p->shape[1] : 0};
+    par_ckpt_tensor_init(x, "", dt, p->ndim, shape);
+    if (slot == PAR_CKPT_PARAM)
         snprintf(x->name, sizeof x->name, "%s", p->name);
-    x->dtype = dt;
-    x->ndim = p->ndim;
-    x->shape[0] = p->shape[0];
-    x->shape[1] = p->ndim > 1 ? p->shape[1] : 0;
+    else
+        snprintf(x->name, sizeof x->name, "opt.%s.%s", p->name, slot_names[slot]);
+    x->slot = slot;
+    x->param = slot == PAR_CKPT_PARAM ? -1 : i;
+    x->expert = p->expert;
+    x->layer = p->layer >= 0 && p->layer < n_layers ? p->layer : -1;
+    x->mtp = p->layer >= n_layers ? (int)(p->layer - n_layers) : -1;
 }
 
 par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bits, par_ckpt_tensor **out, int *n)
@@ -139,17 +90,18 @@ par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bi
     par_ckpt_tensor *v = par_calloc((size_t)(cap > 0 ? cap : 1), sizeof *v, PAR_TAG_IO);
     if (!v)
         return par_err(PAR_ENOMEM, "checkpoint tensors: out of memory for %d tensors", cap);
-    par_dtype real = precision_bits == 64 ? PAR_F64 : PAR_F32;
+    const par_dtype real = precision_bits == 64 ? PAR_F64 : PAR_F32;
+    const int64_t nl = t->cfg.n_layers;
     int k = 0;
     for (int i = 0; i < t->n; i++)
-        set_tensor(&v[k++], &t->p[i], NULL, t->p[i].dtype == PAR_PDT_I32 ? PAR_I32 : real);
+        set_tensor(&v[k++], &t->p[i], i, PAR_CKPT_PARAM, t->p[i].dtype == PAR_PDT_I32 ? PAR_I32 : real, nl);
     for (int i = 0; i < t->n; i++) {
         const par_param *p = &t->p[i];
         if (p->opt == PAR_OPT_MUON) {
-            set_tensor(&v[k++], p, "momentum", real);
+            set_tensor(&v[k++], p, i, PAR_CKPT_MOMENTUM, real, nl);
         } else if (p->opt == PAR_OPT_ADAMW) {
-            set_tensor(&v[k++], p, "exp_avg", real);
-            set_tensor(&v[k++], p, "exp_avg_sq", real);
+            set_tensor(&v[k++], p, i, PAR_CKPT_EXP_AVG, real, nl);
+            set_tensor(&v[k++], p, i, PAR_CKPT_EXP_AVG_SQ, real, nl);
         }
     }
     *out = v;
@@ -195,6 +147,12 @@ static void sort_idx(int *v, int *tmp, int n, const par_ckpt_tensor *t)
     memcpy(v, tmp, (size_t)n * sizeof *v);
 }
 
+static void index_free(name_index *ix)
+{
+    par_free(ix->order);
+    ix->order = NULL;
+}
+
 static par_status index_build(name_index *ix, const par_ckpt_tensor *t, int n, const char *what)
 {
     ix->t = t;
@@ -213,17 +171,13 @@ static par_status index_build(name_index *ix, const par_ckpt_tensor *t, int n, c
     par_free(tmp);
     for (int i = 1; i < n; i++)
         if (!strcmp(t[ix->order[i]].name, t[ix->order[i - 1]].name)) {
-            par_free(ix->order);
-            ix->order = NULL;
-            return par_err(PAR_EINVAL, "%s: tensor '%s' is listed twice", what, t[ix->order[i]].name);
+            /* the message first: it names the tensor through ix->order */
+            par_status st = par_err(PAR_EINVAL, "%s: tensor '%s' is listed twice (tensors %d and %d)", what,
+                                    t[ix->order[i]].name, ix->order[i - 1], ix->order[i]);
+            index_free(ix);
+            return st;
         }
     return PAR_OK;
-}
-
-static void index_free(name_index *ix)
-{
-    par_free(ix->order);
-    ix->order = NULL;
 }
 
 static int index_find(const name_index *ix, const char *name)
@@ -256,6 +210,99 @@ static par_status check_tensors(const par_ckpt_tensor *t, int n, const char *wha
             return par_err(PAR_EINVAL, "%s: tensor '%s': negative or overflowing shape", what, t[i].name);
     }
     return PAR_OK;
+}
+
+/* The role rules of par_ckpt_tensor (ckpt.h); the first broken one names
+ * the tensor. */
+static par_status check_roles(const par_ckpt_tensor *t, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        const par_ckpt_tensor *x = &t[i];
+        if (x->slot < 0 || x->slot >= PAR_CKPT_SLOT_COUNT)
+            return par_err(PAR_EINVAL, "%s: tensor '%s': slot %d is not one of param|momentum|exp_avg|exp_avg_sq",
+                           what, x->name, (int)x->slot);
+        if (x->expert < -1 || x->layer < -1 || x->mtp < -1 || (x->layer >= 0 && x->mtp >= 0))
+            return par_err(PAR_EINVAL, "%s: tensor '%s': expert %d, layer %d, mtp %d (each >= -1, -1: none; not "
+                           "both a layer and an MTP block)", what, x->name, x->expert, x->layer, x->mtp);
+        if (x->slot == PAR_CKPT_PARAM) {
+            if (x->param != -1)
+                return par_err(PAR_EINVAL, "%s: tensor '%s' is a parameter but names parameter %d (must be -1)",
+                               what, x->name, x->param);
+            continue;
+        }
+        const par_ckpt_tensor *p = x->param >= 0 && x->param < n ? &t[x->param] : NULL;
+        if (!p || p->slot != PAR_CKPT_PARAM)
+            return par_err(PAR_EINVAL, "%s: tensor '%s' (%s) names tensor %d as its parameter, which is %s", what,
+                           x->name, slot_names[x->slot], x->param, p ? "optimizer state" : "not in the list");
+        if (p->ndim != x->ndim || memcmp(p->shape, x->shape, (size_t)x->ndim * sizeof x->shape[0]) ||
+            p->expert != x->expert || p->layer != x->layer || p->mtp != x->mtp)
+            return par_err(PAR_EINVAL, "%s: tensor '%s' (%s of '%s') has another shape, expert or block than its "
+                           "parameter", what, x->name, slot_names[x->slot], p->name);
+    }
+    return PAR_OK;
+}
+
+/* Whole digits at s up to `stop` (a '.'): the number, or -1. */
+static int leading_index(const char *s, char stop)
+{
+    if (*s < '0' || *s > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || v > INT32_MAX || *end != stop ? -1 : (int)v;
+}
+
+/* A parameter's expert and block from the contract's names (legacy). */
+static void roles_of_param_name(par_ckpt_tensor *x)
+{
+    const char *e = strstr(x->name, ".experts.");
+    x->expert = e ? leading_index(e + 9, '.') : -1;
+    x->layer = strncmp(x->name, "layers.", 7) ? -1 : leading_index(x->name + 7, '.');
+    x->mtp = strncmp(x->name, "mtp.", 4) ? -1 : leading_index(x->name + 4, '.');
+}
+
+/* The parameter of a legacy state name "opt.<P>.<slot>": P's list index when
+ * P is listed with the same shape (*slot set), else -1. */
+static int state_of_name(const par_ckpt_tensor *t, const name_index *ix, int i, par_ckpt_slot *slot)
+{
+    const char *nm = t[i].name, *dot = strrchr(nm, '.');
+    if (strncmp(nm, "opt.", 4) || !dot || dot <= nm + 4)
+        return -1;
+    int k = PAR_CKPT_MOMENTUM;
+    while (k < PAR_CKPT_SLOT_COUNT && strcmp(dot + 1, slot_names[k]))
+        k++;
+    char pn[PAR_CKPT_NAME_MAX];
+    snprintf(pn, sizeof pn, "%.*s", (int)(dot - (nm + 4)), nm + 4);
+    int j = k < PAR_CKPT_SLOT_COUNT ? index_find(ix, pn) : -1;
+    if (j < 0 || t[j].ndim != t[i].ndim || memcmp(t[j].shape, t[i].shape, (size_t)t[i].ndim * sizeof t[i].shape[0]))
+        return -1;
+    *slot = (par_ckpt_slot)k;
+    return j;
+}
+
+/* Roles of a checkpoint written before metadata.json recorded them, from
+ * the contract's names (the one place a name becomes a role; ckpt.h,
+ * par_ckpt_open).  A name that does not match is a plain parameter. */
+static void roles_from_names(par_ckpt_tensor *t, int n, const name_index *ix)
+{
+    for (int i = 0; i < n; i++) {
+        t[i].slot = PAR_CKPT_PARAM;
+        t[i].param = -1;
+        roles_of_param_name(&t[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        par_ckpt_slot slot;
+        int j = state_of_name(t, ix, i, &slot);
+        par_ckpt_slot dummy;
+        if (j < 0 || state_of_name(t, ix, j, &dummy) >= 0) /* the state of state is not state */
+            continue;
+        t[i].slot = slot;
+        t[i].param = j;
+        t[i].expert = t[j].expert;
+        t[i].layer = t[j].layer;
+        t[i].mtp = t[j].mtp;
+    }
 }
 
 /* ---- coverage ------------------------------------------------------------- */
@@ -573,6 +620,11 @@ static cJSON *tensors_json(const par_ckpt_tensor *t, int n)
         for (int d = 0; d < t[i].ndim; d++)
             cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
         cJSON_AddItemToObject(o, "shape", sh);
+        cJSON_AddStringToObject(o, "slot", slot_names[t[i].slot]);
+        cJSON_AddNumberToObject(o, "param", t[i].param);
+        cJSON_AddNumberToObject(o, "expert", t[i].expert);
+        cJSON_AddNumberToObject(o, "layer", t[i].layer);
+        cJSON_AddNumberToObject(o, "mtp", t[i].mtp);
         cJSON_AddItemToArray(a, o);
     }
     return a;
@@ -584,15 +636,12 @@ static char *seed_str(uint64_t seed, char *buf, size_t n)
     return buf;
 }
 
-/* Writes metadata.json and SHA256SUMS into tmp. */
-static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int64_t world, const shard_desc *d,
-                                 int nshards)
+/* The metadata.json tree of a save (NULL: out of memory). */
+static cJSON *metadata_json(const par_ckpt_info *info, int64_t world, const shard_desc *d, int nshards)
 {
-    par_status st = PAR_OK;
-    char *path = NULL;
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
+        return NULL;
     char buf[32];
     cJSON_AddStringToObject(root, "format", PAR_CKPT_FORMAT);
     cJSON_AddNumberToObject(root, "version", PAR_CKPT_VERSION);
@@ -620,10 +669,40 @@ static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int
     if (!state || !rng || !sh || !files || cJSON_GetArraySize(sh) != nshards ||
         !cJSON_GetObjectItemCaseSensitive(root, "tensors") ||
         (info->layout && !cJSON_GetObjectItemCaseSensitive(root, "layout"))) {
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-        goto fail_free_root;
+        cJSON_Delete(root);
+        return NULL;
     }
-    path = par_path_join(tmp, PAR_CKPT_META);
+    return root;
+}
+
+/* tmp/SHA256SUMS in sha256sum's text form: metadata.json (hash msha), then
+ * the shards in rank order (file names sort the same way). */
+static par_status write_sums(const char *tmp, const char *msha, const shard_desc *d, int nshards)
+{
+    size_t cap = (size_t)(nshards + 1) * (PAR_SHA256_HEX + 48) + 1, len = 0;
+    char *txt = par_malloc(cap, PAR_TAG_IO);
+    char *path = par_path_join(tmp, PAR_CKPT_SUMS);
+    par_status st = PAR_OK;
+    if (!txt || !path) {
+        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
+    } else {
+        len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", msha, PAR_CKPT_META);
+        for (int r = 0; r < nshards; r++)
+            len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", d[r].sha, d[r].file);
+        st = par_file_write_atomic(path, txt, len);
+    }
+    par_free(path);
+    par_free(txt);
+    return st;
+}
+
+/* Writes metadata.json and SHA256SUMS into tmp. */
+static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int64_t world, const shard_desc *d,
+                                 int nshards)
+{
+    cJSON *root = metadata_json(info, world, d, nshards);
+    char *path = root ? par_path_join(tmp, PAR_CKPT_META) : NULL;
+    par_status st = PAR_OK;
     if (!path) {
         st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
         goto fail_free_root;
@@ -632,28 +711,9 @@ static par_status write_metadata(const char *tmp, const par_ckpt_info *info, int
         goto fail_free_path;
     hook("metadata", 0);
     char msha[PAR_SHA256_HEX];
-    if ((st = par_sha256_file(path, msha)))
+    if ((st = par_sha256_file(path, msha)) || (st = write_sums(tmp, msha, d, nshards)))
         goto fail_free_path;
-    par_free(path);
-    path = NULL;
-    /* SHA256SUMS in sha256sum's text form, sorted by file name. */
-    size_t cap = (size_t)(nshards + 1) * (PAR_SHA256_HEX + 48) + 1, len = 0;
-    char *txt = par_malloc(cap, PAR_TAG_IO);
-    if (!txt) {
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-        goto fail_free_root;
-    }
-    len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", msha, PAR_CKPT_META);
-    for (int r = 0; r < nshards; r++)
-        len += (size_t)snprintf(txt + len, cap - len, "%s  %s\n", d[r].sha, d[r].file);
-    path = par_path_join(tmp, PAR_CKPT_SUMS);
-    if (!path)
-        st = par_err(PAR_ENOMEM, "checkpoint metadata: out of memory");
-    else
-        st = par_file_write_atomic(path, txt, len);
-    par_free(txt);
-    if (!st)
-        hook("sums", 0);
+    hook("sums", 0);
 fail_free_path:
     par_free(path);
 fail_free_root:
@@ -756,132 +816,160 @@ static par_status agree(par_comm *c, int root, par_status mine, const char *ctx)
     return par_err((par_status)s, "%s (rank %d): %s", ctx, root, msg);
 }
 
+/* One rank's part of a save between its steps. */
+typedef struct {
+    par_comm *world;
+    int rank, size;
+    const char *dir;
+    char ctx[ERRMSG_MAX];  /* "checkpoint save DIR"                              */
+    name_index ix;         /* the tensor table's names                            */
+    char *tmp;             /* rank 0: the temporary directory until committed     */
+    char tmpname[4096];    /* every rank: its name                                */
+    shard_desc mine;       /* this rank's shard                                   */
+    char *desc_txt;        /* ... as JSON                                         */
+    rank_report *rep;      /* [size] every rank's status, descriptor size, digest */
+    size_t *counts;        /* [2*size] descriptor lengths, then displacements     */
+    char *all_txt;         /* every rank's descriptor                             */
+    shard_desc *descs;     /* rank 0: [size] parsed                               */
+} save_ctx;
+
+static void save_ctx_free(save_ctx *c)
+{
+    if (c->tmp)
+        par_adir_abort(c->tmp);
+    for (int r = 0; c->descs && r < c->size; r++)
+        desc_free(&c->descs[r]);
+    par_free(c->descs);
+    par_free(c->all_txt);
+    par_free(c->counts);
+    par_free(c->rep);
+    cJSON_free(c->desc_txt);
+    desc_free(&c->mine);
+    index_free(&c->ix);
+}
+
+/* Step 1: local checks (*st: this rank's verdict), rank 0 makes the
+ * temporary directory and every rank learns its name.  A failure of rank 0
+ * is every rank's (the return value); another rank's stays in *st until
+ * step 3. */
+static par_status save_begin(save_ctx *c, const par_ckpt_info *info, par_status *st)
+{
+    *st = check_tensors(info->tensors, info->ntensors, c->ctx);
+    if (!*st)
+        *st = check_roles(info->tensors, info->ntensors, c->ctx);
+    if (!*st)
+        *st = index_build(&c->ix, info->tensors, info->ntensors, c->ctx);
+    if (!*st && info->layout && par_ckpt_layout_world(info->layout) != c->size)
+        *st = par_err(PAR_EMISMATCH, "%s: layout world size %lld but the world has %d ranks", c->ctx,
+                      (long long)par_ckpt_layout_world(info->layout), c->size);
+    if (c->rank == 0 && !*st && !(*st = par_adir_begin(c->dir, &c->tmp)))
+        hook("tmp", 0);
+    par_status cst = agree(c->world, 0, *st, c->ctx);
+    if (cst)
+        return cst;
+    if (c->rank == 0)
+        snprintf(c->tmpname, sizeof c->tmpname, "%s", c->tmp);
+    cst = par_bcast(c->world, c->tmpname, sizeof c->tmpname, PAR_C_BYTE, 0);
+    c->tmpname[sizeof c->tmpname - 1] = 0;
+    return cst;
+}
+
+/* Step 2: this rank writes its shard and describes it. */
+static void save_shard(save_ctx *c, const par_ckpt_item *items, int nitems, par_status *st)
+{
+    if (*st || (*st = write_shard(c->tmpname, c->rank, &c->ix, items, nitems, &c->mine)))
+        return;
+    hook("shard", c->rank);
+    cJSON *j = desc_json(&c->mine);
+    c->desc_txt = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!c->desc_txt)
+        *st = par_err(PAR_ENOMEM, "%s: rank %d: out of memory", c->ctx, c->rank);
+}
+
+/* Step 3: every rank's status, digest and descriptor to every rank;
+ * *failed = the first rank that failed (-1: none; then no descriptors). */
+static par_status save_gather(save_ctx *c, const par_ckpt_info *info, par_status st, int *failed)
+{
+    c->rep = par_calloc((size_t)c->size, sizeof *c->rep, PAR_TAG_IO);
+    rank_report me = {st, c->desc_txt ? (int64_t)strlen(c->desc_txt) : 0, {0}};
+    info_digest(info, me.digest);
+    if (!c->rep) /* the world is stopped by this rank's failure */
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    par_status cst = par_allgather(c->world, &me, c->rep, sizeof me, PAR_C_BYTE);
+    if (cst)
+        return cst;
+    *failed = -1;
+    for (int r = 0; r < c->size && *failed < 0; r++)
+        if (c->rep[r].status)
+            *failed = r;
+    if (*failed >= 0)
+        return PAR_OK;
+    c->counts = par_calloc((size_t)c->size * 2, sizeof *c->counts, PAR_TAG_IO);
+    size_t total = 0;
+    for (int r = 0; c->counts && r < c->size; r++) {
+        c->counts[r] = (size_t)c->rep[r].desc_len;
+        c->counts[c->size + r] = total;
+        total += c->counts[r];
+    }
+    if (!c->counts || !(c->all_txt = par_malloc(total + 1, PAR_TAG_IO)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    return par_allgatherv(c->world, c->desc_txt, (size_t)me.desc_len, c->all_txt, c->counts, c->counts + c->size,
+                          PAR_C_BYTE);
+}
+
+/* Step 4, rank 0: every rank passed the same table and state; coverage,
+ * metadata, commit (finalize). */
+static par_status save_commit(save_ctx *c, const par_ckpt_info *info)
+{
+    hook("gathered", 0);
+    for (int r = 1; r < c->size; r++)
+        if (memcmp(c->rep[r].digest, c->rep[0].digest, PAR_SHA256_BYTES))
+            return par_err(PAR_EMISMATCH, "%s: rank %d passed another tensor table or training state than rank 0",
+                           c->ctx, r);
+    if (!(c->descs = par_calloc((size_t)c->size, sizeof *c->descs, PAR_TAG_IO)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->ctx);
+    for (int r = 0; r < c->size; r++) {
+        cJSON *j = NULL;
+        par_status st = par_json_parse(c->all_txt + c->counts[c->size + r], c->counts[r], c->ctx, &j);
+        if (!st)
+            st = desc_parse(j, c->ctx, r, &c->descs[r]);
+        cJSON_Delete(j);
+        if (st)
+            return st;
+    }
+    par_status st = finalize(c->tmp, c->dir, info, &c->ix, c->size, c->descs, c->size);
+    c->tmp = NULL; /* committed or removed */
+    if (!st)
+        hook("done", 0);
+    return st;
+}
+
 par_status par_ckpt_save(par_comm *world, const char *dir, const par_ckpt_info *info,
                          const par_ckpt_item *items, int nitems)
 {
-    int rank = par_comm_rank(world), size = par_comm_size(world);
-    char ctx[ERRMSG_MAX];
-    snprintf(ctx, sizeof ctx, "checkpoint save %s", dir);
-    par_status st = PAR_OK, cst;
-    name_index ix = {0};
-    char *tmp = NULL;
-    shard_desc mine = {0};
-    char *desc_txt = NULL;
-    rank_report *rep = NULL;
-    char *all_txt = NULL;
-    shard_desc *descs = NULL;
-
-    /* 1. local checks, rank 0 makes the temporary directory */
-    st = check_tensors(info->tensors, info->ntensors, ctx);
-    if (!st)
-        st = index_build(&ix, info->tensors, info->ntensors, ctx);
-    if (!st && info->layout && par_ckpt_layout_world(info->layout) != size)
-        st = par_err(PAR_EMISMATCH, "%s: layout world size %lld but the world has %d ranks", ctx,
-                     (long long)par_ckpt_layout_world(info->layout), size);
-    if (rank == 0 && !st) {
-        st = par_adir_begin(dir, &tmp);
-        if (!st)
-            hook("tmp", 0);
+    save_ctx c;
+    memset(&c, 0, sizeof c);
+    c.world = world;
+    c.rank = par_comm_rank(world);
+    c.size = par_comm_size(world);
+    c.dir = dir;
+    snprintf(c.ctx, sizeof c.ctx, "checkpoint save %s", dir);
+    par_status st = PAR_OK;
+    int failed = -1;
+    par_status cst = save_begin(&c, info, &st);
+    if (!cst) {
+        save_shard(&c, items, nitems, &st);
+        cst = save_gather(&c, info, st, &failed);
     }
-    if ((cst = agree(world, 0, st, ctx)))
-        goto fail_cleanup;
-    char tmpname[4096] = {0};
-    if (rank == 0)
-        snprintf(tmpname, sizeof tmpname, "%s", tmp);
-    if ((cst = par_bcast(world, tmpname, sizeof tmpname, PAR_C_BYTE, 0)))
-        goto fail_cleanup;
-    tmpname[sizeof tmpname - 1] = 0;
-
-    /* 2. every rank writes its shard */
-    if (!st)
-        st = write_shard(tmpname, rank, &ix, items, nitems, &mine);
-    if (!st) {
-        hook("shard", rank);
-        cJSON *j = desc_json(&mine);
-        desc_txt = j ? cJSON_PrintUnformatted(j) : NULL;
-        cJSON_Delete(j);
-        if (!desc_txt)
-            st = par_err(PAR_ENOMEM, "%s: rank %d: out of memory", ctx, rank);
+    if (!cst && failed >= 0) /* every rank reports the first failure, in its rank's words */
+        cst = agree(world, failed, c.rank == failed ? st : PAR_OK, c.ctx);
+    else if (!cst) {
+        if (c.rank == 0)
+            st = save_commit(&c, info);
+        cst = agree(world, 0, st, c.ctx);
     }
-
-    /* 3. gather statuses, digests and descriptors */
-    rep = par_calloc((size_t)size, sizeof *rep, PAR_TAG_IO);
-    rank_report me = {st, desc_txt ? (int64_t)strlen(desc_txt) : 0, {0}};
-    info_digest(info, me.digest);
-    if (!rep) {
-        cst = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        goto fail_cleanup; /* the world is stopped by this rank's failure */
-    }
-    if ((cst = par_allgather(world, &me, rep, sizeof me, PAR_C_BYTE)))
-        goto fail_cleanup;
-    int bad = -1;
-    for (int r = 0; r < size && bad < 0; r++)
-        if (rep[r].status)
-            bad = r;
-    if (bad >= 0) {
-        cst = agree(world, bad, rank == bad ? st : 0, ctx);
-        goto fail_cleanup;
-    }
-    size_t *counts = par_calloc((size_t)size * 2, sizeof(size_t), PAR_TAG_IO);
-    size_t total = 0;
-    if (counts) {
-        for (int r = 0; r < size; r++) {
-            counts[r] = (size_t)rep[r].desc_len;
-            counts[size + r] = total;
-            total += counts[r];
-        }
-        all_txt = par_malloc(total + 1, PAR_TAG_IO);
-    }
-    if (!counts || !all_txt) {
-        par_free(counts);
-        cst = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        goto fail_cleanup;
-    }
-    cst = par_allgatherv(world, desc_txt, (size_t)me.desc_len, all_txt, counts, counts + size, PAR_C_BYTE);
-    if (cst) {
-        par_free(counts);
-        goto fail_cleanup;
-    }
-
-    /* 4. rank 0 checks agreement and coverage, writes metadata, commits */
-    if (rank == 0) {
-        hook("gathered", 0);
-        for (int r = 1; r < size && !st; r++)
-            if (memcmp(rep[r].digest, rep[0].digest, PAR_SHA256_BYTES))
-                st = par_err(PAR_EMISMATCH,
-                             "%s: rank %d passed another tensor table or training state than rank 0", ctx, r);
-        descs = par_calloc((size_t)size, sizeof *descs, PAR_TAG_IO);
-        if (!st && !descs)
-            st = par_err(PAR_ENOMEM, "%s: out of memory", ctx);
-        for (int r = 0; r < size && !st; r++) {
-            cJSON *j = NULL;
-            st = par_json_parse(all_txt + counts[size + r], counts[r], ctx, &j);
-            if (!st)
-                st = desc_parse(j, ctx, r, &descs[r]);
-            cJSON_Delete(j);
-        }
-        if (!st) {
-            st = finalize(tmp, dir, info, &ix, size, descs, size);
-            tmp = NULL;
-        }
-        if (!st)
-            hook("done", 0);
-    }
-    par_free(counts);
-    cst = agree(world, 0, st, ctx);
-
-fail_cleanup:
-    if (tmp)
-        par_adir_abort(tmp);
-    if (descs)
-        for (int r = 0; r < size; r++)
-            desc_free(&descs[r]);
-    par_free(descs);
-    par_free(all_txt);
-    par_free(rep);
-    cJSON_free(desc_txt);
-    desc_free(&mine);
-    index_free(&ix);
+    save_ctx_free(&c);
     return cst;
 }
 
@@ -1018,41 +1106,87 @@ static par_status check_file_hash(const char *dir, const char *name, const char 
     return st;
 }
 
-static par_status parse_tensors(const cJSON *a, const char *label, par_ckpt_tensor **out, int *n)
+/* The role members of tensors[i] ("slot", "param", "expert", "layer",
+ * "mtp"); *has = 0 when the entry has none (a checkpoint written before they
+ * were recorded). */
+static par_status parse_role(const cJSON *e, const char *label, int i, par_ckpt_tensor *x, int *has)
+{
+    const char *slot = par_json_str(e, "slot");
+    *has = slot != NULL || cJSON_GetObjectItemCaseSensitive(e, "slot");
+    if (!*has)
+        return PAR_OK;
+    const char *keys[4] = {"param", "expert", "layer", "mtp"};
+    int *dst[4] = {&x->param, &x->expert, &x->layer, &x->mtp};
+    int k = 0;
+    while (slot && k < PAR_CKPT_SLOT_COUNT && strcmp(slot, slot_names[k]))
+        k++;
+    if (!slot || k == PAR_CKPT_SLOT_COUNT)
+        return par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s'): \"slot\" must be param|momentum|exp_avg|exp_avg_sq",
+                       label, i, x->name);
+    x->slot = (par_ckpt_slot)k;
+    for (int j = 0; j < 4; j++) {
+        int64_t v;
+        if (!par_json_int(e, keys[j], &v) || v < -1 || v > INT32_MAX)
+            return par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s'): \"%s\" missing or not an integer >= -1", label, i,
+                           x->name, keys[j]);
+        *dst[j] = (int)v;
+    }
+    return PAR_OK;
+}
+
+/* One entry of "tensors": name, dtype, shape and the role members. */
+static par_status parse_tensor(const cJSON *e, const char *label, int i, par_ckpt_tensor *x, int *has_role)
+{
+    const char *nm = par_json_str(e, "name"), *dt = par_json_str(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    par_dtype dtype;
+    if (!nm || !dt || !cJSON_IsArray(sh) || strlen(nm) >= PAR_CKPT_NAME_MAX ||
+        cJSON_GetArraySize(sh) > PAR_MAX_DIMS || par_dtype_parse(dt, &dtype))
+        return par_err(PAR_EFORMAT, "%s: tensors[%d]: needs \"name\", \"dtype\" (F64|F32|BF16|I32|I64) and "
+                                    "\"shape\" (at most %d dims)", label, i, PAR_MAX_DIMS);
+    int64_t shape[PAR_MAX_DIMS] = {0};
+    const int ndim = cJSON_GetArraySize(sh);
+    for (int d = 0; d < ndim; d++)
+        if (!par_json_as_int(cJSON_GetArrayItem(sh, d), &shape[d]) || shape[d] < 0)
+            return par_err(PAR_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", label, nm, d);
+    par_ckpt_tensor_init(x, nm, dtype, ndim, shape);
+    return parse_role(e, label, i, x, has_role);
+}
+
+/* "tensors" of metadata.json; *legacy = 1 when no entry records its role
+ * (then roles_from_names gives them, once the names are indexed). */
+static par_status parse_tensors(const cJSON *a, const char *label, par_ckpt_tensor **out, int *n, int *legacy)
 {
     if (!cJSON_IsArray(a))
         return par_err(PAR_EFORMAT, "%s: \"tensors\" missing or not an array", label);
-    int k = cJSON_GetArraySize(a), i = 0;
+    int k = cJSON_GetArraySize(a), i = 0, with_role = 0;
     par_ckpt_tensor *t = par_calloc((size_t)(k > 0 ? k : 1), sizeof *t, PAR_TAG_IO);
     if (!t)
         return par_err(PAR_ENOMEM, "%s: out of memory", label);
+    par_status st = PAR_OK;
     const cJSON *e;
     cJSON_ArrayForEach(e, a)
     {
-        const char *nm = par_json_str(e, "name"), *dt = par_json_str(e, "dtype");
-        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        if (!nm || !dt || !cJSON_IsArray(sh) || strlen(nm) >= PAR_CKPT_NAME_MAX ||
-            cJSON_GetArraySize(sh) > PAR_MAX_DIMS || par_dtype_parse(dt, &t[i].dtype)) {
-            par_free(t);
-            return par_err(PAR_EFORMAT, "%s: tensors[%d]: needs \"name\", \"dtype\" (F64|F32|BF16|I32|I64) and "
-                                        "\"shape\" (at most %d dims)", label, i, PAR_MAX_DIMS);
+        int has = 0;
+        if ((st = parse_tensor(e, label, i, &t[i], &has)))
+            break;
+        if (i > 0 && has != (with_role > 0)) {
+            st = par_err(PAR_EFORMAT, "%s: tensors[%d] ('%s') %s its role (\"slot\", ...) but tensors[0] %s", label,
+                         i, t[i].name, has ? "records" : "lacks", has ? "does not" : "does");
+            break;
         }
-        snprintf(t[i].name, sizeof t[i].name, "%s", nm);
-        t[i].ndim = cJSON_GetArraySize(sh);
-        for (int d = 0; d < t[i].ndim; d++)
-            if (!par_json_as_int(cJSON_GetArrayItem(sh, d), &t[i].shape[d]) || t[i].shape[d] < 0) {
-                par_free(t);
-                return par_err(PAR_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", label, nm, d);
-            }
+        with_role += has;
         i++;
     }
-    par_status st = check_tensors(t, k, label);
+    if (!st && (st = check_tensors(t, k, label)))
+        st = par_err(PAR_EFORMAT, "%s", par_last_error());
     if (st) {
         par_free(t);
-        return par_err(PAR_EFORMAT, "%s", par_last_error());
+        return st;
     }
     *out = t;
     *n = k;
+    *legacy = k > 0 && with_role == 0;
     return PAR_OK;
 }
 
@@ -1099,178 +1233,177 @@ static par_status check_shard(par_ckpt *ck, int r, const char *label, int64_t *c
     return PAR_OK;
 }
 
-par_status par_ckpt_open(const char *dir, par_ckpt **out)
+/* What par_ckpt_open reads before it trusts anything. */
+typedef struct {
+    const char *dir;
+    char label[ERRMSG_MAX];   /* "checkpoint DIR"                */
+    char ml[ERRMSG_MAX + 16]; /* "checkpoint DIR: metadata.json" */
+    char *mtxt, *stxt;        /* metadata.json, SHA256SUMS       */
+    size_t mlen, slen;
+    sum_line *sums;
+    int nsums;
+    cJSON *root;              /* metadata.json, parsed           */
+} open_ctx;
+
+static void open_ctx_free(open_ctx *c)
 {
-    char label[ERRMSG_MAX];
-    snprintf(label, sizeof label, "checkpoint %s", dir);
-    if (!par_path_is_dir(dir))
-        return par_err(par_path_exists(dir) ? PAR_EINVAL : PAR_ENOTFOUND, "%s: %s", label,
-                       par_path_exists(dir) ? "not a directory" : "no such directory");
+    par_free(c->mtxt);
+    par_free(c->stxt);
+    par_free(c->sums);
+    cJSON_Delete(c->root);
+}
+
+/* Reads DIR/name into *txt; PAR_ENOTFOUND "<label>: <name> is missing<why>". */
+static par_status read_member(const open_ctx *c, const char *name, const char *why, char **txt, size_t *len)
+{
+    char *path = par_path_join(c->dir, name);
+    if (!path)
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
     par_status st = PAR_OK;
-    char *path = NULL, *mtxt = NULL, *stxt = NULL;
-    size_t mlen = 0, slen = 0;
-    cJSON *root = NULL;
-    sum_line *sums = NULL;
-    int nsums = 0;
-    int64_t *cur = NULL;
-    par_ckpt *ck = par_calloc(1, sizeof *ck, PAR_TAG_IO);
-    if (!ck || !(ck->dir = par_strdup(dir, PAR_TAG_IO))) {
-        par_free(ck);
-        return par_err(PAR_ENOMEM, "%s: out of memory", label);
-    }
-
-    /* metadata.json: format and version first (a newer format may hash differently) */
-    path = par_path_join(dir, PAR_CKPT_META);
-    if (!path) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    if (!par_path_exists(path)) {
-        st = par_err(PAR_ENOTFOUND, "%s: %s is missing (not a checkpoint, or an unfinished save)", label,
-                     PAR_CKPT_META);
-        goto fail;
-    }
-    if ((st = par_file_read(path, PAR_TAG_IO, (void **)&mtxt, &mlen)))
-        goto fail;
+    if (!par_path_exists(path))
+        st = par_err(PAR_ENOTFOUND, "%s: %s is missing%s", c->label, name, why);
+    else
+        st = par_file_read(path, PAR_TAG_IO, (void **)txt, len);
     par_free(path);
-    path = par_path_join(dir, PAR_CKPT_SUMS);
-    if (!path) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    if (!par_path_exists(path)) {
-        st = par_err(PAR_ENOTFOUND, "%s: %s is missing", label, PAR_CKPT_SUMS);
-        goto fail;
-    }
-    if ((st = par_file_read(path, PAR_TAG_IO, (void **)&stxt, &slen)))
-        goto fail;
+    return st;
+}
+
+/* metadata.json and SHA256SUMS read, the sums parsed, the metadata parsed
+ * (a parse failure with a wrong hash says "corrupt"), format and version
+ * checked first (a newer format may hash differently). */
+static par_status open_metadata(open_ctx *c)
+{
+    par_status st;
+    if ((st = read_member(c, PAR_CKPT_META, " (not a checkpoint, or an unfinished save)", &c->mtxt, &c->mlen)) ||
+        (st = read_member(c, PAR_CKPT_SUMS, "", &c->stxt, &c->slen)))
+        return st;
     char sl[ERRMSG_MAX + 16];
-    snprintf(sl, sizeof sl, "%s: %s", label, PAR_CKPT_SUMS);
-    if ((st = parse_sums(stxt, slen, sl, &sums, &nsums)))
-        goto fail;
-    const sum_line *ms = sums_find(sums, nsums, PAR_CKPT_META);
-    if (!ms) {
-        st = par_err(PAR_EFORMAT, "%s: %s does not list %s", label, PAR_CKPT_SUMS, PAR_CKPT_META);
-        goto fail;
-    }
-    char ml[ERRMSG_MAX + 16];
-    snprintf(ml, sizeof ml, "%s: %s", label, PAR_CKPT_META);
-    st = par_json_parse(mtxt, mlen, ml, &root);
-    if (st) {
+    snprintf(sl, sizeof sl, "%s: %s", c->label, PAR_CKPT_SUMS);
+    if ((st = parse_sums(c->stxt, c->slen, sl, &c->sums, &c->nsums)))
+        return st;
+    const sum_line *ms = sums_find(c->sums, c->nsums, PAR_CKPT_META);
+    if (!ms)
+        return par_err(PAR_EFORMAT, "%s: %s does not list %s", c->label, PAR_CKPT_SUMS, PAR_CKPT_META);
+    if ((st = par_json_parse(c->mtxt, c->mlen, c->ml, &c->root))) {
         char got[PAR_SHA256_HEX];
-        par_sha256_hex(mtxt, mlen, got);
+        par_sha256_hex(c->mtxt, c->mlen, got);
         if (strcmp(got, ms->sha))
-            st = par_err(PAR_EMISMATCH, "%s: %s is corrupt: sha256 %s, expected %s", label, PAR_CKPT_META, got,
+            st = par_err(PAR_EMISMATCH, "%s: %s is corrupt: sha256 %s, expected %s", c->label, PAR_CKPT_META, got,
                          ms->sha);
-        goto fail;
+        return st;
     }
-    const char *fmt = par_json_str(root, "format");
+    const char *fmt = par_json_str(c->root, "format");
     int64_t version;
-    if (!fmt || strcmp(fmt, PAR_CKPT_FORMAT)) {
-        st = par_err(PAR_EFORMAT, "%s: format '%s', expected '%s'", ml, fmt ? fmt : "(missing)", PAR_CKPT_FORMAT);
-        goto fail;
-    }
-    if (!par_json_int(root, "version", &version)) {
-        st = par_err(PAR_EFORMAT, "%s: \"version\" missing or not an integer", ml);
-        goto fail;
-    }
-    if (version != PAR_CKPT_VERSION) {
-        st = par_err(PAR_EUNSUPPORTED, "%s: format version %lld, this build reads version %d", ml,
-                     (long long)version, PAR_CKPT_VERSION);
-        goto fail;
-    }
+    if (!fmt || strcmp(fmt, PAR_CKPT_FORMAT))
+        return par_err(PAR_EFORMAT, "%s: format '%s', expected '%s'", c->ml, fmt ? fmt : "(missing)",
+                       PAR_CKPT_FORMAT);
+    if (!par_json_int(c->root, "version", &version))
+        return par_err(PAR_EFORMAT, "%s: \"version\" missing or not an integer", c->ml);
+    if (version != PAR_CKPT_VERSION)
+        return par_err(PAR_EUNSUPPORTED, "%s: format version %lld, this build reads version %d", c->ml,
+                       (long long)version, PAR_CKPT_VERSION);
+    return PAR_OK;
+}
 
-    /* every file's hash */
-    for (int i = 0; i < nsums; i++)
-        if ((st = check_file_hash(dir, sums[i].name, sums[i].sha, label)))
-            goto fail;
-
-    /* structure */
-    const cJSON *state = par_json_obj(root, "state"), *rng = par_json_obj(root, "rng");
-    const char *seed = rng ? par_json_str(rng, "seed") : NULL, *prec = par_json_str(root, "precision");
-    int64_t world;
+/* Training state, precision, world size, layout and model of metadata.json. */
+static par_status parse_state(par_ckpt *ck, const open_ctx *c, int64_t *world)
+{
+    const cJSON *state = par_json_obj(c->root, "state"), *rng = par_json_obj(c->root, "rng");
+    const char *seed = rng ? par_json_str(rng, "seed") : NULL, *prec = par_json_str(c->root, "precision");
     char *end = NULL;
     if (!state || !par_json_int(state, "step", &ck->state.step) ||
         !par_json_int(state, "data_cursor", &ck->state.cursor) || !seed || !prec ||
-        !par_json_int(root, "world_size", &world)) {
-        st = par_err(PAR_EFORMAT, "%s: needs \"state\": {step, data_cursor}, \"rng\": {seed}, \"precision\" and "
-                                  "\"world_size\"", ml);
-        goto fail;
-    }
+        !par_json_int(c->root, "world_size", world))
+        return par_err(PAR_EFORMAT, "%s: needs \"state\": {step, data_cursor}, \"rng\": {seed}, \"precision\" and "
+                                    "\"world_size\"", c->ml);
     errno = 0;
     ck->state.seed = strtoull(seed, &end, 10);
-    if (errno || !*seed || *end || *seed == '-') {
-        st = par_err(PAR_EFORMAT, "%s: rng.seed '%s' is not an unsigned 64-bit integer", ml, seed);
-        goto fail;
-    }
+    if (errno || !*seed || *end || *seed == '-')
+        return par_err(PAR_EFORMAT, "%s: rng.seed '%s' is not an unsigned 64-bit integer", c->ml, seed);
     snprintf(ck->state.precision, sizeof ck->state.precision, "%s", prec);
-    const cJSON *lay = par_json_obj(root, "layout");
+    const cJSON *lay = par_json_obj(c->root, "layout");
     if (lay) {
-        if ((st = layout_parse(lay, ml, &ck->layout)))
-            goto fail;
+        par_status st = layout_parse(lay, c->ml, &ck->layout);
+        if (st)
+            return st;
         ck->has_layout = 1;
-        if (ck->layout.world != world) {
-            st = par_err(PAR_EFORMAT, "%s: layout.world_size %lld but world_size %lld", ml,
-                         (long long)ck->layout.world, (long long)world);
-            goto fail;
-        }
+        if (ck->layout.world != *world)
+            return par_err(PAR_EFORMAT, "%s: layout.world_size %lld but world_size %lld", c->ml,
+                           (long long)ck->layout.world, (long long)*world);
     }
-    const cJSON *model = par_json_obj(root, "model");
-    if (model && !(ck->model = cJSON_Duplicate(model, 1))) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    if ((st = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), ml, &ck->t, &ck->nt)))
-        goto fail;
-    if ((st = index_build(&ck->ix, ck->t, ck->nt, ml))) {
-        st = par_err(PAR_EFORMAT, "%s", par_last_error());
-        goto fail;
-    }
-    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(root, "shards");
-    const cJSON *files = par_json_obj(root, "files");
-    if (!cJSON_IsArray(shards) || !files || cJSON_GetArraySize(shards) != world || world < 1) {
-        st = par_err(PAR_EFORMAT, "%s: needs \"shards\" (one per rank of world_size %lld) and \"files\"", ml,
-                     (long long)world);
-        goto fail;
-    }
+    const cJSON *model = par_json_obj(c->root, "model");
+    if (model && !(ck->model = cJSON_Duplicate(model, 1)))
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
+    return PAR_OK;
+}
+
+/* The tensor list: entries, the name index (no name twice), the roles (from
+ * the names for a checkpoint written before they were recorded), their
+ * rules.  Every fault is PAR_EFORMAT. */
+static par_status parse_table(par_ckpt *ck, const open_ctx *c)
+{
+    int legacy = 0;
+    par_status st = parse_tensors(cJSON_GetObjectItemCaseSensitive(c->root, "tensors"), c->ml, &ck->t, &ck->nt,
+                                  &legacy);
+    if (st)
+        return st;
+    if ((st = index_build(&ck->ix, ck->t, ck->nt, c->ml)))
+        return par_err(PAR_EFORMAT, "%s", par_last_error());
+    if (legacy)
+        roles_from_names(ck->t, ck->nt, &ck->ix);
+    if ((st = check_roles(ck->t, ck->nt, c->ml)))
+        return par_err(PAR_EFORMAT, "%s", par_last_error());
+    return PAR_OK;
+}
+
+/* One descriptor per rank; each shard's hash the same in "shards", "files"
+ * and SHA256SUMS (a shard file not there: PAR_ENOTFOUND); *npieces = the
+ * non-empty slices. */
+static par_status parse_shards(par_ckpt *ck, const open_ctx *c, int64_t world, int64_t *npieces)
+{
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(c->root, "shards");
+    const cJSON *files = par_json_obj(c->root, "files");
+    if (!cJSON_IsArray(shards) || !files || cJSON_GetArraySize(shards) != world || world < 1)
+        return par_err(PAR_EFORMAT, "%s: needs \"shards\" (one per rank of world_size %lld) and \"files\"", c->ml,
+                       (long long)world);
     ck->nranks = (int)world;
     ck->d = par_calloc((size_t)world, sizeof *ck->d, PAR_TAG_IO);
     ck->files = par_calloc((size_t)world, sizeof *ck->files, PAR_TAG_IO);
-    if (!ck->d || !ck->files) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
-    }
-    int64_t npieces = 0;
+    if (!ck->d || !ck->files)
+        return par_err(PAR_ENOMEM, "%s: out of memory", c->label);
+    *npieces = 0;
     for (int r = 0; r < ck->nranks; r++) {
-        if ((st = desc_parse(cJSON_GetArrayItem(shards, r), ml, r, &ck->d[r])))
-            goto fail;
+        par_status st = desc_parse(cJSON_GetArrayItem(shards, r), c->ml, r, &ck->d[r]);
+        if (st)
+            return st;
         const char *fsha = par_json_str(files, ck->d[r].file);
-        const sum_line *s = sums_find(sums, nsums, ck->d[r].file);
+        const sum_line *s = sums_find(c->sums, c->nsums, ck->d[r].file);
         if (!fsha || strcmp(fsha, ck->d[r].sha) || !s || strcmp(s->sha, ck->d[r].sha)) {
-            char *p = par_path_join(dir, ck->d[r].file);
+            char *p = par_path_join(c->dir, ck->d[r].file);
             int exists = p && par_path_exists(p);
             par_free(p);
             if (!exists)
-                st = par_err(PAR_ENOTFOUND, "%s: shard %s of rank %d is missing", label, ck->d[r].file, r);
-            else
-                st = par_err(PAR_EMISMATCH, "%s: shard %s: the hashes in %s, \"files\" and %s disagree", label,
-                             ck->d[r].file, PAR_CKPT_META, PAR_CKPT_SUMS);
-            goto fail;
+                return par_err(PAR_ENOTFOUND, "%s: shard %s of rank %d is missing", c->label, ck->d[r].file, r);
+            return par_err(PAR_EMISMATCH, "%s: shard %s: the hashes in %s, \"files\" and %s disagree", c->label,
+                           ck->d[r].file, PAR_CKPT_META, PAR_CKPT_SUMS);
         }
         for (int i = 0; i < ck->d[r].n; i++)
-            npieces += ck->d[r].s[i].end > ck->d[r].s[i].begin;
+            *npieces += ck->d[r].s[i].end > ck->d[r].s[i].begin;
     }
-    /* coverage before reading shard files (cheap, and names the gap) */
-    if ((st = check_descs(label, &ck->ix, ck->d, ck->nranks)))
-        goto fail;
+    return PAR_OK;
+}
 
-    /* shard files against their slice lists */
+/* Reads every shard file, checks it against its slice list and records its
+ * pieces, per tensor sorted by begin. */
+static par_status load_shards(par_ckpt *ck, const char *label, int64_t npieces)
+{
     ck->poff = par_calloc((size_t)ck->nt + 1, sizeof *ck->poff, PAR_TAG_IO);
     ck->pieces = par_malloc((size_t)(npieces > 0 ? npieces : 1) * sizeof *ck->pieces, PAR_TAG_IO);
-    cur = par_calloc((size_t)ck->nt + 1, sizeof *cur, PAR_TAG_IO);
+    int64_t *cur = par_calloc((size_t)ck->nt + 1, sizeof *cur, PAR_TAG_IO);
+    par_status st = PAR_OK;
     if (!ck->poff || !ck->pieces || !cur) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-        goto fail;
+        par_free(cur);
+        return par_err(PAR_ENOMEM, "%s: out of memory", label);
     }
     for (int r = 0; r < ck->nranks; r++)
         for (int i = 0; i < ck->d[r].n; i++)
@@ -1279,39 +1412,54 @@ par_status par_ckpt_open(const char *dir, par_ckpt **out)
     for (int t = 0; t < ck->nt; t++)
         ck->poff[t + 1] += ck->poff[t];
     memcpy(cur, ck->poff, (size_t)ck->nt * sizeof *cur);
-    for (int r = 0; r < ck->nranks; r++) {
-        par_free(path);
-        path = par_path_join(dir, ck->d[r].file);
-        if (!path) {
+    for (int r = 0; r < ck->nranks && !st; r++) {
+        char *path = par_path_join(ck->dir, ck->d[r].file);
+        if (!path)
             st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-            goto fail;
-        }
-        if ((st = par_st_read(path, &ck->files[r])))
-            goto fail;
-        if ((st = check_shard(ck, r, label, cur)))
-            goto fail;
+        else if (!(st = par_st_read(path, &ck->files[r])))
+            st = check_shard(ck, r, label, cur);
+        par_free(path);
     }
-    for (int t = 0; t < ck->nt; t++)
-        qsort(ck->pieces + ck->poff[t], (size_t)(ck->poff[t + 1] - ck->poff[t]), sizeof *ck->pieces, cmp_piece);
-
     par_free(cur);
-    par_free(path);
-    par_free(mtxt);
-    par_free(stxt);
-    par_free(sums);
-    cJSON_Delete(root);
+    for (int t = 0; t < ck->nt && !st; t++)
+        qsort(ck->pieces + ck->poff[t], (size_t)(ck->poff[t + 1] - ck->poff[t]), sizeof *ck->pieces, cmp_piece);
+    return st;
+}
+
+par_status par_ckpt_open(const char *dir, par_ckpt **out)
+{
+    open_ctx c = {.dir = dir};
+    snprintf(c.label, sizeof c.label, "checkpoint %s", dir);
+    snprintf(c.ml, sizeof c.ml, "%s: %s", c.label, PAR_CKPT_META);
+    if (!par_path_is_dir(dir))
+        return par_err(par_path_exists(dir) ? PAR_EINVAL : PAR_ENOTFOUND, "%s: %s", c.label,
+                       par_path_exists(dir) ? "not a directory" : "no such directory");
+    par_ckpt *ck = par_calloc(1, sizeof *ck, PAR_TAG_IO);
+    if (!ck || !(ck->dir = par_strdup(dir, PAR_TAG_IO))) {
+        par_free(ck);
+        return par_err(PAR_ENOMEM, "%s: out of memory", c.label);
+    }
+    int64_t world = 0, npieces = 0;
+    par_status st = open_metadata(&c);
+    for (int i = 0; !st && i < c.nsums; i++) /* every file's hash */
+        st = check_file_hash(dir, c.sums[i].name, c.sums[i].sha, c.label);
+    if (!st)
+        st = parse_state(ck, &c, &world);
+    if (!st)
+        st = parse_table(ck, &c);
+    if (!st)
+        st = parse_shards(ck, &c, world, &npieces);
+    if (!st) /* coverage before reading shard files (cheap, and names the gap) */
+        st = check_descs(c.label, &ck->ix, ck->d, ck->nranks);
+    if (!st)
+        st = load_shards(ck, c.label, npieces);
+    open_ctx_free(&c);
+    if (st) {
+        par_ckpt_close(ck);
+        return st;
+    }
     *out = ck;
     return PAR_OK;
-
-fail:
-    par_free(cur);
-    par_free(path);
-    par_free(mtxt);
-    par_free(stxt);
-    par_free(sums);
-    cJSON_Delete(root);
-    par_ckpt_close(ck);
-    return st;
 }
 
 const char *par_ckpt_dir(const par_ckpt *ck)
@@ -1469,11 +1617,12 @@ fail_close:
 par_status par_ckpt_reshard_open(const par_ckpt *ck, const char *dst_dir, const par_layout *layout,
                                  par_ckpt_owner_fn fn, void *ud)
 {
-    if (!fn)
-        par_ckpt_get_owner(&fn, &ud);
     int64_t world = par_ckpt_layout_world(layout);
     char ctx[ERRMSG_MAX];
     snprintf(ctx, sizeof ctx, "reshard %s -> %s", ck->dir, dst_dir);
+    if (!fn)
+        return par_err(PAR_EINVAL, "%s: needs an ownership rule (parallel/ckpt_owner.h: par_ckpt_owner_driver for "
+                       "the training driver's layouts)", ctx);
     if (world < 1 || world > (1 << 20))
         return par_err(PAR_EINVAL, "%s: world size %lld outside 1..%d", ctx, (long long)world, 1 << 20);
     par_status st = PAR_OK;
@@ -1537,6 +1686,18 @@ par_status par_ckpt_reshard(const char *src_dir, const char *dst_dir, const par_
     return st;
 }
 
+/* A tensor's role in words, e.g. "exp_avg of 'layers.0.ffn.experts.3.w1.weight'
+ * (expert 3, layers.0)"; comparable across checkpoints (no list indices). */
+static const char *role_str(const par_ckpt *ck, const par_ckpt_tensor *x, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s", slot_names[x->slot]);
+    if (x->slot != PAR_CKPT_PARAM && k >= 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, " of '%s'", ck->t[x->param].name);
+    if (k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " (expert %d, layer %d, mtp %d)", x->expert, x->layer, x->mtp);
+    return buf;
+}
+
 static int state_equal(const par_ckpt_state *a, const par_ckpt_state *b)
 {
     return a->step == b->step && a->cursor == b->cursor && a->seed == b->seed && !strcmp(a->precision, b->precision);
@@ -1554,6 +1715,62 @@ static void note(par_ckpt_diff_result *res, FILE *out, const char *fmt, ...)
         snprintf(res->first, sizeof res->first, "%s", line);
     if (out)
         fprintf(out, "%s\n", line);
+}
+
+/* Tensor ta of A against the tensor of its name in B (tb, or NULL): one
+ * noted line when they differ (presence, dtype or shape, role, values). */
+static par_status diff_tensor(const par_ckpt *a, const par_ckpt *b, const par_ckpt_tensor *ta, FILE *out,
+                              par_ckpt_diff_result *r)
+{
+    const par_ckpt_tensor *tb = par_ckpt_find(b, ta->name);
+    char s1[2 * PAR_CKPT_NAME_MAX], s2[2 * PAR_CKPT_NAME_MAX];
+    if (!tb) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: only in A", ta->name);
+        return PAR_OK;
+    }
+    if (ta->dtype != tb->dtype || ta->ndim != tb->ndim ||
+        memcmp(ta->shape, tb->shape, (size_t)ta->ndim * sizeof ta->shape[0])) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: A %s %s, B %s %s", ta->name, par_dtype_name(ta->dtype),
+             par_shape_str(ta->ndim, ta->shape, s1, sizeof s1), par_dtype_name(tb->dtype),
+             par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
+        return PAR_OK;
+    }
+    if (strcmp(role_str(a, ta, s1, sizeof s1), role_str(b, tb, s2, sizeof s2))) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: A %s, B %s", ta->name, s1, s2);
+        return PAR_OK;
+    }
+    par_tensor xa, xb;
+    par_status st = par_ckpt_read_tensor(a, ta->name, PAR_TAG_IO, &xa);
+    if (st)
+        return st;
+    if ((st = par_ckpt_read_tensor(b, ta->name, PAR_TAG_IO, &xb))) {
+        par_tensor_free(&xa);
+        return st;
+    }
+    int64_t n = par_tensor_numel(&xa), ndiff = 0, first = -1;
+    size_t es = par_dtype_size(xa.dtype);
+    double maxabs = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (memcmp((char *)xa.data + (size_t)k * es, (char *)xb.data + (size_t)k * es, es)) {
+            if (first < 0)
+                first = k;
+            ndiff++;
+            double d = fabs(par_tensor_get_f64(&xa, k) - par_tensor_get_f64(&xb, k));
+            if (d > maxabs || isnan(d))
+                maxabs = d;
+        }
+    if (ndiff) {
+        r->n_tensors_diff++;
+        note(r, out, "%s: %lld of %lld elements differ (first at %lld: A %.17g, B %.17g; max |A-B| %.3g)", ta->name,
+             (long long)ndiff, (long long)n, (long long)first, par_tensor_get_f64(&xa, first),
+             par_tensor_get_f64(&xb, first), maxabs);
+    }
+    par_tensor_free(&xa);
+    par_tensor_free(&xb);
+    return PAR_OK;
 }
 
 par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ckpt_diff_result *res)
@@ -1578,51 +1795,8 @@ par_status par_ckpt_diff(const char *a_dir, const char *b_dir, FILE *out, par_ck
             r.n_tensors_diff++;
             note(&r, out, "%s: only in B", b->t[i].name);
         }
-    for (int i = 0; i < a->nt && !st; i++) {
-        const par_ckpt_tensor *ta = &a->t[i];
-        const par_ckpt_tensor *tb = par_ckpt_find(b, ta->name);
-        char s1[96], s2[96];
-        if (!tb) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: only in A", ta->name);
-            continue;
-        }
-        if (ta->dtype != tb->dtype || ta->ndim != tb->ndim ||
-            memcmp(ta->shape, tb->shape, (size_t)ta->ndim * sizeof ta->shape[0])) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: A %s %s, B %s %s", ta->name, par_dtype_name(ta->dtype),
-                 par_shape_str(ta->ndim, ta->shape, s1, sizeof s1), par_dtype_name(tb->dtype),
-                 par_shape_str(tb->ndim, tb->shape, s2, sizeof s2));
-            continue;
-        }
-        par_tensor xa, xb;
-        if ((st = par_ckpt_read_tensor(a, ta->name, PAR_TAG_IO, &xa)))
-            break;
-        if ((st = par_ckpt_read_tensor(b, ta->name, PAR_TAG_IO, &xb))) {
-            par_tensor_free(&xa);
-            break;
-        }
-        int64_t n = par_tensor_numel(&xa), ndiff = 0, first = -1;
-        size_t es = par_dtype_size(xa.dtype);
-        double maxabs = 0;
-        for (int64_t k = 0; k < n; k++)
-            if (memcmp((char *)xa.data + (size_t)k * es, (char *)xb.data + (size_t)k * es, es)) {
-                if (first < 0)
-                    first = k;
-                ndiff++;
-                double d = fabs(par_tensor_get_f64(&xa, k) - par_tensor_get_f64(&xb, k));
-                if (d > maxabs || isnan(d))
-                    maxabs = d;
-            }
-        if (ndiff) {
-            r.n_tensors_diff++;
-            note(&r, out, "%s: %lld of %lld elements differ (first at %lld: A %.17g, B %.17g; max |A-B| %.3g)",
-                 ta->name, (long long)ndiff, (long long)n, (long long)first, par_tensor_get_f64(&xa, first),
-                 par_tensor_get_f64(&xb, first), maxabs);
-        }
-        par_tensor_free(&xa);
-        par_tensor_free(&xb);
-    }
+    for (int i = 0; i < a->nt && !st; i++)
+        st = diff_tensor(a, b, &a->t[i], out, &r);
     r.tensors_equal = r.n_tensors_diff == 0;
     par_ckpt_close(a);
     par_ckpt_close(b);

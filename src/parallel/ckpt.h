@@ -14,7 +14,11 @@
  * Tensors are the parameters by the contract's names and the optimizer
  * state as "opt.<parameter name>.<slot>" (slot momentum for Muon, exp_avg
  * and exp_avg_sq for AdamW; GOLDEN.md), but this file moves bytes by dtype
- * and knows nothing of the model: any tensor list works.
+ * and knows nothing of the model: any tensor list works.  What a tensor IS
+ * (a parameter or which state slot of which parameter, its routed expert and
+ * block) is a field of the list, recorded in metadata.json and never parsed
+ * from a name (par_ckpt_tensor; the one exception is reading a checkpoint
+ * written before the fields were recorded, see par_ckpt_open).
  *
  * Coverage rule: every element of every tensor is held by exactly one slice
  * of one shard.  A replicated tensor is written by one designated owner;
@@ -33,11 +37,10 @@
  * whatever shards cover them.  Nothing is copied until every wanted slice
  * has been checked, so a failed read leaves the destination untouched.
  *
- * Ownership: a rank's slices come from the driver, through a par_ckpt_owner_fn
- * for a (layout, rank).  par_ckpt_owner_simple is a PLACEHOLDER (dense
- * tensors whole on rank 0, routed experts contiguous by EP over ranks
- * 0..EP-1) used by `parity ckpt reshard` until the parallel driver registers
- * its real rule with par_ckpt_set_owner.
+ * Ownership: which slices a rank writes is a rule, a par_ckpt_owner_fn of
+ * (layout, rank, tensor list), always passed explicitly: the caller of a save
+ * gathers its items with it, reshard takes it as an argument.  The rules
+ * live in parallel/ckpt_owner.h (the training driver's, and a simple one).
  *
  * Untemplated.  Thread safety: par_ckpt_read on one open handle may run
  * from many thread ranks at once (it only reads the handle).
@@ -68,13 +71,39 @@ typedef struct {
     int64_t begin, end;
 } par_ckpt_slice;
 
-/* A global tensor of a checkpoint. */
+/* What a checkpoint tensor holds: a parameter, or one optimizer state slot
+ * of a parameter (GOLDEN.md's slot names). */
+typedef enum {
+    PAR_CKPT_PARAM = 0,      /* a parameter                                */
+    PAR_CKPT_MOMENTUM = 1,   /* Muon momentum of tensors[param]            */
+    PAR_CKPT_EXP_AVG = 2,    /* AdamW exp_avg of tensors[param]            */
+    PAR_CKPT_EXP_AVG_SQ = 3, /* AdamW exp_avg_sq of tensors[param]         */
+} par_ckpt_slot;
+#define PAR_CKPT_SLOT_COUNT 4
+
+/* A global tensor of a checkpoint: name, dtype, global shape, and its role
+ * (what ownership rules read; recorded in metadata.json).  Role rules,
+ * checked on save and open: a parameter has param = -1; optimizer state has
+ * param = the list index of a parameter with the same shape, and the same
+ * expert / layer / mtp as it; expert, layer, mtp >= -1, not both a layer and
+ * an MTP block.  par_ckpt_tensor_init makes a plain parameter. */
 typedef struct {
     char name[PAR_CKPT_NAME_MAX];
     par_dtype dtype;
     int ndim;
     int64_t shape[PAR_MAX_DIMS];
+    par_ckpt_slot slot;
+    int param;  /* optimizer state: list index of its parameter; -1 for a parameter */
+    int expert; /* routed expert index (layers.N.ffn.experts.E.*: E); -1 none     */
+    int layer;  /* main block (layers.N.*: N); -1 none                            */
+    int mtp;    /* MTP block (mtp.N.*: N); -1 none                                */
 } par_ckpt_tensor;
+
+/* *x = a parameter `name` (truncated to PAR_CKPT_NAME_MAX - 1) of that dtype
+ * and shape[ndim], no expert, no block. */
+void par_ckpt_tensor_init(par_ckpt_tensor *x, const char *name, par_dtype dtype, int ndim, const int64_t *shape);
+/* "param", "momentum", "exp_avg", "exp_avg_sq" (NULL outside the enum). */
+const char *par_ckpt_slot_name(par_ckpt_slot s);
 
 /* A slice with its data: (end - begin) elements of the tensor's dtype.
  * Read on save, written on load. */
@@ -107,7 +136,9 @@ typedef struct {
  * in table order (float ones as F64 for precision 64, F32 for 32; tid2eid
  * as I32), then the optimizer state in table order: "opt.<name>.momentum"
  * for Muon tensors, "opt.<name>.exp_avg" and "opt.<name>.exp_avg_sq" for
- * AdamW tensors (none for PAR_OPT_NONE).  *out par_malloc'd (tag IO). */
+ * AdamW tensors (none for PAR_OPT_NONE).  Roles from the table (entry i is
+ * list index i; expert, layer / mtp from the entry's expert and block).
+ * *out par_malloc'd (tag IO). */
 par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bits, par_ckpt_tensor **out,
                                       int *n);
 
@@ -120,19 +151,6 @@ par_status par_ckpt_tensors_of_params(const par_param_table *t, int precision_bi
 typedef par_status (*par_ckpt_owner_fn)(const par_layout *layout, int nranks, int rank,
                                         const par_ckpt_tensor *tensors, int ntensors,
                                         par_ckpt_slice **out, int *n, void *ud);
-
-/* PLACEHOLDER owner (to be replaced by the driver's): tensors whose name
- * holds ".experts.<e>." (optimizer state "opt.<...>" included) go whole to
- * world rank e / (E / EP) (E = 1 + the largest expert index seen; E % EP
- * must be 0), every other tensor whole to rank 0.  PP, CP, DP and ZeRO-1 are
- * ignored. */
-par_status par_ckpt_owner_simple(const par_layout *layout, int nranks, int rank,
-                                 const par_ckpt_tensor *tensors, int ntensors, par_ckpt_slice **out,
-                                 int *n, void *ud);
-/* The owner used by reshard when none is given: par_ckpt_owner_simple until
- * par_ckpt_set_owner (NULL fn: back to the placeholder). */
-void par_ckpt_set_owner(par_ckpt_owner_fn fn, void *ud);
-void par_ckpt_get_owner(par_ckpt_owner_fn *fn, void **ud);
 
 /* World size of a layout: l->world, else PP * lcm(TP*CP, ETP*EP). */
 int64_t par_ckpt_layout_world(const par_layout *l);
@@ -156,7 +174,11 @@ par_status par_ckpt_save(par_comm *world, const char *dir, const par_ckpt_info *
 typedef struct par_ckpt par_ckpt;
 
 /* Opens DIR and validates everything (see above); the shards are loaded
- * into memory (tag IO).  Errors: PAR_ENOTFOUND missing directory / file,
+ * into memory (tag IO).  The tensors' roles come from metadata.json; a
+ * checkpoint written before they were recorded (no "slot" on any tensor) gets
+ * them from the contract's names, once, here: "opt.<P>.<slot>" with P a
+ * listed tensor of the same shape is that slot of P, ".experts.<E>." is
+ * expert E, a "layers.<N>." / "mtp.<N>." prefix the block.  Errors: PAR_ENOTFOUND missing directory / file,
  * PAR_EFORMAT bad structure or truncated file, PAR_EUNSUPPORTED other
  * format version, PAR_EMISMATCH hash / shape / dtype / shard disagreement,
  * PAR_EFORMAT gap or overlap (first one, by tensor and element range). */
@@ -190,9 +212,9 @@ par_status par_ckpt_read_tensor(const par_ckpt *ck, const char *name, par_tag ta
  * "format": "parity-ckpt-export", step, cursor, seed, precision. */
 par_status par_ckpt_export(const char *src_dir, const char *file);
 
-/* Reads SRC and saves it as DST (atomic) with the ownership of `fn` under
- * `layout` (world size par_ckpt_layout_world); fn NULL: the registered
- * owner.  Training state and model are kept; the layout is replaced. */
+/* Reads SRC and saves it as DST (atomic) with the ownership rule fn (with
+ * its ud) under `layout` (world size par_ckpt_layout_world); fn NULL is
+ * PAR_EINVAL.  Training state and model are kept; the layout is replaced. */
 par_status par_ckpt_reshard(const char *src_dir, const char *dst_dir, const par_layout *layout,
                             par_ckpt_owner_fn fn, void *ud);
 /* The same from an open checkpoint (dst_dir may be its own directory). */
@@ -202,7 +224,7 @@ par_status par_ckpt_reshard_open(const par_ckpt *ck, const char *dst_dir, const 
 /* Result of comparing two checkpoints. */
 typedef struct {
     int state_equal;     /* step, cursor, seed, precision              */
-    int tensors_equal;   /* same names, dtypes, shapes, bitwise values  */
+    int tensors_equal;   /* same names, dtypes, shapes, roles, bitwise values */
     int n_tensors_diff;  /* tensors missing on a side or different      */
     char first[320];     /* the first difference, "" when none          */
 } par_ckpt_diff_result;

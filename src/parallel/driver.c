@@ -11,7 +11,7 @@
 #include "core/log.h"
 #include "model/golden.h"
 #include "model/model.h"
-#include "parallel/ckptwire.h"
+#include "parallel/ckpt_model.h"
 #include "parallel/cpwire.h"
 #include "parallel/dpwire.h"
 #include "parallel/ep.h"
@@ -308,7 +308,7 @@ static par_status rank_main(par_comm *world, void *arg)
     for (int i = 0; pp && i < M.tab.n; i++)
         if (PAR_FN(par_pp_norm_skip)(pp)[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&dpw, i)))
             goto fail_batch;
-    if (o->load && (s = PAR_FN(par_ckptw_load)(&P, &M, &dpw, o->load)))
+    if (o->load && (s = PAR_FN(par_ckpt_model_load)(&P, &M, &dpw, o->load)))
         goto fail_batch;
     if (R->tmp) {
         D.lm = par_calloc((size_t)(M.n_local > 0 ? M.n_local : 1), sizeof(par_real), PAR_TAG_IO);
@@ -393,7 +393,7 @@ static par_status rank_main(par_comm *world, void *arg)
         if (o->save_dir && ((o->save_interval > 0 && gstep % o->save_interval == 0) || k == o->steps - 1)) {
             par_ckpt_state cs = {.step = gstep, .cursor = R->cursor[k], .seed = R->seed};
             snprintf(cs.precision, sizeof cs.precision, "%s", PAR_REAL_BITS == 64 ? "f64" : "f32");
-            if ((s = PAR_FN(par_ckptw_save)(&P, &M, &dpw, o->save_dir, &cs)))
+            if ((s = PAR_FN(par_ckpt_model_save)(&P, &M, &dpw, o->save_dir, &cs)))
                 goto fail_batch;
             if (P.rank == 0)
                 R->saves++;
@@ -614,7 +614,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
         R.n_float = t.n_float;
         par_param_table_free(&t);
     }
-    if (o->load && (s = PAR_FN(par_ckptw_check)(o->load, &R.cfg)))
+    if (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg)))
         goto fail_data;
 
     if (o->dump_dir && (s = par_adir_begin(o->dump_dir, &R.tmp)))

@@ -54,7 +54,7 @@ typedef struct {
     int net_spans;            /* 1: record spans for a Chrome trace */
     int moe_dispatch;         /* EP all-to-all: 0 flat, 1 hierarchical (parallel/ep.h par_ep_dispatch);
                                * nodes of netmodel->gpus_per_node ranks, 8 without a network */
-    /* checkpoints (parallel/ckptwire.h, docs/checkpoints.md "With the driver") */
+    /* checkpoints (parallel/ckpt_model.h, docs/checkpoints.md "With the driver") */
     const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
@@ -148,17 +148,5 @@ static inline par_status par_run(const par_run_opts *o, par_run_summary *sum)
         return par_run_f64(o, sum);
     return par_err(PAR_EINVAL, "run: precision must be 64 or 32 bits (got %d)", o->precision);
 }
-
-/* The driver's checkpoint ownership rule (parallel/ckptwire.h; a
- * par_ckpt_owner_fn, ud unused): each tensor on the lowest pipeline rank
- * holding it; there dense tensors on the replica tp = cp = dp = 0, routed
- * experts on their EP owner at edp = 0, optimizer state on the ZeRO-1 shard
- * owners of that stage's plans (padding never written) or with the
- * parameter when replicated. */
-par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank, const par_ckpt_tensor *tensors,
-                                 int ntensors, par_ckpt_slice **out, int *nout, void *ud);
-/* par_ckpt_set_owner(par_ckpt_owner_driver): `parity ckpt reshard` and
- * `parity run` register it. */
-void par_run_register_ckpt_owner(void);
 
 #endif

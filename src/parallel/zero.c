@@ -25,27 +25,13 @@ typedef PAR_FN(par_zero_plan) plan_t;
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* ---- plan ---------------------------------------------------------------- */
-
-/* Muon order for the greedy assignment: numel descending, then table order. */
-static int cmp_muon(const void *a, const void *b)
-{
-    const par_zero_entry *x = *(const par_zero_entry *const *)a, *y = *(const par_zero_entry *const *)b;
-    if (x->numel != y->numel)
-        return x->numel > y->numel ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
-}
+/* ---- plan: the geometry (zero_plan.c) plus state and workspace ----------- */
 
 void PAR_FN(par_zero_plan_free)(plan_t *pl)
 {
     if (!pl)
         return;
-    par_free(pl->e);
-    par_free(pl->entry_of);
-    par_free(pl->owned);
-    par_free(pl->owned_begin);
-    par_free(pl->load);
-    par_free(pl->muon_base);
+    par_zero_geom_free(&pl->geom);
     par_free(pl->counts);
     par_free(pl->displs);
     par_free(pl->m);
@@ -59,133 +45,26 @@ void PAR_FN(par_zero_plan_free)(plan_t *pl)
 par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, const int *idx, int n_idx, int dp,
                                        int rank, par_dp_mode mode)
 {
-    if (!pl || !t || n_idx < 0 || (n_idx > 0 && !idx))
-        return par_err(PAR_EINVAL, "zero plan: needs a plan, a table and a list (n_idx = %d)", n_idx);
-    if (dp < 1)
-        return par_err(PAR_EINVAL, "zero plan: the group size must be >= 1, got %d", dp);
-    if (rank < 0 || rank >= dp)
-        return par_err(PAR_ERANGE, "zero plan: rank %d outside the group [0, %d)", rank, dp);
+    if (!pl)
+        return par_err(PAR_EINVAL, "zero plan: needs a plan to build");
     if (mode != PAR_DP_REPLICATED && mode != PAR_DP_ZERO1)
         return par_err(PAR_EINVAL, "zero plan: unknown mode %d", (int)mode);
-
     plan_t z;
     memset(&z, 0, sizeof z);
-    z.t = t;
+    par_status st = par_zero_geom_build(&z.geom, t, idx, n_idx, dp, rank);
+    if (st)
+        return st;
     z.mode = mode;
-    z.dp = dp;
-    z.rank = rank;
-    par_status st = PAR_OK;
-    par_zero_entry **mu = NULL;
-
-    z.entry_of = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *z.entry_of, PAR_TAG_MODEL);
-    z.e = par_malloc((size_t)(n_idx > 0 ? n_idx : 1) * sizeof *z.e, PAR_TAG_MODEL);
-    z.load = par_calloc((size_t)dp, sizeof *z.load, PAR_TAG_MODEL);
-    z.muon_base = par_calloc((size_t)dp + 1, sizeof *z.muon_base, PAR_TAG_MODEL);
-    z.owned_begin = par_calloc((size_t)dp + 1, sizeof *z.owned_begin, PAR_TAG_MODEL);
     z.counts = par_calloc((size_t)dp, sizeof *z.counts, PAR_TAG_COMM);
     z.displs = par_calloc((size_t)dp, sizeof *z.displs, PAR_TAG_COMM);
-    if (!z.entry_of || !z.e || !z.load || !z.muon_base || !z.owned_begin || !z.counts || !z.displs) {
-        st = par_err(PAR_ENOMEM, "zero plan: no memory for the tables of %d tensors", n_idx);
+    if (!z.counts || !z.displs) {
+        st = par_err(PAR_ENOMEM, "zero plan: no memory for the gather counts of %d ranks", dp);
         goto fail_free_plan;
     }
-    /* mark the list: -1 absent, -2 listed */
-    for (int i = 0; i < t->n; i++)
-        z.entry_of[i] = -1;
-    for (int k = 0; k < n_idx; k++) {
-        if (idx[k] < 0 || idx[k] >= t->n) {
-            st = par_err(PAR_ERANGE, "zero plan: list item %d is table index %d, outside [0, %d)", k, idx[k], t->n);
-            goto fail_free_plan;
-        }
-        if (z.entry_of[idx[k]] == -2) {
-            st = par_err(PAR_EINVAL, "zero plan: tensor '%s' (index %d) is listed twice; each tensor is reduced "
-                         "exactly once per group", t->p[idx[k]].name, idx[k]);
-            goto fail_free_plan;
-        }
-        z.entry_of[idx[k]] = -2;
-    }
-    /* entries in table order; AdamW laid out flat */
-    int n_mu = 0;
-    for (int i = 0; i < t->n; i++) {
-        const par_param *p = &t->p[i];
-        int listed = z.entry_of[i] == -2;
-        z.entry_of[i] = -1;
-        if (!listed || p->dtype != PAR_PDT_REAL || p->opt == PAR_OPT_NONE)
-            continue;
-        par_zero_entry *e = &z.e[z.n];
-        e->idx = i;
-        e->opt = p->opt;
-        e->numel = p->numel;
-        if (p->opt == PAR_OPT_ADAMW) {
-            e->owner = PAR_ZERO_SHARDED;
-            e->pos = z.n_adamw;
-            z.n_adamw += p->numel;
-        } else {
-            e->owner = 0;
-            e->pos = 0;
-            z.n_muon += p->numel;
-            z.largest = max64(z.largest, p->numel);
-            n_mu++;
-        }
-        z.entry_of[i] = z.n++;
-    }
-    z.shard = (z.n_adamw + dp - 1) / dp;
-
-    /* Muon: greedy ownership (numel descending, ties table order; least
-     * loaded rank, ties lower rank) */
-    mu = par_malloc((size_t)(n_mu > 0 ? n_mu : 1) * sizeof *mu, PAR_TAG_MODEL);
-    z.owned = par_malloc((size_t)(n_mu > 0 ? n_mu : 1) * sizeof *z.owned, PAR_TAG_MODEL);
-    if (!mu || !z.owned) {
-        st = par_err(PAR_ENOMEM, "zero plan: no memory for %d Muon matrices", n_mu);
-        goto fail_free_plan;
-    }
-    int k = 0;
-    for (int i = 0; i < z.n; i++)
-        if (z.e[i].opt == PAR_OPT_MUON)
-            mu[k++] = &z.e[i];
-    qsort(mu, (size_t)n_mu, sizeof *mu, cmp_muon);
-    for (int j = 0; j < n_mu; j++) {
-        int best = 0;
-        for (int q = 1; q < dp; q++)
-            if (z.load[q] < z.load[best])
-                best = q;
-        mu[j]->owner = best;
-        z.load[best] += mu[j]->numel;
-    }
-    /* owned lists by (owner, table order); positions inside the owner's block */
-    for (int i = 0; i < z.n; i++)
-        if (z.e[i].opt == PAR_OPT_MUON)
-            z.owned_begin[z.e[i].owner + 1]++;
-    for (int q = 0; q < dp; q++) {
-        z.owned_begin[q + 1] += z.owned_begin[q];
-        z.muon_base[q + 1] = z.muon_base[q] + z.load[q];
-        z.load_max = max64(z.load_max, z.load[q]);
-    }
-    {
-        int *fill = par_calloc((size_t)dp, sizeof *fill, PAR_TAG_MODEL);
-        int64_t *at = par_calloc((size_t)dp, sizeof *at, PAR_TAG_MODEL);
-        if (!fill || !at) {
-            par_free(fill);
-            par_free(at);
-            st = par_err(PAR_ENOMEM, "zero plan: no memory for ownership lists of %d ranks", dp);
-            goto fail_free_plan;
-        }
-        for (int i = 0; i < z.n; i++) {
-            par_zero_entry *e = &z.e[i];
-            if (e->opt != PAR_OPT_MUON)
-                continue;
-            z.owned[z.owned_begin[e->owner] + fill[e->owner]++] = i;
-            e->pos = at[e->owner];
-            at[e->owner] += e->numel;
-        }
-        par_free(fill);
-        par_free(at);
-    }
-    z.seg = z.shard + z.load_max;
     for (int q = 0; q < dp; q++) {
         z.counts[q] = (size_t)(z.shard + z.load[q]);
         z.displs[q] = (size_t)(q * z.seg);
     }
-
     /* state and workspace */
     const int zero1 = mode == PAR_DP_ZERO1;
     const size_t nad = (size_t)(zero1 ? z.shard : (int64_t)dp * z.shard);
@@ -201,31 +80,17 @@ par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, con
                      (long long)((int64_t)dp * z.seg), rank, dp);
         goto fail_free_plan;
     }
-    par_free(mu);
     *pl = z;
     return PAR_OK;
 
 fail_free_plan:
-    par_free(mu);
     PAR_FN(par_zero_plan_free)(&z);
     return st;
 }
 
-int PAR_FN(par_zero_owner)(const plan_t *pl, int idx)
-{
-    if (!pl || !pl->t || idx < 0 || idx >= pl->t->n || pl->entry_of[idx] < 0)
-        return PAR_ZERO_ABSENT;
-    return pl->e[pl->entry_of[idx]].owner;
-}
-
 void PAR_FN(par_zero_memory_of)(const plan_t *pl, par_zero_memory *out)
 {
-    const int64_t es = (int64_t)sizeof(par_real);
-    const int zero1 = pl->mode == PAR_DP_ZERO1;
-    out->adamw_state = 2 * es * (zero1 ? pl->shard : (int64_t)pl->dp * pl->shard);
-    out->muon_state = es * (zero1 ? pl->load[pl->rank] : pl->n_muon);
-    out->full_state = es * (2 * pl->n_adamw + pl->n_muon);
-    out->workspace = es * ((int64_t)pl->dp * pl->seg + (zero1 ? pl->seg : 0));
+    par_zero_geom_memory(&pl->geom, pl->mode, (int64_t)sizeof(par_real), out);
 }
 
 /* ---- helpers ------------------------------------------------------------- */

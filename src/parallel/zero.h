@@ -2,25 +2,11 @@
  * (--use-distributed-optimizer) with Muon ownership by whole matrices
  * (templated).  docs/parallel.md, "ZeRO-1 and Muon ownership", has the rules.
  *
- * A plan covers the tensors ONE data-parallel group replicates (a subset of
- * the parameter table: the driver builds one plan for the dense tensors over
- * the attention DP(xCP) group and one for the routed-expert tensors over the
- * expert-DP group).  Entries without an optimizer (gate.bias, tid2eid) are
- * accepted in the list and ignored.  Every rank of the group builds the same
- * plan (a pure function of the table, the list and the group size).
- *
- * Packed layout (both modes): the group's gradients travel in one buffer of
- * dp segments of `seg` elements.  Segment q = [AdamW shard q | Muon matrices
- * owned by q | zero padding]:
- *   - AdamW tensors are concatenated in table order into a flat buffer of
- *     n_adamw elements, padded with zeros to dp * shard (shard =
- *     ceil(n_adamw / dp)); shard q is flat[q*shard, (q+1)*shard).
- *   - Muon matrices are assigned whole to owners (greedy: by numel
- *     descending, ties by table order; each to the least-loaded rank so far,
- *     ties to the lower rank).  Rank q's matrices follow its AdamW shard in
- *     table order, then zeros up to load_max.  seg = shard + load_max.
- * Padding is zero in every gradient buffer and is never read back into
- * parameters or state.
+ * A plan is a geometry (parallel/zero_plan.h, untemplated: which rank
+ * owns which optimizer state, the packed layout of the group's gradients)
+ * plus what the step needs in the working precision: the optimizer state
+ * this rank holds and the packed workspace.  Every rank of the group builds
+ * the same geometry.
  *
  * One step (both modes), each call collective over the group's comm:
  *   1. par_dp_reduce_grads: the ONE cross-rank gradient reduction: pack the
@@ -54,51 +40,14 @@
 #include "kernels/real.h"
 #include "model/config.h"
 #include "model/params.h"
-
-typedef enum {
-    PAR_DP_REPLICATED = 0, /* every replica holds the full state, all-reduce   */
-    PAR_DP_ZERO1 = 1,      /* --use-distributed-optimizer: state sharded       */
-} par_dp_mode;
-
-/* par_zero_owner answers for tensors that are not whole-matrix owned. */
-#define PAR_ZERO_ABSENT (-1)  /* not in the plan (or no optimizer)            */
-#define PAR_ZERO_SHARDED (-2) /* AdamW: sharded element-wise over every rank  */
-
-/* One optimized tensor of the plan. */
-typedef struct {
-    int idx;        /* parameter table index                                   */
-    par_opt_kind opt;
-    int64_t numel;
-    int owner;      /* Muon: owning rank; AdamW: PAR_ZERO_SHARDED              */
-    int64_t pos;    /* AdamW: start in the flat AdamW buffer [0, n_adamw);
-                       Muon: start in the owner's Muon block [0, load[owner])  */
-} par_zero_entry;
-
-/* Bytes of optimizer state and workspace of one rank. */
-typedef struct {
-    int64_t adamw_state;  /* exp_avg + exp_avg_sq this rank holds            */
-    int64_t muon_state;   /* momentum this rank holds                        */
-    int64_t full_state;   /* the group's whole state, unsharded (no padding) */
-    int64_t workspace;    /* packed gradient/gather buffers (comm tag)       */
-} par_zero_memory;
+#include "parallel/zero_plan.h"
 
 typedef struct {
-    const par_param_table *t; /* borrowed; must outlive the plan                 */
+    union {
+        par_zero_geom geom;                /* the geometry, as one object (zero_plan.h) */
+        struct { PAR_ZERO_GEOM_MEMBERS };  /* the same members by name: pl->shard, ...  */
+    };
     par_dp_mode mode;
-    int dp, rank;             /* group size and this rank                        */
-    int n;                    /* optimized tensors in the plan                   */
-    par_zero_entry *e;        /* [n], table order                                */
-    int *entry_of;            /* [t->n]: entry index, -1 if absent               */
-    int *owned;               /* [n_muon_tensors] Muon entries by (owner, table order) */
-    int *owned_begin;         /* [dp+1]: rank q owns owned[owned_begin[q] .. [q+1]) */
-    int64_t n_adamw;          /* AdamW elements (unpadded)                       */
-    int64_t shard;            /* ceil(n_adamw / dp)                              */
-    int64_t n_muon;           /* Muon elements                                   */
-    int64_t *load;            /* [dp] Muon elements owned by each rank           */
-    int64_t *muon_base;       /* [dp+1] prefix sums of load                      */
-    int64_t load_max;         /* max over ranks of load                          */
-    int64_t largest;          /* numel of the largest Muon matrix                */
-    int64_t seg;              /* shard + load_max                                */
     size_t *counts, *displs;  /* [dp] all-gatherv of the updated segments        */
     /* optimizer state: ZeRO-1 holds segment `rank` only, replicated all of them */
     par_real *m;              /* AdamW exp_avg:    [shard] | [dp*shard]          */
@@ -110,19 +59,16 @@ typedef struct {
     int reduced;              /* 1 between par_dp_reduce_grads and par_dp_apply  */
 } PAR_FN(par_zero_plan);
 
-/* Builds the plan of the tensors idx[0..n_idx) (any order, no repeats,
- * entries without optimizer ignored) for rank `rank` of a group of `dp`
- * ranks.  Allocates zeroed state (PAR_TAG_OPTIM) and the workspace
- * (PAR_TAG_COMM).  The table must outlive the plan. */
+/* Builds the plan of the tensors idx[0..n_idx) for rank `rank` of a group
+ * of `dp` ranks: the geometry (par_zero_geom_build, its rules and errors),
+ * zeroed state (PAR_TAG_OPTIM) and the workspace (PAR_TAG_COMM).  The table
+ * must outlive the plan. */
 par_status PAR_FN(par_zero_plan_build)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
                                        const int *idx, int n_idx, int dp, int rank, par_dp_mode mode);
 void PAR_FN(par_zero_plan_free)(PAR_FN(par_zero_plan) *pl);
 
-/* Owner of table entry idx: the rank owning a Muon matrix, PAR_ZERO_SHARDED
- * for an AdamW tensor, PAR_ZERO_ABSENT otherwise. */
-int PAR_FN(par_zero_owner)(const PAR_FN(par_zero_plan) *pl, int idx);
-
-/* This rank's memory (see par_zero_memory). */
+/* This rank's memory (par_zero_geom_memory in the plan's mode and precision).
+ * Owners and pieces: par_zero_geom_owner / _piece(&pl->geom, ...). */
 void PAR_FN(par_zero_memory_of)(const PAR_FN(par_zero_plan) *pl, par_zero_memory *out);
 
 /* Step 1, the one gradient reduction point (collective over comm, whose size

@@ -169,6 +169,11 @@ Test(status, err_records_and_logs_once)
     cr_expect_eq(s, PAR_EFORMAT);
     cr_expect_str_eq(par_last_error(), "file x.st: bad 3");
     cr_expect_str_eq(sink_buf, "0:file x.st: bad 3");
+    /* a message may wrap the last one (re-coding or prefixing a lower layer's) */
+    par_err(PAR_EINVAL, "%s", par_last_error());
+    cr_expect_str_eq(par_last_error(), "file x.st: bad 3");
+    par_err(PAR_EFORMAT, "%s: %s", "outer", par_last_error());
+    cr_expect_str_eq(par_last_error(), "outer: file x.st: bad 3");
     par_log_set_sink(NULL, NULL);
     cr_expect_str_eq(par_status_str(PAR_OK), "ok");
     cr_expect_str_eq(par_status_str(PAR_EFORMAT), "malformed input");

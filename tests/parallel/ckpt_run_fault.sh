@@ -35,4 +35,27 @@ for f in rank-00002.safetensors metadata.json; do
     cmp -s "$T/before" "$T/after" || fail "$f: the checkpoint changed"
     echo "ok: $f flipped -> exit 2: $(cat "$T/stderr")"
 done
+# another model config: exit 2 naming the tensor and both shapes (issue 13 item 17)
+"$P" run --preset v4-tiny --steps 1 --world-size 2 --load "$T/c" --set dim=64 --quiet >/dev/null 2>"$T/stderr"
+rc=$?
+[ "$rc" -eq 2 ] || fail "--set dim=64: exit $rc, expected 2 ($(cat "$T/stderr"))"
+grep -q "tensor 'embed.weight' is F64 \[128,64\] in this model but F64 \[128,32\] in the checkpoint" "$T/stderr" \
+    || fail "--set dim=64: the message lacks the tensor or a shape: $(cat "$T/stderr")"
+echo "ok: --set dim=64 -> exit 2: $(cat "$T/stderr")"
+
+# a tensor listed twice in metadata.json, hashes made for it (issue 13 item 1: SIGSEGV before)
+rm -rf "$T/dup"
+cp -r "$T/c" "$T/dup"
+sed -i '0,/"embed.weight"/s//"head.weight"/' "$T/dup/metadata.json"
+(cd "$T/dup" && sha256sum metadata.json rank-*.safetensors >SHA256SUMS)
+for cmd in "ckpt info $T/dup" "ckpt diff $T/c $T/dup" \
+           "run --preset v4-tiny --steps 1 --world-size 2 --quiet --load $T/dup"; do
+    # shellcheck disable=SC2086
+    "$P" $cmd >/dev/null 2>"$T/stderr"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "duplicate name, $cmd: exit $rc, expected 2 ($(cat "$T/stderr"))"
+    grep -q "tensor 'head.weight' is listed twice" "$T/stderr" \
+        || fail "duplicate name, $cmd: message: $(cat "$T/stderr")"
+done
+echo "ok: duplicate tensor name -> exit 2: $(cat "$T/stderr")"
 exit 0

@@ -5,6 +5,7 @@
  * failing rank) and saves killed with SIGKILL at every phase and at random
  * moments of a large save. */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 
 static void quiet(void)
 {
@@ -44,16 +46,14 @@ typedef struct {
     uint64_t salt;
 } model;
 
+/* Adds a parameter (a plain one: no expert, no block; the caller sets
+ * roles). */
 static void add(model *m, const char *name, par_dtype dt, int ndim, int64_t d0, int64_t d1)
 {
     cr_assert_lt(m->nt, MAXT);
     par_ckpt_tensor *t = &m->t[m->nt];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dt;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
+    const int64_t shape[2] = {d0, d1};
+    par_ckpt_tensor_init(t, name, dt, ndim, shape);
     int64_t n = par_shape_numel(ndim, t->shape, 0);
     size_t es = par_dtype_size(dt);
     unsigned char *p = malloc((size_t)n * es + 1);
@@ -67,6 +67,25 @@ static void add(model *m, const char *name, par_dtype dt, int ndim, int64_t d0, 
     m->data[m->nt++] = p;
 }
 
+/* Adds optimizer state `slot` of the last added parameter. */
+static void add_state(model *m, par_ckpt_slot slot)
+{
+    int pi = m->nt - 1;
+    while (pi > 0 && m->t[pi].slot != PAR_CKPT_PARAM)
+        pi--;
+    const par_ckpt_tensor p = m->t[pi];
+    cr_assert_eq(p.slot, PAR_CKPT_PARAM);
+    char nm[PAR_CKPT_NAME_MAX + 16];
+    snprintf(nm, sizeof nm, "opt.%s.%s", p.name, par_ckpt_slot_name(slot));
+    add(m, nm, p.dtype, p.ndim, p.shape[0], p.shape[1]);
+    par_ckpt_tensor *x = &m->t[m->nt - 1];
+    x->slot = slot;
+    x->param = pi;
+    x->expert = p.expert;
+    x->layer = p.layer;
+    x->mtp = p.mtp;
+}
+
 static int64_t numel(const par_ckpt_tensor *t)
 {
     return par_shape_numel(t->ndim, t->shape, 0);
@@ -77,20 +96,23 @@ static void model_make(model *m, int n_experts, int64_t big, uint64_t salt)
     memset(m, 0, sizeof *m);
     m->salt = salt;
     add(m, "embed.weight", PAR_F64, 2, 7, 5);
-    add(m, "opt.embed.weight.exp_avg", PAR_F64, 2, 7, 5);
-    add(m, "opt.embed.weight.exp_avg_sq", PAR_F64, 2, 7, 5);
+    add_state(m, PAR_CKPT_EXP_AVG);
+    add_state(m, PAR_CKPT_EXP_AVG_SQ);
     add(m, "norm.weight", PAR_F32, 1, 6, 1);
     add(m, "layers.0.ffn.gate.tid2eid", PAR_I32, 2, 5, 2);
     add(m, "layers.0.bf", PAR_BF16, 1, 9, 1);
     add(m, "layers.0.scalar", PAR_F64, 0, 0, 0);
     add(m, "layers.0.empty", PAR_F64, 2, 0, 3);
     add(m, "layers.0.count", PAR_I64, 1, 2, 1);
+    for (int i = 4; i < m->nt; i++)
+        m->t[i].layer = 0;
     for (int e = 0; e < n_experts; e++) {
         char nm[PAR_CKPT_NAME_MAX];
         snprintf(nm, sizeof nm, "layers.0.ffn.experts.%d.w1.weight", e);
         add(m, nm, PAR_F64, 2, 3, 4);
-        snprintf(nm, sizeof nm, "opt.layers.0.ffn.experts.%d.w1.weight.momentum", e);
-        add(m, nm, PAR_F64, 2, 3, 4);
+        m->t[m->nt - 1].expert = e;
+        m->t[m->nt - 1].layer = 0;
+        add_state(m, PAR_CKPT_MOMENTUM);
     }
     if (big > 0)
         add(m, "head.weight", PAR_F64, 2, big, 1024);
@@ -152,7 +174,7 @@ static par_status owner_rr(const par_layout *l, int n, int r, const par_ckpt_ten
 }
 
 /* Faults a save can be given: damage rank 1's or 2's first slice, or its tensor table. */
-typedef enum { F_NONE, F_GAP, F_OVERLAP, F_BADNAME, F_TABLE } fault;
+typedef enum { F_NONE, F_GAP, F_OVERLAP, F_BADNAME, F_TABLE, F_ROLE } fault;
 
 /* ---- saving from a thread world ---------------------------------------------------- */
 
@@ -195,9 +217,12 @@ static par_status save_rank(par_comm *w, void *arg)
     info.state.seed = 18446744073709551557ull; /* > 2^53: stored as a string */
     snprintf(info.state.precision, sizeof info.state.precision, "f64");
     model other;
-    if (j->f == F_TABLE && r == 1) {
+    if ((j->f == F_TABLE || j->f == F_ROLE) && r == 1) {
         memcpy(&other, j->m, sizeof other);
-        other.t[0].shape[0]++;
+        if (j->f == F_TABLE)
+            other.t[3].shape[0]++; /* norm.weight */
+        else
+            other.t[3].expert = 7; /* norm.weight as a routed expert */
         info.tensors = other.t;
     }
     st = par_ckpt_save(w, j->dir, &info, it, nk);
@@ -515,7 +540,7 @@ Test(ckpt, reshard_4_3_1_bitwise_and_export)
     par_layout_init(&l1);
     par_status st = par_ckpt_reshard(a, b, &l3, owner_rr, NULL);
     cr_assert_eq(st, PAR_OK, "%s", par_last_error());
-    st = par_ckpt_reshard(b, c, &l1, NULL, NULL); /* placeholder owner, 1 rank */
+    st = par_ckpt_reshard(b, c, &l1, par_ckpt_owner_simple, NULL); /* 1 rank */
     cr_assert_eq(st, PAR_OK, "%s", par_last_error());
     par_ckpt *ck;
     open_ok(b, &ck);
@@ -561,7 +586,7 @@ Test(ckpt, reshard_4_3_1_bitwise_and_export)
     root_remove();
 }
 
-Test(ckpt, placeholder_owner_places_experts_by_ep)
+Test(ckpt, simple_owner_places_experts_by_ep)
 {
     root_make();
     model m;
@@ -570,7 +595,7 @@ Test(ckpt, placeholder_owner_places_experts_by_ep)
     par_layout l;
     par_layout_init(&l);
     l.ep = 2; /* world 2: experts 0,1 on rank 0, experts 2,3 on rank 1, dense on rank 0 */
-    cr_assert_eq(par_ckpt_reshard(pth(a, "a", NULL), pth(b, "b", NULL), &l, NULL, NULL), PAR_OK, "%s",
+    cr_assert_eq(par_ckpt_reshard(pth(a, "a", NULL), pth(b, "b", NULL), &l, par_ckpt_owner_simple, NULL), PAR_OK, "%s",
                  par_last_error());
     par_ckpt *ck;
     open_ok(b, &ck);
@@ -585,8 +610,11 @@ Test(ckpt, placeholder_owner_places_experts_by_ep)
     par_ckpt_close(ck);
     /* EP 3 does not divide 4 experts */
     l.ep = 3;
-    cr_assert_eq(par_ckpt_reshard(a, b, &l, NULL, NULL), PAR_EINVAL);
+    cr_assert_eq(par_ckpt_reshard(a, b, &l, par_ckpt_owner_simple, NULL), PAR_EINVAL);
     cr_assert_not_null(strstr(par_last_error(), "EP 3"));
+    /* the rule is explicit: none is an error, not a default */
+    cr_assert_eq(par_ckpt_reshard(a, b, &l, NULL, NULL), PAR_EINVAL);
+    cr_assert_not_null(strstr(par_last_error(), "needs an ownership rule"), "%s", par_last_error());
     open_ok(b, &ck); /* the previous b is intact */
     cr_assert_eq(par_ckpt_nranks(ck), 2);
     par_ckpt_close(ck);
@@ -756,6 +784,25 @@ Test(ckpt, fault_gap_in_stored_metadata)
     root_remove();
 }
 
+/* Issue 13, item 1: a tensor listed twice in metadata.json (the first
+ * "embed.weight" renamed to an existing name, hashes made for it) is a format
+ * error naming the tensor, not a SIGSEGV (index_build's error path used to
+ * free its index and then read it for the message). */
+Test(ckpt, fault_duplicate_tensor_name_in_metadata)
+{
+    root_make();
+    model m;
+    save_a(&m);
+    char a[512];
+    pth(a, "a", NULL);
+    edit_meta(a, "\"name\":\t\"embed.weight\"", "\"name\":\t\"norm.weight\"");
+    rehash(a);
+    expect_open_fails(a, PAR_EFORMAT, "tensor 'norm.weight' is listed twice", "tensors 0 and 3");
+    cr_assert_eq(par_alloc_live(PAR_TAG_IO), 0, "IO memory leaked: %lld", (long long)par_alloc_live(PAR_TAG_IO));
+    model_free(&m);
+    root_remove();
+}
+
 Test(ckpt, fault_not_a_checkpoint)
 {
     root_make();
@@ -821,9 +868,29 @@ Test(ckpt, save_failing_rank_and_table_mismatch)
         cr_assert_not_null(strstr(job.rank_msg[r], "rank 2"), "rank %d: %s", r, job.rank_msg[r]);
     }
     cr_assert_eq(par_path_exists(a), 0);
-    st = run_save(&m, a, 4, owner_split, F_TABLE, 1, &job);
-    cr_assert_neq(st, PAR_OK);
-    cr_assert_not_null(strstr(job.rank_msg[0], "rank 1 passed another tensor table"), "%s", job.rank_msg[0]);
+    for (fault f = F_TABLE; f <= F_ROLE; f++) {
+        st = run_save(&m, a, 4, owner_split, f, 1, &job);
+        cr_assert_neq(st, PAR_OK);
+        cr_assert_not_null(strstr(job.rank_msg[0], "rank 1 passed another tensor table"), "%s", job.rank_msg[0]);
+        cr_assert_eq(par_path_exists(a), 0);
+    }
+    model_free(&m);
+    root_remove();
+}
+
+Test(ckpt, save_refuses_a_tensor_listed_twice)
+{
+    root_make();
+    model m;
+    model_make(&m, 2, 0, 1);
+    add(&m, "norm.weight", PAR_F32, 1, 6, 1); /* the same name as tensors[3] */
+    char a[512];
+    save_job job;
+    par_status st = run_save(&m, pth(a, "a", NULL), 2, owner_rr, F_NONE, 1, &job);
+    cr_assert_eq(st, PAR_EINVAL, "%s", par_last_error());
+    for (int r = 0; r < 2; r++)
+        cr_assert_not_null(strstr(job.rank_msg[r], "tensor 'norm.weight' is listed twice"), "rank %d: %s", r,
+                           job.rank_msg[r]);
     cr_assert_eq(par_path_exists(a), 0);
     model_free(&m);
     root_remove();
@@ -959,8 +1026,8 @@ typedef struct {
     const char *dir;
 } big_job;
 
-/* Saves with the placeholder owner at EP = world size. */
-static par_status save_placeholder_rank(par_comm *w, void *arg)
+/* Saves with the simple owner at EP = world size. */
+static par_status save_simple_rank(par_comm *w, void *arg)
 {
     big_job *j = arg;
     int r = par_comm_rank(w), n = par_comm_size(w);
@@ -991,7 +1058,7 @@ static par_status save_placeholder_rank(par_comm *w, void *arg)
     return st;
 }
 
-Test(ckpt, v4_tiny_tensor_list_placeholder_save_and_reshard)
+Test(ckpt, v4_tiny_tensor_list_simple_save_and_reshard)
 {
     root_make();
     par_config cfg;
@@ -1020,7 +1087,7 @@ Test(ckpt, v4_tiny_tensor_list_placeholder_save_and_reshard)
         cr_assert_eq(t[i].dtype, PAR_F32);
     }
     cr_assert_eq(found, 2);
-    /* save on 2 thread ranks with the placeholder owner (EP 2), load, reshard to 3 ranks split */
+    /* save on 2 thread ranks with the simple owner (EP 2), load, reshard to 3 ranks split */
     unsigned char **data = calloc((size_t)nt, sizeof *data);
     for (int i = 0; i < nt; i++) {
         size_t bytes = (size_t)par_shape_numel(t[i].ndim, t[i].shape, 0) * par_dtype_size(t[i].dtype);
@@ -1032,7 +1099,7 @@ Test(ckpt, v4_tiny_tensor_list_placeholder_save_and_reshard)
     big_job j = {t, nt, data, pth(a, "tiny", NULL)};
     const par_backend *be;
     cr_assert_eq(par_backend_get("threads", &be), PAR_OK);
-    cr_assert_eq(par_world_run(be, 2, save_placeholder_rank, &j, NULL), PAR_OK, "%s", par_last_error());
+    cr_assert_eq(par_world_run(be, 2, save_simple_rank, &j, NULL), PAR_OK, "%s", par_last_error());
     par_layout l3;
     par_layout_init(&l3);
     l3.world = 3;
@@ -1057,5 +1124,136 @@ Test(ckpt, v4_tiny_tensor_list_placeholder_save_and_reshard)
     free(data);
     par_free(t);
     par_param_table_free(&pt);
+    root_remove();
+}
+
+/* ---- roles ------------------------------------------------------------------------ */
+
+/* Every tensor of ck has the role of t[i] (metadata order = list order). */
+static void expect_roles(const par_ckpt *ck, const par_ckpt_tensor *t, int nt)
+{
+    cr_assert_eq(par_ckpt_ntensors(ck), nt);
+    for (int i = 0; i < nt; i++) {
+        const par_ckpt_tensor *x = par_ckpt_tensor_at(ck, i);
+        cr_assert_str_eq(x->name, t[i].name);
+        cr_assert(x->slot == t[i].slot && x->param == t[i].param && x->expert == t[i].expert &&
+                      x->layer == t[i].layer && x->mtp == t[i].mtp,
+                  "'%s': read slot %d param %d expert %d layer %d mtp %d, saved %d %d %d %d %d", x->name, x->slot,
+                  x->param, x->expert, x->layer, x->mtp, t[i].slot, t[i].param, t[i].expert, t[i].layer, t[i].mtp);
+    }
+}
+
+/* Rewrites dir/metadata.json through cJSON: tensors entries [from, to) lose
+ * their role members (as a checkpoint written before they were recorded);
+ * then SHA256SUMS is redone. */
+static void strip_roles(const char *dir, int from, int to)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/metadata.json", dir);
+    char *d;
+    size_t n;
+    file_bytes(p, (void **)&d, &n);
+    cJSON *root = cJSON_ParseWithLength(d, n);
+    par_free(d);
+    cr_assert_not_null(root);
+    cJSON *ts = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    static const char *keys[] = {"slot", "param", "expert", "layer", "mtp"};
+    for (int i = from; i < to && i < cJSON_GetArraySize(ts); i++)
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetArrayItem(ts, i), keys[k]);
+    char *txt = cJSON_Print(root);
+    cr_assert_eq(par_file_write_atomic(p, txt, strlen(txt)), PAR_OK);
+    cJSON_free(txt);
+    cJSON_Delete(root);
+    rehash(dir);
+}
+
+/* Roles (slot, parameter, expert, block) are fields of the tensor list:
+ * set from the parameter table, written to metadata.json, read back; a
+ * checkpoint written before they were recorded gets the same roles from the
+ * contract's names; some entries with and some without is a format error. */
+Test(ckpt, roles_round_trip_and_legacy_metadata)
+{
+    root_make();
+    par_config cfg;
+    cr_assert_eq(par_config_preset(&cfg, "v4-tiny"), PAR_OK);
+    par_param_table pt;
+    cr_assert_eq(par_param_table_build(&pt, &cfg), PAR_OK, "%s", par_last_error());
+    par_ckpt_tensor *t;
+    int nt;
+    cr_assert_eq(par_ckpt_tensors_of_params(&pt, 32, &t, &nt), PAR_OK);
+    int experts = 0, mtp = 0, states = 0;
+    for (int i = 0; i < nt; i++) {
+        const int idx = t[i].slot == PAR_CKPT_PARAM ? i : t[i].param;
+        cr_assert_lt(idx, pt.n, "'%s' names parameter %d", t[i].name, idx);
+        cr_assert_eq(t[i].expert, pt.p[idx].expert, "%s", t[i].name);
+        cr_assert_eq(t[i].layer >= 0 ? t[i].layer : t[i].mtp >= 0 ? cfg.n_layers + t[i].mtp : -1,
+                     pt.p[idx].layer, "%s", t[i].name);
+        experts += t[i].expert >= 0;
+        mtp += t[i].mtp >= 0;
+        states += t[i].slot != PAR_CKPT_PARAM;
+    }
+    cr_assert(experts > 0 && mtp > 0 && states > 0, "%d expert, %d mtp, %d state tensors", experts, mtp, states);
+    unsigned char **data = calloc((size_t)nt, sizeof *data);
+    for (int i = 0; i < nt; i++)
+        data[i] = calloc((size_t)par_shape_numel(t[i].ndim, t[i].shape, 0) * par_dtype_size(t[i].dtype) + 1, 1);
+    char a[512];
+    big_job j = {t, nt, data, pth(a, "r", NULL)};
+    const par_backend *be;
+    cr_assert_eq(par_backend_get("threads", &be), PAR_OK);
+    cr_assert_eq(par_world_run(be, 2, save_simple_rank, &j, NULL), PAR_OK, "%s", par_last_error());
+    par_ckpt *ck;
+    open_ok(a, &ck);
+    expect_roles(ck, t, nt);
+    par_ckpt_close(ck);
+    strip_roles(a, 0, nt);
+    open_ok(a, &ck);
+    expect_roles(ck, t, nt);
+    par_ckpt_close(ck);
+    cr_assert_eq(par_world_run(be, 2, save_simple_rank, &j, NULL), PAR_OK, "%s", par_last_error());
+    strip_roles(a, 1, nt);
+    expect_open_fails(a, PAR_EFORMAT, "tensors[1] ('layers.0.hc_attn_fn') lacks its role", NULL);
+    for (int i = 0; i < nt; i++)
+        free(data[i]);
+    free(data);
+    par_free(t);
+    par_param_table_free(&pt);
+    root_remove();
+}
+
+/* A save refuses a list whose roles break the rules (ckpt.h), naming the
+ * tensor; nothing is written. */
+Test(ckpt, save_refuses_broken_roles)
+{
+    root_make();
+    static const struct {
+        int tensor, field, value; /* field: 0 param, 1 expert, 2 mtp, 3 shape[0] */
+        const char *needle;
+    } cases[] = {
+        {2, 0, 1, "names tensor 1 as its parameter, which is optimizer state"},
+        {2, 0, 99, "names tensor 99 as its parameter, which is not in the list"},
+        {0, 0, 3, "is a parameter but names parameter 3"},
+        {3, 1, -2, "expert -2"},
+        {4, 2, 0, "not both a layer and an MTP block"},
+        {1, 3, 8, "has another shape, expert or block than its parameter"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        model m;
+        model_make(&m, 2, 0, 1);
+        par_ckpt_tensor *x = &m.t[cases[c].tensor];
+        int *f[3] = {&x->param, &x->expert, &x->mtp};
+        if (cases[c].field < 3)
+            *f[cases[c].field] = cases[c].value;
+        else
+            x->shape[0] = cases[c].value;
+        char a[512];
+        save_job job;
+        par_status st = run_save(&m, pth(a, "a", NULL), 2, owner_rr, F_NONE, 1, &job);
+        cr_assert_eq(st, PAR_EINVAL, "case %zu: %s", c, par_last_error());
+        cr_assert_not_null(strstr(job.rank_msg[0], cases[c].needle), "case %zu: '%s'", c, job.rank_msg[0]);
+        cr_assert_not_null(strstr(job.rank_msg[0], x->name), "case %zu: '%s'", c, job.rank_msg[0]);
+        cr_assert_eq(par_path_exists(a), 0);
+        model_free(&m);
+    }
     root_remove();
 }

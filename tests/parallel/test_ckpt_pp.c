@@ -1,6 +1,6 @@
 /* tests/parallel/test_ckpt_pp.c - distributed checkpoints under pipeline
- * parallelism (parallel/ckptwire.h, docs/checkpoints.md "With the driver"):
- * the ownership rule covers every element once for PP / VPP / DualPipe /
+ * parallelism (parallel/ckpt_model.h, parallel/ckpt_owner.h,
+ * docs/checkpoints.md "With the driver"): the ownership rule covers every element once for PP / VPP / DualPipe /
  * DualPipeV layouts with DP, CP, EP and ZeRO-1; a save under PP resharded to
  * a layout without PP (and the reverse) exports bitwise equal; a run resumed
  * under PP from a checkpoint saved without PP (and the reverse) equals the
@@ -23,6 +23,7 @@
 #include "model/facade.h"
 #include "model/params.h"
 #include "parallel/ckpt.h"
+#include "parallel/ckpt_owner.h"
 #include "parallel/driver.h"
 #include "parallel/plan.h"
 
@@ -152,6 +153,52 @@ Test(ckpt_pp, owner_covers_every_element_once)
     par_param_table_free(&t);
 }
 
+/* The rule reads the tensors' roles, not their names: with every name but
+ * embed.weight / head.weight replaced by "x<i>" (no ".experts.", no
+ * "layers." or "opt." left), every rank of every PP layout gets the same
+ * ranges of the same tensors. */
+Test(ckpt_pp, owner_reads_roles_not_names)
+{
+    par_config c;
+    cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
+    par_param_table t;
+    cr_assert_eq(par_param_table_build(&t, &c), 0);
+    par_ckpt_tensor *tens, *anon;
+    int nt;
+    cr_assert_eq(par_ckpt_tensors_of_params(&t, 64, &tens, &nt), 0);
+    anon = malloc((size_t)nt * sizeof *anon);
+    memcpy(anon, tens, (size_t)nt * sizeof *anon);
+    for (int i = 0; i < nt; i++)
+        if (strcmp(tens[i].name, "embed.weight") && strcmp(tens[i].name, "head.weight"))
+            snprintf(anon[i].name, sizeof anon[i].name, "x%d", i);
+    for (size_t li = 0; li < sizeof PPL / sizeof PPL[0]; li++) {
+        par_layout l = layout_of(PPL[li]);
+        for (int r = 0; r < PPL[li].world; r++) {
+            par_ckpt_slice *sa, *sb;
+            int na, nb;
+            cr_assert_eq(par_ckpt_owner_driver(&l, (int)PPL[li].world, r, tens, nt, &sa, &na, NULL), 0, "%s",
+                         par_last_error());
+            cr_assert_eq(par_ckpt_owner_driver(&l, (int)PPL[li].world, r, anon, nt, &sb, &nb, NULL), 0, "%s",
+                         par_last_error());
+            cr_assert_eq(na, nb, "layout %zu rank %d: %d slices by name, %d by role", li, r, na, nb);
+            for (int i = 0, j = 0; i < na; i++) {
+                while (j < nt && strcmp(tens[j].name, sa[i].name))
+                    j++;
+                cr_assert_lt(j, nt);
+                cr_expect(!strcmp(sb[i].name, anon[j].name) && sa[i].begin == sb[i].begin && sa[i].end == sb[i].end,
+                          "layout %zu rank %d: %s [%lld, %lld) vs %s [%lld, %lld)", li, r, sa[i].name,
+                          (long long)sa[i].begin, (long long)sa[i].end, sb[i].name, (long long)sb[i].begin,
+                          (long long)sb[i].end);
+            }
+            par_free(sa);
+            par_free(sb);
+        }
+    }
+    free(anon);
+    par_free(tens);
+    par_param_table_free(&t);
+}
+
 /* The pipeline stage that writes a tensor is the lowest one holding it:
  * under PP2 'Et*2|tmL' embed.weight (stages 0 and 1: the MTP input embeds)
  * is written by pipeline rank 0, head.weight and the MTP block by rank 1. */
@@ -215,7 +262,6 @@ Test(ckpt_pp, save_under_every_pp_layout)
 Test(ckpt_pp, reshard_pp_and_back_is_bitwise)
 {
     char *t = mktmp();
-    par_run_register_ckpt_owner();
     const lay A[] = {PPL[1], {4, 1, 0, 1, 1, 1, NULL, NULL}};
     const lay B[2][4] = {{{1, 1, 0, 1, 1, 0, NULL, NULL}, {8, 1, 0, 8, 1, 1, NULL, NULL}, PPL[5], PPL[7]},
                          {PPL[3], PPL[4], PPL[6], PPL[8]}};
@@ -235,14 +281,14 @@ Test(ckpt_pp, reshard_pp_and_back_is_bitwise)
             cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
             par_layout l = layout_of(B[ai][bi]);
             cr_assert_eq(par_plan_resolve(&l, &c), 0, "%s", par_last_error());
-            cr_assert_eq(par_ckpt_reshard(a, b, &l, NULL, NULL), 0, "A%d -> B%d: %s", ai, bi, par_last_error());
+            cr_assert_eq(par_ckpt_reshard(a, b, &l, par_ckpt_owner_driver, NULL), 0, "A%d -> B%d: %s", ai, bi,
+                         par_last_error());
             cr_assert_eq(par_ckpt_export(b, eb), 0, "%s", par_last_error());
             cr_expect(files_equal(ea, eb), "A%d -> B%d -> export differs from A%d -> export", ai, bi, ai);
             free(b), free(eb);
         }
         free(a), free(ea);
     }
-    par_ckpt_set_owner(NULL, NULL);
     rmtree(t);
     free(t);
 }

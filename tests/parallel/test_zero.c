@@ -401,7 +401,7 @@ Test(zero, muon_ownership_rule_and_balance, .init = setup_tiny, .fini = teardown
         int64_t n_muon = 0, n_adamw = 0, largest = 0;
         for (int i = 0; i < tab.n; i++) {
             const par_param *p = &tab.p[i];
-            int o = PAR_FN(par_zero_owner)(&pl, i);
+            int o = par_zero_geom_owner(&pl.geom, i);
             if (p->dtype != PAR_PDT_REAL || p->opt == PAR_OPT_NONE)
                 cr_assert_eq(o, PAR_ZERO_ABSENT, "'%s' has no optimizer but owner %d", p->name, o);
             else if (p->opt == PAR_OPT_ADAMW) {
@@ -425,8 +425,8 @@ Test(zero, muon_ownership_rule_and_balance, .init = setup_tiny, .fini = teardown
             for (int k = 1; k < dp; k++)
                 if (load[k] < load[q])
                     q = k;
-            cr_assert_eq(PAR_FN(par_zero_owner)(&pl, best), q, "DP %d: '%s' owned by %d, the rule says %d", dp,
-                         tab.p[best].name, PAR_FN(par_zero_owner)(&pl, best), q);
+            cr_assert_eq(par_zero_geom_owner(&pl.geom, best), q, "DP %d: '%s' owned by %d, the rule says %d", dp,
+                         tab.p[best].name, par_zero_geom_owner(&pl.geom, best), q);
             load[q] += tab.p[best].numel;
             done[best] = 1;
         }
@@ -448,7 +448,7 @@ Test(zero, muon_ownership_rule_and_balance, .init = setup_tiny, .fini = teardown
             plan_t o;
             cr_assert_eq(PAR_FN(par_zero_plan_build)(&o, &tab, all, tab.n, dp, r, PAR_DP_ZERO1), PAR_OK);
             for (int i = 0; i < tab.n; i++)
-                cr_assert_eq(PAR_FN(par_zero_owner)(&o, i), PAR_FN(par_zero_owner)(&pl, i));
+                cr_assert_eq(par_zero_geom_owner(&o.geom, i), par_zero_geom_owner(&pl.geom, i));
             PAR_FN(par_zero_plan_free)(&o);
         }
         free(load);
@@ -641,6 +641,67 @@ done:
     return st;
 }
 
+/* The untemplated geometry (zero_plan.h): built alone it equals the plan's;
+ * the pieces of every rank tile each optimized tensor exactly once (AdamW cut
+ * at the shard borders, Muon whole on its owner); memory by mode and width. */
+Test(zero, geometry_pieces_tile_every_tensor, .init = setup_tiny, .fini = teardown_tiny)
+{
+    int *all = malloc((size_t)tab.n * sizeof *all);
+    for (int i = 0; i < tab.n; i++)
+        all[i] = i;
+    const int sizes[] = {1, 2, 3, 7, 64};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int dp = sizes[si];
+        par_zero_geom g;
+        plan_t pl;
+        cr_assert_eq(par_zero_geom_build(&g, &tab, all, tab.n, dp, dp - 1), PAR_OK, "%s", par_last_error());
+        cr_assert_eq(PAR_FN(par_zero_plan_build)(&pl, &tab, all, tab.n, dp, dp - 1, PAR_DP_ZERO1), PAR_OK);
+        cr_assert_eq(g.n, pl.n);
+        cr_assert_eq(g.shard, pl.shard);
+        cr_assert_eq(g.seg, pl.seg);
+        for (int k = 0; k < g.n; k++)
+            cr_assert(g.e[k].idx == pl.e[k].idx && g.e[k].owner == pl.e[k].owner && g.e[k].pos == pl.e[k].pos &&
+                      g.e[k].numel == pl.e[k].numel, "DP %d: entry %d differs", dp, k);
+        for (int i = 0; i < tab.n; i++) {
+            const par_param *p = &tab.p[i];
+            const int owner = par_zero_geom_owner(&g, i);
+            int64_t next = 0, pieces = 0;
+            for (int q = 0; q < dp; q++) {
+                int64_t b, e;
+                if (!par_zero_geom_piece(&g, i, q, &b, &e))
+                    continue;
+                cr_assert_eq(b, next, "DP %d: '%s' piece of rank %d starts at %lld, expected %lld", dp, p->name, q,
+                             (long long)b, (long long)next);
+                cr_assert_gt(e, b);
+                if (owner >= 0)
+                    cr_assert_eq(q, owner, "DP %d: Muon '%s' has a piece on rank %d, owner %d", dp, p->name, q,
+                                 owner);
+                next = e;
+                pieces++;
+            }
+            if (owner == PAR_ZERO_ABSENT)
+                cr_assert_eq(pieces, 0, "'%s' has no optimizer but %lld pieces", p->name, (long long)pieces);
+            else
+                cr_assert_eq(next, p->numel, "DP %d: the pieces of '%s' end at %lld of %lld", dp, p->name,
+                             (long long)next, (long long)p->numel);
+        }
+        int64_t b, e;
+        cr_assert_eq(par_zero_geom_piece(&g, tab.top.embed, dp, &b, &e), 0);
+        cr_assert_eq(b | e, 0);
+        par_zero_memory gm, pm;
+        par_zero_geom_memory(&g, PAR_DP_ZERO1, (int64_t)sizeof(par_real), &gm);
+        PAR_FN(par_zero_memory_of)(&pl, &pm);
+        cr_assert_eq(memcmp(&gm, &pm, sizeof gm), 0, "DP %d: memory differs", dp);
+        par_zero_geom_memory(&g, PAR_DP_REPLICATED, 4, &gm);
+        cr_assert_eq(gm.adamw_state, 2 * 4 * (int64_t)dp * g.shard);
+        cr_assert_eq(gm.muon_state, 4 * g.n_muon);
+        PAR_FN(par_zero_plan_free)(&pl);
+        par_zero_geom_free(&g);
+        cr_assert_null(g.e);
+    }
+    free(all);
+}
+
 Test(zero, errors, .init = setup_tiny, .fini = teardown_tiny)
 {
     plan_t pl;
@@ -655,7 +716,7 @@ Test(zero, errors, .init = setup_tiny, .fini = teardown_tiny)
     int none = tab.blocks[1].gate_bias >= 0 ? tab.blocks[1].gate_bias : tab.blocks[2].gate_bias;
     cr_assert_eq(PAR_FN(par_zero_plan_build)(&pl, &tab, &none, 1, 3, 1, PAR_DP_ZERO1), PAR_OK);
     cr_assert_eq(pl.n, 0);
-    cr_assert_eq(PAR_FN(par_zero_owner)(&pl, none), PAR_ZERO_ABSENT);
+    cr_assert_eq(par_zero_geom_owner(&pl.geom, none), PAR_ZERO_ABSENT);
     PAR_FN(par_zero_plan_free)(&pl);
 
     err_ctx c;
