@@ -37,6 +37,7 @@ typedef struct fib {
     struct fib *next;        /* run queue                                    */
     /* the rank's thread-local state of src/core while it is off its thread */
     par_counts counts;
+    int alloc_scope;         /* core/alloc.h's accounting scope (0: none)    */
     char tag[48];
     char *err;               /* last error ([ERR_CAP], allocated when used)  */
     size_t used;             /* stack high-water, measured when it returned  */
@@ -106,6 +107,7 @@ static fib *pop(fworker *wk)
  * rarely change between two switches). */
 static void tls_load(const fib *f)
 {
+    par_alloc_scope_enter(f->alloc_scope);
     par_counts_set(f->counts);
     if (strcmp(par_log_thread_tag(), f->tag))
         par_log_set_thread_tag(f->tag);
@@ -115,8 +117,11 @@ static void tls_load(const fib *f)
         par_clear_error();
 }
 
+/* The scope is left first, so the message buffer below is the backend's
+ * memory, charged to no rank (a threads rank has no such buffer). */
 static void tls_save(fib *f)
 {
+    f->alloc_scope = par_alloc_scope_enter(0);
     f->counts = par_counts_get();
     const char *tag = par_log_thread_tag();
     if (strcmp(f->tag, tag))

@@ -17,8 +17,11 @@
  * a system call holds its worker: the other fibers of that worker wait.
  *
  * The thread-local state of src/core that belongs to a rank (work counters
- * of the virtual clock, the last error message, the log tag) is saved when
- * a fiber leaves its thread and loaded when it comes back.
+ * of the virtual clock, the allocator's accounting scope, the last error
+ * message, the log tag) is saved when a fiber leaves its thread and loaded
+ * when it comes back.  Every _Thread_local of src/ is one of these four or
+ * a scratch buffer used between two switches (pplayout.c's parser and
+ * result, copied out before the function returns; no comm call inside).
  */
 #ifndef PAR_BACKENDS_FIBER_SCHED_H
 #define PAR_BACKENDS_FIBER_SCHED_H

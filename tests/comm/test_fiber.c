@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "comm_test.h"
+#include "core/alloc.h"
 #include "core/counters.h"
 #include "core/log.h"
 
@@ -26,16 +27,30 @@ static par_status own_state_fn(par_comm *c, void *arg)
     snprintf(mine, sizeof mine, "the message of rank %d", r);
     snprintf(tag, sizeof tag, "rank %d", r);
     par_counts before = par_counts_get();
+    int scope = par_alloc_scope_open(); /* the allocator's per-rank accounting (core/alloc.h) */
+    CHECK(scope > 0, "rank %d: no allocation scope", r);
+    void *blk[5] = {0};
     for (int round = 0; round < 5; round++) {
         par_set_last_error(mine);
         par_count_flops((uint64_t)r + 1);
+        blk[round] = par_malloc((size_t)(r + 1) * 64, PAR_TAG_MISC);
+        CHECK(blk[round], "rank %d: out of memory", r);
         TRY(par_barrier(c)); /* every other rank of the worker ran meanwhile */
+        int cur = par_alloc_scope_enter(scope);
+        CHECK(cur == scope, "rank %d is in allocation scope %d, not its own %d", r, cur, scope);
+        par_alloc_stats st;
+        par_alloc_scope_stats(scope, &st);
+        CHECK(st.live[PAR_TAG_MISC] == (int64_t)(round + 1) * (r + 1) * 64,
+              "rank %d's scope holds %lld bytes after round %d", r, (long long)st.live[PAR_TAG_MISC], round);
         CHECK(!strcmp(par_last_error(), mine), "rank %d reads '%s'", r, par_last_error());
         CHECK(!strcmp(par_log_thread_tag(), tag), "rank %d has tag '%s'", r,
               par_log_thread_tag());
         CHECK(par_counts_get().flops == before.flops + (uint64_t)(round + 1) * (uint64_t)(r + 1),
               "rank %d counted %llu flops", r, (unsigned long long)par_counts_get().flops);
     }
+    for (int round = 0; round < 5; round++)
+        par_free(blk[round]);
+    par_alloc_scope_close(scope);
     par_clear_error();
     return PAR_OK;
 }
