@@ -9,7 +9,8 @@
 #
 #   tools/fiber-vs-threads.sh [PARITY] [tiny|mini|all]     (default: build/parity tiny)
 #
-# tiny: v4-tiny DP4, DP4 ZeRO-1, EP4 x De2, EP8, CP4, PP2 1F1B, PP2 DualPipeV,
+# tiny: v4-tiny DP4, DP4 ZeRO-1, EP4 x De2, EP8, CP4, PP2 1F1B, PP2 ZB-H1 (split
+#       B and W), PP2 DualPipeV,
 #       EP4 x PP2 1F1B (2 steps each, seconds).  mini: v4-mini EP64 x CP2
 #       (64 ranks, ~6 GB per run: take the heavy lock).
 # Prints one line per cell (wall and peak RSS of each backend); exit 1 if
@@ -54,6 +55,8 @@ tiny() {
     cell "tiny cp4" $t --context-parallel-size 4
     cell "tiny pp2 1f1b" $t --pipeline-model-parallel-size 2 \
         --pipeline-model-parallel-layout 'Et*1|t*2mL' --pipeline-schedule 1f1b --world-size 4
+    cell "tiny pp2 zb-h1 dp2" $t --pipeline-model-parallel-size 2 \
+        --pipeline-model-parallel-layout 'Et*1|t*2mL' --pipeline-schedule zb-h1 --world-size 4
     cell "tiny pp2 dualpipev" $t --pipeline-model-parallel-size 2 \
         --virtual-pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et|t|t|mL' \
         --pipeline-schedule dualpipev --world-size 4
