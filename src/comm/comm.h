@@ -93,6 +93,10 @@ typedef struct {
      * bytes (0: PARITY_FIBER_STACK, else 256 KiB; rounded up to pages). */
     int workers;
     size_t stack_bytes;
+    /* The run's whole configuration as "key=value" lines (NULL: none).
+     * Backends whose ranks live in several processes (mpi) compare it at the
+     * start and refuse to run when the processes disagree, naming the keys. */
+    const char *fingerprint;
 } par_world_opts;
 
 #define PAR_COMM_DEFAULT_TIMEOUT_S 120.0
