@@ -12,6 +12,7 @@
 
 extern const par_backend par_backend_self;
 extern const par_backend par_backend_threads;
+extern const par_backend par_backend_fiber;
 #if HAVE_MPI
 extern const par_backend par_backend_mpi;
 #endif
@@ -19,6 +20,7 @@ extern const par_backend par_backend_mpi;
 static const par_backend *const candidates[] = {
     &par_backend_self,
     &par_backend_threads,
+    &par_backend_fiber,
 #if HAVE_MPI
     &par_backend_mpi,
 #endif

@@ -2,7 +2,8 @@
 # The layer rules, checked from the includes (a meson test, suite 'build'):
 #   core <- kernels <- model <- parallel <- cli;  comm on core only;
 #   backends on comm + core only;  backends/registry.c the only file with #if HAVE_*;
-#   no exit() in library code (outside src/cli).
+#   no exit() in library code (outside src/cli);
+#   every _Thread_local of src/ carried across fiber switches or listed as scratch.
 # Prints each violation and ends with "N passed, N failed" (one check per rule).
 set -uo pipefail
 cd "${1:-$(dirname "$0")/..}"
@@ -40,6 +41,24 @@ fi
 v=$(grep -rnE '(^|[^_a-zA-Z])exit[[:space:]]*\(' src backends --include='*.c' | grep -v '^src/cli/')
 if [ -n "$v" ]; then
   printf 'library rule: no exit() outside src/cli (return a par_status):\n%s\n' "$v"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
+# Thread-local state: the fiber backend runs many ranks on one thread, so every
+# _Thread_local of src/ is either carried across fiber switches
+# (backends/fiber/sched.c tls_save / tls_load) or scratch used between two
+# switches.  A new one fails here until it is added to one of the two lists.
+tls_carried='src/core/counters.c:tl_counts src/core/alloc.c:cur_scope src/core/status.c:last_msg src/core/log.c:thread_tag'
+tls_scratch='src/parallel/pplayout.c:p src/parallel/pplayout.c:r'
+v=""
+while IFS= read -r line; do
+  f=${line%%:*}
+  name=$(printf '%s\n' "$line" | sed -E 's/.*[[:space:]*]([A-Za-z_][A-Za-z0-9_]*)[[:space:]]*(\[[^]]*\])?[[:space:]]*(=.*)?;.*/\1/')
+  case " $tls_carried $tls_scratch " in *" $f:$name "*) ;; *) v+="$line"$'\n' ;; esac
+done < <(grep -rnE '(_Thread_local|__thread|thread_local)[[:space:]]' src --include='*.c' --include='*.h')
+if [ -n "$v" ]; then
+  printf 'fiber rule: thread-local state not carried by backends/fiber/sched.c (add it to tls_save/tls_load\nand tls_carried here, or to tls_scratch if no comm call happens while it is in use):\n%s' "$v"
   failed=$((failed + 1))
 else
   passed=$((passed + 1))

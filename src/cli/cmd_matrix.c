@@ -1,5 +1,5 @@
 /* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full]
- *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|mpi]
+ *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi]
  *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (docs/matrix.md): the cells of the built-in table
  * (parallel/cells.h) or of a user's file, each compared with its reference
@@ -47,7 +47,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
                                                            "table (docs/matrix.md, \"Your own cells\")"},
         {"cell", PAR_OPT_LIST, &c->cells, "NAME", "run only cells of this name, whatever their tier (repeatable)"},
         {"fixture", PAR_OPT_LIST, &c->fixtures, "NAME", "use only this fixture (repeatable; default all)"},
-        {"backend", PAR_OPT_STR, &c->backend, "threads|mpi", "backend of the layout cells (default threads)"},
+        {"backend", PAR_OPT_STR, &c->backend, "threads|fiber|mpi", "backend of the layout cells (default threads)"},
         {"mpi-procs", PAR_OPT_INT, &c->mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
         {"report", PAR_OPT_STR, &c->report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
@@ -65,7 +65,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
     };
     const char *synopsis =
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full] [--cells FILE.json]\n"
-        "       [--cell NAME]... [--fixture NAME]... [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
+        "       [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]] [--report FILE]\n"
         "       [--out DIR] [--steps K] [--seed N] [--keep] [--list] [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
         "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
@@ -87,8 +87,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
 static int check_cli(const matrix_cli *c)
 {
     const char *why = NULL;
-    if (strcmp(c->backend, "threads") && strcmp(c->backend, "mpi") && strcmp(c->backend, "self"))
-        why = "--backend expects threads or mpi";
+    if (strcmp(c->backend, "threads") && strcmp(c->backend, "fiber") && strcmp(c->backend, "mpi") &&
+        strcmp(c->backend, "self"))
+        why = "--backend expects threads, fiber or mpi";
     else if (!strcmp(c->backend, "mpi") && !HAVE_MPI)
         why = "--backend mpi: this build has no MPI (install MPICH and rebuild)";
     else if (c->steps < 0 || c->seed < 0)

@@ -1,5 +1,5 @@
 /* parity run --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
- *            [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...
+ *            [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...
  *            [--dump DIR] [--summary FILE.json] [--quiet]
  * Training steps under a parallel layout (parallel/driver.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
@@ -123,7 +123,7 @@ typedef struct {
 
 static const char synopsis[] =
     "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-    "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
+    "       [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...\n"
     "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n"
     "       [--device cpu|gpu]\n\n"
     "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
@@ -166,7 +166,8 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)",
          PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
-        {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
+        {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
+         "threads; mpi under mpiexec)"},
         {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
          "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
         {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)",

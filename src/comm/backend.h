@@ -171,12 +171,24 @@ struct par_backend {
     void (*p2p_post)(par_request *r);
     int (*p2p_poll)(par_request *r);
     int (*p2p_cancel)(par_request *r);
+
+    /* Optional, for backends whose ranks are not OS threads (fiber): how the
+     * calling rank waits in src/comm's waits.  par__wait_poll calls it
+     * instead of spinning, yielding or sleeping, with the wait's deadline;
+     * it returns when the rank should look again (woken by whatever it waits
+     * for, past the deadline, the world failed; early returns are fine).
+     * deadline 0 (a par_test that found its request pending): let the other
+     * ranks run, without sleeping.  NULL: spin, sched_yield, block. */
+    void (*rank_wait)(par__world *w, double deadline);
 };
 
 /* ---- services of src/comm for backends ---------------------------------- */
 
 int par__world_size(const par__world *w);
 double par__world_timeout(const par__world *w);
+/* The options the world was started with (backend options: workers,
+ * stack_bytes). */
+const par_world_opts *par__world_opts(const par__world *w);
 
 /* The world's failure state: 0 while healthy, else the first failure's
  * status.  par__world_fail records the first one (rank, status, message) and

@@ -65,6 +65,7 @@ double par__now(void)
 
 int par__world_size(const par__world *w) { return w->n; }
 double par__world_timeout(const par__world *w) { return w->timeout_s; }
+const par_world_opts *par__world_opts(const par__world *w) { return &w->opts; }
 
 void par__wait_start(par__waiter *wt, const par__world *w, int ignore_abort)
 {
@@ -91,6 +92,12 @@ par_status par__wait_poll(par__waiter *wt, const par__world *w)
 {
     if (!wt->ignore_abort && atomic_load_explicit(&w->failed, memory_order_acquire))
         return PAR_ECOMM;
+    if (w->be->rank_wait) { /* ranks are fibers: park until woken or the deadline */
+        if (par__now() > wt->deadline)
+            return PAR_ETIMEOUT;
+        w->be->rank_wait((par__world *)w, wt->deadline);
+        return PAR_OK;
+    }
     if (++wt->iter <= wt->spin) {
         cpu_relax();
         return PAR_OK;

@@ -87,6 +87,12 @@ typedef struct {
      * and its summary and spans land here.  NULL: no clocks.  Must have been
      * created for nranks ranks. */
     par_netrun *net;
+    /* Backends that carry many ranks on a few threads (fiber; the others
+     * ignore both): worker threads (0: PARITY_FIBER_WORKERS, else one per
+     * online core, never more than the ranks) and the stack of each rank in
+     * bytes (0: PARITY_FIBER_STACK, else 256 KiB; rounded up to pages). */
+    int workers;
+    size_t stack_bytes;
     /* The run's whole configuration as "key=value" lines (NULL: none).
      * Backends whose ranks live in several processes (mpi) compare it at the
      * start and refuse to run when the processes disagree, naming the keys. */

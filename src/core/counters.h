@@ -26,5 +26,9 @@ void par_count_bytes(uint64_t n);
 /* The calling thread's totals since it started (or its last reset). */
 par_counts par_counts_get(void);
 void par_counts_reset(void);
+/* Replaces the calling thread's totals: a backend that runs several ranks on
+ * one thread (fiber) loads a rank's counts when the rank comes onto the
+ * thread and saves them (par_counts_get) when it leaves. */
+void par_counts_set(par_counts c);
 
 #endif

@@ -64,6 +64,8 @@ void par_log_set_thread_tag(const char *tag)
         snprintf(thread_tag, sizeof thread_tag, "%s", tag);
 }
 
+const char *par_log_thread_tag(void) { return thread_tag; }
+
 void par_vlog(par_log_level level, const char *fmt, va_list ap)
 {
     init_from_env();

@@ -23,6 +23,8 @@ int par_log_parse_level(const char *s, par_log_level *out);
 void par_log_set_sink(par_log_sink sink, void *ud);
 /* A per-thread tag printed before messages, e.g. "rank 3"; NULL clears. */
 void par_log_set_thread_tag(const char *tag);
+/* The calling thread's tag ("" when none). */
+const char *par_log_thread_tag(void);
 
 void par_log(par_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void par_vlog(par_log_level level, const char *fmt, va_list ap);

@@ -51,4 +51,9 @@ par_status par_err(par_status code, const char *fmt, ...)
 
 const char *par_last_error(void) { return last_msg; }
 void par_clear_error(void) { last_msg[0] = '\0'; }
+
+void par_set_last_error(const char *msg)
+{
+    snprintf(last_msg, sizeof last_msg, "%s", msg ? msg : "");
+}
 void par_err_set_quiet(int q) { quiet = q; }

@@ -42,6 +42,10 @@ par_status par_verr(par_status code, const char *fmt, va_list ap);
 /* The calling thread's last message recorded by par_err ("" if none). */
 const char *par_last_error(void);
 void par_clear_error(void);
+/* Sets the calling thread's last message without logging it (NULL clears):
+ * a backend that runs several ranks on one thread (fiber) restores a rank's
+ * message when the rank comes back onto the thread. */
+void par_set_last_error(const char *msg);
 
 /* When quiet, par_err records but does not log (tests of error paths). */
 void par_err_set_quiet(int quiet);

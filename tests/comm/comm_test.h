@@ -15,10 +15,13 @@ typedef struct {
     int n;
 } world_case;
 
-/* self has one rank; threads runs the sizes of the brief. */
+/* self has one rank; threads runs the sizes of the brief; fiber the same
+ * sizes and one world of more ranks than threads would want. */
 static const world_case WORLDS[] = {
     {"self", 1},    {"threads", 1},  {"threads", 2},  {"threads", 3},
-    {"threads", 5}, {"threads", 8}, {"threads", 16}, {"threads", 64},
+    {"threads", 5}, {"threads", 8},  {"threads", 16}, {"threads", 64},
+    {"fiber", 1},   {"fiber", 2},    {"fiber", 3},    {"fiber", 5},
+    {"fiber", 8},   {"fiber", 16},   {"fiber", 64},   {"fiber", 256},
 };
 #define NWORLDS (sizeof WORLDS / sizeof WORLDS[0])
 

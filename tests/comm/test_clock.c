@@ -301,6 +301,40 @@ Test(clock, deterministic_on_every_backend_and_run)
     par_netrun_free(y);
 }
 
+/* fiber: ranks share worker threads and switch at every comm call; the
+ * clocks (compute counted per rank, collectives, p2p) are bitwise those of
+ * threads, whatever the number of workers. */
+Test(clock, fiber_equals_threads)
+{
+    par_netmodel m = model(2, 1);
+    const par_backend *fb = par_backend_find("fiber");
+    cr_assert_not_null(fb);
+    for (int n = 8; n <= 64; n *= 8) {
+        par_netrun *x = run_net("threads", n, &m, mixed, NULL);
+        for (int workers = 1; workers <= 3; workers++) {
+            par_netrun *y = NULL;
+            cr_assert_eq(par_netrun_create(&m, n, 1, &y), PAR_OK);
+            par_world_opts o = {.timeout_s = 20, .net = y, .workers = workers};
+            cr_assert_eq(par_world_run(fb, n, mixed, NULL, &o), PAR_OK, "%s", par_last_error());
+            for (int r = 0; r < n; r++) {
+                const par_rankstats *s = par_netrun_stats(x, r), *t = par_netrun_stats(y, r);
+                cr_assert_eq(memcmp(s, t, sizeof *s), 0, "n=%d workers=%d rank %d: %.17g vs %.17g",
+                             n, workers, r, s->total_s, t->total_s);
+                size_t ns, nt;
+                const par_span *ss = par_netrun_spans(x, r, &ns, NULL),
+                               *st = par_netrun_spans(y, r, &nt, NULL);
+                cr_assert_eq(ns, nt);
+                for (size_t i = 0; i < ns; i++)
+                    cr_assert(ss[i].t0 == st[i].t0 && ss[i].t1 == st[i].t1 &&
+                              ss[i].op == st[i].op && ss[i].flops == st[i].flops);
+            }
+            par_netrun_free(y);
+        }
+        par_netrun_free(x);
+    }
+    cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
+}
+
 /* ---- without a network, and misuse -------------------------------------------- */
 
 static par_status no_clock(par_comm *w, void *arg)

@@ -14,6 +14,11 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The in-process backends every test here runs on. */
+static const char *const INPROC[] = {"threads", "fiber"};
+#define FOR_INPROC(be) for (const char *const *be##_ = INPROC, *be; \
+                            be##_ < INPROC + 2 && (be = *be##_, 1); be##_++)
+
 /* What each rank's comm calls returned. */
 typedef struct {
     par_status st[64];
@@ -56,14 +61,14 @@ static par_status mixed_ops_fn(par_comm *c, void *arg)
 
 Test(safety, different_collectives_are_named)
 {
-    for (int p = 2; p <= 8; p *= 2) {
+    FOR_INPROC(be) for (int p = 2; p <= 8; p *= 2) {
         outcome o = {0};
         capture();
-        par_status st = run_world("threads", p, mixed_ops_fn, &o, 5);
+        par_status st = run_world(be, p, mixed_ops_fn, &o, 5);
         par_log_set_sink(NULL, NULL);
-        cr_assert_eq(st, PAR_EMISMATCH, "p=%d: %s", p, par_status_str(st));
+        cr_assert_eq(st, PAR_EMISMATCH, "%s p=%d: %s", be, p, par_status_str(st));
         for (int r = 0; r < p; r++)
-            cr_assert(o.st[r] == PAR_EMISMATCH || o.st[r] == PAR_ECOMM, "rank %d: %s", r,
+            cr_assert(o.st[r] == PAR_EMISMATCH || o.st[r] == PAR_ECOMM, "%s rank %d: %s", be, r,
                       par_status_str(o.st[r]));
         const char *e = par_last_error();
         cr_assert(strstr(e, "rank 1 called barrier #1 of group world"), "%s", e);
@@ -84,17 +89,21 @@ static par_status counts_fn(par_comm *c, void *arg)
 
 Test(safety, different_counts_are_named)
 {
-    outcome o = {0};
-    capture();
-    par_status st = run_world("threads", 5, counts_fn, &o, 5);
-    par_log_set_sink(NULL, NULL);
-    cr_assert_eq(st, PAR_EMISMATCH);
-    for (int r = 0; r < 5; r++)
-        cr_assert_eq(o.st[r], PAR_EMISMATCH, "every rank sees the mismatch (rank %d)", r);
-    const char *e = par_last_error();
-    cr_assert(strstr(e, "ranks 0-1,3-4 called allreduce #1 of group world (f32 x 8, max)"), "%s",
-              e);
-    cr_assert(strstr(e, "rank 2 called allreduce #1 of group world (f32 x 7, max)"), "%s", e);
+    FOR_INPROC(be) {
+        outcome o = {0};
+        capture();
+        par_status st = run_world(be, 5, counts_fn, &o, 5);
+        par_log_set_sink(NULL, NULL);
+        cr_assert_eq(st, PAR_EMISMATCH, "%s", be);
+        for (int r = 0; r < 5; r++)
+            cr_assert_eq(o.st[r], PAR_EMISMATCH, "%s: every rank sees the mismatch (rank %d)", be,
+                         r);
+        const char *e = par_last_error();
+        cr_assert(strstr(e, "ranks 0-1,3-4 called allreduce #1 of group world (f32 x 8, max)"),
+                  "%s: %s", be, e);
+        cr_assert(strstr(e, "rank 2 called allreduce #1 of group world (f32 x 7, max)"), "%s: %s",
+                  be, e);
+    }
 }
 
 static par_status pairs_fn(par_comm *c, void *arg)
@@ -112,13 +121,15 @@ static par_status pairs_fn(par_comm *c, void *arg)
 
 Test(safety, alltoallv_pair_mismatch)
 {
-    capture();
-    par_status st = run_world("threads", 4, pairs_fn, NULL, 5);
-    par_log_set_sink(NULL, NULL);
-    cr_assert_eq(st, PAR_EMISMATCH);
-    cr_assert(strstr(par_last_error(),
-                     "rank 1 sends 2 elements (8 bytes) to rank 3, which expects 3 elements"),
-              "%s", par_last_error());
+    FOR_INPROC(be) {
+        capture();
+        par_status st = run_world(be, 4, pairs_fn, NULL, 5);
+        par_log_set_sink(NULL, NULL);
+        cr_assert_eq(st, PAR_EMISMATCH, "%s", be);
+        cr_assert(strstr(par_last_error(),
+                         "rank 1 sends 2 elements (8 bytes) to rank 3, which expects 3 elements"),
+                  "%s: %s", be, par_last_error());
+    }
 }
 
 /* ---- timeouts ----------------------------------------------------------- */
@@ -138,19 +149,19 @@ static par_status absent_fn(par_comm *c, void *arg)
 
 Test(safety, absent_rank_times_out)
 {
-    for (int p = 2; p <= 16; p *= 2) {
+    FOR_INPROC(be) for (int p = 2; p <= 16; p *= 2) {
         outcome o = {0};
         capture();
         double t0 = now();
-        par_status st = run_world("threads", p, absent_fn, &o, 0.5);
+        par_status st = run_world(be, p, absent_fn, &o, 0.5);
         double el = now() - t0;
         par_log_set_sink(NULL, NULL);
-        cr_assert_eq(st, PAR_ETIMEOUT, "p=%d: %s", p, par_status_str(st));
-        cr_assert(el < 2.5, "p=%d: the run took %.2f s with a 0.5 s timeout", p, el);
+        cr_assert_eq(st, PAR_ETIMEOUT, "%s p=%d: %s", be, p, par_status_str(st));
+        cr_assert(el < 2.5, "%s p=%d: the run took %.2f s with a 0.5 s timeout", be, p, el);
         for (int r = 1; r < p; r++) {
-            cr_assert_eq(o.st[r], PAR_ETIMEOUT, "p=%d rank %d: %s", p, r,
+            cr_assert_eq(o.st[r], PAR_ETIMEOUT, "%s p=%d rank %d: %s", be, p, r,
                          par_status_str(o.st[r]));
-            cr_assert(o.t[r] < 2.0, "rank %d waited %.2f s", r, o.t[r]);
+            cr_assert(o.t[r] < 2.0, "%s: rank %d waited %.2f s", be, r, o.t[r]);
         }
         /* every waiting rank reported, naming the missing one */
         cr_assert(strstr(logbuf, "timed out after 0.5 s waiting for barrier #1 of group world"), "%s",
@@ -162,7 +173,8 @@ Test(safety, absent_rank_times_out)
         for (const char *s = logbuf; (s = strstr(s, "waiting for barrier #1")); s++)
             reports++;
         reports -= strstr(logbuf, "world of ") != NULL;
-        cr_assert_eq(reports, (size_t)(p - 1), "p=%d: %zu reports\n%s", p, reports, logbuf);
+        cr_assert_eq(reports, (size_t)(p - 1), "%s p=%d: %zu reports\n%s", be, p, reports,
+                     logbuf);
     }
     cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
 }
@@ -182,17 +194,22 @@ static par_status lonely_recv_fn(par_comm *c, void *arg)
 
 Test(safety, receive_without_sender_times_out)
 {
-    capture();
-    double t0 = now();
-    par_status st = run_world("threads", 3, lonely_recv_fn, NULL, 0.3);
-    par_log_set_sink(NULL, NULL);
-    cr_assert_eq(st, PAR_ETIMEOUT, "%s", par_status_str(st));
-    cr_assert(strstr(logbuf, "timed out after 0.3 s waiting for recv from rank 0 (world rank 0), "
-                             "tag 77, group world (f64 x 1); missing rank 0 (world rank 0): "
-                             "running, in no comm call"),
-              "%s", logbuf);
-    cr_assert(now() - t0 < 2.0);
-    cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
+    FOR_INPROC(be) {
+        capture();
+        double t0 = now();
+        /* rank 0 sleeps in a system call, which holds a fiber's worker: one
+         * worker per rank so that rank 1 still runs */
+        par_world_opts o = {.timeout_s = 0.3, .workers = 3};
+        par_status st = par_world_run(par_backend_find(be), 3, lonely_recv_fn, NULL, &o);
+        par_log_set_sink(NULL, NULL);
+        cr_assert_eq(st, PAR_ETIMEOUT, "%s: %s", be, par_status_str(st));
+        cr_assert(strstr(logbuf, "timed out after 0.3 s waiting for recv from rank 0 (world rank "
+                                 "0), tag 77, group world (f64 x 1); missing rank 0 (world rank "
+                                 "0): running, in no comm call"),
+                  "%s: %s", be, logbuf);
+        cr_assert(now() - t0 < 2.0, "%s", be);
+        cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "%s", be);
+    }
 }
 
 /* ---- a failing rank stops the world ------------------------------------- */
@@ -217,20 +234,21 @@ static par_status failing_fn(par_comm *c, void *arg)
 
 Test(safety, failing_rank_stops_the_world)
 {
-    for (int p = 3; p <= 64; p *= 4) {
+    FOR_INPROC(be) for (int p = 3; p <= 64; p *= 4) {
         outcome o = {0};
         capture();
         double t0 = now();
-        par_status st = run_world("threads", p, failing_fn, &o, 30);
+        par_status st = run_world(be, p, failing_fn, &o, 30);
         double el = now() - t0;
         par_log_set_sink(NULL, NULL);
-        cr_assert_eq(st, PAR_EINVAL, "p=%d: %s (%s)", p, par_status_str(st), par_last_error());
-        cr_assert(strstr(par_last_error(), "rank 2 failed first: rank two gives up"), "%s",
-                  par_last_error());
-        cr_assert(el < 2.0, "p=%d: took %.2f s (timeout 30 s)", p, el);
+        cr_assert_eq(st, PAR_EINVAL, "%s p=%d: %s (%s)", be, p, par_status_str(st),
+                     par_last_error());
+        cr_assert(strstr(par_last_error(), "rank 2 failed first: rank two gives up"), "%s: %s",
+                  be, par_last_error());
+        cr_assert(el < 2.0, "%s p=%d: took %.2f s (timeout 30 s)", be, p, el);
         for (int r = 0; r < p; r++)
             if (r != 2)
-                cr_assert_eq(o.st[r], PAR_ECOMM, "p=%d rank %d: %s", p, r,
+                cr_assert_eq(o.st[r], PAR_ECOMM, "%s p=%d rank %d: %s", be, p, r,
                              par_status_str(o.st[r]));
     }
     cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
@@ -257,10 +275,12 @@ static par_status after_fn(par_comm *c, void *arg)
 
 Test(safety, calls_after_failure_fail_fast)
 {
-    capture();
-    par_status st = run_world("threads", 4, after_fn, NULL, 10);
-    par_log_set_sink(NULL, NULL);
-    cr_assert_eq(st, PAR_EIO, "%s", par_last_error());
+    FOR_INPROC(be) {
+        capture();
+        par_status st = run_world(be, 4, after_fn, NULL, 10);
+        par_log_set_sink(NULL, NULL);
+        cr_assert_eq(st, PAR_EIO, "%s: %s", be, par_last_error());
+    }
 }
 
 /* ---- launcher, registry, hooks ------------------------------------------ */
@@ -284,15 +304,18 @@ static par_status leaky_fn(par_comm *c, void *arg)
 
 Test(safety, launcher_hook_and_cleanup)
 {
-    _Atomic int sum = 0;
-    par_world_opts o = {.timeout_s = 5, .rank_init = init_hook, .rank_init_ud = (void *)&sum};
-    capture();
-    par_status st = par_world_run(par_backend_find("threads"), 16, leaky_fn, NULL, &o);
-    par_log_set_sink(NULL, NULL);
-    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
-    cr_assert_eq(atomic_load(&sum), 16 * 17 / 2, "rank_init ran on every rank");
-    cr_assert(strstr(logbuf, "returned with 1 pending point-to-point requests"), "%s", logbuf);
-    cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
+    FOR_INPROC(be) {
+        _Atomic int sum = 0;
+        par_world_opts o = {.timeout_s = 5, .rank_init = init_hook, .rank_init_ud = (void *)&sum};
+        capture();
+        par_status st = par_world_run(par_backend_find(be), 16, leaky_fn, NULL, &o);
+        par_log_set_sink(NULL, NULL);
+        cr_assert_eq(st, PAR_OK, "%s: %s", be, par_last_error());
+        cr_assert_eq(atomic_load(&sum), 16 * 17 / 2, "%s: rank_init ran on every rank", be);
+        cr_assert(strstr(logbuf, "returned with 1 pending point-to-point requests"), "%s: %s", be,
+                  logbuf);
+        cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "%s", be);
+    }
 }
 
 Test(safety, registry_and_arguments)
@@ -312,5 +335,6 @@ Test(safety, registry_and_arguments)
     par_err_set_quiet(0);
     char list[64];
     par_backend_list(list, sizeof list);
-    cr_assert(!strncmp(list, "self, threads", 13), "%s", list);
+    cr_assert(!strncmp(list, "self, threads, fiber", 20), "%s", list);
+    cr_assert_str_eq(par_backend_name(par_backend_find("fiber")), "fiber");
 }

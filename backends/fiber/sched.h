@@ -1,0 +1,78 @@
+/* backends/fiber/sched.h - ranks as fibers on a few worker threads.
+ *
+ * Every rank is a fiber (fctx.h) pinned to one worker thread (rank r to
+ * worker r % W): a fiber never moves, so thread-local state that the
+ * compiler may cache across a switch stays right.  A worker runs the fibers
+ * of its run queue in order; a fiber runs until it parks (waits), yields or
+ * returns, and then the worker takes the next one.  Waking is by permit
+ * (like a binary semaphore): fsched_wake(r) from any thread sets rank r's
+ * permit and, if r is parked, queues it on its worker; fsched_park returns
+ * at once when the permit is set.  So a waiter checks its condition, parks,
+ * and checks again, and a waker sets the condition before it wakes: no wake
+ * is lost, and early wakes are harmless.
+ *
+ * Each worker also wakes its parked fibers whose deadline passed and, once
+ * stop() says the world failed, all of them (every 10 ms while it has
+ * nothing to run, or every 32 switches).  A rank that computes or sleeps in
+ * a system call holds its worker: the other fibers of that worker wait.
+ *
+ * The thread-local state of src/core that belongs to a rank (work counters
+ * of the virtual clock, the allocator's accounting scope, the last error
+ * message, the log tag) is saved when a fiber leaves its thread and loaded
+ * when it comes back.  Every _Thread_local of src/ is one of these four or
+ * a scratch buffer used between two switches (pplayout.c's parser and
+ * result, copied out before the function returns; no comm call inside).
+ */
+#ifndef PAR_BACKENDS_FIBER_SCHED_H
+#define PAR_BACKENDS_FIBER_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/fiber/fctx.h"
+#include "core/status.h"
+
+typedef struct fsched fsched;
+
+typedef struct {
+    int workers;          /* >= 1                                        */
+    size_t stack, guard;  /* bytes per fiber                             */
+    fctx_kind kind;
+    int (*stop)(void *ud);/* nonzero once the world failed (may be NULL) */
+    void *stop_ud;
+} fsched_opts;
+
+typedef struct {
+    int workers;          /* threads that ran fibers                     */
+    uint64_t switches;    /* switches into fibers, all workers           */
+    uint64_t wakes;       /* parked fibers queued again by a wake        */
+    size_t stack_max;     /* deepest stack use of any fiber (bytes)      */
+    int stack_max_rank;
+    size_t stack_sum;     /* stack pages committed, all fibers (bytes)   */
+    size_t heap;          /* the scheduler's own allocations (bytes)     */
+} fsched_stats;
+
+/* n fibers with their stacks (mapped now: a failure is PAR_ENOMEM here,
+ * before anything runs). */
+par_status fsched_new(int n, const fsched_opts *o, fsched **out);
+void fsched_free(fsched *s);
+/* Runs body(ud, r) on fiber r for every r on the workers (the calling
+ * thread is worker 0) and returns when all returned.  Fails only when the
+ * workers could not be started. */
+par_status fsched_run(fsched *s, void (*body)(void *ud, int r), void *ud);
+void fsched_get_stats(const fsched *s, fsched_stats *out);
+
+/* On a fiber of s: its rank; -1 on any other thread. */
+int fsched_self(const fsched *s);
+/* The scheduler whose fiber is running on this thread (NULL: none). */
+fsched *fsched_current(void);
+/* The calling fiber waits until woken or par__now() >= until (0: no
+ * deadline).  Once stop() holds it only yields (waits that ignore the
+ * failure must still let the other fibers finish). */
+void fsched_park(fsched *s, double until);
+/* The calling fiber lets the others of its worker run first. */
+void fsched_yield(fsched *s);
+/* Wakes rank r (from any thread, fiber or not). */
+void fsched_wake(fsched *s, int r);
+
+#endif

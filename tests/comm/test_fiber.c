@@ -1,0 +1,222 @@
+/* What is particular to the fiber backend: ranks share worker threads, so a
+ * rank's thread-local state must travel with it; its stack is small, sized
+ * by an option and guarded; comm's waits yield to the other ranks. */
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm_test.h"
+#include "core/alloc.h"
+#include "core/counters.h"
+#include "core/log.h"
+
+static par_status run_fiber(int n, par_world_fn fn, void *arg, int workers, size_t stack)
+{
+    par_world_opts o = {.timeout_s = 20, .workers = workers, .stack_bytes = stack};
+    return par_world_run(par_backend_find("fiber"), n, fn, arg, &o);
+}
+
+/* ---- a rank's thread-local state stays with the rank ---------------------- */
+
+static par_status own_state_fn(par_comm *c, void *arg)
+{
+    (void)arg;
+    int r = par_comm_rank(c);
+    char mine[64], tag[32];
+    snprintf(mine, sizeof mine, "the message of rank %d", r);
+    snprintf(tag, sizeof tag, "rank %d", r);
+    par_counts before = par_counts_get();
+    int scope = par_alloc_scope_open(); /* the allocator's per-rank accounting (core/alloc.h) */
+    CHECK(scope > 0, "rank %d: no allocation scope", r);
+    void *blk[5] = {0};
+    for (int round = 0; round < 5; round++) {
+        par_set_last_error(mine);
+        par_count_flops((uint64_t)r + 1);
+        blk[round] = par_malloc((size_t)(r + 1) * 64, PAR_TAG_MISC);
+        CHECK(blk[round], "rank %d: out of memory", r);
+        TRY(par_barrier(c)); /* every other rank of the worker ran meanwhile */
+        int cur = par_alloc_scope_enter(scope);
+        CHECK(cur == scope, "rank %d is in allocation scope %d, not its own %d", r, cur, scope);
+        par_alloc_stats st;
+        par_alloc_scope_stats(scope, &st);
+        CHECK(st.live[PAR_TAG_MISC] == (int64_t)(round + 1) * (r + 1) * 64,
+              "rank %d's scope holds %lld bytes after round %d", r, (long long)st.live[PAR_TAG_MISC], round);
+        CHECK(!strcmp(par_last_error(), mine), "rank %d reads '%s'", r, par_last_error());
+        CHECK(!strcmp(par_log_thread_tag(), tag), "rank %d has tag '%s'", r,
+              par_log_thread_tag());
+        CHECK(par_counts_get().flops == before.flops + (uint64_t)(round + 1) * (uint64_t)(r + 1),
+              "rank %d counted %llu flops", r, (unsigned long long)par_counts_get().flops);
+    }
+    for (int round = 0; round < 5; round++)
+        par_free(blk[round]);
+    par_alloc_scope_close(scope);
+    par_clear_error();
+    return PAR_OK;
+}
+
+Test(fiber, rank_state_stays_with_the_rank)
+{
+    for (int workers = 1; workers <= 2; workers++) {
+        par_status st = run_fiber(64, own_state_fn, NULL, workers, 0);
+        cr_assert_eq(st, PAR_OK, "workers=%d: %s", workers, par_last_error());
+    }
+    cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0);
+}
+
+/* ---- stacks ------------------------------------------------------------------ */
+
+static char logbuf[1 << 14];
+static void sink(par_log_level l, const char *msg, void *ud)
+{
+    (void)l, (void)ud;
+    size_t k = strlen(logbuf), n = strlen(msg);
+    if (k + n + 2 < sizeof logbuf) {
+        memcpy(logbuf + k, msg, n);
+        logbuf[k + n] = '\n';
+        logbuf[k + n + 1] = '\0';
+    }
+}
+
+/* Touches 100 KiB of its stack, then meets the others. */
+static par_status deep_fn(par_comm *c, void *arg)
+{
+    (void)arg;
+    volatile char buf[100 << 10];
+    for (size_t i = 0; i < sizeof buf; i += 512)
+        buf[i] = (char)i;
+    return par_barrier(c);
+}
+
+Test(fiber, stack_size_is_an_option_and_use_is_reported)
+{
+    logbuf[0] = '\0';
+    par_log_set_sink(sink, NULL);
+    par_log_level lv = par_log_get_level();
+    par_log_set_level(PAR_LOG_INFO);
+    par_status st = run_fiber(8, deep_fn, NULL, 2, 128 << 10);
+    par_log_set_level(lv);
+    par_log_set_sink(NULL, NULL);
+    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
+    cr_assert(strstr(logbuf, "fiber: 8 ranks on 2 workers, 128 KiB stacks: deepest use"), "%s",
+              logbuf);
+    /* the array and the frames around it: at least 100 KiB, less than all */
+    const char *d = strstr(logbuf, "deepest use ");
+    cr_assert_not_null(d);
+    int used = atoi(d + strlen("deepest use "));
+    cr_assert(used >= 100 && used < 128, "deepest use %d KiB\n%s", used, logbuf);
+    cr_assert(strstr(logbuf, "of its 128 KiB stack; give the ranks more"),
+              "more than 3/4 used warns:\n%s", logbuf);
+}
+
+/* Recurses far deeper than any stack here; each frame holds 1 KiB. */
+static volatile int depth_limit = 1 << 30;
+static int recurse(int depth)
+{
+    volatile char pad[1024];
+    pad[0] = (char)depth;
+    return depth < depth_limit ? recurse(depth + 1) + pad[0] : 0;
+}
+
+static par_status overflow_fn(par_comm *c, void *arg)
+{
+    (void)arg;
+    if (par_comm_rank(c) == 1)
+        return recurse(0) ? PAR_OK : PAR_EINTERNAL;
+    return par_barrier(c);
+}
+
+Test(fiber, stack_overflow_is_a_clear_error)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[0]);
+        run_fiber(4, overflow_fn, NULL, 2, 32 << 10);
+        _exit(0); /* not reached: the overflow kills the process */
+    }
+    close(fds[1]);
+    char out[4096];
+    size_t k = 0;
+    ssize_t got;
+    while (k + 1 < sizeof out && (got = read(fds[0], out + k, sizeof out - 1 - k)) > 0)
+        k += (size_t)got;
+    out[k] = '\0';
+    close(fds[0]);
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_assert(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGSEGV, "status %#x, stderr:\n%s", ws, out);
+    cr_assert(strstr(out, "rank 1 overflowed its stack of 32 KiB"), "%s", out);
+    cr_assert(strstr(out, "PARITY_FIBER_STACK"), "%s", out);
+}
+
+/* ---- switches and waits ------------------------------------------------------ */
+
+static par_status pattern_fn(par_comm *c, void *arg)
+{
+    double *out = arg;
+    int r = par_comm_rank(c), p = par_comm_size(c);
+    double v[7];
+    for (int i = 0; i < 7; i++)
+        v[i] = 1.0 / (r + i + 1.0);
+    TRY(par_allreduce(c, v, v, 7, PAR_C_F64, PAR_OP_SUM));
+    double got = 0, mine = v[r % 7];
+    par_request *rq[2] = {NULL, NULL};
+    TRY(par_irecv(c, &got, 1, PAR_C_F64, (r + p - 1) % p, 3, &rq[0]));
+    TRY(par_isend(c, &mine, 1, PAR_C_F64, (r + 1) % p, 3, &rq[1]));
+    TRY(par_waitall(2, rq));
+    out[r] = got + v[0];
+    return PAR_OK;
+}
+
+Test(fiber, ucontext_switch_gives_the_same_bits)
+{
+    static double a[256], b[256], u[256];
+    cr_assert_eq(run_world("threads", 256, pattern_fn, a, 20), PAR_OK, "%s", par_last_error());
+    cr_assert_eq(run_fiber(256, pattern_fn, b, 2, 0), PAR_OK, "%s", par_last_error());
+    setenv("PARITY_FIBER_SWITCH", "ucontext", 1);
+    par_status st = run_fiber(256, pattern_fn, u, 2, 0);
+    unsetenv("PARITY_FIBER_SWITCH");
+    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "asm switch differs from threads");
+    cr_assert_eq(memcmp(a, u, sizeof a), 0, "ucontext switch differs from threads");
+}
+
+Test(fiber, bad_switch_is_refused)
+{
+    setenv("PARITY_FIBER_SWITCH", "carrier-pigeon", 1);
+    par_err_set_quiet(1);
+    par_status st = run_fiber(2, pattern_fn, NULL, 1, 0);
+    par_err_set_quiet(0);
+    unsetenv("PARITY_FIBER_SWITCH");
+    cr_assert_eq(st, PAR_EINVAL);
+    cr_assert(strstr(par_last_error(), "PARITY_FIBER_SWITCH=carrier-pigeon"), "%s",
+              par_last_error());
+}
+
+/* With one worker, a rank polling par_test must let the sender run. */
+static par_status test_loop_fn(par_comm *c, void *arg)
+{
+    (void)arg;
+    double x = 0, one = 1;
+    if (par_comm_rank(c) == 1)
+        return par_send(c, &one, 1, PAR_C_F64, 0, 9);
+    par_request *rq = NULL;
+    TRY(par_irecv(c, &x, 1, PAR_C_F64, 1, 9, &rq));
+    int done = 0;
+    long polls = 0;
+    while (!done) {
+        TRY(par_test(&rq, &done));
+        polls++;
+    }
+    CHECK(x == 1.0, "received %g after %ld polls", x, polls);
+    return PAR_OK;
+}
+
+Test(fiber, test_loops_yield)
+{
+    cr_assert_eq(run_fiber(2, test_loop_fn, NULL, 1, 0), PAR_OK, "%s", par_last_error());
+}

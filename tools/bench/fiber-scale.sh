@@ -1,0 +1,54 @@
+#!/bin/sh
+# tools/bench/fiber-scale.sh - one global batch, serial against N ranks, on
+# the fiber and threads backends side by side (issue 18 item 4).  Not a
+# test: numbers only.  Take the heavy lock:
+#
+#   flock /work/heavy.lock sh tools/bench/fiber-scale.sh [PARITY] [N...]
+#                                           (default build/parity 32 128 1024)
+#
+# The batch: v4-tiny with 1,024 routed experts, 1,024 rows of 16 tokens
+# (--set n_routed_experts=1024 --set seq_length=16 --global-batch-size 1024),
+# one step, f64, no network.  For each N: flat EP (EP = N, Da = N) and
+# PP x EP (PP 2 'Et*1|t*2mL' 1F1B, EP = N/2), each on fiber and threads
+# (THREADS_MAX caps the threads runs, default 1024: N OS threads).  Prints
+# wall and peak RSS (/usr/bin/time) per run and, for fiber, its switches
+# into ranks and rank wake-ups (the backend's info line) per wall second.
+set -u
+P=${1:-build/parity}
+[ $# -gt 0 ] && shift
+NS=${*:-32 128 1024}
+TMAX=${THREADS_MAX:-1024}
+T=$(mktemp -d) || exit 2
+trap 'rm -rf "$T"' EXIT
+B="--preset v4-tiny --quiet --steps 1 --set n_routed_experts=1024 --set seq_length=16 --global-batch-size 1024"
+
+one() { # label backend args...
+    label=$1 be=$2; shift 2
+    if ! PARITY_LOG=info /usr/bin/time -f 'TIME %e %M' "$P" run $B --backend "$be" "$@" >"$T/log" 2>&1; then
+        printf '%-26s %-7s FAILED: %s\n' "$label" "$be" "$(grep -v '^TIME' "$T/log" | tail -1)"
+        return
+    fi
+    set -- $(sed -n 's/^TIME \([0-9.]*\) \([0-9]*\)$/\1 \2/p' "$T/log")
+    wall=$1 rss=$2
+    sw=$(sed -n 's/.*fiber: .* \([0-9]*\) switches into ranks, \([0-9]*\) wake-ups.*/\1 \2/p' "$T/log")
+    extra=""
+    if [ -n "$sw" ]; then
+        set -- $sw
+        extra=$(awk -v s="$1" -v w="$2" -v t="$wall" 'BEGIN { printf "%d switches, %d wake-ups (%.0f /s)", s, w, w / t }')
+    fi
+    printf '%-26s %-7s %8.1f s %8.0f MiB  %s\n' "$label" "$be" "$wall" "$((rss / 1024))" "$extra"
+}
+
+echo "fiber-scale: $(uptime)"
+one "serial" self --world-size 1
+for n in $NS; do
+    h=$((n / 2))
+    for be in fiber threads; do
+        [ "$be" = threads ] && [ "$n" -gt "$TMAX" ] && continue
+        one "N=$n flat EP$n" $be --world-size $n --expert-model-parallel-size $n
+        one "N=$n PP2 x EP$h" $be --world-size $n --expert-model-parallel-size $h \
+            --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' \
+            --pipeline-schedule 1f1b
+    done
+done
+echo "fiber-scale: $(uptime)"
