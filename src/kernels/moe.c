@@ -76,6 +76,15 @@ static void sort_small(int32_t *a, int n)
     }
 }
 
+void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
+                                 const par_real *logits, /* [n] */
+                                 int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++)
+        s[i] = (par_real)sqrt(par_softplus((double)logits[i]));
+}
+
 par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, ascending */
                                         par_real *w,             /* [T, K] out */
                                         par_real *logits,        /* [T, E] saved */
@@ -98,9 +107,7 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
         return PAR_OK;
 
     PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
-#pragma omp parallel for schedule(static) if (T * E > 65536)
-    for (int64_t i = 0; i < T * E; i++)
-        s[i] = (par_real)sqrt(par_softplus((double)logits[i]));
+    PAR_FN(par_moe_gate_scores)(s, logits, T * E);
 
     unsigned char *taken = par_calloc((size_t)E, 1, PAR_TAG_ACT);
     if (!taken)

@@ -103,8 +103,8 @@ double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
         return es * T * n * d; /* the block's input only */
     /* block.c: hca; xa, xan, ya [T, d], rstda [T], Xmid [T, n, d] */
     double s = par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + attn_state(c, b, T);
-    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog, gs [T, E]; idx int32 [T, K] */
-    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + 2 * T * E) + 4 * T * K;
+    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog [T, E] (the scores gs are the forward's only); idx int32 [T, K] */
+    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + T * E) + 4 * T * K;
     return s + moe_state(c, T);
 }
 
@@ -175,9 +175,12 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     double moe = base + moe_bwd_scratch(c, T);
     double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
     double tail = base + ds + es * 4 * T * d;                            /* + dxa */
+    double gate = base + ds + es * 2 * T * E; /* the scores recomputed + the gate backward's dlogits */
     double peak = moe > attn ? moe : attn;
     if (tail > peak)
         peak = tail;
+    if (gate > peak)
+        peak = gate;
     if (c->recompute) { /* the block's forward runs again first */
         par_act_ctx full = *c;
         full.recompute = 0;
