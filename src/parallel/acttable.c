@@ -174,7 +174,8 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     double ds = score ? es * T * E : 0; /* the aux-loss gradient [T, E] */
     double moe = base + moe_bwd_scratch(c, T);
     double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
-    double tail = base + ds + es * 4 * T * d;                            /* + dxa */
+    /* + dxa; hc_pre's backward recomputes one token's Sinkhorn iterates [2 iters, n, n] (one thread) */
+    double tail = base + ds + es * 4 * T * d + es * 2 * (double)g->hc_sinkhorn_iters * n * n;
     double gate = base + ds + es * 2 * T * E; /* the scores recomputed + the gate backward's dlogits */
     double peak = moe > attn ? moe : attn;
     if (tail > peak)

@@ -255,17 +255,34 @@ static void state_copy(const plan_t *pl, int q, par_real *m, par_real *v, par_re
 
 /* ---- the step ------------------------------------------------------------ */
 
+#define DP_REDUCE_CHUNK ((size_t)PAR_ZERO_REDUCE_CHUNK)
+
 /* Replicated: the plan's tensors of grads summed in place, each element in
- * rank order like the packed all-reduce (one collective; the reduction
- * module packs the fields without padding). */
+ * rank order like the packed all-reduce; the tensors, in table order, cut
+ * into chunks of DP_REDUCE_CHUNK elements, one collective per chunk (the
+ * reduction module packs a chunk's fields without padding). */
 static par_status reduce_in_place(const plan_t *pl, par_comm *comm, par_real *grads)
 {
-    par_field *f = par_malloc((size_t)(pl->n > 0 ? pl->n : 1) * sizeof *f, PAR_TAG_COMM);
+    par_field *f = par_malloc((size_t)(pl->n + 2) * sizeof *f, PAR_TAG_COMM);
     if (!f)
         return par_err(PAR_ENOMEM, "dp reduce: out of memory for %d fields", pl->n);
-    for (int i = 0; i < pl->n; i++)
-        f[i] = PAR_FIELD(grads + pl->t->p[pl->e[i].idx].offset, pl->e[i].numel, ZC);
-    par_status st = par_reduce_fields(comm, f, pl->n, NULL);
+    par_status st = PAR_OK;
+    size_t have = 0;
+    int nf = 0;
+    for (int i = 0; i < pl->n && !st; i++) {
+        par_real *p = grads + pl->t->p[pl->e[i].idx].offset;
+        for (size_t left = (size_t)pl->e[i].numel, take; left > 0 && !st; p += take, left -= take) {
+            take = left < DP_REDUCE_CHUNK - have ? left : DP_REDUCE_CHUNK - have;
+            f[nf++] = PAR_FIELD(p, take, ZC);
+            if ((have += take) == DP_REDUCE_CHUNK) {
+                st = par_reduce_fields(comm, f, nf, NULL);
+                have = 0;
+                nf = 0;
+            }
+        }
+    }
+    if (!st && nf > 0)
+        st = par_reduce_fields(comm, f, nf, NULL);
     par_free(f);
     return st;
 }
