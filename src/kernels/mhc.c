@@ -4,6 +4,32 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/alloc.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+PAR_DECLARE_TARGET /* called inside the host-or-device loop of hc_pre_backward */
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+PAR_END_DECLARE_TARGET
+
 #define MAXNN (PAR_HC_MAX_N * PAR_HC_MAX_N)
 /* Loops with fewer multiply-adds than this run on one thread (the result is
  * the same either way: every output element has one owner). */
@@ -27,9 +53,9 @@ static par_real *carve(char **cur, int64_t count)
 
 size_t PAR_FN(par_hc_saved_bytes)(int64_t T, int64_t n, int64_t iters)
 {
+    (void)iters; /* the Sinkhorn iterates are recomputed by the backward */
     int64_t P = (2 + n) * n;
-    return 3 * piece(T * P) + piece(T) + 2 * piece(T * n) + piece(T * n * n) +
-           piece(T * 2 * iters * n * n);
+    return 3 * piece(T * P) + piece(T) + 2 * piece(T * n) + piece(T * n * n);
 }
 
 void PAR_FN(par_hc_saved_init)(PAR_FN(par_hc_saved) *s, void *buf, int64_t T, int64_t n,
@@ -46,7 +72,6 @@ void PAR_FN(par_hc_saved_init)(PAR_FN(par_hc_saved) *s, void *buf, int64_t T, in
     s->pre = carve(&cur, T * n);
     s->post = carve(&cur, T * n);
     s->C = carve(&cur, T * n * n);
-    s->sk = carve(&cur, T * 2 * iters * n * n);
     s->work = carve(&cur, T * P);
 }
 
@@ -131,14 +156,9 @@ static void normalise_backward(par_real *gin, const par_real *g, const par_real 
     }
 }
 
-void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
-                                  par_real *sk,      /* [2*iters, n, n] saved */
-                                  const par_real *L, /* [n, n] logits */
-                                  int64_t n, int64_t iters, double hc_eps)
+/* S = the row softmax of L [n, n]. */
+static void row_softmax(par_real *S, const par_real *L, int64_t n)
 {
-    const int64_t nn = n * n;
-    const par_real eps = (par_real)hc_eps;
-    par_real *S = sk;
     for (int64_t j = 0; j < n; j++) {
         const par_real *l = L + j * n;
         par_real mx = l[0];
@@ -152,6 +172,17 @@ void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
         for (int64_t k = 0; k < n; k++)
             S[j * n + k] /= sum;
     }
+}
+
+void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
+                                  par_real *sk,      /* [2*iters, n, n] saved */
+                                  const par_real *L, /* [n, n] logits */
+                                  int64_t n, int64_t iters, double hc_eps)
+{
+    const int64_t nn = n * n;
+    const par_real eps = (par_real)hc_eps;
+    par_real *S = sk;
+    row_softmax(S, L, n);
     par_real *A = sk + nn;
     for (int64_t e = 0; e < nn; e++)
         A[e] = S[e] + eps;
@@ -160,6 +191,25 @@ void PAR_FN(par_sinkhorn_forward)(par_real *C,       /* [n, n] out */
         const par_real *in = sk + (s + 1) * nn;
         par_real *out = s == steps - 1 ? C : sk + (s + 2) * nn;
         normalise(out, in, n, (s % 2) == 0, eps);
+    }
+}
+
+/* par_sinkhorn_forward's C without keeping the iterates (the same
+ * operations in the same order, two [n, n] buffers in turn). */
+static void sinkhorn_token(par_real *C, const par_real *L, int64_t n, int64_t iters, double hc_eps)
+{
+    const int64_t nn = n * n, steps = 2 * iters - 1;
+    const par_real eps = (par_real)hc_eps;
+    par_real a[MAXNN], b[MAXNN];
+    row_softmax(a, L, n);
+    for (int64_t e = 0; e < nn; e++)
+        b[e] = a[e] + eps;
+    par_real *in = b, *out = a;
+    for (int64_t s = 0; s < steps; s++) {
+        par_real *o = s == steps - 1 ? C : out;
+        normalise(o, in, n, (s % 2) == 0, eps);
+        out = in;
+        in = o;
     }
 }
 
@@ -191,6 +241,14 @@ void PAR_FN(par_sinkhorn_backward)(par_real *dL,       /* [n, n] += */
 }
 
 /* ---- shared pieces of hc_pre and hc_head ---- */
+
+/* One token's Sinkhorn logits L [n, n] from its mixes m [P]: the forward's
+ * and the backward's recomputation's one expression (same bits). */
+static void sinkhorn_logits(par_real *L, const par_real *m, const par_real *base, const par_real *scale, int64_t n)
+{
+    for (int64_t e = 0; e < n * n; e++)
+        L[e] = m[2 * n + e] * scale[2] + base[2 * n + e];
+}
 
 /* One token: proj = fn v, rsq, mixes = proj * rsq. */
 static void project_token(par_real *proj, par_real *rsq, par_real *mixes, const par_real *v,
@@ -391,9 +449,8 @@ par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d]
     par_real *proj = PAR_DOUT_AS(saved->proj, T * P), *rsq = PAR_DOUT_AS(saved->rsq, T);
     par_real *mixes = PAR_DOUT_AS(saved->mixes, T * P), *pre_ = PAR_DOUT_AS(saved->pre, T * n);
     par_real *post_ = PAR_DOUT_AS(saved->post, T * n), *C = PAR_DOUT_AS(saved->C, T * nn);
-    par_real *sk = PAR_DOUT_AS(saved->sk, T * 2 * iters * nn);
     PAR_KLOOP_PAR(T * (P + 1) * nd >= PAR_HC_OMP_MIN_WORK,
-                  is_device_ptr(x, X, fn, base, scale, proj, rsq, mixes, pre_, post_, C, sk))
+                  is_device_ptr(x, X, fn, base, scale, proj, rsq, mixes, pre_, post_, C))
     for (int64_t t = 0; t < T; t++) {
         const par_real *Xt = X + t * nd;
         par_real *m = mixes + t * P;
@@ -404,9 +461,8 @@ par_status PAR_FN(par_hc_pre_forward)(par_real *x,                     /* [T, d]
         for (int64_t j = 0; j < n; j++)
             post[j] = 2 * sigm(m[n + j] * scale[1] + base[n + j]);
         par_real L[MAXNN];
-        for (int64_t e = 0; e < nn; e++)
-            L[e] = m[2 * n + e] * scale[2] + base[2 * n + e];
-        PAR_FN(par_sinkhorn_forward)(C + t * nn, sk + t * 2 * iters * nn, L, n, iters, hc_eps);
+        sinkhorn_logits(L, m, base, scale, n);
+        sinkhorn_token(C + t * nn, L, n, iters, hc_eps);
         combine_token(x + t * d, pre, Xt, n, d);
     }
     return PAR_OK;
@@ -437,8 +493,17 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
                        "T=%lld n=%lld iters=%lld",
                        (long long)saved->T, (long long)saved->n, (long long)saved->iters,
                        (long long)T, (long long)n, (long long)iters);
-    const int64_t P = (2 + n) * n, nd = n * d, nn = n * n;
+    const int64_t P = (2 + n) * n, nd = n * d, nn = n * n, skn = 2 * iters * nn;
     PAR_DEV_BEGIN();
+    /* the Sinkhorn iterates of one token, recomputed from the saved mixes
+     * (the forward's operations: the same bits): one buffer per host thread,
+     * one per token on a device */
+    const int dev = PAR_ON_DEVICE();
+    const int64_t nsk = dev ? T : max_threads();
+    par_real *skb = dC ? par_malloc((size_t)nsk * (size_t)skn * sizeof *skb, PAR_TAG_ACT) : NULL;
+    if (dC && !skb)
+        return par_err(PAR_ENOMEM, "hc_pre_backward: Sinkhorn scratch of %lld x %lld", (long long)nsk,
+                       (long long)skn);
     PAR_DIN(dx, T * d);
     PAR_DIN(dpost, T * n);
     PAR_DIN(dC, T * nn);
@@ -452,10 +517,10 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
     PAR_DINOUT(dscale, 3);
     const par_real *proj = PAR_DIN_AS(saved->proj, T * P), *rsq = PAR_DIN_AS(saved->rsq, T);
     const par_real *mixes = PAR_DIN_AS(saved->mixes, T * P), *pre = PAR_DIN_AS(saved->pre, T * n);
-    const par_real *sk = PAR_DIN_AS(saved->sk, T * 2 * iters * nn);
+    par_real *skd = skb ? PAR_DOUT_AS(skb, nsk * skn) : NULL;
     par_real *work = PAR_DOUT_AS(saved->work, T * P);
     PAR_KLOOP_PAR(T * (P + 1) * nd >= PAR_HC_OMP_MIN_WORK,
-                  is_device_ptr(dX, dx, dpost, dC, X, base, scale, mixes, pre, sk, work))
+                  is_device_ptr(dX, dx, dpost, dC, X, base, scale, mixes, pre, skd, work))
     for (int64_t t = 0; t < T; t++) {
         const par_real *m = mixes + t * P;
         par_real *dz = work + t * P;
@@ -471,10 +536,14 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
         }
         for (int64_t e = 0; e < nn; e++)
             dz[2 * n + e] = 0;
-        if (dC)
-            PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn, sk + t * 2 * iters * nn, n,
-                                          iters, hc_eps);
+        if (dC) {
+            par_real *sk = skd + (dev ? t : (int64_t)thread_id()) * skn, L[MAXNN], C[MAXNN];
+            sinkhorn_logits(L, m, base, scale, n);
+            PAR_FN(par_sinkhorn_forward)(C, sk, L, n, iters, hc_eps);
+            PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn, sk, n, iters, hc_eps);
+        }
     }
+    par_free(skb);
     project_backward(dX, dfn, dbase, dscale, work, proj, rsq, mixes, X, fn, scale, T, n, nd, P);
     return PAR_OK;
 }

@@ -42,10 +42,11 @@
 /* What hc_pre's forward keeps for hc_post and for its own backward.  All
  * pointers are carved out of one caller-owned buffer of
  * par_hc_saved_bytes(T, n, iters) bytes by par_hc_saved_init (each piece
- * 64-byte aligned if the buffer is).  n_saved = 2 * iters Sinkhorn matrices
- * per token: sk[t][0] = the row softmax (before + hc_eps); sk[t][s+1] = the
- * input of normalisation step s (s = 0 .. 2*iters-2; even s divide by column
- * sums, odd s by row sums).  `work` is scratch the backward overwrites. */
+ * 64-byte aligned if the buffer is).  The Sinkhorn iterates are NOT kept
+ * (2 * iters [n, n] matrices per token, the largest piece): the backward
+ * recomputes one token's from the saved mixes with the forward's
+ * operations, so the bits are those of a saved copy.  `work` is scratch the
+ * backward overwrites. */
 typedef struct {
     int64_t T, n, iters;
     par_real *proj;  /* [T, P] fn v (before the rsqrt)      */
@@ -54,7 +55,6 @@ typedef struct {
     par_real *pre;   /* [T, n]                               */
     par_real *post;  /* [T, n]  -> hc_post                   */
     par_real *C;     /* [T, n, n] C[j][k] -> hc_post         */
-    par_real *sk;    /* [T, 2*iters, n, n]                   */
     par_real *work;  /* [T, P] backward scratch              */
 } PAR_FN(par_hc_saved);
 

@@ -165,6 +165,20 @@ static par_status gate_refusal(int code, int det, int64_t t, const int32_t *idx,
     }
 }
 
+/* s = sqrt(softplus(logits)), the gate's scores (the forward's and the
+ * backward's recompute: the same bits). */
+void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
+                                 const par_real *logits, /* [n] */
+                                 int64_t n)
+{
+    PAR_DEV_BEGIN();
+    const par_real *l_d = PAR_DIN_AS(logits, n);
+    par_real *s_d = PAR_DOUT_AS(s, n);
+    PAR_KLOOP_PAR(n > 65536, is_device_ptr(l_d, s_d))
+    for (int64_t i = 0; i < n; i++)
+        s_d[i] = (par_real)sqrt(par_softplus((double)l_d[i]));
+}
+
 par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, ascending */
                                         par_real *w,             /* [T, K] out */
                                         par_real *logits,        /* [T, E] saved */
@@ -188,10 +202,8 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
 
     PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
     PAR_DEV_BEGIN();
-    par_real *logits_d = PAR_DIN_AS(logits, T * E), *s_d = PAR_DOUT_AS(s, T * E);
-    PAR_KLOOP_PAR(T * E > 65536, is_device_ptr(logits_d, s_d))
-    for (int64_t i = 0; i < T * E; i++)
-        s_d[i] = (par_real)sqrt(par_softplus((double)logits_d[i]));
+    PAR_FN(par_moe_gate_scores)(s, logits, T * E);
+    const par_real *s_d = PAR_DIN_AS(s, T * E);
 
     /* one row of scratch (the host: rows in order, stopping at the first
      * refused one); on a device a row each, refusals gathered after */

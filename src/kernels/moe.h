@@ -65,6 +65,13 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
                                         int64_t V, int64_t T, int64_t d, int E, int K,
                                         double route_scale);
 
+/* The scores s = sqrt(softplus(logits)) of n logits (in double, rounded to
+ * par_real): what the gate forward saves as s, so a caller that keeps only
+ * the logits gets the same bits back. */
+void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
+                                 const par_real *logits, /* [n] */
+                                 int64_t n);
+
 /* Gate backward.  dw = dLoss/dw [T,K] (may be NULL), ds_extra = an extra
  * dLoss/ds [T,E] (the aux loss; may be NULL).  Chain:
  *   ds[t][idx_k] += (route_scale * dw_k - sum_j dw_j w_j) / S_t

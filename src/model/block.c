@@ -59,6 +59,8 @@ static void moe_weights(const PAR_FN(par_model) *M, int b, par_moe_weights *W, p
 void PAR_FN(par_block_act_release)(PAR_FN(par_block_act) *a)
 {
     PAR_FN(par_moe_saved_free)(&a->ms);
+    par_free(a->gs);
+    a->gs = NULL;
 }
 
 /* The attention sub-layer of block b: Xmid = hc_post(Attention(norm(hc_pre(Xin)))). */
@@ -122,7 +124,10 @@ static par_status moe_forward(PAR_FN(par_model) *M, const par_mbctx *x, int b, P
     AREAL(a->Xout, T * n * d, 0);
     AREAL(a->gw, T * K, 0);
     AREAL(a->glog, T * E, 0);
-    AREAL(a->gs, T * E, 0);
+    /* the scores only live through the forward (routing, statistics): the
+     * backward recomputes them from glog (par_moe_gate_scores, same bits) */
+    if (!(a->gs = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *a->gs, PAR_TAG_ACT)))
+        goto fail_oom;
     if (!(a->idx = aalloc(ar, (size_t)(T * K) * sizeof(int32_t), 0)))
         goto fail_oom;
     par_status s = PAR_FN(par_hc_pre_forward)(a->xf, &a->hcf, a->Xmid, P(bp->hc_ffn_fn), P(bp->hc_ffn_base),
@@ -171,11 +176,13 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, i
     if (st) {
         PAR_FN(par_moe_count_loads)(st->loads + (int64_t)b * E, a->idx, T, (int)E, (int)K);
         if (!a->hash)
-            return PAR_FN(par_moe_aux_stats)(st->cnt + (int64_t)b * st->Ns * E, st->psum + (int64_t)b * st->Ns * E,
-                                             st->ntok + (int64_t)b * st->Ns, a->gs, a->idx, sample, T, (int)E,
-                                             (int)K, st->Ns);
+            s = PAR_FN(par_moe_aux_stats)(st->cnt + (int64_t)b * st->Ns * E, st->psum + (int64_t)b * st->Ns * E,
+                                          st->ntok + (int64_t)b * st->Ns, a->gs, a->idx, sample, T, (int)E, (int)K,
+                                          st->Ns);
     }
-    return PAR_OK;
+    par_free(a->gs);
+    a->gs = NULL;
+    return s;
 }
 
 /* ---------------------------------------------------------------- backward -- */
@@ -246,12 +253,21 @@ static par_status moe_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PA
         s = PAR_FN(par_moe_backward)(IN(k->dxfn), WT(&MG), IN(k->dw), k->dyf, a->xfn, a->gw, &MW, &a->ms,
                                      c->swiglu_limit);
     }
+    /* the gate's scores again, from the saved logits (the forward's bits) */
+    par_real *gs = s ? NULL : par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *gs, PAR_TAG_ACT);
+    if (!s && !gs)
+        return par_err(PAR_ENOMEM, "block %d backward: out of memory for the gate's scores (T=%lld)", b, (long long)T);
+    if (gs)
+        PAR_FN(par_moe_gate_scores)(gs, a->glog, T * E);
     if (!s && k->ds && (pass & PASS_B))
         s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + (int64_t)b * st->Ns * E, st->ntok + (int64_t)b * st->Ns,
-                                         a->gs, sample, T, (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
-    if (s || (s = PAR_FN(par_moe_gate_backward)(IN(k->dxfn), WT(G(bp->gate_weight)), k->dw, k->ds, a->xfn,
-                                                P(bp->gate_weight), a->glog, a->gs, a->idx, a->gw, T, d, (int)E,
-                                                (int)K, c->route_scale)))
+                                         gs, sample, T, (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
+    if (!s)
+        s = PAR_FN(par_moe_gate_backward)(IN(k->dxfn), WT(G(bp->gate_weight)), k->dw, k->ds, a->xfn,
+                                          P(bp->gate_weight), a->glog, gs, a->idx, a->gw, T, d, (int)E, (int)K,
+                                          c->route_scale);
+    par_free(gs);
+    if (s)
         return s;
     PAR_FN(par_rmsnorm_backward)(IN(k->dxf), WT(G(bp->ffn_norm)), k->dxfn, a->xf, P(bp->ffn_norm), a->rstdf, T, d);
     return PAR_FN(par_hc_pre_backward)(IN(dXmid), WT(G(bp->hc_ffn_fn)), WT(G(bp->hc_ffn_base)),

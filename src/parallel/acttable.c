@@ -26,13 +26,13 @@ static int64_t ratio_of(const par_config *cfg, int b)
 }
 
 /* kernels/mhc.c par_hc_saved_bytes: proj, mixes, work [T, P]; rsq [T];
- * pre, post [T, n]; C [T, n, n]; sk [T, 2 iters, n, n]; P = (2 + n) n. */
+ * pre, post [T, n]; C [T, n, n]; P = (2 + n) n (the Sinkhorn iterates are
+ * recomputed by the backward: one token's per thread, not modelled). */
 double par_act_hc_saved(const par_act_ctx *c, int64_t Ti)
 {
     double T = (double)Ti;
-    double n = (double)c->cfg->hc_mult, it = (double)c->cfg->hc_sinkhorn_iters, P = (2 + n) * n;
-    return 3 * pc(T * P, c->es) + pc(T, c->es) + 2 * pc(T * n, c->es) + pc(T * n * n, c->es) +
-           pc(T * 2 * it * n * n, c->es);
+    double n = (double)c->cfg->hc_mult, P = (2 + n) * n;
+    return 3 * pc(T * P, c->es) + pc(T, c->es) + 2 * pc(T * n, c->es) + pc(T * n * n, c->es);
 }
 
 /* kernels/attention.c saved_layout (par_attn_saved_bytes) of block b. */
@@ -103,8 +103,8 @@ double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
         return es * T * n * d; /* the block's input only */
     /* block.c: hca; xa, xan, ya [T, d], rstda [T], Xmid [T, n, d] */
     double s = par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + attn_state(c, b, T);
-    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog, gs [T, E]; idx int32 [T, K] */
-    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + 2 * T * E) + 4 * T * K;
+    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog [T, E] (the scores gs are the forward's only); idx int32 [T, K] */
+    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + T * E) + 4 * T * K;
     return s + moe_state(c, T);
 }
 
@@ -174,10 +174,14 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     double ds = score ? es * T * E : 0; /* the aux-loss gradient [T, E] */
     double moe = base + moe_bwd_scratch(c, T);
     double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
-    double tail = base + ds + es * 4 * T * d;                            /* + dxa */
+    /* + dxa; hc_pre's backward recomputes one token's Sinkhorn iterates [2 iters, n, n] (one thread) */
+    double tail = base + ds + es * 4 * T * d + es * 2 * (double)g->hc_sinkhorn_iters * n * n;
+    double gate = base + ds + es * 2 * T * E; /* the scores recomputed + the gate backward's dlogits */
     double peak = moe > attn ? moe : attn;
     if (tail > peak)
         peak = tail;
+    if (gate > peak)
+        peak = gate;
     if (c->recompute) { /* the block's forward runs again first */
         par_act_ctx full = *c;
         full.recompute = 0;

@@ -105,7 +105,6 @@ par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
  * an entry inside one segment gets exactly par_sumsq of the entry. */
 static void entry_shares(const plan_t *pl, const unsigned char *skip, double *per)
 {
-    const par_real *g = pl->mode == PAR_DP_ZERO1 ? pl->red : pl->buf + (int64_t)pl->rank * pl->seg;
     const int64_t base = (int64_t)pl->rank * pl->shard;
     for (int i = 0; i < pl->n; i++) {
         const par_zero_entry *e = &pl->e[i];
@@ -115,16 +114,17 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, double *pe
         int64_t b = e->pos + e->numel < base + pl->shard ? e->pos + e->numel : base + pl->shard;
         if (a >= b || (skip && skip[e->idx]))
             continue;
+        const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, a);
         double s = 0.0;
-        for (int64_t p = a; p < b; p++)
-            s += (double)g[p - base] * (double)g[p - base];
+        for (int64_t p = 0; p < b - a; p++)
+            s += (double)g[p] * (double)g[p];
         per[e->idx] = s;
     }
     for (int k = pl->owned_begin[pl->rank]; k < pl->owned_begin[pl->rank + 1]; k++) {
         const par_zero_entry *e = &pl->e[pl->owned[k]];
         if (skip && skip[e->idx])
             continue;
-        const par_real *x = g + pl->shard + e->pos;
+        const par_real *x = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
         double s = 0.0;
         for (int64_t j = 0; j < e->numel; j++)
             s += (double)x[j] * (double)x[j];
@@ -206,14 +206,12 @@ par_status PAR_FN(par_dpw_reduced_grads)(dpw_t *w, PAR_FN(par_model) *M)
 {
     for (int k = 0; k < 2; k++) {
         plan_t *pl = &w->plan[k];
-        if ((int64_t)pl->dp * pl->seg == 0)
-            continue;
-        if (pl->mode == PAR_DP_ZERO1) {
-            par_status s = par_allgatherv(w->comm[k], pl->red, pl->counts[pl->rank], pl->buf, pl->counts,
-                                          pl->displs, DC);
-            if (s)
-                return s;
-        }
+        if ((int64_t)pl->dp * pl->seg == 0 || pl->mode != PAR_DP_ZERO1)
+            continue; /* replicated: reduced in place in M->grads already */
+        par_status s = par_allgatherv(w->comm[k], pl->red, pl->counts[pl->rank], pl->buf, pl->counts, pl->displs,
+                                      DC);
+        if (s)
+            return s;
         unpack_grads(pl, pl->buf, M->grads);
     }
     return PAR_OK;

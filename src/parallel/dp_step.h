@@ -20,7 +20,8 @@
  * One step after the step executor's backward (parallel/executor.h),
  * par_dpw_step = zero.h's par_dp_step protocol with a per-entry norm:
  *   1. par_dp_reduce_grads per plan: each gradient reduced exactly once over
- *      the ranks that replicate it (rank-order sums);
+ *      the ranks that replicate it (rank-order sums; replicated: in place
+ *      in M->grads, which holds the reduced gradients afterwards);
  *   2. the norm: each rank's squared sums of the reduced elements of ITS
  *      segments, PER ENTRY (a vector over the table), one all-reduce of the
  *      vector over the world (parallel/reduce_sum.h), then summed in table order (par_grad_sumsq's
@@ -82,8 +83,9 @@ par_status PAR_FN(par_dpw_set_norm_skip)(PAR_FN(par_dpw) *w, int idx);
 par_status PAR_FN(par_dpw_step)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
 
 /* After par_dpw_step, for a dump: writes the REDUCED gradients of every
- * plan entry into M->grads (replicated: from the packed buffer; ZeRO-1: one
- * all-gather(v) of the reduced segments first, collective over each group). */
+ * plan entry into M->grads (replicated: already there, reduced in place;
+ * ZeRO-1: one all-gather(v) of the reduced segments, collective over each
+ * group). */
 par_status PAR_FN(par_dpw_reduced_grads)(PAR_FN(par_dpw) *w, PAR_FN(par_model) *M);
 
 /* Gathers the optimizer state of both plans to their group rank 0 into

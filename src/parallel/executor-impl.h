@@ -68,7 +68,7 @@ struct PAR_FN(par_exec_s) {
     int64_t n, d, nd;
     /* the step */
     int64_t B, S, Bl, mbs, Tm;
-    par_batch gb;             /* the global batch (counts) */
+    int64_t gb_labels, gb_mtp_labels; /* the global batch's label counts (no copy of it per rank) */
     par_batch *mb;            /* [m] this rank's part of each microbatch */
     par_mbctx *mbx;           /* [m] the context each model call passes to the hooks */
     int32_t *pos_rows;        /* CP: [Bl, S] positions of the rank's whole rows */

@@ -9,6 +9,7 @@
 #include "parallel/groups.h"
 #include "parallel/mm_zero.h"
 #include "parallel/schedule.h"
+#include "parallel/zero_plan.h"
 
 /* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
 typedef struct {
@@ -495,8 +496,15 @@ static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coor
             master += (double)(g->n_adamw + g->n_muon);
             ws = (double)g->muon_ws_all > ws ? (double)g->muon_ws_all : ws;
         }
-        buf += dpseg + (zero1 ? (double)g->seg : 0); /* zero.c: buf [dp * seg], red [seg] */
-        stage = dpseg > stage ? dpseg : stage;       /* all-reduce / reduce-scatter rows */
+        if (zero1) {
+            buf += dpseg + (double)g->seg; /* zero.c: buf [dp * seg], red [seg] */
+            stage = dpseg > stage ? dpseg : stage; /* reduce-scatter rows */
+        } else { /* zero.c reduce_in_place, per chunk: the fields packed (more than one) + the all-reduce rows */
+            int64_t n = g->n_adamw + g->n_muon, ch = n < PAR_ZERO_REDUCE_CHUNK ? n : PAR_ZERO_REDUCE_CHUNK;
+            int64_t rows = (int64_t)g->dp * ((ch + g->dp - 1) / g->dp);
+            double st = (double)((g->n_ent > 1 ? ch : 0) + rows);
+            stage = st > stage ? st : stage;
+        }
     }
     o->optim_state = state * mm->es_o;
     o->optim_master = master * mm->es_m;

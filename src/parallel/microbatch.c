@@ -108,10 +108,29 @@ static par_status stats_window(exec_t *ex, PAR_FN(par_model) *M, PAR_FN(par_stat
     PAR_FN(par_stats_zero)(st);
     st->q0 = q0;
     st->Ns_global = Ng;
-    st->n_main = ex->gb.n_labels;
-    st->n_mtp = ex->cfg.n_mtp_layers > 0 ? ex->gb.n_mtp_labels : 0;
+    st->n_main = ex->gb_labels;
+    st->n_mtp = ex->cfg.n_mtp_layers > 0 ? ex->gb_mtp_labels : 0;
     st->n_tokens = ex->B * ex->S;
     return PAR_OK;
+}
+
+/* The global batch's label counts, par_batch_derive's, from the segments
+ * alone (a label wherever the next token is in the same sample; the tokens
+ * are checked): every rank used to hold a derived copy of the whole batch
+ * (six int32 arrays of B x S) for these two numbers. */
+static void global_counts(exec_t *ex, const int32_t *seg)
+{
+    const int64_t S = ex->S;
+    int64_t nl = 0, nm = 0;
+    for (int64_t r = 0; r < ex->B; r++) {
+        const int32_t *sg = seg + r * S;
+        for (int64_t j = 0; j + 1 < S; j++) {
+            nl += sg[j + 1] == sg[j];
+            nm += j + 2 < S && sg[j + 2] == sg[j];
+        }
+    }
+    ex->gb_labels = nl;
+    ex->gb_mtp_labels = nm;
 }
 
 par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const int32_t *tok,
@@ -119,10 +138,9 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
 {
     const int64_t S = ex->S, r0 = (int64_t)P->rc.dp * ex->Bl;
     par_status s;
-    if (!ex->gb.tokens && (s = par_batch_alloc(&ex->gb, ex->B, S)))
+    if ((s = par_batch_check(tok, seg, ex->B, S, ex->cfg.vocab_size, "pipeline batch")))
         return s;
-    if ((s = par_batch_set(&ex->gb, tok, seg, ex->cfg.vocab_size, "pipeline batch")))
-        return s;
+    global_counts(ex, seg);
     /* samples: before this rank's rows, in them, in the batch */
     int64_t q0 = 0, Nl = 0, Ng = 0;
     for (int64_t r = 0; r < ex->B; r++) {

@@ -43,6 +43,7 @@ par_status par_mm_zero_build(par_mm_zero *out, const par_param_table *t, const i
         par_mm_zero_free(&g);
         return par_err(PAR_ENOMEM, "zero geometry: no memory for %d ranks", dp);
     }
+    g.n_ent = z.n;
     g.n_adamw = z.n_adamw, g.shard = z.shard, g.n_muon = z.n_muon, g.load_max = z.load_max, g.seg = z.seg;
     for (int q = 0; q < dp; q++) {
         g.load[q] = z.load[q];

@@ -20,6 +20,7 @@
 
 typedef struct {
     int dp;
+    int n_ent;         /* optimized tensors (replicated: fields of the in-place reduction) */
     int64_t n_adamw, shard, n_muon, load_max, seg;
     int64_t *load;     /* [dp] Muon elements owned by each rank                   */
     int64_t *muon_ws;  /* [dp] Muon scratch elements of each rank: the largest over

@@ -73,7 +73,9 @@ par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, con
     z.m = par_calloc(nad, sizeof *z.m, PAR_TAG_OPTIM);
     z.v = par_calloc(nad, sizeof *z.v, PAR_TAG_OPTIM);
     z.mom = par_calloc(nmo, sizeof *z.mom, PAR_TAG_OPTIM);
-    z.buf = par_calloc((size_t)dp * (size_t)z.seg, sizeof *z.buf, PAR_TAG_COMM);
+    /* replicated mode reduces the caller's gradients in place: no packed
+     * buffer (it was dp * seg, O(group x largest Muon load) on every rank) */
+    z.buf = par_calloc(zero1 ? (size_t)dp * (size_t)z.seg : 0, sizeof *z.buf, PAR_TAG_COMM);
     z.red = par_calloc(zero1 ? (size_t)z.seg : 0, sizeof *z.red, PAR_TAG_COMM);
     if (!z.m || !z.v || !z.mom || !z.buf || !z.red) {
         st = par_err(PAR_ENOMEM, "zero plan: no memory for the state (%lld + %lld elements) and workspace "
@@ -116,11 +118,6 @@ static int adam_piece(const plan_t *pl, const par_zero_entry *e, int q, int64_t 
     *a = max64(e->pos, (int64_t)q * pl->shard);
     *b = min64(e->pos + e->numel, (int64_t)(q + 1) * pl->shard);
     return *a < *b;
-}
-
-static int64_t seg_adam_len(const plan_t *pl, int q)
-{
-    return max64(0, min64(pl->shard, pl->n_adamw - (int64_t)q * pl->shard));
 }
 
 /* Where AdamW flat position p lies in the packed layout. */
@@ -166,11 +163,24 @@ static void unpack(const plan_t *pl, const par_real *packed, par_real *flat)
     }
 }
 
+/* The reduced gradient of entry e from AdamW flat position a (Muon: its
+ * first element): ZeRO-1 in segment view g [seg], replicated in the flat
+ * buffer the reduction summed in place (pl->rg, table offsets). */
+static const par_real *grad_of(const plan_t *pl, const par_zero_entry *e, int q, const par_real *g, int64_t a)
+{
+    if (!g) {
+        const int64_t off = pl->t->p[e->idx].offset;
+        return pl->rg + off + (e->opt == PAR_OPT_MUON ? 0 : a - e->pos);
+    }
+    return e->opt == PAR_OPT_MUON ? g + pl->shard + e->pos : g + (a - (int64_t)q * pl->shard);
+}
+
 /* Updates segment q: its AdamW shard and the Muon matrices q owns.
- * g: the reduced gradients of the segment [seg]; m, v: the shard's AdamW
- * state [shard]; mom: q's Muon momentum [load[q]].  w == NULL updates params
- * in place; else the segment's parameters are copied from params into w
- * [seg] and updated there. */
+ * g: the reduced gradients of the segment [seg], or NULL: those of the flat
+ * buffer pl->rg (replicated); m, v: the shard's AdamW state [shard]; mom:
+ * q's Muon momentum [load[q]].  w == NULL updates params in place; else the
+ * segment's parameters are copied from params into w [seg] and updated
+ * there. */
 static par_status update_segment(const plan_t *pl, int q, par_real *params, par_real *w, const par_real *g,
                                  par_real *m, par_real *v, par_real *mom, const par_config *cfg, int64_t step,
                                  double gscale)
@@ -189,7 +199,7 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
             dst = w + (a - base);
             memcpy(dst, src, (size_t)(b - a) * sizeof *dst);
         }
-        PAR_FN(par_adamw_update)(dst, m + (a - base), v + (a - base), g + (a - base), b - a, gscale, cfg->lr,
+        PAR_FN(par_adamw_update)(dst, m + (a - base), v + (a - base), grad_of(pl, e, q, g, a), b - a, gscale, cfg->lr,
                                  p->weight_decay ? cfg->wd : 0.0, step);
     }
     for (int k = pl->owned_begin[q]; k < pl->owned_begin[q + 1]; k++) {
@@ -200,7 +210,7 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
             dst = w + pl->shard + e->pos;
             memcpy(dst, params + p->offset, (size_t)e->numel * sizeof *dst);
         }
-        par_status st = PAR_FN(par_muon_update)(dst, mom + e->pos, g + pl->shard + e->pos, p->shape[0],
+        par_status st = PAR_FN(par_muon_update)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->shape[0],
                                                 p->shape[1], gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0,
                                                 cfg->mu);
         if (st)
@@ -245,29 +255,75 @@ static void state_copy(const plan_t *pl, int q, par_real *m, par_real *v, par_re
 
 /* ---- the step ------------------------------------------------------------ */
 
-par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, const par_real *grads)
+#define DP_REDUCE_CHUNK ((size_t)PAR_ZERO_REDUCE_CHUNK)
+
+/* Replicated: the plan's tensors of grads summed in place, each element in
+ * rank order like the packed all-reduce; the tensors, in table order, cut
+ * into chunks of DP_REDUCE_CHUNK elements, one collective per chunk (the
+ * reduction module packs a chunk's fields without padding). */
+static par_status reduce_in_place(const plan_t *pl, par_comm *comm, par_real *grads)
+{
+    par_field *f = par_malloc((size_t)(pl->n + 2) * sizeof *f, PAR_TAG_COMM);
+    if (!f)
+        return par_err(PAR_ENOMEM, "dp reduce: out of memory for %d fields", pl->n);
+    par_status st = PAR_OK;
+    size_t have = 0;
+    int nf = 0;
+    for (int i = 0; i < pl->n && !st; i++) {
+        par_real *p = grads + pl->t->p[pl->e[i].idx].offset;
+        for (size_t left = (size_t)pl->e[i].numel, take; left > 0 && !st; p += take, left -= take) {
+            take = left < DP_REDUCE_CHUNK - have ? left : DP_REDUCE_CHUNK - have;
+            f[nf++] = PAR_FIELD(p, take, ZC);
+            if ((have += take) == DP_REDUCE_CHUNK) {
+                st = par_reduce_fields(comm, f, nf, NULL);
+                have = 0;
+                nf = 0;
+            }
+        }
+    }
+    if (!st && nf > 0)
+        st = par_reduce_fields(comm, f, nf, NULL);
+    par_free(f);
+    return st;
+}
+
+par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, par_real *grads)
 {
     par_status st = check_comm(pl, comm, "dp reduce");
     if (st)
         return st;
     if (!grads)
         return par_err(PAR_EINVAL, "dp reduce: needs the local gradients");
-    const size_t total = (size_t)pl->dp * (size_t)pl->seg;
+    const int zero1 = pl->mode == PAR_DP_ZERO1;
+    const size_t total = zero1 ? (size_t)pl->dp * (size_t)pl->seg : (size_t)(pl->n_adamw + pl->n_muon);
     pl->reduced = 0;
+    pl->rg = NULL;
     if (total == 0) { /* nothing to reduce; every rank of the group knows it */
+        pl->reduced = 1;
+        return PAR_OK;
+    }
+    if (!zero1) {
+        if ((st = reduce_in_place(pl, comm, grads)))
+            return st;
+        pl->rg = grads;
         pl->reduced = 1;
         return PAR_OK;
     }
     memset(pl->buf, 0, total * sizeof *pl->buf);
     pack(pl, grads, pl->buf);
     /* the sum through the reduction module (parallel/reduce_sum.h): ZeRO-1
-     * reduce-scatters the packed segments, replicated all-reduces them */
+     * reduce-scatters the packed segments */
     par_field f = PAR_FIELD(pl->buf, total, ZC);
-    st = par_reduce_fields(comm, &f, 1, pl->mode == PAR_DP_ZERO1 ? pl->red : NULL);
+    st = par_reduce_fields(comm, &f, 1, pl->red);
     if (st)
         return st;
     pl->reduced = 1;
     return PAR_OK;
+}
+
+const par_real *PAR_FN(par_zero_grad_at)(const plan_t *pl, const par_zero_entry *e, int64_t a)
+{
+    return grad_of(pl, e, pl->rank, pl->mode == PAR_DP_ZERO1 ? pl->red : NULL, a);
 }
 
 par_status PAR_FN(par_zero_grad_sumsq)(const plan_t *pl, double *out)
@@ -277,13 +333,24 @@ par_status PAR_FN(par_zero_grad_sumsq)(const plan_t *pl, double *out)
     if (!pl->reduced)
         return par_err(PAR_EINVAL, "zero sumsq: the gradients of rank %d of %d are not reduced yet "
                        "(call par_dp_reduce_grads first)", pl->rank, pl->dp);
-    const par_real *g = pl->mode == PAR_DP_ZERO1 ? pl->red : pl->buf + (int64_t)pl->rank * pl->seg;
-    const int64_t na = seg_adam_len(pl, pl->rank), nm = pl->load[pl->rank];
+    /* the segment's AdamW pieces in flat order, then its Muon matrices: the
+     * element order of the packed segment */
     double s = 0.0;
-    for (int64_t i = 0; i < na; i++)
-        s += (double)g[i] * (double)g[i];
-    for (int64_t i = 0; i < nm; i++)
-        s += (double)g[pl->shard + i] * (double)g[pl->shard + i];
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        int64_t a, b;
+        if (e->opt != PAR_OPT_ADAMW || !adam_piece(pl, e, pl->rank, &a, &b))
+            continue;
+        const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, a);
+        for (int64_t j = 0; j < b - a; j++)
+            s += (double)g[j] * (double)g[j];
+    }
+    for (int k = pl->owned_begin[pl->rank]; k < pl->owned_begin[pl->rank + 1]; k++) {
+        const par_zero_entry *e = &pl->e[pl->owned[k]];
+        const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
+        for (int64_t j = 0; j < e->numel; j++)
+            s += (double)g[j] * (double)g[j];
+    }
     *out = s;
     return PAR_OK;
 }
@@ -306,7 +373,7 @@ par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, co
         return PAR_OK;
     if (pl->mode == PAR_DP_REPLICATED) {
         for (int q = 0; q < pl->dp; q++) {
-            st = update_segment(pl, q, params, NULL, pl->buf + (int64_t)q * pl->seg, pl->m + (int64_t)q * pl->shard,
+            st = update_segment(pl, q, params, NULL, NULL, pl->m + (int64_t)q * pl->shard,
                                 pl->v + (int64_t)q * pl->shard, pl->mom + pl->muon_base[q], cfg, step, gscale);
             if (st)
                 return st;
@@ -325,7 +392,7 @@ par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, co
 }
 
 par_status PAR_FN(par_dp_step)(plan_t *const *plans, par_comm *const *comms, int n_plans, par_comm *norm_comm,
-                               par_real *params, const par_real *grads, const par_config *cfg, int64_t step,
+                               par_real *params, par_real *grads, const par_config *cfg, int64_t step,
                                double *grad_norm)
 {
     if (n_plans < 0 || (n_plans > 0 && (!plans || !comms)) || !norm_comm || !params || !grads || !cfg)
@@ -356,7 +423,7 @@ par_status PAR_FN(par_dp_step)(plan_t *const *plans, par_comm *const *comms, int
 }
 
 static par_status step_one(plan_t *pl, par_dp_mode want, const char *what, par_comm *comm, par_real *params,
-                           const par_real *grads, const par_config *cfg, int64_t step, double *grad_norm)
+                           par_real *grads, const par_config *cfg, int64_t step, double *grad_norm)
 {
     if (!pl || !pl->t)
         return par_err(PAR_EINVAL, "%s: the plan is not built", what);
@@ -366,13 +433,13 @@ static par_status step_one(plan_t *pl, par_dp_mode want, const char *what, par_c
     return PAR_FN(par_dp_step)(&pl, &comm, 1, comm, params, grads, cfg, step, grad_norm);
 }
 
-par_status PAR_FN(par_zero_step)(plan_t *pl, par_comm *comm, par_real *params, const par_real *grads,
+par_status PAR_FN(par_zero_step)(plan_t *pl, par_comm *comm, par_real *params, par_real *grads,
                                  const par_config *cfg, int64_t step, double *grad_norm)
 {
     return step_one(pl, PAR_DP_ZERO1, "zero step", comm, params, grads, cfg, step, grad_norm);
 }
 
-par_status PAR_FN(par_dp_step_replicated)(plan_t *pl, par_comm *comm, par_real *params, const par_real *grads,
+par_status PAR_FN(par_dp_step_replicated)(plan_t *pl, par_comm *comm, par_real *params, par_real *grads,
                                           const par_config *cfg, int64_t step, double *grad_norm)
 {
     return step_one(pl, PAR_DP_REPLICATED, "dp step (replicated)", comm, params, grads, cfg, step, grad_norm);

@@ -9,10 +9,11 @@
  * the same geometry.
  *
  * One step (both modes), each call collective over the group's comm:
- *   1. par_dp_reduce_grads: the ONE cross-rank gradient reduction: pack the
- *      local gradients, then ZeRO-1: reduce-scatter (rank r gets segment r,
- *      summed in rank order); replicated: all-reduce of the whole packed
- *      buffer (the same rank-order sums).
+ *   1. par_dp_reduce_grads: the ONE cross-rank gradient reduction: ZeRO-1:
+ *      pack the local gradients, reduce-scatter (rank r gets segment r,
+ *      summed in rank order); replicated: all-reduce of the plan's tensors
+ *      in place in the caller's buffer (the same rank-order sums, no packed
+ *      dp x seg copy: per-rank memory stays the rank's own share).
  *   2. par_zero_grad_sumsq: this rank's share of the squared norm: the
  *      reduced elements of ITS segment only (AdamW shard, then owned Muon
  *      matrices), so summing the shares of every rank of every group counts
@@ -53,9 +54,10 @@ typedef struct {
     par_real *m;              /* AdamW exp_avg:    [shard] | [dp*shard]          */
     par_real *v;              /* AdamW exp_avg_sq: [shard] | [dp*shard]          */
     par_real *mom;            /* Muon momentum:    [load[rank]] | [n_muon]       */
-    /* workspace */
+    /* workspace (ZeRO-1 only: replicated reduces in place) */
     par_real *buf;            /* [dp*seg] packed gradients, gathered params      */
     par_real *red;            /* [seg] ZeRO-1: the reduced gradients of my segment */
+    const par_real *rg;       /* replicated: the reduced flat gradients (the caller's buffer) */
     int reduced;              /* 1 between par_dp_reduce_grads and par_dp_apply  */
 } PAR_FN(par_zero_plan);
 
@@ -73,9 +75,16 @@ void PAR_FN(par_zero_memory_of)(const PAR_FN(par_zero_plan) *pl, par_zero_memory
 
 /* Step 1, the one gradient reduction point (collective over comm, whose size
  * and rank must be the plan's).  grads is the local flat buffer (table
- * offsets), not modified; only the plan's tensors are read. */
+ * offsets); only the plan's tensors are read.  ZeRO-1 leaves it as it is;
+ * replicated sums the plan's tensors in it in place (they hold the reduced
+ * gradients afterwards, and the plan reads them there until par_dp_apply). */
 par_status PAR_FN(par_dp_reduce_grads)(PAR_FN(par_zero_plan) *pl, par_comm *comm,
-                                       const par_real *grads /* [n_float] */);
+                                       par_real *grads /* [n_float] */);
+
+/* After step 1: the reduced gradients of entry e (one of pl->e) from AdamW
+ * flat position a (a Muon matrix: a = e->pos) inside THIS rank's segment
+ * (ZeRO-1: in pl->red; replicated: in the reduced flat buffer). */
+const par_real *PAR_FN(par_zero_grad_at)(const PAR_FN(par_zero_plan) *pl, const par_zero_entry *e, int64_t a);
 
 /* Step 2: this rank's share of the global sum of squared gradients (in
  * double, AdamW shard then owned Muon matrices, index order).  Not
@@ -97,16 +106,16 @@ par_status PAR_FN(par_dp_apply)(PAR_FN(par_zero_plan) *pl, par_comm *comm,
  * clipping.  No balance update. */
 par_status PAR_FN(par_dp_step)(PAR_FN(par_zero_plan) *const *plans, par_comm *const *comms, int n_plans,
                                par_comm *norm_comm, par_real *params /* [n_float] */,
-                               const par_real *grads /* [n_float] */, const par_config *cfg, int64_t step,
+                               par_real *grads /* [n_float], replicated: reduced in place */, const par_config *cfg, int64_t step,
                                double *grad_norm);
 
 /* One plan over one group that is the whole world: par_dp_step with
  * norm_comm = comm.  The plan's mode must be ZeRO-1 / replicated. */
 par_status PAR_FN(par_zero_step)(PAR_FN(par_zero_plan) *pl, par_comm *comm, par_real *params,
-                                 const par_real *grads, const par_config *cfg, int64_t step,
+                                 par_real *grads, const par_config *cfg, int64_t step,
                                  double *grad_norm);
 par_status PAR_FN(par_dp_step_replicated)(PAR_FN(par_zero_plan) *pl, par_comm *comm, par_real *params,
-                                          const par_real *grads, const par_config *cfg, int64_t step,
+                                          par_real *grads, const par_config *cfg, int64_t step,
                                           double *grad_norm);
 
 /* Optimizer state dump: gathers the full state of the plan's tensors to

@@ -212,5 +212,5 @@ void par_zero_geom_memory(const par_zero_geom *g, par_dp_mode mode, int64_t elem
     out->adamw_state = 2 * es * (zero1 ? g->shard : (int64_t)g->dp * g->shard);
     out->muon_state = es * (zero1 ? g->load[g->rank] : g->n_muon);
     out->full_state = es * (2 * g->n_adamw + g->n_muon);
-    out->workspace = es * ((int64_t)g->dp * g->seg + (zero1 ? g->seg : 0));
+    out->workspace = zero1 ? es * ((int64_t)g->dp * g->seg + g->seg) : 0; /* replicated reduces in place */
 }

@@ -49,6 +49,11 @@ typedef enum {
     PAR_DP_ZERO1 = 1,      /* --use-distributed-optimizer: state sharded       */
 } par_dp_mode;
 
+/* Elements per all-reduce of the replicated reduction (zero.c): it bounds a
+ * rank's transient pack + staging (2 x 1 MiB in f64) whatever the plan's
+ * size; v4-tiny's plans fit in one call.  The memory model reads it. */
+#define PAR_ZERO_REDUCE_CHUNK ((int64_t)1 << 17)
+
 /* par_zero_geom_owner answers for tensors that are not whole-matrix owned. */
 #define PAR_ZERO_ABSENT (-1)  /* not in the plan (or no optimizer)            */
 #define PAR_ZERO_SHARDED (-2) /* AdamW: sharded element-wise over every rank  */

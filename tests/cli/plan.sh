@@ -30,7 +30,7 @@ $P plan --search >/dev/null 2>"$T/err"
 $P plan --search --world-size 8 --memory-per-gpu lots >/dev/null 2>"$T/err"
 [ $? -eq 2 ] && grep -q "not a size" "$T/err" || fail "--memory-per-gpu: $(cat "$T/err")"
 
-$P plan --preset v4-tiny --search --world-size 8 --memory-per-gpu 9MB --runtime parity --json "$T/s.json" \
+$P plan --preset v4-tiny --search --world-size 8 --memory-per-gpu 6MB --runtime parity --json "$T/s.json" \
     >"$T/out" 2>"$T/err" || fail "tiny search: $(cat "$T/err")"
 grep -q "candidates:" "$T/out" || fail "search table: $(cat "$T/out")"
 grep -q '"status":[[:space:]]*"kept"' "$T/s.json" || fail "search JSON has no kept candidate"
