@@ -20,7 +20,8 @@ void PAR_FN(par_etp_rows_saved_free)(PAR_FN(par_etp_rows_saved) *sv)
     memset(sv, 0, sizeof *sv);
 }
 
-/* Sizes, the group's row counts, the saved arrays. */
+/* Sizes, the group's row counts (sp; else this rank's only), the saved
+ * arrays. */
 static par_status rows_setup(PAR_FN(par_etp_rows_saved) *sv, int64_t n, int nE, int64_t d,
                              int64_t I, double L, const par_tp *etp)
 {
@@ -32,26 +33,21 @@ static par_status rows_setup(PAR_FN(par_etp_rows_saved) *sv, int64_t n, int nE, 
                        LL(d));
     sv->n = n, sv->d = d, sv->Il = I / P, sv->nE = nE, sv->L = L;
     sv->rank = par_tp_rank(etp), sv->P = P, sv->sp = sp;
-    int64_t cnt[1] = {n}, *counts = cnt;
-    int64_t big[64];
-    if (sp) {
-        counts = P <= 64 ? big : par_malloc((size_t)P * sizeof(int64_t), PAR_TAG_ACT);
-        par_status st = counts ? PAR_FN(par_tpr_row_counts)(etp, n, counts)
-                               : par_err(PAR_ENOMEM, "expert tensor parallel: %d counts", P);
-        if (st) {
-            if (counts != big)
-                par_free(counts);
-            return st;
-        }
-    }
+    int64_t *counts = par_calloc((size_t)P, sizeof(int64_t), PAR_TAG_ACT);
+    if (!counts)
+        return par_err(PAR_ENOMEM, "expert tensor parallel: %d counts", P);
+    counts[0] = n;
+    par_status st = sp ? PAR_FN(par_tpr_row_counts)(etp, n, counts) : PAR_OK;
     sv->N = 0;
     for (int q = 0; q < (sp ? P : 1); q++)
         sv->N += counts[q];
     const int64_t N = sv->N, Il = sv->Il;
     const size_t ni = (size_t)(P + nE + 1 + N), nr = (size_t)(N * d + N + 3 * N * Il);
-    sv->buf = par_malloc(ni * sizeof(int64_t) + (nr + 1) * sizeof(par_real), PAR_TAG_ACT);
-    if (sv->buf) {
-        sv->counts = sv->buf;
+    if (!st && !(sv->buf = par_malloc(ni * sizeof(int64_t) + (nr + 1) * sizeof(par_real),
+                                      PAR_TAG_ACT)))
+        st = par_err(PAR_ENOMEM, "expert tensor parallel: saved state for %lld rows", LL(N));
+    if (!st) {
+        sv->counts = sv->buf; /* int64 arrays first, then the reals */
         sv->off = sv->counts + P;
         sv->order = sv->off + nE + 1;
         sv->xs = (par_real *)(void *)(sv->order + N);
@@ -59,13 +55,10 @@ static par_status rows_setup(PAR_FN(par_etp_rows_saved) *sv, int64_t n, int nE, 
         sv->g = sv->rws + N;
         sv->u = sv->g + N * Il;
         sv->h = sv->u + N * Il;
-        memcpy(sv->counts, counts, (size_t)(sp ? P : 1) * sizeof(int64_t));
+        memcpy(sv->counts, counts, (size_t)P * sizeof(int64_t));
     }
-    if (counts != big && counts != cnt)
-        par_free(counts);
-    if (!sv->buf)
-        return par_err(PAR_ENOMEM, "expert tensor parallel: saved state for %lld rows", LL(N));
-    return PAR_OK;
+    par_free(counts);
+    return st;
 }
 
 /* Counting sort of the N gathered rows [N, d+1] (x | rw) by expert eg,
