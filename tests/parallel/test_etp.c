@@ -13,7 +13,10 @@
  *   tokens in order (De = 1), else within policy after the expert-DP sum;
  * - the shared expert's shard gradients bitwise under TP (one TP group over
  *   all tokens), within policy when DP ranks each hold part;
- * - SP is bitwise TP without SP for the shared expert alone.
+ * - SP is bitwise TP without SP for the shared expert alone;
+ * - EP x ETP (MoE parallel folding with EP > 1): a minimal test dispatch
+ *   over the EP group around par_etp_rows_* (where parallel/ep.c will call
+ *   it), within the f64 policy.
  */
 #include <criterion/criterion.h>
 
@@ -117,7 +120,7 @@ static void case_free(mcase *A)
 
 typedef struct {
     const mcase *A;
-    int tp, etp, N;
+    int tp, etp, N, ep;  /* ep > 1: a test dispatch over the EP group around the ETP rows */
     int tp_sp, etp_sp;   /* tokens split over the TP group (SP); rows split over ETP */
     int shared_only;     /* run only the shared expert (par_tp_mlp) */
     double *y, *dx, *dw; /* full-size results, written by token owners */
@@ -226,17 +229,164 @@ static par_status rank_moe(run_ctx *c, int wr, const par_groups *g, const par_ra
     return st;
 }
 
+/* ---- EP x ETP: a minimal EP dispatch of the test around the ETP rows
+ * layer (a stand-in for parallel/ep.c's executor, which will call
+ * par_etp_rows_* the same way between its dispatch and combine). */
+
+typedef struct {
+    int EP;
+    int64_t ns, nr;          /* rows sent (the rank's slots), rows received */
+    size_t *sc, *sd, *rcn, *rd; /* [EP] per-peer row counts / displacements */
+    int32_t *slot;           /* [ns] t*K + k of each sent row, owner ascending then (t, k) */
+    double *rx;              /* [nr, d+1] received (x | rw) */
+    int32_t *re;             /* [nr] received local expert */
+} disp;
+
+static par_status alltoallv_rows(par_comm *ep, const disp *D, const void *in, void *out, int64_t w,
+                                 par_ctype t, int reverse)
+{
+    size_t sc[64], sd[64], rc[64], rd[64];
+    for (int q = 0; q < D->EP; q++) {
+        sc[q] = (reverse ? D->rcn[q] : D->sc[q]) * (size_t)w, sd[q] = (reverse ? D->rd[q] : D->sd[q]) * (size_t)w;
+        rc[q] = (reverse ? D->sc[q] : D->rcn[q]) * (size_t)w, rd[q] = (reverse ? D->sd[q] : D->rd[q]) * (size_t)w;
+    }
+    return par_alltoallv(ep, in, sc, sd, out, rc, rd, t);
+}
+
+static par_status dispatch(disp *D, par_comm *ep, const mcase *A, const double *x, const int32_t *idx,
+                           const double *w, int64_t T)
+{
+    const int64_t d = A->d, K = A->K, per = A->E / D->EP, ns = T * K;
+    D->ns = ns;
+    D->sc = calloc(4 * (size_t)D->EP, sizeof(size_t));
+    D->sd = D->sc + D->EP, D->rcn = D->sd + D->EP, D->rd = D->rcn + D->EP;
+    D->slot = malloc((size_t)ns * 4);
+    double *sx = malloc((size_t)(ns * (d + 1)) * 8);
+    int32_t *se = malloc((size_t)ns * 4);
+    int64_t n = 0, rcnt[64], scnt[64];
+    for (int q = 0; q < D->EP; q++) {
+        D->sd[q] = (size_t)n;
+        for (int64_t i = 0; i < ns; i++)
+            if (idx[i] / per == q) {
+                D->slot[n] = (int32_t)i, se[n] = idx[i] - q * (int32_t)per;
+                memcpy(sx + n * (d + 1), x + (i / K) * d, (size_t)d * 8);
+                sx[n * (d + 1) + d] = w[i];
+                n++;
+            }
+        scnt[q] = n - (int64_t)D->sd[q];
+        D->sc[q] = (size_t)scnt[q];
+    }
+    par_status st = par_alltoall(ep, scnt, rcnt, 1, PAR_C_I64);
+    D->nr = 0;
+    for (int q = 0; q < D->EP && !st; q++)
+        D->rcn[q] = (size_t)rcnt[q], D->rd[q] = (size_t)D->nr, D->nr += rcnt[q];
+    D->rx = malloc((size_t)(D->nr * (d + 1) + 1) * 8), D->re = malloc((size_t)(D->nr + 1) * 4);
+    if (!st)
+        st = alltoallv_rows(ep, D, sx, D->rx, d + 1, PAR_C_F64, 0);
+    if (!st)
+        st = alltoallv_rows(ep, D, se, D->re, 1, PAR_C_I32, 0);
+    free(sx);
+    free(se);
+    return st;
+}
+
+static void disp_free(disp *D)
+{
+    free(D->sc), free(D->slot), free(D->rx), free(D->re);
+}
+
+/* The rows a rank received, split into x and rw. */
+static void split_rows(const disp *D, int64_t d, double *xr, double *rwr)
+{
+    for (int64_t i = 0; i < D->nr; i++) {
+        memcpy(xr + i * d, D->rx + i * (d + 1), (size_t)d * 8);
+        rwr[i] = D->rx[i * (d + 1) + d];
+    }
+}
+
+static par_status rank_moe_ep(run_ctx *c, int wr, const par_groups *g, const par_rank_coords *rc,
+                              const par_layout *l)
+{
+    const mcase *A = c->A;
+    const int64_t d = A->d, K = A->K, T = A->T / l->da, x0 = rc->dp * T, I = A->I;
+    const int per = A->E / c->ep, e0 = rc->ep * per;
+    par_tp etp = {.comm = g->g[PAR_GROUP_ETP], .sp = 1};
+    shards S;
+    shards_make(&S, A, rc->etp, c->etp, 0, 1);
+    disp D = {.EP = c->ep};
+    par_status st = dispatch(&D, g->g[PAR_GROUP_EP], A, A->x + x0 * d, A->idx + x0 * K, A->w + x0 * K, T);
+    const int64_t nr = D.nr, ns = D.ns;
+    double *xr = malloc((size_t)(nr * d + 1) * 8), *rwr = malloc((size_t)(nr + 1) * 8);
+    double *yr = malloc((size_t)(nr * (d + 1) + 1) * 8), *back = malloc((size_t)(ns * (d + 1)) * 8);
+    double *slots = calloc((size_t)(T * K * d), 8), *ysh = malloc((size_t)(T * d) * 8);
+    double *dxs = calloc((size_t)(T * d), 8), *dx = calloc((size_t)(T * d), 8), *dw = calloc((size_t)(T * K), 8);
+    double *g3 = malloc((size_t)(3 * T * I) * 8), *y = malloc((size_t)(T * d) * 8);
+    split_rows(&D, d, xr, rwr);
+    par_etp_rows_saved_f64 sv;
+    memset(&sv, 0, sizeof sv);
+    /* forward: ETP rows on the received rows, back to the tokens, combine */
+    if (!st)
+        st = par_etp_rows_forward_f64(yr, &sv, xr, rwr, D.re, nr, S.w[0] + e0, S.w[1] + e0, S.w[2] + e0,
+                                      per, d, I, A->L, &etp);
+    if (!st)
+        st = alltoallv_rows(g->g[PAR_GROUP_EP], &D, yr, back, d, PAR_C_F64, 1);
+    for (int64_t i = 0; i < ns && !st; i++)
+        memcpy(slots + (int64_t)D.slot[i] * d, back + i * d, (size_t)d * 8);
+    par_moe_expert_forward_f64(ysh, g3, g3 + T * I, g3 + 2 * T * I, A->x + x0 * d, NULL, A->sw[0],
+                               A->sw[1], A->sw[2], T, d, I, A->L);
+    par_moe_combine_f64(y, slots, ysh, T, (int)K, d, 0);
+    /* backward: dy rows to the owners, ETP rows backward, (dx | drw) back */
+    for (int64_t i = 0; i < ns; i++)
+        memcpy(back + i * d, A->dy + (x0 + D.slot[i] / K) * d, (size_t)d * 8);
+    if (!st)
+        st = alltoallv_rows(g->g[PAR_GROUP_EP], &D, back, xr, d, PAR_C_F64, 0); /* xr: dy rows */
+    double *dxr = calloc((size_t)(nr * d + 1), 8), *drr = calloc((size_t)(nr + 1), 8);
+    if (!st)
+        st = par_etp_rows_backward_f64(dxr, drr, S.g[0] + e0, S.g[1] + e0, S.g[2] + e0, xr, &sv,
+                                       S.w[0] + e0, S.w[1] + e0, S.w[2] + e0, &etp);
+    for (int64_t i = 0; i < nr; i++) {
+        memcpy(yr + i * (d + 1), dxr + i * d, (size_t)d * 8);
+        yr[i * (d + 1) + d] = drr[i];
+    }
+    if (!st)
+        st = alltoallv_rows(g->g[PAR_GROUP_EP], &D, yr, back, d + 1, PAR_C_F64, 1);
+    memset(slots, 0, (size_t)(T * K * d) * 8);
+    for (int64_t i = 0; i < ns && !st; i++) {
+        memcpy(slots + (int64_t)D.slot[i] * d, back + i * (d + 1), (size_t)d * 8);
+        dw[D.slot[i]] += back[i * (d + 1) + d];
+    }
+    if (!st)
+        st = par_moe_expert_backward_f64(dxs, S.sg[0], S.sg[1], S.sg[2], NULL, A->dy + x0 * d,
+                                         A->x + x0 * d, NULL, A->sw[0], A->sw[1], A->sw[2], g3,
+                                         g3 + T * I, g3 + 2 * T * I, T, d, I, A->L);
+    par_moe_combine_f64(dx, slots, dxs, T, (int)K, d, 1);
+    if (!st) {
+        memcpy(c->y + x0 * d, y, (size_t)(T * d) * 8);
+        memcpy(c->dx + x0 * d, dx, (size_t)(T * d) * 8);
+        memcpy(c->dw + x0 * K, dw, (size_t)(T * K) * 8);
+        shards_unslice(&S, A, rc->etp, c->etp, 0, 1, c->eg + (size_t)wr * (size_t)(A->E * 3 * I * d),
+                       c->sg + (size_t)wr * (size_t)(3 * I * d));
+    }
+    par_etp_rows_saved_free_f64(&sv);
+    disp_free(&D);
+    void *f[] = {xr, rwr, yr, back, slots, ysh, dxs, dx, dw, g3, y, dxr, drr, S.buf, S.gbuf};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        free(f[i]);
+    return st;
+}
+
 static par_status rank_fn(par_comm *world, void *arg)
 {
     run_ctx *c = arg;
-    par_layout l = tpw_layout(c->tp, 1, 1, c->etp, c->N);
+    par_layout l = tpw_layout(c->tp, 1, c->ep > 1 ? c->ep : 1, c->etp, c->N);
     par_groups g;
     par_status st = par_groups_build(world, &l, &g);
     if (st)
         return st;
     par_rank_coords rc;
     if (!(st = par_rank_coords_of(&l, par_comm_rank(world), &rc)))
-        st = rank_moe(c, par_comm_rank(world), &g, &rc, &l);
+        st = c->ep > 1 ? rank_moe_ep(c, par_comm_rank(world), &g, &rc, &l)
+                       : rank_moe(c, par_comm_rank(world), &g, &rc, &l);
     par_groups_free(&g);
     return st;
 }
@@ -374,5 +524,18 @@ Test(etp, tp2_sp_with_etp2)
     /* N = 4: TP 2 + SP, Da 2, ETP 2, De 2 */
     one(&A, (run_ctx){.tp = 2, .etp = 2, .N = 4, .tp_sp = 1, .etp_sp = 1},
         "TP2 + SP, ETP2 (N 4, Da 2, De 2)", 0, 0, NULL);
+    case_free(&A);
+}
+
+Test(etp, ep_by_etp_folding)
+{
+    /* MoE parallel folding with TP 1: N = Da = ETP*EP*De.  The EP groups
+     * dispatch rows to the experts' owners; the owners' ETP group gathers
+     * the rows it received, runs its slices, reduce-scatters; rows return */
+    mcase A;
+    case_init(&A, 34);
+    one(&A, (run_ctx){.tp = 1, .etp = 2, .ep = 2, .N = 4}, "ETP2 x EP2 (N 4, De 1)", 0, 0, NULL);
+    one(&A, (run_ctx){.tp = 1, .etp = 2, .ep = 4, .N = 8}, "ETP2 x EP4 (N 8, De 1)", 0, 0, NULL);
+    one(&A, (run_ctx){.tp = 1, .etp = 2, .ep = 2, .N = 8}, "ETP2 x EP2 x De2 (N 8)", 0, 0, NULL);
     case_free(&A);
 }
