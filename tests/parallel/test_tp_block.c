@@ -13,7 +13,10 @@
  * driver's reduction will.  Checks: Xout and dXin within the f64 policy,
  * the routing (idx) equal and `selected` bitwise, every gradient of the
  * block within the f64 policy (the sharded ones gathered back to the
- * logical tensors), largest errors logged.
+ * logical tensors), largest errors logged.  Without SP every TP rank runs
+ * mHC, norms and the router on all tokens: the replicated weights'
+ * gradients must then come out identical on every TP rank with no TP
+ * reduction (summing them would count each token TP times).
  */
 #include <criterion/criterion.h>
 
@@ -92,7 +95,7 @@ static void case_free(bcase *A)
 
 typedef struct {
     const bcase *A;
-    int tp, dp;
+    int tp, dp, sp;        /* sp 0: every TP rank holds all of its DP group's tokens */
     double *Xout, *dXin;   /* [T, n, d] by token owners */
     int32_t *idx, *sel;
     double *g;             /* [world, n_local] each rank's gradients, unsharded */
@@ -329,9 +332,10 @@ static par_status rank_block(run_ctx *c, int wr, const par_groups *gr, const par
     const bcase *A = c->A;
     const par_attn_dims *dm = &A->M.adims[A->b];
     const int Q = c->tp;
-    const int64_t Td = A->T / c->dp, Tl = Td / Q, x0 = rc->dp * Td + rc->tp * Tl;
-    const int64_t nd = A->n * A->d, K = A->K;
-    par_tp tp = {.comm = gr->g[PAR_GROUP_TP], .sp = 1}, etp = {.comm = gr->g[PAR_GROUP_ETP], .sp = 1};
+    const int64_t Td = A->T / c->dp, Tl = c->sp ? Td / Q : Td;
+    const int64_t x0 = rc->dp * Td + (c->sp ? rc->tp * Tl : 0), nd = A->n * A->d, K = A->K;
+    par_tp tp = {.comm = gr->g[PAR_GROUP_TP], .sp = c->sp};
+    par_tp etp = {.comm = gr->g[PAR_GROUP_ETP], .sp = c->sp};
     wts W, Z, Wl, dWl;
     attn_of(A, A->M.params, &W);
     double *zero = calloc((size_t)A->M.n_local, 8), *g = c->g + (size_t)wr * (size_t)A->M.n_local;
@@ -357,9 +361,10 @@ static par_status rank_block(run_ctx *c, int wr, const par_groups *gr, const par
         attn_of(A, g, &full);
         par_tp_attn_unshard_f64(&full, &dWl, dm, rc->tp, Q);
         shards_unslice(&S, A, rc->etp, c->tp, rc->tp, Q, g);
-        st = reduce_replicated(A, g, tp.comm);
+        if (c->sp) /* without SP every TP rank already holds the complete copy */
+            st = reduce_replicated(A, g, tp.comm);
     }
-    if (!st) {
+    if (!st && (c->sp || rc->tp == 0)) {
         memcpy(c->Xout + x0 * nd, a.Xout, (size_t)(Tl * nd) * 8);
         memcpy(c->dXin + x0 * nd, dXin, (size_t)(Tl * nd) * 8);
         memcpy(c->idx + x0 * K, a.idx, (size_t)(Tl * K) * 4);
@@ -387,13 +392,13 @@ static par_status rank_fn(par_comm *world, void *arg)
     return st;
 }
 
-static void check_block(const char *const *sets, int b, int tp, int dp, const char *what)
+static void check_block(const char *const *sets, int b, int tp, int dp, int sp, const char *what)
 {
     bcase A;
     case_init(&A, sets, b, 500 + (uint64_t)(b * 10 + tp));
     const int64_t T = A.T, N3 = T * A.n * A.d, nl = A.M.n_local, N = (int64_t)tp * dp;
     const par_attn_dims *dm = &A.M.adims[b];
-    run_ctx c = {.A = &A, .tp = tp, .dp = dp};
+    run_ctx c = {.A = &A, .tp = tp, .dp = dp, .sp = sp};
     c.Xout = calloc((size_t)N3, 8), c.dXin = calloc((size_t)N3, 8);
     c.idx = calloc((size_t)(T * A.K), 4), c.sel = calloc((size_t)(T * dm->topk), 4);
     c.g = calloc((size_t)(N * nl), 8);
@@ -416,6 +421,9 @@ static void check_block(const char *const *sets, int b, int tp, int dp, const ch
             continue;
         const int split = par_tp_split_of(p->name).cut != PAR_TP_REPLICATED;
         double *t = tot + A.M.loc[i];
+        for (int64_t r = 0; r < N && !split; r++) /* replicas agree bit for bit */
+            cr_assert(tpw_bitwise(c.g + (r - r % tp) * nl + A.M.loc[i], c.g + r * nl + A.M.loc[i],
+                                  p->numel), "%s: d%s differs between TP ranks", what, p->name);
         for (int64_t r = 0; r < N; r++)
             if (split || r % tp == 0) /* replicated: one copy per DP group */
                 for (int64_t e = 0; e < p->numel; e++)
@@ -438,15 +446,24 @@ static const char *const wide8[] = {"n_heads=8", "o_groups=4", "index_n_heads=8"
 Test(tp_block, tp2_sp_etp2_every_block)
 {
     for (int b = 0; b < 4; b++) /* hash m=0, score m=4, score m=16, MTP m=0 */
-        check_block(plain, b, 2, 1, "block under TP2 + SP + ETP2 (N 2)");
+        check_block(plain, b, 2, 1, 1, "block under TP2 + SP + ETP2 (N 2)");
+}
+
+Test(tp_block, tp2_without_sp)
+{
+    /* every TP rank runs mHC, norms and the router on all tokens (replicated
+     * per token): the replicated weights' gradients come out identical on
+     * both ranks with no TP reduction */
+    check_block(plain, 1, 2, 1, 0, "block 1 under TP2 + ETP2 without SP (N 2)");
+    check_block(plain, 0, 2, 1, 0, "block 0 under TP2 + ETP2 without SP (N 2)");
 }
 
 Test(tp_block, tp4_sp_etp4)
 {
-    check_block(wide8, 1, 4, 1, "block 1 under TP4 + SP + ETP4 (n_heads 8, N 4)");
+    check_block(wide8, 1, 4, 1, 1, "block 1 under TP4 + SP + ETP4 (n_heads 8, N 4)");
 }
 
 Test(tp_block, tp2_sp_by_dp2)
 {
-    check_block(plain, 1, 2, 2, "block 1 under TP2 + SP + ETP2 x DP2 (N 4, De 2)");
+    check_block(plain, 1, 2, 2, 1, "block 1 under TP2 + SP + ETP2 x DP2 (N 4, De 2)");
 }
