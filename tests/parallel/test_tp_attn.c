@@ -497,3 +497,37 @@ Test(tp_attn, premise_gemm_column_slices_are_bitwise)
     free(C);
     free(Cl);
 }
+
+static par_status sp_refuse_fn(par_comm *world, void *arg)
+{
+    int *ok = arg;
+    par_attn_dims dm = {.d = 8, .H = 2, .hd = 8, .rd = 4, .q_lora = 6, .o_groups = 2,
+                        .o_lora = 3, .window = 3, .m = 0, .iH = 2, .ihd = 8, .topk = 2,
+                        .norm_eps = 1e-6};
+    par_rope rope;
+    par_rope_init(&rope, 4, 10000.0, 0, 16.0, 0, 32.0, 1.0);
+    dm.rope = &rope;
+    const int32_t pos[3] = {0, 1, 2};
+    double x[3 * 8] = {0}, y[3 * 8];
+    wts W;
+    memset(&W, 0, sizeof W);
+    par_tp tp = {.comm = world, .sp = 1};
+    par_tp_attn_saved_f64 sv;
+    memset(&sv, 0, sizeof sv);
+    par_status st = par_tp_attn_forward_f64(y, &sv, NULL, x, pos, &W, &dm, 3, &tp);
+    ok[par_comm_rank(world)] = st == PAR_EINVAL && sv.buf == NULL &&
+                               strstr(par_last_error(), "splits the 3 tokens over 2 ranks");
+    return PAR_OK;
+}
+
+Test(tp_attn, sp_tokens_not_divisible_refused)
+{
+    int ok[2] = {0, 0};
+    const par_backend *be = NULL;
+    cr_assert_eq(par_backend_get("threads", &be), PAR_OK);
+    par_err_set_quiet(1);
+    cr_assert_eq(par_world_run(be, 2, sp_refuse_fn, ok, NULL), PAR_OK);
+    par_err_set_quiet(0);
+    cr_assert(ok[0] && ok[1], "SP with 3 tokens over 2 ranks was not refused");
+    cr_assert_eq(par_alloc_live(PAR_TAG_ACT), 0, "a refused forward left memory");
+}
