@@ -2,9 +2,18 @@
 # Installs the Debian packages parity needs, if any are missing.  Idempotent;
 # prints nothing when everything is already there.  Run as root (or with sudo
 # available).
+#   --with-torch   also python3-torch (Debian's PyTorch 1.13, CPU; about 200
+#                  packages with its dependencies), for the python_torch tests
+#                  and parity_torch (docs/gpu-rollout.md)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
-      libcriterion-dev libcjson-dev nettle-dev python3-numpy)
+      libcriterion-dev libcjson-dev nettle-dev python3-numpy python3-venv)
+for a in "$@"; do
+  case "$a" in
+    --with-torch) pkgs+=(python3-torch) ;;
+    *) echo "parity setup: unknown option '$a' (known: --with-torch)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,5 +12,7 @@ int par_cmd_ckpt(int argc, char **argv);
 int par_cmd_plan(int argc, char **argv);
 int par_cmd_schedule(int argc, char **argv);
 int par_cmd_topo(int argc, char **argv);
+int par_cmd_export(int argc, char **argv);
+int par_cmd_import(int argc, char **argv);
 
 #endif

@@ -22,6 +22,8 @@ static const command commands[] = {
     {"plan", par_cmd_plan, "check a layout and print its sizes, stages and groups"},
     {"schedule", par_cmd_schedule, "dry-run a pipeline schedule: bubbles, deadlocks, timeline"},
     {"topo", par_cmd_topo, "print the host topology and the rank-to-core binding"},
+    {"export", par_cmd_export, "write a golden set as an HF checkpoint or a framework's packed batches"},
+    {"import", par_cmd_import, "read an HF checkpoint back into a parity parameter file"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,90 @@
+"""Hugging Face-style DeepSeek-V4 checkpoint directories, as `parity export hf`
+writes them and `parity import hf` reads them (numpy only).
+
+    cfg, params, opt = load("out/hf")          # parity names, numpy arrays (bf16 widened to f32)
+    save("out/hf-after", cfg, params, dtype="fp32", opt=opt)
+"""
+import json
+import os
+
+import numpy as np
+
+from . import names
+from . import safetensors as st
+
+INDEX = "model.safetensors.index.json"
+CONFIG = "config.json"
+OPTIM = "parity_optimizer.safetensors"
+
+
+def load(path, keep_bf16=False):
+    """(config dict with parity names, {parity name: array}, {opt name: array}).
+    tid2eid comes back as int32 (parity's dtype)."""
+    with open(os.path.join(path, CONFIG)) as f:
+        cfg = names.parity_config(json.load(f))
+    index = os.path.join(path, INDEX)
+    if os.path.exists(index):
+        with open(index) as f:
+            wmap = json.load(f)["weight_map"]
+        files = sorted(set(wmap.values()))
+    else:
+        wmap, files = None, ["model.safetensors"]
+    params = {}
+    for fn in files:
+        tensors, _ = st.read(os.path.join(path, fn), bf16="raw" if keep_bf16 else "f32")
+        for hf, a in tensors.items():
+            if wmap is not None and wmap.get(hf) != fn:
+                raise ValueError(f"{path}/{fn}: {hf!r} is not listed for this file in {INDEX}")
+            n, kind = names.parity_name(hf)
+            if kind == names.SKIP:
+                continue
+            if kind == names.SCALE:
+                raise ValueError(f"{path}/{fn}: {hf!r} is a quantization scale: dequantize first")
+            if n in params:
+                raise ValueError(f"{path}: {hf!r} (as {n!r}) appears twice")
+            params[n] = a.astype(np.int32) if n.endswith("tid2eid") else a
+    opt = {}
+    if os.path.exists(os.path.join(path, OPTIM)):
+        opt, _ = st.read(os.path.join(path, OPTIM))
+    return cfg, params, opt
+
+
+def _cast(name, a, dtype):
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.floating):
+        return a.astype(np.int64)                      # tid2eid: int64 as in the release
+    if dtype == "fp64":
+        return a.astype(np.float64)
+    if dtype == "fp32" or names.release_store(name, a.ndim) == "F32":
+        return a.astype(np.float32)
+    return st.f32_to_bf16(a)
+
+
+def save(path, cfg, params, dtype="fp32", opt=None, max_shard_bytes=4 << 30):
+    """Writes an export directory (config.json, index, shards; opt aside) in the
+    same layout as `parity export hf`.  dtype: "bf16" (the release's split),
+    "fp32" or "fp64".  path must not exist yet."""
+    os.makedirs(path)
+    tdt = {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}[dtype]
+    conv = {n: _cast(n, a, dtype) for n, a in params.items()}
+    shards, cur, size = [[]], 0, 0
+    for n in params:  # the caller's order (a golden set's table order)
+        b = conv[n].nbytes
+        if max_shard_bytes and cur and cur + b > max_shard_bytes:
+            shards.append([])
+            cur = 0
+        shards[-1].append(n)
+        cur += b
+        size += b
+    wmap = {}
+    for k, group in enumerate(shards):
+        fn = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        st.write(os.path.join(path, fn), {n: conv[n] for n in group}, {"format": "pt"})
+        wmap.update({n: fn for n in group})
+    with open(os.path.join(path, INDEX), "w") as f:
+        json.dump({"metadata": {"total_size": size}, "weight_map": wmap}, f, indent=1)
+    with open(os.path.join(path, CONFIG), "w") as f:
+        json.dump(names.hf_config(cfg, tdt), f, indent=1)
+    if opt:
+        odt = np.float64 if dtype == "fp64" else np.float32
+        st.write(os.path.join(path, OPTIM), {n: np.asarray(a, dtype=odt) for n, a in opt.items()})
