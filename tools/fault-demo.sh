@@ -2,28 +2,41 @@
 # tools/fault-demo.sh - the matrix catches a deliberately broken build
 # (issue 10's acceptance; docs/matrix.md "Fault demonstration").
 #
-# Builds parity with -Dfault=cp_halo_short (the CP halo exchange hands
-# attention one row short: src/parallel/cp.c, #if PAR_FAULT_CP_HALO_SHORT) in
-# its own build directory, runs `parity matrix --quick`, and checks that
+# Builds parity with a named bug compiled in, in its own build directory,
+# runs `parity matrix --quick`, and checks that
 #   - the matrix exits 1,
 #   - every cell whose layout has CP > 1 (cp2, cp4 on every fixture, the
-#     reshard pair that loads into CP=2) FAILs with a diagnosis line naming
-#     the worst tensor -- except cp2 on tiny-half-boundary, whose samples all
-#     end at S/2: no attention window crosses the CP2 split, the halo is
-#     never read, so the fault cannot show there (it must PASS),
+#     f32 CP cell, the reshard pair that loads into CP=2) FAILs with a
+#     verdict line that names the root cause -- the first divergent tensor in
+#     dataflow order, a float tensor of step 0 (the fault acts from the first
+#     step), never a downstream routing or selection mismatch -- except cp2
+#     on tiny-half-boundary, whose samples all end at S/2: no attention
+#     window crosses the CP2 split, the halo is never read, so the fault
+#     cannot show there (it must PASS),
 #   - every other cell passes (PASS, or WARN for the informational one).
-# Usage: tools/fault-demo.sh [BUILD_DIR]   (default build-fault-cp_halo_short)
+# Faults (meson -Dfault=NAME, src/parallel/cp.c):
+#   cp_halo_short      the forward halo one row short (the row next to the
+#                      boundary left zero): the root cause is a forward tensor
+#   cp_halo_grad_drop  the backward halo gradient of that row dropped: the
+#                      forward is exact, the root cause is a gradient (grad.*)
+# Usage: tools/fault-demo.sh [FAULT] [BUILD_DIR]
+#        (default cp_halo_short, build-fault-FAULT)
 # Takes about 3 minutes on 2 cores (the build, then ~1 minute of matrix).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-bdir=${1:-$root/build-fault-cp_halo_short}
+fault=${1:-cp_halo_short}
+case $fault in
+cp_halo_short | cp_halo_grad_drop) ;;
+*) echo "usage: tools/fault-demo.sh [cp_halo_short|cp_halo_grad_drop] [BUILD_DIR]" >&2; exit 2 ;;
+esac
+bdir=${2:-$root/build-fault-$fault}
 out=$(mktemp -d /tmp/parity-fault-demo-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 cd "$root"
 if [ ! -d "$bdir" ]; then
-    meson setup "$bdir" -Dfault=cp_halo_short -Dtests=disabled -Dmpi=disabled >/dev/null
+    meson setup "$bdir" -Dfault="$fault" -Dtests=disabled -Dmpi=disabled >/dev/null
 else
-    meson configure "$bdir" -Dfault=cp_halo_short >/dev/null
+    meson configure "$bdir" -Dfault="$fault" >/dev/null
 fi
 ninja -C "$bdir" -j2 parity >/dev/null
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -37,9 +50,10 @@ if [ "$rc" -ne 1 ]; then
     cat "$out/stderr.txt" >&2
     exit 1
 fi
-python3 - "$out/report.json" <<'PY'
+python3 - "$out/report.json" "$fault" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+fault = sys.argv[2]
 bad = []
 n_cp = 0
 untouched = {("cp2", "tiny-half-boundary")}  # samples end at S/2: the CP2 halo is never read
@@ -52,8 +66,18 @@ for c in r["cells"]:
         n_cp += 1
         if c["result"] != "FAIL":
             bad.append("%s %s: %s, expected FAIL (CP layout)" % (c["cell"], c["fixture"], c["result"]))
-        elif not c["diagnosis"] or not c["worst"] or "entries fail" not in c["diagnosis"]:
+        elif not c["diagnosis"] or not c["root_cause"] or "first divergence" not in c["diagnosis"]:
             bad.append("%s %s: FAIL without a readable diagnosis: %r" % (c["cell"], c["fixture"], c["diagnosis"]))
+        else:
+            rc = c["root_cause"]
+            t = rc["tensor"]
+            integer = t.startswith("router.") or t.endswith(".selected") or t.startswith("input.")
+            want_grad = fault == "cp_halo_grad_drop"
+            if integer or rc["file"] != ("step.1" if c["cell"] == "reshard" else "step.0") or \
+                    t.startswith("grad.") != want_grad:
+                bad.append("%s %s: root cause %s %s is not the fault's first effect (%s)" %
+                           (c["cell"], c["fixture"], rc["file"], t, "a gradient of step 0" if want_grad
+                            else "a forward tensor of step 0"))
     elif c["result"] not in ("PASS", "WARN") or (c["result"] == "WARN" and not c["informational"]):
         bad.append("%s %s: %s, expected PASS (no CP in the layout)" % (c["cell"], c["fixture"], c["result"]))
 if n_cp == 0:
@@ -61,7 +85,9 @@ if n_cp == 0:
 if bad:
     print("fault-demo: FAILED:\n  " + "\n  ".join(bad), file=sys.stderr)
     sys.exit(1)
-ex = next(c for c in r["cells"] if "CP=" in c["layout"])
-print("fault-demo: OK: %d CP cells FAIL, %d other cells pass (%d of them CP cells the fault cannot reach); e.g. %s %s: %s"
-      % (n_cp, len(r["cells"]) - n_cp, len(untouched), ex["cell"], ex["fixture"], ex["diagnosis"]))
+for c in r["cells"]:
+    if c["result"] == "FAIL":
+        print("FAIL %s %s: %s" % (c["cell"], c["fixture"], c["diagnosis"]))
+print("fault-demo: OK (%s): %d CP cells FAIL naming the root cause, %d other cells pass (%d of them CP cells the "
+      "fault cannot reach)" % (fault, n_cp, len(r["cells"]) - n_cp, len(untouched)))
 PY

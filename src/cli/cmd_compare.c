@@ -7,6 +7,31 @@
 #include "cli/commands.h"
 #include "core/status.h"
 #include "model/compare.h"
+#include "model/rootcause.h"
+#include "parallel/rankof.h"
+
+/* The first divergent tensor in dataflow order (model/rootcause.h), its
+ * first listed element and the rank of each parallel side that owned it. */
+static void print_root_cause(const par_compare_report *r, const char *a, const char *b)
+{
+    par_root_cause rc;
+    par_compare_root_cause(r, &rc);
+    if (rc.root < 0)
+        return;
+    const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
+    printf("first divergence (dataflow order): %s %s", e->file, e->tensor[0] ? e->tensor : "(file)");
+    const char *side[2] = {a, b}, *lab[2] = {"A", "B"};
+    for (int k = 0; k < 2 && e->nlist > 0; k++) {
+        par_rankof x;
+        char own[300];
+        if (par_rankof_from_set(side[k], &x) == PAR_OK &&
+            par_rankof_describe(&x, e->file, e->tensor, e->ndim, e->list[0].coord, own, sizeof own))
+            printf("; %s's layout: %s", lab[k], own);
+    }
+    if (rc.n_consequences > 0)
+        printf("; %d integer mismatch%s downstream", rc.n_consequences, rc.n_consequences > 1 ? "es" : "");
+    printf("\n");
+}
 
 int par_cmd_compare(int argc, char **argv)
 {
@@ -56,6 +81,7 @@ int par_cmd_compare(int argc, char **argv)
         return 2;
     }
     par_compare_report_print(r, stdout, verbose);
+    print_root_cause(r, pos.argv[0], pos.argv[1]);
     fflush(stdout);
     int code = par_compare_report_ok(r) ? 0 : 1;
     if (json && par_compare_report_write_json(r, json) != PAR_OK) {

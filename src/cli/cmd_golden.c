@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/memlimit.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "model/config.h"
@@ -33,6 +34,7 @@ static void print_mib(const char *what, int64_t bytes)
 int par_cmd_golden(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
+    const char *max_memory = NULL;
     int64_t steps = 1, seed = 1234, gbs = 0;
     int quiet = 0;
     par_strlist sets;
@@ -50,6 +52,7 @@ int par_cmd_golden(int argc, char **argv)
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)"},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+        {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
@@ -121,6 +124,11 @@ int par_cmd_golden(int argc, char **argv)
     o.fixture = fixture;
     o.progress = !quiet;
 
+    /* the memory estimate before anything big is allocated (issue 13) */
+    if ((rc = par_memlimit_golden("golden", max_memory, &o.cfg, o.precision, steps))) {
+        par_err_set_quiet(0);
+        return rc;
+    }
     par_alloc_reset_peaks();
     par_golden_summary sum;
     s = par_golden_run(&o, &sum);

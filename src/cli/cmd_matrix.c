@@ -1,7 +1,9 @@
-/* parity matrix [--quick] [--preset v4-tiny|v4-mini] [--backend threads|mpi] [--report FILE] [--out DIR]
- *               [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]
- * The conformance matrix (issue 10, docs/matrix.md): the serial golden, then
- * every cell compared with it by the comparator of `parity compare`.
+/* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full]
+ *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|mpi]
+ *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
+ * The conformance matrix (docs/matrix.md): the cells of the built-in table
+ * (parallel/cells.h) or of a user's file, each compared with its reference
+ * by the comparator of `parity compare`.
  * Exit: 0 every cell passed, 1 a cell failed, 2 bad usage or unreadable input. */
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/matrix_mpi.h"
+#include "core/alloc.h"
 #include "core/status.h"
 #include "parallel/matrix.h"
 #include "parity_config.h"
@@ -19,132 +23,152 @@ static int has_suffix(const char *s, const char *suf)
     return n >= k && !strcmp(s + n - k, suf);
 }
 
-int par_cmd_matrix(int argc, char **argv)
-{
-    const char *preset = NULL, *backend = "threads", *report = NULL, *out = NULL, *fixtures_dir = NULL,
-               *golden = NULL;
-    int64_t steps = 0, seed = 1234;
-    int quick = 0, keep = 0, list = 0, quiet = 0, full = 0;
-    int64_t mpi_procs = 8;
+/* What the command line gave. */
+typedef struct {
+    const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier;
+    int64_t steps, seed, mpi_procs;
+    int quick, keep, list, quiet, full;
     par_strlist cells, fixtures;
-    memset(&cells, 0, sizeof cells);
-    memset(&fixtures, 0, sizeof fixtures);
+} matrix_cli;
+
+static int parse_cli(int argc, char **argv, matrix_cli *c)
+{
+    memset(c, 0, sizeof *c);
+    c->backend = "threads";
+    c->seed = 1234;
+    c->mpi_procs = 8;
     const par_opt opts[] = {
-        {"quick", PAR_OPT_FLAG, &quick, NULL, "v4-tiny, a few minutes at most (what CI runs)"},
-        {"preset", PAR_OPT_STR, &preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
-        {"backend", PAR_OPT_STR, &backend, "threads|mpi", "backend of the parallel cells (default threads)"},
-        {"full", PAR_OPT_FLAG, &full, NULL, "also the heaviest v4-mini cells (EP64, EP128, PP4, CP2 on every fixture)"},
-        {"mpi-procs", PAR_OPT_INT, &mpi_procs, "P",
+        {"quick", PAR_OPT_FLAG, &c->quick, NULL, "v4-tiny, tier quick: a minute at most (what CI runs)"},
+        {"preset", PAR_OPT_STR, &c->preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
+        {"tier", PAR_OPT_STR, &c->tier, "TIER", "quick|default|full|scale: the cells of this tier and below"},
+        {"full", PAR_OPT_FLAG, &c->full, NULL, "tier full: also the heaviest v4-mini cells (EP64, EP128, PP4, ...)"},
+        {"cells", PAR_OPT_STR, &c->cells_file, "FILE.json", "run the cells of this file instead of the built-in "
+                                                           "table (docs/matrix.md, \"Your own cells\")"},
+        {"cell", PAR_OPT_LIST, &c->cells, "NAME", "run only cells of this name, whatever their tier (repeatable)"},
+        {"fixture", PAR_OPT_LIST, &c->fixtures, "NAME", "use only this fixture (repeatable; default all)"},
+        {"backend", PAR_OPT_STR, &c->backend, "threads|mpi", "backend of the layout cells (default threads)"},
+        {"mpi-procs", PAR_OPT_INT, &c->mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
-        {"report", PAR_OPT_STR, &report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
-        {"out", PAR_OPT_STR, &out, "DIR",
-         "results directory (default out/matrix-<time>); an earlier matrix's is replaced"},
-        {"cell", PAR_OPT_LIST, &cells, "NAME", "run only cells of this name (repeatable)"},
-        {"fixture", PAR_OPT_LIST, &fixtures, "NAME", "use only this fixture (repeatable; default all of the preset)"},
-        {"steps", PAR_OPT_INT, &steps, "K", "training steps per cell (default: v4-tiny 3, v4-mini 1)"},
-        {"seed", PAR_OPT_INT, &seed, "N", "seed of init, packing and tokens (default 1234)"},
-        {"fixtures-dir", PAR_OPT_STR, &fixtures_dir, "DIR", "where fixtures live (default: fixtures/)"},
-        {"golden", PAR_OPT_STR, &golden, "DIR", "checked-in golden sets (default: golden/)"},
-        {"keep", PAR_OPT_FLAG, &keep, NULL, "keep every golden set (default: only failing cells')"},
-        {"list", PAR_OPT_FLAG, &list, NULL, "list the cells and exit"},
-        {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no progress lines"},
+        {"report", PAR_OPT_STR, &c->report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
+        {"out", PAR_OPT_STR, &c->out, "DIR", "results directory (default out/matrix-<time>); an earlier matrix's is "
+                                            "replaced"},
+        {"steps", PAR_OPT_INT, &c->steps, "K", "training steps of cells without their own (default: v4-tiny 3, "
+                                              "v4-mini 1)"},
+        {"seed", PAR_OPT_INT, &c->seed, "N", "seed of cells without their own (default 1234)"},
+        {"fixtures-dir", PAR_OPT_STR, &c->fixtures_dir, "DIR", "where fixtures live (default: fixtures/)"},
+        {"golden", PAR_OPT_STR, &c->golden, "DIR", "checked-in golden sets (default: golden/)"},
+        {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
+        {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
+        {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no progress lines"},
     };
     const char *synopsis =
-        "[--quick] [--full] [--preset v4-tiny|v4-mini] [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
-        "       [--out DIR] [--cell NAME]... [--fixture NAME]... [--steps K] [--seed N] [--keep] [--list]\n\n"
-        "Runs the conformance matrix: the serial f64 golden, then every cell, each compared with its\n"
-        "reference by the code of `parity compare`.  A progress line per cell on stderr, a summary\n"
-        "table on stdout.  Exit 0: every cell passed; 1: a cell failed; 2: bad usage or unreadable\n"
-        "input.  docs/matrix.md lists the cells.";
+        "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full] [--cells FILE.json]\n"
+        "       [--cell NAME]... [--fixture NAME]... [--backend threads|mpi [--mpi-procs P]] [--report FILE]\n"
+        "       [--out DIR] [--steps K] [--seed N] [--keep] [--list]\n\n"
+        "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
+        "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
+        "A progress line per cell on stderr, a summary table on stdout; a failing cell names the\n"
+        "first divergent tensor in dataflow order and the rank that owned it.  Exit 0: every cell\n"
+        "passed; 1: a cell failed; 2: bad usage or unreadable input.  docs/matrix.md lists the cells.";
     par_positional pos;
     int rc = par_args_parse("matrix", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
-    if (rc == 1)
-        return 0;
     if (rc)
-        return 2;
+        return rc == 1 ? -1 : 2;
     if (pos.count) {
         fprintf(stderr, "parity matrix: unexpected argument '%s' (see 'parity matrix --help')\n", pos.argv[0]);
         return 2;
     }
-    if (!preset)
-        preset = quick ? "v4-tiny" : "v4-mini";
-    if (strcmp(backend, "threads") && strcmp(backend, "mpi") && strcmp(backend, "self")) {
-        fprintf(stderr, "parity matrix: --backend expects threads or mpi, got '%s'\n", backend);
-        return 2;
-    }
-    if (!strcmp(backend, "mpi") && !HAVE_MPI) {
-        fprintf(stderr, "parity matrix: --backend mpi: this build has no MPI (install MPICH and rebuild)\n");
-        return 2;
-    }
-    if (steps < 0 || seed < 0) {
-        fprintf(stderr, "parity matrix: --steps and --seed must be >= 0 (got %lld, %lld)\n", (long long)steps,
-                (long long)seed);
-        return 2;
-    }
-    if (mpi_procs < 1 || mpi_procs > 1024) {
-        fprintf(stderr, "parity matrix: --mpi-procs must be in [1, 1024] (got %lld)\n", (long long)mpi_procs);
-        return 2;
-    }
-    if (report && !has_suffix(report, ".md") && !has_suffix(report, ".json")) {
-        fprintf(stderr, "parity matrix: --report %s: the name must end in .md (Markdown) or .json\n", report);
-        return 2;
-    }
+    return 0;
+}
 
-    par_matrix_opts o;
-    par_matrix_opts_init(&o);
-    o.preset = preset;
-    o.quick = quick;
-    o.backend = backend;
-    /* --backend mpi: each parallel cell runs under mpiexec (a child process);
-     * this process never initializes MPI itself. */
-    o.backend_impl = strcmp(backend, "mpi") ? par_backend_find(backend) : NULL;
-    o.steps = steps;
-    o.seed = (uint64_t)seed;
-    o.out_dir = out;
-    o.fixtures_dir = fixtures_dir;
-    o.golden_root = golden;
-    o.only_cells = cells.items;
-    o.n_only_cells = cells.count;
-    o.only_fixtures = fixtures.items;
-    o.n_only_fixtures = fixtures.count;
-    o.keep = keep;
-    o.full = full;
-    o.mpi_procs = (int)mpi_procs;
-    o.no_out = list;
-    o.progress = quiet ? NULL : stderr;
-
-    par_err_set_quiet(1);
-    par_matrix *m = NULL;
-    par_status s = par_matrix_new(&o, &m);
-    if (!s)
-        s = par_matrix_add_builtin_cells(m);
-    if (s) {
-        fprintf(stderr, "parity matrix: %s\n", par_last_error());
-        par_err_set_quiet(0);
-        par_matrix_free(m);
-        return 2;
-    }
-    if (par_matrix_count(m) == 0) {
-        fprintf(stderr, "parity matrix: no cell matches the --cell/--fixture selection\n");
-        par_err_set_quiet(0);
-        par_matrix_free(m);
-        return 2;
-    }
-    if (list) {
-        par_matrix_print_cells(m, stdout);
-        par_err_set_quiet(0);
-        par_matrix_free(m);
+/* Usage rules that need no file; 0 fine, 2 with a message. */
+static int check_cli(const matrix_cli *c)
+{
+    const char *why = NULL;
+    if (strcmp(c->backend, "threads") && strcmp(c->backend, "mpi") && strcmp(c->backend, "self"))
+        why = "--backend expects threads or mpi";
+    else if (!strcmp(c->backend, "mpi") && !HAVE_MPI)
+        why = "--backend mpi: this build has no MPI (install MPICH and rebuild)";
+    else if (c->steps < 0 || c->seed < 0)
+        why = "--steps and --seed must be >= 0";
+    else if (c->mpi_procs < 1 || c->mpi_procs > 1024)
+        why = "--mpi-procs must be in [1, 1024]";
+    else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json"))
+        why = "--report: the name must end in .md (Markdown) or .json";
+    else if (c->tier && c->full)
+        why = "give --tier or --full, not both";
+    if (!why)
         return 0;
+    fprintf(stderr, "parity matrix: %s (got --backend %s, --steps %lld, --seed %lld, --mpi-procs %lld%s%s)\n", why,
+            c->backend, (long long)c->steps, (long long)c->seed, (long long)c->mpi_procs, c->report ? ", --report " : "",
+            c->report ? c->report : "");
+    return 2;
+}
+
+static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_runner *mpi)
+{
+    par_matrix_opts_init(o);
+    o->preset = c->preset ? c->preset : c->quick ? "v4-tiny" : c->cells_file ? NULL : "v4-mini";
+    o->tier = c->full ? PAR_CELL_TIER_FULL : c->quick ? PAR_CELL_TIER_QUICK : c->cells_file ? PAR_CELL_TIER_SCALE : PAR_CELL_TIER_DEFAULT;
+    par_status s = c->tier ? par_cell_tier_parse(c->tier, &o->tier) : PAR_OK;
+    o->quick = c->quick;
+    o->backend = c->backend;
+    if (!strcmp(c->backend, "mpi")) { /* each layout run is its own mpiexec job */
+        *mpi = (par_mpi_runner){.mpi_procs = (int)c->mpi_procs};
+        o->runner = par_mpi_run_layout;
+        o->runner_ud = mpi;
+    } else {
+        o->backend_impl = par_backend_find(c->backend);
     }
-    if (o.progress)
-        fprintf(stderr, "parity matrix: %d cells, preset %s, backend %s; results in %s\n", par_matrix_count(m),
-                preset, backend, par_matrix_out_dir(m));
-    int nfail = 0;
-    s = par_matrix_run(m, &nfail);
+    o->steps = c->steps;
+    o->seed = (uint64_t)c->seed;
+    o->out_dir = c->out;
+    o->fixtures_dir = c->fixtures_dir;
+    o->golden_root = c->golden;
+    o->only_cells = c->cells.items;
+    o->n_only_cells = c->cells.count;
+    o->only_fixtures = c->fixtures.items;
+    o->n_only_fixtures = c->fixtures.count;
+    o->keep = c->keep;
+    o->no_out = c->list;
+    o->progress = c->quiet ? NULL : stderr;
+    return s;
+}
+
+/* The matrix with its cells (exit 2 on bad input: *m NULL). */
+static int build(const matrix_cli *c, const par_matrix_opts *o, par_matrix **m)
+{
+    par_cell_spec *rows = NULL;
+    int nrows = 0;
+    par_status s = c->cells_file ? par_cells_read(c->cells_file, &rows, &nrows) : PAR_OK;
+    if (!s)
+        s = par_matrix_new(o, m);
+    if (!s)
+        s = rows ? par_matrix_add_rows(*m, rows, nrows) : par_matrix_add_builtin_cells(*m);
+    par_free(rows);
+    if (!s && par_matrix_count(*m) == 0)
+        s = par_err(PAR_EINVAL, "no cell matches the preset, tier and --cell/--fixture selection");
     if (s) {
+        /* a row of the file that names no data: the file too (read errors name it already) */
+        int name_file = c->cells_file && *m && !strstr(par_last_error(), c->cells_file);
+        fprintf(stderr, "parity matrix: %s%s%s\n", name_file ? c->cells_file : "", name_file ? ": " : "",
+                par_last_error());
+        par_matrix_free(*m);
+        *m = NULL;
+        return 2;
+    }
+    return 0;
+}
+
+/* Runs, prints the table, writes the reports; the exit status. */
+static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_opts *o)
+{
+    if (o->progress)
+        fprintf(stderr, "parity matrix: %d cells, preset %s, backend %s; results in %s\n", par_matrix_count(m),
+                o->preset ? o->preset : "any", c->backend, par_matrix_out_dir(m));
+    int nfail = 0;
+    if (par_matrix_run(m, &nfail) != PAR_OK) {
         fprintf(stderr, "parity matrix: %s\n", par_last_error());
-        par_err_set_quiet(0);
-        par_matrix_free(m);
         return 2;
     }
     par_matrix_print_table(m, stdout);
@@ -154,11 +178,35 @@ int par_cmd_matrix(int argc, char **argv)
     snprintf(own, sizeof own, "%s/report.json", par_matrix_out_dir(m));
     if (par_matrix_write_report(m, own) != PAR_OK)
         fprintf(stderr, "parity matrix: %s\n", par_last_error());
-    if (report && par_matrix_write_report(m, report) != PAR_OK) {
+    if (c->report && par_matrix_write_report(m, c->report) != PAR_OK) {
         fprintf(stderr, "parity matrix: %s\n", par_last_error());
         code = 2;
     }
+    return code;
+}
+
+int par_cmd_matrix(int argc, char **argv)
+{
+    matrix_cli c;
+    int rc = parse_cli(argc, argv, &c);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if ((rc = check_cli(&c)))
+        return rc;
+    par_matrix_opts o;
+    par_mpi_runner mpi;
+    par_err_set_quiet(1);
+    par_matrix *m = NULL;
+    if (fill_opts(&c, &o, &mpi) != PAR_OK) {
+        fprintf(stderr, "parity matrix: --tier: %s\n", par_last_error());
+        rc = 2;
+    } else if (!(rc = build(&c, &o, &m))) {
+        if (c.list)
+            par_matrix_print_cells(m, stdout);
+        else
+            rc = run_and_report(m, &c, &o);
+    }
     par_err_set_quiet(0);
     par_matrix_free(m);
-    return code;
+    return rc;
 }

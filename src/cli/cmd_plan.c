@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/planargs.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/layout.h"
@@ -42,7 +43,9 @@ int par_cmd_plan(int argc, char **argv)
     int64_t n_layers = -1, n_mtp = -1, n_experts = -1, seq = -1;
     par_layout_args la;
     par_layout_args_init(&la);
-    par_opt opts[48] = {
+    par_plan_args pa;
+    par_plan_args_init(&pa);
+    par_opt opts[64] = {
         {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default), v4-mini, v4-pro, v4-flash"},
         {"config", PAR_OPT_STR, &config, "FILE", "JSON config applied over the preset"},
         {"set", PAR_OPT_LIST, &sets, "KEY=VALUE", "override a model key (MODEL.md names), repeatable"},
@@ -56,6 +59,8 @@ int par_cmd_plan(int argc, char **argv)
     };
     int n = 9;
     n = par_layout_opts(opts, n, (int)(sizeof opts / sizeof opts[0]), &la);
+    if (n >= 0)
+        n = par_plan_opts(opts, n, (int)(sizeof opts / sizeof opts[0]), &pa);
     if (n < 0) {
         fprintf(stderr, "parity plan: internal error: option table too small\n");
         return 2;
@@ -64,7 +69,11 @@ int par_cmd_plan(int argc, char **argv)
         "[layout flags] [--preset NAME] [--config FILE] [--set key=value] [--rank R]\n\n"
         "Checks a parallel layout against the model (planning presets v4-pro and v4-flash\n"
         "included) and prints N, Da, De, the microbatches, the blocks of every pipeline\n"
-        "segment and the coordinates and process groups of a few ranks (or of --rank R).\n"
+        "segment and the coordinates and process groups of a few ranks (or of --rank R); then\n"
+        "the tuning guide's numbers (routed weights per EP, microbatches and 1F1B bubble, VPP,\n"
+        "tokens per dispatch, D_window), the memory of the heaviest rank of every stage and an\n"
+        "analytical step time (docs/planning.md).  --search ranks every legal layout of\n"
+        "--world-size GPUs and --global-batch-size rows that fits --memory-per-gpu.\n"
         "Exit 0: valid; 2: bad usage or an invalid layout (the message names the rule).";
     par_positional pos;
     int rc = par_args_parse("plan", synopsis, opts, n, argc, argv, &pos);
@@ -76,6 +85,8 @@ int par_cmd_plan(int argc, char **argv)
         fprintf(stderr, "parity plan: unexpected argument '%s' (see 'parity plan --help')\n", pos.argv[0]);
         return 2;
     }
+    if (par_plan_args_check(&pa))
+        return 2;
     par_err_set_quiet(1);
     par_config cfg;
     if (par_config_preset(&cfg, preset) != PAR_OK)
@@ -112,6 +123,7 @@ int par_cmd_plan(int argc, char **argv)
 
     par_layout l;
     par_layout_init(&l);
+    int rc_extra;
     l.tp = la.tp;
     l.pp = la.pp;
     l.vpp = la.vpp;
@@ -126,6 +138,11 @@ int par_cmd_plan(int argc, char **argv)
     if (par_layout_set_pp_layout(&l, la.pp_layout) != PAR_OK ||
         par_layout_set_schedule(&l, la.pp_schedule) != PAR_OK)
         return fail("invalid layout");
+    if (pa.search) {
+        rc_extra = par_plan_search_cmd(&pa, &cfg, &l);
+        par_err_set_quiet(0);
+        return rc_extra;
+    }
     if (par_plan_resolve(&l, &cfg) != PAR_OK)
         return fail("invalid layout");
     if (rank < -1 || rank >= l.world) {
@@ -135,6 +152,7 @@ int par_cmd_plan(int argc, char **argv)
         return 2;
     }
     par_plan_print(stdout, &l, &cfg, (int)rank);
+    rc_extra = par_plan_report(&pa, &cfg, &l);
     par_err_set_quiet(0);
-    return 0;
+    return rc_extra;
 }

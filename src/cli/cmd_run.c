@@ -1,6 +1,6 @@
 /* parity run --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
  *            [--precision f64|f32] [--backend self|threads] [layout flags] [--set key=value]...
- *            [--dump DIR] [--quiet]
+ *            [--dump DIR] [--summary FILE.json] [--quiet]
  * Training steps under a parallel layout (parallel/driver.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
  * Exit: 0 success, 2 bad usage, an invalid layout or unreadable input, 1 the run failed. */
@@ -12,14 +12,17 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
 #include "core/alloc.h"
+#include "core/json.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
 #include "parallel/driver.h"
+#include "parallel/run_summary.h"
 
 static int exit_code(par_status s)
 {
@@ -47,7 +50,7 @@ static void human_bytes(char *buf, size_t n, double b)
     snprintf(buf, n, "%.2f %s", b, u[i]);
 }
 
-/* Per-rank memory accounting (parallel/dpwire.h): every rank for N <= 8,
+/* Per-rank memory accounting (parallel/dp_step.h): every rank for N <= 8,
  * else min / max over ranks. */
 static void print_memory(const par_run_summary *sum)
 {
@@ -82,172 +85,331 @@ static void print_memory(const par_run_summary *sum)
     }
 }
 
-int par_cmd_run(int argc, char **argv)
-{
-    const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *dump = NULL;
-    const char *save = NULL, *load = NULL;
-    int64_t save_interval = 0;
-    const char *backend = "threads";
-    const char *moe_dispatch = "flat";
-    double comm_timeout = 0;
-    int64_t steps = 1, seed = 1234;
-    int quiet = 0;
+/* What the command line gave. */
+typedef struct {
+    const char *preset, *data, *fixture, *precision, *dump, *save, *load, *backend, *moe_dispatch, *summary;
+    const char *max_memory;
+    int64_t save_interval, steps, seed;
+    double comm_timeout;
+    int quiet;
     par_strlist sets;
-    memset(&sets, 0, sizeof sets);
     par_layout_args la;
-    par_layout_args_init(&la);
-    par_opt opts[40] = {
-        {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
-        {"data", PAR_OPT_STR, &data, "FILE",
+    par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
+} run_cli;
+
+static const char synopsis[] =
+    "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
+    "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
+    "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n\n"
+    "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
+    "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
+    "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
+    "checks the layout against the serial reference.  --use-distributed-optimizer shards the\n"
+    "optimizer state (ZeRO-1).  --save / --load write and resume distributed checkpoints (any\n"
+    "layout loads any checkpoint).  CP splits every row into CP contiguous slices (S/CP >=\n"
+    "D_window).  Network flags (--topology, --gpus-per-node, --nvlink-gbps, --ib-gbps,\n"
+    "--trace FILE) attach the emulated network: a per-rank summary at the end.  PP runs any\n"
+    "--pipeline-schedule (gpipe, 1f1b, interleaved, zb-h1, dualpipe, dualpipev) over the layout\n"
+    "string's stages and prints the schedule's dry-run bubble, with a network also the bubble\n"
+    "measured on the virtual clock.  --moe-dispatch hierarchical sends a token across nodes once\n"
+    "per destination node, then over NVLink (bitwise the same results as flat; the EP report gives\n"
+    "bytes per tier and, with a network, the emulated dispatch / combine time).  --summary writes\n"
+    "the run's metrics as JSON (losses, emulated step time, bubble, exposed communication, bytes\n"
+    "per tier, memory per rank, wall time; docs/matrix.md \"Run summary\").  TP and ETP are not\n"
+    "supported (sizes must be 1).";
+
+/* Parses the options into c; 0 fine, 1 --help, 2 a usage error. */
+static int parse_cli(int argc, char **argv, run_cli *c)
+{
+    memset(c, 0, sizeof *c);
+    c->preset = "v4-tiny", c->precision = "f64", c->backend = "threads", c->moe_dispatch = "flat";
+    c->steps = 1, c->seed = 1234;
+    par_layout_args_init(&c->la);
+    par_net_args_init(&c->na);
+    par_opt opts[44] = {
+        {"preset", PAR_OPT_STR, &c->preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
+        {"data", PAR_OPT_STR, &c->data, "FILE",
          "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
-        {"fixture", PAR_OPT_STR, &fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
-        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
-        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
-        {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
-        {"backend", PAR_OPT_STR, &backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
-        {"comm-timeout", PAR_OPT_DOUBLE, &comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
-        {"dump", PAR_OPT_STR, &dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
-        {"save", PAR_OPT_STR, &save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
-        {"save-interval", PAR_OPT_INT, &save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
-        {"load", PAR_OPT_STR, &load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
-        {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
-        {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
-        {"moe-dispatch", PAR_OPT_STR, &moe_dispatch, "flat|hierarchical",
+        {"fixture", PAR_OPT_STR, &c->fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
+        {"steps", PAR_OPT_INT, &c->steps, "K", "training steps (default 1)"},
+        {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+        {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
+        {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
+        {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
+        {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
+        {"save", PAR_OPT_STR, &c->save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
+        {"save-interval", PAR_OPT_INT, &c->save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
+        {"load", PAR_OPT_STR, &c->load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
+        {"set", PAR_OPT_LIST, &c->sets, "key=value", "override a model/train key (repeatable)"},
+        {"summary", PAR_OPT_STR, &c->summary, "FILE.json", "write the run's metrics as JSON (replaced atomically)"},
+        {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
+        {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
+        {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     int nopts = 0;
     while (nopts < (int)(sizeof opts / sizeof opts[0]) && opts[nopts].name)
         nopts++;
-    nopts = par_layout_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &la);
-    par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
-    par_net_args_init(&na);
-    nopts = par_net_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &na);
+    nopts = par_layout_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &c->la);
+    nopts = nopts < 0 ? -1 : par_net_opts(opts, nopts, (int)(sizeof opts / sizeof opts[0]), &c->na);
     if (nopts < 0) {
         fprintf(stderr, "parity run: internal error: option table too small\n");
         return 2;
     }
-    const char *synopsis =
-        "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-        "       [--precision f64|f32] [--backend self|threads|mpi] [layout flags] [--set key=value]...\n"
-        "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--quiet]\n\n"
-        "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
-        "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
-        "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
-        "checks the layout against the serial reference.  --use-distributed-optimizer shards the\n"
-        "optimizer state (ZeRO-1).  --save / --load write and resume distributed checkpoints (any\n"
-        "layout loads any checkpoint).  CP splits every row into CP contiguous slices (S/CP >=\n"
-        "D_window).  Network flags (--topology, --gpus-per-node, --nvlink-gbps, --ib-gbps,\n"
-        "--trace FILE) attach the emulated network: a per-rank summary at the end.  PP runs any\n"
-        "--pipeline-schedule (gpipe, 1f1b, interleaved, zb-h1, dualpipe, dualpipev) over the layout\n"
-        "string's stages and prints the schedule's dry-run bubble, with a network also the bubble\n"
-        "measured on the virtual clock.  --moe-dispatch hierarchical sends a token across nodes once\n"
-        "per destination node, then over NVLink (bitwise the same results as flat; the EP report gives\n"
-        "bytes per tier and, with a network, the emulated dispatch / combine time).  TP and ETP are not\n"
-        "supported (sizes must be 1).";
     par_positional pos;
     int rc = par_args_parse("run", synopsis, opts, nopts, argc, argv, &pos);
-    if (rc == 1)
-        return 0;
-    if (rc)
-        return 2;
-    if (pos.count) {
+    if (!rc && pos.count) {
         fprintf(stderr, "parity run: unexpected argument '%s' (see 'parity run --help')\n", pos.argv[0]);
+        rc = 2;
+    }
+    return rc;
+}
+
+/* The usage rules of the plain values; 0 fine, 2 with a message. */
+static int check_cli(const run_cli *c, par_run_opts *o)
+{
+    char why[160] = "";
+    if (c->data && c->fixture)
+        snprintf(why, sizeof why, "give --data or --fixture, not both");
+    else if (c->steps < 1)
+        snprintf(why, sizeof why, "--steps must be >= 1 (got %lld)", (long long)c->steps);
+    else if (c->seed < 0)
+        snprintf(why, sizeof why, "--seed must be >= 0 (got %lld)", (long long)c->seed);
+    else if (strcmp(c->precision, "f64") && strcmp(c->precision, "f32"))
+        snprintf(why, sizeof why, "--precision expects f64 or f32, got '%s'", c->precision);
+    else if (strcmp(c->moe_dispatch, "hierarchical") && strcmp(c->moe_dispatch, "hier") &&
+             strcmp(c->moe_dispatch, "flat"))
+        snprintf(why, sizeof why, "--moe-dispatch expects flat or hierarchical, got '%s'", c->moe_dispatch);
+    else if (c->save_interval < 0 || (c->save_interval > 0 && !c->save))
+        snprintf(why, sizeof why, "--save-interval needs --save DIR and K >= 1 (got %lld)",
+                 (long long)c->save_interval);
+    if (why[0]) {
+        fprintf(stderr, "parity run: %s\n", why);
         return 2;
     }
-    if (data && fixture) {
-        fprintf(stderr, "parity run: give --data or --fixture, not both\n");
-        return 2;
-    }
-    if (steps < 1) {
-        fprintf(stderr, "parity run: --steps must be >= 1 (got %lld)\n", (long long)steps);
-        return 2;
-    }
-    if (seed < 0) {
-        fprintf(stderr, "parity run: --seed must be >= 0 (got %lld)\n", (long long)seed);
-        return 2;
-    }
-    par_run_opts o;
-    par_run_opts_init(&o);
-    if (!strcmp(precision, "f64"))
-        o.precision = 64;
-    else if (!strcmp(precision, "f32"))
-        o.precision = 32;
-    else {
-        fprintf(stderr, "parity run: --precision expects f64 or f32, got '%s'\n", precision);
-        return 2;
-    }
-    if (!strcmp(moe_dispatch, "hierarchical") || !strcmp(moe_dispatch, "hier"))
-        o.moe_dispatch = 1;
-    else if (strcmp(moe_dispatch, "flat")) {
-        fprintf(stderr, "parity run: --moe-dispatch expects flat or hierarchical, got '%s'\n", moe_dispatch);
-        return 2;
-    }
-    par_err_set_quiet(1);
-    par_status s = par_backend_get(backend, &o.backend);
+    o->precision = strcmp(c->precision, "f32") ? 64 : 32;
+    o->moe_dispatch = strcmp(c->moe_dispatch, "flat") != 0;
+    return 0;
+}
+
+/* The backend, config and layout of the run. */
+static par_status build_config(const run_cli *c, par_run_opts *o)
+{
+    par_status s = par_backend_get(c->backend, &o->backend);
     if (!s)
-        s = par_config_preset(&o.cfg, preset);
-    for (int i = 0; !s && i < sets.count; i++)
-        s = par_config_set_arg(&o.cfg, sets.items[i]);
+        s = par_config_preset(&o->cfg, c->preset);
+    for (int i = 0; !s && i < c->sets.count; i++)
+        s = par_config_set_arg(&o->cfg, c->sets.items[i]);
     if (!s)
-        s = par_config_validate(&o.cfg);
+        s = par_config_validate(&o->cfg);
     if (!s)
-        s = par_config_check_runnable(&o.cfg);
-    par_layout *l = &o.layout;
-    l->tp = la.tp;
-    l->pp = la.pp;
-    l->vpp = la.vpp;
-    l->cp = la.cp;
-    l->ep = la.ep;
-    l->etp = la.etp;
-    l->world = la.world_size;
-    l->micro_batch = la.micro_batch;
-    l->global_batch = la.global_batch;
-    l->distributed_optimizer = la.distributed_optimizer;
+        s = par_config_check_runnable(&o->cfg);
+    par_layout *l = &o->layout;
+    l->tp = c->la.tp;
+    l->pp = c->la.pp;
+    l->vpp = c->la.vpp;
+    l->cp = c->la.cp;
+    l->ep = c->la.ep;
+    l->etp = c->la.etp;
+    l->world = c->la.world_size;
+    l->micro_batch = c->la.micro_batch;
+    l->global_batch = c->la.global_batch;
+    l->distributed_optimizer = c->la.distributed_optimizer;
     if (!s)
-        s = par_layout_set_pp_layout(l, la.pp_layout);
+        s = par_layout_set_pp_layout(l, c->la.pp_layout);
     if (!s)
-        s = par_layout_set_schedule(l, la.pp_schedule);
+        s = par_layout_set_schedule(l, c->la.pp_schedule);
+    return s;
+}
+
+/* Everything of par_run_opts from the command line (net: the emulated
+ * network's storage, ck: the opened --load checkpoint); 0 or an exit
+ * status with its message printed. */
+static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_ckpt **ck)
+{
+    par_run_opts_init(o);
+    int rc = check_cli(c, o);
+    if (rc)
+        return rc;
+    int net_on = 0;
+    par_status s = build_config(c, o);
+    if (!s)
+        s = par_net_args_resolve(&c->na, net, &net_on);
     if (s) {
         fprintf(stderr, "parity run: %s\n", par_last_error());
-        par_err_set_quiet(0);
         return 2;
     }
-    par_netmodel netm;
-    int net_on = 0;
-    if ((s = par_net_args_resolve(&na, &netm, &net_on))) {
-        fprintf(stderr, "parity run: %s\n", par_last_error());
-        par_err_set_quiet(0);
-        return 2;
-    }
-    o.netmodel = net_on ? &netm : NULL;
-    o.net_spans = net_on; /* spans: the per-group table below, and the trace */
-    o.steps = steps;
-    o.seed = (uint64_t)seed;
-    o.data_path = data;
-    o.fixture = fixture;
-    o.dump_dir = dump;
-    o.save_dir = save;
-    o.save_interval = save_interval;
-    if (save_interval < 0 || (save_interval > 0 && !save)) {
-        fprintf(stderr, "parity run: --save-interval needs --save DIR and K >= 1 (got %lld)\n",
-                (long long)save_interval);
-        par_err_set_quiet(0);
-        return 2;
-    }
-    par_ckpt *ck = NULL;
-    if (load && par_ckpt_open(load, &ck) != PAR_OK) { /* validated before anything runs or is written */
+    o->netmodel = net_on ? net : NULL;
+    o->net_spans = net_on; /* spans: the per-group table below, and the trace */
+    o->steps = c->steps;
+    o->seed = (uint64_t)c->seed;
+    o->data_path = c->data;
+    o->fixture = c->fixture;
+    o->dump_dir = c->dump;
+    o->save_dir = c->save;
+    o->save_interval = c->save_interval;
+    if (c->load && par_ckpt_open(c->load, ck) != PAR_OK) { /* validated before anything runs or is written */
         fprintf(stderr, "parity run: --load: %s\n", par_last_error());
-        par_err_set_quiet(0);
         return 2;
     }
-    o.load = ck;
-    o.progress = !quiet;
+    o->load = *ck;
+    o->progress = !c->quiet;
     /* a rank may wait while rank 0 writes a large dump */
-    o.timeout_s = comm_timeout > 0 ? comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
+    o->timeout_s = c->comm_timeout > 0 ? c->comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
+    return 0;
+}
 
+static void print_header(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
+{
+    const par_layout *rl = &sum->layout;
+    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
+           "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
+           c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
+           (long long)o->cfg.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
+           (long long)sum->n_params, (long long)sum->max_rank_floats);
+    if (c->dump)
+        printf("golden-format set written: %s\n", c->dump);
+    if (c->load)
+        printf("resumed from %s at step %lld\n", c->load, (long long)sum->start_step);
+    if (c->save)
+        printf("checkpoint written: %s (%lld saves, last at step %lld)\n", c->save, (long long)sum->saves,
+               (long long)(sum->start_step + sum->steps));
+}
+
+static void print_steps(const par_run_summary *sum)
+{
+    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
+           "grad_norm", "wall_s");
+    for (int64_t k = 0; k < sum->steps; k++) {
+        const par_run_step_info *si = &sum->step[k];
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss, si->loss_main,
+               si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
+    }
+    printf("tokens per expert (all blocks, all steps): min %lld  mean %.1f  max %lld; hottest: block %d expert "
+           "%lld with %lld\n",
+           (long long)sum->load_min, sum->load_mean, (long long)sum->load_max, sum->load_hot_block,
+           (long long)sum->load_hot_expert, (long long)sum->load_hot_tokens);
+    static const char *const hl[PAR_RUN_HIST] = {"<0.25", "<0.5", "<0.75", "<1", "<1.25", "<1.5", "<2", ">=2"};
+    printf("  histogram of load/mean over (block, expert):");
+    for (int i = 0; i < PAR_RUN_HIST; i++)
+        printf("  %s: %lld", hl[i], (long long)sum->hist[i]);
+    printf("\n");
+}
+
+static void print_expert(const par_run_summary *sum)
+{
+    const par_layout *rl = &sum->layout;
+    char db[32], cb[32];
+    human_bytes(db, sizeof db, (double)sum->dispatch_bytes);
+    human_bytes(cb, sizeof cb, (double)sum->combine_bytes);
+    printf("expert parallel: rows received per rank min %lld  mean %.1f  max %lld; all-to-all bytes "
+           "(to other ranks, all ranks, fwd+bwd): dispatch %s, combine %s; %lld all-to-all calls per rank\n",
+           (long long)sum->recv_min, sum->recv_mean, (long long)sum->recv_max, db, cb, (long long)sum->a2a_calls);
+    if (sum->ep_recv && rl->world <= 16) {
+        printf("  rows received per rank:");
+        for (int64_t r = 0; r < rl->world; r++)
+            printf(" r%lld %lld", (long long)r, (long long)sum->ep_recv[r]);
+        printf("\n");
+    }
+    char b[4][32];
+    for (int k = 0; k < 4; k++)
+        human_bytes(b[k], sizeof b[k], (double)sum->ep_bytes[k / 2][k % 2]);
+    printf("  %s dispatch, nodes of %d ranks: all-to-all bytes by tier (all ranks, fwd+bwd): dispatch nvlink %s "
+           "ib %s; combine nvlink %s ib %s\n",
+           sum->moe_dispatch ? "hierarchical" : "flat", sum->ep_gpn, b[0], b[1], b[2], b[3]);
+    if (sum->net)
+        printf("  emulated time per rank (virtual clock, fwd+bwd, all steps): dispatch mean %.6g ms max %.6g ms; "
+               "combine mean %.6g ms max %.6g ms\n",
+               1e3 * sum->ep_time_mean[0], 1e3 * sum->ep_time_max[0], 1e3 * sum->ep_time_mean[1],
+               1e3 * sum->ep_time_max[1]);
+}
+
+static void print_cp_pp(const par_run_summary *sum)
+{
+    const par_layout *rl = &sum->layout;
+    if (rl->cp > 1) {
+        char hb[32], gb[32], rb[32];
+        human_bytes(hb, sizeof hb, (double)sum->cp_halo_bytes);
+        human_bytes(gb, sizeof gb, (double)sum->cp_gather_bytes);
+        human_bytes(rb, sizeof rb, (double)sum->cp_rs_bytes);
+        printf("context parallel: attention bytes handed to comm (all ranks, all steps): halo exchange %s (fwd "
+               "rows + bwd gradients), entry all-gathers %s, entry-gradient reduce-scatters %s\n",
+               hb, gb, rb);
+    }
+    if (rl->pp > 1) {
+        printf("pipeline: schedule %s, %d microbatches, %lld stages (VPP %lld); dry-run bubble %.1f %% (F=1 B=2 W=1)",
+               sum->pp_schedule, sum->pp_micro, (long long)rl->pipe.n_segments, (long long)rl->vpp,
+               100.0 * sum->pp_dry_bubble);
+        if (sum->pp_net_bubble >= 0)
+            printf("; emulated bubble %.1f %% of %.6g s (rank 0's pipeline, virtual clock, all steps)",
+                   100.0 * sum->pp_net_bubble, sum->pp_net_makespan_s);
+        printf("\n");
+        if (sum->pp_net_bubble >= 0 && sum->pp_dry_bubble_measured >= 0)
+            printf("pipeline: executor bubble %.4f %% (virtual clock) vs dry-run bubble %.4f %% with the executor's "
+                   "own costs (mean F %.3g s, B or BW %.3g s, W %.3g s per stage, message %.3g s): "
+                   "difference %.2g points\n",
+                   100.0 * sum->pp_net_bubble, 100.0 * sum->pp_dry_bubble_measured, sum->pp_cost_f_s,
+                   sum->pp_cost_b_s, sum->pp_cost_w_s, sum->pp_latency_s,
+                   100.0 * (sum->pp_net_bubble - sum->pp_dry_bubble_measured));
+    }
+}
+
+/* The emulated network's tables (and the Chrome trace); 0 or exit 1. */
+static int print_net(const run_cli *c, const par_run_summary *sum)
+{
+    if (!sum->net)
+        return 0;
+    printf("emulated network (%s):\n", c->na.topology ? c->na.topology : "reference");
+    par_trace_summary(sum->net, stdout, 64);
+    par_net_group_summary(sum->net, stdout);
+    if (c->na.trace) {
+        if (par_trace_write_chrome(sum->net, c->na.trace)) {
+            fprintf(stderr, "parity run: %s\n", par_last_error());
+            return 1;
+        }
+        printf("Chrome trace written: %s\n", c->na.trace);
+    }
+    return 0;
+}
+
+/* --summary: the run's metrics as JSON, written by the process that ran
+ * world rank 0 (under MPI each process returns from the run). */
+static int write_summary(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
+{
+    if (!c->summary || !sum->hosts_rank0)
+        return 0;
+    cJSON *doc = par_run_summary_json(sum, c->preset, o->precision);
+    par_status s = doc ? par_json_write_file(c->summary, doc) : par_err(PAR_ENOMEM, "summary: out of memory");
+    cJSON_Delete(doc);
+    if (s) {
+        fprintf(stderr, "parity run: --summary: %s\n", par_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int par_cmd_run(int argc, char **argv)
+{
+    run_cli c;
+    int rc = parse_cli(argc, argv, &c);
+    if (rc)
+        return rc == 1 ? 0 : 2;
+    par_run_opts o;
+    par_netmodel netm;
+    par_ckpt *ck = NULL;
+    par_err_set_quiet(1);
+    if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */
+        rc = par_memlimit_run("run", c.max_memory, &o.cfg, &o.layout, o.precision, c.steps,
+                              strcmp(c.backend, "mpi") ? 0 : c.la.ranks_per_process);
+    if (rc) {
+        par_ckpt_close(ck);
+        par_err_set_quiet(0);
+        return rc;
+    }
     par_alloc_reset_peaks();
     par_run_summary sum;
-    s = par_run(&o, &sum);
+    par_status s = par_run(&o, &sum);
     par_ckpt_close(ck);
     if (s) {
         fprintf(stderr, "parity run: %s\n", par_last_error());
@@ -255,98 +417,19 @@ int par_cmd_run(int argc, char **argv)
         return exit_code(s);
     }
     par_err_set_quiet(0);
-
-    const par_layout *rl = &sum.layout;
-    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
-           "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
-           preset, precision, sum.backend, (long long)sum.steps, (long long)rl->global_batch,
-           (long long)o.cfg.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
-           (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
-           (long long)sum.n_params, (long long)sum.max_rank_floats);
-    if (dump)
-        printf("golden-format set written: %s\n", dump);
-    if (load)
-        printf("resumed from %s at step %lld\n", load, (long long)sum.start_step);
-    if (save)
-        printf("checkpoint written: %s (%lld saves, last at step %lld)\n", save, (long long)sum.saves,
-               (long long)(sum.start_step + sum.steps));
-    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
-           "grad_norm", "wall_s");
-    for (int64_t k = 0; k < sum.steps; k++) {
-        const par_run_step_info *si = &sum.step[k];
-        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss, si->loss_main,
-               si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
-    }
-    printf("tokens per expert (all blocks, all steps): min %lld  mean %.1f  max %lld; hottest: block %d expert "
-           "%lld with %lld\n",
-           (long long)sum.load_min, sum.load_mean, (long long)sum.load_max, sum.load_hot_block,
-           (long long)sum.load_hot_expert, (long long)sum.load_hot_tokens);
-    static const char *const hl[PAR_RUN_HIST] = {"<0.25", "<0.5", "<0.75", "<1", "<1.25", "<1.5", "<2", ">=2"};
-    printf("  histogram of load/mean over (block, expert):");
-    for (int i = 0; i < PAR_RUN_HIST; i++)
-        printf("  %s: %lld", hl[i], (long long)sum.hist[i]);
-    printf("\n");
-    if (rl->ep > 1) {
-        char db[32], cb[32];
-        human_bytes(db, sizeof db, (double)sum.dispatch_bytes);
-        human_bytes(cb, sizeof cb, (double)sum.combine_bytes);
-        printf("expert parallel: rows received per rank min %lld  mean %.1f  max %lld; all-to-all bytes "
-               "(to other ranks, all ranks, fwd+bwd): dispatch %s, combine %s; %lld all-to-all calls per rank\n",
-               (long long)sum.recv_min, sum.recv_mean, (long long)sum.recv_max, db, cb, (long long)sum.a2a_calls);
-        if (sum.ep_recv && rl->world <= 16) {
-            printf("  rows received per rank:");
-            for (int64_t r = 0; r < rl->world; r++)
-                printf(" r%lld %lld", (long long)r, (long long)sum.ep_recv[r]);
-            printf("\n");
-        }
-        char b[4][32];
-        for (int k = 0; k < 4; k++)
-            human_bytes(b[k], sizeof b[k], (double)sum.ep_bytes[k / 2][k % 2]);
-        printf("  %s dispatch, nodes of %d ranks: all-to-all bytes by tier (all ranks, fwd+bwd): dispatch nvlink %s "
-               "ib %s; combine nvlink %s ib %s\n",
-               sum.moe_dispatch ? "hierarchical" : "flat", sum.ep_gpn, b[0], b[1], b[2], b[3]);
-        if (sum.net)
-            printf("  emulated time per rank (virtual clock, fwd+bwd, all steps): dispatch mean %.6g ms max %.6g ms; "
-                   "combine mean %.6g ms max %.6g ms\n",
-                   1e3 * sum.ep_time_mean[0], 1e3 * sum.ep_time_max[0], 1e3 * sum.ep_time_mean[1],
-                   1e3 * sum.ep_time_max[1]);
-    }
+    print_header(&c, &o, &sum);
+    print_steps(&sum);
+    if (sum.layout.ep > 1)
+        print_expert(&sum);
     print_memory(&sum);
-    if (rl->cp > 1) {
-        char hb[32], gb[32], rb[32];
-        human_bytes(hb, sizeof hb, (double)sum.cp_halo_bytes);
-        human_bytes(gb, sizeof gb, (double)sum.cp_gather_bytes);
-        human_bytes(rb, sizeof rb, (double)sum.cp_rs_bytes);
-        printf("context parallel: attention bytes handed to comm (all ranks, all steps): halo exchange %s (fwd "
-               "rows + bwd gradients), entry all-gathers %s, entry-gradient reduce-scatters %s\n",
-               hb, gb, rb);
-    }
-    if (rl->pp > 1) {
-        printf("pipeline: schedule %s, %d microbatches, %lld stages (VPP %lld); dry-run bubble %.1f %% (F=1 B=2 W=1)",
-               sum.pp_schedule, sum.pp_micro, (long long)rl->pipe.n_segments, (long long)rl->vpp,
-               100.0 * sum.pp_dry_bubble);
-        if (sum.pp_net_bubble >= 0)
-            printf("; emulated bubble %.1f %% of %.6g s (rank 0's pipeline, virtual clock, all steps)",
-                   100.0 * sum.pp_net_bubble, sum.pp_net_makespan_s);
-        printf("\n");
-    }
-    if (sum.net) { /* the emulated network: per-rank time, compute, communication per tier */
-        printf("emulated network (%s):\n", na.topology ? na.topology : "reference");
-        par_trace_summary(sum.net, stdout, 64);
-        par_net_group_summary(sum.net, stdout);
-        if (na.trace) {
-            if ((s = par_trace_write_chrome(sum.net, na.trace))) {
-                fprintf(stderr, "parity run: %s\n", par_last_error());
-                par_run_summary_free(&sum);
-                return 1;
-            }
-            printf("Chrome trace written: %s\n", na.trace);
-        }
-    }
+    print_cp_pp(&sum);
+    rc = print_net(&c, &sum);
+    if (!rc)
+        rc = write_summary(&c, &o, &sum);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,
            (double)ru.ru_maxrss / 1024.0);
     par_run_summary_free(&sum);
-    return 0;
+    return rc;
 }

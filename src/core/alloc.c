@@ -12,12 +12,112 @@ typedef struct {
     size_t size;
     uint32_t tag;
     uint32_t magic;
+    uint32_t scope; /* accounting scope slot + 1 (0: none) */
+    uint32_t gen;   /* the slot's generation when allocated */
+    uint32_t chunk; /* 1: an arena chunk (reserved view only) */
 } blk_hdr;
 
 #define MAGIC 0x50415259u /* "PARY" */
 
 static _Atomic int64_t live[PAR_TAG_COUNT];
 static _Atomic int64_t peak[PAR_TAG_COUNT];
+
+/* ---- accounting scopes (alloc.h) ---- */
+
+typedef struct {
+    _Atomic int open;
+    _Atomic uint32_t gen;
+    _Atomic int64_t live[PAR_TAG_COUNT], peak[PAR_TAG_COUNT];
+    _Atomic int64_t res_live[PAR_TAG_COUNT], res_peak[PAR_TAG_COUNT];
+} scope_slot;
+
+static scope_slot scopes[PAR_ALLOC_SCOPES];
+static _Thread_local int cur_scope; /* slot + 1, 0: none */
+
+static void bump(_Atomic int64_t *lv, _Atomic int64_t *pk, int64_t delta)
+{
+    int64_t now = atomic_fetch_add(lv, delta) + delta;
+    int64_t p = atomic_load(pk);
+    while (now > p && !atomic_compare_exchange_weak(pk, &p, now)) {
+    }
+}
+
+/* Charges delta bytes of tag to scope id (generation gen; 0: the slot's
+ * current one) in the allocated and/or reserved view. */
+static void scope_charge(uint32_t id, uint32_t gen, par_tag tag, int64_t delta, int alloc_view, int res_view)
+{
+    if (id == 0 || id > PAR_ALLOC_SCOPES)
+        return;
+    scope_slot *sc = &scopes[id - 1];
+    if (!atomic_load(&sc->open) || (gen && atomic_load(&sc->gen) != gen))
+        return;
+    if (alloc_view)
+        bump(&sc->live[tag], &sc->peak[tag], delta);
+    if (res_view)
+        bump(&sc->res_live[tag], &sc->res_peak[tag], delta);
+}
+
+int par_alloc_scope_open(void)
+{
+    for (int i = 0; i < PAR_ALLOC_SCOPES; i++) {
+        int closed = 0;
+        if (!atomic_compare_exchange_strong(&scopes[i].open, &closed, 2))
+            continue;
+        scope_slot *sc = &scopes[i];
+        atomic_fetch_add(&sc->gen, 1);
+        for (int t = 0; t < PAR_TAG_COUNT; t++) {
+            atomic_store(&sc->live[t], 0);
+            atomic_store(&sc->peak[t], 0);
+            atomic_store(&sc->res_live[t], 0);
+            atomic_store(&sc->res_peak[t], 0);
+        }
+        atomic_store(&sc->open, 1);
+        cur_scope = i + 1;
+        return i + 1;
+    }
+    return 0;
+}
+
+void par_alloc_scope_close(int id)
+{
+    if (id < 1 || id > PAR_ALLOC_SCOPES)
+        return;
+    if (cur_scope == id)
+        cur_scope = 0;
+    atomic_store(&scopes[id - 1].open, 0);
+}
+
+int par_alloc_scope_enter(int id)
+{
+    int prev = cur_scope;
+    cur_scope = id >= 1 && id <= PAR_ALLOC_SCOPES ? id : 0;
+    return prev;
+}
+
+void par_alloc_scope_reset_peaks(int id)
+{
+    if (id < 1 || id > PAR_ALLOC_SCOPES)
+        return;
+    scope_slot *sc = &scopes[id - 1];
+    for (int t = 0; t < PAR_TAG_COUNT; t++) {
+        atomic_store(&sc->peak[t], atomic_load(&sc->live[t]));
+        atomic_store(&sc->res_peak[t], atomic_load(&sc->res_live[t]));
+    }
+}
+
+void par_alloc_scope_stats(int id, par_alloc_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (id < 1 || id > PAR_ALLOC_SCOPES || atomic_load(&scopes[id - 1].open) != 1)
+        return;
+    scope_slot *sc = &scopes[id - 1];
+    for (int t = 0; t < PAR_TAG_COUNT; t++) {
+        out->live[t] = atomic_load(&sc->live[t]);
+        out->peak[t] = atomic_load(&sc->peak[t]);
+        out->res_live[t] = atomic_load(&sc->res_live[t]);
+        out->res_peak[t] = atomic_load(&sc->res_peak[t]);
+    }
+}
 
 static const char *tag_names[PAR_TAG_COUNT] = {
     "misc", "tensor", "io", "param", "grad", "optim", "act", "comm", "model", "arena",
@@ -36,7 +136,7 @@ static void account(par_tag tag, int64_t delta)
     }
 }
 
-void *par_malloc(size_t n, par_tag tag)
+static void *alloc_block(size_t n, par_tag tag, int chunk)
 {
     if ((unsigned)tag >= PAR_TAG_COUNT)
         tag = PAR_TAG_MISC;
@@ -49,9 +149,15 @@ void *par_malloc(size_t n, par_tag tag)
     h->size = n;
     h->tag = tag;
     h->magic = MAGIC;
+    h->chunk = (uint32_t)chunk;
+    h->scope = (uint32_t)cur_scope;
+    h->gen = cur_scope ? atomic_load(&scopes[cur_scope - 1].gen) : 0;
     account(tag, (int64_t)n);
+    scope_charge(h->scope, h->gen, tag, (int64_t)n, !chunk, 1);
     return (char *)raw + HDR;
 }
+
+void *par_malloc(size_t n, par_tag tag) { return alloc_block(n, tag, 0); }
 
 void *par_calloc(size_t count, size_t size, par_tag tag)
 {
@@ -79,6 +185,7 @@ void par_free(void *p)
         return;
     blk_hdr *h = hdr_of(p);
     account((par_tag)h->tag, -(int64_t)h->size);
+    scope_charge(h->scope, h->gen, (par_tag)h->tag, -(int64_t)h->size, !h->chunk, 1);
     h->magic = 0;
     free(h);
 }
@@ -160,13 +267,16 @@ void *par_arena_alloc(par_arena *a, size_t n, size_t align)
         if (off <= c->cap && n <= c->cap - off) {
             c->off = off + n;
             a->used += n;
+            scope_charge((uint32_t)cur_scope, 0, a->tag, (int64_t)n, 1, 0);
             return chunk_data(c) + off;
         }
     }
     size_t cap = a->chunk_size;
     if (n + align > cap)
         cap = n + align;
-    par_arena_chunk *nc = par_malloc(CHUNK_HDR + cap, a->tag);
+    if (cap > SIZE_MAX - CHUNK_HDR)
+        return NULL;
+    par_arena_chunk *nc = alloc_block(CHUNK_HDR + cap, a->tag, 1);
     if (!nc)
         return NULL;
     nc->next = c;
@@ -174,6 +284,7 @@ void *par_arena_alloc(par_arena *a, size_t n, size_t align)
     nc->off = n;
     a->head = nc;
     a->used += n;
+    scope_charge((uint32_t)cur_scope, 0, a->tag, (int64_t)n, 1, 0);
     return chunk_data(nc);
 }
 
@@ -200,6 +311,7 @@ void par_arena_rewind(par_arena *a, par_arena_mark m)
     }
     if (a->head)
         a->head->off = m.off;
+    scope_charge((uint32_t)cur_scope, 0, a->tag, (int64_t)m.used - (int64_t)a->used, 1, 0);
     a->used = m.used;
 }
 
@@ -212,6 +324,7 @@ void par_arena_reset(par_arena *a)
     }
     if (a->head)
         a->head->off = 0;
+    scope_charge((uint32_t)cur_scope, 0, a->tag, -(int64_t)a->used, 1, 0);
     a->used = 0;
 }
 
@@ -222,5 +335,6 @@ void par_arena_destroy(par_arena *a)
         par_free(a->head);
         a->head = next;
     }
+    scope_charge((uint32_t)cur_scope, 0, a->tag, -(int64_t)a->used, 1, 0);
     a->used = 0;
 }

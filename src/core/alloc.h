@@ -39,6 +39,36 @@ void par_alloc_reset_peaks(void);
 /* Logs (at `level` of core/log.h) one line per tag with live bytes. */
 void par_alloc_report(int level);
 
+/* Accounting scopes: per-thread counters on top of the global ones, so that
+ * the ranks of a thread world (one thread each) can each measure their own
+ * memory.  A thread enters a scope; every block it allocates is charged to
+ * that scope (and uncharged when freed, by any thread); arena handouts are
+ * charged by the thread that makes them.  Two views per tag:
+ *   allocated  bytes handed to callers: blocks outside arenas plus arena
+ *              handouts (what the code asked for, like a GPU allocator's
+ *              "allocated");
+ *   reserved   every block, arena chunks whole ("reserved").
+ * A block freed after its scope was closed is ignored (slots carry a
+ * generation).  At most PAR_ALLOC_SCOPES scopes are open at once. */
+#define PAR_ALLOC_SCOPES 1024
+
+typedef struct {
+    int64_t live[PAR_TAG_COUNT], peak[PAR_TAG_COUNT];          /* allocated view */
+    int64_t res_live[PAR_TAG_COUNT], res_peak[PAR_TAG_COUNT];  /* reserved view  */
+} par_alloc_stats;
+
+/* Opens a zeroed scope and makes it this thread's current one; returns its
+ * id (>= 1), or 0 when every slot is taken (nothing is then charged). */
+int par_alloc_scope_open(void);
+/* Closes scope id (and leaves it if this thread is in it); 0 is fine. */
+void par_alloc_scope_close(int id);
+/* Makes scope id (0: none) this thread's current one; returns the previous. */
+int par_alloc_scope_enter(int id);
+/* Peaks := live bytes now (a measurement window starts). */
+void par_alloc_scope_reset_peaks(int id);
+/* Copies the counters of scope id (zeros for 0 or a closed scope). */
+void par_alloc_scope_stats(int id, par_alloc_stats *out);
+
 /* Arena: bump allocation from chunks; freed all at once. */
 typedef struct par_arena_chunk par_arena_chunk;
 typedef struct {

@@ -585,6 +585,93 @@ par_status PAR_FN(par_attn_forward)(par_real *y,                      /* [T, d] 
     return PAR_OK;
 }
 
+/* ---- the backward, split into its input half (B) and weight half (W) ---- */
+
+size_t PAR_FN(par_attn_keep_bytes)(const par_attn_dims *dm, int64_t T)
+{
+    const int64_t hd = dm->hd, nc = dm->m > 0 ? coff_of(dm) * hd : 0;
+    const int64_t cm = dm->m > 0 ? hd : 0;
+    return (size_t)(T * (dm->H * hd + hd + cm + 2 * nc)) * sizeof(par_real);
+}
+
+void PAR_FN(par_attn_keep_carve)(PAR_FN(par_attn_keep) *k, void *buf, const par_attn_dims *dm, int64_t T)
+{
+    const int64_t hd = dm->hd, nc = dm->m > 0 ? coff_of(dm) * hd : 0;
+    par_real *p = buf;
+    memset(k, 0, sizeof *k);
+    memset(buf, 0, PAR_FN(par_attn_keep_bytes)(dm, T));
+    k->dq = p;
+    k->dkv = p + T * dm->H * hd;
+    if (dm->m > 0) {
+        k->dcmp = k->dkv + T * hd;
+        k->dca = k->dcmp + T * hd;
+        k->dcz = k->dca + T * nc;
+    }
+}
+
+par_status PAR_FN(par_attn_backward_input)(par_real *dx, par_real *dsink, PAR_FN(par_attn_keep) *keep,
+                                           const par_real *dy, const PAR_FN(par_attn_saved) *saved,
+                                           const par_real *x, const int32_t *pos,
+                                           const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
+                                           int64_t T)
+{
+    par_status st = PAR_FN(par_attn_check_dims)(dm);
+    if (st)
+        return st;
+    if ((st = check_pos(pos, T)))
+        return st;
+    const PAR_FN(par_attn_saved) *s = saved;
+    const int64_t H = dm->H, hd = dm->hd, m = dm->m;
+    /* scratch: dO, dop [T,H*hd]; Dd [T,H]; the copies of dq, dkv that the
+     * projections' backward consumes */
+    size_t n = (size_t)(3 * T * H * hd + T * H + T * hd);
+    par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "attention backward: scratch of %zu reals", n);
+    par_real *dO = buf, *dop = dO + T * H * hd, *Dd = dop + T * H * hd, *dq = Dd + T * H, *dkv = dq + T * H * hd;
+
+    if ((st = PAR_FN(par_attn_out_backward)(dO, NULL, NULL, dy, s->r, s->o, W->wo_a, W->wo_b, dm, T)))
+        goto fail_free_scratch;
+    if ((st = PAR_FN(par_attn_core_backward_q)(keep->dq, dsink, dop, Dd, dO, s->lse, s->q, s->kv, s->cmp,
+                                               s->sel, pos, W->attn_sink, dm, 0, T)))
+        goto fail_free_scratch;
+    PAR_FN(par_attn_core_backward_kv)(keep->dkv, m > 0 ? keep->dcmp : NULL, dop, Dd, s->lse, s->q, s->kv,
+                                      s->cmp, s->sel, pos, dm, 0, T, T);
+    if (m > 0 && (st = PAR_FN(par_compress_backward)(keep->dca, keep->dcz, NULL, keep->dcmp, s->cmp_raw,
+                                                     s->cmp_rstd, s->ca, s->cz, pos, W->cmp_norm, dm->rope, 0,
+                                                     T, hd, m)))
+        goto fail_free_scratch;
+    if (dx) {
+        memcpy(dq, keep->dq, (size_t)(T * H * hd) * sizeof *dq);
+        memcpy(dkv, keep->dkv, (size_t)(T * hd) * sizeof *dkv);
+        st = PAR_FN(par_attn_proj_backward)(dx, NULL, dq, dkv, keep->dca, keep->dcz, s, x, pos, W, dm, T);
+    }
+fail_free_scratch:
+    par_free(buf);
+    return st;
+}
+
+par_status PAR_FN(par_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, PAR_FN(par_attn_keep) *keep,
+                                             const par_real *dy, const PAR_FN(par_attn_saved) *saved,
+                                             const par_real *x, const int32_t *pos,
+                                             const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
+                                             int64_t T)
+{
+    const PAR_FN(par_attn_saved) *s = saved;
+    par_status st;
+    if (!dW)
+        return PAR_OK;
+    PAR_FN(par_attn_weights) g = *dW;
+    g.attn_sink = NULL; /* the input half's */
+    if ((st = PAR_FN(par_attn_out_backward)(NULL, g.wo_a, g.wo_b, dy, s->r, s->o, W->wo_a, W->wo_b, dm, T)))
+        return st;
+    if (dm->m > 0 && g.cmp_norm &&
+        (st = PAR_FN(par_compress_backward)(NULL, NULL, g.cmp_norm, keep->dcmp, s->cmp_raw, s->cmp_rstd, s->ca,
+                                            s->cz, pos, W->cmp_norm, dm->rope, 0, T, dm->hd, dm->m)))
+        return st;
+    return PAR_FN(par_attn_proj_backward)(NULL, &g, keep->dq, keep->dkv, keep->dca, keep->dcz, s, x, pos, W, dm, T);
+}
+
 par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] or NULL */
                                      PAR_FN(par_attn_weights) *dW,    /* or NULL */
                                      const par_real *dy,              /* [T, d] */
@@ -597,40 +684,14 @@ par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] 
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;
-    if ((st = check_pos(pos, T)))
-        return st;
-    const PAR_FN(par_attn_saved) *s = saved;
-    const int64_t H = dm->H, hd = dm->hd, m = dm->m;
-    const int64_t nc = m > 0 ? coff_of(dm) * hd : 0;
-    PAR_FN(par_attn_weights) none;
-    memset(&none, 0, sizeof none);
-    if (!dW)
-        dW = &none;
-    /* scratch: dO, dop, dq [T,H*hd]; Dd [T,H]; dkv, dcmp [T,hd]; dca, dcz [T,nc] */
-    size_t n = (size_t)(3 * T * H * hd + T * H + 2 * T * hd + 2 * T * nc);
-    par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
-    if (!buf)
-        return par_err(PAR_ENOMEM, "attention backward: scratch of %zu reals", n);
-    par_real *dO = buf, *dop = dO + T * H * hd, *dq = dop + T * H * hd, *Dd = dq + T * H * hd;
-    par_real *dkv = Dd + T * H, *dcmp = dkv + T * hd, *dca = dcmp + T * hd, *dcz = dca + T * nc;
-
-    if ((st = PAR_FN(par_attn_out_backward)(dO, dW->wo_a, dW->wo_b, dy, s->r, s->o, W->wo_a,
-                                            W->wo_b, dm, T)))
-        goto fail_free_scratch;
-    if ((st = PAR_FN(par_attn_core_backward_q)(dq, dW->attn_sink, dop, Dd, dO, s->lse, s->q,
-                                               s->kv, s->cmp, s->sel, pos, W->attn_sink, dm, 0,
-                                               T)))
-        goto fail_free_scratch;
-    PAR_FN(par_attn_core_backward_kv)(dkv, m > 0 ? dcmp : NULL, dop, Dd, s->lse, s->q, s->kv,
-                                      s->cmp, s->sel, pos, dm, 0, T, T);
-    if (m > 0 &&
-        (st = PAR_FN(par_compress_backward)(dca, dcz, dW->cmp_norm, dcmp, s->cmp_raw, s->cmp_rstd,
-                                            s->ca, s->cz, pos, W->cmp_norm, dm->rope, 0, T, hd,
-                                            m)))
-        goto fail_free_scratch;
-    st = PAR_FN(par_attn_proj_backward)(dx, dW, dq, dkv, m > 0 ? dca : NULL, m > 0 ? dcz : NULL,
-                                        s, x, pos, W, dm, T);
-fail_free_scratch:
-    par_free(buf);
+    void *kb = par_malloc(PAR_FN(par_attn_keep_bytes)(dm, T) + 64, PAR_TAG_ACT);
+    if (!kb)
+        return par_err(PAR_ENOMEM, "attention backward: scratch for %lld tokens", (long long)T);
+    PAR_FN(par_attn_keep) keep;
+    PAR_FN(par_attn_keep_carve)(&keep, kb, dm, T);
+    st = PAR_FN(par_attn_backward_input)(dx, dW ? dW->attn_sink : NULL, &keep, dy, saved, x, pos, W, dm, T);
+    if (!st)
+        st = PAR_FN(par_attn_backward_weights)(dW, &keep, dy, saved, x, pos, W, dm, T);
+    par_free(kb);
     return st;
 }

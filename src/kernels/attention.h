@@ -144,6 +144,44 @@ par_status PAR_FN(par_attn_backward)(par_real *dx,                    /* [T, d] 
                                      const PAR_FN(par_attn_weights) *W,
                                      const par_attn_dims *dm, int64_t T);
 
+/* The same backward in two halves, for a pipeline that runs the weight
+ * gradients later (zero-bubble schedules; model/block.c).  The input half
+ * (B) accumulates dx and dsink (the sink's gradient is a by-product of the
+ * softmax backward, no GEMM) and leaves in `keep` the gradients at the
+ * projections' outputs; the weight half (W) accumulates every other
+ * non-indexer weight from them (wo_a/wo_b recompute the output projection's
+ * inner gradient, the projections' backward its q_lora gradient: the same
+ * GEMMs on the same inputs, so the bits equal par_attn_backward's).  W
+ * consumes keep (its dq and dkv are scratch) and ignores dW->attn_sink.
+ * par_attn_backward is B then W. */
+typedef struct {
+    par_real *dq;        /* [T, H*hd]      gradient of the roped queries       */
+    par_real *dkv;       /* [T, hd]        gradient of the roped kv            */
+    par_real *dcmp;      /* [T, hd]        entry gradients (m > 0, else NULL)  */
+    par_real *dca, *dcz; /* [T, coff*hd]   compressor a / z (m > 0, else NULL) */
+} PAR_FN(par_attn_keep);
+
+/* Bytes of a keep for T tokens; carve zeroes buf and points keep into it. */
+size_t PAR_FN(par_attn_keep_bytes)(const par_attn_dims *dm, int64_t T);
+void PAR_FN(par_attn_keep_carve)(PAR_FN(par_attn_keep) *keep, void *buf, const par_attn_dims *dm, int64_t T);
+par_status PAR_FN(par_attn_backward_input)(par_real *dx,                 /* [T, d] += or NULL */
+                                           par_real *dsink,              /* [H] += or NULL */
+                                           PAR_FN(par_attn_keep) *keep,  /* carved: filled */
+                                           const par_real *dy,           /* [T, d] */
+                                           const PAR_FN(par_attn_saved) *saved,
+                                           const par_real *x,            /* [T, d] */
+                                           const int32_t *pos,           /* [T] */
+                                           const PAR_FN(par_attn_weights) *W,
+                                           const par_attn_dims *dm, int64_t T);
+par_status PAR_FN(par_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, /* += (attn_sink ignored) */
+                                             PAR_FN(par_attn_keep) *keep,  /* from the input half: consumed */
+                                             const par_real *dy,           /* [T, d] */
+                                             const PAR_FN(par_attn_saved) *saved,
+                                             const par_real *x,            /* [T, d] */
+                                             const int32_t *pos,           /* [T] */
+                                             const PAR_FN(par_attn_weights) *W,
+                                             const par_attn_dims *dm, int64_t T);
+
 /* ---- (1) per-token projections ----------------------------------------- */
 
 /* Fills qa, qa_rstd, qr, qb, q_rstd, q, kva, kv_rstd, kv; ca, cz (m > 0);

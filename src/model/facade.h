@@ -53,6 +53,7 @@ typedef struct {
     int distributed_optimizer;
     const char *schedule; /* "none" for the serial reference */
     const char *backend;  /* "self", "threads", ... */
+    const char *pp_layout; /* the pipeline layout string (PP > 1), or NULL */
 } par_golden_layout;
 
 /* The serial reference's record: every size 1, micro = global batch,

@@ -373,6 +373,8 @@ cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
     cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
     cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
     cJSON_AddStringToObject(j, "pipeline_schedule", l->schedule ? l->schedule : "none");
+    if (l->pp_layout && l->pp_layout[0])
+        cJSON_AddStringToObject(j, "pipeline_model_parallel_layout", l->pp_layout);
     cJSON_AddStringToObject(j, "backend", l->backend ? l->backend : "self");
     cJSON_AddStringToObject(j, "blas_core", PAR_FN(par_golden_blas_core)());
     cJSON_AddStringToObject(j, "host", host);

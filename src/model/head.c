@@ -109,29 +109,66 @@ fail_oom:
                    which ? "mtp" : "main", (long long)T);
 }
 
-par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
-                                     par_arena *ar, par_real *dX, double scale)
+/* The passes of a backward (as model/block.c): B keeps what W needs, W
+ * recomputes the logits' gradient (an element-wise pass: the same bits),
+ * BW is one pass. */
+enum { PASS_B = 1, PASS_W = 2, PASS_BW = 3 };
+#define IN(p) ((pass & PASS_B) ? (p) : NULL)
+#define WT(p) ((pass & PASS_W) ? (p) : NULL)
+
+static par_status head_pass(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h, par_arena *ar, par_real *dX,
+                            double scale, int pass)
 {
     const par_config *c = &M->cfg;
     int64_t n = M->n, d = M->d, V = M->V, T = h->T;
     head_ids id = head_params(M, which);
+    par_real *dlogits;
+    if (pass & PASS_B) { /* kept for W (BW: the caller rewinds) */
+        AREAL(h->dxn, T * d, 1);
+        AREAL(h->dx, T * d, 1);
+        h->scale = scale;
+    }
     par_arena_mark mark = par_arena_get_mark(ar);
-    par_real *dlogits, *dxn, *dx;
     AREAL(dlogits, T * V, 1);
-    AREAL(dxn, T * d, 1);
-    AREAL(dx, T * d, 1);
-    PAR_FN(par_xent_backward)(dlogits, h->logits, h->lse, h->target, scale, T, V);
-    PAR_FN(par_linear_backward)(dxn, G(M->tab.top.head), dlogits, h->xn, P(M->tab.top.head), T, d, V);
-    PAR_FN(par_rmsnorm_backward)(dx, G(id.norm), dxn, h->x, P(id.norm), h->rstd, T, d);
-    par_status s = PAR_FN(par_hc_head_backward)(dX, G(id.fn), G(id.base), G(id.scale), dx, &h->hs, h->X,
-                                                P(id.fn), P(id.base), P(id.scale), T, n, d, c->hc_eps,
+    PAR_FN(par_xent_backward)(dlogits, h->logits, h->lse, h->target, h->scale, T, V);
+    PAR_FN(par_linear_backward)(IN(h->dxn), WT(G(M->tab.top.head)), dlogits, h->xn, P(M->tab.top.head), T, d, V);
+    PAR_FN(par_rmsnorm_backward)(IN(h->dx), WT(G(id.norm)), h->dxn, h->x, P(id.norm), h->rstd, T, d);
+    par_status s = PAR_FN(par_hc_head_backward)(IN(dX), WT(G(id.fn)), WT(G(id.base)), WT(G(id.scale)), h->dx, &h->hs,
+                                                h->X, P(id.fn), P(id.base), P(id.scale), T, n, d, c->hc_eps,
                                                 c->norm_eps);
     par_arena_rewind(ar, mark);
     return s;
 fail_oom:
+    return par_err(PAR_ENOMEM, "%s head backward: out of scratch memory (T=%lld)", which ? "mtp" : "main",
+                   (long long)T);
+}
+
+par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                           par_arena *ar, par_real *dX, double scale)
+{
+    if (h->pending)
+        return par_err(PAR_EINVAL, "%s head backward: its weight pass is still due", which ? "mtp" : "main");
+    par_status s = head_pass(M, which, h, ar, dX, scale, PASS_B);
+    h->pending = !s;
+    return s;
+}
+
+par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                             par_arena *ar)
+{
+    if (!h->pending)
+        return par_err(PAR_EINVAL, "%s head: weight pass without its input pass", which ? "mtp" : "main");
+    h->pending = 0;
+    return head_pass(M, which, h, ar, NULL, h->scale, PASS_W);
+}
+
+par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                     par_arena *ar, par_real *dX, double scale)
+{
+    par_arena_mark mark = par_arena_get_mark(ar);
+    par_status s = head_pass(M, which, h, ar, dX, scale, PASS_BW);
     par_arena_rewind(ar, mark);
-    return par_err(PAR_ENOMEM, "%s head backward: out of scratch memory (T=%lld)",
-                   which ? "mtp" : "main", (long long)T);
+    return s;
 }
 
 /* ------------------------------------------------------------- MTP input -- */
@@ -172,35 +209,62 @@ fail_oom:
     return par_err(PAR_ENOMEM, "mtp input forward: out of activation memory (T=%lld)", (long long)T);
 }
 
-par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar,
-                                          par_real *dXL, const par_real *dX0)
+static par_status mtp_pass(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar, par_real *dXL,
+                           const par_real *dX0, int pass)
 {
     const par_config *c = &M->cfg;
     const par_block_params *bp = &M->tab.blocks[c->n_layers];
     int64_t n = M->n, d = M->d, T = a->T;
-    par_arena_mark mark = par_arena_get_mark(ar);
-    par_real *dep, *den, *demb, *dhn;
-    AREAL(dep, T * d, 0);
-    AREAL(den, T * d, 1);
-    AREAL(demb, T * d, 1);
-    AREAL(dhn, T * n * d, 1);
-    for (int64_t t = 0; t < T; t++) {
-        par_real *o = dep + t * d;
-        const par_real *g = dX0 + t * n * d;
-        for (int64_t k = 0; k < d; k++)
-            o[k] = g[k];
-        for (int64_t i = 1; i < n; i++)
+    if (pass & PASS_B) { /* kept for W (BW: the caller rewinds) */
+        AREAL(a->dep, T * d, 0);
+        AREAL(a->den, T * d, 1);
+        AREAL(a->demb, T * d, 1);
+        AREAL(a->dhn, T * n * d, 1);
+        a->dX0 = dX0;
+        for (int64_t t = 0; t < T; t++) {
+            par_real *o = a->dep + t * d;
+            const par_real *g = dX0 + t * n * d;
             for (int64_t k = 0; k < d; k++)
-                o[k] += g[i * d + k];
+                o[k] = g[k];
+            for (int64_t i = 1; i < n; i++)
+                for (int64_t k = 0; k < d; k++)
+                    o[k] += g[i * d + k];
+        }
     }
-    PAR_FN(par_linear_backward)(dhn, G(bp->h_proj), dX0, a->hn, P(bp->h_proj), T * n, d, d);
-    PAR_FN(par_rmsnorm_backward)(dXL, G(bp->hnorm), dhn, a->XL, P(bp->hnorm), a->hn_rstd, T * n, d);
-    PAR_FN(par_linear_backward)(den, G(bp->e_proj), dep, a->en, P(bp->e_proj), T, d, d);
-    PAR_FN(par_rmsnorm_backward)(demb, G(bp->enorm), den, a->emb, P(bp->enorm), a->en_rstd, T, d);
-    PAR_FN(par_embedding_backward)(G(M->tab.top.embed), demb, a->ids, T, d);
-    par_arena_rewind(ar, mark);
+    PAR_FN(par_linear_backward)(IN(a->dhn), WT(G(bp->h_proj)), a->dX0, a->hn, P(bp->h_proj), T * n, d, d);
+    PAR_FN(par_rmsnorm_backward)(IN(dXL), WT(G(bp->hnorm)), a->dhn, a->XL, P(bp->hnorm), a->hn_rstd, T * n, d);
+    PAR_FN(par_linear_backward)(IN(a->den), WT(G(bp->e_proj)), a->dep, a->en, P(bp->e_proj), T, d, d);
+    PAR_FN(par_rmsnorm_backward)(IN(a->demb), WT(G(bp->enorm)), a->den, a->emb, P(bp->enorm), a->en_rstd, T, d);
+    if (pass & PASS_W)
+        PAR_FN(par_embedding_backward)(G(M->tab.top.embed), a->demb, a->ids, T, d);
     return PAR_OK;
 fail_oom:
-    par_arena_rewind(ar, mark);
     return par_err(PAR_ENOMEM, "mtp input backward: out of scratch memory (T=%lld)", (long long)T);
+}
+
+par_status PAR_FN(par_mtp_input_backward_input)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar,
+                                                par_real *dXL, const par_real *dX0)
+{
+    if (a->pending)
+        return par_err(PAR_EINVAL, "mtp input backward: its weight pass is still due");
+    par_status s = mtp_pass(M, a, ar, dXL, dX0, PASS_B);
+    a->pending = !s;
+    return s;
+}
+
+par_status PAR_FN(par_mtp_input_backward_weights)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a)
+{
+    if (!a->pending)
+        return par_err(PAR_EINVAL, "mtp input: weight pass without its input pass");
+    a->pending = 0;
+    return mtp_pass(M, a, NULL, NULL, NULL, PASS_W);
+}
+
+par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_arena *ar,
+                                          par_real *dXL, const par_real *dX0)
+{
+    par_arena_mark mark = par_arena_get_mark(ar);
+    par_status s = mtp_pass(M, a, ar, dXL, dX0, PASS_BW);
+    par_arena_rewind(ar, mark);
+    return s;
 }

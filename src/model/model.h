@@ -13,11 +13,15 @@
  *   par_block_forward/_backward           one block on a token range of whole samples
  *   par_mtp_input_forward/_backward       X_L, mtp inputs -> the MTP block's input
  *   par_head_forward/_backward            hc_head, norm, logits, CE (main or MTP head)
+ *     each backward also in two passes, _input (B: the input gradient, the
+ *     weight pass's inputs kept) and _weights (W: the weight gradients),
+ *     bitwise the one pass (a zero-bubble pipeline runs W later); one
+ *     implementation serves the three
  *   par_stats_*                           every cross-sample statistic (target counts,
  *                                         per-sample CE sums, loads, aux statistics,
  *                                         grad sum of squares) as partial sums with
  *                                         ONE combine step, where a parallel layout
- *                                         all-reduces them
+ *                                         sums them (src/parallel/reduce.h)
  *   par_model_losses                      scalars from combined statistics
  *   par_model_update                      clip + Muon/AdamW + balance (model/optim.h)
  * par_model_step runs all of it serially on one global batch.
@@ -66,7 +70,7 @@ typedef struct {
     /* The per-sample arrays cover a window of the global batch's samples:
      * window sample q is global sample q0 + q.  The serial step's window is
      * the whole batch (q0 = 0, Ns = Ns_global); a data-parallel rank's is
-     * the samples of its rows (src/parallel/reduce.c).  Ns_global is the
+     * the samples of its rows (src/parallel/microbatch.c).  Ns_global is the
      * number of samples of the global batch (the aux-loss mean's
      * denominator). */
     int64_t q0, Ns_global;
@@ -96,6 +100,23 @@ typedef struct {
 
 /* ------------------------------------------------------------ activations -- */
 
+/* What a block's input-gradient pass (B) leaves for its weight-gradient
+ * pass (W): the gradients at the outputs of the ops that have weights, in
+ * the arena of the B call (the weight GEMMs and norms of W read them with
+ * the forward's saved activations; model/block.c). */
+typedef struct {
+    int pending;                /* 1 after B, until W                      */
+    const int32_t *pos;         /* [T] not owned                           */
+    par_real *dyf;              /* [T, d] MoE output (routed + shared)     */
+    par_real *dw;               /* [T, K] routing weights (the gate)       */
+    par_real *ds;               /* [T, E] aux-loss score gradient or NULL  */
+    par_real *dxfn, *dxf;       /* [T, d] ffn_norm output, hc_ffn pre output */
+    par_real *dpf, *dCf;        /* [T, n] [T, n, n] hc_ffn post, comb      */
+    par_real *dya, *dxan, *dxa; /* [T, d] attention output, attn_norm output, hc_attn pre output */
+    par_real *dpa, *dCa;        /* [T, n] [T, n, n]                        */
+    PAR_FN(par_attn_keep) ak;   /* the serial attention's (a hook keeps its own) */
+} PAR_FN(par_block_wkeep);
+
 /* What one block keeps between forward and backward (arena memory, except
  * the MoE layer's saved struct which par_block_act_release frees). */
 typedef struct {
@@ -112,6 +133,7 @@ typedef struct {
     int32_t *idx;                     /* [T, K] */
     par_real *gw, *glog, *gs;         /* [T,K] [T,E] [T,E] */
     par_moe_saved ms;
+    PAR_FN(par_block_wkeep) wk;       /* B -> W */
 } PAR_FN(par_block_act);
 
 /* A head (main: top-level hc_head_* and norm; MTP: mtp.0's). */
@@ -123,6 +145,11 @@ typedef struct {
     par_real *x, *xn, *rstd; /* [T,d] [T,d] [T] */
     par_real *logits;        /* [T, V] */
     par_real *lse, *ce;      /* [T] [T] */
+    /* B -> W (par_head_backward_input): the loss scale, the gradients of
+     * the norm's output and of the hc_head combine's output */
+    int pending;
+    double scale;
+    par_real *dxn, *dx;      /* [T,d] [T,d] */
 } PAR_FN(par_head_act);
 
 /* The MTP input (MODEL.md 5). */
@@ -133,57 +160,87 @@ typedef struct {
     par_real *emb, *en, *en_rstd, *ep; /* [T,d] [T,d] [T] [T,d] */
     par_real *hn, *hn_rstd;            /* [T*n, d] [T*n] */
     par_real *X0;                      /* [T, n, d] the MTP block's input */
+    /* B -> W (par_mtp_input_backward_input) */
+    int pending;
+    const par_real *dX0;               /* [T, n, d] the caller's, kept until W */
+    par_real *dhn, *dep, *den, *demb;  /* [T*n, d] [T,d] [T,d] [T,d] */
 } PAR_FN(par_mtp_act);
 
 /* ------------------------------------------------------------------ model -- */
 
 typedef struct PAR_FN(par_model_s) PAR_FN(par_model);
 
+/* Which piece of a step a model call computes: the step executor's
+ * per-microbatch context (parallel/executor.h).  The model hands it,
+ * unchanged, to the executor hooks below; nothing of it is kept in the
+ * model.  The serial step passes slot 0 and all of its rows. */
+#ifndef PAR_MBCTX_DEFINED
+#define PAR_MBCTX_DEFINED
+typedef struct {
+    int slot;                /* the hooks' state slot (the microbatch), >= 0    */
+    int64_t row0, rows;      /* rows [row0, row0 + rows) of the rank's batch    */
+    int64_t S;               /* tokens of one whole row                         */
+    const int32_t *pos_rows; /* [rows, S] positions of the WHOLE rows when the
+                              * rank holds parts of rows (CP), else NULL       */
+} par_mbctx;
+#endif
+
 /* The routed-expert executor of the MoE sub-layer.  NULL functions = the
  * serial kernel path (par_moe_forward / par_moe_backward on every expert,
  * which must all be held).  A parallel layout (src/parallel/ep.c) installs
- * its own: fwd computes y = the MoE layer (routed experts in the contract's
- * per-token order, then the shared expert) of block b for the T local tokens
- * from the gate's idx and w; bwd accumulates dx, dw (the routing weights'
- * gradient) and the held experts' and the shared expert's weight gradients
- * into M->grads.  Both are collective over whatever group ctx uses. */
+ * its own once: fwd computes y = the MoE layer (routed experts in the
+ * contract's per-token order, then the shared expert) of block b for the T
+ * local tokens from the gate's idx and w; bwd (B) accumulates dx and dw (the
+ * routing weights' gradient); wgt (W, after bwd of the same slot and block)
+ * accumulates the held experts' and the shared expert's weight gradients
+ * into M->grads.  x names the microbatch (its state slot).  All collective
+ * over whatever group ctx uses. */
 typedef struct {
-    par_status (*fwd)(void *ctx, PAR_FN(par_model) *M, int b,
+    par_status (*fwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
                       par_real *y,            /* [T, d] out */
-                      const par_real *x,      /* [T, d] normed input */
+                      const par_real *xin,    /* [T, d] normed input */
                       const int32_t *idx,     /* [T, K] ascending */
                       const par_real *w,      /* [T, K] */
                       const int32_t *tokens,  /* [T] the block's input ids */
                       int64_t T);
-    par_status (*bwd)(void *ctx, PAR_FN(par_model) *M, int b,
+    par_status (*bwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
                       par_real *dx,           /* [T, d] += */
                       par_real *dw,           /* [T, K] += */
                       const par_real *dy,     /* [T, d] */
-                      const par_real *x,      /* [T, d] */
+                      const par_real *xin,    /* [T, d] */
                       const par_real *w,      /* [T, K] */
+                      int64_t T);
+    par_status (*wgt)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
+                      const par_real *dy,     /* [T, d] as given to bwd */
+                      const par_real *xin,    /* [T, d] */
                       int64_t T);
     void *ctx;
 } PAR_FN(par_moe_exec);
 
 /* The attention executor of block b (the V4 attention layer, MODEL.md 3).
- * NULL functions = the serial kernels (par_attn_forward / _backward on the
- * T local tokens).  A context-parallel layout (src/parallel/cpwire.c)
- * installs its own: the local tokens are slices of rows whose other parts
- * live on other ranks; the executor keeps its own saved state per block.
- * fwd: y = Attention(x) on the local tokens, sel (m == 4 layers, may be
- * NULL) the indexer picks as par_attn_forward's `selected`.  bwd: dx += and
- * dW += (non-indexer weights) as par_attn_backward.  Both collective over
- * whatever group ctx uses. */
+ * NULL functions = the serial kernels (par_attn_forward / _backward_input /
+ * _backward_weights on the T local tokens).  A context-parallel layout
+ * (src/parallel/cp_hook.c) installs its own once: the local tokens are
+ * slices of rows whose other parts live on other ranks (x->pos_rows); the
+ * executor keeps its own saved state per (slot, block).  fwd: y =
+ * Attention(xin) on the local tokens, sel (m == 4 layers, may be NULL) the
+ * indexer picks as par_attn_forward's `selected`.  bwd (B): dx += and
+ * dsink += as par_attn_backward_input; wgt (W): dW += every other
+ * non-indexer weight.  All collective over whatever group ctx uses. */
 typedef struct {
-    par_status (*fwd)(void *ctx, PAR_FN(par_model) *M, int b,
+    par_status (*fwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
                       par_real *y,            /* [T, d] out */
                       int32_t *sel,           /* [T, topk] out, or NULL */
-                      const par_real *x,      /* [T, d] normed input */
+                      const par_real *xin,    /* [T, d] normed input */
                       const PAR_FN(par_attn_weights) *W, int64_t T);
-    par_status (*bwd)(void *ctx, PAR_FN(par_model) *M, int b,
+    par_status (*bwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
                       par_real *dx,           /* [T, d] += */
-                      PAR_FN(par_attn_weights) *dW,
+                      par_real *dsink,        /* [H] += or NULL */
                       const par_real *dy,     /* [T, d] */
+                      const PAR_FN(par_attn_weights) *W, int64_t T);
+    par_status (*wgt)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
+                      PAR_FN(par_attn_weights) *dW,
+                      const par_real *dy,     /* [T, d] as given to bwd */
                       const PAR_FN(par_attn_weights) *W, int64_t T);
     void *ctx;
 } PAR_FN(par_attn_exec);
@@ -207,14 +264,8 @@ struct PAR_FN(par_model_s) {
     par_real *grads;          /* [n_local] */
     par_real *opt_m, *opt_v;  /* [n_local] optimizer state (model/optim.h) */
     int32_t *i32;             /* [n_i32] tid2eid tables */
-    PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial) */
-    PAR_FN(par_attn_exec) attn; /* attention executor (zeroed: serial) */
-    /* Sample numbering override (a layout whose ranks hold parts of rows):
-     * when sample_in is set, par_model_forward takes token t's window sample
-     * from sample_in[t] and the window's size from Ns_in instead of counting
-     * samples along the batch's rows.  Not owned. */
-    const int32_t *sample_in; /* [T] or NULL */
-    int64_t Ns_in;
+    PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial), installed once */
+    PAR_FN(par_attn_exec) attn; /* attention executor (zeroed: serial), installed once */
     par_rope *rope;           /* [n_blocks] */
     par_attn_dims *adims;     /* [n_blocks] */
     const par_real **ew;      /* [n_blocks, 3, E] expert weights w1,w2,w3 (NULL: not held) */
@@ -244,7 +295,7 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
  * values (slice init). */
 par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
                                         int64_t e0, int64_t e1);
-/* Which dense parts a pipeline rank holds (parallel/pp.h): the tensors of
+/* Which dense parts a pipeline rank holds (parallel/executor.h): the tensors of
  * the blocks with blocks[b] != 0 (NULL: every block), embed.weight, head.weight
  * and the main head's norm.weight + hc_head_* ("final").  NULL hold = all. */
 typedef struct {
@@ -280,18 +331,37 @@ par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,
 /* One block b on T tokens: Xout = block(Xin).  `tokens` are the block's
  * input ids (hash routing), `sample` the sample index of each token in st's
  * window (global sample st->q0 + sample[t]; aux statistics into st; loads
- * into st->loads).  The routed experts run through M->moe when set.  Memory
- * from `ar`. */
-par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, int b, PAR_FN(par_block_act) *a,
+ * into st->loads).  The routed experts and the attention run through M->moe
+ * / M->attn when set, with x (the microbatch; NULL: slot 0, no row
+ * context).  Memory from `ar`. */
+par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                      par_arena *ar, const par_real *Xin, /* [T, n, d] */
                                      const int32_t *tokens, /* [T] */
                                      const int32_t *pos,    /* [T] */
                                      const int32_t *sample, /* [T] */
                                      PAR_FN(par_stats) *st, int64_t T);
-/* dXin += d(loss)/dXin given dXout; parameter gradients into M->grads.  The
- * aux-loss gradient of a score-routed block uses st's (combined) cnt/ntok
- * and aux_scale (= aux_alpha; 0 skips it).  Scratch from `ar` (rewound). */
-par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, int b, PAR_FN(par_block_act) *a,
+/* The backward of a block in two passes, as a zero-bubble pipeline runs it
+ * (B, then W later).  B: dXin += d(loss)/dXin given dXout; the aux-loss
+ * gradient of a score-routed block uses st's (combined) cnt/ntok and
+ * aux_scale (= aux_alpha; 0 skips it); the gradients W needs stay in a->wk
+ * (arena memory from `ar`, kept: the caller's arena holds them until W);
+ * attn_sink's gradient (a by-product of the softmax backward) accumulates
+ * here.  W: every other weight gradient of the block into M->grads, from
+ * a->wk and the forward's activations (scratch from `ar`, rewound).  The
+ * split moves no bit: each weight gradient is the same GEMM or sum on the
+ * same inputs as in one pass. */
+par_status PAR_FN(par_block_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
+                                            PAR_FN(par_block_act) *a, par_arena *ar,
+                                            par_real *dXin,          /* [T, n, d] += */
+                                            const par_real *dXout,   /* [T, n, d] */
+                                            const int32_t *pos,      /* [T] */
+                                            const int32_t *sample,   /* [T] */
+                                            const PAR_FN(par_stats) *st, double aux_scale, int64_t T);
+par_status PAR_FN(par_block_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int b,
+                                              PAR_FN(par_block_act) *a, par_arena *ar);
+/* The one-pass backward (B and W at once, the same bits); all scratch
+ * rewound. */
+par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                       par_arena *ar, par_real *dXin, /* [T, n, d] += */
                                       const par_real *dXout,         /* [T, n, d] */
                                       const int32_t *pos,            /* [T] */
@@ -308,7 +378,14 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
                                     const int32_t *sample,            /* [T] */
                                     double *ce_sum,                   /* [Ns] += */
                                     int64_t T);
-/* dX += d/dX of scale * sum_t CE_t (scale = 1/N_main or mtp_lambda/N_mtp). */
+/* dX += d/dX of scale * sum_t CE_t (scale = 1/N_main or mtp_lambda/N_mtp).
+ * _input (B) keeps what _weights (W: head.weight, the norm, hc_head_*)
+ * needs in h (arena memory from `ar`); par_head_backward is one pass. */
+par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                           par_arena *ar, par_real *dX, /* [T, n, d] += */
+                                           double scale);
+par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+                                             par_arena *ar);
 par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
                                      par_arena *ar, par_real *dX, /* [T, n, d] += */
                                      double scale);
@@ -318,6 +395,13 @@ par_status PAR_FN(par_mtp_input_forward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_ac
                                          par_arena *ar, const par_real *XL, /* [T, n, d] */
                                          const int32_t *ids,               /* [T] */
                                          int64_t T);
+/* dXL += ; _input (B) keeps dX0 (the caller's memory must live until W) and
+ * the inner gradients; _weights (W): h_proj, hnorm, e_proj, enorm and the
+ * embedding rows of the MTP inputs. */
+par_status PAR_FN(par_mtp_input_backward_input)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a,
+                                                par_arena *ar, par_real *dXL, /* [T, n, d] += */
+                                                const par_real *dX0);         /* [T, n, d] */
+par_status PAR_FN(par_mtp_input_backward_weights)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a);
 par_status PAR_FN(par_mtp_input_backward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a,
                                           par_arena *ar, par_real *dXL, /* [T, n, d] += */
                                           const par_real *dX0);         /* [T, n, d] */

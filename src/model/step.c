@@ -19,6 +19,19 @@ static void release_acts(PAR_FN(par_model) *M)
     M->have_fwd = 0;
 }
 
+/* The global sample index of each token (rows in order, samples of a row
+ * in order) into M->sample; the number of samples. */
+static int64_t number_samples(PAR_FN(par_model) *M, const par_batch *batch, int64_t T)
+{
+    int64_t q = -1;
+    for (int64_t t = 0; t < T; t++) {
+        if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
+            q++;
+        M->sample[t] = (int32_t)q;
+    }
+    return q + 1;
+}
+
 par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batch)
 {
     const par_config *c = &M->cfg;
@@ -28,22 +41,10 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
     M->batch = batch;
     M->T = T;
     par_arena *ar = &M->arena;
-
-    /* global sample index of each token: rows in order, samples of a row in order */
     M->sample = par_arena_alloc(ar, (size_t)(T > 0 ? T : 1) * sizeof(int32_t), 64);
     if (!M->sample)
         goto fail_oom;
-    int64_t q = -1;
-    for (int64_t t = 0; t < T && !M->sample_in; t++) {
-        if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
-            q++;
-        M->sample[t] = (int32_t)q;
-    }
-    if (M->sample_in) { /* parts of rows (context parallelism): the layout numbers them */
-        memcpy(M->sample, M->sample_in, (size_t)T * sizeof *M->sample);
-        q = M->Ns_in - 1;
-    }
-    int64_t Ns = q + 1;
+    int64_t Ns = number_samples(M, batch, T);
     if (!M->stats.ce_main || M->stats.Ns != Ns) {
         PAR_FN(par_stats_free)(&M->stats);
         s = PAR_FN(par_stats_alloc)(&M->stats, M->n_blocks, M->E, Ns);
@@ -61,7 +62,7 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
         goto fail_oom;
     PAR_FN(par_model_embed_forward)(M, M->X[0], batch->tokens, T);
     for (int b = 0; b < L; b++) {
-        s = PAR_FN(par_block_forward)(M, b, &M->blk[b], ar, M->X[b], batch->tokens, batch->pos,
+        s = PAR_FN(par_block_forward)(M, NULL, b, &M->blk[b], ar, M->X[b], batch->tokens, batch->pos,
                                       M->sample, st, T);
         if (s)
             return s;
@@ -74,7 +75,7 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
         s = PAR_FN(par_mtp_input_forward)(M, &M->mtp, ar, M->X[L], batch->mtp_inputs, T);
         if (s)
             return s;
-        s = PAR_FN(par_block_forward)(M, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs,
+        s = PAR_FN(par_block_forward)(M, NULL, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs,
                                       batch->pos, M->sample, st, T);
         if (s)
             return s;
@@ -90,6 +91,29 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
     return PAR_OK;
 fail_oom:
     return par_err(PAR_ENOMEM, "model forward: out of activation memory (T=%lld)", (long long)T);
+}
+
+/* The MTP head, block and input: dA (d/dX_L) += through the MTP input; dB
+ * is scratch.  The MTP block also runs with no MTP target: its aux loss
+ * still has a gradient. */
+static par_status mtp_backward(PAR_FN(par_model) *M, par_real *dA, par_real *dB)
+{
+    const par_config *c = &M->cfg;
+    PAR_FN(par_stats) *st = &M->stats;
+    int64_t T = M->T, L = c->n_layers;
+    size_t xbytes = (size_t)(T * M->n * M->d) * sizeof(par_real);
+    par_arena *ar = &M->arena;
+    par_status s;
+    if (st->n_mtp > 0 &&
+        (s = PAR_FN(par_head_backward)(M, 1, &M->mtp_head, ar, dB, c->mtp_lambda / (double)st->n_mtp)))
+        return s;
+    par_real *d0 = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
+    if (!d0)
+        return par_err(PAR_ENOMEM, "model backward: out of scratch memory (T=%lld)", (long long)T);
+    if ((s = PAR_FN(par_block_backward)(M, NULL, (int)L, &M->blk[L], ar, d0, dB, M->batch->pos, M->sample, st,
+                                        c->aux_alpha, T)))
+        return s;
+    return PAR_FN(par_mtp_input_backward)(M, &M->mtp, ar, dA, d0);
 }
 
 par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
@@ -115,27 +139,11 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
         if (s)
             goto done;
     }
-    if (c->n_mtp_layers > 0) {
-        /* the MTP block also runs with no MTP target: its aux loss still has a gradient */
-        if (st->n_mtp > 0) {
-            s = PAR_FN(par_head_backward)(M, 1, &M->mtp_head, ar, dB, c->mtp_lambda / (double)st->n_mtp);
-            if (s)
-                goto done;
-        }
-        par_real *d0 = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
-        if (!d0)
-            goto fail_oom;
-        s = PAR_FN(par_block_backward)(M, (int)L, &M->blk[L], ar, d0, dB, M->batch->pos, M->sample, st,
-                                       c->aux_alpha, T);
-        if (s)
-            goto done;
-        s = PAR_FN(par_mtp_input_backward)(M, &M->mtp, ar, dA, d0);
-        if (s)
-            goto done;
-    }
+    if (c->n_mtp_layers > 0 && (s = mtp_backward(M, dA, dB)))
+        goto done;
     for (int64_t b = L - 1; b >= 0; b--) {
         memset(dB, 0, xbytes);
-        s = PAR_FN(par_block_backward)(M, (int)b, &M->blk[b], ar, dB, dA, M->batch->pos, M->sample, st,
+        s = PAR_FN(par_block_backward)(M, NULL, (int)b, &M->blk[b], ar, dB, dA, M->batch->pos, M->sample, st,
                                        c->aux_alpha, T);
         if (s)
             goto done;

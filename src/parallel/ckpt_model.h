@@ -18,7 +18,7 @@
 #include "kernels/real.h"
 #include "model/model.h"
 #include "parallel/ckpt.h"
-#include "parallel/dpwire.h"
+#include "parallel/dp_step.h"
 #include "parallel/reduce.h"
 
 /* Collective over the world: writes checkpoint `dir` (atomic) with this

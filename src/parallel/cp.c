@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "parallel/layout.h"
+#include "parallel/reduce_sum.h"
 
 #if PAR_REAL_BITS == 64
 #define CP_CTYPE PAR_C_F64
@@ -64,6 +65,7 @@ void PAR_FN(par_cp_attn_saved_free)(PAR_FN(par_cp_attn_saved) *sv)
     par_free(sv->buf);
     par_free(sv->xw);
     par_free(sv->pos);
+    par_free(sv->kbuf);
     memset(sv, 0, sizeof *sv);
 }
 
@@ -351,14 +353,237 @@ fail_free_saved:
 /* ------------------------------------------------------------------------ */
 /* backward                                                                  */
 
-par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local,          /* [rows, L, d] or NULL */
-                                        PAR_FN(par_attn_weights) *dW, /* or NULL */
-                                        const par_real *dy_local,    /* [rows, L, d] */
-                                        const PAR_FN(par_cp_attn_saved) *saved,
-                                        const PAR_FN(par_attn_weights) *W,
-                                        par_comm *cp, par_cp_traffic *traffic)
+/* The backward's scratch in row coordinates (docs/parallel.md): dO, dop,
+ * dq [Tt, HD]; Dd [Tt, H]; dkv, dcmp [Tt, hd]; dca, dcz [Tt, nc]; dxw
+ * [rows, W_, d]. */
+typedef struct {
+    void *buf;
+    par_real *dO, *dop, *dq, *Dd, *dkv, *dcmp, *dca, *dcz, *dxw;
+} bwd_scratch;
+
+/* Sizes of one saved forward. */
+typedef struct {
+    int64_t rows, L, S, D, Dh, d, m, H, hd, HD, nc, GL, W_, l0, l1, h0, Tt, r, ncp;
+} cp_geom;
+
+static cp_geom geom_of(const PAR_FN(par_cp_attn_saved) *sv)
 {
-    const PAR_FN(par_cp_attn_saved) *sv = saved;
+    const par_attn_dims *dm = &sv->dm;
+    cp_geom g = {.rows = sv->rows, .L = sv->L, .S = sv->S, .D = sv->D, .Dh = sv->Dh, .d = dm->d, .m = dm->m,
+                 .H = dm->H, .hd = dm->hd, .r = sv->rank, .ncp = sv->cp};
+    g.HD = g.H * g.hd;
+    g.nc = g.m > 0 ? (g.m == 4 ? 2 : 1) * g.hd : 0;
+    g.GL = dm->o_groups * dm->o_lora;
+    g.W_ = g.Dh + g.L;
+    g.l0 = g.r * g.L;
+    g.l1 = g.l0 + g.L;
+    g.h0 = g.l0 - g.Dh;
+    g.Tt = g.rows * g.S;
+    return g;
+}
+
+static par_status scratch_alloc(bwd_scratch *x, const cp_geom *g)
+{
+    size_t n = (size_t)(3 * g->Tt * g->HD + g->Tt * g->H + 2 * g->Tt * g->hd + 2 * g->Tt * g->nc +
+                        g->rows * g->W_ * g->d);
+    x->buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
+    if (!x->buf)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: scratch of %zu reals", n);
+    x->dO = x->buf;
+    x->dop = x->dO + g->Tt * g->HD;
+    x->dq = x->dop + g->Tt * g->HD;
+    x->Dd = x->dq + g->Tt * g->HD;
+    x->dkv = x->Dd + g->Tt * g->H;
+    x->dcmp = x->dkv + g->Tt * g->hd;
+    x->dca = x->dcmp + g->Tt * g->hd;
+    x->dcz = x->dca + g->Tt * g->nc;
+    x->dxw = x->dcz + g->Tt * g->nc;
+    return PAR_OK;
+}
+
+/* (5), (4): local queries; key gradients of halo + local kv rows and of the
+ * entries of the row up to l1 (queries outside [l0, l1) have zero q, dop,
+ * D, lse: they add exact zeros). */
+static par_status query_side(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x,
+                             par_real *dsink, const par_real *dy_local, const PAR_FN(par_attn_weights) *W)
+{
+    const par_attn_dims *dm = &sv->dm;
+    for (int64_t b = 0; b < g->rows; b++) {
+        PAR_FN(par_attn_saved) sh;
+        saved_shift(&sh, &sv->s, b * g->S, dm);
+        const int32_t *pb = sv->pos + b * g->S;
+        const int64_t o = b * g->S;
+        par_status st;
+        if ((st = PAR_FN(par_attn_out_backward)(x->dO + (o + g->l0) * g->HD, NULL, NULL, dy_local + b * g->L * g->d,
+                                                sh.r + g->l0 * g->GL, sh.o + g->l0 * g->HD, W->wo_a, W->wo_b, dm,
+                                                g->L)))
+            return st;
+        if ((st = PAR_FN(par_attn_core_backward_q)(x->dq + o * g->HD, dsink, x->dop + o * g->HD, x->Dd + o * g->H,
+                                                   x->dO + o * g->HD, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb,
+                                                   W->attn_sink, dm, g->l0, g->l1)))
+            return st;
+        PAR_FN(par_attn_core_backward_kv)(x->dkv + o * g->hd, NULL, x->dop + o * g->HD, x->Dd + o * g->H, sh.lse,
+                                          sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, g->h0, g->l1, g->l1);
+        if (g->m > 0)
+            PAR_FN(par_attn_core_backward_kv)(NULL, x->dcmp + o * g->hd, x->dop + o * g->HD, x->Dd + o * g->H,
+                                              sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, g->l1, g->l1);
+    }
+    return PAR_OK;
+}
+
+/* Entry gradients to their owners: block q of the reduce-scatter holds the
+ * entries whose last token is on rank q (rows, then positions), padded to
+ * the largest block; summed in rank order 0..CP-1 (parallel/reduce_sum.h). */
+static par_status entries_to_owners(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, par_real *dcmp,
+                                    par_comm *cp, par_cp_traffic *traffic)
+{
+    int64_t maxe = 0;
+    for (int64_t q = 0; q < g->ncp; q++) {
+        int64_t e = entries_of(sv->pos, g->rows, g->S, g->L, q, g->m);
+        maxe = e > maxe ? e : maxe;
+    }
+    if (maxe == 0)
+        return PAR_OK;
+    const size_t blk = (size_t)(maxe * g->hd);
+    par_real *rb = par_calloc(blk * (size_t)(g->ncp + 1), sizeof(par_real), PAR_TAG_COMM);
+    if (!rb)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: entry gradients of %zu reals",
+                       blk * (size_t)(g->ncp + 1));
+    par_real *mine = rb + blk * (size_t)g->ncp;
+    for (int64_t q = 0; q < g->ncp; q++) {
+        par_real *w = rb + blk * (size_t)q;
+        for (int64_t b = 0; b < g->rows; b++)
+            for (int64_t t = b * g->S + q * g->L; t < b * g->S + (q + 1) * g->L; t++)
+                if (is_entry(sv->pos[t], g->m)) {
+                    memcpy(w, dcmp + t * g->hd, (size_t)g->hd * sizeof(par_real));
+                    w += g->hd;
+                }
+    }
+    par_field f = PAR_FIELD(rb, blk * (size_t)g->ncp, CP_CTYPE);
+    par_status st = par_reduce_fields(cp, &f, 1, mine);
+    if (!st) {
+        const par_real *rd = mine;
+        for (int64_t b = 0; b < g->rows; b++)
+            for (int64_t t = b * g->S + g->l0; t < b * g->S + g->l1; t++)
+                if (is_entry(sv->pos[t], g->m)) {
+                    memcpy(dcmp + t * g->hd, rd, (size_t)g->hd * sizeof(par_real));
+                    rd += g->hd;
+                }
+        if (traffic)
+            traffic->rs_bwd += (int64_t)(blk * (size_t)g->ncp * sizeof(par_real));
+    }
+    par_free(rb);
+    return st;
+}
+
+/* Copies rows [o+h0, o+l1) of the row-coordinate array a (width w) of every
+ * row into k ([rows, W_, w]). */
+static void keep_window(par_real *k, const par_real *a, int64_t w, const cp_geom *g)
+{
+    for (int64_t b = 0; b < g->rows; b++)
+        memcpy(k + b * g->W_ * w, a + (b * g->S + g->h0) * w, (size_t)(g->W_ * w) * sizeof(par_real));
+}
+
+static par_status keep_alloc(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g)
+{
+    par_free(sv->kbuf);
+    size_t rw = (size_t)(g->rows * g->W_);
+    sv->kbuf = par_malloc(rw * (size_t)(g->HD + 2 * g->hd + 2 * g->nc) * sizeof(par_real) + 1, PAR_TAG_ACT);
+    if (!sv->kbuf)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: %zu rows kept for the weight pass", rw);
+    sv->kq = sv->kbuf;
+    sv->kkv = sv->kq + rw * (size_t)g->HD;
+    sv->kcmp = sv->kkv + rw * (size_t)g->hd;
+    sv->kca = g->nc ? sv->kcmp + rw * (size_t)g->hd : NULL;
+    sv->kcz = g->nc ? sv->kca + rw * (size_t)g->nc : NULL;
+    return PAR_OK;
+}
+
+/* (2) backward on owned blocks (da/dz reach into the halo), the weight
+ * pass's inputs kept, then (1) on halo + local rows for dx. */
+static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
+                            const PAR_FN(par_attn_weights) *W)
+{
+    const par_attn_dims *dm = &sv->dm;
+    par_status st;
+    for (int64_t b = 0; b < g->rows && g->m > 0; b++) {
+        PAR_FN(par_attn_saved) sh;
+        const int64_t o = b * g->S;
+        saved_shift(&sh, &sv->s, o, dm);
+        if ((st = PAR_FN(par_compress_backward)(x->dca + o * g->nc, x->dcz + o * g->nc, NULL, x->dcmp + o * g->hd,
+                                                sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, sv->pos + o, W->cmp_norm,
+                                                dm->rope, g->l0, g->l1, g->hd, g->m)))
+            return st;
+    }
+    if ((st = keep_alloc(sv, g)))
+        return st;
+    keep_window(sv->kq, x->dq, g->HD, g);
+    keep_window(sv->kkv, x->dkv, g->hd, g);
+    if (g->m > 0) {
+        keep_window(sv->kcmp, x->dcmp, g->hd, g);
+        keep_window(sv->kca, x->dca, g->nc, g);
+        keep_window(sv->kcz, x->dcz, g->nc, g);
+    }
+    for (int64_t b = 0; b < g->rows && want_dx; b++) {
+        PAR_FN(par_attn_saved) sh;
+        const int64_t o = b * g->S + g->h0;
+        saved_shift(&sh, &sv->s, o, dm);
+        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + b * g->W_ * g->d, NULL, x->dq + o * g->HD,
+                                                 x->dkv + o * g->hd, g->m > 0 ? x->dca + o * g->nc : NULL,
+                                                 g->m > 0 ? x->dcz + o * g->nc : NULL, &sh, sv->xw + b * g->W_ * g->d,
+                                                 sv->pos + o, W, dm, g->W_)))
+            return st;
+    }
+    return PAR_OK;
+}
+
+/* dx: own contribution first, then the halo gradients of rank r+1 on my
+ * last D rows; my halo rows' gradients go to rank r-1. */
+static par_status dx_assemble(const cp_geom *g, const par_real *dxw, par_real *dx_local, par_comm *cp,
+                              par_cp_traffic *traffic)
+{
+    const int64_t d = g->d, D = g->D, L = g->L;
+    for (int64_t b = 0; b < g->rows; b++)
+        for (int64_t e = 0; e < L * d; e++)
+            dx_local[b * L * d + e] += dxw[(b * g->W_ + g->Dh) * d + e];
+    if (!cp || g->ncp <= 1)
+        return PAR_OK;
+    size_t nh = (size_t)(g->rows * D * d);
+    par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
+    if (!hb)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: halo of %zu reals", 2 * nh);
+    par_real *hs = hb, *hr = hb + nh;
+    if (g->Dh > 0)
+        for (int64_t b = 0; b < g->rows; b++)
+            memcpy(hs + b * D * d, dxw + b * g->W_ * d, (size_t)(D * d) * sizeof(par_real));
+    par_status st = shift_exchange(cp, hs, hr, nh, -1, TAG_HALO_BWD);
+#if PAR_FAULT_CP_HALO_GRAD_DROP
+    /* Deliberate fault (meson -Dfault=cp_halo_grad_drop; docs/matrix.md
+     * "Fault demonstration"): the halo gradient of the row next to the
+     * boundary (this rank's last token) is dropped.  The forward is exact;
+     * the input gradients of every attention layer, and so the weight
+     * gradients below it, are not. */
+    const int64_t D_add = D - 1;
+#else
+    const int64_t D_add = D;
+#endif
+    if (!st && g->r + 1 < g->ncp)
+        for (int64_t b = 0; b < g->rows; b++) {
+            par_real *dst = dx_local + (b * L + L - D) * d;
+            for (int64_t e = 0; e < D_add * d; e++)
+                dst[e] += hr[b * D * d + e];
+        }
+    par_free(hb);
+    if (!st && traffic && g->r > 0)
+        traffic->halo_bwd += (int64_t)(nh * sizeof(par_real));
+    return st;
+}
+
+par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsink, const par_real *dy_local,
+                                              PAR_FN(par_cp_attn_saved) *saved, const PAR_FN(par_attn_weights) *W,
+                                              par_comm *cp, par_cp_traffic *traffic)
+{
+    PAR_FN(par_cp_attn_saved) *sv = saved;
     if (!sv || !sv->buf)
         return par_err(PAR_EINVAL, "context parallel attention backward: no saved forward");
     const int64_t ncp = cp ? par_comm_size(cp) : 1, r = cp ? par_comm_rank(cp) : 0;
@@ -367,152 +592,63 @@ par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local,          /* [rows, L
                        "context parallel attention backward: group has rank %lld of %lld, the "
                        "forward ran as rank %lld of %lld",
                        LL(r), LL(ncp), LL(sv->rank), LL(sv->cp));
+    const cp_geom g = geom_of(sv);
+    bwd_scratch x;
+    memset(&x, 0, sizeof x);
+    par_status st = scratch_alloc(&x, &g);
+    if (st)
+        return st;
+    if (!(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
+        !(st = g.m > 0 && cp && ncp > 1 ? entries_to_owners(sv, &g, x.dcmp, cp, traffic) : PAR_OK) &&
+        !(st = proj_side(sv, &g, &x, dx_local != NULL, W)) && dx_local)
+        st = dx_assemble(&g, x.dxw, dx_local, cp, traffic);
+    par_free(x.buf);
+    return st;
+}
+
+par_status PAR_FN(par_cp_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, const par_real *dy_local,
+                                                PAR_FN(par_cp_attn_saved) *saved, const PAR_FN(par_attn_weights) *W)
+{
+    PAR_FN(par_cp_attn_saved) *sv = saved;
+    if (!sv || !sv->kbuf)
+        return par_err(PAR_EINVAL, "context parallel attention: weight pass without its input pass");
     const par_attn_dims *dm = &sv->dm;
-    const int64_t rows = sv->rows, L = sv->L, S = sv->S, D = sv->D, Dh = sv->Dh;
-    const int64_t d = dm->d, m = dm->m, H = dm->H, hd = dm->hd, HD = H * hd;
-    const int64_t nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0, GL = dm->o_groups * dm->o_lora;
-    const int64_t W_ = Dh + L, l0 = r * L, l1 = l0 + L, h0 = l0 - Dh, Tt = rows * S;
-    PAR_FN(par_attn_weights) none;
-    memset(&none, 0, sizeof none);
-    if (!dW)
-        dW = &none;
-
-    /* scratch in row coordinates: dO, dop, dq [Tt, HD]; Dd [Tt, H]; dkv,
-     * dcmp [Tt, hd]; dca, dcz [Tt, nc]; dxw [rows, W_, d] */
-    size_t n = (size_t)(3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W_ * d);
-    par_real *buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
-    if (!buf)
-        return par_err(PAR_ENOMEM, "context parallel attention backward: scratch of %zu reals",
-                       n);
-    par_real *dO = buf, *dop = dO + Tt * HD, *dq = dop + Tt * HD, *Dd = dq + Tt * HD;
-    par_real *dkv = Dd + Tt * H, *dcmp = dkv + Tt * hd, *dca = dcmp + Tt * hd;
-    par_real *dcz = dca + Tt * nc, *dxw = dcz + Tt * nc;
+    const cp_geom g = geom_of(sv);
     par_status st = PAR_OK;
-
-    /* (5), (4): local queries; key gradients of halo + local kv rows and of
-     * the entries of the row up to l1 (queries outside [l0, l1) have zero
-     * q, dop, D, lse: they add exact zeros) */
-    for (int64_t b = 0; b < rows; b++) {
+    PAR_FN(par_attn_weights) gw = *dW;
+    gw.attn_sink = NULL; /* the input half's */
+    for (int64_t b = 0; b < g.rows && !st; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * S, dm);
-        const int32_t *pb = sv->pos + b * S;
-        const int64_t o = b * S;
-        if ((st = PAR_FN(par_attn_out_backward)(dO + (o + l0) * HD, dW->wo_a, dW->wo_b,
-                                                dy_local + b * L * d, sh.r + l0 * GL,
-                                                sh.o + l0 * HD, W->wo_a, W->wo_b, dm, L)))
-            goto free_scratch;
-        if ((st = PAR_FN(par_attn_core_backward_q)(dq + o * HD, dW->attn_sink, dop + o * HD,
-                                                   Dd + o * H, dO + o * HD, sh.lse, sh.q, sh.kv,
-                                                   sh.cmp, sh.sel, pb, W->attn_sink, dm, l0,
-                                                   l1)))
-            goto free_scratch;
-        PAR_FN(par_attn_core_backward_kv)(dkv + o * hd, NULL, dop + o * HD, Dd + o * H, sh.lse,
-                                          sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, h0, l1, l1);
-        if (m > 0)
-            PAR_FN(par_attn_core_backward_kv)(NULL, dcmp + o * hd, dop + o * HD, Dd + o * H,
-                                              sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, l1,
-                                              l1);
+        saved_shift(&sh, &sv->s, b * g.S, dm);
+        st = PAR_FN(par_attn_out_backward)(NULL, gw.wo_a, gw.wo_b, dy_local + b * g.L * g.d, sh.r + g.l0 * g.GL,
+                                           sh.o + g.l0 * g.HD, W->wo_a, W->wo_b, dm, g.L);
     }
-
-    /* entry gradients to their owners: block q of the reduce-scatter holds
-     * the entries whose last token is on rank q (rows, then positions),
-     * padded to the largest block; summed in rank order 0..CP-1 */
-    if (m > 0 && cp && ncp > 1) {
-        int64_t maxe = 0;
-        for (int64_t q = 0; q < ncp; q++) {
-            int64_t e = entries_of(sv->pos, rows, S, L, q, m);
-            if (e > maxe)
-                maxe = e;
-        }
-        if (maxe > 0) {
-            const size_t blk = (size_t)(maxe * hd);
-            par_real *rb = par_calloc(blk * (size_t)(ncp + 1), sizeof(par_real), PAR_TAG_COMM);
-            if (!rb) {
-                st = par_err(PAR_ENOMEM,
-                             "context parallel attention backward: entry gradients of %zu reals",
-                             blk * (size_t)(ncp + 1));
-                goto free_scratch;
-            }
-            par_real *mine = rb + blk * (size_t)ncp;
-            for (int64_t q = 0; q < ncp; q++) {
-                par_real *w = rb + blk * (size_t)q;
-                for (int64_t b = 0; b < rows; b++)
-                    for (int64_t t = b * S + q * L; t < b * S + (q + 1) * L; t++)
-                        if (is_entry(sv->pos[t], m)) {
-                            memcpy(w, dcmp + t * hd, (size_t)hd * sizeof(par_real));
-                            w += hd;
-                        }
-            }
-            st = par_reduce_scatter(cp, rb, mine, blk, CP_CTYPE, PAR_OP_SUM);
-            if (!st) {
-                const par_real *rd = mine;
-                for (int64_t b = 0; b < rows; b++)
-                    for (int64_t t = b * S + l0; t < b * S + l1; t++)
-                        if (is_entry(sv->pos[t], m)) {
-                            memcpy(dcmp + t * hd, rd, (size_t)hd * sizeof(par_real));
-                            rd += hd;
-                        }
-                if (traffic)
-                    traffic->rs_bwd += (int64_t)(blk * (size_t)ncp * sizeof(par_real));
-            }
-            par_free(rb);
-            if (st)
-                goto free_scratch;
-        }
-    }
-
-    /* (2) backward on owned blocks (da/dz reach into the halo), then (1) on
-     * halo + local rows */
-    for (int64_t b = 0; b < rows; b++) {
+    for (int64_t b = 0; b < g.rows && !st; b++) {
         PAR_FN(par_attn_saved) sh;
-        const int64_t o = b * S;
+        const int64_t o = b * g.S + g.h0, k = b * g.W_;
         saved_shift(&sh, &sv->s, o, dm);
-        if (m > 0 &&
-            (st = PAR_FN(par_compress_backward)(dca + o * nc, dcz + o * nc, dW->cmp_norm,
-                                                dcmp + o * hd, sh.cmp_raw, sh.cmp_rstd, sh.ca,
-                                                sh.cz, sv->pos + o, W->cmp_norm, dm->rope, l0,
-                                                l1, hd, m)))
-            goto free_scratch;
-        saved_shift(&sh, &sv->s, o + h0, dm);
-        if ((st = PAR_FN(par_attn_proj_backward)(
-                 dx_local ? dxw + b * W_ * d : NULL, dW, dq + (o + h0) * HD, dkv + (o + h0) * hd,
-                 m > 0 ? dca + (o + h0) * nc : NULL, m > 0 ? dcz + (o + h0) * nc : NULL, &sh,
-                 sv->xw + b * W_ * d, sv->pos + o + h0, W, dm, W_)))
-            goto free_scratch;
+        if (g.m > 0 && gw.cmp_norm &&
+            (st = PAR_FN(par_compress_backward)(NULL, NULL, gw.cmp_norm, sv->kcmp + k * g.hd, sh.cmp_raw, sh.cmp_rstd,
+                                                sh.ca, sh.cz, sv->pos + o, W->cmp_norm, dm->rope, g.Dh, g.W_, g.hd,
+                                                g.m)))
+            break;
+        st = PAR_FN(par_attn_proj_backward)(NULL, &gw, sv->kq + k * g.HD, sv->kkv + k * g.hd,
+                                            g.m > 0 ? sv->kca + k * g.nc : NULL, g.m > 0 ? sv->kcz + k * g.nc : NULL,
+                                            &sh, sv->xw + b * g.W_ * g.d, sv->pos + o, W, dm, g.W_);
     }
-    if (!dx_local)
-        goto free_scratch; /* done: nothing to return */
+    par_free(sv->kbuf);
+    sv->kbuf = NULL;
+    sv->kq = sv->kkv = sv->kcmp = sv->kca = sv->kcz = NULL;
+    return st;
+}
 
-    /* dx: own contribution first, then the halo gradients of rank r+1 on my
-     * last D rows; my halo rows' gradients go to rank r-1 */
-    for (int64_t b = 0; b < rows; b++)
-        for (int64_t e = 0; e < L * d; e++)
-            dx_local[b * L * d + e] += dxw[(b * W_ + Dh) * d + e];
-    if (cp && ncp > 1) {
-        size_t nh = (size_t)(rows * D * d);
-        par_real *hb = par_malloc(2 * nh * sizeof(par_real) + 1, PAR_TAG_COMM);
-        if (!hb) {
-            st = par_err(PAR_ENOMEM, "context parallel attention backward: halo of %zu reals",
-                         2 * nh);
-            goto free_scratch;
-        }
-        par_real *hs = hb, *hr = hb + nh;
-        if (Dh > 0)
-            for (int64_t b = 0; b < rows; b++)
-                memcpy(hs + b * D * d, dxw + b * W_ * d, (size_t)(D * d) * sizeof(par_real));
-        st = shift_exchange(cp, hs, hr, nh, -1, TAG_HALO_BWD);
-        if (!st && r + 1 < ncp)
-            for (int64_t b = 0; b < rows; b++) {
-                par_real *dst = dx_local + (b * L + L - D) * d;
-                for (int64_t e = 0; e < D * d; e++)
-                    dst[e] += hr[b * D * d + e];
-            }
-        par_free(hb);
-        if (!st && traffic && r > 0)
-            traffic->halo_bwd += (int64_t)(nh * sizeof(par_real));
-    }
-
-free_scratch:
-    par_free(buf);
+par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local, PAR_FN(par_attn_weights) *dW, const par_real *dy_local,
+                                        PAR_FN(par_cp_attn_saved) *saved, const PAR_FN(par_attn_weights) *W,
+                                        par_comm *cp, par_cp_traffic *traffic)
+{
+    par_status st = PAR_FN(par_cp_attn_backward_input)(dx_local, dW ? dW->attn_sink : NULL, dy_local, saved, W, cp,
+                                                       traffic);
+    if (!st && dW)
+        st = PAR_FN(par_cp_attn_backward_weights)(dW, dy_local, saved, W);
     return st;
 }

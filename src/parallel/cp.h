@@ -74,6 +74,11 @@ typedef struct {
     par_real *xw;      /* [rows, Dh+L, d]: halo then local x of each row    */
     int32_t *pos;      /* [rows*S]: positions of the whole rows             */
     void *buf;         /* owns s's arrays                                   */
+    /* after par_cp_attn_backward_input, for the weight half: the gradients
+     * at the projections' outputs on each row's working rows (halo + local,
+     * [rows, Dh+L, width]); kbuf owns them */
+    void *kbuf;
+    par_real *kq, *kkv, *kcmp, *kca, *kcz; /* widths H*hd, hd, hd, coff*hd, coff*hd */
 } PAR_FN(par_cp_attn_saved);
 
 /* Frees what a forward allocated (a zeroed or freed struct is fine). */
@@ -101,12 +106,31 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
  * gradients received from rank r+1 added to the last D rows;
  * dW += this rank's share of every non-indexer weight gradient (the caller
  * sums dW over CP and DP).  Collective over cp; every rank passes dx_local
- * NULL or every rank non-NULL.  traffic may be NULL. */
+ * NULL or every rank non-NULL.  traffic may be NULL.  This is the input
+ * half then the weight half below. */
 par_status PAR_FN(par_cp_attn_backward)(par_real *dx_local,          /* [rows, L, d] or NULL */
                                         PAR_FN(par_attn_weights) *dW, /* or NULL */
                                         const par_real *dy_local,    /* [rows, L, d] */
-                                        const PAR_FN(par_cp_attn_saved) *saved,
+                                        PAR_FN(par_cp_attn_saved) *saved,
                                         const PAR_FN(par_attn_weights) *W,
                                         par_comm *cp, par_cp_traffic *traffic);
+
+/* The input half (B; every communication of the backward): dx_local as
+ * above, dsink += (the sink's gradient, a by-product of the softmax
+ * backward), and saved->kbuf filled for the weight half. */
+par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local,       /* [rows, L, d] or NULL */
+                                              par_real *dsink,          /* [H] += or NULL */
+                                              const par_real *dy_local, /* [rows, L, d] */
+                                              PAR_FN(par_cp_attn_saved) *saved,
+                                              const PAR_FN(par_attn_weights) *W,
+                                              par_comm *cp, par_cp_traffic *traffic);
+/* The weight half (W; no communication): dW += every non-indexer weight but
+ * attn_sink, from what the input half kept (consumed, then freed).  The same
+ * GEMMs and sums on the same inputs as one pass: the bits of
+ * par_cp_attn_backward. */
+par_status PAR_FN(par_cp_attn_backward_weights)(PAR_FN(par_attn_weights) *dW,
+                                                const par_real *dy_local, /* [rows, L, d] */
+                                                PAR_FN(par_cp_attn_saved) *saved,
+                                                const PAR_FN(par_attn_weights) *W);
 
 #endif

@@ -5,20 +5,18 @@
  * par_run resolves the layout (parallel/layout.h), pre-builds the global
  * batches of every step from the same source as `parity golden`, and runs a
  * world of N ranks on the chosen backend.  Each rank:
- *   - builds its model holding the dense parameters and its EP rank's
- *     experts (par_model_init_owned) and its groups (parallel/groups.h);
- *   - with EP > 1 installs the expert-parallel executor (parallel/ep.h);
- *   - per step takes its attention-DP rows [dp*B/Da, (dp+1)*B/Da), runs the
- *     serial pieces on them (par_model_forward / _backward), combines the
- *     statistics and reduces the gradients through parallel/reduce.h, and
- *     applies the update to what it holds;
+ *   - builds its groups (parallel/groups.h) and the step executor
+ *     (parallel/executor.h), which builds the model of the rank's pipeline
+ *     stages (every block with PP = 1) holding its EP rank's experts and
+ *     installs the EP / CP hooks;
+ *   - per step runs the executor on its attention-DP rows [dp*B/Da,
+ *     (dp+1)*B/Da) (with CP the column slice [cp*S/CP, (cp+1)*S/CP) of
+ *     them): the schedule's forwards and backwards, the statistics and the
+ *     pipeline's shared gradients (parallel/reduce.h); then the optimizer
+ *     step (parallel/dp_step.h: the DP gradient reduction, the global norm,
+ *     the update of what it holds);
  *   - with a dump directory, rank 0 gathers the unsharded golden set
  *     (model/golden.h's writers) and commits it atomically.
- *   - with CP > 1 holds the column slice [cp*S/CP, (cp+1)*S/CP) of those
- *     rows and runs attention through the CP executor (parallel/cpwire.h);
- *   - with PP > 1 the pipeline executor (parallel/pp.h) builds the model of
- *     the rank's stages and runs the step's microbatches in the schedule's
- *     order (forward, statistics, backward); the update is the same.
  * Supported now: TP = ETP = 1 (refused by the layout).
  */
 #ifndef PAR_PARALLEL_DRIVER_H
@@ -106,20 +104,31 @@ typedef struct {
     int64_t cp_halo_bytes;    /* halo rows forward + their gradients backward */
     int64_t cp_gather_bytes;  /* compressed entries contributed to the all-gathers */
     int64_t cp_rs_bytes;      /* entry gradients put into the reduce-scatters */
-    /* pipeline parallelism (PP > 1, parallel/pp.h): the schedule, its
+    /* pipeline parallelism (PP > 1, parallel/executor.h): the schedule, its
      * microbatches, the dry run's bubble (F = 1, B = 2, W = 1) and, with an
      * emulated network, the bubble of world rank 0's pipeline measured on the
-     * virtual clock over every step (-1: no network) */
+     * virtual clock over every step (-1: no network) next to the dry run's
+     * bubble with the executor's own per-action costs (mean virtual seconds
+     * of F, B, W over the stages; the message time) */
     char pp_schedule[16];
     int pp_micro;
     double pp_dry_bubble, pp_net_bubble, pp_net_makespan_s;
+    double pp_dry_bubble_measured;
+    double pp_cost_f_s, pp_cost_b_s, pp_cost_w_s, pp_latency_s;
     par_netrun *net;          /* with opts.netmodel: the emulated clocks (owned; par_trace_summary) */
-    /* per-rank memory accounting (parallel/dpwire.h par_dpw_memory), bytes:
+    /* per-rank memory accounting (parallel/dp_step.h par_dpw_memory), bytes:
      * mem[r*PAR_RUN_MEM + k], k = weights, grads, optim (held), optim_full
      * (unsharded), act (saved activations, max over steps), comm (DP workspace) */
     int64_t *mem;             /* [world * PAR_RUN_MEM] */
+    /* the allocator's per-rank truth (core/alloc.h scopes): peak bytes per tag
+     * during the steps, alloc_peak[r*PAR_TAG_COUNT + tag], allocated view
+     * (blocks + arena handouts) and reserved view (arena chunks whole) */
+    int64_t *alloc_peak, *alloc_res_peak; /* [world * PAR_TAG_COUNT] */
     int64_t start_step;       /* the loaded checkpoint's step (0 without --load) */
+    int64_t samples0;         /* samples of the first step's global batch (memory model statistics) */
     int64_t saves;            /* checkpoints written */
+    int hosts_rank0;          /* this process ran world rank 0 (under MPI one process does: it writes the
+                               * dump, and `parity run --summary`) */
 } par_run_summary;
 #define PAR_RUN_MEM 6
 
@@ -128,6 +137,8 @@ static inline void par_run_summary_free(par_run_summary *s)
     if (!s)
         return;
     par_free(s->mem);
+    par_free(s->alloc_peak);
+    par_free(s->alloc_res_peak);
     par_free(s->ep_recv);
     par_free(s->step);
     if (s->net)

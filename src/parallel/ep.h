@@ -4,7 +4,8 @@
  *
  * EP rank j of an EP group holds experts [j*E/EP, (j+1)*E/EP) of every
  * block (the model is built with par_model_init_owned).  The gate runs where
- * the token lives (block.c); par_ep_install points M->moe at this executor:
+ * the token lives (block.c); par_ep_install points M->moe at this executor
+ * (once; the microbatch is each call's argument, par_mbctx.slot):
  *
  *   forward   rows (token's normed x, routing weight | expert id, token id,
  *             source slot t*K+k) go to the owner of each selected expert by
@@ -15,9 +16,12 @@
  *             all-to-all(v); the token's rank puts row (t,k) into slot k and
  *             combines with par_moe_combine (slots ascending e, then the
  *             shared expert, computed locally): the contract's order.
- *   backward  dy rows to the owners, expert backward (weight gradients
- *             accumulate into the owner's local gradients), (dx, d rw) rows
- *             back; slot combine exactly as the serial backward.
+ *   backward  the input pass (B): dy rows to the owners (kept there), the
+ *             experts' input gradients, (dx, d rw) rows back; slot combine
+ *             exactly as the serial backward.  The weight pass (W, later
+ *             for a zero-bubble schedule): the held experts' weight
+ *             gradients from the kept dy rows into the owner's local
+ *             gradients, and the shared expert's: no communication.
  *
  * Hierarchical (node-aware) dispatch (par_ep_set_dispatch, PAR_EP_HIER):
  * ranks sit on nodes of `gpus_per_node` world ranks (comm/netmodel.h).  A
@@ -87,11 +91,10 @@ void PAR_FN(par_ep_install)(PAR_FN(par_ep) *x, PAR_FN(par_model) *M);
  * (else the collectives report a mismatch).  Frees the per-block state. */
 par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, int gpus_per_node);
 /* Keeps n independent sets of per-block forward state (slot 0 .. n-1; 1 by
- * default): a pipeline (parallel/pp.h) has several microbatches of one block
- * between forward and backward and selects the microbatch's slot before each
- * forward / backward.  Frees the state kept so far. */
+ * default): a pipeline (parallel/executor.h) has several microbatches of one
+ * block between forward and backward; each call names its slot
+ * (par_mbctx.slot).  Frees the state kept so far. */
 par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n);
-void PAR_FN(par_ep_select_slot)(PAR_FN(par_ep) *x, int slot); /* NULL x, bad slot: no-op */
 void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
 

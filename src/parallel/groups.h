@@ -74,4 +74,14 @@ typedef struct {
 par_status par_groups_build(par_comm *world, const par_layout *l, par_groups *out);
 void par_groups_free(par_groups *g);
 
+/* One rank's view of the layout: the resolved layout, the world, its
+ * coordinates and group handles. */
+typedef struct {
+    const par_layout *lay; /* resolved */
+    par_comm *world;
+    par_groups g;          /* this rank's handles (par_groups_build) */
+    par_rank_coords rc;
+    int rank, N;
+} par_pctx;
+
 #endif

@@ -360,7 +360,7 @@ par_status par_pplayout_check(const par_pplayout *p, int64_t pp, int64_t vpp, in
 /* A suggested uneven layout: q = n_layers / segs blocks each, the r extra
  * blocks to the middle segments first (segment 0 carries E, the last one the
  * MTP blocks and L), then to the first, then to the last. */
-static void suggest(char *buf, int n, int64_t segs, int64_t n_layers, int64_t n_mtp)
+void par_pplayout_suggest(char *buf, int n, int64_t segs, int64_t n_layers, int64_t n_mtp)
 {
     int64_t q = n_layers / segs, r = n_layers % segs;
     int len = 0;
@@ -416,7 +416,7 @@ par_status par_pplayout_default(par_pplayout *out, int64_t pp, int64_t vpp, int6
                        (long long)(n_layers + n_mtp + 2), PAR_PPL_MAX_ITEMS);
     if (n_layers % segs != 0) {
         char sug[256];
-        suggest(sug, (int)sizeof sug, segs, n_layers, n_mtp);
+        par_pplayout_suggest(sug, (int)sizeof sug, segs, n_layers, n_mtp);
         return par_err(PAR_EINVAL,
                        "n_layers %lld is not divisible by PP * VPP = %lld * %lld = %lld: without "
                        "--pipeline-model-parallel-layout the layers are split evenly (Megatron-LM "

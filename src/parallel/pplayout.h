@@ -69,6 +69,11 @@ par_status par_pplayout_check(const par_pplayout *p, int64_t pp, int64_t vpp, in
 par_status par_pplayout_default(par_pplayout *out, int64_t pp, int64_t vpp, int64_t n_layers,
                                 int64_t n_mtp);
 
+/* The uneven split the even-split error suggests: segs segments, the
+ * middle ones one block longer first (E first, MTP blocks and L last),
+ * e.g. 'Et*7|t*8|t*8|t*8|t*8|t*8|t*7|t*7mL' for 61 layers + 1 MTP over 8. */
+void par_pplayout_suggest(char *buf, int n, int64_t segs, int64_t n_layers, int64_t n_mtp);
+
 /* Segment <-> (pipeline rank, virtual chunk), Megatron's interleaving (the
  * DualPipeV V shape is in parallel/layout.h: par_layout_segment_rank). */
 static inline int par_pplayout_segment_rank(int s, int pp) { return s % pp; }

@@ -1,153 +1,95 @@
-/* parallel/reduce.c - the one cross-rank reduction point (see
- * parallel/reduce.h, docs/parallel.md). */
+/* parallel/reduce.c - what a parallel step sums across ranks: statistics,
+ * the CP aux counts of a microbatch, shared gradients (see
+ * parallel/reduce.h, docs/parallel.md "The reduction module"). */
 #include "parallel/reduce.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
 
 /* ------------------------------------------------------------ statistics -- */
 
-/* Context parallelism: the CP ranks of an attention-DP group hold parts of
- * the same rows, so they share one sample window (parallel/cpwire.h); their
- * partial statistics are summed over the CP group first (rank order: integer
- * counts exactly, CE sums and psum in rank order 0..CP-1), after which every
- * CP rank holds its DP group's statistics and only cp = 0 contributes to the
- * world step below. */
-static par_status cp_combine(const par_pctx *P, PAR_FN(par_stats) *st)
+/* The partial statistics of one rank as fields: loads, cnt, ntok (int64),
+ * the per-sample CE sums (double), psum (working precision).  The counts
+ * n_main / n_mtp / n_tokens are the executor's global ones: not summed. */
+static int stats_fields(PAR_FN(par_stats) *st, par_field *f)
 {
-    par_comm *c = P->g.g[PAR_GROUP_CP];
-    if (!c || par_comm_size(c) == 1)
-        return PAR_OK;
     const int64_t nb = st->n_blocks, E = st->E, Ns = st->Ns;
+    f[0] = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
+    f[1] = PAR_FIELD(st->cnt, nb * Ns * E, PAR_C_I64);
+    f[2] = PAR_FIELD(st->ntok, nb * Ns, PAR_C_I64);
+    f[3] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
+    f[4] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
+    f[5] = PAR_FIELD(st->psum, nb * Ns * E, PAR_C_REAL);
+    return 6;
+}
+
+/* The CP ranks of a data-parallel group hold parts of the same rows: they
+ * must share one sample window. */
+static par_status cp_window_check(par_comm *c, const PAR_FN(par_stats) *st)
+{
+    if (!c || par_comm_size(c) <= 1)
+        return PAR_OK;
     int CP = par_comm_size(c);
-    int64_t win[2] = {st->q0, Ns}, *all = NULL, *iv = NULL;
-    double *dv = NULL;
-    par_status s;
-    size_t nsE = (size_t)(nb * Ns * E), nsb = (size_t)(nb * Ns), ne = (size_t)(nb * E);
-    size_t ni = 3 + ne + nsE + nsb;
-    all = par_malloc((size_t)CP * 2 * sizeof *all, PAR_TAG_COMM);
-    iv = par_malloc(ni * sizeof *iv, PAR_TAG_COMM);
-    dv = par_malloc((size_t)(2 * Ns + 1) * sizeof *dv, PAR_TAG_COMM);
-    if (!all || !iv || !dv) {
-        s = par_err(PAR_ENOMEM, "stats reduce (cp): out of memory for %lld samples", (long long)Ns);
-        goto done;
-    }
-    if ((s = par_allgather(c, win, all, 2, PAR_C_I64)))
-        goto done;
-    for (int r = 0; r < CP; r++)
-        if (all[2 * r] != win[0] || all[2 * r + 1] != win[1]) {
+    int64_t win[2] = {st->q0, st->Ns};
+    int64_t *all = par_malloc((size_t)CP * 2 * sizeof *all, PAR_TAG_COMM);
+    if (!all)
+        return par_err(PAR_ENOMEM, "stats reduce (cp): out of memory for %d windows", CP);
+    par_status s = par_allgather(c, win, all, 2, PAR_C_I64);
+    for (int r = 0; r < CP && !s; r++)
+        if (all[2 * r] != win[0] || all[2 * r + 1] != win[1])
             s = par_err(PAR_EMISMATCH,
                         "stats reduce (cp): CP rank %d's window is samples %lld + %lld, rank %d's %lld + %lld: "
                         "the CP ranks of a data-parallel group must share one window",
                         r, (long long)all[2 * r], (long long)all[2 * r + 1], par_comm_rank(c), (long long)win[0],
                         (long long)win[1]);
-            goto done;
-        }
-    iv[0] = st->n_main;
-    iv[1] = st->n_mtp;
-    iv[2] = st->n_tokens;
-    memcpy(iv + 3, st->loads, ne * sizeof *iv);
-    memcpy(iv + 3 + ne, st->cnt, nsE * sizeof *iv);
-    memcpy(iv + 3 + ne + nsE, st->ntok, nsb * sizeof *iv);
-    if ((s = par_allreduce(c, iv, iv, ni, PAR_C_I64, PAR_OP_SUM)))
-        goto done;
-    st->n_main = iv[0];
-    st->n_mtp = iv[1];
-    st->n_tokens = iv[2];
-    memcpy(st->loads, iv + 3, ne * sizeof *iv);
-    memcpy(st->cnt, iv + 3 + ne, nsE * sizeof *iv);
-    memcpy(st->ntok, iv + 3 + ne + nsE, nsb * sizeof *iv);
-    memcpy(dv, st->ce_main, (size_t)Ns * sizeof *dv);
-    memcpy(dv + Ns, st->ce_mtp, (size_t)Ns * sizeof *dv);
-    if ((s = par_allreduce(c, dv, dv, (size_t)(2 * Ns), PAR_C_F64, PAR_OP_SUM)))
-        goto done;
-    memcpy(st->ce_main, dv, (size_t)Ns * sizeof *dv);
-    memcpy(st->ce_mtp, dv + Ns, (size_t)Ns * sizeof *dv);
-    if (nsE > 0)
-        s = par_allreduce(c, st->psum, st->psum, nsE, PAR_C_REAL, PAR_OP_SUM);
-done:
     par_free(all);
-    par_free(iv);
-    par_free(dv);
     return s;
 }
 
-par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
+/* The DP ranks' windows tile [0, Ns_global) in rank order: wins[2r] =
+ * first sample of rank r, wins[2r+1] its samples. */
+static par_status dp_windows(par_comm *dp, const PAR_FN(par_stats) *st, int64_t *wins)
 {
-    PAR_FN(par_stats) *st = &M->stats;
-    par_comm *w = P->world;
-    const int N = P->N;
-    const int64_t nb = st->n_blocks, E = st->E, Ns = st->Ns, Nsg = st->Ns_global;
-    par_status s;
-    int64_t *ivec = NULL, *wins = NULL;
-    size_t *cnt = NULL, *dsp = NULL;
-    double *ce_loc = NULL, *ce_all = NULL, *ce_main = NULL;
-    par_real *aux_loc = NULL, *aux_all = NULL, *aux = NULL;
-
-    /* 0. context parallelism: sum the CP group's parts of its rows first */
-    if ((s = cp_combine(P, st)))
-        return s;
-    const int contrib = P->rc.cp == 0;
-    const int64_t Nc = contrib ? Ns : 0; /* samples this rank contributes */
-
-    /* 1. integer sums: exact in any order */
-    size_t ni = 3 + (size_t)(nb * E);
-    ivec = par_malloc(ni * sizeof *ivec, PAR_TAG_COMM);
-    wins = par_malloc((size_t)N * 2 * sizeof *wins, PAR_TAG_COMM);
-    cnt = par_malloc((size_t)N * sizeof *cnt, PAR_TAG_COMM);
-    dsp = par_malloc((size_t)N * sizeof *dsp, PAR_TAG_COMM);
-    if (!ivec || !wins || !cnt || !dsp)
-        goto fail_oom;
-    ivec[0] = st->n_main;
-    ivec[1] = st->n_mtp;
-    ivec[2] = st->n_tokens;
-    memcpy(ivec + 3, st->loads, (size_t)(nb * E) * sizeof *ivec);
-    if (!contrib)
-        memset(ivec, 0, ni * sizeof *ivec);
-    if ((s = par_allreduce(w, ivec, ivec, ni, PAR_C_I64, PAR_OP_SUM)))
-        goto done;
-    st->n_main = ivec[0];
-    st->n_mtp = ivec[1];
-    st->n_tokens = ivec[2];
-    memcpy(st->loads, ivec + 3, (size_t)(nb * E) * sizeof *ivec);
-
-    /* 2. the sample windows must tile [0, Ns_global) in rank order */
-    int64_t mine[2] = {st->q0 + Ns - Nc, Nc};
-    if ((s = par_allgather(w, mine, wins, 2, PAR_C_I64)))
-        goto done;
-    int64_t next = 0;
-    for (int r = 0; r < N; r++) {
-        if (wins[2 * r] != next || wins[2 * r + 1] < 0) {
-            s = par_err(PAR_EMISMATCH,
-                        "stats reduce: rank %d's samples start at %lld (%lld samples), expected %lld: "
-                        "the ranks' windows must tile the %lld samples of the global batch in rank order",
-                        r, (long long)wins[2 * r], (long long)wins[2 * r + 1], (long long)next,
-                        (long long)Nsg);
-            goto done;
-        }
+    int N = par_comm_size(dp);
+    int64_t mine[2] = {st->q0, st->Ns}, next = 0;
+    par_status s = par_allgather(dp, mine, wins, 2, PAR_C_I64);
+    for (int r = 0; r < N && !s; r++) {
+        if (wins[2 * r] != next || wins[2 * r + 1] < 0)
+            return par_err(PAR_EMISMATCH,
+                           "stats reduce: rank %d's samples start at %lld (%lld samples), expected %lld: "
+                           "the ranks' windows must tile the %lld samples of the global batch in rank order",
+                           r, (long long)wins[2 * r], (long long)wins[2 * r + 1], (long long)next,
+                           (long long)st->Ns_global);
         next += wins[2 * r + 1];
     }
-    if (next != Nsg) {
+    if (!s && next != st->Ns_global)
         s = par_err(PAR_EMISMATCH, "stats reduce: the ranks hold %lld samples, the global batch %lld",
-                    (long long)next, (long long)Nsg);
+                    (long long)next, (long long)st->Ns_global);
+    return s;
+}
+
+/* Every DP rank's per-sample terms ([q][2] CE sums, [q][nb] aux terms) in
+ * global sample order into ce [2, Nsg] and aux [nb, Nsg]. */
+static par_status dp_gather_terms(par_comm *dp, const PAR_FN(par_stats) *st, const int64_t *wins, double *ce,
+                                  par_real *aux)
+{
+    const int N = par_comm_size(dp);
+    const int64_t nb = st->n_blocks, Ns = st->Ns, Nsg = st->Ns_global;
+    size_t nsl = (size_t)(Ns > 0 ? Ns : 1), nsg = (size_t)(Nsg > 0 ? Nsg : 1), nbb = (size_t)(nb > 0 ? nb : 1);
+    size_t *cnt = par_malloc((size_t)N * 2 * sizeof *cnt, PAR_TAG_COMM);
+    double *ce_loc = par_malloc(nsl * 2 * sizeof *ce_loc, PAR_TAG_COMM);
+    double *ce_all = par_malloc(nsg * 2 * sizeof *ce_all, PAR_TAG_COMM);
+    par_real *aux_loc = par_malloc(nsl * nbb * sizeof *aux_loc, PAR_TAG_COMM);
+    par_real *aux_all = par_malloc(nsg * nbb * sizeof *aux_all, PAR_TAG_COMM);
+    par_status s = PAR_OK;
+    if (!cnt || !ce_loc || !ce_all || !aux_loc || !aux_all) {
+        s = par_err(PAR_ENOMEM, "stats reduce: out of memory (%lld samples, %lld blocks)", (long long)Nsg,
+                    (long long)nb);
         goto done;
     }
-
-    /* 3. per-sample terms, gathered in global sample order: [q][2] CE sums,
-     * [q][nb] aux terms */
-    PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
-    size_t nsl = (size_t)(Ns > 0 ? Ns : 1), nsg = (size_t)(Nsg > 0 ? Nsg : 1);
-    ce_loc = par_malloc(nsl * 2 * sizeof *ce_loc, PAR_TAG_COMM);
-    ce_all = par_malloc(nsg * 2 * sizeof *ce_all, PAR_TAG_COMM);
-    ce_main = par_malloc(nsg * 2 * sizeof *ce_main, PAR_TAG_COMM);
-    aux_loc = par_malloc(nsl * (size_t)(nb > 0 ? nb : 1) * sizeof *aux_loc, PAR_TAG_COMM);
-    aux_all = par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux_all, PAR_TAG_COMM);
-    aux = par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux, PAR_TAG_COMM);
-    if (!ce_loc || !ce_all || !ce_main || !aux_loc || !aux_all || !aux)
-        goto fail_oom;
-    for (int64_t q = 0; q < Nc; q++) {
+    size_t *dsp = cnt + N;
+    for (int64_t q = 0; q < Ns; q++) {
         ce_loc[2 * q] = st->ce_main[q];
         ce_loc[2 * q + 1] = st->ce_mtp[q];
         for (int64_t b = 0; b < nb; b++)
@@ -157,38 +99,118 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
         cnt[r] = (size_t)wins[2 * r + 1] * 2;
         dsp[r] = (size_t)wins[2 * r] * 2;
     }
-    if ((s = par_allgatherv(w, ce_loc, (size_t)Nc * 2, ce_all, cnt, dsp, PAR_C_F64)))
+    if ((s = par_allgatherv(dp, ce_loc, (size_t)Ns * 2, ce_all, cnt, dsp, PAR_C_F64)))
         goto done;
     for (int r = 0; r < N; r++) {
         cnt[r] = (size_t)(wins[2 * r + 1] * nb);
         dsp[r] = (size_t)(wins[2 * r] * nb);
     }
-    if ((s = par_allgatherv(w, aux_loc, (size_t)(Nc * nb), aux_all, cnt, dsp, PAR_C_REAL)))
+    if ((s = par_allgatherv(dp, aux_loc, (size_t)(Ns * nb), aux_all, cnt, dsp, PAR_C_REAL)))
         goto done;
-    double *ce_mtp = ce_main + nsg;
     for (int64_t q = 0; q < Nsg; q++) {
-        ce_main[q] = ce_all[2 * q];
-        ce_mtp[q] = ce_all[2 * q + 1];
+        ce[q] = ce_all[2 * q];
+        ce[Nsg + q] = ce_all[2 * q + 1];
         for (int64_t b = 0; b < nb; b++)
             aux[b * Nsg + q] = aux_all[q * nb + b];
     }
-    PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, ce_main, ce_mtp, aux, Nsg, &M->last);
-    s = PAR_OK;
-    goto done;
-
-fail_oom:
-    s = par_err(PAR_ENOMEM, "stats reduce: out of memory (%lld samples, %lld blocks x %lld experts)",
-                (long long)Nsg, (long long)nb, (long long)E);
 done:
-    par_free(ivec);
-    par_free(wins);
     par_free(cnt);
-    par_free(dsp);
     par_free(ce_loc);
     par_free(ce_all);
-    par_free(ce_main);
     par_free(aux_loc);
     par_free(aux_all);
+    return s;
+}
+
+/* Step 3: loads over DP, the losses from every sample in global order. */
+static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
+{
+    PAR_FN(par_stats) *st = &M->stats;
+    const int64_t nb = st->n_blocks, E = st->E, Nsg = st->Ns_global;
+    par_field lf = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
+    par_status s = par_reduce_fields(dp, &lf, 1, NULL);
+    if (s)
+        return s;
+    size_t nsg = (size_t)(Nsg > 0 ? Nsg : 1);
+    int64_t *wins = par_malloc((size_t)par_comm_size(dp) * 2 * sizeof *wins, PAR_TAG_COMM);
+    double *ce = par_malloc(nsg * 2 * sizeof *ce, PAR_TAG_COMM);
+    par_real *aux = par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux, PAR_TAG_COMM);
+    if (!wins || !ce || !aux)
+        s = par_err(PAR_ENOMEM, "stats reduce: out of memory for %lld samples", (long long)Nsg);
+    if (!s && !(s = dp_windows(dp, st, wins))) {
+        PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
+        s = dp_gather_terms(dp, st, wins, ce, aux);
+    }
+    if (!s)
+        PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, ce, ce + Nsg, aux, Nsg, &M->last);
+    par_free(wins);
+    par_free(ce);
     par_free(aux);
+    return s;
+}
+
+par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
+{
+    PAR_FN(par_stats) *st = &M->stats;
+    par_field f[6];
+    int nf = stats_fields(st, f);
+    par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
+    par_status s;
+    if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
+        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))))
+        return s;
+    par_comm *dp = P->g.g[PAR_GROUP_DP];
+    if (!dp)
+        return par_err(PAR_EINTERNAL, "stats reduce: rank %d has no data-parallel group", P->rank);
+    return dp_losses(dp, M);
+}
+
+/* ------------------------------------------------ CP counts, shared grads -- */
+
+par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *st, PAR_FN(par_stats) *bst,
+                                        const int *blocks, int n_blocks, int64_t q0, int64_t nq)
+{
+    const int64_t E = st->E, Ns = st->Ns;
+    par_field *f = par_malloc((size_t)(2 * n_blocks + 1) * sizeof *f, PAR_TAG_COMM);
+    if (!f)
+        return par_err(PAR_ENOMEM, "reduce: out of memory for the counts of %d blocks", n_blocks);
+    for (int j = 0; j < n_blocks; j++) {
+        int64_t b = blocks[j];
+        int64_t *c = bst->cnt + (b * Ns + q0) * E, *t = bst->ntok + b * Ns + q0;
+        memcpy(c, st->cnt + (b * Ns + q0) * E, (size_t)(nq * E) * sizeof *c);
+        memcpy(t, st->ntok + b * Ns + q0, (size_t)nq * sizeof *t);
+        f[2 * j] = PAR_FIELD(c, nq * E, PAR_C_I64);
+        f[2 * j + 1] = PAR_FIELD(t, nq, PAR_C_I64);
+    }
+    par_status s = par_reduce_fields(cp, f, 2 * n_blocks, NULL);
+    par_free(f);
+    return s;
+}
+
+static int shared_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, int which)
+{
+    const par_param *p = &t->p[i];
+    int want = which == 2 ? 1 : i == (which == 0 ? t->top.embed : t->top.head);
+    return want && p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0;
+}
+
+par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, int which)
+{
+    if (!c || par_comm_size(c) <= 1)
+        return PAR_OK;
+    const par_param_table *t = &M->tab;
+    int n = 0;
+    for (int i = 0; i < t->n; i++)
+        n += shared_wanted(t, M, i, which);
+    if (n == 0)
+        return par_err(PAR_EINTERNAL, "reduce: a rank of a shared-weight group holds none of it");
+    par_field *f = par_malloc((size_t)n * sizeof *f, PAR_TAG_COMM);
+    if (!f)
+        return par_err(PAR_ENOMEM, "reduce: out of memory for %d shared gradients", n);
+    for (int i = 0, k = 0; i < t->n; i++)
+        if (shared_wanted(t, M, i, which))
+            f[k++] = PAR_FIELD(M->grads + M->loc[i], t->p[i].numel, PAR_C_REAL);
+    par_status s = par_reduce_fields(c, f, n, NULL);
+    par_free(f);
     return s;
 }

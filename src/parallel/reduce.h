@@ -1,17 +1,31 @@
-/* parallel/reduce.h - the cross-rank reduction of a parallel step's
- * statistics (templated: see kernels/real.h): losses, target counts, loads
- * and aux-loss terms, combined over CP and then the world.  Gradient
- * reductions and the global gradient norm go through the optimizer's one
- * reduction point, par_dp_reduce_grads (parallel/zero.h, driven by
- * parallel/dpwire.h).  docs/parallel.md explains what is bitwise and what is
- * within the f64 policy.
+/* parallel/reduce.h - the one reduction module: every sum across ranks of
+ * a parallel step goes through par_reduce_fields (parallel/reduce_sum.h,
+ * its untemplated core).  docs/parallel.md "The
+ * reduction module" lists each caller; docs/architecture.md "The one
+ * reduction point".
  *
- * A rank's context (par_pctx) carries the resolved layout, its coordinates
- * and its group handles (parallel/groups.h).
+ * A reduction names its data as FIELDS (pointer, count, element type).
+ * par_fields_pack is the one pack/unpack helper (fields of one type into one
+ * contiguous buffer, in order, and back); par_reduce_fields is the one
+ * "reduce these fields over this group" call: it packs every element type
+ * present into one buffer, sums it with one collective of src/comm (which
+ * sums in rank order 0..p-1 for every element, whatever the backend or the
+ * packing: comm/comm.h), and unpacks.  This seam is what a bitwise mode will
+ * replace; everything above it only describes fields.
+ *
+ * Templated on top (kernels/real.h): the step's statistics (par_stats over
+ * the pipeline, context-parallel and data-parallel groups, then the losses),
+ * the aux-loss counts one microbatch's backward needs under CP, and the
+ * gradients of weights held on several pipeline stages.  The DP gradient
+ * reduction of the optimizer (parallel/zero.c par_dp_reduce_grads) and the
+ * norm shares (parallel/dp_step.c) call par_reduce_fields on the ZeRO plan's
+ * packed buffer; the CP attention layer (parallel/cp.c) its entry-gradient
+ * reduce-scatter.
  */
 #ifndef PAR_PARALLEL_REDUCE_H
 #define PAR_PARALLEL_REDUCE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm/comm.h"
@@ -20,6 +34,7 @@
 #include "model/model.h"
 #include "parallel/groups.h"
 #include "parallel/layout.h"
+#include "parallel/reduce_sum.h"
 
 #if PAR_REAL_BITS == 64
 #define PAR_C_REAL PAR_C_F64
@@ -27,29 +42,33 @@
 #define PAR_C_REAL PAR_C_F32
 #endif
 
-/* One rank's view of the layout (untemplated plain data). */
-typedef struct {
-    const par_layout *lay; /* resolved */
-    par_comm *world;
-    par_groups g;          /* this rank's handles (par_groups_build) */
-    par_rank_coords rc;
-    int rank, N;
-} par_pctx;
+/* ------------------------------------------------ templated: the step -- */
 
-/* Combines M->stats (this rank's window of samples, filled by
- * par_model_forward on the rank's rows; st->q0 and st->Ns_global set by the
- * caller) over the world and sets M->last's losses:
- *   - n_main, n_mtp, n_tokens and the loads [n_blocks, E]: integer sums
- *     (exact), written back into M->stats (the balance update and the
- *     backward's loss scales then see the global batch);
- *   - per-sample CE sums and aux-loss terms: gathered in global sample order
- *     and summed exactly as the serial reference does (bitwise equal).
- * The per-sample arrays stay this rank's window: the aux backward reads only
- * its own tokens' samples.  With CP > 1 the CP ranks of a data-parallel
- * group share one window (parallel/cpwire.h): their partial statistics are
- * first summed over the CP group (rank order), then cp = 0 represents the
- * group in the world step.  Collective over the world.
- * PAR_EMISMATCH if the windows do not tile [0, Ns_global). */
+/* Combines M->stats of this rank (its window of samples: st->q0,
+ * st->Ns_global and the GLOBAL counts n_main, n_mtp, n_tokens set by the
+ * executor) into the step's statistics and sets M->last's losses:
+ *   1. over the pipeline (P->g PP): every per-sample and per-block entry was
+ *      produced on one stage, zeros elsewhere: exact;
+ *   2. over the CP group (the CP ranks of a DP group share one window):
+ *      loads, cnt, ntok, CE sums and psum summed in rank order;
+ *   3. over attention DP (the DP group): loads summed; the per-sample CE sums
+ *      and aux terms gathered in global sample order and summed exactly as
+ *      the serial reference does (bitwise equal).
+ * PAR_EMISMATCH if the windows do not tile [0, Ns_global).  Collective over
+ * the world (through those groups). */
 par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M);
+
+/* Context parallelism: the aux-loss backward of a token needs its sample's
+ * counts over the WHOLE row, whose slices live on the CP ranks.  Sums
+ * st's cnt / ntok of window samples [q0, q0 + nq) of the n_blocks blocks
+ * listed in blocks (ascending) over the CP group into bst (st keeps this
+ * rank's parts for par_reduce_stats).  Collective over cp. */
+par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *st, PAR_FN(par_stats) *bst,
+                                        const int *blocks, int n_blocks, int64_t q0, int64_t nq);
+
+/* Gradients of weights held by several pipeline ranks, summed over group c
+ * so every holder updates identically: which 0 embed.weight, 1 head.weight,
+ * 2 every held entry (DualPipe's pair of copies).  Collective over c. */
+par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, int which);
 
 #endif

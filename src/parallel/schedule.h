@@ -159,6 +159,12 @@ typedef struct {
     double f, b, w, fb;
     double latency;    /* time from a send's post to its arrival            */
     const double *f_stage, *b_stage, *w_stage;
+    /* when not NULL: the time of every compute action as an executor ran
+     * it, [3][m * n_stages] at index mb * n_stages + stage: [0] its F, [1]
+     * its B or BW, [2] its W (each >= 0); replaces f / b / w (and their
+     * stage arrays) for that action (parallel/executor.c compares its
+     * timeline with this dry run) */
+    const double *action;
 } par_sched_costs;
 
 /* f = 1, b = 2, w = 1, fb = 0 (no overlap gain), latency 0, no arrays. */

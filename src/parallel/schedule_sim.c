@@ -45,6 +45,10 @@ static par_status check_costs(const par_schedule *s, const par_sched_costs *c)
                        "schedule costs: need F > 0, B > 0, 0 <= W <= B (W is part of the whole backward B), "
                        "F&B >= 0 and latency >= 0; got F %g, B %g, W %g, F&B %g, latency %g",
                        c->f, c->b, c->w, c->fb, c->latency);
+    for (size_t i = 0; c->action && i < 3 * (size_t)s->params.n_micro * (size_t)s->n_stages; i++)
+        if (!(c->action[i] >= 0) || !isfinite(c->action[i]))
+            return par_err(PAR_EINVAL, "schedule costs: action cost %zu is %g; each must be finite and >= 0", i,
+                           c->action[i]);
     for (int i = 0; i < s->n_stages; i++) {
         double f = c->f_stage ? c->f_stage[i] : c->f, b = c->b_stage ? c->b_stage[i] : c->b;
         double w = c->w_stage ? c->w_stage[i] : c->w;
@@ -55,8 +59,18 @@ static par_status check_costs(const par_schedule *s, const par_sched_costs *c)
     return PAR_OK;
 }
 
-static double cost_of(const par_sched_costs *c, const par_action *a)
+static double cost_of(const par_sched_costs *c, const par_action *a, int m, int S)
 {
+    if (c->action) {
+        size_t key = (size_t)a->mb * (size_t)S + (size_t)a->stage, n = (size_t)m * (size_t)S;
+        switch (a->kind) {
+        case PAR_ACT_F: return c->action[key];
+        case PAR_ACT_B:
+        case PAR_ACT_BW: return c->action[n + key];
+        case PAR_ACT_W: return c->action[2 * n + key];
+        default: return 0.0;
+        }
+    }
     double f = c->f_stage ? c->f_stage[a->stage] : c->f;
     double b = c->b_stage ? c->b_stage[a->stage] : c->b;
     double w = c->w_stage ? c->w_stage[a->stage] : c->w;
@@ -219,7 +233,7 @@ static par_status run_compute(sim_state *z, int r, int i, int *adv)
         default:
             return fail_at(z, r, i + k, "not a compute action");
         }
-        dur[k] = cost_of(z->c, a);
+        dur[k] = cost_of(z->c, a, z->m, z->S);
     }
     double total = dur[0] + dur[1];
     if (n_here == 2 && z->c->fb > 0)

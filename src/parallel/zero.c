@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "model/optim.h"
+#include "parallel/reduce_sum.h"
 
 #if PAR_REAL_BITS == 64
 #define ZC PAR_C_F64
@@ -259,10 +260,10 @@ par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, const par_rea
     }
     memset(pl->buf, 0, total * sizeof *pl->buf);
     pack(pl, grads, pl->buf);
-    if (pl->mode == PAR_DP_ZERO1)
-        st = par_reduce_scatter(comm, pl->buf, pl->red, (size_t)pl->seg, ZC, PAR_OP_SUM);
-    else
-        st = par_allreduce(comm, pl->buf, pl->buf, total, ZC, PAR_OP_SUM);
+    /* the sum through the reduction module (parallel/reduce_sum.h): ZeRO-1
+     * reduce-scatters the packed segments, replicated all-reduces them */
+    par_field f = PAR_FIELD(pl->buf, total, ZC);
+    st = par_reduce_fields(comm, &f, 1, pl->mode == PAR_DP_ZERO1 ? pl->red : NULL);
     if (st)
         return st;
     pl->reduced = 1;
@@ -340,7 +341,9 @@ par_status PAR_FN(par_dp_step)(plan_t *const *plans, par_comm *const *comms, int
             return st;
         s += share;
     }
-    if ((st = par_allreduce(norm_comm, &s, &tot, 1, PAR_C_F64, PAR_OP_SUM)))
+    tot = s;
+    par_field nf = PAR_FIELD(&tot, 1, PAR_C_F64);
+    if ((st = par_reduce_fields(norm_comm, &nf, 1, NULL)))
         return st;
     const double norm = sqrt(tot);
     const double f = par_clip_factor(norm, cfg->clip_grad);

@@ -117,12 +117,61 @@ static int has_line(const char *text, const char *prefix, const char *needle)
     return 0;
 }
 
-/* Copies golden/v4-tiny into dst; when tensor is not NULL, adds `delta` to
- * its element `index` in `file` and rewrites the manifest's hashes (a
- * readable but wrong set); when break_hash, appends a byte to file without
- * updating the manifest (an unreadable set). */
-static void copy_golden(const char *dst, const char *file, const char *tensor, int64_t index, double delta,
-                        int break_hash)
+/* One hand edit of a golden set: add delta to element index of tensor in
+ * file (F64 or I32). */
+typedef struct {
+    const char *file, *tensor;
+    int64_t index;
+    double delta;
+} golden_edit;
+
+/* Writes file src/name to dst/name with the edits that name it applied. */
+static void edit_file(const char *a, const char *b, const char *name, const golden_edit *ed, int ne)
+{
+    par_st_file *f = NULL;
+    cr_assert_eq(par_st_read(a, &f), 0, "%s", par_last_error());
+    par_st_writer *w = NULL;
+    cr_assert_eq(par_st_writer_new(&w), 0);
+    par_tensor copy[8];
+    int nc = 0, applied = 0;
+    for (int t = 0; t < par_st_count(f); t++) {
+        const par_tensor *x = par_st_tensor(f, t);
+        int k = -1;
+        for (int e = 0; e < ne; e++)
+            if (!strcmp(ed[e].file, name) && !strcmp(ed[e].tensor, par_st_name(f, t)))
+                k = e;
+        if (k < 0) {
+            cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), x), 0);
+            continue;
+        }
+        cr_assert(nc < 8 && (x->dtype == PAR_F64 || x->dtype == PAR_I32));
+        par_tensor *c = &copy[nc++];
+        cr_assert_eq(par_tensor_alloc(c, x->dtype, x->ndim, x->shape, PAR_TAG_TENSOR), 0);
+        memcpy(c->data, x->data, par_tensor_nbytes(x));
+        if (x->dtype == PAR_F64)
+            ((double *)c->data)[ed[k].index] += ed[k].delta;
+        else
+            ((int32_t *)c->data)[ed[k].index] += (int32_t)ed[k].delta;
+        cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), c), 0);
+        applied++;
+    }
+    for (int k = 0; k < par_st_meta_count(f); k++)
+        cr_assert_eq(par_st_writer_meta(w, par_st_meta_key(f, k), par_st_meta_value(f, k)), 0);
+    cr_assert_eq(par_st_writer_write(w, b), 0, "%s", par_last_error());
+    par_st_writer_free(w);
+    for (int i = 0; i < nc; i++)
+        par_tensor_free(&copy[i]);
+    par_st_close(f);
+    int want = 0;
+    for (int e = 0; e < ne; e++)
+        want += !strcmp(ed[e].file, name);
+    cr_assert_eq(applied, want, "%s: %d of %d edits found", name, applied, want);
+}
+
+/* Copies golden/v4-tiny into dst with the edits applied and the manifest's
+ * hashes rewritten (a readable but wrong set); when break_file, appends a
+ * byte to that file without updating the manifest (an unreadable set). */
+static void copy_golden_edited(const char *dst, const golden_edit *ed, int ne, const char *break_file)
 {
     char src[PATH_MAX];
     snprintf(src, sizeof src, "%s/golden/v4-tiny", src_root());
@@ -134,49 +183,36 @@ static void copy_golden(const char *dst, const char *file, const char *tensor, i
         int la = snprintf(a, sizeof a, "%s/%s", src, man.files[i].name);
         int lb = snprintf(b, sizeof b, "%s/%s", dst, man.files[i].name);
         cr_assert(la > 0 && lb > 0 && (size_t)la < sizeof a && (size_t)lb < sizeof b, "path too long");
-        if (tensor && !strcmp(man.files[i].name, file)) {
-            par_st_file *f = NULL;
-            cr_assert_eq(par_st_read(a, &f), 0, "%s", par_last_error());
-            par_st_writer *w = NULL;
-            cr_assert_eq(par_st_writer_new(&w), 0);
-            par_tensor copy = {0};
-            for (int t = 0; t < par_st_count(f); t++) {
-                const par_tensor *x = par_st_tensor(f, t);
-                if (!strcmp(par_st_name(f, t), tensor)) {
-                    cr_assert_eq(x->dtype, PAR_F64);
-                    cr_assert_eq(par_tensor_alloc(&copy, PAR_F64, x->ndim, x->shape, PAR_TAG_TENSOR), 0);
-                    memcpy(copy.data, x->data, par_tensor_nbytes(x));
-                    ((double *)copy.data)[index] += delta;
-                    cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), &copy), 0);
-                } else {
-                    cr_assert_eq(par_st_writer_add(w, par_st_name(f, t), x), 0);
-                }
-            }
-            cr_assert(copy.data, "%s has no %s", file, tensor);
-            for (int k = 0; k < par_st_meta_count(f); k++)
-                cr_assert_eq(par_st_writer_meta(w, par_st_meta_key(f, k), par_st_meta_value(f, k)), 0);
-            cr_assert_eq(par_st_writer_write(w, b), 0, "%s", par_last_error());
-            par_st_writer_free(w);
-            par_tensor_free(&copy);
-            par_st_close(f);
-        } else {
-            void *data = NULL;
-            size_t len = 0;
-            cr_assert_eq(par_file_read(a, PAR_TAG_IO, &data, &len), 0, "%s", par_last_error());
-            cr_assert_eq(par_file_write_atomic(b, data, len), 0, "%s", par_last_error());
-            par_free(data);
+        int edited = 0;
+        for (int e = 0; e < ne; e++)
+            edited |= !strcmp(ed[e].file, man.files[i].name);
+        if (edited) {
+            edit_file(a, b, man.files[i].name, ed, ne);
+            continue;
         }
+        void *data = NULL;
+        size_t len = 0;
+        cr_assert_eq(par_file_read(a, PAR_TAG_IO, &data, &len), 0, "%s", par_last_error());
+        cr_assert_eq(par_file_write_atomic(b, data, len), 0, "%s", par_last_error());
+        par_free(data);
     }
     cr_assert_eq(par_manifest_write(&man, dst), 0, "%s", par_last_error());
     par_manifest_free(&man);
-    if (break_hash) {
+    if (break_file) {
         char b[PATH_MAX];
-        snprintf(b, sizeof b, "%s/%s", dst, file);
+        snprintf(b, sizeof b, "%s/%s", dst, break_file);
         FILE *f = fopen(b, "ab");
         cr_assert(f);
         fputc(0, f);
         fclose(f);
     }
+}
+
+static void copy_golden(const char *dst, const char *file, const char *tensor, int64_t index, double delta,
+                        int break_hash)
+{
+    golden_edit e = {file, tensor, index, delta};
+    copy_golden_edited(dst, &e, tensor ? 1 : 0, break_hash ? file : NULL);
 }
 
 /* --quick on two fixtures: the serial cells (one against the checked-in
@@ -209,8 +245,10 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
     cr_assert(par_json_int(r, "passed", &passed));
     cr_assert(par_json_int(r, "failed", &failed));
     /* 2 serial + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, cp2 and cp4 on both fixtures, ep2,
-     * ep4, ep8, ep4-de2, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, 6 pp2 schedules, resume, reshard */
-    cr_expect_eq(total, 6 + 4 + 4 + 5 + 6 + 2, "cells: %lld", (long long)total);
+     * ep4, ep8, ep4-de2, ep8-hier, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, dp4-ep2-clip, dp2-zero1-clip,
+     * cp2-ep2-zero1-f32, 6 pp2 schedules, pp2-vpp3, pp2-head-apart, pp2-mbs2, pp2-ep2-zero1,
+     * pp2-dualpipe-clip, resume, reshard */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 2, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -244,7 +282,13 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
             /* layout cells run with the emulated network: step time and exposed communication */
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "emulated_step_s")), "%s: no step time", name);
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "exposed_comm_s")), "%s: no exp.comm", name);
-            cr_expect_str_eq(par_json_str(c, "policy"), "f64", "%s", name);
+            const char *want = strstr(name, "-f32") ? "f32" : "f64";
+            cr_expect_str_eq(par_json_str(c, "policy"), want, "%s", name);
+            /* the run's JSON summary (`parity run --summary`'s document) rides along */
+            const cJSON *run = cJSON_GetObjectItemCaseSensitive(c, "run");
+            cr_expect(cJSON_IsObject(run) && par_json_str(run, "format") &&
+                          !strcmp(par_json_str(run, "format"), "parity-run-summary"),
+                      "%s: no run summary", name);
         }
         if (!strncmp(name, "pp2-", 4))
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "bubble")), "%s: no bubble", name);
@@ -264,7 +308,7 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
 
     /* the summary table and the results directory's own report */
     char *text = slurp(log);
-    cr_expect(has_line(text, "27 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "36 cells: ", " 0 failed"), "no summary line in:\n%s", text);
     cr_expect(has_line(text, "reshard ", "PASS"), "no reshard row");
     cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
     par_free(text);
@@ -384,5 +428,153 @@ Test(matrix, usage_errors_exit_2)
     text = slurp(log);
     cr_expect(strstr(text, "repeat-bitwise") && strstr(text, "f32-vs-f64") && strstr(text, "data-file"), "%s", text);
     par_free(text);
+    par_remove_tree(dir);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    cr_assert_eq(par_file_write_atomic(path, text, strlen(text)), 0, "%s", par_last_error());
+}
+
+/* The checked-in example of a user's cells file is valid (the whole file
+ * is read and checked) and two of its cells pass; the report records where
+ * each cell's rows came from. */
+Test(matrix, cells_file_example_passes, .timeout = 240)
+{
+    char dir[PATH_MAX], out[PATH_MAX + 16], log[PATH_MAX + 16], json[PATH_MAX + 16], cells[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    snprintf(cells, sizeof cells, "%s/docs/examples/cells.json", src_root());
+    const char *args[] = {"--cells", cells, "--cell", "cp4-window", "--cell", "ep4-de2-zero1-seed7", "--out", out,
+                          "--report", json, NULL};
+    int rc = run_matrix(log, args);
+    if (rc != 0)
+        show_log(log);
+    cr_assert_eq(rc, 0, "parity matrix --cells exited %d", rc);
+    cJSON *r = NULL;
+    cr_assert_eq(par_json_read_file(json, &r), 0, "%s", par_last_error());
+    int64_t total = 0, passed = 0;
+    cr_assert(par_json_int(r, "cells_total", &total) && par_json_int(r, "passed", &passed));
+    cr_expect_eq(total, 2);
+    cr_expect_eq(passed, 2);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "cells"), 1);
+    cr_expect_str_eq(par_json_str(c, "cell"), "ep4-de2-zero1-seed7");
+    cr_expect_str_eq(par_json_str(c, "data"), "(generator)");
+    int64_t seed = 0, steps = 0;
+    cr_expect(par_json_int(c, "seed", &seed) && seed == 7, "seed %lld", (long long)seed);
+    cr_expect(par_json_int(c, "steps", &steps) && steps == 2, "steps %lld", (long long)steps);
+    cJSON_Delete(r);
+    par_remove_tree(dir);
+}
+
+/* A cells file is read strictly: each fault is exit 2 before anything runs,
+ * with one message naming the cell and the field. */
+Test(matrix, cells_file_errors_exit_2, .timeout = 60)
+{
+    static const struct {
+        const char *text, *want1, *want2;
+    } bad[] = {
+        {"[]", "top level", "parity-cells"},
+        {"{\"format\": \"parity-cells\", \"version\": 2, \"cells\": []}", "\"version\"", "expected 1"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"preset\": \"v4-tiny\"}]}", "cell #1",
+         "\"name\""},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": \"v4-tiny\", "
+         "\"layuot\": {}}]}",
+         "cell 'a'", "\"layuot\": unknown key"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"b\", \"preset\": \"v4-tiny\", "
+         "\"layout\": {\"context-paralel-size\": 2}}]}",
+         "cell 'b'", "\"context-paralel-size\": not a layout flag"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"c\", \"preset\": \"v4-tiny\", "
+         "\"layout\": {\"context-parallel-size\": \"2\"}}]}",
+         "cell 'c'", "expected an integer"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"d\", \"preset\": \"v4-tiny\", "
+         "\"layout\": {\"context-parallel-size\": 3}}]}",
+         "cell 'd'", "\"layout\""},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"e\", \"preset\": \"v4-huge\"}]}",
+         "cell 'e'", "\"preset\""},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"f\", \"preset\": \"v4-tiny\", "
+         "\"set\": [\"clip_grd=0.5\"]}]}",
+         "cell 'f'", "clip_grd"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"g\", \"preset\": \"v4-tiny\", "
+         "\"kind\": \"repeat\", \"layout\": {\"world-size\": 2}}]}",
+         "cell 'g'", "takes no layout"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"h\", \"preset\": \"v4-tiny\"}, "
+         "{\"name\": \"h\", \"preset\": \"v4-tiny\"}]}",
+         "cell 'h'", "same name"},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"i\", \"preset\": \"v4-tiny\", "
+         "\"data\": \"tiny-no-such\"}]}",
+         "cell 'i'", "\"data\""},
+        {"{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"j\", \"preset\": \"v4-tiny\", "
+         "\"kind\": \"resume\", \"steps\": 3, \"split\": 3, \"layout\": {\"world-size\": 2}, \"load-layout\": "
+         "{\"world-size\": 2}}]}",
+         "cell 'j'", "split"},
+    };
+    char dir[PATH_MAX], log[PATH_MAX + 16], cells[PATH_MAX + 16], out[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(cells, sizeof cells, "%s/cells.json", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text(cells, bad[i].text);
+        const char *args[] = {"--cells", cells, "--out", out, NULL};
+        int rc = run_matrix(log, args);
+        char *text = slurp(log);
+        cr_expect_eq(rc, 2, "case %zu: exit %d, expected 2:\n%s", i, rc, text);
+        cr_expect(strstr(text, bad[i].want1) && strstr(text, bad[i].want2), "case %zu: the message does not name "
+                  "'%s' and '%s':\n%s", i, bad[i].want1, bad[i].want2, text);
+        cr_expect(strstr(text, "cells.json"), "case %zu: the file is not named:\n%s", i, text);
+        cr_expect(!par_path_exists(out), "case %zu: %s written although the file is bad", i, out);
+        par_free(text);
+    }
+    par_remove_tree(dir);
+}
+
+/* Root cause first, on hand-edited sets (no rebuild): a small change of
+ * one gradient at step 0, a large one of a parameter after it, and routing
+ * mismatches two steps later -- the seeded bug and what it would cause.
+ * The verdict line names the step-0 gradient (the first divergence in
+ * dataflow order), counts the routing mismatches as its consequences, and
+ * names the worst entry separately. */
+Test(matrix, root_cause_first_on_edited_sets, .timeout = 120)
+{
+    char dir[PATH_MAX], groot[PATH_MAX + 16], gdir[PATH_MAX + 32], out[PATH_MAX + 16], log[PATH_MAX + 16],
+        json[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(groot, sizeof groot, "%s/golden", dir);
+    cr_assert_eq(mkdir(groot, 0777), 0);
+    snprintf(gdir, sizeof gdir, "%s/v4-tiny", groot);
+    const golden_edit ed[] = {
+        {"step.2.safetensors", "router.mtp.0.idx", 11, 1},
+        {"step.2.safetensors", "router.layers.2.idx", 5, 1},
+        {"params.1.safetensors", "layers.2.ffn.gate.weight", 3, 0.5},
+        {"step.0.safetensors", "grad.layers.1.attn_norm.weight", 2, 1e-9},
+    };
+    copy_golden_edited(gdir, ed, 4, NULL);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    const char *args[] = {"--quick", "--cell", "serial-f64", "--fixture", "tiny-boundary-mix", "--golden", groot,
+                          "--out", out, "--report", json, NULL};
+    int rc = run_matrix(log, args);
+    char *text = slurp(log);
+    cr_expect_eq(rc, 1, "exit %d, expected 1:\n%s", rc, text);
+    cr_expect(has_line(text, "FAIL serial-f64 tiny-boundary-mix: ",
+                       "first divergence step.0 grad.layers.1.attn_norm.weight"),
+              "the verdict does not name the step-0 gradient first:\n%s", text);
+    cr_expect(has_line(text, "FAIL serial-f64 tiny-boundary-mix: ", "consequences: 2 integer mismatches downstream"),
+              "the routing mismatches are not listed as consequences:\n%s", text);
+    par_free(text);
+    cJSON *r = NULL;
+    cr_assert_eq(par_json_read_file(json, &r), 0, "%s", par_last_error());
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "cells"), 0);
+    const cJSON *root = cJSON_GetObjectItemCaseSensitive(c, "root_cause");
+    cr_expect_str_eq(par_json_str(root, "file"), "step.0");
+    cr_expect_str_eq(par_json_str(root, "tensor"), "grad.layers.1.attn_norm.weight");
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(c, "worst");
+    cr_expect(strcmp(par_json_str(w, "tensor"), "grad.layers.1.attn_norm.weight"),
+              "the worst entry is another (the largest error), here %s", par_json_str(w, "tensor"));
+    cJSON_Delete(r);
     par_remove_tree(dir);
 }

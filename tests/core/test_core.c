@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -152,6 +153,69 @@ Test(alloc, arena_alloc_rewind_destroy)
     cr_expect_eq(a.used, 0);
     par_arena_destroy(&a);
     cr_expect_eq(par_alloc_live(PAR_TAG_ACT), 0);
+}
+
+/* A block made in one scope and freed by another thread still uncharges
+ * its own scope (threads backend: receivers free senders' buffers). */
+static void *free_elsewhere(void *p)
+{
+    par_free(p);
+    return NULL;
+}
+
+Test(alloc, scopes_charge_their_thread_and_views)
+{
+    int id = par_alloc_scope_open();
+    cr_assert_gt(id, 0);
+    void *g = par_malloc(1000, PAR_TAG_GRAD);
+    par_arena a;
+    par_arena_init(&a, 4096, PAR_TAG_ACT);
+    cr_assert_not_null(par_arena_alloc(&a, 100, 64));
+    par_arena_mark m = par_arena_get_mark(&a);
+    cr_assert_not_null(par_arena_alloc(&a, 300, 64));
+    par_alloc_stats st;
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.live[PAR_TAG_GRAD], 1000);
+    cr_expect_eq(st.live[PAR_TAG_ACT], 400, "allocated view: the handouts");
+    cr_expect_gt(st.res_live[PAR_TAG_ACT], 4096, "reserved view: the whole chunk");
+    par_arena_rewind(&a, m);
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.live[PAR_TAG_ACT], 100);
+    cr_expect_eq(st.peak[PAR_TAG_ACT], 400);
+    par_alloc_scope_reset_peaks(id);
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.peak[PAR_TAG_ACT], 100, "a reset starts a new window");
+
+    /* outside the scope nothing is charged to it */
+    cr_expect_eq(par_alloc_scope_enter(0), id);
+    void *o = par_malloc(50, PAR_TAG_GRAD);
+    par_alloc_scope_enter(id);
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.live[PAR_TAG_GRAD], 1000);
+    par_free(o);
+
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, free_elsewhere, g), 0);
+    pthread_join(th, NULL);
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.live[PAR_TAG_GRAD], 0, "freed by another thread, uncharged from its scope");
+    cr_expect_eq(st.peak[PAR_TAG_GRAD], 1000);
+    par_arena_destroy(&a);
+    par_alloc_scope_stats(id, &st);
+    cr_expect_eq(st.live[PAR_TAG_ACT], 0);
+    cr_expect_eq(st.res_live[PAR_TAG_ACT], 0);
+
+    /* a block outliving its scope is ignored by the slot's next user */
+    void *late = par_malloc(64, PAR_TAG_COMM);
+    par_alloc_scope_close(id);
+    int id2 = par_alloc_scope_open();
+    cr_assert_gt(id2, 0);
+    par_free(late);
+    par_alloc_scope_stats(id2, &st);
+    cr_expect_eq(st.live[PAR_TAG_COMM], 0);
+    par_alloc_scope_close(id2);
+    par_alloc_scope_stats(id2, &st);
+    cr_expect_eq(st.peak[PAR_TAG_COMM], 0, "a closed scope reads as zeros");
 }
 
 static char sink_buf[256];

@@ -1,5 +1,5 @@
 /* tests/parallel/test_cp_run.c - context parallelism in the training driver
- * (parallel/cpwire.h) on the threads backend against the serial golden of
+ * (parallel/cp_hook.h) on the threads backend against the serial golden of
  * the same data and seed: every v4-tiny boundary fixture at CP2 and CP4,
  * random packings with CP x DP and CP x EP (MoE parallel folding), a user
  * data file, the D_window rule, the traffic counters and the emulated

@@ -1,8 +1,10 @@
 /* tests/parallel/test_pp.c - pipeline parallelism in the training driver
- * (parallel/pp.h): every schedule on v4-tiny (3 layers + MTP) against the
- * serial golden of the same data and seed, with DP, EP, CP and ZeRO-1; the
- * layout and schedule errors `parity run` surfaces; the stage ownership
- * (par_model_init_held). */
+ * (parallel/executor.h): every schedule on v4-tiny (3 layers + MTP) against
+ * the serial golden of the same data and seed, with DP, EP, CP and ZeRO-1;
+ * split backwards (B, then W later) against the one-pass schedules bit for
+ * bit; the executor's bubble on the virtual clock against the dry run with
+ * its own costs; the layout and schedule errors `parity run` surfaces; the
+ * stage ownership (par_model_init_held). */
 #include <criterion/criterion.h>
 
 #include "golden_check.h"
@@ -96,7 +98,7 @@ Test(pp, pp2_1f1b_matches_the_serial_golden)
 
 Test(pp, gpipe) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "gpipe"}, 1, NULL); }
 
-/* ZB-H1: B runs the whole backward, W is a no-op (pp.h); numerics exact */
+/* ZB-H1: B the input gradients, W the weight gradients later */
 Test(pp, zb_h1) { cell((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "zb-h1"}, 1, NULL); }
 
 /* DualPipe: two directions, every rank holds stages r and p-1-r (the
@@ -169,6 +171,66 @@ Test(pp, f32_steps_within_the_f32_policy)
     par_compare_report_free(r);
     rmtree(t);
     free(t), free(g), free(d);
+}
+
+/* Two runs of one layout under two schedules: every file bitwise equal. */
+static void bitwise_pair(lay a, lay b)
+{
+    char *t = mktmp(), *da = sub(t, "a"), *db = sub(t, "b");
+    cr_assert_eq(run(da, a, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(run(db, b, NULL), 0, "%s", par_last_error());
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    co.policy = PAR_POLICY_BITWISE;
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(da, db, &co, &r), 0, "%s", par_last_error());
+    if (!par_compare_report_ok(r))
+        par_compare_report_print(r, stderr, 0);
+    cr_expect(par_compare_report_ok(r), "%s vs %s: %d entries differ", a.schedule, b.schedule,
+              par_compare_report_failed(r));
+    cr_expect_gt(par_compare_report_count(r), 500);
+    par_compare_report_free(r);
+    rmtree(t);
+    free(t), free(da), free(db);
+}
+
+/* ZB-H1 runs every W after its B, in microbatch order like its B's: the
+ * weight gradients add up in 1F1B's order, so the split moves no bit (the
+ * CP attention hook and the EP executor keep what their W needs) */
+Test(pp, zb_h1_is_1f1b_bit_for_bit)
+{
+    bitwise_pair((lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "1f1b"},
+                 (lay){.pp = 2, .layout = "Et*2|tmL", .schedule = "zb-h1"});
+    bitwise_pair((lay){.pp = 2, .layout = "Et*2|tmL", .cp = 2, .ep = 2, .world = 4, .schedule = "1f1b"},
+                 (lay){.pp = 2, .layout = "Et*2|tmL", .cp = 2, .ep = 2, .world = 4, .schedule = "zb-h1"});
+}
+
+/* With the same per-action costs (each F, B, W as the virtual clock timed
+ * it) and the network's message time, the dry run's timeline is the
+ * executor's: the bubbles agree; the split schedules' W actions cost time. */
+Test(pp, executor_bubble_is_the_dry_run_of_its_costs)
+{
+    par_netmodel nm;
+    cr_assert_eq(par_netmodel_preset("reference", &nm), 0);
+    static const struct {
+        const char *schedule, *layout;
+        int split;
+    } c[] = {{"1f1b", "Et*2|tmL", 0}, {"zb-h1", "Et*2|tmL", 1}, {"dualpipe", "Et*2|tmL", 1},
+             {"dualpipev", "Et|t|t|mL", 1}, {"interleaved", "Et|t|t|mL", 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        par_run_summary sum;
+        cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = c[i].layout, .schedule = c[i].schedule, .net = &nm}, &sum),
+                     0, "%s", par_last_error());
+        cr_expect(sum.pp_net_bubble > 0 && sum.pp_net_bubble < 1, "%s: emulated bubble %g", c[i].schedule,
+                  sum.pp_net_bubble);
+        cr_expect(fabs(sum.pp_net_bubble - sum.pp_dry_bubble_measured) < 1e-9,
+                  "%s: executor bubble %.12f, dry run with its costs %.12f", c[i].schedule, sum.pp_net_bubble,
+                  sum.pp_dry_bubble_measured);
+        cr_expect_eq(sum.pp_cost_w_s > 0, c[i].split, "%s: W costs %g s", c[i].schedule, sum.pp_cost_w_s);
+        cr_expect_gt(sum.pp_cost_f_s, 0);
+        cr_expect_gt(sum.pp_latency_s, 0);
+        par_run_summary_free(&sum);
+    }
 }
 
 Test(pp, emulated_bubble_with_a_network)

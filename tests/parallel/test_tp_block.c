@@ -68,7 +68,7 @@ static void case_init(bcase *A, const char *const *sets, int b, uint64_t seed)
     A->Xout = malloc((size_t)N3 * 8), A->dXin = calloc((size_t)N3, 8);
     par_block_act_f64 a;
     memset(&a, 0, sizeof a);
-    cr_assert_eq(par_block_forward_f64(&A->M, b, &a, &A->M.arena, A->Xin, A->tokens, A->pos,
+    cr_assert_eq(par_block_forward_f64(&A->M, NULL, b, &a, &A->M.arena, A->Xin, A->tokens, A->pos,
                                        A->sample, NULL, T), PAR_OK, "%s", par_last_error());
     memcpy(A->Xout, a.Xout, (size_t)N3 * 8);
     A->idx = malloc((size_t)(T * A->K) * 4);
@@ -78,7 +78,7 @@ static void case_init(bcase *A, const char *const *sets, int b, uint64_t seed)
     if (dm->m == 4)
         memcpy(A->sel, a.as.sel, (size_t)(T * dm->topk) * 4);
     memset(A->M.grads, 0, (size_t)A->M.n_local * 8);
-    cr_assert_eq(par_block_backward_f64(&A->M, b, &a, &A->M.arena, A->dXin, A->dXout, A->pos,
+    cr_assert_eq(par_block_backward_f64(&A->M, NULL, b, &a, &A->M.arena, A->dXin, A->dXout, A->pos,
                                         A->sample, NULL, 0.0, T), PAR_OK, "%s", par_last_error());
     par_block_act_release_f64(&a);
 }

@@ -1,5 +1,5 @@
 /* tests/parallel/test_zero_run.c - the driver's optimizer step (parallel/
- * dpwire.h): replicated DP and ZeRO-1 (--use-distributed-optimizer) against
+ * dp_step.h): replicated DP and ZeRO-1 (--use-distributed-optimizer) against
  * the serial golden (parameters AND optimizer state after every step), the
  * two modes bitwise equal, the per-rank memory accounting. v4-tiny, f64,
  * threads backend, 3 steps. */

@@ -1,6 +1,7 @@
-/* parallel/dpwire.c - ZeRO-1 / replicated DP wired onto the driver's model
- * (see parallel/dpwire.h, docs/parallel.md). */
-#include "parallel/dpwire.h"
+/* parallel/dp_step.c - the data-parallel optimizer step: ZeRO-1 /
+ * replicated DP on a rank's model (see parallel/dp_step.h,
+ * docs/parallel.md). */
+#include "parallel/dp_step.h"
 
 #include <math.h>
 #include <string.h>
@@ -135,8 +136,6 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
 {
     if (!M->have_fwd)
         return par_err(PAR_EINVAL, "dp step: no forward / backward to apply");
-    if ((int64_t)M->arena.used > w->act_peak)
-        w->act_peak = (int64_t)M->arena.used; /* the backward rewound to the forward's mark */
     const par_config *cfg = &M->cfg;
     const par_param_table *t = &M->tab;
     const int64_t step = M->step + 1;
@@ -153,7 +152,8 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
         return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
     for (int k = 0; k < 2; k++)
         entry_shares(&w->plan[k], w->norm_skip, per);
-    if ((s = par_allreduce(P->world, per, per, (size_t)t->n, PAR_C_F64, PAR_OP_SUM))) {
+    par_field pf = PAR_FIELD(per, t->n, PAR_C_F64);
+    if ((s = par_reduce_fields(P->world, &pf, 1, NULL))) {
         par_free(per);
         return s;
     }
@@ -279,5 +279,4 @@ void PAR_FN(par_dpw_memory_of)(const dpw_t *w, const PAR_FN(par_model) *M, par_d
         out->optim_full += zm.full_state;
         out->comm += zm.workspace;
     }
-    out->act = w->act_peak;
 }

@@ -1,7 +1,7 @@
-/* parallel/dpwire.h - the data-parallel optimizer step of the training
- * driver: ZeRO-1 / replicated DP (parallel/zero.h) wired onto a rank's model
- * (templated: see kernels/real.h).  docs/parallel.md, "Data parallelism in
- * the driver".
+/* parallel/dp_step.h - the data-parallel optimizer step of a training step:
+ * ZeRO-1 / replicated DP (parallel/zero.h) on a rank's model (templated:
+ * see kernels/real.h; its identifiers keep the prefix par_dpw_, "DP wired
+ * onto the model").  docs/parallel.md, "The optimizer step of a rank".
  *
  * A rank's model keeps its held entries packed in LOCAL flat buffers
  * (M->loc, model/model.h).  zero.h's plans work on flat buffers addressed by
@@ -17,13 +17,13 @@
  * plans; the balance update of gate.bias runs on every replica from the
  * globally reduced loads (identical everywhere).
  *
- * One step after par_model_backward (and par_reduce_stats before it),
+ * One step after the step executor's backward (parallel/executor.h),
  * par_dpw_step = zero.h's par_dp_step protocol with a per-entry norm:
  *   1. par_dp_reduce_grads per plan: each gradient reduced exactly once over
  *      the ranks that replicate it (rank-order sums);
  *   2. the norm: each rank's squared sums of the reduced elements of ITS
  *      segments, PER ENTRY (a vector over the table), one all-reduce of the
- *      vector over the world, then summed in table order (par_grad_sumsq's
+ *      vector over the world (parallel/reduce_sum.h), then summed in table order (par_grad_sumsq's
  *      order): every element counted once (the plans' segments partition
  *      the model), an entry inside one segment is exact, so one rank is the
  *      serial norm bit for bit and both modes give the same bits;
@@ -35,8 +35,8 @@
  * The model's own optimizer buffers (M->opt_m, M->opt_v) are released by
  * par_dpw_init: the state lives in the plans (sharded under ZeRO-1).
  */
-#ifndef PAR_PARALLEL_DPWIRE_H
-#define PAR_PARALLEL_DPWIRE_H
+#ifndef PAR_PARALLEL_DP_STEP_H
+#define PAR_PARALLEL_DP_STEP_H
 
 #include <stdint.h>
 
@@ -55,7 +55,7 @@ typedef struct {
     int64_t grads;      /* the gradient buffer                                   */
     int64_t optim;      /* optimizer state this rank holds (plans)               */
     int64_t optim_full; /* the unsharded state of the tensors this rank replicates */
-    int64_t act;        /* saved activations at the end of the forward (arena), max over steps */
+    int64_t act;        /* saved activations, peak over the step's slots (set by the caller) */
     int64_t comm;       /* the plans' packed gradient / gather workspace          */
 } par_dpw_memory;
 #define PAR_DPW_MEM_FIELDS 6
@@ -66,7 +66,6 @@ typedef struct {
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];
     unsigned char *norm_skip; /* [tab.n] 1: held but counted in the norm by another stage (PP); NULL: none */
-    int64_t act_peak;
 } PAR_FN(par_dpw);
 
 /* Builds the local table and both plans (mode from P->lay->distributed_optimizer)
@@ -100,7 +99,8 @@ par_status PAR_FN(par_dpw_state_gather)(PAR_FN(par_dpw) *w, const PAR_FN(par_mod
  * begin contiguously.  NULL when this rank does not hold element begin. */
 par_real *PAR_FN(par_dpw_state_ptr)(PAR_FN(par_dpw) *w, int idx, int slot, int64_t begin, int64_t *avail);
 
-/* This rank's memory accounting (see par_dpw_memory). */
+/* This rank's memory accounting (see par_dpw_memory; act is left 0: the
+ * step executor knows the activations). */
 void PAR_FN(par_dpw_memory_of)(const PAR_FN(par_dpw) *w, const PAR_FN(par_model) *M, par_dpw_memory *out);
 
 #endif

@@ -1,0 +1,206 @@
+/* cli/planargs.c - the planning flags of `parity plan` (see cli/planargs.h). */
+#include "cli/planargs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/sizearg.h"
+#include "core/alloc.h"
+#include "core/fileio.h"
+#include "core/status.h"
+#include "parallel/planreport.h"
+#include "parallel/plansearch.h"
+
+void par_plan_args_init(par_plan_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->runtime = "megatron";
+    a->precision = "f64";
+    a->top = 10;
+    par_net_args_init(&a->net);
+}
+
+int par_plan_opts(par_opt *o, int n, int cap, par_plan_args *a)
+{
+    const par_opt add[] = {
+        {"json", PAR_OPT_STR, &a->json, "FILE", "write the report (guide, memory, step time; --search: candidates) as JSON"},
+        {"guide", PAR_OPT_FLAG, &a->guide, NULL, "also print the tuning guide's configs A, B, C"},
+        {"runtime", PAR_OPT_STR, &a->runtime, "megatron|parity",
+         "memory model: a GPU job (bf16/fp32, default) or parity's own run (--precision)"},
+        {"precision", PAR_OPT_STR, &a->precision, "f64|f32", "working precision of --runtime parity (default f64)"},
+        {"recompute-granularity", PAR_OPT_STR, &a->recompute, "none|full", "activation recomputation (megatron runtime; default none, the search tries both)"},
+        {"moe-skew", PAR_OPT_DOUBLE, &a->skew, "F", "EP receive skew: heaviest rank / balanced share (default 1.5)"},
+        {"gemm-efficiency", PAR_OPT_DOUBLE, &a->efficiency, "F", "fraction of peak FLOP/s in the step time (default 1)"},
+        {"search", PAR_OPT_FLAG, &a->search, NULL, "enumerate layouts for --world-size and --global-batch-size"},
+        {"memory-per-gpu", PAR_OPT_STR, &a->memory, "SIZE", "memory budget of the search, e.g. 80GB (default: none)"},
+        {"top", PAR_OPT_INT, &a->top, "K", "candidates the search prints (default 10)"},
+    };
+    for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) {
+        if (n >= cap)
+            return -1;
+        o[n++] = add[i];
+    }
+    return par_net_opts(o, n, cap, &a->net);
+}
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "parity plan: %s%s%s\n", what ? what : "", what ? ": " : "", par_last_error());
+    return 2;
+}
+
+/* The memory / step-time options and the network, checked. */
+static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *st, par_netmodel *net)
+{
+    par_mm_opts_init(mm);
+    if (!strcmp(a->runtime, "parity"))
+        mm->rt = PAR_MM_PARITY;
+    else if (strcmp(a->runtime, "megatron")) {
+        fprintf(stderr, "parity plan: --runtime expects megatron or parity, got '%s'\n", a->runtime);
+        return 2;
+    }
+    if (strcmp(a->precision, "f64") && strcmp(a->precision, "f32")) {
+        fprintf(stderr, "parity plan: --precision expects f64 or f32, got '%s'\n", a->precision);
+        return 2;
+    }
+    mm->real_bytes = strcmp(a->precision, "f32") ? 8 : 4;
+    if (a->recompute && strcmp(a->recompute, "none") && strcmp(a->recompute, "full")) {
+        fprintf(stderr, "parity plan: --recompute-granularity expects none or full, got '%s' (selective is not "
+                        "modelled)\n", a->recompute);
+        return 2;
+    }
+    mm->recompute = a->recompute && !strcmp(a->recompute, "full");
+    if (a->skew != 0 && !(a->skew >= 1.0 && a->skew < 1e6)) {
+        fprintf(stderr, "parity plan: --moe-skew %g: the heaviest rank receives at least its share (>= 1)\n", a->skew);
+        return 2;
+    }
+    if (a->efficiency != 0 && !(a->efficiency > 0 && a->efficiency <= 1)) {
+        fprintf(stderr, "parity plan: --gemm-efficiency %g must be in (0, 1]\n", a->efficiency);
+        return 2;
+    }
+    mm->skew = a->skew;
+    memset(st, 0, sizeof *st);
+    st->efficiency = a->efficiency;
+    st->skew = a->skew;
+    if (a->net.trace) {
+        fprintf(stderr, "parity plan: --trace writes a run's emulated timeline; plan runs nothing (use parity run or "
+                        "parity schedule --trace)\n");
+        return 2;
+    }
+    int on = 0;
+    if (par_net_args_resolve(&a->net, net, &on) != PAR_OK)
+        return fail("network");
+    if (!on && par_netmodel_preset("reference", net) != PAR_OK)
+        return fail("network");
+    return 0;
+}
+
+int par_plan_args_check(const par_plan_args *a)
+{
+    par_mm_opts mm;
+    par_steptime_opts st;
+    par_netmodel net;
+    int rc = resolve(a, &mm, &st, &net);
+    if (!rc && a->memory) {
+        double b;
+        if (par_size_parse(a->memory, &b)) {
+            fprintf(stderr, "parity plan: --memory-per-gpu '%s' is not a size (e.g. 80GB, 80GiB, 8e10)\n", a->memory);
+            return 2;
+        }
+    }
+    if (!rc && a->top < 1) {
+        fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
+        return 2;
+    }
+    return rc;
+}
+
+static int write_json(const char *path, cJSON *root)
+{
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) {
+        fprintf(stderr, "parity plan: out of memory printing the JSON report\n");
+        return 2;
+    }
+    if (par_path_is_dir(path)) {
+        free(text);
+        fprintf(stderr, "parity plan: --json %s is a directory\n", path);
+        return 2;
+    }
+    par_status s = par_file_write_atomic(path, text, strlen(text));
+    free(text);
+    if (s)
+        return fail("--json");
+    printf("plan written: %s\n", path);
+    return 0;
+}
+
+int par_plan_report(const par_plan_args *a, const par_config *cfg, const par_layout *l)
+{
+    par_netmodel net;
+    par_planrep_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = resolve(a, &o.mm, &o.st, &net);
+    if (rc)
+        return rc;
+    o.cfg = cfg, o.l = l, o.net = &net, o.guide = a->guide;
+    if (par_planrep_print(stdout, &o) != PAR_OK)
+        return fail(NULL);
+    if (!a->json)
+        return 0;
+    cJSON *root = NULL;
+    if (par_planrep_json(&o, &root) != PAR_OK)
+        return fail("--json");
+    return write_json(a->json, root);
+}
+
+int par_plan_search_cmd(const par_plan_args *a, const par_config *cfg, const par_layout *given)
+{
+    par_netmodel net;
+    par_search_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = resolve(a, &o.mm, &o.st, &net);
+    if (rc)
+        return rc;
+    o.net = &net;
+    o.world = given->world;
+    o.global_batch = given->global_batch > 0 ? given->global_batch : cfg->global_batch_size;
+    o.distributed_optimizer = given->distributed_optimizer;
+    o.recompute_both = !a->recompute; /* not given: try both */
+    if (o.world < 1) {
+        fprintf(stderr, "parity plan: --search needs --world-size N (the GPU count)\n");
+        return 2;
+    }
+    if (a->memory && par_size_parse(a->memory, &o.memory)) {
+        fprintf(stderr, "parity plan: --memory-per-gpu '%s' is not a size (e.g. 80GB, 80GiB, 8e10)\n", a->memory);
+        return 2;
+    }
+    if (a->top < 1) {
+        fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
+        return 2;
+    }
+    par_search_cand *c = NULL;
+    int n = 0;
+    if (par_plan_search(cfg, &o, &c, &n) != PAR_OK)
+        return fail("--search");
+    par_plan_search_print(stdout, c, n, (int)a->top, &o);
+    rc = 0;
+    if (a->json) {
+        cJSON *root = cJSON_CreateObject(), *arr = par_plan_search_json(c, n);
+        if (!root || !arr || !cJSON_AddItemToObject(root, "candidates", arr) ||
+            !cJSON_AddNumberToObject(root, "world", (double)o.world) ||
+            !cJSON_AddNumberToObject(root, "global_batch", (double)o.global_batch) ||
+            !cJSON_AddNumberToObject(root, "memory_per_gpu", o.memory) ||
+            !cJSON_AddStringToObject(root, "network", net.name)) {
+            cJSON_Delete(root);
+            par_free(c);
+            fprintf(stderr, "parity plan: out of memory building the JSON report\n");
+            return 2;
+        }
+        rc = write_json(a->json, root);
+    }
+    par_free(c);
+    return rc;
+}

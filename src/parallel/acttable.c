@@ -1,0 +1,265 @@
+/* parallel/acttable.c - the activation table (see parallel/acttable.h).
+ * Every size mirrors the allocation it names; docs/planning.md explains the
+ * entries.  AREAL / aalloc hand out exactly n bytes (the allocator's
+ * "allocated" view); the kernels' saved structs round every piece up to 64
+ * bytes (their *_saved_bytes), and so do we. */
+#include "parallel/acttable.h"
+
+#include "parallel/layout.h"
+
+/* One 64-byte aligned piece of `count` elements of `esz` bytes (mhc.c
+ * piece, attention.c CARVE). */
+static double pc(double count, double esz)
+{
+    double b = count * esz;
+    double r = b / 64.0;
+    double whole = (double)(int64_t)r;
+    if (r > 9e15) /* absurd sizes: no rounding (and no overflow) */
+        return b;
+    return (whole < r ? whole + 1.0 : whole) * 64.0;
+}
+
+/* Compression ratio of block b. */
+static int64_t ratio_of(const par_config *cfg, int b)
+{
+    return b < cfg->n_compress_ratios ? cfg->compress_ratios[b] : 0;
+}
+
+/* kernels/mhc.c par_hc_saved_bytes: proj, mixes, work [T, P]; rsq [T];
+ * pre, post [T, n]; C [T, n, n]; sk [T, 2 iters, n, n]; P = (2 + n) n. */
+double par_act_hc_saved(const par_act_ctx *c, int64_t Ti)
+{
+    double T = (double)Ti;
+    double n = (double)c->cfg->hc_mult, it = (double)c->cfg->hc_sinkhorn_iters, P = (2 + n) * n;
+    return 3 * pc(T * P, c->es) + pc(T, c->es) + 2 * pc(T * n, c->es) + pc(T * n * n, c->es) +
+           pc(T * 2 * it * n * n, c->es);
+}
+
+/* kernels/attention.c saved_layout (par_attn_saved_bytes) of block b. */
+double par_act_attn_saved(const par_act_ctx *c, int b, int64_t Ti)
+{
+    double T = (double)Ti;
+    const par_config *g = c->cfg;
+    double es = c->es, H = (double)g->n_heads, hd = (double)g->head_dim, ql = (double)g->q_lora_rank;
+    int64_t m = ratio_of(g, b);
+    double coff = m == 4 ? 2 : 1;
+    double s = 2 * pc(T * ql, es) + pc(T, es) + 2 * pc(T * H * hd, es) + pc(T * H, es) + 2 * pc(T * hd, es) +
+               pc(T, es);
+    if (m > 0)
+        s += 2 * pc(T * coff * hd, es) + 2 * pc(T * hd, es) + pc(T, es);
+    if (m == 4) {
+        double iH = (double)g->index_n_heads, ihd = (double)g->index_head_dim;
+        s += pc(T * iH * ihd, es) + pc(T * iH, es) + 2 * pc(T * 2 * ihd, es) + 2 * pc(T * ihd, es) + pc(T, es) +
+             pc(T * (double)g->index_topk, 4);
+    }
+    return s + pc(T * H * hd, es) + pc(T * H, es) + pc(T * (double)(g->o_groups * g->o_lora_rank), es);
+}
+
+/* cp.c's halo rows D of block b (par_cp_layer_halo = D_window of the block). */
+static double cp_halo(const par_act_ctx *c, int b)
+{
+    int64_t m = ratio_of(c->cfg, b);
+    par_layout_model lm = {.window_size = c->cfg->window_size, .n_ratios = 1, .compress_ratios = &m};
+    return (double)par_layout_d_window(&lm);
+}
+
+/* The attention sub-layer's state: serial kernel, or cp.c's state of whole
+ * rows (par_cp_attn_forward: saved struct of rows*S tokens, xw [rows, Dh+L,
+ * d], pos [rows*S]) plus block.c's sel [T, topk] in the arena. */
+static double attn_state(const par_act_ctx *c, int b, double T)
+{
+    if (c->cp <= 1)
+        return par_act_attn_saved(c, b, (int64_t)T);
+    const par_config *g = c->cfg;
+    double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp;
+    double Dh = c->cp_rank > 0 ? cp_halo(c, b) : 0, Tt = rows * S;
+    double s = par_act_attn_saved(c, b, (int64_t)Tt) + c->es * (rows * (Dh + L) * (double)g->dim + 1) + 4 * (Tt + 1);
+    if (ratio_of(g, b) == 4)
+        s += 4 * T * (double)g->index_topk;
+    return s;
+}
+
+/* The routed experts' state: moe.c par_moe_saved_alloc (serial), or ep.c's
+ * blk_state (scnt/rcnt, stk, rpos, eoff, xg, rwg, g/u/h of the received
+ * rows, sg/su/sh of the shared expert). */
+static double moe_state(const par_act_ctx *c, double T)
+{
+    const par_config *g = c->cfg;
+    double es = c->es, E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
+    double I = (double)g->moe_inter_dim, d = (double)g->dim;
+    if (c->ep <= 1)
+        return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;
+    double NS = T * K, NR = NS * c->recv_factor, El = E / (double)c->ep;
+    return 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR + 3 * NR * I) +
+           3 * es * T * I;
+}
+
+double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim;
+    double E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
+    if (c->recompute)
+        return es * T * n * d; /* the block's input only */
+    /* block.c: hca; xa, xan, ya [T, d], rstda [T], Xmid [T, n, d] */
+    double s = par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + attn_state(c, b, T);
+    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog, gs [T, E]; idx int32 [T, K] */
+    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + 2 * T * E) + 4 * T * K;
+    return s + moe_state(c, T);
+}
+
+double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
+{
+    if (c->recompute)
+        return 0;
+    double T = (double)Ti, kept = c->ep > 1 ? moe_state(c, T) : 0;
+    if (c->cp > 1)
+        kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
+    return kept;
+}
+
+/* Scratch of the MoE backward: moe.c par_moe_backward's workspace, or
+ * ep.c ep_bwd's rbuf, dyg, dxg, back, slots, dxs. */
+static double moe_bwd_scratch(const par_act_ctx *c, double T)
+{
+    const par_config *g = c->cfg;
+    double es = c->es, K = (double)g->n_activated_experts, d = (double)g->dim, NS = T * K;
+    if (c->ep <= 1)
+        return es * (3 * NS * d + 2 * NS + T * d);
+    double NR = NS * c->recv_factor;
+    return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d);
+}
+
+/* attention.c's core scratch on one thread: the keys a query sees (max_keys:
+ * window + topk with the indexer, + S/m compressed entries otherwise), pb
+ * [mk, 2] reals + kb [mk] pointers (the backward's; the forward's zb, kb is
+ * smaller), and ds [T, H]. */
+static double attn_core_scratch(const par_act_ctx *c, int b, double T)
+{
+    const par_config *g = c->cfg;
+    int64_t m = ratio_of(g, b);
+    double mk = (double)g->window_size +
+                (m == 4 ? (double)g->index_topk : m > 0 ? (double)g->seq_length / (double)m : 0);
+    return mk * (2 * c->es + 8) + c->es * (T * (double)g->n_heads + 1);
+}
+
+/* Scratch of the attention backward: attention.c par_attn_backward (dO,
+ * dop, dq, Dd, dkv, dcmp, dca, dcz) with the nested proj_backward (dqb,
+ * dqr, dqa, dkva), or cp.c's row-coordinate scratch plus one row's
+ * proj_backward on Dh + L rows. */
+static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
+{
+    const par_config *g = c->cfg;
+    double es = c->es, H = (double)g->n_heads, hd = (double)g->head_dim, HD = H * hd;
+    double ql = (double)g->q_lora_rank, d = (double)g->dim;
+    int64_t m = ratio_of(g, b);
+    double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
+    if (c->cp <= 1)
+        return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
+               attn_core_scratch(c, b, T);
+    double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp, Tt = rows * S;
+    double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L;
+    return es * (3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W * d + 1) +
+           es * (W * HD + 2 * W * ql + W * hd) + attn_core_scratch(c, b, L);
+}
+
+double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim;
+    double E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
+    /* block.c backward: dXmid [T, n, d], dyf [T, d], dpost [T, n], dC [T, n, n], dxfn [T, d], dw [T, K] */
+    double base = es * (T * n * d + T * d + T * n + T * n * n + T * d + T * K);
+    int score = b >= g->n_hash_layers && g->aux_alpha != 0.0;
+    double ds = score ? es * T * E : 0; /* the aux-loss gradient [T, E] */
+    double moe = base + moe_bwd_scratch(c, T);
+    double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
+    double tail = base + ds + es * 4 * T * d;                            /* + dxa */
+    double peak = moe > attn ? moe : attn;
+    if (tail > peak)
+        peak = tail;
+    if (c->recompute) { /* the block's forward runs again first */
+        par_act_ctx full = *c;
+        full.recompute = 0;
+        peak += par_act_block_saved(&full, b, Ti);
+    }
+    return peak;
+}
+
+double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim;
+    double E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
+    double H = (double)g->n_heads, hd = (double)g->head_dim, HD = H * hd;
+    int64_t m = ratio_of(g, b);
+    double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
+    int score = b >= g->n_hash_layers && g->aux_alpha != 0.0;
+    /* block.c: dyf, dxfn, dxf, dya, dxan, dxa [T, d]; dw [T, K]; ds [T, E]; dpf, dpa [T, n]; dCf, dCa [T, n, n] */
+    double s = es * T * (6 * d + K + 2 * n + 2 * n * n) + (score ? es * T * E : 0);
+    if (c->cp <= 1) { /* attention.c par_attn_keep: dq, dkv; dcmp, dca, dcz */
+        s += es * T * (HD + hd + (m > 0 ? hd + 2 * nc : 0));
+    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz */
+        double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + (double)g->seq_length / (double)c->cp;
+        s += es * (double)c->rows * W * (HD + 2 * hd + 2 * nc) + 1;
+    }
+    if (c->ep > 1) /* ep.c: the dy rows of the held experts */
+        s += es * T * K * c->recv_factor * d;
+    return s;
+}
+
+double par_act_head_wkeep(const par_act_ctx *c, int64_t Ti)
+{
+    return c->es * 2 * (double)Ti * (double)c->cfg->dim; /* dxn, dx */
+}
+
+double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    return c->es * (double)Ti * (3 * (double)g->dim + (double)(g->hc_mult * g->dim)); /* dep, den, demb, dhn */
+}
+
+double par_act_head_saved(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
+    /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V] */
+    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + T * V);
+}
+
+double par_act_head_bwd_peak(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti;
+    return c->es * (T * (double)g->vocab_size + 2 * T * (double)g->dim); /* dlogits, dxn, dx */
+}
+
+double par_act_mtp_input_saved(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti, n = (double)g->hc_mult, d = (double)g->dim;
+    /* head.c mtp input: emb, en, ep [T, d]; en_rstd [T]; hn, X0 [T, n, d]; hn_rstd [T, n] */
+    return c->es * (3 * T * d + T + 2 * T * n * d + T * n);
+}
+
+double par_act_mtp_input_bwd_peak(const par_act_ctx *c, int64_t Ti)
+{
+    const par_config *g = c->cfg;
+    double T = (double)Ti;
+    return c->es * (3 * T * (double)g->dim + T * (double)(g->hc_mult * g->dim)); /* dep, den, demb, dhn */
+}
+
+double par_act_stream(const par_act_ctx *c, int64_t T)
+{
+    return c->es * (double)T * (double)c->cfg->hc_mult * (double)c->cfg->dim;
+}
+
+double par_act_batch(int64_t T) { return 6.0 * 4.0 * (double)T; }
+
+double par_act_stats(const par_act_ctx *c, int64_t Nsi)
+{
+    const par_config *g = c->cfg;
+    double nb = (double)(g->n_layers + g->n_mtp_layers), E = (double)g->n_routed_experts, Ns = (double)Nsi;
+    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nb, Ns, E], ntok [nb, Ns] i64; psum [nb, Ns, E], aux [nb, Ns] */
+    return 16 * Ns + 8 * nb * E + 8 * nb * Ns * E + 8 * nb * Ns + c->es * (nb * Ns * E + nb * Ns);
+}

@@ -1,0 +1,79 @@
+/* parallel/acttable.h - the activation table of the memory model: what one
+ * block, head and MTP input keep between forward and backward, and the
+ * scratch their backward adds, in bytes for T tokens (untemplated).
+ *
+ * ONE place to update when the model's saved tensors change: every entry
+ * names the code that allocates it (block.c, head.c, step.c, pp.c, the
+ * kernels' *_saved_bytes, ep.c's blk_state, cp.c's saved state).  The
+ * memory model (parallel/memmodel.h) multiplies these by the microbatches a
+ * schedule keeps in flight; tests/parallel/test_memmodel.c checks the table
+ * against the kernels' own size functions and against the allocator's
+ * per-rank peaks of real runs.  docs/planning.md, "Activations".
+ *
+ * Sizes are doubles (bytes): absurd configs must give huge numbers, not
+ * overflow.  Counts of reals use `es` bytes (8 f64, 4 f32, 2 bf16); int32
+ * and int64 arrays keep their width.
+ */
+#ifndef PAR_PARALLEL_ACTTABLE_H
+#define PAR_PARALLEL_ACTTABLE_H
+
+#include <stdint.h>
+
+#include "model/config.h"
+
+typedef struct {
+    const par_config *cfg;
+    double es;          /* bytes of a real (activation storage)                  */
+    /* executors (parallel/ep.h, parallel/cpwire.h) */
+    int64_t ep;         /* EP size; 1: the serial MoE kernel (moe.c saved struct) */
+    double recv_factor; /* EP: rows this rank receives per row it sends (1: balanced
+                         * routing; measured: rows_recv / rows_sent of a run)      */
+    int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of whole rows */
+    int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
+    int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
+    int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
+                         * full): a block keeps its input only (planning; parity
+                         * does not recompute)                                    */
+} par_act_ctx;
+
+/* Bytes kept by block b's forward on T tokens until its backward (block.c:
+ * two mHC states, the attention sub-layer, the gate and the MoE sub-layer
+ * through the serial kernel, ep.c or cp.c). */
+double par_act_block_saved(const par_act_ctx *c, int b, int64_t T);
+/* The part of par_act_block_saved the executors keep in their own state
+ * (ep.c's blk_state with EP > 1, cp.c's saved rows with CP > 1): freed at the
+ * next forward of the same block and microbatch slot, not with the
+ * pipeline slot (so a pipeline keeps it for every microbatch of the step). */
+double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t T);
+/* The most bytes block b's backward holds at once beyond what it saved
+ * (block.c's gradient buffers + the larger of the MoE and the attention
+ * backward's scratch). */
+double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t T);
+
+/* The kernels' saved structs (mhc.c par_hc_saved_bytes, attention.c
+ * par_attn_saved_bytes of block b), for T tokens. */
+double par_act_hc_saved(const par_act_ctx *c, int64_t T);
+double par_act_attn_saved(const par_act_ctx *c, int b, int64_t T);
+
+/* A head (main or MTP; head.c): kept, and its backward's scratch. */
+/* What the input pass (B) of a split backward keeps for its weight pass
+ * (W), from B until W (model/block.c wkeep_alloc and the serial attention's
+ * par_attn_keep, or cp.c's kept projections' gradients; ep.c's dy rows;
+ * head.c's dxn, dx; the MTP input's dep, den, demb, dhn). */
+double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t T);
+double par_act_head_wkeep(const par_act_ctx *c, int64_t T);
+double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t T);
+double par_act_head_saved(const par_act_ctx *c, int64_t T);
+double par_act_head_bwd_peak(const par_act_ctx *c, int64_t T);
+/* The MTP input (head.c): kept, and its backward's scratch. */
+double par_act_mtp_input_saved(const par_act_ctx *c, int64_t T);
+double par_act_mtp_input_bwd_peak(const par_act_ctx *c, int64_t T);
+
+/* The residual stream [T, n, d] (block outputs, pipeline messages). */
+double par_act_stream(const par_act_ctx *c, int64_t T);
+/* A batch of T tokens (model/data.c: six int32 arrays). */
+double par_act_batch(int64_t T);
+/* The statistics of a window of Ns samples (model.c par_stats_alloc). */
+double par_act_stats(const par_act_ctx *c, int64_t Ns);
+
+#endif

@@ -1,0 +1,273 @@
+/* parallel/dump.c - the golden-format dump of a parallel step: the rows
+ * (activations, routing, selections, logits) every stage keeps while it
+ * computes them, gathered to rank 0 in the serial layout, and the table
+ * buffers (parameters, gradients, optimizer state) from each entry's lowest
+ * pipeline holder.  Part of the step executor (parallel/executor-impl.h). */
+#include <string.h>
+
+#include "model/golden.h"
+#include "parallel/executor-impl.h"
+
+void PAR_FN(par__exec_keep_free)(exec_t *ex)
+{
+    for (int b = 0; ex->k_act && b < ex->n_blocks; b++) {
+        par_free(ex->k_act[b]);
+        par_free(ex->k_idx[b]);
+        par_free(ex->k_sel[b]);
+    }
+    par_free(ex->k_act);
+    par_free(ex->k_idx);
+    par_free(ex->k_sel);
+    par_free(ex->k_logits);
+    par_free(ex->k_mtp_logits);
+    ex->k_act = NULL;
+    ex->k_idx = ex->k_sel = NULL;
+    ex->k_logits = ex->k_mtp_logits = NULL;
+}
+
+par_status PAR_FN(par__exec_keep_alloc)(exec_t *ex, const PAR_FN(par_model) *M)
+{
+    if (ex->k_act)
+        return PAR_OK;
+    size_t R = (size_t)(ex->Bl * ex->S / ex->CP), nb = (size_t)ex->n_blocks;
+    ex->k_act = par_calloc(nb, sizeof *ex->k_act, PAR_TAG_IO);
+    ex->k_idx = par_calloc(nb, sizeof *ex->k_idx, PAR_TAG_IO);
+    ex->k_sel = par_calloc(nb, sizeof *ex->k_sel, PAR_TAG_IO);
+    if (!ex->k_act || !ex->k_idx || !ex->k_sel)
+        goto fail_oom;
+    for (int b = 0; b < ex->n_blocks; b++) {
+        if (!ex->blocks[b])
+            continue;
+        ex->k_act[b] = par_calloc(R * (size_t)ex->nd, sizeof(par_real), PAR_TAG_IO);
+        ex->k_idx[b] = par_calloc(R * (size_t)M->K, sizeof(int32_t), PAR_TAG_IO);
+        if (!ex->k_act[b] || !ex->k_idx[b])
+            goto fail_oom;
+        if (par_config_ratio(&ex->cfg, b) == 4 &&
+            !(ex->k_sel[b] = par_calloc(R * (size_t)ex->cfg.index_topk, sizeof(int32_t), PAR_TAG_IO)))
+            goto fail_oom;
+    }
+    int has_l = 0, has_m = 0;
+    for (int j = 0; j < ex->n_local; j++)
+        for (int i = 0; i < ex->ls[j].n_items; i++) {
+            has_l |= ex->ls[j].items[i] == PAR_BLK_LOSS;
+            has_m |= ex->ls[j].items[i] == PAR_BLK_MTP;
+        }
+    if (has_l && !(ex->k_logits = par_calloc(R * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    if (has_m && !(ex->k_mtp_logits = par_calloc(R * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    return PAR_OK;
+fail_oom:
+    PAR_FN(par__exec_keep_free)(ex);
+    return par_err(PAR_ENOMEM, "pipeline: out of memory keeping %zu rows for the dump", R);
+}
+
+/* Context parallelism: pieces of [Bl, L, w] elements (esz bytes each; n =
+ * Bl*L*w per piece) of the stage-0 ranks (the first world ranks, in rank
+ * order) at `in` are placed at rows dp*Bl.. and columns cp*L.. of `out`
+ * [Da*Bl, CP*L, w]. */
+static par_status cp_place(void *out, const void *in, size_t n, size_t esz, const par_layout *l, int64_t Bl)
+{
+    if (Bl < 1 || n % (size_t)Bl != 0)
+        return par_err(PAR_EINVAL, "cp gather: %zu elements per rank are not %lld rows", n, (long long)Bl);
+    size_t chunk = n / (size_t)Bl * esz; /* one row's slice, bytes */
+    for (int r = 0; r < (int)l->world; r++) {
+        par_rank_coords rc;
+        par_status s = par_rank_coords_of(l, r, &rc);
+        if (s)
+            return s;
+        if (rc.tp != 0 || rc.pp != 0)
+            continue;
+        const char *piece = (const char *)in + (size_t)r * n * esz;
+        for (int64_t i = 0; i < Bl; i++) {
+            size_t g = (size_t)((int64_t)rc.dp * Bl + i);
+            memcpy((char *)out + (g * (size_t)l->cp + (size_t)rc.cp) * chunk, piece + (size_t)i * chunk, chunk);
+        }
+    }
+    return PAR_OK;
+}
+
+/* Rank 0 receives n[r] elements from every rank r of c, in rank order. */
+static par_status gather0(par_comm *c, const void *in, size_t n_mine, void *out, const size_t *n, par_ctype t)
+{
+    int N = par_comm_size(c), me = par_comm_rank(c);
+    size_t *sc = par_calloc((size_t)N * 2, sizeof *sc, PAR_TAG_COMM);
+    if (!sc)
+        return par_err(PAR_ENOMEM, "pipeline dump: out of memory");
+    size_t *rc = sc + N;
+    sc[0] = n_mine;
+    if (me == 0)
+        for (int r = 0; r < N; r++)
+            rc[r] = n[r];
+    static char dummy[64];
+    par_status s = par_alltoallv(c, in ? in : dummy, sc, NULL, me == 0 && out ? out : dummy, rc, NULL, t);
+    par_free(sc);
+    return s;
+}
+
+/* 1 when world rank r (coordinates rc) supplies entry idx to a dump. */
+static int supplies(const exec_t *ex, const par_pctx *P, const PAR_FN(par_model) *M, const par_rank_coords *rc,
+                    int idx)
+{
+    const par_param *p = &M->tab.p[idx];
+    if (p->dtype != PAR_PDT_REAL || ex->holder_pp[idx] != rc->pp)
+        return 0;
+    if (p->expert >= 0) {
+        int64_t El = M->E / P->lay->ep, e0 = (int64_t)rc->ep * El;
+        return rc->edp == 0 && rc->etp == 0 && p->expert >= e0 && p->expert < e0 + El;
+    }
+    return rc->dp == 0 && rc->cp == 0 && rc->tp == 0;
+}
+
+par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR_FN(par_model) *M,
+                                      const par_real *loc, par_real *full)
+{
+    const par_param_table *t = &M->tab;
+    int N = P->N;
+    par_status s = PAR_OK;
+    size_t mine = 0;
+    for (int i = 0; i < t->n; i++)
+        if (supplies(ex, P, M, &P->rc, i))
+            mine += (size_t)t->p[i].numel;
+    par_real *pack = par_malloc((mine ? mine : 1) * sizeof *pack, PAR_TAG_COMM), *recv = NULL;
+    size_t *cnt = par_calloc((size_t)N, sizeof *cnt, PAR_TAG_COMM);
+    par_rank_coords *rcs = par_malloc((size_t)N * sizeof *rcs, PAR_TAG_COMM);
+    if (!pack || !cnt || !rcs)
+        goto fail_oom;
+    size_t o = 0;
+    for (int i = 0; i < t->n; i++)
+        if (supplies(ex, P, M, &P->rc, i)) {
+            memcpy(pack + o, loc + M->loc[i], (size_t)t->p[i].numel * sizeof *pack);
+            o += (size_t)t->p[i].numel;
+        }
+    size_t total = 0;
+    if (P->rank == 0) {
+        for (int r = 0; r < N; r++) {
+            if ((s = par_rank_coords_of(P->lay, r, &rcs[r])))
+                goto done;
+            for (int i = 0; i < t->n; i++)
+                if (supplies(ex, P, M, &rcs[r], i))
+                    cnt[r] += (size_t)t->p[i].numel;
+            total += cnt[r];
+        }
+        if (!(recv = par_malloc((total ? total : 1) * sizeof *recv, PAR_TAG_COMM)))
+            goto fail_oom;
+    }
+    if ((s = gather0(P->world, pack, mine, recv, cnt, PAR_C_REAL)))
+        goto done;
+    if (P->rank == 0) {
+        size_t at = 0;
+        for (int r = 0; r < N; r++)
+            for (int i = 0; i < t->n; i++)
+                if (supplies(ex, P, M, &rcs[r], i)) {
+                    memcpy(full + t->p[i].offset, recv + at, (size_t)t->p[i].numel * sizeof *full);
+                    at += (size_t)t->p[i].numel;
+                }
+    }
+    goto done;
+fail_oom:
+    s = par_err(PAR_ENOMEM, "pipeline dump: out of memory gathering %zu floats", mine);
+done:
+    par_free(pack);
+    par_free(recv);
+    par_free(cnt);
+    par_free(rcs);
+    return s;
+}
+
+/* One kept tensor of rows [Bl*S, per] (elements of esz bytes, NULL where
+ * this rank computed none of it) to rank 0 as [B*S, per]: first summed
+ * bytewise over the pipeline (each row was computed on exactly one stage,
+ * the others contribute zero bytes: exact), then the dp ranks' rows (pp = cp
+ * = 0) gathered in order. */
+static par_status gather_kept(exec_t *ex, const par_pctx *P, const void *kept, int64_t per, size_t esz,
+                              void **out)
+{
+    *out = NULL;
+    size_t n = (size_t)(ex->Bl * (ex->S / ex->CP) * per) * esz;
+    par_status s;
+    unsigned char *buf = par_calloc(n ? n : 1, 1, PAR_TAG_IO);
+    size_t *cnt = par_calloc((size_t)P->N, sizeof *cnt, PAR_TAG_COMM);
+    if (!buf || !cnt) {
+        s = par_err(PAR_ENOMEM, "pipeline dump: out of memory for %zu bytes", n);
+        goto done;
+    }
+    if (kept)
+        memcpy(buf, kept, n);
+    par_field f = PAR_FIELD(buf, n, PAR_C_BYTE);
+    if ((s = par_reduce_fields(ex->pc, &f, 1, NULL)))
+        goto done;
+    if (P->rank == 0) {
+        for (int r = 0; r < P->N; r++) {
+            par_rank_coords rc;
+            if ((s = par_rank_coords_of(P->lay, r, &rc)))
+                goto done;
+            cnt[r] = rc.pp == 0 && rc.tp == 0 ? n : 0;
+        }
+        if (!(*out = par_malloc(n * (size_t)(P->lay->da * ex->CP) + 1, PAR_TAG_IO))) {
+            s = par_err(PAR_ENOMEM, "pipeline dump: out of memory");
+            goto done;
+        }
+    }
+    int send = P->rc.pp == 0 && P->rc.tp == 0;
+    s = gather0(P->world, buf, send ? n : 0, *out, cnt, PAR_C_BYTE);
+    if (!s && P->rank == 0 && ex->CP > 1) {
+        /* pieces [Bl, S/CP, per] of the stage-0 ranks (the first world
+         * ranks, in order) to rows dp*Bl.. and columns cp*S/CP.. */
+        void *placed = par_malloc(n * (size_t)(P->lay->da * ex->CP) + 1, PAR_TAG_IO);
+        if (!placed)
+            s = par_err(PAR_ENOMEM, "pipeline dump: out of memory");
+        else
+            s = cp_place(placed, *out, n / esz, esz, P->lay, ex->Bl);
+        par_free(*out);
+        *out = placed;
+    }
+done:
+    par_free(buf);
+    par_free(cnt);
+    return s;
+}
+
+par_status PAR_FN(par_exec_dump_step)(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M,
+                                    const int32_t *tokens, const int32_t *segments, par_real *grads_full,
+                                    const char *dir, int64_t k)
+{
+    const par_config *c = &ex->cfg;
+    int nb = ex->n_blocks;
+    par_status s = PAR_OK;
+    if (!ex->k_act)
+        return par_err(PAR_EINVAL, "pipeline dump: the step was run without keeping its rows");
+    void **keep = par_calloc((size_t)(3 * nb + 2), sizeof *keep, PAR_TAG_IO);
+    if (!keep)
+        return par_err(PAR_ENOMEM, "pipeline dump: out of memory");
+    void **act = keep, **idx = keep + nb, **sel = keep + 2 * nb, **lg = keep + 3 * nb;
+    if ((s = gather_kept(ex, P, ex->k_logits, M->V, sizeof(par_real), &lg[0])))
+        goto done;
+    if (c->n_mtp_layers > 0 && (s = gather_kept(ex, P, ex->k_mtp_logits, M->V, sizeof(par_real), &lg[1])))
+        goto done;
+    for (int b = 0; b < nb; b++) {
+        if ((s = gather_kept(ex, P, ex->k_act[b], ex->nd, sizeof(par_real), &act[b])) ||
+            (s = gather_kept(ex, P, ex->k_idx[b], M->K, sizeof(int32_t), &idx[b])))
+            goto done;
+        if (par_config_ratio(c, b) == 4 &&
+            (s = gather_kept(ex, P, ex->k_sel[b], c->index_topk, sizeof(int32_t), &sel[b])))
+            goto done;
+    }
+    if ((s = PAR_FN(par_exec_gather_full)(ex, P, M, M->grads, grads_full)))
+        goto done;
+    if (P->rank == 0) {
+        PAR_FN(par_golden_step_view) v = {
+            .B = ex->B, .S = ex->S, .tokens = tokens, .segments = segments, .out = M->last,
+            .logits = lg[0], .mtp_logits = lg[1], .act = (const par_real *const *)act,
+            .idx = (const int32_t *const *)idx, .loads = M->stats.loads, .sel = (const int32_t *const *)sel,
+            .grads = grads_full,
+        };
+        s = PAR_FN(par_golden_write_step_view)(&M->tab, &v, dir, k);
+    }
+done:
+    for (int i = 0; i < 3 * nb + 2; i++)
+        par_free(keep[i]);
+    par_free(keep);
+    return s;
+}
+

@@ -1,0 +1,88 @@
+/* parallel/ep-impl.h - the expert-parallel executor's state and its
+ * transport (parallel/ep.c, parallel/ep_dispatch.c); not part of its
+ * interface (parallel/ep.h). */
+#ifndef PAR_PARALLEL_EP_IMPL_H
+#define PAR_PARALLEL_EP_IMPL_H
+
+#include <stdint.h>
+
+#include "core/alloc.h"
+#include "parallel/ep.h"
+
+/* What one block keeps between its forward and backward.
+ *
+ * Flat: one exchange, sender -> owner (scnt / stk on the sender, rcnt on
+ * the owner).  Hierarchical: stage 1 sender -> relay (records, one per
+ * (token, relay)), stage 2 relay -> owner (one row per (token, expert));
+ * rcnt / nrecv / rpos are the owner's side of stage 2 in both modes. */
+typedef struct {
+    int64_t T, nsend, nrecv;
+    size_t *scnt, *rcnt;   /* [EP] rows to / from each EP rank (hier: stage 2) */
+    int32_t *stk;          /* [nsend] flat: source slot t*K+k of each sent row (send order) */
+    int32_t *rpos;         /* [nrecv] expert-major position of each received row */
+    int64_t *eoff;         /* [El+1] first expert-major row of local expert l */
+    par_real *xg, *rwg;    /* [nrecv, d], [nrecv] expert-major */
+    par_real *g, *u, *h;   /* [nrecv, I] saved by the routed experts */
+    par_real *sg, *su, *sh; /* [T, I] saved by the shared expert */
+    /* hierarchical, sender side */
+    int64_t n1s;           /* stage-1 records sent */
+    size_t *h1cnt;         /* [EP] records to each relay */
+    size_t *h1back;        /* [EP] (token, expert) rows each relay returns */
+    int32_t *h1t;          /* [n1s] token index t of each record (send order) */
+    int32_t *h1slot;       /* [nsend] slot t*K+k of each returned row (return order) */
+    /* hierarchical, relay side */
+    int64_t n1r, n2s;      /* records received, stage-2 rows sent */
+    size_t *r1cnt, *r1back; /* [EP] records from / rows returned to each sender */
+    int32_t *s2rec;        /* [n2s] received record of each stage-2 row (send order) */
+    int32_t *s2pos;        /* [n2s] its position in the rows returned to the senders */
+    /* the input pass (B) -> the weight pass (W) */
+    par_real *dyg;         /* [nrecv, d] expert-major dy rows of the held experts */
+} blk_state;
+
+struct PAR_FN(par_ep_s) {
+    par_comm *c;
+    int EP, me;
+    int64_t E, El, e0;
+    int n_blocks;
+    int n_slots;           /* sets of per-block state: one per microbatch slot (par_mbctx.slot) */
+    blk_state *blk;        /* [n_slots, n_blocks] */
+    par_ep_dispatch mode;
+    int gpn;               /* ranks per node */
+    int *node;             /* [EP] node of each EP rank (world rank / gpn) */
+    int *rel;              /* [EP, EP] rel[s*EP + j]: relay of sender s on the node of rank j */
+    par_ep_counters cnt;
+};
+
+
+typedef struct PAR_FN(par_ep_s) ep_t;
+
+static inline void *xalloc(size_t n, size_t sz)
+{
+    return par_malloc((n ? n : 1) * sz, PAR_TAG_ACT);
+}
+
+static inline void *xcalloc(size_t n, size_t sz)
+{
+    return par_calloc(n ? n : 1, sz, PAR_TAG_ACT);
+}
+
+void PAR_FN(par__ep_blk_free)(blk_state *S);
+
+/* Forward dispatch of the T tokens' (x row, routing weight) to the owners
+ * of their K experts; out: *rbuf [NR, d+1], *rids [NR, 3] in received
+ * order; flat: ids (expert, token id, source slot), hierarchical: (expert,
+ * source EP rank, t).  S records the routes for the way back. */
+par_status PAR_FN(par__ep_flat_dispatch)(ep_t *x, blk_state *S, const par_real *x_in, const int32_t *idx,
+                                         const par_real *w, const int32_t *tokens, int64_t T, int K, int64_t d,
+                                         par_real **rbuf, int32_t **rids);
+par_status PAR_FN(par__ep_hier_dispatch)(ep_t *x, blk_state *S, const par_real *x_in, const int32_t *idx,
+                                         const par_real *w, int64_t T, int K, int64_t d, par_real **rbuf,
+                                         int32_t **rids);
+/* Backward dispatch: dy[t] of every (token, expert) row to its owner; rows
+ * [nrecv, d] in the owner's received order. */
+par_status PAR_FN(par__ep_dispatch_dy)(ep_t *x, blk_state *S, const par_real *dy, int K, int64_t d, par_real *rows);
+/* Combine direction: rows [nrecv, per] in the owner's received order back
+ * to the token's rank, out[i * per] for slot i = t*K+k ([nsend, per]). */
+par_status PAR_FN(par__ep_return_rows)(ep_t *x, blk_state *S, const par_real *rows, int64_t per, par_real *out);
+
+#endif

@@ -1,0 +1,592 @@
+/* parallel/memmodel.c - the per-rank memory model (see parallel/memmodel.h,
+ * docs/planning.md "Memory"). */
+#include "parallel/memmodel.h"
+
+#include <string.h>
+
+#include "model/params.h"
+#include "parallel/acttable.h"
+#include "parallel/groups.h"
+#include "parallel/mm_zero.h"
+#include "parallel/schedule.h"
+
+/* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
+typedef struct {
+    uint8_t *blocks;          /* [n_blocks] 1: held */
+    int embed, head, final;   /* top-level parts (pp.c seg_hold) */
+    int64_t floats;           /* held float parameters (dense + one EP slice) */
+    int64_t n_moe;            /* MoE blocks held */
+    par_mm_zero zd, ze;       /* dense over dp-cp (CP * Da), experts over edp (De) */
+    double act[2], ws_bwd[2], fixed[2]; /* cached activations for cp rank 0 / > 0 */
+    int inflight[2], cached[2];
+    double act_sends;         /* the step's pipeline sends (cached with act) */
+} stage_info;
+
+struct par_mm {
+    par_config cfg;
+    par_layout lay;
+    par_mm_opts o;
+    par_param_table own;      /* built by par_mm_create (unused when shared) */
+    const par_param_table *tab;
+    int pp, per;
+    par_schedule sch;
+    int have_sch;
+    stage_info *st;           /* [pp] */
+    double es_w, es_g, es_o, es_m, es_a; /* bytes: weights, grads, optimizer state, master, activations */
+};
+
+void par_mm_opts_init(par_mm_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rt = PAR_MM_MEGATRON;
+    o->real_bytes = 8;
+    o->skew = PAR_MM_DEFAULT_SKEW;
+}
+
+double par_mm_tag(const par_mm_rank *r, par_tag tag)
+{
+    switch (tag) {
+    case PAR_TAG_PARAM:
+        return r->weights;
+    case PAR_TAG_GRAD:
+        return r->grads;
+    case PAR_TAG_OPTIM:
+        return r->optim + r->ws_muon;
+    case PAR_TAG_ACT:
+        return r->act + r->ws_bwd;
+    case PAR_TAG_COMM:
+        return r->comm + r->ws_staging;
+    default:
+        return 0;
+    }
+}
+
+void par_mm_free(par_mm *mm)
+{
+    if (!mm)
+        return;
+    for (int s = 0; mm->st && s < mm->pp; s++) {
+        par_free(mm->st[s].blocks);
+        par_mm_zero_free(&mm->st[s].zd);
+        par_mm_zero_free(&mm->st[s].ze);
+    }
+    par_free(mm->st);
+    if (mm->have_sch)
+        par_schedule_free(&mm->sch);
+    if (mm->tab == &mm->own)
+        par_param_table_free(&mm->own);
+    par_free(mm);
+}
+
+/* pp.c seg_hold: the blocks and top-level parts of segment seg. */
+static void seg_hold(const par_mm *mm, int seg, stage_info *si)
+{
+    const par_pplayout *pl = &mm->lay.pipe;
+    int t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER), mt = par_pplayout_offset(pl, seg, PAR_BLK_MTP);
+    for (int i = pl->seg_off[seg]; i < pl->seg_off[seg + 1]; i++) {
+        switch (pl->items[i]) {
+        case PAR_BLK_EMBED:
+            si->embed = 1;
+            break;
+        case PAR_BLK_LAYER:
+            si->blocks[t++] = 1;
+            break;
+        case PAR_BLK_MTP:
+            si->blocks[mm->cfg.n_layers + mt++] = 1;
+            si->embed = si->head = 1;
+            break;
+        case PAR_BLK_LOSS:
+            si->head = si->final = 1;
+            break;
+        }
+    }
+}
+
+static int holds(const par_mm *mm, const stage_info *si, int idx)
+{
+    const par_param *p = &mm->tab->p[idx];
+    if (p->dtype != PAR_PDT_REAL)
+        return 0;
+    if (p->expert >= mm->cfg.n_routed_experts / mm->lay.ep)
+        return 0; /* one EP slice: [0, E/EP) (every slice has the same shapes) */
+    if (p->layer >= 0)
+        return si->blocks[p->layer];
+    if (idx == mm->tab->top.embed)
+        return si->embed;
+    if (idx == mm->tab->top.head)
+        return si->head;
+    return si->final;
+}
+
+/* The held entries of stage si as the two plans' lists (dense: expert < 0;
+ * experts: one EP slice; table order, like dpwire.c), and the held floats. */
+static par_status stage_plans(par_mm *mm, stage_info *si)
+{
+    const par_param_table *t = mm->tab;
+    int *lists = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *lists, PAR_TAG_MODEL);
+    if (!lists)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d table entries", t->n);
+    int nl[2] = {0, 0};
+    for (int i = 0; i < t->n; i++) {
+        if (!holds(mm, si, i))
+            continue;
+        si->floats += t->p[i].numel;
+        int k = t->p[i].expert >= 0;
+        lists[k * t->n + nl[k]++] = i;
+    }
+    for (int b = 0; b < t->n_blocks; b++)
+        si->n_moe += si->blocks[b];
+    const par_layout *l = &mm->lay;
+    par_status s = par_mm_zero_build(&si->zd, t, lists, nl[0], (int)(l->cp * l->da));
+    if (!s)
+        s = par_mm_zero_build(&si->ze, t, lists + t->n, nl[1], (int)l->de);
+    par_free(lists);
+    return s;
+}
+
+static par_status stages_build(par_mm *mm)
+{
+    int nb = mm->tab->n_blocks;
+    mm->st = par_calloc((size_t)mm->pp, sizeof *mm->st, PAR_TAG_MODEL);
+    if (!mm->st)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", mm->pp);
+    for (int r = 0; r < mm->pp; r++) {
+        stage_info *si = &mm->st[r];
+        si->blocks = par_calloc((size_t)(nb > 0 ? nb : 1), 1, PAR_TAG_MODEL);
+        if (!si->blocks)
+            return par_err(PAR_ENOMEM, "memory model: no memory for the block map");
+        if (!mm->have_sch) { /* no pipeline: the rank holds everything */
+            memset(si->blocks, 1, (size_t)nb);
+            si->embed = si->head = si->final = 1;
+        } else {
+            for (int dir = 0; dir < mm->sch.n_dirs; dir++)
+                for (int s = 0; s < mm->sch.n_stages; s++)
+                    if (par_schedule_stage_rank(&mm->sch, dir, s) == r)
+                        seg_hold(mm, s, si);
+        }
+        par_status s = stage_plans(mm, si);
+        if (s)
+            return s;
+    }
+    return PAR_OK;
+}
+
+static par_status schedule_of(par_mm *mm)
+{
+    const par_layout *l = &mm->lay;
+    if (l->pp <= 1)
+        return PAR_OK;
+    par_schedule_params sp;
+    par_schedule_params_init(&sp);
+    par_status s = par_schedule_kind_parse(l->schedule[0] ? l->schedule : "1f1b", &sp.kind);
+    if (s)
+        return s;
+    sp.pp = (int)l->pp;
+    sp.vpp = (int)l->vpp;
+    sp.n_micro = (int)l->n_micro;
+    sp.mb_group = (int)l->mb_group;
+    if ((s = par_schedule_build(&sp, &mm->sch)))
+        return s;
+    mm->have_sch = 1;
+    return PAR_OK;
+}
+
+static par_status mm_new(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o,
+                         const par_param_table *shared)
+{
+    *out = NULL;
+    if (!l->resolved)
+        return par_err(PAR_EINVAL, "memory model: the layout is not resolved");
+    if (l->n_micro > 1000000)
+        return par_err(PAR_EINVAL, "memory model: %lld microbatches is more than the model walks (10^6)",
+                       (long long)l->n_micro);
+    par_mm *mm = par_calloc(1, sizeof *mm, PAR_TAG_MODEL);
+    if (!mm)
+        return par_err(PAR_ENOMEM, "memory model: out of memory");
+    mm->cfg = *cfg;
+    mm->lay = *l;
+    par_mm_opts_init(&mm->o);
+    if (o)
+        mm->o = *o;
+    if (mm->o.skew <= 0)
+        mm->o.skew = PAR_MM_DEFAULT_SKEW;
+    mm->pp = (int)l->pp;
+    mm->per = (int)(l->world / l->pp);
+    int parity = mm->o.rt == PAR_MM_PARITY;
+    double rb = mm->o.real_bytes == 4 ? 4 : 8;
+    mm->es_w = parity ? rb : 2;
+    mm->es_g = parity ? rb : 4;
+    mm->es_o = parity ? rb : 4;
+    mm->es_m = parity ? 0 : 4;
+    mm->es_a = parity ? rb : 2;
+    par_status s = PAR_OK;
+    if (shared)
+        mm->tab = shared;
+    else if (!(s = par_param_table_build(&mm->own, cfg)))
+        mm->tab = &mm->own;
+    if (s || (s = schedule_of(mm)) || (s = stages_build(mm))) {
+        par_mm_free(mm);
+        return s;
+    }
+    *out = mm;
+    return PAR_OK;
+}
+
+par_status par_mm_create(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o)
+{
+    return mm_new(out, cfg, l, o, NULL);
+}
+
+par_status par_mm_create_shared(par_mm **out, const par_config *cfg, const par_layout *l, const par_mm_opts *o,
+                                const par_param_table *tab)
+{
+    if (!tab)
+        return par_err(PAR_EINVAL, "memory model: no parameter table to share");
+    return mm_new(out, cfg, l, o, tab);
+}
+
+/* ---- activations ---------------------------------------------------------- */
+
+static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double recv)
+{
+    par_act_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cfg = &mm->cfg;
+    c.es = mm->es_a;
+    c.ep = mm->lay.ep;
+    c.recv_factor = recv;
+    /* parity's cp.c keeps the attention state of whole rows; a GPU job keeps its local tokens' */
+    c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
+    c.cp_rank = cp_rank;
+    c.rows = rows;
+    c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
+    return c;
+}
+
+/* No pipeline: the whole model on T tokens in one forward (step.c): saved
+ * = sample ids, X[0], every block, the head, the MTP input, block and head;
+ * backward = dA, dB (+ d0 with MTP) and the largest piece's scratch. */
+static void act_whole(const par_mm *mm, const par_act_ctx *c, int64_t T, double *saved, double *bwd)
+{
+    const par_config *g = &mm->cfg;
+    int L = (int)g->n_layers, mtp = g->n_mtp_layers > 0;
+    double x = par_act_stream(c, T), s = 4.0 * (double)T + x + par_act_head_saved(c, T), blk = 0;
+    for (int b = 0; b < L; b++) {
+        s += par_act_block_saved(c, b, T);
+        double w = par_act_block_bwd_peak(c, b, T);
+        blk = w > blk ? w : blk;
+    }
+    double w = par_act_head_bwd_peak(c, T);
+    if (mtp) {
+        s += par_act_mtp_input_saved(c, T) + par_act_block_saved(c, L, T) + par_act_head_saved(c, T);
+        double wm = x + par_act_block_bwd_peak(c, L, T), wi = x + par_act_mtp_input_bwd_peak(c, T);
+        w = w > wm ? w : wm;
+        w = w > wi ? w : wi;
+        blk += x; /* d0 stays until the end of the backward */
+    }
+    *saved = s;
+    *bwd = 2 * x + (w > blk ? w : blk);
+}
+
+/* One pipeline segment on T tokens (pp.c stage_forward / stage_backward):
+ * rel = what its slot frees at the backward, kept = what the executors keep
+ * for the rest of the step, bwd = the backward's peak beyond the slot. */
+static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, double *rel, double *kept,
+                    double *bwd, double *wkeep)
+{
+    const par_pplayout *pl = &mm->lay.pipe;
+    const int L = (int)mm->cfg.n_layers;
+    int t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER);
+    double x = par_act_stream(c, T), r = 0, k = 0, wk = 0, acc = x, peak = x; /* dX */
+    int first = pl->seg_off[seg], last = pl->seg_off[seg + 1];
+    for (int i = first; i < last; i++) {
+        char it = pl->items[i];
+        int b = it == PAR_BLK_LAYER ? t++ : L;
+        if (it == PAR_BLK_EMBED)
+            r += x;
+        else if (it == PAR_BLK_LOSS)
+            r += par_act_head_saved(c, T), wk += par_act_head_wkeep(c, T);
+        if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
+            double kb = par_act_block_exec_kept(c, b, T);
+            r += par_act_block_saved(c, b, T) - kb;
+            k += kb;
+            wk += par_act_block_wkeep(c, b, T);
+        }
+        if (it == PAR_BLK_MTP)
+            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T),
+                wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
+    }
+    t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
+    for (int i = last - 1; i >= first; i--) { /* the backward, in reverse */
+        char it = pl->items[i];
+        double w = 0;
+        if (it == PAR_BLK_LOSS)
+            w = par_act_head_bwd_peak(c, T);
+        else if (it == PAR_BLK_LAYER) {
+            acc += x; /* dN */
+            w = par_act_block_bwd_peak(c, --t, T);
+        } else if (it == PAR_BLK_MTP) {
+            acc += 2 * x; /* dB, d0 */
+            double wh = par_act_head_bwd_peak(c, T), wb = par_act_block_bwd_peak(c, L, T);
+            double wi = par_act_mtp_input_bwd_peak(c, T);
+            w = wh > wb ? wh : wb;
+            w = w > wi ? w : wi;
+        }
+        if (acc + w > peak)
+            peak = acc + w;
+    }
+    *rel = r;
+    *kept = k;
+    *bwd = peak;
+    *wkeep = wk;
+}
+
+typedef struct {
+    double saved, ws, sends; /* saved at the peak, the backward's scratch then, the step's sends */
+    int inflight;
+} walk_out;
+
+/* Runs pipeline rank r's action list (parallel/schedule.h) and tracks the
+ * bytes alive: a slot (microbatch, stage) gets its received input, its
+ * saved tensors (rel + kept) at F and its received gradient; parity's split
+ * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
+ * backward (parity and a GPU job keep the inputs for W), frees rel and the
+ * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
+ * stage's slot (pp.c). */
+static par_status act_walk(const par_mm *mm, int r, const double *rel, const double *kept, const double *bwd,
+                           const double *wkeep, double x, walk_out *o)
+{
+    const par_schedule *s = &mm->sch;
+    int S = s->n_stages, m = s->params.n_micro;
+    memset(o, 0, sizeof *o);
+    double *slot = par_calloc((size_t)S * (size_t)m, sizeof *slot, PAR_TAG_MODEL);
+    if (!slot)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d slots", m, S);
+    const int at_w = s->split_bw; /* parity runs real W actions too (docs/parallel.md "The backward in two passes") */
+    double live = 0, best = -1, top = 0;
+    int alive = 0;
+    for (int i = 0; i < s->n_actions[r]; i++) {
+        const par_action *a = &s->actions[r][i];
+        size_t k = (size_t)a->mb * (size_t)S + (size_t)a->stage;
+        switch (a->kind) {
+        case PAR_ACT_RECV_ACT:
+        case PAR_ACT_RECV_GRAD:
+            slot[k] += x, live += x;
+            break;
+        case PAR_ACT_SEND_ACT:
+        case PAR_ACT_SEND_GRAD:
+            o->sends += x;
+            break;
+        case PAR_ACT_F:
+            slot[k] += rel[a->stage], live += rel[a->stage] + kept[a->stage];
+            if (++alive > o->inflight)
+                o->inflight = alive;
+            break;
+        case PAR_ACT_B:
+        case PAR_ACT_BW:
+        case PAR_ACT_W:
+            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the slot until W */
+                slot[k] += wkeep[a->stage], live += wkeep[a->stage];
+            if (a->kind != PAR_ACT_W) {
+                if (live + bwd[a->stage] > best)
+                    best = live + bwd[a->stage], o->saved = live, o->ws = bwd[a->stage];
+                if (a->stage > 0 && par_schedule_stage_rank(s, par_schedule_mb_dir(s, a->mb), a->stage - 1) == r)
+                    slot[k - 1] += x, live += x; /* the gradient handed to the local earlier stage */
+            }
+            if ((a->kind == PAR_ACT_W) == at_w || a->kind == PAR_ACT_BW) {
+                live -= slot[k], slot[k] = 0;
+                alive--;
+            }
+            break;
+        default:
+            break;
+        }
+        if (live > top)
+            top = live;
+    }
+    if (top > best)
+        o->saved = top, o->ws = 0;
+    par_free(slot);
+    return PAR_OK;
+}
+
+/* Activations of pipeline rank r: saved at the peak, the backward scratch
+ * then, the per-step fixed buffers (batches, statistics), the pipeline
+ * sends of the step and the microbatches in flight. */
+typedef struct {
+    double saved, ws, fixed, sends;
+    int inflight;
+} act_out;
+
+static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, act_out *o)
+{
+    const par_layout *l = &mm->lay;
+    const int parity = mm->o.rt == PAR_MM_PARITY;
+    const int64_t S = mm->cfg.seq_length, B = l->global_batch, mbs = l->micro_batch > 0 ? l->micro_batch : 1;
+    const int64_t local = B / l->da; /* rows of this rank's attention-DP share */
+    int64_t rows = !mm->have_sch && parity ? local : mbs, T = rows * S / l->cp;
+    par_act_ctx c = act_ctx(mm, rows, cp_rank, recv);
+    memset(o, 0, sizeof *o);
+    int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
+    if (parity)
+        o->fixed = par_act_stats(&c, ns);
+    if (!mm->have_sch) {
+        act_whole(mm, &c, T, &o->saved, &o->ws);
+        o->inflight = 1;
+        if (parity)
+            o->fixed += par_act_batch(T) + (l->cp > 1 ? par_act_batch(rows * S) + 4.0 * rows * S + 4.0 * T : 0);
+        return PAR_OK;
+    }
+    int ns_seg = mm->sch.n_stages;
+    double *v = par_calloc((size_t)ns_seg * 4, sizeof *v, PAR_TAG_MODEL);
+    if (!v)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
+    for (int s = 0; s < ns_seg; s++) {
+        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
+        if (!parity) /* a GPU job frees the dispatch rows with the microbatch; parity's ep.c / cp.c keep
+                      * them for the step */
+            v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
+    }
+    walk_out w;
+    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, v + 3 * ns_seg, par_act_stream(&c, T), &w);
+    par_free(v);
+    if (st)
+        return st;
+    o->saved = w.saved;
+    o->ws = w.ws;
+    o->sends = w.sends;
+    o->inflight = w.inflight;
+    if (parity) /* pp.c step_setup: every microbatch's batch and sample ids; CP: one executor each */
+        o->fixed += (double)l->n_micro * (par_act_batch(T) + 4.0 * T + (l->cp > 1 ? 4.0 * rows * S + 4.0 * T : 0));
+    return PAR_OK;
+}
+
+/* ---- one rank --------------------------------------------------------------- */
+
+/* EP rows received per row sent by world rank r: measured, or the skew. */
+static double recv_factor(const par_mm *mm, const stage_info *si, int r)
+{
+    const par_layout *l = &mm->lay;
+    if (l->ep <= 1)
+        return 1.0;
+    if (!mm->o.recv_rows)
+        return mm->o.skew;
+    double sent = (double)si->n_moe * (double)(l->global_batch / l->da) * (double)mm->cfg.seq_length /
+                  (double)l->cp * (double)mm->cfg.n_activated_experts;
+    return sent > 0 ? (double)mm->o.recv_rows[r] / sent : 1.0;
+}
+
+static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coords *rc, par_mm_rank *o)
+{
+    const par_mm_zero *z[2] = {&si->zd, &si->ze};
+    const int q[2] = {rc->cp + (int)mm->lay.cp * rc->dp, rc->edp};
+    const int zero1 = mm->lay.distributed_optimizer;
+    double state = 0, master = 0, ws = 0, buf = 0, stage = 0;
+    for (int k = 0; k < 2; k++) {
+        const par_mm_zero *g = z[k];
+        double dpseg = (double)g->dp * (double)g->seg;
+        if (zero1) {
+            state += 2.0 * (double)g->shard + (double)g->load[q[k]];
+            master += (double)g->shard + (double)g->load[q[k]];
+            ws = (double)g->muon_ws[q[k]] > ws ? (double)g->muon_ws[q[k]] : ws;
+        } else {
+            state += 2.0 * (double)g->dp * (double)g->shard + (double)g->n_muon; /* zero.c: m, v of dp * shard */
+            master += (double)(g->n_adamw + g->n_muon);
+            ws = (double)g->muon_ws_all > ws ? (double)g->muon_ws_all : ws;
+        }
+        buf += dpseg + (zero1 ? (double)g->seg : 0); /* zero.c: buf [dp * seg], red [seg] */
+        stage = dpseg > stage ? dpseg : stage;       /* all-reduce / reduce-scatter rows */
+    }
+    o->optim_state = state * mm->es_o;
+    o->optim_master = master * mm->es_m;
+    o->optim = o->optim_state + o->optim_master;
+    o->ws_muon = ws * mm->es_o;
+    if (mm->o.rt == PAR_MM_PARITY) {
+        o->comm_dp = buf * mm->es_o;
+        o->ws_staging = stage * mm->es_o;
+    }
+}
+
+static par_status act_of(par_mm *mm, stage_info *si, int stage, int cp_rank, double recv, act_out *a)
+{
+    int c = cp_rank > 0;
+    if (mm->o.recv_rows || !si->cached[c]) {
+        par_status s = stage_act(mm, stage, cp_rank, recv, a);
+        if (s || mm->o.recv_rows)
+            return s;
+        si->act[c] = a->saved, si->ws_bwd[c] = a->ws, si->fixed[c] = a->fixed;
+        si->inflight[c] = a->inflight;
+        si->cached[c] = 1;
+        si->act_sends = a->sends;
+        return PAR_OK;
+    }
+    a->saved = si->act[c], a->ws = si->ws_bwd[c], a->fixed = si->fixed[c], a->inflight = si->inflight[c];
+    a->sends = si->act_sends;
+    return PAR_OK;
+}
+
+par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
+{
+    par_rank_coords rc;
+    par_status s = par_rank_coords_of(&mm->lay, r, &rc);
+    if (s)
+        return s;
+    stage_info *si = &mm->st[rc.pp];
+    const par_config *g = &mm->cfg;
+    par_mm_rank out;
+    memset(&out, 0, sizeof out);
+    out.rank = r;
+    out.stage = rc.pp;
+    out.held_floats = si->floats;
+    out.weights = (double)si->floats * mm->es_w + (double)mm->tab->n_i32 * 4.0;
+    out.grads = (double)si->floats * mm->es_g;
+    optim_of(mm, si, &rc, &out);
+    out.recv_factor = recv_factor(mm, si, r);
+    act_out a;
+    if ((s = act_of(mm, si, rc.pp, rc.cp, out.recv_factor, &a)))
+        return s;
+    out.act_saved = a.saved;
+    out.act_fixed = a.fixed;
+    out.act = a.saved + a.fixed;
+    out.ws_bwd = a.ws;
+    out.inflight = a.inflight;
+    if (mm->o.rt == PAR_MM_PARITY) {
+        out.comm_pp = a.sends;
+        out.ws_staging = out.ws_staging > a.sends ? out.ws_staging - a.sends : 0; /* never at once */
+    } else {
+        int64_t mbs = mm->lay.micro_batch > 0 ? mm->lay.micro_batch : 1, T = mbs * g->seq_length / mm->lay.cp;
+        double x = 2.0 * (double)T * (double)(g->hc_mult * g->dim);
+        out.comm_pp = mm->have_sch ? 2 * x : 0; /* one send and one receive buffer, bf16 */
+        if (mm->lay.ep > 1)                     /* dispatch + combine buffers of one MoE layer, bf16 rows */
+            out.comm_dispatch = 2.0 * (double)T * (double)g->n_activated_experts * out.recv_factor * (double)g->dim * 2.0;
+    }
+    out.comm = out.comm_dp + out.comm_pp + out.comm_dispatch;
+    out.workspace = out.ws_bwd + out.ws_muon + out.ws_staging + (mm->o.rt == PAR_MM_MEGATRON ? mm->o.workspace : 0);
+    out.total = out.weights + out.grads + out.optim + out.act + out.comm + out.workspace;
+    *o = out;
+    return PAR_OK;
+}
+
+par_status par_mm_stage_heaviest(par_mm *mm, int stage, par_mm_rank *out)
+{
+    if (stage < 0 || stage >= mm->pp)
+        return par_err(PAR_ERANGE, "memory model: stage %d outside [0, %d)", stage, mm->pp);
+    par_mm_rank best;
+    memset(&best, 0, sizeof best);
+    best.total = -1;
+    for (int64_t r = 0; r < mm->lay.world; r++) {
+        par_rank_coords rc;
+        par_status s = par_rank_coords_of(&mm->lay, (int)r, &rc);
+        if (s)
+            return s;
+        if (rc.pp != stage)
+            continue;
+        par_mm_rank x;
+        if ((s = par_mm_rank_of(mm, (int)r, &x)))
+            return s;
+        if (x.total > best.total)
+            best = x;
+    }
+    *out = best;
+    return PAR_OK;
+}

@@ -1,0 +1,117 @@
+/* tests/cli/test_run.c - `parity run --summary FILE.json` through the
+ * binary: the run's metrics as JSON (docs/matrix.md, "Run summary") agree
+ * with the run (its steps, layout, stages, ranks) and with the emulated
+ * network; without a network the emulated parts are null. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "core/json.h"
+
+/* BUILD/tests/cli/test_cli_run -> BUILD/parity */
+static void parity_bin(char *buf, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(k > 0, "readlink /proc/self/exe");
+    self[k] = 0;
+    for (int i = 0; i < 3; i++) {
+        char *s = strrchr(self, '/');
+        cr_assert(s);
+        *s = 0;
+    }
+    int len = snprintf(buf, n, "%s/parity", self);
+    cr_assert(len > 0 && (size_t)len < n, "path too long");
+    cr_assert(access(buf, X_OK) == 0, "no parity binary at %s", buf);
+}
+
+/* Runs `parity run ARGS...` with its output into log; the exit status. */
+static int run_parity(const char *log, const char *const *args)
+{
+    char bin[PATH_MAX];
+    parity_bin(bin, sizeof bin);
+    const char *argv[48] = {bin, "run"};
+    int n = 2;
+    for (int i = 0; args[i] && n < 46; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert(waitpid(pid, &st, 0) == pid);
+    cr_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static double num(const cJSON *o, const char *k)
+{
+    double v = NAN;
+    cr_assert(par_json_num(o, k, &v), "no number '%s'", k);
+    return v;
+}
+
+Test(run, summary_of_a_pipeline_with_network, .timeout = 120)
+{
+    char dir[] = "/tmp/parity-run-test-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char log[PATH_MAX], sum[PATH_MAX];
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(sum, sizeof sum, "%s/summary.json", dir);
+    const char *args[] = {"--preset", "v4-tiny", "--steps", "2", "--quiet", "--pipeline-model-parallel-size", "2",
+                          "--pipeline-model-parallel-layout", "Et*1|t*2mL", "--expert-model-parallel-size", "2",
+                          "--world-size", "4", "--topology", "reference", "--summary", sum, NULL};
+    int rc = run_parity(log, args);
+    cr_assert_eq(rc, 0, "parity run exited %d", rc);
+    cJSON *j = NULL;
+    cr_assert_eq(par_json_read_file(sum, &j), 0, "%s", par_last_error());
+    cr_expect_str_eq(par_json_str(j, "format"), "parity-run-summary");
+    cr_expect_eq(num(j, "steps"), 2);
+    const cJSON *losses = cJSON_GetObjectItemCaseSensitive(j, "losses");
+    cr_assert_eq(cJSON_GetArraySize(losses), 2);
+    double l0 = num(cJSON_GetArrayItem(losses, 0), "loss");
+    cr_expect(l0 > 1 && l0 < 20, "loss %g", l0);
+    const cJSON *lay = par_json_obj(j, "layout");
+    cr_expect_eq(num(lay, "world_size"), 4);
+    cr_expect_eq(num(lay, "data_parallel_size"), 2);
+    cr_expect_str_eq(par_json_str(lay, "pipeline_model_parallel_layout"), "Et|t*2mL");
+    const cJSON *em = par_json_obj(j, "emulated");
+    cr_assert(em, "a network was attached: emulated metrics expected");
+    cr_expect(num(em, "step_time_s") > 0 && num(em, "exposed_comm_s") >= 0);
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(em, "ranks")), 4, "every rank's clock");
+    const cJSON *pp = par_json_obj(j, "pipeline");
+    cr_assert(pp);
+    double b = num(pp, "emulated_bubble");
+    cr_expect(b > 0 && b < 1, "bubble %g", b);
+    cr_expect_eq(num(pp, "stages"), 2);
+    cr_expect(par_json_obj(j, "expert_parallel"), "EP 2: the expert-parallel traffic");
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "context_parallel")));
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "memory")), 4);
+    cJSON_Delete(j);
+
+    /* without a network: no emulated metrics, no emulated bubble */
+    const char *args2[] = {"--preset", "v4-tiny", "--steps", "1", "--quiet", "--summary", sum, NULL};
+    cr_assert_eq(run_parity(log, args2), 0);
+    cr_assert_eq(par_json_read_file(sum, &j), 0, "%s", par_last_error());
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "emulated")));
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "pipeline")));
+    cJSON_Delete(j);
+    par_remove_tree(dir);
+}
