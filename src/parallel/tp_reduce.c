@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "parallel/reduce_sum.h"
 
 /* point-to-point tags of the TP group (distinct from CP's 61xx) */
 enum { TAG_CHAIN = 6201, TAG_MUON_IN = 6202, TAG_MUON_OUT = 6203 };
@@ -27,7 +28,8 @@ par_status PAR_FN(par_tpr_sum)(const par_tp *tp, par_real *buf, size_t n)
     if (!multi(tp) || n == 0)
         return PAR_OK;
     add_bytes(TRAFFIC(tp, allreduce), n * sizeof(par_real));
-    return par_allreduce(tp->comm, buf, buf, n, PAR_TP_CREAL, PAR_OP_SUM);
+    const par_field f = PAR_FIELD(buf, n, PAR_TP_CREAL);
+    return par_reduce_fields(tp->comm, &f, 1, NULL);
 }
 
 par_status PAR_FN(par_tpr_sum_f64)(const par_tp *tp, double *buf, size_t n)
@@ -35,7 +37,8 @@ par_status PAR_FN(par_tpr_sum_f64)(const par_tp *tp, double *buf, size_t n)
     if (!multi(tp) || n == 0)
         return PAR_OK;
     add_bytes(TRAFFIC(tp, allreduce), n * sizeof(double));
-    return par_allreduce(tp->comm, buf, buf, n, PAR_C_F64, PAR_OP_SUM);
+    const par_field f = PAR_FIELD(buf, n, PAR_C_F64);
+    return par_reduce_fields(tp->comm, &f, 1, NULL);
 }
 
 par_status PAR_FN(par_tpr_max_f64)(const par_tp *tp, double *buf, size_t n)
@@ -43,7 +46,7 @@ par_status PAR_FN(par_tpr_max_f64)(const par_tp *tp, double *buf, size_t n)
     if (!multi(tp) || n == 0)
         return PAR_OK;
     add_bytes(TRAFFIC(tp, allreduce), n * sizeof(double));
-    return par_allreduce(tp->comm, buf, buf, n, PAR_C_F64, PAR_OP_MAX);
+    return par_reduce_max_f64(tp->comm, buf, n);
 }
 
 par_status PAR_FN(par_tpr_gather_tokens)(const par_tp *tp, par_real *full, const par_real *local,
@@ -69,7 +72,8 @@ par_status PAR_FN(par_tpr_scatter_tokens)(const par_tp *tp, par_real *local, con
         return PAR_OK;
     }
     add_bytes(TRAFFIC(tp, reduce_scatter), n * (size_t)par_comm_size(tp->comm) * sizeof(par_real));
-    return par_reduce_scatter(tp->comm, full, local, n, PAR_TP_CREAL, PAR_OP_SUM);
+    const par_field f = PAR_FIELD(full, n * (size_t)par_comm_size(tp->comm), PAR_TP_CREAL);
+    return par_reduce_fields(tp->comm, &f, 1, local);
 }
 
 par_status PAR_FN(par_tpr_chain)(const par_tp *tp, par_real *buf, size_t n,
@@ -175,8 +179,8 @@ par_status PAR_FN(par_tpr_scatter_rows)(const par_tp *tp, par_real *rows, const 
     }
     add_bytes(TRAFFIC(tp, reduce_scatter), blk * (size_t)P * sizeof(par_real));
     par_real *mine = pad + blk * (size_t)P;
-    par_status st = blk ? par_reduce_scatter(tp->comm, pad, mine, blk, PAR_TP_CREAL, PAR_OP_SUM)
-                        : PAR_OK;
+    const par_field f = PAR_FIELD(pad, blk * (size_t)P, PAR_TP_CREAL);
+    par_status st = blk ? par_reduce_fields(tp->comm, &f, 1, mine) : PAR_OK;
     if (!st)
         memcpy(rows, mine, (size_t)(counts[r] * w) * sizeof(par_real));
     par_free(pad);

@@ -2,9 +2,12 @@
  * named for what it moves (INTERNAL: included by tp_*.c and etp.c only;
  * templated, see kernels/real.h).
  *
- * They live together so that the driver's single reduction module can take
- * them over by name.  All go through src/comm's typed collectives, so every
- * sum is in rank order 0..P-1 ((x_0 + x_1) + x_2 ...).  With a group of one
+ * Every SUM among them (par_tpr_sum, _sum_f64, the token and row
+ * reduce-scatters) and the CE's max go through the one reduction module
+ * (parallel/reduce_sum.h par_reduce_fields / par_reduce_max_f64), so every
+ * sum is in rank order 0..P-1 ((x_0 + x_1) + x_2 ...); what stays here is
+ * what moves data without reducing it (all-gathers, the indexer chain, the
+ * broadcast of the picks, Muon's point-to-point shards).  With a group of one
  * rank (tp->comm NULL or size 1) each is a copy or a no-op.  Bytes are
  * counted in tp->traffic.
  */
