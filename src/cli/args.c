@@ -149,7 +149,7 @@ void par_layout_args_init(par_layout_args *l)
 int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
 {
     const par_opt add[] = {
-        {"tensor-model-parallel-size", PAR_OPT_INT, &l->tp, "N", "TP size (parity runs TP=1)"},
+        {"tensor-model-parallel-size", PAR_OPT_INT, &l->tp, "N", "TP size (attention heads split; parity run: no CP / EP with it yet)"},
         {"pipeline-model-parallel-size", PAR_OPT_INT, &l->pp, "N", "pipeline stages"},
         {"virtual-pipeline-model-parallel-size", PAR_OPT_INT, &l->vpp, "N", "virtual stages per rank"},
         {"pipeline-model-parallel-layout", PAR_OPT_STR, &l->pp_layout, "STR", "Megatron layout string, e.g. 'Et*3|t*2|t*3mL'"},

@@ -26,6 +26,16 @@ static par_status sched_params(const par_layout *l, par_schedule_params *sp)
 
 par_status PAR_FN(par_exec_check)(const par_layout *l)
 {
+    /* tensor parallelism is wired for attention with every TP rank on the
+     * same tokens: not yet with CP or EP (docs/parallel.md) */
+    if (l->tp > 1 && l->cp > 1)
+        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with context-parallel-size %lld: TP x CP "
+                       "is not wired into parity run yet (the CP attention runs the whole heads)",
+                       (long long)l->tp, (long long)l->cp);
+    if (l->tp > 1 && l->ep > 1)
+        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with expert-model-parallel-size %lld: "
+                       "TP x EP is not wired into parity run yet (it needs sequence parallelism's disjoint tokens)",
+                       (long long)l->tp, (long long)l->ep);
     if (l->pp <= 1)
         return PAR_OK;
     if (l->n_micro > 1000000)
@@ -98,6 +108,16 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         if ((s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
             return s;
         PAR_FN(par_cp_hook_install)(ex->cph, M);
+    }
+    if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
+                            * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
+        ex->tpc = P->g.g[PAR_GROUP_TP];
+        if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
+            return s;
+        PAR_FN(par_tp_hook_install)(ex->tph, M);
+        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
+            if (M->tab.p[i].expert < 0)
+                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     }
     if (ex->sch.n_dirs == 2) { /* DualPipe: the pair {r, p-1-r} holds the same two stages */
         int lo = ex->me < ex->p - 1 - ex->me ? ex->me : ex->p - 1 - ex->me;
@@ -363,7 +383,8 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
         return s;
     memset(M->grads, 0, (size_t)M->n_local * sizeof *M->grads);
     M->have_fwd = 0;
-    if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)))
+    if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
+        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, 0)))
         return s;
     /* gradients of weights on several pipeline ranks (DualPipe: every
      * gradient over the pair of copies); the DP reduction, the norm and
@@ -455,6 +476,7 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
         par_comm_free(ex->pair);
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
+    PAR_FN(par_tp_hook_free)(ex->tph);
     par_free(ex->mq0);
     par_free(ex->pos_rows);
     par_free(ex->cost);

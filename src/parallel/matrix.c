@@ -480,6 +480,8 @@ static void describe_layout(const par_mx_cell *c, const par_cell_layout *cl, cha
         if (cl->micro_batch_size > 1)
             ADD("mbs=%lld ", (long long)cl->micro_batch_size);
     }
+    if (l.tp > 1)
+        ADD("TP=%lld ", (long long)l.tp);
     if (l.cp > 1)
         ADD("CP=%lld ", (long long)l.cp);
     if (l.da > 1)

@@ -40,6 +40,19 @@
 #define PAR_C_REAL PAR_C_F64
 #else
 #define PAR_C_REAL PAR_C_F32
+/* Tensor parallelism (parallel/tp_hook.h): every attention gradient of the
+ * model (layers.N.attn.*, mtp.N.attn.*) summed over the TP group once per
+ * step.  Rank r holds its block of each split weight (zeros elsewhere: the
+ * sum is exact) and its share of each replicated one (wq_a, q_norm, wkv,
+ * kv_norm, the compressor), so afterwards every TP rank holds the complete
+ * gradients.  The other entries are identical on the TP ranks (each saw
+ * every token and the complete dy) and are not summed; the routed experts'
+ * gradients, whose expert-DP group (EDP) spans the TP ranks, are zeroed on
+ * TP ranks > 0 so that the EDP sum counts them once (x + 0: exact).  skip_wkv leaves
+ * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce).
+ * Collective over tp. */
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv);
+
 #endif
 
 /* ------------------------------------------------ templated: the step -- */
@@ -70,5 +83,18 @@ par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *s
  * so every holder updates identically: which 0 embed.weight, 1 head.weight,
  * 2 every held entry (DualPipe's pair of copies).  Collective over c. */
 par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, int which);
+
+/* Tensor parallelism (parallel/tp_hook.h): every attention gradient of the
+ * model (layers.N.attn.*, mtp.N.attn.*) summed over the TP group once per
+ * step.  Rank r holds its block of each split weight (zeros elsewhere: the
+ * sum is exact) and its share of each replicated one (wq_a, q_norm, wkv,
+ * kv_norm, the compressor), so afterwards every TP rank holds the complete
+ * gradients.  The other entries are identical on the TP ranks (each saw
+ * every token and the complete dy) and are not summed; the routed experts'
+ * gradients, whose expert-DP group (EDP) spans the TP ranks, are zeroed on
+ * TP ranks > 0 so that the EDP sum counts them once (x + 0: exact).  skip_wkv leaves
+ * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce).
+ * Collective over tp. */
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv);
 
 #endif

@@ -155,6 +155,24 @@ void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_a
     }
 }
 
+void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
+                                   const par_attn_dims *dm, int rank, int P, par_real *scratch)
+{
+    for (int k = 0; k < NSLOT; k++) {
+        int64_t r, c;
+        slot_shape(dm, k, &r, &c);
+        par_real *dst = slot_get(dW, k);
+        const par_real *src = slot_get(dWl, k);
+        if (r == 0 || !dst || !src)
+            continue;
+        const int64_t n = shard_numel(dm, k, P);
+        par_tp_slice(scratch, dst, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        for (int64_t e = 0; e < n; e++)
+            scratch[e] += src[e];
+        par_tp_unslice(dst, scratch, r, c, slot_cut(k), rank, P, sizeof(par_real));
+    }
+}
+
 void PAR_FN(par_tp_attn_saved_free)(PAR_FN(par_tp_attn_saved) *sv)
 {
     if (!sv)

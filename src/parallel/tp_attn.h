@@ -71,6 +71,11 @@ void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,
                                  const par_attn_dims *dm, int rank, int P);
 
+/* dW (full) += rank r's shard gradients dWl: each non-NULL slot of both
+ * at rank r's block (replicated slots whole); the other ranks' blocks are
+ * left as they are.  scratch: shard_count reals. */
+void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
+                                   const par_attn_dims *dm, int rank, int P, par_real *scratch);
 /* What the forward keeps for the backward (all T tokens, this rank's
  * heads). */
 typedef struct {
