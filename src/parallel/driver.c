@@ -134,7 +134,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     if ((s = par_rank_coords_of(P->lay, P->rank, &P->rc)) || (s = par_groups_build(world, P->lay, &P->g)))
         return s;
     par_exec_opts eo = {.seed = o->seed, .moe_dispatch = o->moe_dispatch, .net = o->netmodel,
-                        .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8};
+                        .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
+                        .tp_faults = o->tp_faults};
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */

@@ -17,7 +17,8 @@
  *     the update of what it holds);
  *   - with a dump directory, rank 0 gathers the unsharded golden set
  *     (model/golden.h's writers) and commits it atomically.
- * Supported now: TP = ETP = 1 (refused by the layout).
+ * Tensor parallelism (TP > 1, no SP) runs the attention over the TP group
+ * (parallel/tp_hook.h); not yet with CP, EP, ETP > 1 or a checkpoint.
  */
 #ifndef PAR_PARALLEL_DRIVER_H
 #define PAR_PARALLEL_DRIVER_H
@@ -56,6 +57,8 @@ typedef struct {
     const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
+    unsigned tp_faults;       /* PAR_TP_FAULT_* bits (parallel/tp.h): deliberate bugs for the fault
+                               * demonstrations of tests only; 0 in every real run */
 } par_run_opts;
 
 /* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */

@@ -60,6 +60,7 @@ struct PAR_FN(par_exec_s) {
     par_comm *cpc;            /* CP > 1: the CP group */
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
+    unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
     int64_t CP;
     int n_local;              /* stages on this rank */
     lstage *ls;               /* [n_local] */

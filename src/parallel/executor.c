@@ -112,6 +112,7 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
     if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
                             * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
         ex->tpc = P->g.g[PAR_GROUP_TP];
+        ex->tp_faults = o->tp_faults;
         if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
             return s;
         PAR_FN(par_tp_hook_install)(ex->tph, M);
@@ -384,7 +385,7 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     memset(M->grads, 0, (size_t)M->n_local * sizeof *M->grads);
     M->have_fwd = 0;
     if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
-        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, 0)))
+        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) != 0)))
         return s;
     /* gradients of weights on several pipeline ranks (DualPipe: every
      * gradient over the pair of copies); the DP reduction, the norm and

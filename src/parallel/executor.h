@@ -77,6 +77,7 @@ typedef struct {
     int gpus_per_node;        /* EP tiers and relays (>= 1) */
     const par_netmodel *net;  /* the emulated network or NULL: the message
                                * latency of the dry run with measured costs */
+    unsigned tp_faults;       /* PAR_TP_FAULT_* (parallel/tp.h); 0 in real runs */
 } par_exec_opts;
 
 /* Collective over the world (every rank calls it): the schedule of P->lay,
