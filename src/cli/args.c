@@ -156,7 +156,7 @@ int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
         {"pipeline-schedule", PAR_OPT_STR, &l->pp_schedule, "NAME", "gpipe|1f1b|interleaved|zb-h1|dualpipe|dualpipev"},
         {"context-parallel-size", PAR_OPT_INT, &l->cp, "N", "CP size (contiguous split of each row)"},
         {"expert-model-parallel-size", PAR_OPT_INT, &l->ep, "N", "EP size"},
-        {"expert-tensor-parallel-size", PAR_OPT_INT, &l->etp, "N", "ETP size (parity runs ETP=1)"},
+        {"expert-tensor-parallel-size", PAR_OPT_INT, &l->etp, "N", "ETP size (routed experts' hidden units split; parity run: TP = EP = 1 with it)"},
         {"micro-batch-size", PAR_OPT_INT, &l->micro_batch, "ROWS", "rows per microbatch"},
         {"global-batch-size", PAR_OPT_INT, &l->global_batch, "ROWS", "rows per step (default: the preset's)"},
         {"world-size", PAR_OPT_INT, &l->world_size, "N", "ranks (default: the smallest the folding allows)"},

@@ -67,6 +67,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                   "every step, the global norm reduced across ranks; reference with the same clip"
 #define NOTE_TP "f64 policy: TP attention (heads, groups, index heads, sinks split; output and dx summed over TP); " \
                 "routing and selections exactly equal"
+#define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
+                 "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -159,6 +161,21 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
                 .pipeline_schedule = "interleaved", .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
      .note = NOTE_TP "; PP 2"},
+    {.name = "etp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .expert_tensor_parallel_size = 2}, .note = NOTE_ETP "; Da 2"},
+    {.name = "etp2-de2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_ETP "; Da 4, De 2, ZeRO-1"},
+    {.name = "etp2-pp2-1f1b", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .pipeline_schedule = "1f1b", .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = NOTE_ETP "; PP 2"},
+    {.name = "etp2-cp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .expert_tensor_parallel_size = 2, .context_parallel_size = 2},
+     .note = NOTE_ETP "; the ETP group is the CP group"},
+    {.name = "etp2-zero1-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
+     .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x ZeRO-1 saved, loaded serially)"},
     {.name = "tp2-to-tp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = TPL(2, 2),
      .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (saved under TP 2, loaded serially)"},
     {.name = "tp2-zero1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,

@@ -18,7 +18,9 @@
  *   - with a dump directory, rank 0 gathers the unsharded golden set
  *     (model/golden.h's writers) and commits it atomically.
  * Tensor parallelism (TP > 1, no SP) runs the attention over the TP group
- * (parallel/tp_hook.h); not yet with CP, EP, ETP > 1 or a checkpoint.
+ * (parallel/tp_hook.h), not yet with CP or EP; expert tensor parallelism
+ * (ETP > 1) the routed experts over the ETP group (parallel/etp_hook.h),
+ * with TP = EP = 1 only.
  */
 #ifndef PAR_PARALLEL_DRIVER_H
 #define PAR_PARALLEL_DRIVER_H

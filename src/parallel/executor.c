@@ -36,6 +36,10 @@ par_status PAR_FN(par_exec_check)(const par_layout *l)
         return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with expert-model-parallel-size %lld: "
                        "TP x EP is not wired into parity run yet (it needs sequence parallelism's disjoint tokens)",
                        (long long)l->tp, (long long)l->ep);
+    if (l->etp > 1 && (l->tp > 1 || l->ep > 1))
+        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld "
+                       "and expert-model-parallel-size %lld: ETP is wired for TP = EP = 1 only",
+                       (long long)l->etp, (long long)l->tp, (long long)l->ep);
     if (l->pp <= 1)
         return PAR_OK;
     if (l->n_micro > 1000000)
@@ -118,6 +122,15 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         PAR_FN(par_tp_hook_install)(ex->tph, M);
         for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
             if (M->tab.p[i].expert < 0)
+                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+    }
+    if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
+        ex->etpc = P->g.g[PAR_GROUP_ETP];
+        if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
+            return s;
+        PAR_FN(par_etp_hook_install)(ex->etph, M);
+        for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
+            if (M->tab.p[i].expert >= 0)
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     }
     if (ex->sch.n_dirs == 2) { /* DualPipe: the pair {r, p-1-r} holds the same two stages */
@@ -385,7 +398,8 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     memset(M->grads, 0, (size_t)M->n_local * sizeof *M->grads);
     M->have_fwd = 0;
     if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
-        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) != 0)))
+        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) != 0)) ||
+        (s = PAR_FN(par_reduce_etp_grads)(M, ex->etpc)))
         return s;
     /* gradients of weights on several pipeline ranks (DualPipe: every
      * gradient over the pair of copies); the DP reduction, the norm and
@@ -478,6 +492,7 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
     PAR_FN(par_tp_hook_free)(ex->tph);
+    PAR_FN(par_etp_hook_free)(ex->etph);
     par_free(ex->mq0);
     par_free(ex->pos_rows);
     par_free(ex->cost);

@@ -187,11 +187,6 @@ static par_status resolve_sizes(par_layout *l, const par_layout_model *m)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (rows[i].v > LAYOUT_MAX_ROWS)
             return par_err(PAR_EINVAL, "%s %lld exceeds %lld", rows[i].flag, LL(rows[i].v), LL(LAYOUT_MAX_ROWS));
-    if (l->etp != 1)
-        return par_err(PAR_EUNSUPPORTED,
-                       "expert-tensor-parallel-size %lld: parity does not implement expert tensor "
-                       "parallelism (ETP must be 1)",
-                       LL(l->etp));
     int64_t n = l->world;
     if (n == 0) {
         n = par_layout_default_world(l->tp, l->pp, l->cp, l->ep, l->etp);

@@ -488,6 +488,8 @@ static void describe_layout(const par_mx_cell *c, const par_cell_layout *cl, cha
         ADD("DP=%lld ", (long long)l.da);
     if (l.ep > 1)
         ADD("EP=%lld ", (long long)l.ep);
+    if (l.etp > 1)
+        ADD("ETP=%lld ", (long long)l.etp);
     if (l.ep > 1 && l.de > 1)
         ADD("De=%lld ", (long long)l.de);
     if (l.distributed_optimizer)

@@ -1,8 +1,9 @@
 /* tests/parallel/test_tp_run.c - tensor parallelism in parity run (the step
  * executor with the TP attention hook, parallel/tp_hook.h) against the
  * serial golden of the same data and seed, f64 policy (routing and indexer
- * selections exact); the deliberate missing wkv all-reduce caught with its
- * root cause; the layout rules refused with the numbers. */
+ * selections exact); ETP 2 (parallel/etp_hook.h) the same; the deliberate
+ * missing wkv all-reduce caught with its root cause; the layout rules
+ * refused with the numbers. */
 #include <criterion/criterion.h>
 
 #include "golden_check.h"
@@ -36,18 +37,27 @@ static void golden(const char *out)
     cr_assert_eq(par_golden_run(&o, NULL), 0, "%s", par_last_error());
 }
 
-static par_status run(const char *dump, int64_t tp, int64_t world, int64_t cp, unsigned faults)
+/* {TP, ETP, EP, CP, world[, moe_inter_dim]} */
+typedef struct {
+    int64_t tp, etp, ep, cp, world, inter;
+} lay;
+
+static par_status run(const char *dump, lay l, unsigned faults)
 {
     par_run_opts o;
     par_run_opts_init(&o);
     tiny(&o.cfg);
+    if (l.inter)
+        o.cfg.moe_inter_dim = l.inter;
     o.steps = 2;
     o.seed = 1234;
     o.backend = par_backend_find("threads");
     cr_assert(o.backend);
-    o.layout.tp = tp;
-    o.layout.world = world;
-    o.layout.cp = cp;
+    o.layout.tp = l.tp;
+    o.layout.etp = l.etp;
+    o.layout.ep = l.ep;
+    o.layout.cp = l.cp;
+    o.layout.world = l.world;
     o.dump_dir = dump;
     o.tp_faults = faults;
     return par_run(&o, NULL);
@@ -57,7 +67,18 @@ Test(tp_run, tp2_x_dp2_matches_the_serial_golden)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
     golden(g);
-    cr_assert_eq(run(d, 2, 4, 1, 0), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* ETP 2 with Da 2 (the ETP group holds disjoint tokens): the serial golden. */
+Test(tp_run, etp2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "etp2");
+    golden(g);
+    cr_assert_eq(run(d, (lay){1, 2, 1, 1, 2, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
     rmtree(t);
     free(t), free(g), free(d);
@@ -69,7 +90,7 @@ Test(tp_run, missing_wkv_all_reduce_is_caught)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
     golden(g);
-    cr_assert_eq(run(d, 2, 2, 1, PAR_TP_FAULT_WKV_NO_REDUCE), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 2, 0}, PAR_TP_FAULT_WKV_NO_REDUCE), 0, "%s", par_last_error());
     par_compare_opts co;
     par_compare_opts_init(&co);
     par_compare_report *r = NULL;
@@ -89,9 +110,14 @@ Test(tp_run, missing_wkv_all_reduce_is_caught)
 
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
-    cr_expect_eq(run(NULL, 4, 4, 1, 0), PAR_EINVAL);
+    cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, 2, 4, 2, 0), PAR_EUNSUPPORTED);
+    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "context-parallel-size 2"), "%s", par_last_error());
+    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2"), "%s", par_last_error());
+    cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20}, 0), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
+              par_last_error());
 }
