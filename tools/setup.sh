@@ -5,13 +5,15 @@
 #   --with-torch   also python3-torch (Debian's PyTorch 1.13, CPU; about 200
 #                  packages with its dependencies), for the python_torch tests
 #                  and parity_torch (docs/gpu-rollout.md)
+#   --with-fuzz    also clang, its libFuzzer runtime and OpenMP (tools/fuzz.sh)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
       libcriterion-dev libcjson-dev nettle-dev python3-numpy python3-venv)
 for a in "$@"; do
   case "$a" in
     --with-torch) pkgs+=(python3-torch) ;;
-    *) echo "parity setup: unknown option '$a' (known: --with-torch)" >&2; exit 2 ;;
+    --with-fuzz) pkgs+=(clang libclang-rt-14-dev libomp-dev) ;;
+    *) echo "parity setup: unknown option '$a' (known: --with-torch, --with-fuzz)" >&2; exit 2 ;;
   esac
 done
 missing=()

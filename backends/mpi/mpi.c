@@ -55,15 +55,18 @@
  * has DONE from all: every process then returns the same verdict, and no
  * message is in flight when the communicator is freed.
  */
+#include <errno.h>
 #include <mpi.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backends/mpi/procs.h"
 #include "backends/threads/tsync.h"
@@ -80,12 +83,35 @@
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_provided = -1;   /* thread level MPI gave            */
 static int g_broken;          /* an MPI operation was left pending */
+static _Atomic int g_peer_gone; /* a process died or never finished: no MPI_Finalize */
+
+/* Hydra (mpiexec -disable-auto-cleanup) tells the survivors of a dead
+ * process with SIGUSR1, whose default action would kill them before they
+ * report: the watchdog finds the dead process itself. */
+static void on_sigusr1(int sig) { (void)sig; }
+
+static void keep_sigusr1(void)
+{
+    struct sigaction old;
+    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO))
+        return; /* somebody (MPI itself?) handles it */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
 
 static void mpi_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin)
+        return;
+    /* MPI_Finalize waits for every process, so a dead one would hang it, and
+     * MPI_Abort would kill the survivors before they report: exit as is. */
+    if (atomic_load(&g_peer_gone))
         return;
     if (g_broken)
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -111,6 +137,10 @@ par_status par_mpi_procs(int *nprocs, int *proc)
             goto done;
         }
         atexit(mpi_at_exit);
+        /* a failed peer must not abort this process from inside MPI: calls
+         * return errors and the engine's liveness checks report it */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        keep_sigusr1();
     }
     if (g_provided < 0)
         MPI_Query_thread(&g_provided);
@@ -137,7 +167,16 @@ static void last_resort(const char *msg)
 
 /* ---- the engine: one per world and process ------------------------------ */
 
-enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE };
+enum { CT_RTS = 1, CT_CTS, CT_CANCEL, CT_ABORT, CT_DONE, CT_HEARTBEAT };
+
+/* Liveness (docs/comm.md "A process dies"): a watchdog thread per process
+ * sends a heartbeat to every other process every HB_EVERY seconds and
+ * declares one dead when its pid is gone (same host) or nothing came from
+ * it for DEAD_AFTER seconds. */
+#define HB_EVERY 0.5
+#define DEAD_AFTER 6.0
+#define GONE_GRACE 0.3 /* a gone pid counts after this long without its DONE */
+#define WATCH_EVERY_NS 100000000L
 
 typedef struct {
     int32_t kind;
@@ -179,6 +218,7 @@ typedef struct unexp {
 typedef struct outmsg {
     struct outmsg *next;
     MPI_Request req;
+    int proc;         /* destination process                 */
     char data[];      /* copy of a control message, if any */
 } outmsg;
 
@@ -208,13 +248,26 @@ typedef struct {
     int ndone;              /* DONE messages received                               */
     unsigned char *proc_done; /* [nprocs] the process sent DONE                     */
     unsigned char *skip;    /* [nprocs] scratch: processes a notice need not reach   */
-    int done_wrank;         /* the first failure a DONE reported                     */
-    par_status done_st;
-    char done_msg[640];
+    /* the first failure each process reported in its DONE (this one's own
+     * included): every process picks the same one (e_agree_failure) */
+    int32_t *rep_rank;      /* [nprocs]                                              */
+    int32_t *rep_st;        /* [nprocs] 0: no failure                                */
+    char (*rep_msg)[640];   /* [nprocs]                                              */
     char *trash;            /* drained payloads                                     */
     size_t trash_n;
     ctrlmsg rx;
     tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
+    /* liveness: under mu but ndead (read anywhere) */
+    long *pids;             /* [nprocs] each process's pid                           */
+    unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
+    double *heard;          /* [nprocs] when anything last came from it             */
+    double *hb_sent;        /* [nprocs] when our last heartbeat went to it          */
+    double *gone_since;     /* [nprocs] when its pid was first seen gone (0: not)    */
+    unsigned char *dead;    /* [nprocs]                                              */
+    _Atomic int ndead;
+    pthread_t watchdog;
+    int watchdog_on;
+    _Atomic int watchdog_stop;
 } mworld;
 
 static inline void cpu_relax(void)
@@ -245,25 +298,34 @@ static void e_send_ctrl(mworld *e, int proc, const ctrlmsg *m)
     size_t len = CTRL_HDR;
     if (m->kind == CT_ABORT || m->kind == CT_DONE)
         len += strnlen(m->msg, sizeof m->msg - 1) + 1;
+    if (e->dead && e->dead[proc])
+        return; /* nobody there */
     outmsg *o = par_malloc(sizeof *o + len, PAR_TAG_COMM);
     if (!o) { /* small and eager: a blocking send does not wait for the peer */
         MPI_Send(m, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm);
         return;
     }
+    o->proc = proc;
     memcpy(o->data, m, len);
     MPI_Isend(o->data, (int)len, MPI_BYTE, proc, TAG_CTRL, e->comm, &o->req);
     o->next = e->out;
     e->out = o;
 }
 
-static void e_orphan(mworld *e, MPI_Request *req)
+static void e_orphan(mworld *e, MPI_Request *req, int proc)
 {
+    if (e->dead && e->dead[proc]) { /* nobody will take it */
+        MPI_Cancel(req);
+        MPI_Request_free(req);
+        return;
+    }
     outmsg *o = par_malloc(sizeof *o, PAR_TAG_COMM);
     if (!o) {
         g_broken = 1; /* lost track of it: no clean finalize */
         MPI_Request_free(req);
         return;
     }
+    o->proc = proc;
     o->req = *req;
     *req = MPI_REQUEST_NULL;
     o->next = e->out;
@@ -399,7 +461,7 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
                 if (m->data_tag >= 0) { /* tell the matched receiver we withdrew */
                     MPI_Request q;
                     MPI_Isend(NULL, 0, MPI_BYTE, proc, m->data_tag, e->comm, &q);
-                    e_orphan(e, &q);
+                    e_orphan(e, &q, proc);
                 }
             } else if (m->status == PAR_EMISMATCH) {
                 char msg[320];
@@ -432,6 +494,7 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
         }
         return; /* already matched: the CTS crossed the cancel */
     case CT_ABORT: e_remote_failure(e, m); return;
+    case CT_HEARTBEAT: return; /* e_progress noted when it came */
     case CT_DONE:
         /* Its failure was sent as ABORT or seen by everyone concerned; while
          * our ranks run it is kept (a mismatch every member detects itself
@@ -439,11 +502,9 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
          * applied when they returned (e_finish). */
         e->ndone++;
         e->proc_done[proc] = 1;
-        if (m->status != PAR_OK && !e->done_st) {
-            e->done_st = m->status;
-            e->done_wrank = m->src_wrank;
-            snprintf(e->done_msg, sizeof e->done_msg, "%s", m->msg);
-        }
+        e->rep_st[proc] = m->status;
+        e->rep_rank[proc] = m->src_wrank;
+        snprintf(e->rep_msg[proc], sizeof e->rep_msg[proc], "%s", m->msg);
         return;
     default: return;
     }
@@ -459,6 +520,8 @@ static void e_progress(mworld *e, int drain)
         MPI_Iprobe(MPI_ANY_SOURCE, drain ? MPI_ANY_TAG : TAG_CTRL, e->comm, &flag, &s);
         if (!flag)
             break;
+        if (e->heard && s.MPI_SOURCE >= 0 && s.MPI_SOURCE < e->nprocs)
+            e->heard[s.MPI_SOURCE] = par__now();
         if (s.MPI_TAG == TAG_CTRL) {
             memset(&e->rx, 0, CTRL_HDR + 1);
             MPI_Recv(&e->rx, (int)sizeof e->rx, MPI_BYTE, s.MPI_SOURCE, TAG_CTRL, e->comm,
@@ -577,6 +640,170 @@ static void e_poll_try(void *ctx)
     }
 }
 
+/* ---- liveness ------------------------------------------------------------- */
+
+static par_status wait_start_req(MPI_Request *req, double deadline, const char *what);
+
+/* Drops what the engine holds for process q, which is gone: its control
+ * messages and orphaned sends are abandoned, point-to-point requests with it
+ * fail.  Under e->mu. */
+static void e_forget(mworld *e, int q)
+{
+    for (outmsg **pp = &e->out; *pp;) {
+        outmsg *o = *pp;
+        if (o->proc != q) {
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        MPI_Cancel(&o->req);
+        MPI_Request_free(&o->req);
+        e_bury(e, o); /* MPI may still hold the bytes */
+    }
+    for (mop **pp = &e->ops; *pp;) {
+        mop *op = *pp;
+        if (op->proc != q) {
+            pp = &op->next;
+            continue;
+        }
+        *pp = op->next;
+        if (op->state == OP_DATA) {
+            MPI_Cancel(&op->req);
+            MPI_Request_free(&op->req);
+        }
+        if (op->r)
+            req_complete(op->r, PAR_ECOMM, "the peer's MPI process died during the transfer");
+        par_free(op);
+    }
+    for (unexp **pp = &e->unexp; *pp;) {
+        unexp *u = *pp;
+        if (u->proc != q) {
+            pp = &u->next;
+            continue;
+        }
+        *pp = u->next;
+        par_free(u);
+    }
+}
+
+/* Process q is gone (why: how we know).  The world fails with a message
+ * naming it and what this process's ranks were waiting on; the other live
+ * processes are told.  Under e->mu. */
+static void e_proc_dead(mworld *e, int q, const char *why)
+{
+    if (e->dead[q])
+        return;
+    e->dead[q] = 1;
+    atomic_fetch_add(&e->ndead, 1);
+    atomic_store(&g_peer_gone, 1);
+    e_forget(e, q);
+    char msg[640];
+    size_t k = (size_t)snprintf(msg, sizeof msg, "MPI process %d (world ranks %d..%d, pid %ld) died: %s; waiting here:",
+                                q, q * e->R, q * e->R + e->R - 1, e->pids[q], why);
+    for (int r = e->proc * e->R; r < (e->proc + 1) * e->R && k + 8 < sizeof msg; r++) {
+        char d[200];
+        par__rank_describe(e->w, r, d, sizeof d);
+        k += (size_t)snprintf(msg + k, sizeof msg - k, "%s rank %d %s", r > e->proc * e->R ? ";" : "", r, d);
+    }
+    PAR_LOG_E("mpi: process %d: %s", e->proc, msg);
+    par__world_fail(e->w, q * e->R, PAR_ECOMM, msg);
+    e_notify_locked(e, q * e->R, msg, e->dead); /* the survivors hear the same story */
+}
+
+/* One round of the watchdog: heartbeats out, liveness in.  Under e->mu. */
+static void e_watch(mworld *e)
+{
+    static const ctrlmsg hb = {.kind = CT_HEARTBEAT};
+    double now = par__now();
+    e_progress(e, 0);
+    for (int q = 0; q < e->nprocs; q++) {
+        if (q == e->proc || e->dead[q] || e->proc_done[q])
+            continue; /* a process that said DONE may leave and fall silent */
+        if (now - e->hb_sent[q] >= HB_EVERY) {
+            MPI_Request rq; /* fire and forget: the buffer is static */
+            if (MPI_Isend(&hb, (int)CTRL_HDR, MPI_BYTE, q, TAG_CTRL, e->comm, &rq) == MPI_SUCCESS)
+                MPI_Request_free(&rq);
+            e->hb_sent[q] = now;
+        }
+        char why[160];
+        int gone = e->same_host[q] && kill((pid_t)e->pids[q], 0) != 0 && errno == ESRCH;
+        if (!gone) {
+            e->gone_since[q] = 0;
+        } else if (e->gone_since[q] == 0) {
+            e->gone_since[q] = now; /* a process that ended normally may have a DONE in flight */
+        } else if (now - e->gone_since[q] > GONE_GRACE) {
+            snprintf(why, sizeof why, "its pid no longer exists on this host (killed?)");
+            e_proc_dead(e, q, why);
+        }
+        if (!gone && now - e->heard[q] > DEAD_AFTER) {
+            snprintf(why, sizeof why, "nothing came from it for %.1f s (heartbeats every %.1f s)", now - e->heard[q],
+                     HB_EVERY);
+            e_proc_dead(e, q, why);
+        }
+    }
+}
+
+static void *watchdog_main(void *arg)
+{
+    mworld *e = arg;
+    while (!atomic_load(&e->watchdog_stop)) {
+        struct timespec ts = {0, WATCH_EVERY_NS};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&e->mu);
+        e_watch(e);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* Every process's pid and host, and the watchdog thread (nprocs > 1). */
+static par_status liveness_start(mworld *e, double timeout)
+{
+    int P = e->nprocs;
+    e->pids = par_calloc((size_t)P, sizeof *e->pids, PAR_TAG_COMM);
+    e->same_host = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    e->heard = par_calloc((size_t)P, sizeof *e->heard, PAR_TAG_COMM);
+    e->hb_sent = par_calloc((size_t)P, sizeof *e->hb_sent, PAR_TAG_COMM);
+    e->dead = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    e->gone_since = par_calloc((size_t)P, sizeof *e->gone_since, PAR_TAG_COMM);
+    typedef struct {
+        int64_t pid;
+        char host[120];
+    } ident;
+    ident *all = par_calloc((size_t)P, sizeof *all, PAR_TAG_COMM);
+    if (!e->pids || !e->same_host || !e->heard || !e->hb_sent || !e->dead || !e->gone_since || !all) {
+        par_free(all);
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d processes", P);
+    }
+    ident me = {.pid = (int64_t)getpid()};
+    gethostname(me.host, sizeof me.host - 1);
+    MPI_Request req;
+    MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, e->comm, &req);
+    par_status st = wait_start_req(&req, par__now() + timeout, "exchanging process ids (MPI_Iallgather)");
+    double now = par__now();
+    for (int q = 0; q < P && !st; q++) {
+        e->pids[q] = (long)all[q].pid;
+        e->same_host[q] = !strcmp(all[q].host, me.host);
+        e->heard[q] = now;
+    }
+    par_free(all);
+    if (st || P == 1 || g_provided < MPI_THREAD_SERIALIZED) /* the watchdog calls MPI from its thread */
+        return st;
+    if (pthread_create(&e->watchdog, NULL, watchdog_main, e) != 0)
+        return par_err(PAR_EUNSUPPORTED, "mpi: cannot start the liveness watchdog thread");
+    e->watchdog_on = 1;
+    return PAR_OK;
+}
+
+static void liveness_stop(mworld *e)
+{
+    if (!e->watchdog_on)
+        return;
+    atomic_store(&e->watchdog_stop, 1);
+    pthread_join(e->watchdog, NULL);
+    e->watchdog_on = 0;
+}
+
 /* ---- group handles ------------------------------------------------------ */
 
 /* What a rank tells each remote member of an exchange. */
@@ -683,7 +910,7 @@ static void withdraw_metas(mcomm *mc)
             int flag = 0;
             MPI_Test(&mc->rq[p + j], &flag, MPI_STATUS_IGNORE);
             if (!flag) {
-                e_orphan(e, &mc->rq[p + j]);
+                e_orphan(e, &mc->rq[p + j], mc->proc[j]);
                 orphans++;
             }
         }
@@ -707,6 +934,12 @@ static int test_range(mcomm *mc, int lo, int hi)
     for (int i = lo; i < hi; i++) {
         if (mc->rq[i] == MPI_REQUEST_NULL)
             continue;
+        int is_send = (i / mc->p) % 2 == 1; /* rq: meta recv, meta send, data recv, data send */
+        if (is_send && atomic_load(&e->ndead) && e->dead[mc->proc[i % mc->p]]) {
+            MPI_Cancel(&mc->rq[i]); /* nobody will take it; a receive stays for the failure path */
+            MPI_Request_free(&mc->rq[i]);
+            continue;
+        }
         int flag = 0;
         MPI_Test(&mc->rq[i], &flag, MPI_STATUS_IGNORE);
         left += !flag;
@@ -1201,11 +1434,114 @@ static void mworld_free(mworld *e)
     par_free(e->trash);
     par_free(e->proc_done);
     par_free(e->skip);
+    par_free(e->rep_rank);
+    par_free(e->rep_st);
+    par_free(e->rep_msg);
+    par_free(e->pids);
+    par_free(e->same_host);
+    par_free(e->heard);
+    par_free(e->hb_sent);
+    par_free(e->dead);
+    par_free(e->gone_since);
     tsync_group_unref(e->wgroup);
-    if (e->comm != MPI_COMM_NULL)
+    if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
     par_free(e);
+}
+
+/* Value of key in "key=value" lines (NULL when absent); *len its length. */
+static const char *fp_value(const char *text, const char *key, size_t klen, size_t *len)
+{
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (eq && (size_t)(eq - p) == klen && !memcmp(p, key, klen)) {
+            *len = (size_t)(end - eq - 1);
+            return eq + 1;
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+/* Appends to msg the keys whose values differ between a and b (either side). */
+static size_t fp_diff(const char *a, const char *b, int pa, int pb, char *msg, size_t k, size_t cap, int *nd)
+{
+    for (int side = 0; side < 2; side++) {
+        const char *x = side ? b : a, *y = side ? a : b;
+        for (const char *p = x; p && *p && k + 8 < cap;) {
+            const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+            const char *eq = memchr(p, '=', (size_t)(end - p));
+            if (eq) {
+                size_t kl = (size_t)(eq - p), vl = (size_t)(end - eq - 1), ol = 0;
+                const char *ov = fp_value(y, p, kl, &ol);
+                if (side && ov) {
+                    p = nl ? nl + 1 : NULL;
+                    continue; /* seen from a's side */
+                }
+                if (!ov || ol != vl || memcmp(ov, eq + 1, vl)) {
+                    const char *va = side ? ov : eq + 1, *vb = side ? eq + 1 : ov;
+                    int la = (int)(side ? ol : vl), lb = (int)(side ? vl : ol);
+                    k += (size_t)snprintf(msg + k, cap - k, "%s %.*s: process %d has %.*s, process %d has %.*s",
+                                          (*nd)++ ? ";" : "", (int)kl, p, pa, va ? la : 8, va ? va : "(absent)",
+                                          pb, vb ? lb : 8, vb ? vb : "(absent)");
+                }
+            }
+            p = nl ? nl + 1 : NULL;
+        }
+    }
+    return k;
+}
+
+/* Every process must run the same configuration (par_world_opts
+ * .fingerprint): the texts are gathered, and every process reaches the same
+ * verdict, naming each key that differs from process 0's. */
+static par_status check_fingerprints(mworld *e, double timeout)
+{
+    const char *mine = par__world_fingerprint(e->w);
+    int P = e->nprocs;
+    int64_t len = mine ? (int64_t)strlen(mine) + 1 : 1;
+    int64_t *lens = par_calloc((size_t)P, sizeof *lens, PAR_TAG_COMM);
+    int *cnt = par_calloc((size_t)P * 2, sizeof *cnt, PAR_TAG_COMM);
+    char *all = NULL;
+    par_status st = (!lens || !cnt) ? par_err(PAR_ENOMEM, "mpi: no memory for %d fingerprints", P) : PAR_OK;
+    MPI_Request req;
+    if (!st) {
+        MPI_Iallgather(&len, 1, MPI_INT64_T, lens, 1, MPI_INT64_T, e->comm, &req);
+        st = wait_start_req(&req, par__now() + timeout, "comparing configurations (MPI_Iallgather)");
+    }
+    int64_t total = 0;
+    for (int q = 0; !st && q < P; q++) {
+        if (lens[q] < 1 || lens[q] > (1 << 24) || total > INT32_MAX - lens[q])
+            st = par_err(PAR_EMISMATCH, "mpi: process %d sent a configuration of %lld bytes", q, (long long)lens[q]);
+        cnt[q] = (int)lens[q];
+        cnt[P + q] = (int)total;
+        total += lens[q];
+    }
+    if (!st && !(all = par_malloc((size_t)total, PAR_TAG_COMM)))
+        st = par_err(PAR_ENOMEM, "mpi: no memory for the configurations (%lld bytes)", (long long)total);
+    if (!st) {
+        MPI_Iallgatherv(mine ? mine : "", (int)len, MPI_CHAR, all, cnt, cnt + P, MPI_CHAR, e->comm, &req);
+        st = wait_start_req(&req, par__now() + timeout, "comparing configurations (MPI_Iallgatherv)");
+    }
+    char msg[900];
+    size_t k = 0;
+    int nd = 0;
+    if (!st)
+        all[cnt[0] - 1] = '\0';
+    for (int q = 1; !st && q < P && k + 16 < sizeof msg; q++) {
+        all[cnt[P + q] + cnt[q] - 1] = '\0';
+        if (strcmp(all, all + cnt[P + q]))
+            k = fp_diff(all, all + cnt[P + q], 0, q, msg, k, sizeof msg, &nd);
+    }
+    if (!st && nd)
+        st = par_err(PAR_EINVAL, "mpi: the MPI processes were started with different configurations (every process "
+                     "must run the same model, training keys, layout, data, seed, precision and build):%s", msg);
+    par_free(all);
+    par_free(lens);
+    par_free(cnt);
+    return st;
 }
 
 static par_status m_world_init(par__world *w, void **bworld)
@@ -1226,7 +1562,10 @@ static par_status m_world_init(par__world *w, void **bworld)
     pthread_mutex_init(&e->mu, NULL);
     e->proc_done = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
     e->skip = par_calloc((size_t)nprocs, 1, PAR_TAG_COMM);
-    if (!e->proc_done || !e->skip) {
+    e->rep_rank = par_calloc((size_t)nprocs, sizeof *e->rep_rank, PAR_TAG_COMM);
+    e->rep_st = par_calloc((size_t)nprocs, sizeof *e->rep_st, PAR_TAG_COMM);
+    e->rep_msg = par_calloc((size_t)nprocs, sizeof *e->rep_msg, PAR_TAG_COMM);
+    if (!e->proc_done || !e->skip || !e->rep_rank || !e->rep_st || !e->rep_msg) {
         st = par_err(PAR_ENOMEM, "mpi: no memory for %d processes", nprocs);
         goto fail_free_world;
     }
@@ -1256,6 +1595,8 @@ static par_status m_world_init(par__world *w, void **bworld)
         }
     }
     par_free(sizes);
+    if (st == PAR_OK)
+        st = check_fingerprints(e, timeout);
     if (st != PAR_OK)
         goto fail_free_world;
     if (n % nprocs != 0) {
@@ -1264,7 +1605,7 @@ static par_status m_world_init(par__world *w, void **bworld)
                      "started: the world size must be a multiple of the process count (each "
                      "process hosts world size / processes ranks), e.g. %d or %d",
                      n, nprocs, n / nprocs * nprocs > 0 ? n / nprocs * nprocs : nprocs,
-                     (n / nprocs + 1) * nprocs);
+                     n / nprocs * nprocs > 0 ? (n / nprocs + 1) * nprocs : 2 * nprocs);
         goto fail_free_world;
     }
     e->R = n / nprocs;
@@ -1293,6 +1634,8 @@ static par_status m_world_init(par__world *w, void **bworld)
         for (int i = 0; i < e->R; i++)
             e->wgroup->slot_rank[i] = proc * e->R + i;
     }
+    if ((st = liveness_start(e, timeout)))
+        goto fail_free_world;
     *bworld = e;
     return PAR_OK;
 
@@ -1304,55 +1647,108 @@ fail_free_world:
 static void m_world_finalize(par__world *w, void *bworld)
 {
     (void)w;
+    liveness_stop(bworld);
     mworld_free(bworld);
 }
 
+/* Processes this one still waits for at the end (neither DONE nor dead),
+ * as "1,3" in who; returns how many. */
+static int laggards(const mworld *e, char *who, size_t n)
+{
+    size_t k = 0;
+    int cnt = 0;
+    who[0] = '\0';
+    for (int q = 0; q < e->nprocs; q++)
+        if (q != e->proc && !e->proc_done[q] && !e->dead[q]) {
+            cnt++;
+            if (k < n - 16)
+                k += (size_t)snprintf(who + k, n - k, "%s%d", k ? "," : "", q);
+        }
+    return cnt;
+}
+
+/* DONE (with this process's failure, if any) to every live process. */
+static void e_send_done(mworld *e)
+{
+    par_status f = par__world_failed(e->w);
+    ctrlmsg m = {.kind = CT_DONE, .status = f, .src_wrank = e->proc * e->R};
+    if (f) {
+        if (e->fail_msg[0]) {
+            m.src_wrank = e->fail_wrank;
+            snprintf(m.msg, sizeof m.msg, "%s", e->fail_msg);
+        } else {
+            snprintf(m.msg, sizeof m.msg, "a rank of MPI process %d failed (%s); see that process's log", e->proc,
+                     par_status_str(f));
+        }
+    }
+    atomic_store(&e->notified, 1);
+    e->rep_st[e->proc] = m.status;
+    e->rep_rank[e->proc] = m.src_wrank;
+    snprintf(e->rep_msg[e->proc], sizeof e->rep_msg[e->proc], "%s", m.msg);
+    for (int q = 0; q < e->nprocs; q++)
+        if (q != e->proc)
+            e_send_ctrl(e, q, &m);
+}
+
+/* One first failure for the whole world: of the failures the processes
+ * reported in their DONE (each the first it knew of), the one of the lowest
+ * world rank.  Every live process holds the same reports, so every process
+ * names the same "rank N failed first" (a mismatch that each member detects
+ * itself no longer gives each process its own story). */
+static void e_agree_failure(mworld *e)
+{
+    int best = -1;
+    for (int q = 0; q < e->nprocs; q++)
+        if (e->rep_st[q] && !e->dead[q] && (best < 0 || e->rep_rank[q] < e->rep_rank[best]))
+            best = q;
+    if (best < 0)
+        return;
+    if (par__world_failed(e->w))
+        par__world_set_first_failure(e->w, e->rep_rank[best], e->rep_st[best], e->rep_msg[best]);
+    else
+        par__world_fail(e->w, e->rep_rank[best], e->rep_st[best], e->rep_msg[best]);
+}
+
 /* After this process's ranks returned: DONE to every process, then serve
- * the engine and drain until every process said DONE.  No deadline: the
- * other processes' ranks are either in comm calls, which have the timeout,
- * or computing, which par_world_run waits for on every backend; a process
- * that dies makes mpiexec end the job.  A warning names the laggards. */
+ * the engine and drain until every other process said DONE or is dead (the
+ * watchdog finds those).  The wait has a deadline, the world's timeout: a
+ * process that is alive but never finishes fails the world with its
+ * number.  A warning names the laggards meanwhile. */
 static void e_finish(mworld *e)
 {
-    double start = par__now(), warn_at = start + (par__world_timeout(e->w) > 10
-                                                       ? par__world_timeout(e->w)
-                                                       : 10);
+    /* the others' ranks are in comm calls, which time out, or computing: give
+     * them twice the timeout (a minute at least) once ours returned */
+    double timeout = par__world_timeout(e->w), limit = 2 * timeout > 60 ? 2 * timeout : 60;
+    double start = par__now(), warn_at = start + (timeout > 10 ? timeout / 4 : 10), deadline = start + limit;
     int sent = 0;
     unsigned iter = 0;
+    char who[160];
     pthread_mutex_lock(&e->mu);
     for (;;) {
         e_progress(e, 1);
+        if (!e->watchdog_on && e->dead)
+            e_watch(e); /* no watchdog thread: check liveness here */
         if (!sent && !e->out) {
-            par_status f = par__world_failed(e->w);
-            ctrlmsg m = {.kind = CT_DONE, .status = f, .src_wrank = e->proc * e->R};
-            if (f) {
-                if (e->fail_msg[0]) {
-                    m.src_wrank = e->fail_wrank;
-                    snprintf(m.msg, sizeof m.msg, "%s", e->fail_msg);
-                } else {
-                    snprintf(m.msg, sizeof m.msg, "a rank of MPI process %d failed (%s); see "
-                             "that process's log", e->proc, par_status_str(f));
-                }
-            }
-            atomic_store(&e->notified, 1);
-            for (int q = 0; q < e->nprocs; q++)
-                if (q != e->proc)
-                    e_send_ctrl(e, q, &m);
+            e_send_done(e);
             sent = 1;
         }
-        if (sent && e->ndone == e->nprocs - 1 && !e->out) {
-            if (e->done_st && !par__world_failed(e->w))
-                par__world_fail(e->w, e->done_wrank, e->done_st, e->done_msg);
+        int left = laggards(e, who, sizeof who);
+        if (sent && !left && !e->out) {
+            e_agree_failure(e);
             break;
         }
         double now = par__now();
+        if (now > deadline) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "mpi: process %d: its ranks returned %.0f s ago, but MPI process(es) %s did not "
+                     "finish the world within twice the comm timeout (%g s; they are alive: they still answer)",
+                     e->proc, now - start, left ? who : "(none: sends pending)", limit);
+            PAR_LOG_E("%s", msg);
+            par__world_fail(e->w, e->proc * e->R, PAR_ETIMEOUT, msg);
+            atomic_store(&g_peer_gone, 1); /* MPI_Finalize would wait for them */
+            break;
+        }
         if (now > warn_at) {
-            char who[160];
-            size_t k = 0;
-            who[0] = '\0';
-            for (int q = 0; q < e->nprocs && k < sizeof who - 16; q++)
-                if (q != e->proc && !e->proc_done[q])
-                    k += (size_t)snprintf(who + k, sizeof who - k, "%s%d", k ? "," : "", q);
             PAR_LOG_W("mpi: process %d: its ranks returned %.0f s ago; still waiting for MPI "
                       "process(es) %s to finish the world", e->proc, now - start, who);
             warn_at = now + 2 * (warn_at - start);

@@ -3,7 +3,11 @@
  * Long options only, Megatron-LM style: `--name value` or `--name=value`.
  * A command declares a table of par_opt; parse fills the destinations and
  * collects positional arguments.  Errors print one line naming the option
- * and what was wrong, and make the command exit 2.
+ * and what was wrong, and make the command exit 2.  An option given twice
+ * is an error (but PAR_OPT_LIST, which repeats), reals must be finite, and
+ * an option's `check` range is applied to a value the user gave (so a
+ * default such as 0 = "not given" stays possible).  `--log LEVEL` is
+ * accepted by every command (as before the command).
  */
 #ifndef PAR_CLI_ARGS_H
 #define PAR_CLI_ARGS_H
@@ -23,12 +27,24 @@ typedef struct {
     int count;
 } par_strlist;
 
+/* Range a given value must be in (`check` of par_opt). */
+typedef enum {
+    PAR_CHK_NONE = 0,
+    PAR_CHK_POS,      /* INT >= 1                          */
+    PAR_CHK_NONNEG,   /* INT >= 0                          */
+    PAR_CHK_POS_REAL, /* DOUBLE > 0                        */
+    PAR_CHK_NONNEG_REAL, /* DOUBLE >= 0                    */
+    PAR_CHK_NONEMPTY, /* STR not ""                        */
+} par_arg_check;
+
 typedef struct {
     const char *name;  /* without the leading "--" */
     par_arg_kind kind;
     void *dest;
     const char *metavar;
     const char *help;
+    par_arg_check check; /* optional (0: none)                        */
+    double hi;           /* optional upper bound of INT/DOUBLE (0: none) */
 } par_opt;
 
 typedef struct {
@@ -56,5 +72,18 @@ void par_layout_args_init(par_layout_args *l);
 /* Appends the layout options to `opts` (capacity checked); returns the new
  * count or -1. */
 int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l);
+
+/* An output path of a command (NULL path: not given). */
+typedef struct {
+    const char *flag;  /* "--dump", "--save", "--trace", ...      */
+    const char *path;
+    int kind;          /* par_out_kind (core/outdir.h)             */
+} par_cli_output;
+
+/* Checks every given output before anything runs (core/outdir.h): each may
+ * be written (a directory only replaced when parity wrote it, parents
+ * writable) and no two name the same path.  Prints one message and returns
+ * 2, else 0. */
+int par_cli_check_outputs(const char *cmd, const par_cli_output *outs, int n);
 
 #endif

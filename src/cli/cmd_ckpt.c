@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
@@ -62,6 +63,9 @@ static int cmd_reshard(int argc, char **argv)
         fprintf(stderr, "parity ckpt reshard: expected SRC DST, got %d paths (see --help)\n", pos.count);
         return 2;
     }
+    const par_cli_output outs[] = {{"DST", pos.argv[1], PAR_OUT_CKPT}};
+    if (par_cli_check_outputs("ckpt reshard", outs, 1))
+        return 2;
     par_err_set_quiet(1);
     par_layout l;
     par_layout_init(&l);
@@ -139,6 +143,9 @@ static int cmd_export(int argc, char **argv)
                        argc, argv, &pos);
     if (rc)
         return rc == 1 ? 0 : 2;
+    const par_cli_output outs[] = {{"FILE", pos.argv[1], PAR_OUT_FILE}};
+    if (par_cli_check_outputs("ckpt export", outs, 1))
+        return 2;
     par_err_set_quiet(1);
     if (par_ckpt_export(pos.argv[0], pos.argv[1]) != PAR_OK)
         return fail("export");

@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/rootcause.h"
@@ -43,7 +44,7 @@ int par_cmd_compare(int argc, char **argv)
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
         {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
         {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
-        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)"},
+        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
     };
     const char *synopsis = "A B [options]\n\n"
                            "Compares two golden-set directories or two safetensors files, tensor by tensor\n"
@@ -59,6 +60,9 @@ int par_cmd_compare(int argc, char **argv)
         fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", pos.count);
         return 2;
     }
+    const par_cli_output outs[] = {{"--json", json, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("compare", outs, 1))
+        return 2;
     par_compare_opts o;
     par_compare_opts_init(&o);
     par_err_set_quiet(1);

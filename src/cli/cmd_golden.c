@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/memlimit.h"
 #include "core/alloc.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "model/facade.h"
@@ -42,15 +43,15 @@ int par_cmd_golden(int argc, char **argv)
     const par_opt opts[] = {
         {"preset", PAR_OPT_STR, &preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
         {"data", PAR_OPT_STR, &data, "FILE",
-         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
+         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
         {"fixture", PAR_OPT_STR, &fixture, "NAME",
-         "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
-        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)"},
-        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+         "packing fixture fixtures/NAME.json (synthetic tokens from --seed)", PAR_CHK_NONEMPTY},
+        {"steps", PAR_OPT_INT, &steps, "K", "training steps (default 1)", PAR_CHK_POS, 1e8},
+        {"seed", PAR_OPT_INT, &seed, "N", "seed of the init, the packing plan and the tokens (default 1234)", PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &precision, "f64|f32", "working precision (default f64)"},
-        {"out", PAR_OPT_STR, &out, "DIR", "golden set directory to write (replaced atomically)"},
+        {"out", PAR_OPT_STR, &out, "DIR", "golden set directory to write (replaced atomically)", PAR_CHK_NONEMPTY},
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
-        {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)"},
+        {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)", PAR_CHK_POS},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
@@ -78,6 +79,9 @@ int par_cmd_golden(int argc, char **argv)
         fprintf(stderr, "parity golden: give --data or --fixture, not both\n");
         return 2;
     }
+    const par_cli_output outs[] = {{"--out", out, PAR_OUT_GOLDEN}};
+    if (par_cli_check_outputs("golden", outs, 1))
+        return 2;
     if (steps < 1) {
         fprintf(stderr, "parity golden: --steps must be >= 1 (got %lld)\n", (long long)steps);
         return 2;
@@ -143,7 +147,7 @@ int par_cmd_golden(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     printf("golden set written: %s (preset %s, %s, %lld steps, B=%lld S=%lld, %lld parameters, BLAS core %s)\n",
            out, preset, precision, (long long)steps, (long long)o.cfg.global_batch_size,
-           (long long)o.cfg.seq_length, (long long)sum.n_params, sum.blas_core);
+           (long long)sum.seq_length, (long long)sum.n_params, sum.blas_core);
     printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
            "grad_norm", "wall_s");
     for (int64_t k = 0; k < sum.steps; k++) {

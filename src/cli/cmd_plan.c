@@ -53,9 +53,9 @@ int par_cmd_plan(int argc, char **argv)
         {"mtp-num-layers", PAR_OPT_INT, &n_mtp, "N", "shorthand for --set n_mtp_layers=N"},
         {"num-experts", PAR_OPT_INT, &n_experts, "E", "shorthand for --set n_routed_experts=E"},
         {"seq-length", PAR_OPT_INT, &seq, "S", "shorthand for --set seq_length=S"},
-        {"rank", PAR_OPT_INT, &rank, "R", "show the coordinates and groups of rank R only"},
+        {"rank", PAR_OPT_INT, &rank, "R", "show the coordinates and groups of rank R only", PAR_CHK_NONNEG},
         {"microbatch-group-size-per-virtual-pipeline-stage", PAR_OPT_INT, &mb_group, "G",
-         "interleaved schedule: microbatches per virtual stage (default PP)"},
+         "interleaved schedule: microbatches per virtual stage (default PP)", PAR_CHK_POS},
     };
     int n = 9;
     n = par_layout_opts(opts, n, (int)(sizeof opts / sizeof opts[0]), &la);

@@ -4,6 +4,7 @@
  * Training steps under a parallel layout (parallel/driver.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
  * Exit: 0 success, 2 bad usage, an invalid layout or unreadable input, 1 the run failed. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +13,14 @@
 #include "backends/registry.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/fingerprint.h"
 #include "cli/memlimit.h"
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
 #include "core/alloc.h"
 #include "core/json.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "parallel/ckpt.h"
@@ -37,6 +40,25 @@ static int exit_code(par_status s)
     default:
         return 2;
     }
+}
+
+/* --comm-timeout, else PARITY_COMM_TIMEOUT, else 3600 s (a rank may wait
+ * while rank 0 writes a large dump).  -1 after a message for a bad value. */
+static double comm_timeout_of(double given)
+{
+    if (given > 0)
+        return given;
+    const char *e = getenv("PARITY_COMM_TIMEOUT");
+    if (!e || !*e)
+        return 3600.0;
+    char *end;
+    double v = strtod(e, &end);
+    if (*end || !(v > 0) || !isfinite(v) || v > 1e9) {
+        fprintf(stderr, "parity run: PARITY_COMM_TIMEOUT=%s: must be a number of seconds in (0, 1e9] (unset: 3600)\n",
+                e);
+        return -1;
+    }
+    return v;
 }
 
 static void human_bytes(char *buf, size_t n, double b)
@@ -129,19 +151,29 @@ static int parse_cli(int argc, char **argv, run_cli *c)
     par_opt opts[44] = {
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
         {"data", PAR_OPT_STR, &c->data, "FILE",
-         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order"},
-        {"fixture", PAR_OPT_STR, &c->fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)"},
-        {"steps", PAR_OPT_INT, &c->steps, "K", "training steps (default 1)"},
-        {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)"},
+         "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
+        {"fixture", PAR_OPT_STR, &c->fixture, "NAME", "packing fixture fixtures/NAME.json (synthetic tokens from --seed)",
+         PAR_CHK_NONEMPTY},
+        {"steps", PAR_OPT_INT, &c->steps, "K",
+         "total training steps, as Megatron's --train-iters: with --load at step s, steps s..K-1 run (default 1)",
+         PAR_CHK_POS, 1e8},
+        {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)",
+         PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
         {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|mpi (default threads; mpi under mpiexec)"},
-        {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS", "fail a wait that lasts longer (default 3600, or PARITY_COMM_TIMEOUT)"},
-        {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)"},
-        {"save", PAR_OPT_STR, &c->save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps"},
-        {"save-interval", PAR_OPT_INT, &c->save_interval, "K", "checkpoint every K steps (counted from step 0 of training)"},
-        {"load", PAR_OPT_STR, &c->load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)"},
+        {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
+         "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
+        {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)",
+         PAR_CHK_NONEMPTY},
+        {"save", PAR_OPT_STR, &c->save, "DIR", "write a distributed checkpoint (atomic) at the end and every --save-interval steps",
+         PAR_CHK_NONEMPTY},
+        {"save-interval", PAR_OPT_INT, &c->save_interval, "K", "checkpoint every K steps (counted from step 0 of training)",
+         PAR_CHK_POS},
+        {"load", PAR_OPT_STR, &c->load, "DIR", "resume from checkpoint DIR (any layout: resharded on load)",
+         PAR_CHK_NONEMPTY},
         {"set", PAR_OPT_LIST, &c->sets, "key=value", "override a model/train key (repeatable)"},
-        {"summary", PAR_OPT_STR, &c->summary, "FILE.json", "write the run's metrics as JSON (replaced atomically)"},
+        {"summary", PAR_OPT_STR, &c->summary, "FILE.json", "write the run's metrics as JSON (replaced atomically)",
+         PAR_CHK_NONEMPTY},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
@@ -183,10 +215,18 @@ static int check_cli(const run_cli *c, par_run_opts *o)
     else if (c->save_interval < 0 || (c->save_interval > 0 && !c->save))
         snprintf(why, sizeof why, "--save-interval needs --save DIR and K >= 1 (got %lld)",
                  (long long)c->save_interval);
+    else if (c->la.ranks_per_process && strcmp(c->backend, "mpi"))
+        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (thread ranks per MPI "
+                                  "process); the %s backend runs every rank in this process", c->backend);
     if (why[0]) {
         fprintf(stderr, "parity run: %s\n", why);
         return 2;
     }
+    /* before the first step: nothing is lost at the end */
+    const par_cli_output outs[] = {{"--dump", c->dump, PAR_OUT_GOLDEN}, {"--save", c->save, PAR_OUT_CKPT},
+                                   {"--trace", c->na.trace, PAR_OUT_FILE}, {"--summary", c->summary, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("run", outs, 4))
+        return 2;
     o->precision = strcmp(c->precision, "f32") ? 64 : 32;
     o->moe_dispatch = strcmp(c->moe_dispatch, "flat") != 0;
     return 0;
@@ -202,6 +242,11 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
         s = par_config_set_arg(&o->cfg, c->sets.items[i]);
     if (!s)
         s = par_config_validate(&o->cfg);
+    if (!s && c->la.global_batch) { /* the layout's B replaces the preset's: the same ranges apply */
+        par_config c2 = o->cfg;
+        c2.global_batch_size = c->la.global_batch;
+        s = par_config_validate(&c2);
+    }
     if (!s)
         s = par_config_check_runnable(&o->cfg);
     par_layout *l = &o->layout;
@@ -254,9 +299,8 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
     }
     o->load = *ck;
     o->progress = !c->quiet;
-    /* a rank may wait while rank 0 writes a large dump */
-    o->timeout_s = c->comm_timeout > 0 ? c->comm_timeout : (getenv("PARITY_COMM_TIMEOUT") ? 0 : 3600.0);
-    return 0;
+    o->timeout_s = comm_timeout_of(c->comm_timeout);
+    return o->timeout_s < 0 ? 2 : 0;
 }
 
 static void print_header(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
@@ -265,7 +309,7 @@ static void print_header(const run_cli *c, const par_run_opts *o, const par_run_
     printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
-           (long long)o->cfg.seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum->n_params, (long long)sum->max_rank_floats);
     if (c->dump)
@@ -283,7 +327,7 @@ static void print_steps(const par_run_summary *sum)
            "grad_norm", "wall_s");
     for (int64_t k = 0; k < sum->steps; k++) {
         const par_run_step_info *si = &sum->step[k];
-        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss, si->loss_main,
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)(sum->start_step + k), si->loss, si->loss_main,
                si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
     }
     printf("tokens per expert (all blocks, all steps): min %lld  mean %.1f  max %lld; hottest: block %d expert "
@@ -366,7 +410,7 @@ static int print_net(const run_cli *c, const par_run_summary *sum)
     if (c->na.trace) {
         if (par_trace_write_chrome(sum->net, c->na.trace)) {
             fprintf(stderr, "parity run: %s\n", par_last_error());
-            return 1;
+            return 2;
         }
         printf("Chrome trace written: %s\n", c->na.trace);
     }
@@ -401,31 +445,48 @@ int par_cmd_run(int argc, char **argv)
     par_err_set_quiet(1);
     if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */
         rc = par_memlimit_run("run", c.max_memory, &o.cfg, &o.layout, o.precision, c.steps,
-                              strcmp(c.backend, "mpi") ? 0 : c.la.ranks_per_process);
+                              strcmp(c.backend, "mpi") ? 0 : (c.la.ranks_per_process ? c.la.ranks_per_process : 1));
     if (rc) {
         par_ckpt_close(ck);
         par_err_set_quiet(0);
         return rc;
     }
+    /* MPI: the processes compare their whole configuration before they start */
+    char *fp = strcmp(c.backend, "mpi") ? NULL : par_run_fingerprint(&o, c.moe_dispatch, &c.na);
+    o.fingerprint = fp;
     par_alloc_reset_peaks();
     par_run_summary sum;
     par_status s = par_run(&o, &sum);
     par_ckpt_close(ck);
+    free(fp);
     if (s) {
         fprintf(stderr, "parity run: %s\n", par_last_error());
         par_err_set_quiet(0);
         return exit_code(s);
     }
-    par_err_set_quiet(0);
+    if (!sum.hosts_rank0) { /* under MPI the process hosting rank 0 prints the results */
+        par_run_summary_free(&sum);
+        par_err_set_quiet(0);
+        return 0;
+    }
+    if (sum.steps == 0) { /* Megatron's --train-iters: the checkpoint is at or past --steps */
+        printf("run: %s is at step %lld and --steps %lld is the total step count (Megatron's --train-iters): "
+               "nothing to do, nothing written\n",
+               c.load, (long long)sum.start_step, (long long)c.steps);
+        par_run_summary_free(&sum);
+        par_err_set_quiet(0);
+        return 0;
+    }
     print_header(&c, &o, &sum);
     print_steps(&sum);
     if (sum.layout.ep > 1)
         print_expert(&sum);
     print_memory(&sum);
     print_cp_pp(&sum);
-    rc = print_net(&c, &sum);
+    rc = print_net(&c, &sum); /* still quiet: a write error's message once */
     if (!rc)
         rc = write_summary(&c, &o, &sum);
+    par_err_set_quiet(0);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,

@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "parallel/schedule.h"
 
@@ -22,20 +23,20 @@ int par_cmd_schedule(int argc, char **argv)
     par_sched_costs_init(&c);
     const par_opt opts[] = {
         {"pipeline-schedule", PAR_OPT_STR, &name, "NAME", "gpipe|1f1b|interleaved|zb-h1|dualpipe|dualpipev"},
-        {"pipeline-model-parallel-size", PAR_OPT_INT, &pp, "P", "pipeline ranks"},
+        {"pipeline-model-parallel-size", PAR_OPT_INT, &pp, "P", "pipeline ranks", PAR_CHK_POS, 1000000},
         {"virtual-pipeline-model-parallel-size", PAR_OPT_INT, &vpp, "V",
-         "model chunks per rank (interleaved: default 2; dualpipev: 2; others 1)"},
-        {"microbatches", PAR_OPT_INT, &m, "M", "microbatches per step"},
+         "model chunks per rank (interleaved: default 2; dualpipev: 2; others 1)", PAR_CHK_POS, 1000},
+        {"microbatches", PAR_OPT_INT, &m, "M", "microbatches per step", PAR_CHK_POS, 1000000},
         {"microbatch-group-size-per-virtual-pipeline-stage", PAR_OPT_INT, &group, "G",
-         "interleaved: contiguous microbatches per virtual stage, in [P, M] (default P)"},
-        {"cost-f", PAR_OPT_DOUBLE, &c.f, "T", "forward time of one stage (default 1)"},
-        {"cost-b", PAR_OPT_DOUBLE, &c.b, "T", "whole backward time of one stage, B+W (default 2)"},
-        {"cost-w", PAR_OPT_DOUBLE, &c.w, "T", "weight-gradient part of the backward (default 1; split B = b - w)"},
-        {"cost-fb", PAR_OPT_DOUBLE, &c.fb, "T", "one overlapped F&B unit (DualPipe; default 0 = F + its backward)"},
-        {"latency", PAR_OPT_DOUBLE, &c.latency, "T", "time a message travels (default 0)"},
+         "interleaved: contiguous microbatches per virtual stage, in [P, M] (default P)", PAR_CHK_POS, 1000000},
+        {"cost-f", PAR_OPT_DOUBLE, &c.f, "T", "forward time of one stage (default 1)", PAR_CHK_NONNEG_REAL, 1e12},
+        {"cost-b", PAR_OPT_DOUBLE, &c.b, "T", "whole backward time of one stage, B+W (default 2)", PAR_CHK_NONNEG_REAL, 1e12},
+        {"cost-w", PAR_OPT_DOUBLE, &c.w, "T", "weight-gradient part of the backward (default 1; split B = b - w)", PAR_CHK_NONNEG_REAL, 1e12},
+        {"cost-fb", PAR_OPT_DOUBLE, &c.fb, "T", "one overlapped F&B unit (DualPipe; default 0 = F + its backward)", PAR_CHK_NONNEG_REAL, 1e12},
+        {"latency", PAR_OPT_DOUBLE, &c.latency, "T", "time a message travels (default 0)", PAR_CHK_NONNEG_REAL, 1e12},
         {"svg", PAR_OPT_STR, &svg, "FILE", "write the timeline as SVG"},
         {"trace", PAR_OPT_STR, &trace, "FILE", "write the timeline as Chrome trace JSON (Perfetto)"},
-        {"max-cols", PAR_OPT_INT, &max_cols, "N", "width of the text timeline (default 120)"},
+        {"max-cols", PAR_OPT_INT, &max_cols, "N", "width of the text timeline (default 120)", PAR_CHK_POS, 100000},
     };
     const char *synopsis = "--pipeline-schedule NAME --pipeline-model-parallel-size P --microbatches M [options]\n\n"
                            "Builds the schedule's per-rank action lists and dry-runs them: every send matched,\n"
@@ -63,6 +64,9 @@ int par_cmd_schedule(int argc, char **argv)
                 (long long)vpp, (long long)m, (long long)group);
         return 2;
     }
+    const par_cli_output outs[] = {{"--svg", svg, PAR_OUT_FILE}, {"--trace", trace, PAR_OUT_FILE}};
+    if (par_cli_check_outputs("schedule", outs, 2))
+        return 2;
     par_err_set_quiet(1);
     par_schedule_params sp;
     par_schedule_params_init(&sp);

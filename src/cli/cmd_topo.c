@@ -11,9 +11,9 @@ int par_cmd_topo(int argc, char **argv)
     int64_t world = 0, rpp = 0;
     par_opt opts[] = {
         {"world-size", PAR_OPT_INT, &world, "N",
-         "ranks of the run (threads backend: all in this process; default: one per core)"},
+         "ranks of the run (threads backend: all in this process; default: one per core)", PAR_CHK_POS, 1 << 20},
         {"ranks-per-process", PAR_OPT_INT, &rpp, "R",
-         "ranks per process (MPI hybrid): the binding of one process's R ranks"},
+         "ranks per process (MPI hybrid): the binding of one process's R ranks", PAR_CHK_POS, 1 << 20},
     };
     par_positional pos = {0};
     int rc = par_args_parse("topo", "[--world-size N] [--ranks-per-process R]", opts, 2, argc,

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "core/outdir.h"
 #include "parity_config.h"
 
 typedef struct {
@@ -38,6 +39,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    par_tmp_install_signal_cleanup(); /* SIGINT/SIGTERM/SIGHUP remove live temporaries */
     int i = 1;
     while (i < argc && !strncmp(argv[i], "--", 2)) {
         if (!strcmp(argv[i], "--help")) {
@@ -48,14 +50,19 @@ int main(int argc, char **argv)
             printf("parity %s (mpi: %s)\n", PARITY_VERSION, HAVE_MPI ? "yes" : "no");
             return 0;
         }
-        if (!strcmp(argv[i], "--log") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--log") || !strncmp(argv[i], "--log=", 6)) {
+            const char *v = argv[i][5] == '=' ? argv[i] + 6 : (i + 1 < argc ? argv[++i] : NULL);
             par_log_level lv;
-            if (par_log_parse_level(argv[i + 1], &lv) != 0) {
-                fprintf(stderr, "parity: --log expects error|warn|info|debug|trace, got '%s'\n", argv[i + 1]);
+            if (!v) {
+                fprintf(stderr, "parity: --log needs a value (error|warn|info|debug|trace)\n");
+                return 2;
+            }
+            if (par_log_parse_level(v, &lv) != 0) {
+                fprintf(stderr, "parity: --log expects error|warn|info|debug|trace, got '%s'\n", v);
                 return 2;
             }
             par_log_set_level(lv);
-            i += 2;
+            i++;
             continue;
         }
         fprintf(stderr, "parity: unknown option '%s' before the command\n", argv[i]);

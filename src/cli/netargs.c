@@ -12,11 +12,11 @@ int par_net_opts(par_opt *opts, int n, int cap, par_net_args *a)
     const par_opt mine[] = {
         {"topology", PAR_OPT_STR, &a->topology, "FILE|PRESET",
          "emulated network: a JSON topology file or reference|h800|h100"},
-        {"gpus-per-node", PAR_OPT_INT, &a->gpus_per_node, "N", "emulated GPUs (ranks) per node"},
+        {"gpus-per-node", PAR_OPT_INT, &a->gpus_per_node, "N", "emulated GPUs (ranks) per node", PAR_CHK_POS, 1 << 20},
         {"nvlink-gbps", PAR_OPT_DOUBLE, &a->nvlink_gbps, "GB/s",
-         "emulated NVLink bandwidth in gigabytes/s"},
+         "emulated NVLink bandwidth in gigabytes/s", PAR_CHK_POS_REAL, 1e9},
         {"ib-gbps", PAR_OPT_DOUBLE, &a->ib_gbps, "GB/s",
-         "emulated InfiniBand bandwidth per NIC in gigabytes/s"},
+         "emulated InfiniBand bandwidth per NIC in gigabytes/s", PAR_CHK_POS_REAL, 1e9},
         {"trace", PAR_OPT_STR, &a->trace, "FILE",
          "write the emulated timeline as Chrome trace JSON (Perfetto)"},
     };

@@ -183,6 +183,13 @@ double par__world_timeout(const par__world *w);
  * later calls do nothing. */
 par_status par__world_failed(const par__world *w);
 void par__world_fail(par__world *w, int wrank, par_status st, const char *msg);
+/* Replaces the recorded first failure (the world must have failed): the
+ * backend's agreement over processes on which failure came first. */
+void par__world_set_first_failure(par__world *w, int wrank, par_status st, const char *msg);
+/* The first failure recorded (rank, message), for a backend to share. */
+void par__world_first_failure(par__world *w, int *wrank, char *msg, size_t n);
+/* par_world_opts.fingerprint of the world (NULL: none). */
+const char *par__world_fingerprint(const par__world *w);
 
 /* Waiting: spin a little, then sched_yield, then block: through `block`
  * when the backend set one (e.g. a futex the waited-for event wakes), else

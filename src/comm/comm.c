@@ -131,6 +131,19 @@ void par__world_fail(par__world *w, int wrank, par_status st, const char *msg)
     pthread_mutex_unlock(&w->fail_mu);
 }
 
+void par__world_set_first_failure(par__world *w, int wrank, par_status st, const char *msg)
+{
+    if (st == PAR_OK)
+        return;
+    pthread_mutex_lock(&w->fail_mu);
+    w->fail_rank = wrank;
+    snprintf(w->fail_msg, sizeof w->fail_msg, "%s", msg && msg[0] ? msg : par_status_str(st));
+    atomic_store_explicit(&w->failed, st, memory_order_release);
+    pthread_mutex_unlock(&w->fail_mu);
+}
+
+const char *par__world_fingerprint(const par__world *w) { return w->opts.fingerprint; }
+
 static void fail_info(par__world *w, int *rank, char *msg, size_t n)
 {
     pthread_mutex_lock(&w->fail_mu);
@@ -140,6 +153,8 @@ static void fail_info(par__world *w, int *rank, char *msg, size_t n)
     msg[len] = '\0';
     pthread_mutex_unlock(&w->fail_mu);
 }
+
+void par__world_first_failure(par__world *w, int *wrank, char *msg, size_t n) { fail_info(w, wrank, msg, n); }
 
 par_status par__check_world(par_comm *c, const char *what)
 {

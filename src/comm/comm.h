@@ -87,6 +87,10 @@ typedef struct {
      * and its summary and spans land here.  NULL: no clocks.  Must have been
      * created for nranks ranks. */
     par_netrun *net;
+    /* The run's whole configuration as "key=value" lines (NULL: none).
+     * Backends whose ranks live in several processes (mpi) compare it at the
+     * start and refuse to run when the processes disagree, naming the keys. */
+    const char *fingerprint;
 } par_world_opts;
 
 #define PAR_COMM_DEFAULT_TIMEOUT_S 120.0

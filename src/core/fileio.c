@@ -1,5 +1,6 @@
 #define _GNU_SOURCE /* renameat2 / RENAME_EXCHANGE where glibc has them */
 #include "core/fileio.h"
+#include "core/outdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,7 +28,7 @@ char *par_path_join(const char *dir, const char *name)
 }
 
 /* Parent directory of path in a par_malloc'd string ("." when none). */
-static char *parent_of(const char *path)
+char *par__path_parent(const char *path)
 {
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') /* ignore trailing slashes */
@@ -77,7 +78,7 @@ static par_status fsync_dir(const char *dir)
 
 static par_status fsync_parent(const char *path)
 {
-    char *d = parent_of(path);
+    char *d = par__path_parent(path);
     if (!d)
         return par_err(PAR_ENOMEM, "%s: out of memory", path);
     par_status st = fsync_dir(d);
@@ -97,23 +98,61 @@ int par_path_exists(const char *path)
     return lstat(path, &sb) == 0;
 }
 
+/* ---- opening files to read ------------------------------------------- */
+
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO (named pipe)";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    return "of another kind";
+}
+
+par_status par_file_open_read(const char *path, int *fd_out, int64_t *size)
+{
+    /* O_NONBLOCK: opening a FIFO without a writer must not block; the file
+     * type is checked on the descriptor itself (no stat/open race). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        par_status st = par_err(PAR_EIO, "%s: fstat failed: %s", path, strerror(errno));
+        close(fd);
+        return st;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return par_err(PAR_EIO, "%s: is %s, not a regular file (parity reads only regular files)", path,
+                       file_kind(sb.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    if (size)
+        *size = (int64_t)sb.st_size;
+    return PAR_OK;
+}
+
 /* ---- whole-file read -------------------------------------------------- */
 
 par_status par_file_read(const char *path, par_tag tag, void **data, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return par_err(errno == ENOENT ? PAR_ENOTFOUND : PAR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    par_status st = PAR_OK;
+    int fd;
+    int64_t fsize;
+    par_status st = par_file_open_read(path, &fd, &fsize);
+    if (st)
+        return st;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = par_err(PAR_EIO, "%s: fstat failed: %s", path, strerror(errno));
-        goto fail_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = par_err(PAR_EIO, "%s: not a regular file", path);
-        goto fail_close;
-    }
+    sb.st_size = (off_t)fsize;
     if ((unsigned long long)sb.st_size >= (unsigned long long)SIZE_MAX) {
         st = par_err(PAR_ERANGE, "%s: %lld bytes do not fit in memory", path, (long long)sb.st_size);
         goto fail_close;
@@ -156,6 +195,7 @@ fail_close:
 
 struct par_afile {
     int fd;
+    int slot;   /* in the table of live temporaries (core/outdir.h) */
     char *path; /* target */
     char *tmp;  /* temporary in the same directory */
 };
@@ -184,6 +224,7 @@ par_status par_afile_open(const char *path, par_afile **out)
         return st;
     }
     (void)fchmod(f->fd, 0644); /* mkstemp makes 0600 */
+    f->slot = par__tmp_register(f->tmp, 0);
     *out = f;
     return PAR_OK;
 }
@@ -207,6 +248,7 @@ par_status par_afile_write(par_afile *f, const void *data, size_t n)
 
 static void afile_free(par_afile *f)
 {
+    par__tmp_unregister(f->slot);
     par_free(f->path);
     par_free(f->tmp);
     par_free(f);
@@ -218,6 +260,8 @@ void par_afile_abort(par_afile *f)
         return;
     if (f->fd >= 0)
         close(f->fd);
+    par__tmp_unregister(f->slot);
+    f->slot = -1;
     unlink(f->tmp);
     afile_free(f);
 }
@@ -312,6 +356,7 @@ par_status par_adir_begin(const char *dir, char **tmp)
     char *t = with_suffix(dir, ".tmp-XXXXXX");
     if (!t)
         return par_err(PAR_ENOMEM, "%s: out of memory", dir);
+    par__tmp_sweep(dir); /* temporaries of this DIR left by processes that are gone */
     if (!mkdtemp(t)) {
         par_status st = par_err(PAR_EIO, "%s: cannot create a temporary directory next to it: %s", dir,
                                 strerror(errno));
@@ -319,6 +364,12 @@ par_status par_adir_begin(const char *dir, char **tmp)
         return st;
     }
     (void)chmod(t, 0755); /* mkdtemp makes 0700 */
+    par__tmp_register(t, 1);
+    par_status st = par__tmp_mark(t);
+    if (st) {
+        par_adir_abort(t);
+        return st;
+    }
     *tmp = t;
     return PAR_OK;
 }
@@ -328,12 +379,18 @@ void par_adir_abort(char *tmp)
     if (!tmp)
         return;
     (void)par_remove_tree(tmp);
+    par__tmp_unregister(par__tmp_find(tmp));
     par_free(tmp);
 }
 
 par_status par_adir_commit(char *tmp, const char *dir)
 {
-    par_status st = fsync_dir(tmp);
+    int slot = par__tmp_find(tmp);
+    par__tmp_unmark(tmp);
+    /* parity replaces only a directory it wrote (core/outdir.h) */
+    par_status st = par_outdir_replaceable(dir, PAR_OUT_ANY, "replacing");
+    if (!st)
+        st = fsync_dir(tmp);
     if (st)
         goto fail_abort;
     struct stat sb;
@@ -347,6 +404,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
             goto fail_abort;
         }
         st = fsync_parent(dir);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st;
     }
@@ -359,6 +417,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
         /* tmp now holds the old tree */
         st = fsync_parent(dir);
         par_status st2 = par_remove_tree(tmp);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st ? st : st2;
     }
@@ -396,6 +455,7 @@ par_status par_adir_commit(char *tmp, const char *dir)
         st = fsync_parent(dir);
         par_status st2 = par_remove_tree(old);
         par_free(old);
+        par__tmp_unregister(slot);
         par_free(tmp);
         return st ? st : st2;
     }

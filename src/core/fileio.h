@@ -8,7 +8,8 @@
  * Atomic directory: build the contents in DIR.tmp-XXXXXX (par_adir_begin),
  * then par_adir_commit renames it over DIR (an existing DIR is swapped out
  * with renameat2(RENAME_EXCHANGE) where the kernel has it, else moved aside,
- * and then removed).  par_adir_abort removes the temporary tree.  Commit
+ * and then removed; only a directory parity wrote is ever replaced, see
+ * core/outdir.h).  par_adir_abort removes the temporary tree.  Commit
  * fsyncs the temporary directory itself, not the files in it: write those
  * with par_file_write_atomic / par_afile / par_st_writer, which fsync.
  */
@@ -16,9 +17,17 @@
 #define PAR_CORE_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
+
+/* Opens path for reading after checking, on the descriptor, that it is a
+ * regular file: a FIFO, directory, socket or device is refused with a
+ * message naming what it is (the open itself never blocks).  *fd (close it)
+ * and *size (bytes; NULL is fine) are set only on success.  Every reader of
+ * user files goes through here. */
+par_status par_file_open_read(const char *path, int *fd, int64_t *size);
 
 /* Reads a whole regular file into a par_malloc'd buffer of `tag`, followed by
  * one extra NUL byte (not counted in *len).  *data and *len are set only on
@@ -56,6 +65,9 @@ par_status par_remove_tree(const char *path);
 int par_path_is_dir(const char *path);
 /* 1 if path exists (any kind), else 0. */
 int par_path_exists(const char *path);
+/* Parent directory of path ("." when it has none), par_malloc'd (tag IO);
+ * NULL when out of memory. */
+char *par__path_parent(const char *path);
 /* "dir/name" in a par_malloc'd string (tag IO), or NULL when out of memory. */
 char *par_path_join(const char *dir, const char *name);
 

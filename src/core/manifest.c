@@ -192,6 +192,12 @@ par_status par_manifest_parse(const char *text, size_t len, const char *label, p
         st = par_err(PAR_EFORMAT, "%s: \"steps\" is missing or not a non-negative integer", label);
         goto fail_free;
     }
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "first_step");
+    if (fs && (!par_json_int(root, "first_step", &m.first_step) || m.first_step < 0 || m.first_step > m.steps)) {
+        st = par_err(PAR_EFORMAT, "%s: \"first_step\" must be an integer in [0, steps = %lld]", label,
+                     (long long)m.steps);
+        goto fail_free;
+    }
     const cJSON *files = par_json_obj(root, "files");
     if (!files) {
         st = par_err(PAR_EFORMAT, "%s: \"files\" is missing or not an object", label);
@@ -352,6 +358,7 @@ cJSON *par_manifest_to_json(const par_manifest *m)
         if (i == 1) { /* precision and steps between train and layout */
             ok = ok && cJSON_AddStringToObject(root, "precision", m->precision ? m->precision : "f64");
             ok = ok && cJSON_AddNumberToObject(root, "steps", (double)m->steps);
+            ok = ok && cJSON_AddNumberToObject(root, "first_step", (double)m->first_step);
         }
     }
     for (int i = 0; i < m->nfiles && ok; i++)

@@ -2,7 +2,11 @@
  *
  * Keys: "format": "parity-golden", "version": 1, "generator": {name,
  * version}, "model", "train", "layout", "data" (objects the caller fills;
- * kept here as cJSON subtrees), "precision" (string), "steps" (integer),
+ * kept here as cJSON subtrees), "precision" (string), "steps" (integer:
+ * the run's total step count, Megatron's --train-iters), "first_step"
+ * (integer, 0 <= first_step <= steps; absent reads as 0: the step a
+ * resumed run started at, so its files are params.first_step ..
+ * params.steps and step.first_step .. step.steps-1, GOLDEN.md),
  * "files": {file name: sha256 hex}, and optionally "tolerances":
  * {tensor name: {"rtol", "atol", "reason"}} (per-tensor overrides of the
  * comparison policy; "reason" is a required non-empty string).
@@ -42,6 +46,7 @@ typedef struct {
     cJSON *model, *train, *layout, *data; /* owned; NULL is written as {} */
     char *precision;           /* "f64", "f32", "bf16", ... */
     int64_t steps;
+    int64_t first_step;        /* 0 unless the set is a resumed run's */
     int nfiles;
     par_manifest_file *files;  /* sorted by name */
     int ntol;

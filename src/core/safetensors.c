@@ -300,6 +300,22 @@ static par_status parse_owned(unsigned char *buf, size_t len, const char *label,
             goto fail_close;
         }
     }
+    /* no gaps, no trailing bytes: the tensors tile the data section */
+    for (int i = 0; i <= m && !st; i++) {
+        uint64_t at = i ? order[i - 1]->end : 0, next = i < m ? order[i]->begin : data_len;
+        if (next == at)
+            continue;
+        if (i == m)
+            st = par_err(PAR_EFORMAT, "%s: %llu trailing bytes after the last tensor%s%s%s (the data section has %llu "
+                         "bytes; safetensors data holds tensors only)", label, (unsigned long long)(next - at),
+                         m ? " '" : "", m ? order[m - 1]->name : "", m ? "'" : "", (unsigned long long)data_len);
+        else
+            st = par_err(PAR_EFORMAT, "%s: bytes [%llu,%llu) of the data section belong to no tensor (a gap before "
+                         "'%s'; safetensors data has no holes)", label, (unsigned long long)at,
+                         (unsigned long long)next, order[i]->name);
+    }
+    if (st)
+        goto fail_close;
     par_free(order);
     order = NULL;
 

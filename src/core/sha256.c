@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 
 static void to_hex(const uint8_t d[PAR_SHA256_BYTES], char out[PAR_SHA256_HEX])
 {
@@ -42,9 +43,10 @@ void par_sha256_hex(const void *data, size_t n, char out[PAR_SHA256_HEX])
 
 par_status par_sha256_file(const char *path, char out[PAR_SHA256_HEX])
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return par_err(PAR_EIO, "%s: cannot open for hashing: %s", path, strerror(errno));
+    int fd;
+    par_status ost = par_file_open_read(path, &fd, NULL); /* regular files only (a FIFO never blocks) */
+    if (ost)
+        return ost;
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = par_malloc(CHUNK, PAR_TAG_IO);
     if (!buf) {

@@ -66,6 +66,11 @@ struct par_compare_report {
     par_policy policy;
     char policy_why[200];
     int nfiles;         /* file pairs compared (or listed missing) */
+    /* directories: the steps each set holds (manifest first_step..steps)
+     * and those compared, the ones in both; files outside are skipped */
+    int have_steps;
+    int64_t steps_a[2], steps_b[2], steps_cmp[2];
+    int skipped_a, skipped_b;
     int n, cap;
     par_cmp_entry *e;
     int nfail;
@@ -140,6 +145,15 @@ static void entry_fail(par_compare_report *r, par_cmp_entry *e)
 int par_compare_report_ok(const par_compare_report *r) { return r->nfail == 0; }
 int par_compare_report_count(const par_compare_report *r) { return r->n; }
 int par_compare_report_failed(const par_compare_report *r) { return r->nfail; }
+int par_compare_report_steps(const par_compare_report *r, int64_t cmp[2], int64_t a[2], int64_t b[2])
+{
+    if (!r->have_steps)
+        return 0;
+    for (int h = 0; h < 2; h++)
+        cmp[h] = r->steps_cmp[h], a[h] = r->steps_a[h], b[h] = r->steps_b[h];
+    return 1;
+}
+
 par_policy par_compare_report_policy(const par_compare_report *r) { return r->policy; }
 
 const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i)
@@ -694,6 +708,123 @@ static int64_t layout_cp(const par_manifest *m)
     return 1;
 }
 
+/* A set's files agree with its manifest: every params/step file is listed
+ * in "files" (so its sha256 was checked), params.K only for first_step <=
+ * K <= steps and step.K only for first_step <= K < steps, each kind contiguous, and the claimed end
+ * (params.steps or step.steps-1) present.  A selection of a set's files
+ * (as the matrix compares) passes; a claim the files do not back does not. */
+static par_status check_set(const char *dir, const par_manifest *m, const gfile *g, int n)
+{
+    int64_t lo[2] = {-1, -1}, hi[2] = {-1, -1}, cnt[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        if (!par_manifest_file_sha(m, g[i].name))
+            return par_err(PAR_EFORMAT, "%s: %s is not listed in %s \"files\" (its sha256 would go unchecked); a "
+                           "golden set lists every file", dir, g[i].name, PAR_MANIFEST_NAME);
+        int k = g[i].kind;
+        if (g[i].k > m->steps - (k == 1))
+            return par_err(PAR_EFORMAT, "%s: %s is past the manifest's \"steps\": %lld (%s.K exists for K %s %lld)",
+                           dir, g[i].name, (long long)m->steps, k ? "step" : "params", k ? "<" : "<=",
+                           (long long)m->steps);
+        if (g[i].k < m->first_step)
+            return par_err(PAR_EFORMAT, "%s: %s is before the manifest's \"first_step\": %lld (a resumed run's set "
+                           "starts there)", dir, g[i].name, (long long)m->first_step);
+        lo[k] = lo[k] < 0 || g[i].k < lo[k] ? g[i].k : lo[k];
+        hi[k] = g[i].k > hi[k] ? g[i].k : hi[k];
+        cnt[k]++;
+    }
+    for (int k = 0; k < 2; k++)
+        if (cnt[k] && hi[k] - lo[k] + 1 != cnt[k])
+            return par_err(PAR_EFORMAT, "%s: the %s files are not contiguous (%lld files for steps %lld..%lld)", dir,
+                           k ? "step" : "params", (long long)cnt[k], (long long)lo[k], (long long)hi[k]);
+    if (n && hi[0] != m->steps && hi[1] != m->steps - 1)
+        return par_err(PAR_EFORMAT, "%s: the manifest claims \"steps\": %lld, but neither params.%lld nor step.%lld is "
+                       "in the set (its last files: params %lld, step %lld; -1 = none)", dir, (long long)m->steps,
+                       (long long)m->steps, (long long)(m->steps - 1), (long long)hi[0], (long long)hi[1]);
+    return PAR_OK;
+}
+
+/* One failing entry per config key whose value differs between the sets'
+ * manifests ("model" and "train": a reported difference, not an error). */
+static par_status compare_configs(par_compare_report *r, const par_manifest *ma, const par_manifest *mb)
+{
+    const cJSON *sec[2][2] = {{ma->model, mb->model}, {ma->train, mb->train}};
+    static const char *const secname[2] = {"model", "train"};
+    for (int s = 0; s < 2; s++) {
+        for (int side = 0; side < 2; side++) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, sec[s][side])
+            {
+                if (!it->string)
+                    continue;
+                const cJSON *other = cJSON_GetObjectItemCaseSensitive(sec[s][!side], it->string);
+                if (side == 1 && other)
+                    continue; /* seen from A's side */
+                if (other && cJSON_Compare(it, other, 1))
+                    continue;
+                char key[160], va[96] = "(absent)", vb[96] = "(absent)";
+                snprintf(key, sizeof key, "%s.%s", secname[s], it->string);
+                char *pa = cJSON_PrintUnformatted(side ? other : it), *pb = cJSON_PrintUnformatted(side ? it : other);
+                if (pa)
+                    snprintf(va, sizeof va, "%s", pa);
+                if (pb)
+                    snprintf(vb, sizeof vb, "%s", pb);
+                cJSON_free(pa);
+                cJSON_free(pb);
+                par_cmp_entry *e = report_add(r, PAR_MANIFEST_NAME, key);
+                if (!e)
+                    return par_err(PAR_ENOMEM, "compare: out of memory");
+                snprintf(e->reason, sizeof e->reason, "config differs: A %s = %s, B %s = %s (the sets are of different "
+                         "runs)", it->string, va, it->string, vb);
+                e->mode = "-";
+                e->dtype = PAR_DTYPE_COUNT; /* not a tensor: printed as "?" */
+                entry_fail(r, e);
+            }
+        }
+    }
+    return PAR_OK;
+}
+
+/* Keeps the files of g inside the compared steps [lo, hi] (params.lo ..
+ * params.hi, step.lo .. step.hi-1); returns how many it dropped. */
+static int keep_steps(gfile *g, int *n, int64_t lo, int64_t hi)
+{
+    int kept = 0, n0 = *n;
+    for (int i = 0; i < n0; i++)
+        if (g[i].k >= lo && (g[i].kind == 0 ? g[i].k <= hi : g[i].k < hi))
+            g[kept++] = g[i];
+    *n = kept;
+    return n0 - kept;
+}
+
+/* The steps present in both sets (GOLDEN.md: a resumed run's set holds
+ * first_step..steps): recorded in r, the lists cut to them; no step in
+ * common is a failing entry. */
+static par_status common_steps(par_compare_report *r, const par_manifest *ma, const par_manifest *mb, gfile *fa,
+                               int *na, gfile *fb, int *nb)
+{
+    r->have_steps = 1;
+    r->steps_a[0] = ma->first_step, r->steps_a[1] = ma->steps;
+    r->steps_b[0] = mb->first_step, r->steps_b[1] = mb->steps;
+    int64_t lo = ma->first_step > mb->first_step ? ma->first_step : mb->first_step;
+    int64_t hi = ma->steps < mb->steps ? ma->steps : mb->steps;
+    r->steps_cmp[0] = lo, r->steps_cmp[1] = hi;
+    if (lo > hi) {
+        par_cmp_entry *e = report_add(r, PAR_MANIFEST_NAME, "");
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        snprintf(e->reason, sizeof e->reason, "no step in common: A holds steps %lld..%lld, B %lld..%lld",
+                 (long long)ma->first_step, (long long)ma->steps, (long long)mb->first_step, (long long)mb->steps);
+        e->mode = "-";
+        e->dtype = PAR_DTYPE_COUNT;
+        entry_fail(r, e);
+        *na = *nb = 0;
+        return PAR_OK;
+    }
+    r->skipped_a = keep_steps(fa, na, lo, hi);
+    r->skipped_b = keep_steps(fb, nb, lo, hi);
+    return PAR_OK;
+}
+
 static par_status compare_dirs(par_compare_report *r, const char *da, const char *db, const par_compare_opts *o)
 {
     par_manifest ma, mb;
@@ -720,6 +851,9 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
     if ((st = list_gfiles(da, &fa, &na)))
         goto done_free_mb;
     if ((st = list_gfiles(db, &fb, &nb)))
+        goto done_free_lists;
+    if ((st = check_set(da, &ma, fa, na)) || (st = check_set(db, &mb, fb, nb)) ||
+        (st = compare_configs(r, &ma, &mb)) || (st = common_steps(r, &ma, &mb, fa, &na, fb, &nb)))
         goto done_free_lists;
     int i = 0, j = 0;
     while (i < na || j < nb) {
@@ -859,6 +993,19 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     if (r->policy != PAR_POLICY_BITWISE)
         fprintf(out, ": ||B-A||_2 <= %g ||A||_2 + %g sqrt(numel)", rt, at);
     fputc('\n', out);
+    if (r->have_steps && r->steps_cmp[0] <= r->steps_cmp[1]) {
+        const int64_t *c = r->steps_cmp;
+        fprintf(out, "steps compared: %lld..%lld (params.%lld..params.%lld", (long long)c[0], (long long)c[1],
+                (long long)c[0], (long long)c[1]);
+        if (c[1] > c[0])
+            fprintf(out, ", step.%lld..step.%lld", (long long)c[0], (long long)(c[1] - 1));
+        fprintf(out, "); A holds steps %lld..%lld, B %lld..%lld", (long long)r->steps_a[0], (long long)r->steps_a[1],
+                (long long)r->steps_b[0], (long long)r->steps_b[1]);
+        if (r->skipped_a || r->skipped_b)
+            fprintf(out, "; not compared: %d file%s of A, %d of B outside those steps", r->skipped_a,
+                    r->skipped_a == 1 ? "" : "s", r->skipped_b);
+        fputc('\n', out);
+    }
     int npass = 0;
     for (int i = 0; i < r->n; i++) {
         npass += r->e[i].pass;
@@ -876,6 +1023,28 @@ static cJSON *num_or_str(double v)
     return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
 }
 
+/* "steps": {"compared": [lo, hi], "a", "b", "in_common", "skipped_files_a", "skipped_files_b"}. */
+static int steps_json(const par_compare_report *r, cJSON *root)
+{
+    cJSON *st = cJSON_AddObjectToObject(root, "steps");
+    const int64_t *v[3] = {r->steps_cmp, r->steps_a, r->steps_b};
+    static const char *const key[3] = {"compared", "a", "b"};
+    int ok = st != NULL;
+    for (int q = 0; q < 3 && ok; q++) {
+        cJSON *pair = cJSON_AddArrayToObject(st, key[q]);
+        ok = pair != NULL;
+        for (int h = 0; h < 2 && ok; h++) {
+            cJSON *n = cJSON_CreateNumber((double)v[q][h]);
+            ok = n != NULL;
+            if (ok)
+                cJSON_AddItemToArray(pair, n);
+        }
+    }
+    ok = ok && cJSON_AddBoolToObject(st, "in_common", r->steps_cmp[0] <= r->steps_cmp[1]);
+    ok = ok && cJSON_AddNumberToObject(st, "skipped_files_a", r->skipped_a);
+    return ok && cJSON_AddNumberToObject(st, "skipped_files_b", r->skipped_b);
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -888,6 +1057,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
     ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
     ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);
+    if (ok && r->have_steps) /* directories: the steps compared (both sets hold them) and each set's */
+        ok = steps_json(r, root);
     ok = ok && cJSON_AddNumberToObject(root, "entries", r->n);
     ok = ok && cJSON_AddNumberToObject(root, "failed", r->nfail);
     cJSON *arr = ok ? cJSON_AddArrayToObject(root, "tensors") : NULL;

@@ -103,6 +103,10 @@ const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i
 /* First entry for (file, tensor); file NULL matches any file. */
 const par_cmp_entry *par_compare_report_find(const par_compare_report *r, const char *file, const char *tensor);
 par_policy par_compare_report_policy(const par_compare_report *r); /* resolved (never AUTO) */
+/* Directories: the steps compared (cmp, those both sets hold; cmp[0] >
+ * cmp[1] when none) and each set's (manifest first_step..steps); files
+ * outside cmp are not compared.  0 for two bare files. */
+int par_compare_report_steps(const par_compare_report *r, int64_t cmp[2], int64_t a[2], int64_t b[2]);
 /* Summary table: failing entries with their listed elements, then counts;
  * verbose prints every entry. */
 void par_compare_report_print(const par_compare_report *r, FILE *out, int verbose);

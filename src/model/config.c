@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/fileio.h"
 #include "model/params.h"
 
 typedef enum { KT_INT, KT_REAL, KT_RATIOS } key_type;
@@ -229,7 +230,7 @@ static par_status apply_json_key(par_config *cfg, const cJSON *item)
         const cJSON *e;
         cJSON_ArrayForEach(e, item)
         {
-            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || fabs(e->valuedouble) > 9.0e15)
                 return par_err(PAR_EINVAL, "config key '%s': entry %d is not an integer", key, i);
             tmp[i++] = (int64_t)e->valuedouble;
         }
@@ -282,28 +283,13 @@ par_status par_config_from_json(par_config *cfg, const cJSON *obj)
 
 par_status par_config_load_file(par_config *cfg, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return par_err(PAR_EIO, "%s: cannot open config file", path);
-    par_status st = PAR_OK;
-    char *text = NULL;
-    if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
-        st = par_err(PAR_EIO, "%s: cannot size config file", path);
-        goto fail_close;
-    }
-    long n = ftell(f);
-    rewind(f);
-    text = par_malloc((size_t)n + 1, PAR_TAG_IO);
-    if (!text) {
-        st = par_err(PAR_ENOMEM, "%s: no memory for %ld bytes", path, n);
-        goto fail_close;
-    }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        st = par_err(PAR_EIO, "%s: short read", path);
-        goto fail_free_text;
-    }
-    text[n] = '\0';
-    cJSON *root = cJSON_Parse(text);
+    void *data;
+    size_t n;
+    par_status st = par_file_read(path, PAR_TAG_IO, &data, &n); /* regular files only (a FIFO never blocks) */
+    if (st)
+        return st;
+    char *text = data;
+    cJSON *root = cJSON_ParseWithLength(text, n);
     if (!root) {
         st = par_err(PAR_EFORMAT, "%s: not valid JSON (near byte %ld)", path,
                      cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - text) : -1L);
@@ -318,8 +304,6 @@ par_status par_config_load_file(par_config *cfg, const char *path)
     cJSON_Delete(root);
 fail_free_text:
     par_free(text);
-fail_close:
-    fclose(f);
     return st;
 }
 
@@ -383,18 +367,49 @@ fail_delete:
 
 #define BAD(...) return par_err(PAR_EINVAL, __VA_ARGS__)
 
+/* Range of every integer key.  The upper bounds leave v4-pro (the largest
+ * preset) a wide margin and keep every size product of the parameter table
+ * and the activations inside int64 (and every GEMM dimension inside the
+ * int32 of BLAS): docs/model.md ("Validation"). */
+typedef struct {
+    const char *name;
+    int64_t lo, hi;
+} int_range;
+
+static const int_range int_ranges[] = {
+    {"vocab_size", 1, (int64_t)1 << 24},      {"dim", 1, (int64_t)1 << 16},
+    {"n_layers", 1, PAR_MAX_BLOCKS - 1},      {"n_heads", 1, 4096},
+    {"head_dim", 1, (int64_t)1 << 14},        {"rope_head_dim", 1, (int64_t)1 << 14},
+    {"q_lora_rank", 1, (int64_t)1 << 16},     {"o_groups", 1, 4096},
+    {"o_lora_rank", 1, (int64_t)1 << 16},     {"window_size", 1, (int64_t)1 << 24},
+    {"index_n_heads", 1, 4096},               {"index_head_dim", 1, (int64_t)1 << 14},
+    {"index_topk", 1, (int64_t)1 << 24},      {"n_routed_experts", 1, (int64_t)1 << 16},
+    {"n_activated_experts", 1, 1024},         {"moe_inter_dim", 1, (int64_t)1 << 16},
+    {"hc_mult", 1, 64},                       {"hc_sinkhorn_iters", 1, 1000},
+    {"original_seq_len", 1, INT32_MAX},       {"global_batch_size", 1, (int64_t)1 << 24},
+    {"seq_length", 1, (int64_t)1 << 24},      {NULL, 0, 0},
+};
+
+/* Largest compress ratio and tokens per step (B * S, the rows of every GEMM). */
+#define MAX_RATIO ((int64_t)1 << 24)
+#define MAX_TOKENS_PER_STEP ((int64_t)INT32_MAX)
+
 par_status par_config_validate(const par_config *c)
 {
-    static const char *const positive[] = {
-        "vocab_size", "dim", "n_layers", "n_heads", "head_dim", "rope_head_dim", "q_lora_rank",
-        "o_groups", "o_lora_rank", "window_size", "index_n_heads", "index_head_dim",
-        "n_routed_experts", "moe_inter_dim", "hc_mult", "hc_sinkhorn_iters", "original_seq_len",
-        "global_batch_size", "seq_length", NULL};
-    for (int i = 0; positive[i]; i++) {
-        int64_t v = *cifield(c, find_key(positive[i]));
-        if (v < 1)
-            BAD("config: %s must be >= 1, got %lld", positive[i], (long long)v);
+    for (int i = 0; int_ranges[i].name; i++) {
+        int64_t v = *cifield(c, find_key(int_ranges[i].name));
+        if (v < int_ranges[i].lo)
+            BAD("config: %s must be >= %lld, got %lld", int_ranges[i].name, (long long)int_ranges[i].lo,
+                (long long)v);
+        if (v > int_ranges[i].hi)
+            BAD("config: %s must be <= %lld, got %lld (the range is [%lld, %lld])", int_ranges[i].name,
+                (long long)int_ranges[i].hi, (long long)v, (long long)int_ranges[i].lo,
+                (long long)int_ranges[i].hi);
     }
+    if (c->global_batch_size * c->seq_length > MAX_TOKENS_PER_STEP) /* both <= 2^24: no overflow */
+        BAD("config: global_batch_size * seq_length = %lld * %lld = %lld tokens per step, at most %lld",
+            (long long)c->global_batch_size, (long long)c->seq_length,
+            (long long)(c->global_batch_size * c->seq_length), (long long)MAX_TOKENS_PER_STEP);
     if (c->n_hash_layers < 0 || c->n_hash_layers > c->n_layers)
         BAD("config: n_hash_layers must be in [0, n_layers = %lld], got %lld", (long long)c->n_layers,
             (long long)c->n_hash_layers);
@@ -413,11 +428,10 @@ par_status par_config_validate(const par_config *c)
             (long long)nb);
     for (int64_t b = 0; b < nb; b++) {
         int64_t m = c->compress_ratios[b];
-        if (!(m == 0 || m == 4 || m > 4))
-            BAD("config: compress_ratios[%lld] = %lld must be 0, 4 or > 4", (long long)b, (long long)m);
+        if (!(m == 0 || m == 4 || m > 4) || m > MAX_RATIO)
+            BAD("config: compress_ratios[%lld] = %lld must be 0, 4 or > 4 (and <= %lld)", (long long)b,
+                (long long)m, (long long)MAX_RATIO);
     }
-    if (c->index_topk < 1)
-        BAD("config: index_topk must be >= 1, got %lld", (long long)c->index_topk);
     if (c->n_activated_experts < 1 || c->n_activated_experts > c->n_routed_experts)
         BAD("config: n_activated_experts must be in [1, n_routed_experts = %lld], got %lld",
             (long long)c->n_routed_experts, (long long)c->n_activated_experts);
@@ -463,9 +477,6 @@ par_status par_config_validate(const par_config *c)
         BAD("config: clip_grad must be > 0, got %g", c->clip_grad);
     if (!(c->mu >= 0 && c->mu < 1))
         BAD("config: mu must be in [0, 1), got %g", c->mu);
-    if (c->vocab_size > INT32_MAX || c->n_routed_experts > INT32_MAX)
-        BAD("config: vocab_size = %lld and n_routed_experts = %lld must fit int32",
-            (long long)c->vocab_size, (long long)c->n_routed_experts);
     return PAR_OK;
 }
 

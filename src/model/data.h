@@ -97,7 +97,8 @@ typedef struct {
 
 par_status par_fixture_load(par_fixture *fx, const char *path);
 /* Loads `name` (no ".json") from dir, or from $PARITY_FIXTURES_DIR, or
- * $PARITY_SOURCE_ROOT/fixtures, or ./fixtures when dir is NULL. */
+ * else par_data_dir("fixtures") (core/datadir.h: the source tree or the
+ * installed data directory) when dir is NULL. */
 par_status par_fixture_load_named(par_fixture *fx, const char *name, const char *dir);
 void par_fixture_free(par_fixture *fx);
 /* Plan of B rows: row r is fixture row r mod n_rows (rows repeat

@@ -36,6 +36,7 @@ typedef struct {
 
 typedef struct {
     int64_t steps;
+    int64_t seq_length;         /* S of the run (a --data file's, not the preset's) */
     par_golden_step_info *step; /* [steps] (par_malloc'd; par_golden_summary_free) */
     double wall_s;              /* the whole run, writing included */
     int64_t n_params;           /* float parameters */

@@ -6,43 +6,26 @@
 #include <cjson/cJSON.h>
 
 #include "core/alloc.h"
+#include "core/datadir.h"
+#include "core/fileio.h"
+#include "core/json.h"
 #include "model/data.h"
 
 static par_status read_text(const char *path, char **out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return par_err(PAR_EIO, "%s: cannot open fixture", path);
-    par_status st = PAR_OK;
-    if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
-        st = par_err(PAR_EIO, "%s: cannot size fixture", path);
-        goto fail_close;
-    }
-    long n = ftell(f);
-    rewind(f);
-    char *text = par_malloc((size_t)n + 1, PAR_TAG_IO);
-    if (!text) {
-        st = par_err(PAR_ENOMEM, "%s: no memory for %ld bytes", path, n);
-        goto fail_close;
-    }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        par_free(text);
-        st = par_err(PAR_EIO, "%s: short read", path);
-        goto fail_close;
-    }
-    text[n] = '\0';
-    *out = text;
-fail_close:
-    fclose(f);
+    void *data;
+    size_t n;
+    par_status st = par_file_read(path, PAR_TAG_IO, &data, &n); /* regular files only (a FIFO never blocks) */
+    if (!st)
+        *out = data;
     return st;
 }
 
 static par_status get_int(const cJSON *o, const char *key, const char *path, int64_t *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    if (!par_json_as_int(v, out)) /* exact below 2^53: no float-to-int overflow (fuzz_fixture) */
         return par_err(PAR_EFORMAT, "%s: fixture key '%s' missing or not an integer", path, key);
-    *out = (int64_t)v->valuedouble;
     return PAR_OK;
 }
 
@@ -79,8 +62,8 @@ par_status par_fixture_load(par_fixture *fx, const char *path)
     }
     if ((st = get_int(root, "seq_length", path, &f.seq_length)) || (st = get_int(root, "window_size", path, &f.window_size)))
         goto fail_delete;
-    if (f.seq_length < 1) {
-        st = par_err(PAR_EFORMAT, "%s: seq_length = %lld must be >= 1", path, (long long)f.seq_length);
+    if (f.seq_length < 1 || f.seq_length > ((int64_t)1 << 24)) { /* the config's range of seq_length */
+        st = par_err(PAR_EFORMAT, "%s: seq_length = %lld must be in [1, 16777216]", path, (long long)f.seq_length);
         goto fail_delete;
     }
     const cJSON *rows = cJSON_GetObjectItemCaseSensitive(root, "rows");
@@ -113,13 +96,14 @@ par_status par_fixture_load(par_fixture *fx, const char *path)
         const cJSON *len;
         cJSON_ArrayForEach(len, row)
         {
-            if (!cJSON_IsNumber(len) || len->valuedouble < 1 || len->valuedouble != (double)(int64_t)len->valuedouble) {
-                st = par_err(PAR_EFORMAT, "%s: row %lld sample %lld: length must be an integer >= 1", path,
-                             (long long)r, (long long)(k - f.row_off[r]));
+            int64_t v = 0;
+            if (!par_json_as_int(len, &v) || v < 1 || v > f.seq_length) {
+                st = par_err(PAR_EFORMAT, "%s: row %lld sample %lld: length must be an integer in [1, seq_length = %lld]",
+                             path, (long long)r, (long long)(k - f.row_off[r]), (long long)f.seq_length);
                 goto fail_free_fx;
             }
-            f.lengths[k++] = (int64_t)len->valuedouble;
-            sum += (int64_t)len->valuedouble;
+            f.lengths[k++] = v;
+            sum += v; /* at most 2^31 entries of at most 2^24 each: no overflow */
         }
         if (sum != f.seq_length) {
             st = par_err(PAR_EFORMAT, "%s: row %lld lengths sum to %lld, must be seq_length = %lld", path,
@@ -144,15 +128,19 @@ fail_free_text:
 
 par_status par_fixture_load_named(par_fixture *fx, const char *name, const char *dir)
 {
-    char path[4096];
+    char path[4096], found[4096];
     const char *d = dir;
-    const char *root = NULL;
     if (!d)
         d = getenv("PARITY_FIXTURES_DIR");
-    if (!d && (root = getenv("PARITY_SOURCE_ROOT")))
-        snprintf(path, sizeof path, "%s/fixtures/%s.json", root, name);
-    else
-        snprintf(path, sizeof path, "%s/%s.json", d ? d : "fixtures", name);
+    if (!d || !*d) {
+        par_status st = par_data_dir("fixtures", found, sizeof found); /* any working directory (core/datadir.h) */
+        if (st)
+            return st;
+        d = found;
+    }
+    int n = snprintf(path, sizeof path, "%s/%s.json", d, name);
+    if (n < 0 || (size_t)n >= sizeof path)
+        return par_err(PAR_EINVAL, "fixture '%s': the path under %s is longer than %zu bytes", name, d, sizeof path - 1);
     return par_fixture_load(fx, path);
 }
 

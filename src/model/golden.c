@@ -271,8 +271,12 @@ par_status PAR_FN(par_golden_data_open)(par_golden_data *ds, const par_golden_op
         }
         if (tt->dtype != PAR_I32 || ts->dtype != PAR_I32 || tt->ndim != 2 ||
             !par_tensor_same_shape(tt, ts)) {
-            s = par_err(PAR_EFORMAT, "%s: input.tokens and input.segments must both be I32 [R,S]",
-                        o->data_path);
+            char a[96], b[96];
+            par_shape_str(tt->ndim, tt->shape, a, sizeof a);
+            par_shape_str(ts->ndim, ts->shape, b, sizeof b);
+            s = par_err(PAR_EFORMAT, "%s: input.tokens and input.segments must both be I32 [R,S]; the file has "
+                        "input.tokens %s %s and input.segments %s %s", o->data_path, par_dtype_name(tt->dtype), a,
+                        par_dtype_name(ts->dtype), b);
             goto fail_close;
         }
         ds->R = tt->shape[0];
@@ -382,7 +386,7 @@ cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
 }
 
 par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
-                                             cJSON *layout, cJSON *data)
+                                             int64_t first_step, cJSON *layout, cJSON *data)
 {
     par_manifest man;
     par_manifest_init(&man);
@@ -393,6 +397,7 @@ par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *
         (s = par_manifest_set_precision(&man, PREC_NAME)))
         goto done;
     man.steps = steps;
+    man.first_step = first_step;
     man.model = par_config_section_to_json(cfg, PAR_CFG_MODEL);
     man.train = par_config_section_to_json(cfg, PAR_CFG_TRAIN);
     if (man.train) {
@@ -475,7 +480,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     /* manifest */
     par_golden_layout lay;
     par_golden_layout_serial(&lay, cfg.global_batch_size);
-    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, PAR_FN(par_golden_layout_json)(&lay),
+    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
                                                PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
         goto fail_tmp;
     s = par_adir_commit(tmp, o->out_dir);
@@ -485,6 +490,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     if (sum) {
         memset(sum, 0, sizeof *sum);
         sum->steps = o->steps;
+        sum->seq_length = cfg.seq_length;
         sum->step = info;
         info = NULL;
         sum->n_params = M.tab.n_float;

@@ -58,10 +58,11 @@ par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const cha
  * update).  Needs M->have_fwd. */
 par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char *dir, int64_t k);
 
-/* manifest.json of a set in dir (GOLDEN.md keys); takes ownership of the
- * layout and data objects (NULL: out of memory). */
+/* manifest.json of a set in dir (GOLDEN.md keys; steps the total, first_step
+ * where a resumed run started); takes ownership of the layout and data
+ * objects (NULL: out of memory). */
 par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
-                                             cJSON *layout, cJSON *data);
+                                             int64_t first_step, cJSON *layout, cJSON *data);
 /* The manifest's "layout" object. */
 cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l);
 

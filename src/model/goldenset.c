@@ -129,7 +129,12 @@ par_status par_goldenset_merge(const char *first, const char *resumed, int64_t s
         par_manifest_free(&a);
         return s;
     }
-    s = make_dir(dst);
+    if (b.first_step != split || a.steps != split) /* the resumed run's files carry global step numbers */
+        s = par_err(PAR_EINVAL, "golden set: merging %s (steps 0..%lld) and %s (first_step %lld) at step %lld: the "
+                    "resumed set must start where the first one ends", first, (long long)a.steps, resumed,
+                    (long long)b.first_step, (long long)split);
+    if (!s)
+        s = make_dir(dst);
     for (int i = 0; !s && i < a.nfiles; i++) {
         par_setfile_kind kind;
         int64_t k;
@@ -139,11 +144,9 @@ par_status par_goldenset_merge(const char *first, const char *resumed, int64_t s
     for (int i = 0; !s && i < b.nfiles; i++) {
         par_setfile_kind kind;
         int64_t k;
-        char to[128];
-        if (!par_setfile_parse(b.files[i].name, &kind, &k) || (kind == PAR_SETFILE_PARAMS && k == 0))
+        if (!par_setfile_parse(b.files[i].name, &kind, &k) || (kind == PAR_SETFILE_PARAMS && k == split))
             continue;
-        par_setfile_name(kind, split + k, to, sizeof to);
-        s = link_file(resumed, b.files[i].name, dst, to);
+        s = link_file(resumed, b.files[i].name, dst, b.files[i].name);
     }
     if (!s && a.layout && b.layout) { /* the files from step split on were computed under b's layout */
         cJSON *after = cJSON_Duplicate(b.layout, 1);
@@ -154,7 +157,7 @@ par_status par_goldenset_merge(const char *first, const char *resumed, int64_t s
         cJSON_Delete(after);
     }
     if (!s) {
-        a.steps = split + b.steps;
+        a.steps = b.steps;
         s = par_manifest_write(&a, dst); /* lists (and hashes) the merged files */
     }
     par_manifest_free(&a);

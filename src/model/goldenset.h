@@ -45,10 +45,12 @@ typedef int (*par_setfile_pick)(par_setfile_kind kind, int64_t k, void *ud);
 par_status par_goldenset_select(const char *src, const char *dst, par_setfile_pick pick, void *ud);
 
 /* dst = first's params.0..split and step.0..split-1, then resumed's
- * step.J and params.J+1 (J >= 0) renumbered as split + J (resumed's
- * params.0, the loaded state written like an initial one, is left out),
- * with first's manifest over split + resumed's steps; its "layout" gets
- * resumed's as "after_checkpoint" (with "from_step": split). */
+ * step.split.. and params.split+1.. (a resumed run's files carry global
+ * step numbers, its manifest "first_step": split; its params.split, the
+ * loaded state, is left out), with first's manifest over resumed's
+ * "steps"; its "layout" gets resumed's as "after_checkpoint" (with
+ * "from_step": split).  PAR_EINVAL when first does not end at split or
+ * resumed does not start there. */
 par_status par_goldenset_merge(const char *first, const char *resumed, int64_t split, const char *dst);
 
 /* dst = src with every F32 tensor widened exactly to F64, metadata kept

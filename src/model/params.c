@@ -23,15 +23,19 @@ static int add(builder *b, const char *name, par_param_dtype dt, int ndim, int64
                double init_a)
 {
     int idx = (int)b->n_tensors;
-    int64_t numel = s0 * (ndim == 2 ? s1 : 1);
+    int64_t numel = 0;
+    int64_t *total = dt == PAR_PDT_REAL ? &b->n_float : &b->n_i32;
+    int64_t off = *total;
     b->n_tensors++;
-    int64_t off;
-    if (dt == PAR_PDT_REAL) {
-        off = b->n_float;
-        b->n_float += numel;
-    } else {
-        off = b->n_i32;
-        b->n_i32 += numel;
+    /* the config's ranges keep these far from overflow; checked all the same */
+    if (s0 < 0 || s1 < 0 || __builtin_mul_overflow(s0, ndim == 2 ? s1 : 1, &numel) ||
+        __builtin_add_overflow(*total, numel, total) || b->n_tensors > INT32_MAX) {
+        if (!b->st)
+            b->st = par_err(PAR_ERANGE, "parameter table: tensor '%s' [%lld, %lld] overflows the 64-bit element "
+                                        "count (or the table exceeds 2^31 tensors)",
+                            name, (long long)s0, (long long)s1);
+        *total = 0;
+        return idx;
     }
     if (!b->t || b->st)
         return idx;
@@ -207,6 +211,8 @@ par_status par_param_count(const par_config *cfg, int64_t *n_tensors, int64_t *n
         return st;
     builder b = {0};
     walk(&b, cfg, NULL, NULL);
+    if (b.st)
+        return b.st;
     if (n_tensors)
         *n_tensors = b.n_tensors;
     if (n_float)
@@ -218,8 +224,12 @@ par_status par_param_count(const par_config *cfg, int64_t *n_tensors, int64_t *n
 
 int64_t par_param_count_routed_expert_floats(const par_config *cfg)
 {
-    int64_t nb = cfg->n_layers + cfg->n_mtp_layers;
-    return nb * cfg->n_routed_experts * 3 * cfg->dim * cfg->moe_inter_dim;
+    int64_t nb = cfg->n_layers + cfg->n_mtp_layers, r = 0;
+    /* a validated config stays far below 2^63; saturate rather than wrap otherwise */
+    if (__builtin_mul_overflow(nb * 3, cfg->n_routed_experts, &r) || __builtin_mul_overflow(r, cfg->dim, &r) ||
+        __builtin_mul_overflow(r, cfg->moe_inter_dim, &r))
+        return INT64_MAX;
+    return r;
 }
 
 static uint64_t hname(const char *s) { return par_name_hash64(s); }

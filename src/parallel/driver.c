@@ -49,6 +49,7 @@ typedef struct {
     int64_t *apeak;           /* [N, 2 * PAR_TAG_COUNT] per-rank allocator peaks (allocated, reserved) */
     par_exec_info exi;        /* world rank 0's pipeline (executor.h) */
     int64_t step0;            /* updates already applied (the loaded checkpoint's step) */
+    int64_t n;                /* steps this run does: step0 .. o->steps-1 (--steps is the total) */
     uint64_t seed;            /* the data's seed (the checkpoint's with --load) */
     int64_t *cursor;          /* [steps] data cursor after each step's batch */
     int64_t saves;            /* checkpoints written (rank 0) */
@@ -147,12 +148,13 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
             return s;
     if (o->load && (s = PAR_FN(par_ckpt_model_load)(P, &S->M, &S->dpw, o->load)))
         return s;
-    if (R->tmp && ((s = dump_alloc(R, S)) || (s = dump_params(R, S, 0))))
+    if (R->tmp && ((s = dump_alloc(R, S)) || (s = dump_params(R, S, R->step0)))) /* global step numbers */
         return s;
     return PAR_OK;
 }
 
-/* Step k's line of the run's table (rank 0). */
+/* Step k's line of the run's table (rank 0; k counts from this run's
+ * first step, the line names the global step). */
 static void step_info(shared *R, const rank_state *S, int64_t k, double wall_s)
 {
     const PAR_FN(par_model) *M = &S->M;
@@ -167,11 +169,11 @@ static void step_info(shared *R, const rank_state *S, int64_t k, double wall_s)
         R->load_acc[i] += M->stats.loads[i];
     if (R->o->progress)
         fprintf(stderr, "run: step %lld/%lld  loss %.10g  (main %.10g  mtp %.10g  aux %.6g)  grad_norm %.6g  %.3f s\n",
-                (long long)(k + 1), (long long)R->o->steps, si->loss, si->loss_main, si->loss_mtp, si->loss_aux,
+                (long long)(R->step0 + k + 1), (long long)R->o->steps, si->loss, si->loss_main, si->loss_mtp, si->loss_aux,
                 si->grad_norm, si->wall_s);
 }
 
-/* Step k: the executor's step, the optimizer step (gradients reduced once
+/* Step k of this run (global step step0 + k): the executor's step, the optimizer step (gradients reduced once
  * per replica group, global norm, clip, update, balance), a dump (it wants
  * the reduced gradients back), a checkpoint. */
 static par_status rank_step(shared *R, rank_state *S, int64_t k)
@@ -186,14 +188,14 @@ static par_status rank_step(shared *R, rank_state *S, int64_t k)
         (R->tmp && (s = PAR_FN(par_dpw_reduced_grads)(&S->dpw, &S->M))))
         return s;
     double t1 = now_s();
-    if (R->tmp && (s = PAR_FN(par_exec_dump_step)(S->ex, &S->P, &S->M, tk, sg, S->grads, R->tmp, k)))
+    int64_t gstep = R->step0 + k + 1; /* the updates applied after this step */
+    if (R->tmp && (s = PAR_FN(par_exec_dump_step)(S->ex, &S->P, &S->M, tk, sg, S->grads, R->tmp, gstep - 1)))
         return s;
     if (S->P.rank == 0)
         step_info(R, S, k, t1 - t0);
-    if (R->tmp && (s = dump_params(R, S, k + 1)))
+    if (R->tmp && (s = dump_params(R, S, gstep)))
         return s;
-    int64_t gstep = R->step0 + k + 1;
-    if (o->save_dir && ((o->save_interval > 0 && gstep % o->save_interval == 0) || k == o->steps - 1)) {
+    if (o->save_dir && ((o->save_interval > 0 && gstep % o->save_interval == 0) || k == R->n - 1)) {
         par_ckpt_state cs = {.step = gstep, .cursor = R->cursor[k], .seed = R->seed};
         snprintf(cs.precision, sizeof cs.precision, "%s", PAR_REAL_BITS == 64 ? "f64" : "f32");
         if ((s = PAR_FN(par_ckpt_model_save)(&S->P, &S->M, &S->dpw, o->save_dir, &cs)))
@@ -259,7 +261,7 @@ static par_status rank_main(par_comm *world, void *arg)
     S.ascope = par_alloc_scope_open(); /* this rank's allocator truth (alloc.h) */
     par_status s = rank_setup(R, world, &S);
     par_alloc_scope_reset_peaks(S.ascope); /* the window: the steps */
-    for (int64_t k = 0; k < R->o->steps && !s; k++)
+    for (int64_t k = 0; k < R->n && !s; k++)
         s = rank_step(R, &S, k);
     if (!s)
         s = rank_report(R, &S);
@@ -333,7 +335,9 @@ static void summarize_comm(const shared *R, par_run_summary *sum, int N)
 }
 
 /* The data (it may fix seq_length): the golden set's source, resumed at
- * the checkpoint's step, cursor and seed. */
+ * the checkpoint's step, cursor and seed; the steps to run (--steps K is
+ * the total, as Megatron's --train-iters: a run loaded at step s does
+ * s..K-1). */
 static par_status open_data(shared *R, par_golden_opts *go, par_golden_data *ds)
 {
     const par_run_opts *o = R->o;
@@ -346,8 +350,8 @@ static par_status open_data(shared *R, par_golden_opts *go, par_golden_data *ds)
         const par_ckpt_state *cs = par_ckpt_state_of(o->load);
         R->step0 = cs->step;
         R->seed = go->seed = cs->seed;
-        go->steps = R->step0 + o->steps;
     }
+    R->n = o->steps - R->step0; /* < 1: nothing to do (par_run) */
     go->data_path = o->data_path;
     go->fixture = o->fixture;
     go->fixtures_dir = o->fixtures_dir;
@@ -403,7 +407,7 @@ static void shared_free(shared *R)
  * ranks; the parameter count. */
 static par_status prebuild(shared *R, par_golden_opts *go, par_golden_data *ds)
 {
-    const int64_t steps = R->o->steps, N = R->lay.world;
+    const int64_t steps = R->n, N = R->lay.world;
     const size_t BS = (size_t)(R->B * R->S);
     R->tok = par_malloc((size_t)steps * BS * sizeof *R->tok, PAR_TAG_ACT);
     R->seg = par_malloc((size_t)steps * BS * sizeof *R->seg, PAR_TAG_ACT);
@@ -457,7 +461,7 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         .distributed_optimizer = l->distributed_optimizer, .schedule = l->pp > 1 ? l->schedule : "none",
         .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
     };
-    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, PAR_FN(par_golden_layout_json)(&gl),
+    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, PAR_FN(par_golden_layout_json)(&gl),
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)
         return s;
@@ -471,7 +475,8 @@ static void fill_summary(shared *R, par_run_summary *sum, par_netrun *net, doubl
 {
     const int N = (int)R->lay.world;
     memset(sum, 0, sizeof *sum);
-    sum->steps = R->o->steps;
+    sum->steps = R->n;
+    sum->seq_length = R->S;
     sum->step = R->info;
     R->info = NULL;
     sum->layout = R->lay;
@@ -514,6 +519,19 @@ static void fill_summary(shared *R, par_run_summary *sum, par_netrun *net, doubl
     }
 }
 
+/* The summary of a run with no step left: steps 0, the checkpoint's step. */
+static void nothing_to_do(const shared *R, par_run_summary *sum, double t_start)
+{
+    memset(sum, 0, sizeof *sum);
+    sum->seq_length = R->S;
+    sum->layout = R->lay;
+    snprintf(sum->backend, sizeof sum->backend, "%s", par_backend_name(R->o->backend));
+    sum->start_step = R->step0;
+    sum->hosts_rank0 = 1; /* no world ran: every process says so */
+    sum->pp_net_bubble = sum->pp_dry_bubble_measured = -1;
+    sum->wall_s = now_s() - t_start;
+}
+
 par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
 {
     double t_start = now_s();
@@ -533,14 +551,20 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     if ((s = open_data(&R, &go, &ds)))
         return s;
     par_netrun *net = NULL; /* with o->netmodel: the emulated clocks (to sum->net) */
-    if ((s = resolve_layout(&R, &go)) || (s = prebuild(&R, &go, &ds)) ||
-        (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))) ||
-        (o->dump_dir && (s = par_adir_begin(o->dump_dir, &R.tmp))))
+    if ((s = resolve_layout(&R, &go)) || (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))))
+        goto fail_data;
+    if (R.n < 1) { /* loaded at or past --steps (Megatron's --train-iters): checked, nothing runs or is written */
+        if (sum)
+            nothing_to_do(&R, sum, t_start);
+        goto fail_data;
+    }
+    if ((s = prebuild(&R, &go, &ds)) || (o->dump_dir && (s = par_adir_begin(o->dump_dir, &R.tmp))))
         goto fail_data;
     openblas_set_num_threads(1); /* one BLAS thread per rank */
     par_world_opts wo;
     memset(&wo, 0, sizeof wo);
     wo.timeout_s = o->timeout_s;
+    wo.fingerprint = o->fingerprint; /* MPI: every process runs the same configuration */
     if ((o->netmodel && (s = par_netrun_create(o->netmodel, (int)R.lay.world, o->net_spans, &net))))
         goto fail_tmp;
     wo.net = net;

@@ -40,7 +40,7 @@
 typedef struct {
     par_config cfg;           /* validated; global_batch_size = the layout's B */
     int precision;            /* 64 or 32 */
-    int64_t steps;            /* >= 1 */
+    int64_t steps;            /* >= 1: the total (Megatron's --train-iters); loaded at step s, s..steps-1 run */
     uint64_t seed;
     const char *data_path;    /* as `parity golden` (at most one of the two) */
     const char *fixture;
@@ -61,6 +61,7 @@ typedef struct {
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
     unsigned tp_faults;       /* PAR_TP_FAULT_* bits (parallel/tp.h): deliberate bugs for the fault
                                * demonstrations of tests only; 0 in every real run */
+    const char *fingerprint;  /* the whole configuration (comm.h par_world_opts), or NULL */
 } par_run_opts;
 
 /* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */
@@ -81,7 +82,8 @@ typedef struct {
 #define PAR_RUN_HIST 8
 
 typedef struct {
-    int64_t steps;
+    int64_t steps;            /* steps this run did (start_step .. start_step + steps - 1; 0: nothing left) */
+    int64_t seq_length;       /* S of the run (a --data file's, not the preset's) */
     par_run_step_info *step;  /* [steps] (par_run_summary_free) */
     double wall_s;            /* the whole run (launch, dump included) */
     par_layout layout;        /* resolved */
@@ -133,7 +135,7 @@ typedef struct {
     int64_t samples0;         /* samples of the first step's global batch (memory model statistics) */
     int64_t saves;            /* checkpoints written */
     int hosts_rank0;          /* this process ran world rank 0 (under MPI one process does: it writes the
-                               * dump, and `parity run --summary`) */
+                               * dump, prints the results and `parity run --summary`) */
 } par_run_summary;
 #define PAR_RUN_MEM 6
 
@@ -151,7 +153,11 @@ static inline void par_run_summary_free(par_run_summary *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Runs o->steps training steps under o->layout.  Layout errors are
+/* Runs training steps under o->layout up to o->steps in all: from step 0,
+ * or from a loaded checkpoint's step s (s..o->steps-1; a dump names its
+ * files by the global step and its manifest says "first_step": s).  With s
+ * >= o->steps nothing runs or is written (the layout and the checkpoint
+ * still checked): PAR_OK with sum->steps 0.  Layout errors are
  * PAR_EINVAL / PAR_EUNSUPPORTED with the rule and the numbers. */
 par_status par_run_f64(const par_run_opts *o, par_run_summary *sum);
 par_status par_run_f32(const par_run_opts *o, par_run_summary *sum);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/datadir.h"
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -131,10 +132,8 @@ static par_status resolve_fixtures_dir(par_matrix *m, const char *given)
         par_mx_fmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s", given);
     else if (env && *env)
         par_mx_fmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s", env);
-    else if (root && *root)
-        par_mx_fmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s/fixtures", root);
-    else
-        par_mx_fmt(m->fixtures_dir, sizeof m->fixtures_dir, "fixtures");
+    else if (par_data_dir("fixtures", m->fixtures_dir, sizeof m->fixtures_dir) != PAR_OK) /* core/datadir.h */
+        par_mx_fmt(m->fixtures_dir, sizeof m->fixtures_dir, "%s/fixtures", root && *root ? root : ".");
     if (!par_path_is_dir(m->fixtures_dir))
         return par_err(PAR_ENOTFOUND,
                        "matrix: fixtures directory '%s' not found (run from the repository root, or give "
@@ -270,10 +269,8 @@ static par_status list_goldens(par_matrix *m, const char *given)
     const char *root = getenv("PARITY_SOURCE_ROOT");
     if (given)
         par_mx_fmt(m->golden_root, sizeof m->golden_root, "%s", given);
-    else if (root && *root)
-        par_mx_fmt(m->golden_root, sizeof m->golden_root, "%s/golden", root);
-    else
-        par_mx_fmt(m->golden_root, sizeof m->golden_root, "golden");
+    else if (par_data_dir("golden", m->golden_root, sizeof m->golden_root) != PAR_OK) /* core/datadir.h */
+        par_mx_fmt(m->golden_root, sizeof m->golden_root, "%s/golden", root && *root ? root : ".");
     if (!par_path_is_dir(m->golden_root)) {
         if (given)
             return par_err(PAR_ENOTFOUND, "matrix: golden directory '%s' not found", given);

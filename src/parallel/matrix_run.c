@@ -124,7 +124,7 @@ static par_status prod_layout(par_matrix *m, const par_mx_cell *c, const char *w
 }
 
 /* resume: split steps under layout saved to a checkpoint, the rest loaded
- * under load-layout, both dumped; the cell's set is the first run's steps
+ * under load-layout (--steps the total: it runs split..steps-1), both dumped; the cell's set is the first run's steps
  * before the checkpoint and the resumed run's after it. */
 static par_status prod_resume(par_matrix *m, const par_mx_cell *c, const char *work_dir, const char *set_dir,
                               const char **cand, par_mx_result *res)
@@ -136,7 +136,7 @@ static par_status prod_resume(par_matrix *m, const par_mx_cell *c, const char *w
     par_mx_fmt(ck, sizeof ck, "%s/ckpt", work_dir);
     par_status s = run_layout(m, c, &c->row.layout, c->split, d1, ck, NULL, work_dir, "first", res);
     if (!s)
-        s = run_layout(m, c, &c->row.load_layout, c->steps - c->split, d2, NULL, ck, work_dir, "resumed", res);
+        s = run_layout(m, c, &c->row.load_layout, c->steps, d2, NULL, ck, work_dir, "resumed", res); /* the total */
     if (!s)
         s = par_goldenset_merge(d1, d2, c->split, set_dir);
     return s;

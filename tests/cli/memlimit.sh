@@ -19,15 +19,20 @@ check() { # cmd, then arguments
     fi
     rc=$?
     [ "$rc" -eq 2 ] || fail "$cmd $*: exit $rc, expected 2 ($(cat "$T/stderr"))"
-    grep -q "parity $cmd: memory: this run needs .* [0-9][0-9]* bytes" "$T/stderr" ||
-        fail "$cmd $*: no estimate in bytes: $(cat "$T/stderr")"
-    grep -q "nothing was allocated" "$T/stderr" || fail "$cmd $*: $(cat "$T/stderr")"
+    # a value outside its key's range (item 2, docs/hostile-input.md) is refused by that rule
+    # first, before any estimate or allocation; a value in range by the estimate
+    if ! grep -q "parity $cmd: config: .* must be <= [0-9]*, got [0-9]*" "$T/stderr"; then
+        grep -q "parity $cmd: memory: this run needs .* [0-9][0-9]* bytes" "$T/stderr" ||
+            fail "$cmd $*: no estimate in bytes: $(cat "$T/stderr")"
+        grep -q "nothing was allocated" "$T/stderr" || fail "$cmd $*: $(cat "$T/stderr")"
+    fi
     [ ! -e "$T/out" ] && [ ! -e "$T/dump" ] || fail "$cmd $*: something was written"
     ls "$T" | grep -q "tmp-" && fail "$cmd $*: a temporary was left"
     return 0
 }
 
 for cmd in run golden; do
+    check $cmd --global-batch-size 1000000
     check $cmd --global-batch-size 100000000
     check $cmd --set hc_sinkhorn_iters=100000000
     check $cmd --set n_routed_experts=1000000

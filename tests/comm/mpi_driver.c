@@ -14,6 +14,7 @@
  * anywhere.  Not a Criterion test: mpiexec runs it.
  */
 #include <math.h>
+#include <mpi.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -552,6 +553,26 @@ static void check_world(const char *what, par_status st, par_status want)
            (long long)par_alloc_live(PAR_TAG_COMM));
 }
 
+/* After a failed world every process names the same "rank N failed first"
+ * (issue 13 item 11: each used to name a rank of its own). */
+static void check_same_first(const char *what)
+{
+    const char *m = strstr(par_last_error(), "failed first");
+    int mine = -1;
+    if (m)
+        for (const char *p = m; p > par_last_error() + 5; p--)
+            if (!strncmp(p - 5, "rank ", 5)) {
+                mine = atoi(p);
+                break;
+            }
+    int *all = calloc((size_t)g_nprocs, sizeof *all);
+    MPI_Allgather(&mine, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD);
+    for (int q = 0; q < g_nprocs; q++)
+        EXPECT(all[q] == all[0] && all[q] >= 0, "%s: process %d names rank %d failed first, process 0 rank %d",
+               what, q, all[q], all[0]);
+    free(all);
+}
+
 static void run_checks(void)
 {
     int n = g_n;
@@ -564,6 +585,7 @@ static void run_checks(void)
         par_status st = run(g_mpi, n, mixed_ops_fn, NULL, 10);
         release();
         check_world("collective mismatch", st, PAR_EMISMATCH);
+        check_same_first("collective mismatch");
         if (hosts_rank(0)) {
             EXPECT(strstr(logbuf, "rank 1 called barrier #1 of group world (no data)"), "%s",
                    logbuf);
@@ -574,6 +596,7 @@ static void run_checks(void)
         st = run(g_mpi, n, msg_mismatch_fn, NULL, 10);
         release();
         check_world("message mismatch", st, PAR_EMISMATCH);
+        check_same_first("message mismatch");
         if (hosts_rank(0) || hosts_rank(n - 1))
             EXPECT(strstr(logbuf, "message mismatch in group world, tag 6: rank 0 sends f64 x 3 "
                                   "to rank"), "%s", logbuf);
@@ -583,6 +606,7 @@ static void run_checks(void)
         par_status st = run(g_mpi, n, pairs_fn, NULL, 10);
         release();
         check_world("alltoallv pair mismatch", st, PAR_EMISMATCH);
+        check_same_first("alltoallv pair mismatch");
         if (hosts_rank(1) || hosts_rank(3))
             EXPECT(strstr(logbuf, "rank 1 sends 2 elements (8 bytes) to rank 3, which expects "
                                   "3 elements"), "%s", logbuf);

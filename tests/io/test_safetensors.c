@@ -191,12 +191,12 @@ Test(safetensors, writer_rejects_bad_input)
 
 Test(safetensors, misaligned_tensor_is_copied)
 {
-    /* data section starts at 8 + 67 (odd); an F64 at offset 1 is misaligned */
+    /* data section starts at 8 + 67 (odd); an F64 at offset 0 is misaligned */
     double v[2] = {1.5, -2.25};
-    unsigned char data[17] = {0};
-    memcpy(data + 1, v, 16);
+    unsigned char data[16] = {0};
+    memcpy(data, v, 16);
     char hdr[256];
-    snprintf(hdr, sizeof hdr, "{\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[1,17]}}");
+    snprintf(hdr, sizeof hdr, "{\"b\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}");
     size_t len;
     unsigned char *raw = io_raw(hdr, data, sizeof data, &len);
     par_st_file *f;
@@ -210,20 +210,42 @@ Test(safetensors, misaligned_tensor_is_copied)
     free(raw);
 }
 
-Test(safetensors, foreign_files_with_gaps_and_extra_keys_are_read)
+Test(safetensors, foreign_files_with_extra_keys_are_read_but_gaps_refused)
 {
-    /* Reference writers may order by dtype and leave gaps; both are accepted. */
+    /* Unknown keys of an entry are ignored; tensors must tile the data
+     * section (no gap, no trailing bytes: issue 13, as the Rust reference). */
     int32_t i[3] = {1, 2, 3};
     unsigned char data[24] = {0};
     memcpy(data + 8, i, 12);
     size_t len;
-    unsigned char *raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[8,20],\"extra\":1},"
+    unsigned char *raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12],\"extra\":1},"
                                 "\"a\":{\"dtype\":\"I32\",\"shape\":[0],\"data_offsets\":[0,0]}}   \n",
-                                data, sizeof data, &len);
+                                i, sizeof i, &len);
     par_st_file *f;
-    cr_assert_eq(par_st_read_mem(raw, len, "gap", &f), PAR_OK, "%s", par_last_error());
+    cr_assert_eq(par_st_read_mem(raw, len, "extra", &f), PAR_OK, "%s", par_last_error());
     cr_expect_str_eq(par_st_name(f, 0), "a");
     cr_expect_eq(((int32_t *)par_st_find(f, "z")->data)[2], 3);
+    par_st_close(f);
+    free(raw);
+    raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[8,20]}}", data, sizeof data, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "gap", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "bytes [0,8) of the data section belong to no tensor"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"z\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", data + 8, 16, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "tail", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "4 trailing bytes after the last tensor 'z'"), "%s", par_last_error());
+    free(raw);
+    /* names: NUL and invalid UTF-8 are refused */
+    raw = io_raw("{\"a\\u0000b\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "nul", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "NUL"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"a\xff\xfe\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "utf8", &f), PAR_EFORMAT);
+    cr_expect(strstr(par_last_error(), "not valid UTF-8"), "%s", par_last_error());
+    free(raw);
+    raw = io_raw("{\"caf\xc3\xa9\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}", i, sizeof i, &len);
+    cr_expect_eq(par_st_read_mem(raw, len, "utf8-ok", &f), PAR_OK, "%s", par_last_error());
     par_st_close(f);
     free(raw);
 }
@@ -243,7 +265,7 @@ Test(safetensors, sha256_known_vectors)
     char fh[PAR_SHA256_HEX];
     cr_assert_eq(par_sha256_file(p, fh), PAR_OK);
     cr_expect_str_eq(fh, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    cr_expect_eq(par_sha256_file("/nonexistent/parity", fh), PAR_EIO);
+    cr_expect_eq(par_sha256_file("/nonexistent/parity", fh), PAR_ENOTFOUND);
     par_free(p);
     io_rmtree(dir);
 }
@@ -276,12 +298,23 @@ Test(safetensors, atomic_file_and_directory)
     par_free(x);
     cr_assert_eq(par_adir_commit(tmp, gd), PAR_OK, "%s", par_last_error());
     cr_expect(par_path_is_dir(gd));
+    char *gx = par_path_join(gd, "x"), *gy = par_path_join(gd, "y");
+    /* "set" holds x and no parity marker: it is not replaced (core/outdir.h) */
+    cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);
+    cr_expect_eq(par_adir_commit(tmp, gd), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "was not written by parity"), "%s", par_last_error());
+    cr_expect(par_path_exists(gx), "a directory parity did not write was replaced");
+    cr_expect_eq(io_count_entries(dir, ".tmp-"), 0);
+    /* with a golden-set marker listing x it is parity's and is replaced */
+    char *man = par_path_join(gd, "manifest.json");
+    static const char mtext[] = "{\"format\": \"parity-golden\", \"files\": {\"x\": \"00\"}}";
+    cr_assert_eq(par_file_write_atomic(man, mtext, sizeof mtext - 1), PAR_OK);
+    par_free(man);
     cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);
     x = par_path_join(tmp, "y");
     cr_assert_eq(par_file_write_atomic(x, "2", 1), PAR_OK);
     par_free(x);
     cr_assert_eq(par_adir_commit(tmp, gd), PAR_OK, "%s", par_last_error());
-    char *gx = par_path_join(gd, "x"), *gy = par_path_join(gd, "y");
     cr_expect(!par_path_exists(gx), "old content survived the replacement");
     cr_expect(par_path_exists(gy));
     cr_assert_eq(par_adir_begin(gd, &tmp), PAR_OK);

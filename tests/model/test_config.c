@@ -227,7 +227,7 @@ Test(config, load_file)
     cr_expect(c.lr == 0.01);
     cr_expect_eq(par_config_validate(&c), PAR_OK);
     unlink(path);
-    cr_expect_eq(par_config_load_file(&c, "/nonexistent/cfg.json"), PAR_EIO);
+    cr_expect_eq(par_config_load_file(&c, "/nonexistent/cfg.json"), PAR_ENOTFOUND);
 }
 
 Test(config, planning_presets_refuse_to_run)
@@ -243,4 +243,44 @@ Test(config, planning_presets_refuse_to_run)
     par_config_preset(&c, "v4-flash");
     cr_expect_eq(par_config_check_runnable(&c), PAR_EUNSUPPORTED);
     fprintf(stderr, "v4-flash: %s\n", par_last_error());
+}
+
+/* Issue 13 item 2: every integer key has a range, so no size product of the
+ * parameter table or the activations can overflow. */
+Test(config, every_integer_key_is_bounded)
+{
+    int checked = 0;
+    for (int i = 0; par_config_key_name(i); i++) {
+        const char *k = par_config_key_name(i);
+        par_config c;
+        par_config_preset(&c, "v4-tiny");
+        char buf[64];
+        cr_assert_eq(par_config_get(&c, k, buf, sizeof buf), PAR_OK);
+        if (strchr(buf, '.') || strchr(buf, 'e') || strchr(buf, ',') || !strcmp(k, "n_mtp_layers") ||
+            !strcmp(k, "n_shared_experts") || !strcmp(k, "n_hash_layers"))
+            continue; /* reals, the ratio list, keys with a fixed set of values */
+        if (par_config_set(&c, k, "9223372036854775807") != PAR_OK)
+            continue;
+        cr_assert_eq(par_config_get(&c, k, buf, sizeof buf), PAR_OK);
+        if (strcmp(buf, "9223372036854775807"))
+            continue; /* a real key */
+        cr_expect_eq(par_config_validate(&c), PAR_EINVAL, "%s = 2^63-1 validated", k);
+        cr_expect(strstr(par_last_error(), k), "%s: %s", k, par_last_error());
+        checked++;
+    }
+    cr_expect_geq(checked, 20, "only %d integer keys checked", checked);
+    expect_invalid("dim", "2147483648", "dim must be <= 65536, got 2147483648");
+    expect_invalid("compress_ratios", "0,4,16,4294967296", "compress_ratios[3] = 4294967296");
+    par_config c;
+    par_config_preset(&c, "v4-tiny");
+    par_config_set(&c, "seq_length", "16777216");
+    par_config_set(&c, "global_batch_size", "1024");
+    cr_expect_eq(par_config_validate(&c), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "= 17179869184 tokens per step"), "%s", par_last_error());
+    /* the planning presets keep a wide margin below the bounds */
+    par_config_preset(&c, "v4-pro");
+    cr_expect_eq(par_config_validate(&c), PAR_OK, "%s", par_last_error());
+    int64_t nt, nf;
+    cr_expect_eq(par_param_count(&c, &nt, &nf, NULL), PAR_OK, "%s", par_last_error());
+    cr_expect_gt(nf, (int64_t)1e12);
 }

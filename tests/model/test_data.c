@@ -273,7 +273,7 @@ Test(data, fixture_rows_repeat_cyclically, .init = quiet)
     cr_expect_eq(par_fixture_plan(&f, 8, 128, &p), PAR_EMISMATCH);
     cr_expect(strstr(par_last_error(), "seq_length = 64") && strstr(par_last_error(), "128"));
     par_fixture_free(&f);
-    cr_expect_eq(par_fixture_load_named(&f, "no-such-fixture", dir), PAR_EIO);
+    cr_expect_eq(par_fixture_load_named(&f, "no-such-fixture", dir), PAR_ENOTFOUND);
 }
 
 Test(data, malformed_fixture_is_rejected, .init = quiet)

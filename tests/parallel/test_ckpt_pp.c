@@ -293,7 +293,7 @@ Test(ckpt_pp, reshard_pp_and_back_is_bitwise)
     free(t);
 }
 
-/* Resume: 2 steps under A, save, 2 more under B == the serial golden's
+/* Resume: 2 steps under A, save, on to 4 under B (--steps 4, the total) == the serial golden's
  * params.4 (f64 policy; the dump includes the optimizer state) for
  * A = PP2 x DP2 ZeRO-1 -> B = EP2 x DP2 (no PP) and A = DP4 ZeRO-1 ->
  * B = PP2 x VPP2 interleaved; resumed under A itself == 4 uninterrupted steps
@@ -315,16 +315,17 @@ Test(ckpt_pp, resume_across_pp)
         for (int i = 0; i < 5; i++)
             snprintf(n[i], sizeof n[i], "%s_%d", nm[i], k);
         char *a2 = sub(t, n[0]), *r4 = sub(t, n[1]), *d = sub(t, n[2]), *a4 = sub(t, n[3]), *s4 = sub(t, n[4]);
-        char *dp = sub(d, "params.2.safetensors");
+        char *dp = sub(d, "params.4.safetensors"); /* global step numbers */
         par_run_summary sum;
         cr_assert_eq(run(A[k], 2, NULL, a2, NULL, NULL), 0, "%s", par_last_error());
-        cr_assert_eq(run(B[k], 2, d, r4, a2, &sum), 0, "%s", par_last_error());
+        cr_assert_eq(run(B[k], 4, d, r4, a2, &sum), 0, "%s", par_last_error());
         cr_expect_eq(sum.start_step, 2);
+        cr_expect_eq(sum.steps, 2, "steps 2 and 3 ran");
         par_run_summary_free(&sum);
         compare(gp, dp, k ? "DP4 -> PP2 x VPP2, vs the golden's params.4" : "PP2 -> EP2, vs the golden's params.4");
         if (k == 0) { /* the same PP layout: bit for bit the uninterrupted run */
             cr_assert_eq(run(A[k], 4, NULL, a4, NULL, NULL), 0, "%s", par_last_error());
-            cr_assert_eq(run(A[k], 2, NULL, s4, a2, NULL), 0, "%s", par_last_error());
+            cr_assert_eq(run(A[k], 4, NULL, s4, a2, NULL), 0, "%s", par_last_error());
             par_ckpt_diff_result res;
             cr_assert_eq(par_ckpt_diff(a4, s4, NULL, &res), 0, "%s", par_last_error());
             cr_expect(res.state_equal && res.tensors_equal, "resume under PP differs: %s", res.first);
@@ -340,7 +341,7 @@ Test(ckpt_pp, nothing_left_allocated)
     char *t = mktmp(), *a = sub(t, "a");
     int64_t before = par_alloc_live_total();
     cr_assert_eq(run(PPL[2], 1, NULL, a, NULL, NULL), 0, "%s", par_last_error());
-    cr_assert_eq(run(PPL[6], 1, NULL, NULL, a, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(run(PPL[6], 2, NULL, NULL, a, NULL), 0, "%s", par_last_error());
     cr_expect_eq(par_alloc_live_total(), before, "a PP save and a load under DualPipe: live bytes %lld -> %lld",
                  (long long)before, (long long)par_alloc_live_total());
     rmtree(t);

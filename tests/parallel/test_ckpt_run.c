@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backends/registry.h"
 #include "core/alloc.h"
+#include "core/manifest.h"
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/facade.h"
@@ -149,13 +151,13 @@ Test(ckpt_run, reshard_then_export_is_bitwise)
 }
 
 /* 2 steps under A (EP2 x De2, ZeRO-1), save, load under B (DP2 x CP2,
- * replicated), 2 more steps == 4 steps under A
+ * replicated) with --steps 4 (the total: steps 2, 3 run) == 4 steps under A
  * (f64 policy; bitwise when B == A) == the serial golden's params.4. */
 Test(ckpt_run, resume_across_layouts)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *a2 = sub(t, "a2"), *a4 = sub(t, "a4"), *r4 = sub(t, "r4"),
          *s4 = sub(t, "s4"), *d = sub(t, "dump"), *ea = sub(t, "a4.st"), *er = sub(t, "r4.st"),
-         *gp = sub(t, "golden/params.4.safetensors"), *dp = sub(t, "dump/params.2.safetensors");
+         *gp = sub(t, "golden/params.4.safetensors"), *dp = sub(t, "dump/params.4.safetensors");
     par_golden_opts go;
     par_golden_opts_init(&go);
     cr_assert_eq(par_config_preset(&go.cfg, "v4-tiny"), 0);
@@ -167,8 +169,9 @@ Test(ckpt_run, resume_across_layouts)
     cr_assert_eq(run(A, 2, NULL, a2, 0, NULL, 64, NULL), 0, "%s", par_last_error());
     cr_assert_eq(run(A, 4, NULL, a4, 0, NULL, 64, NULL), 0, "%s", par_last_error());
     /* resumed under B, with a dump of the resumed steps */
-    cr_assert_eq(run(B, 2, d, r4, 0, a2, 64, &sum), 0, "%s", par_last_error());
+    cr_assert_eq(run(B, 4, d, r4, 0, a2, 64, &sum), 0, "%s", par_last_error());
     cr_expect_eq(sum.start_step, 2);
+    cr_expect_eq(sum.steps, 2, "steps 2 and 3 ran");
     cr_expect_eq(sum.saves, 1);
     par_run_summary_free(&sum);
     par_ckpt *ck;
@@ -184,7 +187,7 @@ Test(ckpt_run, resume_across_layouts)
     compare(ea, er, PAR_POLICY_F64, "resumed under B vs 4 steps under A");
     compare(gp, dp, PAR_POLICY_F64, "resumed under B vs the serial golden's params.4");
     /* resumed under A itself: bit for bit the uninterrupted run */
-    cr_assert_eq(run(A, 2, NULL, s4, 0, a2, 64, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(run(A, 4, NULL, s4, 0, a2, 64, NULL), 0, "%s", par_last_error());
     par_ckpt_diff_result res;
     cr_assert_eq(par_ckpt_diff(a4, s4, NULL, &res), 0, "%s", par_last_error());
     cr_expect(res.state_equal && res.tensors_equal, "resume under A differs: %s", res.first);
@@ -239,9 +242,48 @@ Test(ckpt_run, nothing_left_allocated)
     char *t = mktmp(), *c = sub(t, "c");
     int64_t before = par_alloc_live_total();
     cr_assert_eq(run((lay){4, 2, 1, 1}, 1, NULL, c, 0, NULL, 64, NULL), 0, "%s", par_last_error());
-    cr_assert_eq(run((lay){2, 1, 0, 1}, 1, NULL, NULL, 0, c, 64, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(run((lay){2, 1, 0, 1}, 2, NULL, NULL, 0, c, 64, NULL), 0, "%s", par_last_error());
     cr_expect_eq(par_alloc_live_total(), before, "live bytes %lld -> %lld", (long long)before,
                  (long long)par_alloc_live_total());
     rmtree(t);
     free(t), free(c);
+}
+
+/* Issue 13 item 13: --steps is the total (Megatron's --train-iters).  Loaded
+ * at step 2 with steps 2: nothing runs and nothing is written (PAR_OK,
+ * steps 0); the checkpoint is still checked (another precision refused).
+ * With steps 3 one step runs, its dump named by the global steps. */
+Test(ckpt_run, steps_is_the_total)
+{
+    char *t = mktmp(), *c = sub(t, "c"), *d = sub(t, "d"), *s2 = sub(t, "s2"), *d3 = sub(t, "d3");
+    cr_assert_eq(run((lay){2, 1, 0, 1}, 2, NULL, c, 0, NULL, 64, NULL), 0, "%s", par_last_error());
+    par_run_summary sum;
+    cr_assert_eq(run((lay){2, 1, 0, 1}, 2, d, s2, 0, c, 64, &sum), 0, "%s", par_last_error());
+    cr_expect_eq(sum.steps, 0);
+    cr_expect_eq(sum.start_step, 2);
+    par_run_summary_free(&sum);
+    struct stat st;
+    cr_expect_neq(stat(d, &st), 0, "no dump written");
+    cr_expect_neq(stat(s2, &st), 0, "no checkpoint written");
+    par_err_set_quiet(1);
+    cr_expect_eq(run((lay){2, 1, 0, 1}, 1, NULL, NULL, 0, c, 32, NULL), PAR_EINVAL, "checked although nothing runs");
+    par_err_set_quiet(0);
+    cr_assert_eq(run((lay){2, 1, 0, 1}, 3, d3, NULL, 0, c, 64, &sum), 0, "%s", par_last_error());
+    cr_expect_eq(sum.steps, 1);
+    par_run_summary_free(&sum);
+    const char *want[] = {"params.2.safetensors", "step.2.safetensors", "params.3.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char *f = sub(d3, want[i]);
+        cr_expect_eq(stat(f, &st), 0, "%s in the dump", want[i]);
+        free(f);
+    }
+    char *f0 = sub(d3, "params.0.safetensors");
+    cr_expect_neq(stat(f0, &st), 0, "no params.0 in a resumed dump");
+    par_manifest m;
+    cr_assert_eq(par_manifest_read(d3, &m), 0, "%s", par_last_error());
+    cr_expect_eq(m.steps, 3);
+    cr_expect_eq(m.first_step, 2);
+    par_manifest_free(&m);
+    rmtree(t);
+    free(t), free(c), free(d), free(s2), free(d3), free(f0);
 }
