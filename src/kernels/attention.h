@@ -247,6 +247,29 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const par_real *icmp,   /* [T, ihd] */
                                       const int32_t *pos,     /* [T] */
                                       const par_attn_dims *dm, int64_t t0, int64_t t1);
+/* par_indexer_select's two steps, for a caller that splits the indexer heads
+ * (tensor parallelism, parallel/tp_attn.h).  nv must be at least
+ * par_indexer_max_visible(pos, t0, t1) (the most entries a query in [t0, t1)
+ * sees).  par_indexer_scores ADDS, for every query t in [t0, t1) and visible
+ * entry i, the terms iw[t,h] relu(iq[t,h] . icmp[e_i]) of the dm->iH heads
+ * of iq/iw in ascending h to acc[t - t0][i], continuing from its value: run
+ * over shards of consecutive heads in head order on one acc, it makes the
+ * same additions as par_indexer_select (whose sums start at 0), bit for bit.
+ * par_indexer_topk turns complete scores into `selected` exactly as
+ * par_indexer_select does (ties -> lower i, ascending, -1 padding). */
+int64_t PAR_FN(par_indexer_max_visible)(const int32_t *pos, int64_t t0, int64_t t1);
+void PAR_FN(par_indexer_scores)(par_real *acc,          /* [t1-t0, nv] += */
+                                int64_t nv,
+                                const par_real *iq,     /* [T, iH*ihd] */
+                                const par_real *iw,     /* [T, iH] */
+                                const par_real *icmp,   /* [T, ihd] */
+                                const int32_t *pos,     /* [T] */
+                                const par_attn_dims *dm, int64_t t0, int64_t t1);
+par_status PAR_FN(par_indexer_topk)(int32_t *sel,          /* [T, topk] */
+                                    const par_real *acc,   /* [t1-t0, nv] */
+                                    int64_t nv,
+                                    const int32_t *pos,    /* [T] */
+                                    const par_attn_dims *dm, int64_t t0, int64_t t1);
 
 /* ---- (4) core attention -------------------------------------------------- */
 

@@ -5,6 +5,7 @@
 #include "kernels/attention.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "kernels/offload.h"
@@ -36,7 +37,77 @@ static int by_index_asc(const void *pa, const void *pb)
     return (a > b) - (a < b);
 }
 
+/* acc[i] += sum over heads h ascending of iw[t,h] relu(iq[t,h] . icmp[e_i])
+ * for the visible entries i of query t, each sum continuing from acc[i] (the
+ * serial layer starts at 0; a tensor-parallel shard continues the previous
+ * shard's heads: the same additions in the same order). */
+static void score_row(par_real *acc, int64_t t, const par_real *iq, const par_real *iw,
+                      const par_real *icmp, const int32_t *pos, int64_t iH, int64_t ihd)
+{
+    const int64_t m = 4;
+    const int64_t s0 = t - pos[t], nvis = (pos[t] + 1) / m;
+    const par_real *qt = iq + t * iH * ihd;
+    for (int64_t i = 0; i < nvis; i++) {
+        const par_real *k = icmp + (s0 + (i + 1) * m - 1) * ihd;
+        par_real a = acc[i];
+        for (int64_t h = 0; h < iH; h++) {
+            par_real dot = 0;
+            for (int64_t e = 0; e < ihd; e++)
+                dot += qt[h * ihd + e] * k[e];
+            if (dot > 0)
+                a += iw[t * iH + h] * dot;
+        }
+        acc[i] = a;
+    }
+}
+
+/* The top K of query t's nvis scores (ties -> lower i), ascending, -1
+ * padding; sc is scratch of nvis entries. */
+static void topk_row(int32_t *out, scored *sc, const par_real *acc, int64_t nvis, int64_t K)
+{
+    for (int64_t i = 0; i < nvis; i++) {
+        sc[i].score = (double)acc[i];
+        sc[i].i = (int32_t)i;
+    }
+    int64_t nk = nvis < K ? nvis : K;
+    if (nvis > K)
+        qsort(sc, (size_t)nvis, sizeof(scored), by_score_desc);
+    for (int64_t k = 0; k < nk; k++)
+        out[k] = sc[k].i;
+    if (nvis > K)
+        qsort(out, (size_t)nk, sizeof(int32_t), by_index_asc);
+    for (int64_t k = nk; k < K; k++)
+        out[k] = -1;
+}
+
 PAR_END_DECLARE_TARGET
+
+int64_t PAR_FN(par_indexer_max_visible)(const int32_t *pos, int64_t t0, int64_t t1)
+{
+    int64_t maxvis = 0;
+    for (int64_t t = t0; t < t1; t++)
+        if ((pos[t] + 1) / 4 > maxvis)
+            maxvis = (pos[t] + 1) / 4;
+    return maxvis;
+}
+
+static int n_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_num(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const par_real *iq,     /* [T, iH*ihd] */
@@ -45,64 +116,81 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const int32_t *pos,     /* [T] */
                                       const par_attn_dims *dm, int64_t t0, int64_t t1)
 {
-    const int64_t iH = dm->iH, ihd = dm->ihd, K = dm->topk, m = 4;
-    int64_t maxvis = 0;
+    const int64_t iH = dm->iH, ihd = dm->ihd, K = dm->topk;
     PAR_HOST_READ(pos + t0, t1 - t0);
-    for (int64_t t = t0; t < t1; t++)
-        if ((pos[t] + 1) / m > maxvis)
-            maxvis = (pos[t] + 1) / m;
-    int nth = 1;
-#ifdef _OPENMP
-    nth = omp_get_max_threads();
-#endif
+    const int64_t maxvis = PAR_FN(par_indexer_max_visible)(pos, t0, t1);
+    const int nth = n_threads();
     const size_t ns = PAR_SLOTS(nth, t1 - t0), per = (size_t)(maxvis > 0 ? maxvis : 1);
     scored *buf = par_malloc(ns * per * sizeof(scored), PAR_TAG_ACT);
-    if (!buf)
+    par_real *abuf = par_malloc(ns * per * sizeof(par_real), PAR_TAG_ACT);
+    if (!buf || !abuf) {
+        par_free(buf);
+        par_free(abuf);
         return par_err(PAR_ENOMEM, "indexer_select: scratch of %d x %lld entries", nth,
                        (long long)maxvis);
+    }
     PAR_DEV_BEGIN();
-    void *buf_host = buf;
+    void *buf_host = buf, *abuf_host = abuf;
     PAR_DIN(iq, t1 * iH * ihd);
     PAR_DIN(iw, t1 * iH);
     PAR_DIN(icmp, t1 * ihd);
     PAR_DIN(pos, t1);
     PAR_DINOUT(sel, t1 * K);
     PAR_DOUT(buf, ns * per);
+    PAR_DOUT(abuf, ns * per);
     PAR_KLOOP_PAR((t1 - t0) * (maxvis + 1) * iH * ihd >= PAR_ATTN_OMP_MIN_WORK,
-                  is_device_ptr(sel, iq, iw, icmp, pos, buf))
+                  is_device_ptr(sel, iq, iw, icmp, pos, buf, abuf))
     for (int64_t t = t0; t < t1; t++) {
         int tid = 0;
 #ifdef _OPENMP
-        tid = omp_get_thread_num();
+        tid = omp_get_thread_num(); /* device-callable, unlike thread_num() */
 #endif
-        scored *sc = buf + PAR_SLOT(tid, t - t0) * per;
-        int64_t s0 = t - pos[t];
-        int64_t nvis = (pos[t] + 1) / m;
-        const par_real *qt = iq + t * iH * ihd;
-        for (int64_t i = 0; i < nvis; i++) {
-            const par_real *k = icmp + (s0 + (i + 1) * m - 1) * ihd;
-            par_real acc = 0;
-            for (int64_t h = 0; h < iH; h++) {
-                par_real dot = 0;
-                for (int64_t e = 0; e < ihd; e++)
-                    dot += qt[h * ihd + e] * k[e];
-                if (dot > 0)
-                    acc += iw[t * iH + h] * dot;
-            }
-            sc[i].score = (double)acc;
-            sc[i].i = (int32_t)i;
-        }
-        int64_t nk = nvis < K ? nvis : K;
-        if (nvis > K)
-            qsort(sc, (size_t)nvis, sizeof(scored), by_score_desc);
-        int32_t *out = sel + t * K;
-        for (int64_t k = 0; k < nk; k++)
-            out[k] = sc[k].i;
-        if (nvis > K)
-            qsort(out, (size_t)nk, sizeof(int32_t), by_index_asc);
-        for (int64_t k = nk; k < K; k++)
-            out[k] = -1;
+        const size_t slot = PAR_SLOT(tid, t - t0);
+        scored *sc = buf + slot * per;
+        par_real *acc = abuf + slot * per;
+        const int64_t nvis = (pos[t] + 1) / 4;
+        for (int64_t i = 0; i < nvis; i++)
+            acc[i] = 0;
+        score_row(acc, t, iq, iw, icmp, pos, iH, ihd);
+        topk_row(sel + t * K, sc, acc, nvis, K);
     }
     par_free(buf_host);
+    par_free(abuf_host);
+    return PAR_OK;
+}
+
+void PAR_FN(par_indexer_scores)(par_real *acc,          /* [t1-t0, nv] */
+                                int64_t nv,
+                                const par_real *iq,     /* [T, iH*ihd] */
+                                const par_real *iw,     /* [T, iH] */
+                                const par_real *icmp,   /* [T, ihd] */
+                                const int32_t *pos,     /* [T] */
+                                const par_attn_dims *dm, int64_t t0, int64_t t1)
+{
+#pragma omp parallel for schedule(static) \
+    if ((t1 - t0) * (nv + 1) * dm->iH * dm->ihd >= PAR_ATTN_OMP_MIN_WORK)
+    for (int64_t t = t0; t < t1; t++)
+        score_row(acc + (t - t0) * nv, t, iq, iw, icmp, pos, dm->iH, dm->ihd);
+}
+
+par_status PAR_FN(par_indexer_topk)(int32_t *sel,          /* [T, topk] */
+                                    const par_real *acc,   /* [t1-t0, nv] */
+                                    int64_t nv,
+                                    const int32_t *pos,    /* [T] */
+                                    const par_attn_dims *dm, int64_t t0, int64_t t1)
+{
+    const int64_t K = dm->topk;
+    const size_t row = (size_t)(nv > 0 ? nv : 1);
+    const int nth = n_threads();
+    scored *buf = par_malloc((size_t)nth * row * sizeof(scored), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "indexer_topk: scratch of %d x %lld entries", nth,
+                       (long long)nv);
+#pragma omp parallel for schedule(static) if ((t1 - t0) * (nv + 1) * 8 >= PAR_ATTN_OMP_MIN_WORK)
+    for (int64_t t = t0; t < t1; t++) {
+        scored *sc = buf + (size_t)thread_num() * row;
+        topk_row(sel + t * K, sc, acc + (t - t0) * nv, (pos[t] + 1) / 4, K);
+    }
+    par_free(buf);
     return PAR_OK;
 }

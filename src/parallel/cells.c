@@ -65,12 +65,17 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                   "loaded its checkpoint"
 #define NOTE_CLIP "clip_grad 0.5 below the gradient norm (0.87-0.90 on this fixture): the clip scale is active " \
                   "every step, the global norm reduced across ranks; reference with the same clip"
+#define NOTE_TP "f64 policy: TP attention (heads, groups, index heads, sinks split; output and dx summed over TP); " \
+                "routing and selections exactly equal"
+#define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
+                 "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
 #define CP(n) {.world_size = (n), .context_parallel_size = (n)}
 #define EP(w, n) {.world_size = (w), .expert_model_parallel_size = (n)}
 #define DPZ(w, e, z) {.world_size = (w), .expert_model_parallel_size = (e), .use_distributed_optimizer = (z)}
+#define TPL(tp, w) {.world_size = (w), .tensor_model_parallel_size = (tp)}
 #define PPS(pp, sched, str) \
     {.world_size = (pp), .pipeline_model_parallel_size = (pp), .pipeline_schedule = sched, \
      .pipeline_model_parallel_layout = str}
@@ -142,6 +147,41 @@ static const par_cell_spec builtin[] = {
     {.name = "pp2-dualpipe-clip", .preset = TINY, .kind = LAYOUT, .tier = Q,
      .layout = PPS(2, "dualpipe", "Et*1|t*2mL"), .sets = {"clip_grad=0.5"},
      .note = NOTE_CLIP "; the norm over stages that hold parameter copies (DualPipe)"},
+    {.name = "tp2", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = TPL(2, 2), .note = NOTE_TP},
+    {.name = "tp4", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = TPL(4, 4),
+     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"}, .note = NOTE_TP "; heads widened to 4"},
+    {.name = "tp2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_TP "; Da 2, ZeRO-1"},
+    {.name = "tp2-pp2-1f1b", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .pipeline_schedule = "1f1b", .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = NOTE_TP "; PP 2"},
+    {.name = "tp2-pp2-interleaved", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .pipeline_schedule = "interleaved", .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
+     .note = NOTE_TP "; PP 2"},
+    {.name = "etp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .expert_tensor_parallel_size = 2}, .note = NOTE_ETP "; Da 2"},
+    {.name = "etp2-de2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_ETP "; Da 4, De 2, ZeRO-1"},
+    {.name = "etp2-pp2-1f1b", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .pipeline_schedule = "1f1b", .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = NOTE_ETP "; PP 2"},
+    {.name = "etp2-cp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .expert_tensor_parallel_size = 2, .context_parallel_size = 2},
+     .note = NOTE_ETP "; the ETP group is the CP group"},
+    {.name = "etp2-zero1-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
+     .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x ZeRO-1 saved, loaded serially)"},
+    {.name = "tp2-to-tp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = TPL(2, 2),
+     .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (saved under TP 2, loaded serially)"},
+    {.name = "tp2-zero1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
+     .load_layout = TPL(4, 4), .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
+     .note = NOTE_PAIR " (TP 2 x DP 2 x ZeRO-1 saved, loaded under TP 4)"},
     {.name = "resume", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
      .load_layout = DPZ(4, 2, 1), .note = NOTE_PAIR " (the same layout)"},
     {.name = "reshard", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),

@@ -103,9 +103,7 @@ static par_status owner_layout(const par_layout *in, int nranks, par_layout *l)
     if (l->etp < 1)
         l->etp = 1;
     l->world = nranks;
-    if (l->tp > 1 || l->etp > 1)
-        return par_err(PAR_EUNSUPPORTED, "checkpoint ownership: TP %lld / ETP %lld > 1 is not supported",
-                       (long long)l->tp, (long long)l->etp);
+    /* TP and ETP ranks hold whole tensors (parallel/tp_hook.h, etp_hook.h): tp = 0 / etp = 0 write them */
     int64_t a = l->pp * l->tp * l->cp, e = l->pp * l->etp * l->ep;
     if (nranks % a || nranks % e)
         return par_err(PAR_EINVAL, "checkpoint ownership: world %d does not fold: N/PP = TP*CP*Da = ETP*EP*De needs "
@@ -354,6 +352,8 @@ static int owned_range(const owner_view *v, const par_ckpt_tensor *x, int i, int
     if (!entry_held(v, e) || v->low[v->part[e]] != v->rc.pp) /* the lowest stage holding it writes it */
         return 0;
     if (x[i].slot != PAR_CKPT_PARAM && v->mode == PAR_DP_ZERO1) { /* its plan's piece on this rank */
+        if ((p->expert < 0 && v->rc.tp != 0) || (p->expert >= 0 && v->rc.etp != 0))
+            return 0; /* the TP (ETP) ranks of a dp-cp (edp) rank hold the same piece */
         const par_zero_geom *g = &v->g[p->expert >= 0];
         return par_zero_geom_piece(g, e, g->rank, a, b);
     }

@@ -17,6 +17,7 @@
 #include "parallel/dp_step.h"
 #include "parallel/executor.h"
 #include "parallel/groups.h"
+#include "parallel/tp_split.h"
 
 /* OpenBLAS (cblas.h is not included: with <complex.h> it defines I, a
  * dimension name in the kernels' headers). */
@@ -137,7 +138,7 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
         return s;
     par_exec_opts eo = {.seed = o->seed, .moe_dispatch = o->moe_dispatch, .net = o->netmodel,
                         .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
-                        .ca = R->has_ca ? &R->ca : NULL};
+                        .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults};
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
@@ -375,7 +376,8 @@ static par_status resolve_layout(shared *R, par_golden_opts *go)
         .n_ratios = R->cfg.n_compress_ratios, .compress_ratios = R->cfg.compress_ratios,
     };
     par_status s;
-    if ((s = par_layout_resolve(&R->lay, &lm)) || (s = PAR_FN(par_exec_check)(&R->lay)))
+    if ((s = par_layout_resolve(&R->lay, &lm)) || (s = PAR_FN(par_exec_check)(&R->lay)) ||
+        (s = par_tp_check_config(&R->cfg, R->lay.tp, R->lay.etp)))
         return s;
     R->cfg.global_batch_size = R->lay.global_batch;
     go->cfg = R->cfg;

@@ -17,7 +17,10 @@
  *     the update of what it holds);
  *   - with a dump directory, rank 0 gathers the unsharded golden set
  *     (model/golden.h's writers) and commits it atomically.
- * Supported now: TP = ETP = 1 (refused by the layout).
+ * Tensor parallelism (TP > 1, no SP) runs the attention over the TP group
+ * (parallel/tp_hook.h), not yet with CP or EP; expert tensor parallelism
+ * (ETP > 1) the routed experts over the ETP group (parallel/etp_hook.h),
+ * with TP = EP = 1 only.
  */
 #ifndef PAR_PARALLEL_DRIVER_H
 #define PAR_PARALLEL_DRIVER_H
@@ -56,6 +59,8 @@ typedef struct {
     const char *save_dir;     /* --save DIR: written (atomically) every save_interval steps and at the end */
     int64_t save_interval;    /* --save-interval K (0: only at the end) */
     const par_ckpt *load;      /* --load: an open, validated checkpoint (par_ckpt_open), not owned */
+    unsigned tp_faults;       /* PAR_TP_FAULT_* bits (parallel/tp.h): deliberate bugs for the fault
+                               * demonstrations of tests only; 0 in every real run */
     const char *fingerprint;  /* the whole configuration (comm.h par_world_opts), or NULL */
     const char *cost_as;      /* --cost-as PRESET (parallel/costas.h; needs netmodel) or NULL */
     const char *cost_as_layout; /* --cost-as-layout: the target's pipeline layout, or NULL */

@@ -27,6 +27,9 @@ static par_status sched_params(const par_layout *l, par_schedule_params *sp)
 
 par_status PAR_FN(par_exec_check)(const par_layout *l)
 {
+    par_status s0 = par_layout_run_rules(l);
+    if (s0)
+        return s0;
     if (l->pp <= 1)
         return PAR_OK;
     if (l->n_micro > 1000000)
@@ -99,6 +102,26 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         if ((s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
             return s;
         PAR_FN(par_cp_hook_install)(ex->cph, M);
+    }
+    if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
+                            * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
+        ex->tpc = P->g.g[PAR_GROUP_TP];
+        ex->tp_faults = o->tp_faults;
+        if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
+            return s;
+        PAR_FN(par_tp_hook_install)(ex->tph, M);
+        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
+            if (M->tab.p[i].expert < 0)
+                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+    }
+    if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
+        ex->etpc = P->g.g[PAR_GROUP_ETP];
+        if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
+            return s;
+        PAR_FN(par_etp_hook_install)(ex->etph, M);
+        for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
+            if (M->tab.p[i].expert >= 0)
+                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     }
     if (ex->sch.n_dirs == 2) { /* DualPipe: the pair {r, p-1-r} holds the same two stages */
         int lo = ex->me < ex->p - 1 - ex->me ? ex->me : ex->p - 1 - ex->me;
@@ -389,7 +412,9 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
         return s;
     par_dev_zero(M->grads, (size_t)M->n_local * sizeof *M->grads); /* memset (core/device.h) */
     M->have_fwd = 0;
-    if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)))
+    if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
+        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) != 0)) ||
+        (s = PAR_FN(par_reduce_etp_grads)(M, ex->etpc)))
         return s;
     /* gradients of weights on several pipeline ranks (DualPipe: every
      * gradient over the pair of copies); the DP reduction, the norm and
@@ -480,6 +505,8 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
         par_comm_free(ex->pair);
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
+    PAR_FN(par_tp_hook_free)(ex->tph);
+    PAR_FN(par_etp_hook_free)(ex->etph);
     par_free(ex->mq0);
     par_free(ex->pos_rows);
     par_free(ex->cost);

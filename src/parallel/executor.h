@@ -80,6 +80,7 @@ typedef struct {
                                * latency of the dry run with measured costs */
     const par_costas *ca;     /* --cost-as (parallel/costas.h) or NULL: with a network,
                                * the clock charges the target's compute and bytes */
+    unsigned tp_faults;       /* PAR_TP_FAULT_* (parallel/tp.h); 0 in real runs */
 } par_exec_opts;
 
 /* Collective over the world (every rank calls it): the schedule of P->lay,

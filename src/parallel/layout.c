@@ -187,16 +187,6 @@ static par_status resolve_sizes(par_layout *l, const par_layout_model *m)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (rows[i].v > LAYOUT_MAX_ROWS)
             return par_err(PAR_EINVAL, "%s %lld exceeds %lld", rows[i].flag, LL(rows[i].v), LL(LAYOUT_MAX_ROWS));
-    if (l->tp != 1)
-        return par_err(PAR_EUNSUPPORTED,
-                       "tensor-model-parallel-size %lld: parity does not implement tensor parallelism "
-                       "(TP must be 1, as Megatron-LM's V4 hybrid attention requires too)",
-                       LL(l->tp));
-    if (l->etp != 1)
-        return par_err(PAR_EUNSUPPORTED,
-                       "expert-tensor-parallel-size %lld: parity does not implement expert tensor "
-                       "parallelism (ETP must be 1)",
-                       LL(l->etp));
     int64_t n = l->world;
     if (n == 0) {
         n = par_layout_default_world(l->tp, l->pp, l->cp, l->ep, l->etp);
@@ -365,5 +355,24 @@ par_status par_layout_resolve(par_layout *l, const par_layout_model *m)
         return st;
     }
     l->resolved = 1;
+    return PAR_OK;
+}
+
+par_status par_layout_run_rules(const par_layout *l)
+{
+    /* tensor parallelism is wired for attention with every TP rank on the
+     * same tokens: not yet with CP or EP (docs/parallel.md) */
+    if (l->tp > 1 && l->cp > 1)
+        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with context-parallel-size %lld: TP x CP "
+                       "is not wired into parity run yet (the CP attention runs the whole heads)",
+                       (long long)l->tp, (long long)l->cp);
+    if (l->tp > 1 && l->ep > 1)
+        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with expert-model-parallel-size %lld: "
+                       "TP x EP is not wired into parity run yet (it needs sequence parallelism's disjoint tokens)",
+                       (long long)l->tp, (long long)l->ep);
+    if (l->etp > 1 && (l->tp > 1 || l->ep > 1))
+        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld "
+                       "and expert-model-parallel-size %lld: ETP is wired for TP = EP = 1 only",
+                       (long long)l->etp, (long long)l->tp, (long long)l->ep);
     return PAR_OK;
 }

@@ -89,6 +89,13 @@ int64_t par_layout_d_window(const par_layout_model *m);
  * fields.  On failure *l keeps its given fields and resolved = 0. */
 par_status par_layout_resolve(par_layout *l, const par_layout_model *m);
 
+/* What `parity run` runs of a resolved layout's TP / ETP (docs/parallel.md
+ * "Tensor parallelism in the step"): TP > 1 without CP or EP, ETP > 1 with
+ * TP = EP = 1; PAR_EUNSUPPORTED naming the sizes otherwise.  The step
+ * executor and the planner's search (which marks such candidates
+ * unsupported) both ask it. */
+par_status par_layout_run_rules(const par_layout *l);
+
 /* Which pipeline rank runs segment s, and as which virtual chunk: Megatron's
  * interleaving (rank s % PP, chunk s / PP), except for dualpipev's V shape
  * (VPP 2: segment s < PP on rank s, segment s >= PP on rank 2*PP-1-s). */

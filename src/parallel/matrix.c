@@ -477,12 +477,16 @@ static void describe_layout(const par_mx_cell *c, const par_cell_layout *cl, cha
         if (cl->micro_batch_size > 1)
             ADD("mbs=%lld ", (long long)cl->micro_batch_size);
     }
+    if (l.tp > 1)
+        ADD("TP=%lld ", (long long)l.tp);
     if (l.cp > 1)
         ADD("CP=%lld ", (long long)l.cp);
     if (l.da > 1)
         ADD("DP=%lld ", (long long)l.da);
     if (l.ep > 1)
         ADD("EP=%lld ", (long long)l.ep);
+    if (l.etp > 1)
+        ADD("ETP=%lld ", (long long)l.etp);
     if (l.ep > 1 && l.de > 1)
         ADD("De=%lld ", (long long)l.de);
     if (l.distributed_optimizer)

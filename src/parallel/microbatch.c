@@ -64,7 +64,9 @@ static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *t
     }
     ex->mqn[k] = *q - ex->mq0[k];
     ex->mbx[k] = (par_mbctx){.slot = k, .row0 = (int64_t)k * ex->mbs, .rows = ex->mbs, .S = S,
-                             .pos_rows = ex->cph ? ex->pos_rows + (int64_t)k * ex->mbs * S : NULL};
+                             .pos_rows = ex->cph   ? ex->pos_rows + (int64_t)k * ex->mbs * S
+                                         : ex->tph ? ex->mb[k].pos
+                                                   : NULL};
     return PAR_OK;
 }
 

@@ -27,6 +27,8 @@ static int candidate_layout(const par_config *cfg, const par_search_opts *o, par
         (void)par_layout_set_pp_layout(l, s);
     }
     par_status s = par_plan_resolve(l, cfg);
+    if (!s)
+        s = par_layout_run_rules(l);
     if (!s && c->pp > 1) { /* the schedule's own rules (Megatron's VPP check) */
         par_schedule_params sp, ok;
         par_schedule_params_init(&sp);

@@ -194,6 +194,56 @@ static int shared_wanted(const par_param_table *t, const PAR_FN(par_model) *M, i
     return want && p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0;
 }
 
+/* The entries of a tensor-parallel sum: kind 0 the attention's
+ * (layers.N.attn.* / mtp.N.attn.*), 1 the same without attn.wkv.weight (the
+ * deliberate fault), 2 the routed experts'. */
+static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, int kind)
+{
+    const par_param *p = &t->p[i];
+    if (p->dtype != PAR_PDT_REAL || !p->has_grad || M->loc[i] < 0)
+        return 0;
+    if (kind == 2)
+        return p->expert >= 0;
+    const char *a = strstr(p->name, ".attn.");
+    return a && !(kind == 1 && strcmp(a, ".attn.wkv.weight") == 0);
+}
+
+/* Every entry of `kind` summed over c. */
+static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, int kind)
+{
+    const par_param_table *t = &M->tab;
+    int n = 0;
+    for (int i = 0; i < t->n; i++)
+        n += tp_wanted(t, M, i, kind);
+    par_field *f = par_malloc((size_t)(n + 1) * sizeof *f, PAR_TAG_COMM);
+    if (!f)
+        return par_err(PAR_ENOMEM, "reduce: out of memory for %d tensor-parallel gradients", n);
+    for (int i = 0, k = 0; i < t->n; i++)
+        if (tp_wanted(t, M, i, kind))
+            f[k++] = PAR_FIELD(M->grads + M->loc[i], t->p[i].numel, PAR_C_REAL);
+    par_status s = par_reduce_fields(c, f, n, NULL);
+    par_free(f);
+    return s;
+}
+
+par_status PAR_FN(par_reduce_etp_grads)(PAR_FN(par_model) *M, par_comm *etp)
+{
+    return etp && par_comm_size(etp) > 1 ? tp_sum(M, etp, 2) : PAR_OK;
+}
+
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv)
+{
+    if (!tp || par_comm_size(tp) <= 1)
+        return PAR_OK;
+    const par_param_table *t = &M->tab;
+    par_status s = tp_sum(M, tp, skip_wkv ? 1 : 0);
+    /* the routed experts' group (EDP) spans the TP ranks: count them once */
+    for (int i = 0; !s && par_comm_rank(tp) != 0 && i < t->n; i++)
+        if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
+            memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
+    return s;
+}
+
 par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, int which)
 {
     if (!c || par_comm_size(c) <= 1)

@@ -71,4 +71,24 @@ par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *s
  * 2 every held entry (DualPipe's pair of copies).  Collective over c. */
 par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, int which);
 
+/* Tensor parallelism (parallel/tp_hook.h): every attention gradient of the
+ * model (layers.N.attn.*, mtp.N.attn.*) summed over the TP group once per
+ * step.  Rank r holds its block of each split weight (zeros elsewhere: the
+ * sum is exact) and its share of each replicated one (wq_a, q_norm, wkv,
+ * kv_norm, the compressor), so afterwards every TP rank holds the complete
+ * gradients.  The other entries are identical on the TP ranks (each saw
+ * every token and the complete dy) and are not summed; the routed experts'
+ * gradients, whose expert-DP group (EDP) spans the TP ranks, are zeroed on
+ * TP ranks > 0 so that the EDP sum counts them once (x + 0: exact).  skip_wkv leaves
+ * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce).
+ * Collective over tp. */
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv);
+
+/* Expert tensor parallelism (parallel/etp_hook.h): every routed expert's
+ * gradient summed over the ETP group once per step (rank r holds the
+ * complete gradient of its I/ETP slice for the group's rows, zeros
+ * elsewhere: exact), so every ETP rank holds the complete gradients of its
+ * expert-DP replica.  Collective over etp. */
+par_status PAR_FN(par_reduce_etp_grads)(PAR_FN(par_model) *M, par_comm *etp);
+
 #endif

@@ -82,3 +82,10 @@ par_status par_reduce_fields(par_comm *c, const par_field *f, int n, void *out)
     }
     return PAR_OK;
 }
+
+par_status par_reduce_max_f64(par_comm *c, double *buf, size_t n)
+{
+    if (!c || n == 0)
+        return PAR_OK;
+    return par_allreduce(c, buf, buf, n, PAR_C_F64, PAR_OP_MAX);
+}

@@ -35,4 +35,9 @@ size_t par_fields_pack(void *buf, const par_field *f, int n, par_ctype t, int un
  * copy).  c NULL sums nothing: out gets the packed fields. */
 par_status par_reduce_fields(par_comm *c, const par_field *f, int n, void *out);
 
+/* The module's one non-sum: buf[0..n) = the element-wise max over c (an
+ * all-reduce, exact in any order; the vocab-parallel CE's logit max).  c
+ * NULL leaves buf as it is. */
+par_status par_reduce_max_f64(par_comm *c, double *buf, size_t n);
+
 #endif

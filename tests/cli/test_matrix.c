@@ -219,7 +219,7 @@ static void copy_golden(const char *dst, const char *file, const char *tensor, i
  * set), repeat-bitwise, f32-vs-f64, data-file and the layout cells (CP, EP,
  * DP +- ZeRO-1, PP schedules, resume/reshard) all pass; exit 0; the JSON
  * and Markdown reports say so. */
-Test(matrix, quick_passes_and_reports, .timeout = 240)
+Test(matrix, quick_passes_and_reports, .timeout = 360)
 {
     char dir[PATH_MAX], out[PATH_MAX + 16], json[PATH_MAX + 16], md[PATH_MAX + 16], log[PATH_MAX + 16],
         golden[PATH_MAX];
@@ -247,8 +247,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
     /* 2 serial + repeat-bitwise + f32-vs-f64 (+ -params) + data-file, cp2 and cp4 on both fixtures, ep2,
      * ep4, ep8, ep4-de2, ep8-hier, dp2, dp4, dp2-zero1, dp4-zero1, ep4-zero1, dp4-ep2-clip, dp2-zero1-clip,
      * cp2-ep2-zero1-f32, 6 pp2 schedules, pp2-vpp3, pp2-head-apart, pp2-mbs2, pp2-ep2-zero1,
-     * pp2-dualpipe-clip, resume, reshard */
-    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 2, "cells: %lld", (long long)total);
+     * pp2-dualpipe-clip, tp2, tp4, tp2-zero1, tp2-pp2-1f1b, tp2-pp2-interleaved, etp2, etp2-de2-zero1, etp2-pp2-1f1b, etp2-cp2, etp2-zero1-to-etp1, tp2-to-tp1,
+     * tp2-zero1-to-tp4, resume, reshard */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -308,7 +309,7 @@ Test(matrix, quick_passes_and_reports, .timeout = 240)
 
     /* the summary table and the results directory's own report */
     char *text = slurp(log);
-    cr_expect(has_line(text, "36 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "48 cells: ", " 0 failed"), "no summary line in:\n%s", text);
     cr_expect(has_line(text, "reshard ", "PASS"), "no reshard row");
     cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
     par_free(text);

@@ -181,3 +181,40 @@ Test(indexer, layer_selected_output_format)
     free(x);
     free(y);
 }
+
+/* par_indexer_scores / par_indexer_topk (the two steps a tensor-parallel
+ * caller runs on shards of heads): one shard per head, chained in head
+ * order on one score array, gives the all-heads sums bit for bit and
+ * par_indexer_select's picks. */
+Test(indexer, head_shards_chained_equal_select)
+{
+    icase *c = malloc(sizeof *c);
+    icase_init(c, 11);
+    cr_assert_eq(par_indexer_select_f64(c->sel, c->iq, c->iw, c->icmp, c->pos, &c->dm, 0, T), 0);
+    const int64_t nv = par_indexer_max_visible_f64(c->pos, 0, T);
+    cr_assert_eq(nv, 30 / 4);
+    double *acc = calloc((size_t)(T * nv), sizeof(double));
+    double *whole = calloc((size_t)(T * nv), sizeof(double));
+    par_indexer_scores_f64(whole, nv, c->iq, c->iw, c->icmp, c->pos, &c->dm, 0, T);
+    /* shard h: the iq / iw columns of head h alone */
+    par_attn_dims one = c->dm;
+    one.iH = 1;
+    double *iq1 = malloc(sizeof(double) * T * IHD), *iw1 = malloc(sizeof(double) * T);
+    for (int h = 0; h < IH; h++) {
+        for (int t = 0; t < T; t++) {
+            memcpy(iq1 + t * IHD, c->iq + (t * IH + h) * IHD, sizeof(double) * IHD);
+            iw1[t] = c->iw[t * IH + h];
+        }
+        par_indexer_scores_f64(acc, nv, iq1, iw1, c->icmp, c->pos, &one, 0, T);
+    }
+    cr_assert(memcmp(acc, whole, sizeof(double) * (size_t)(T * nv)) == 0,
+              "chained head shards differ from the all-heads sums");
+    int32_t sel[T * K];
+    cr_assert_eq(par_indexer_topk_f64(sel, acc, nv, c->pos, &c->dm, 0, T), 0);
+    cr_assert(memcmp(sel, c->sel, sizeof sel) == 0, "topk of the chained scores != select");
+    free(acc);
+    free(whole);
+    free(iq1);
+    free(iw1);
+    free(c);
+}

@@ -1,0 +1,35 @@
+/* parallel/etp_hook.h - the expert-tensor-parallel MoE hook: the model's
+ * routed-expert executor (model/model.h par_moe_exec) on an ETP group with
+ * every expert held (EP = 1; templated: see kernels/real.h).
+ * docs/parallel.md, "Tensor parallelism in the step".
+ *
+ * Under MoE parallel folding the ranks of an ETP group have different
+ * attention-side coordinates (dp or cp), so they hold disjoint tokens.  Rank
+ * r runs par_etp_moe_forward / _backward (parallel/etp.h, sp = 1) with the
+ * I/ETP slice r of every routed expert (w1 / w3 rows, w2 columns), cut from
+ * the whole weights it holds: the rows all-gathered over the group, every
+ * slice on all of them, the partial outputs reduce-scattered back; the
+ * shared expert whole on the rank's tokens.  The slices' gradients (complete
+ * for the group's rows) go into rank r's block of the experts' gradients,
+ * zeros elsewhere; par_reduce_etp_grads (parallel/reduce.h) sums them over
+ * the group once per step.  Every ETP rank holds and updates the whole
+ * experts (the split is of the compute, not yet of the storage).
+ */
+#ifndef PAR_PARALLEL_ETP_HOOK_H
+#define PAR_PARALLEL_ETP_HOOK_H
+
+#include "comm/comm.h"
+#include "core/status.h"
+#include "kernels/real.h"
+#include "model/model.h"
+
+typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
+
+/* A hook for M's blocks over the ETP group `etp` (not owned) with n_slots
+ * microbatch slots; M must hold every expert. */
+par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
+                                       int n_slots);
+void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M);
+void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h); /* NULL is fine */
+
+#endif

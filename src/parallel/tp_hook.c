@@ -1,0 +1,151 @@
+/* parallel/tp_hook.c - the tensor-parallel attention hook (see
+ * parallel/tp_hook.h, docs/parallel.md). */
+#include "parallel/tp_hook.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/tp_attn.h"
+
+/* What (slot, block) keeps from its forward to its W pass. */
+typedef struct {
+    PAR_FN(par_tp_attn_saved) sv;
+    PAR_FN(par_attn_weights) Wl, dWl; /* the shard of the weights and its gradients */
+    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch */
+    int64_t shard;
+} tp_slot;
+
+struct PAR_FN(par_tp_hook_s) {
+    par_tp tp;
+    int nb, n_slots, rank, P;
+    tp_slot *sl; /* [n_slots, nb] */
+    par_tp_traffic tr;
+};
+
+static void slot_free(tp_slot *q)
+{
+    PAR_FN(par_tp_attn_saved_free)(&q->sv);
+    par_free(q->buf);
+    memset(q, 0, sizeof *q);
+}
+
+/* The state of (x->slot, b), or NULL when the call does not fit. */
+static tp_slot *slot_of(PAR_FN(par_tp_hook) *h, const par_mbctx *x, int b, int64_t T)
+{
+    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows || T != x->rows * x->S)
+        return NULL;
+    return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
+}
+
+static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
+                           const par_real *xin, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_tp_hook) *h = ctx;
+    tp_slot *q = slot_of(h, x, b, T);
+    if (!q)
+        return par_err(PAR_EINVAL, "tp attention: block %d on %lld tokens does not fit the hook (%d blocks, %d slots)",
+                       b, (long long)T, h->nb, h->n_slots);
+    slot_free(q);
+    const par_attn_dims *dm = &M->adims[b];
+    q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
+    if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
+    PAR_FN(par_tp_attn_shard)(&q->Wl, q->buf, W, dm, h->rank, h->P);
+    return PAR_FN(par_tp_attn_forward)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, dm, T, &h->tp);
+}
+
+/* B: dx (summed over the group in the layer), dsink of the rank's heads;
+ * the other shard gradients wait in the slot for W. */
+static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx,
+                           par_real *dsink, const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_tp_hook) *h = ctx;
+    tp_slot *q = slot_of(h, x, b, T);
+    if (!q || !q->sv.buf)
+        return par_err(PAR_EINVAL, "tp attention backward: block %d has no forward on %lld tokens", b, (long long)T);
+    PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
+    memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
+    par_status s = PAR_FN(par_tp_attn_backward)(dx, &q->dWl, dy, &q->sv, &q->Wl, &h->tp);
+    if (s)
+        return s;
+    if (dsink) {
+        PAR_FN(par_attn_weights) sink;
+        memset(&sink, 0, sizeof sink);
+        sink.attn_sink = dsink;
+        PAR_FN(par_attn_weights) only = {.attn_sink = q->dWl.attn_sink};
+        PAR_FN(par_tp_attn_grads_add)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+    }
+    return PAR_OK;
+}
+
+/* W: the rank's block of every split weight, its share of the replicated
+ * ones (summed over the group once per step: par_reduce_tp_grads). */
+static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, PAR_FN(par_attn_weights) *dW,
+                           const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_tp_hook) *h = ctx;
+    tp_slot *q = slot_of(h, x, b, T);
+    (void)dy, (void)W;
+    if (!q || !q->buf)
+        return par_err(PAR_EINVAL, "tp attention weights: block %d has no backward on %lld tokens", b, (long long)T);
+    PAR_FN(par_attn_weights) g = *dW;
+    g.attn_sink = NULL; /* B's */
+    PAR_FN(par_tp_attn_grads_add)(&g, &q->dWl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_tp_hook_create)(PAR_FN(par_tp_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
+                                      int n_slots)
+{
+    *out = NULL;
+    if (!tp || n_slots < 1)
+        return par_err(PAR_EINVAL, "tensor parallelism: a hook needs a TP group and at least one slot (got %d)",
+                       n_slots);
+    par_attn_dims dl;
+    for (int b = 0; b < M->n_blocks; b++) {
+        par_status s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
+        if (s)
+            return s;
+    }
+    PAR_FN(par_tp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
+    if (!h)
+        return par_err(PAR_ENOMEM, "tensor parallelism: out of memory");
+    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->tr};
+    h->nb = M->n_blocks;
+    h->n_slots = n_slots;
+    h->rank = par_comm_rank(tp);
+    h->P = par_comm_size(tp);
+    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
+    if (!h->sl) {
+        par_free(h);
+        return par_err(PAR_ENOMEM, "tensor parallelism: out of memory for %d x %d saved states", n_slots, h->nb);
+    }
+    *out = h;
+    return PAR_OK;
+}
+
+void PAR_FN(par_tp_hook_install)(PAR_FN(par_tp_hook) *h, PAR_FN(par_model) *M)
+{
+    M->attn.fwd = attn_fwd;
+    M->attn.bwd = attn_bwd;
+    M->attn.wgt = attn_wgt;
+    M->attn.ctx = h;
+}
+
+void PAR_FN(par_tp_hook_traffic)(const PAR_FN(par_tp_hook) *h, par_tp_traffic *out)
+{
+    if (h)
+        *out = h->tr;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+void PAR_FN(par_tp_hook_free)(PAR_FN(par_tp_hook) *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+    par_free(h->sl);
+    par_free(h);
+}
