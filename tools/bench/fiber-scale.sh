@@ -25,7 +25,9 @@ B="--preset v4-tiny --quiet --steps 1 --set n_routed_experts=1024 --set seq_leng
 one() { # label backend args...
     label=$1 be=$2; shift 2
     if ! PARITY_LOG=info /usr/bin/time -f 'TIME %e %M' "$P" run $B --backend "$be" "$@" >"$T/log" 2>&1; then
-        printf '%-26s %-7s FAILED: %s\n' "$label" "$be" "$(grep -v '^TIME' "$T/log" | tail -1)"
+        # /usr/bin/time's own line ends the log: show parity's last line beside it
+        printf '%-26s %-7s FAILED: %s (%s)\n' "$label" "$be" \
+            "$(grep -v -e '^TIME' -e '^Command ' "$T/log" | tail -1)" "$(grep '^Command ' "$T/log" | tail -1)"
         return
     fi
     set -- $(sed -n 's/^TIME \([0-9.]*\) \([0-9]*\)$/\1 \2/p' "$T/log")
