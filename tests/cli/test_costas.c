@@ -17,54 +17,12 @@
 
 #include "core/fileio.h"
 #include "core/json.h"
+#include "parity_exec.h"
 
-/* BUILD/tests/cli/test_cli_costas -> BUILD/parity */
-static void parity_bin(char *buf, size_t n)
-{
-    char self[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    cr_assert(k > 0, "readlink /proc/self/exe");
-    self[k] = 0;
-    for (int i = 0; i < 3; i++) {
-        char *s = strrchr(self, '/');
-        cr_assert(s);
-        *s = 0;
-    }
-    int len = snprintf(buf, n, "%s/parity", self);
-    cr_assert(len > 0 && (size_t)len < n, "path too long");
-    cr_assert(access(buf, X_OK) == 0, "no parity binary at %s", buf);
-}
-
-/* Runs `parity ARGS...` (two NULL-terminated lists, the second may be NULL)
- * with its output into log; the exit status. */
+/* Runs `parity ARGS...` (parity_exec.h); the exit status. */
 static int parity(const char *log, const char *const *a, const char *const *b)
 {
-    char bin[PATH_MAX];
-    parity_bin(bin, sizeof bin);
-    const char *argv[64] = {bin};
-    int n = 1;
-    for (int i = 0; a && a[i] && n < 62; i++)
-        argv[n++] = a[i];
-    for (int i = 0; b && b[i] && n < 62; i++)
-        argv[n++] = b[i];
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(127);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    cr_assert(waitpid(pid, &st, 0) == pid);
-    cr_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return parity_exec(log, a, b);
 }
 
 static double num(const cJSON *o, const char *k)

@@ -18,28 +18,12 @@
 #include "core/json.h"
 #include "core/manifest.h"
 #include "core/safetensors.h"
+#include "parity_exec.h"
 
 static const char *src_root(void)
 {
     const char *r = getenv("PARITY_SOURCE_ROOT");
     return r ? r : ".";
-}
-
-/* BUILD/tests/cli/test_cli_matrix -> BUILD/parity */
-static void parity_bin(char *buf, size_t n)
-{
-    char self[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    cr_assert(k > 0, "readlink /proc/self/exe");
-    self[k] = 0;
-    for (int i = 0; i < 3; i++) {
-        char *s = strrchr(self, '/');
-        cr_assert(s);
-        *s = 0;
-    }
-    int len = snprintf(buf, n, "%s/parity", self);
-    cr_assert(len > 0 && (size_t)len < n, "path too long");
-    cr_assert(access(buf, X_OK) == 0, "no parity binary at %s", buf);
 }
 
 static void tmp_dir(char *buf, size_t n)
@@ -54,32 +38,8 @@ static void tmp_dir(char *buf, size_t n)
  * into log; returns the exit status. */
 static int run_matrix(const char *log, const char *const *args)
 {
-    char bin[PATH_MAX];
-    parity_bin(bin, sizeof bin);
-    const char *argv[48];
-    int n = 0;
-    argv[n++] = bin;
-    argv[n++] = "matrix";
-    for (int i = 0; args[i] && n < 46; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(127);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    cr_assert(waitpid(pid, &st, 0) == pid);
-    cr_assert(WIFEXITED(st), "parity matrix did not exit normally");
-    return WEXITSTATUS(st);
+    static const char *const matrix[] = {"matrix", NULL};
+    return parity_exec(log, matrix, args);
 }
 
 static char *slurp(const char *path)

@@ -14,51 +14,13 @@
 
 #include "core/fileio.h"
 #include "core/json.h"
-
-/* BUILD/tests/cli/test_cli_run -> BUILD/parity */
-static void parity_bin(char *buf, size_t n)
-{
-    char self[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    cr_assert(k > 0, "readlink /proc/self/exe");
-    self[k] = 0;
-    for (int i = 0; i < 3; i++) {
-        char *s = strrchr(self, '/');
-        cr_assert(s);
-        *s = 0;
-    }
-    int len = snprintf(buf, n, "%s/parity", self);
-    cr_assert(len > 0 && (size_t)len < n, "path too long");
-    cr_assert(access(buf, X_OK) == 0, "no parity binary at %s", buf);
-}
+#include "parity_exec.h"
 
 /* Runs `parity run ARGS...` with its output into log; the exit status. */
 static int run_parity(const char *log, const char *const *args)
 {
-    char bin[PATH_MAX];
-    parity_bin(bin, sizeof bin);
-    const char *argv[48] = {bin, "run"};
-    int n = 2;
-    for (int i = 0; args[i] && n < 46; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0)
-            _exit(127);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    cr_assert(waitpid(pid, &st, 0) == pid);
-    cr_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    static const char *const run[] = {"run", NULL};
+    return parity_exec(log, run, args);
 }
 
 static double num(const cJSON *o, const char *k)
