@@ -50,7 +50,7 @@ void par_alloc_report(int level);
  *   reserved   every block, arena chunks whole ("reserved").
  * A block freed after its scope was closed is ignored (slots carry a
  * generation).  At most PAR_ALLOC_SCOPES scopes are open at once. */
-#define PAR_ALLOC_SCOPES 1024
+#define PAR_ALLOC_SCOPES 8192 /* config B and C of the tuning guide: 8,192 ranks, one scope each */
 
 typedef struct {
     int64_t live[PAR_TAG_COUNT], peak[PAR_TAG_COUNT];          /* allocated view */
