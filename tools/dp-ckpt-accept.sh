@@ -23,20 +23,5 @@
 # Every compare includes the optimizer state (opt.<name>.<slot>) of params.1.. .
 # Prints the matrix's table; the results stay in WORKDIR/matrix.  Exit 1 if
 # any cell failed.
-P=build/parity
-W=
-while getopts p:w: o; do
-    case $o in
-    p) P=$OPTARG ;;
-    w) W=$OPTARG ;;
-    *) exit 2 ;;
-    esac
-done
-shift $((OPTIND - 1))
-[ -n "$W" ] || { W=$(mktemp -d) && trap 'rm -rf "$W"' EXIT; }
-mkdir -p "$W"
-CELLS=${*:-"dp8 dp8_zero dp4_cp2 dp4_cp2_zero cp4_ep32 cp4_ep32_zero pp2_ep16 pp2_ep16_zero reshard_dp8z_dp2 reshard_ep128_ep32 resume_ep32z_dp8 reshard_pp2ep32_pp4ep64cp2 reshard_pp4vpp2_pp1 resume_pp2ep16z_ep32 resume_dp8_pp4vpp2"}
-export PARITY_COMM_TIMEOUT=${PARITY_COMM_TIMEOUT:-7200}
-set --
-for c in $CELLS; do set -- "$@" --cell "$c"; done
-"$P" matrix --preset v4-mini "$@" --out "$W/matrix"
+. "$(dirname "$0")/accept-lib.sh"
+accept_run "dp8 dp8_zero dp4_cp2 dp4_cp2_zero cp4_ep32 cp4_ep32_zero pp2_ep16 pp2_ep16_zero reshard_dp8z_dp2 reshard_ep128_ep32 resume_ep32z_dp8 reshard_pp2ep32_pp4ep64cp2 reshard_pp4vpp2_pp1 resume_pp2ep16z_ep32 resume_dp8_pp4vpp2" "$@"

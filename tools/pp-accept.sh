@@ -20,20 +20,5 @@
 #   pp2_cp2_ep64            PP 2 x CP 2 x EP 64, N = 128, B = 128 (Da 32, 4 microbatches)
 # Prints the matrix's table (PASS/FAIL, the emulated bubble, wall time per
 # cell); the results stay in WORKDIR/matrix.  Exit 1 if any cell failed.
-P=build/parity
-W=
-while getopts p:w: o; do
-    case $o in
-    p) P=$OPTARG ;;
-    w) W=$OPTARG ;;
-    *) exit 2 ;;
-    esac
-done
-shift $((OPTIND - 1))
-[ -n "$W" ] || { W=$(mktemp -d) && trap 'rm -rf "$W"' EXIT; }
-mkdir -p "$W"
-CELLS=${*:-"pp2 pp4 pp8 pp3_uneven pp2_vpp2 pp4_zbh1 pp4_dualpipe pp4_dualpipev pp2_cp2 pp2_cp2_ep64"}
-export PARITY_COMM_TIMEOUT=${PARITY_COMM_TIMEOUT:-7200}
-set --
-for c in $CELLS; do set -- "$@" --cell "$c"; done
-"$P" matrix --preset v4-mini "$@" --out "$W/matrix"
+. "$(dirname "$0")/accept-lib.sh"
+accept_run "pp2 pp4 pp8 pp3_uneven pp2_vpp2 pp4_zbh1 pp4_dualpipe pp4_dualpipev pp2_cp2 pp2_cp2_ep64" "$@"
