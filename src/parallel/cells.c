@@ -69,6 +69,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                 "routing and selections exactly equal"
 #define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
+#define NOTE_TPALL "f64 policy: TP of every layer: attention as tp2, vocab-parallel embedding / head / CE " \
+                   "(no gathered logits), shared expert column / row parallel; routing, selections exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -182,6 +184,18 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
      .load_layout = TPL(4, 4), .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
      .note = NOTE_PAIR " (TP 2 x DP 2 x ZeRO-1 saved, loaded under TP 4)"},
+    /* -- issue 15, TP round 2: every TP layer (vocab-parallel embedding / head / CE, the TP shared
+     * expert), SP, the reshard chain -- */
+    {.name = "tp2-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .tp_all_layers = 1}, .note = NOTE_TPALL},
+    {.name = "tp4-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 4, .tp_all_layers = 1},
+     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"}, .note = NOTE_TPALL "; heads widened to 4"},
+    {.name = "tp2-all-zero1-pp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .use_distributed_optimizer = 1, .tp_all_layers = 1, .pipeline_schedule = "1f1b",
+                .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = NOTE_TPALL "; PP 2 (1F1B) x Da 2, ZeRO-1"},
     {.name = "resume", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
      .load_layout = DPZ(4, 2, 1), .note = NOTE_PAIR " (the same layout)"},
     {.name = "reshard", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
@@ -376,6 +390,8 @@ static const struct {
     {"use-distributed-optimizer", FLAG_BOOL, offsetof(par_cell_layout, use_distributed_optimizer), 0},
     FS("moe-dispatch", moe_dispatch),
     FI("gpus-per-node", gpus_per_node),
+    {"sequence-parallel", FLAG_BOOL, offsetof(par_cell_layout, sequence_parallel), 0},
+    {"tp-all-layers", FLAG_BOOL, offsetof(par_cell_layout, tp_all_layers), 0},
 #undef FI
 #undef FS
 };
@@ -435,6 +451,8 @@ par_status par_cell_layout_to(const par_cell_layout *cl, par_layout *out)
     l.micro_batch = cl->micro_batch_size;
     l.global_batch = cl->global_batch_size;
     l.distributed_optimizer = cl->use_distributed_optimizer;
+    l.sequence_parallel = cl->sequence_parallel;
+    l.tp_all_layers = cl->tp_all_layers || cl->sequence_parallel;
     par_status s = PAR_OK;
     if (cl->pipeline_model_parallel_layout[0])
         s = par_layout_set_pp_layout(&l, cl->pipeline_model_parallel_layout);
@@ -629,7 +647,8 @@ static par_status read_layout(const rctx *x, const cJSON *obj, const char *field
                                "expert-model-parallel-size, pipeline-model-parallel-size, "
                                "virtual-pipeline-model-parallel-size, pipeline-model-parallel-layout, "
                                "pipeline-schedule, micro-batch-size, global-batch-size, use-distributed-optimizer, "
-                               "moe-dispatch, gpus-per-node, tensor-model-parallel-size, expert-tensor-parallel-size)");
+                               "moe-dispatch, gpus-per-node, tensor-model-parallel-size, expert-tensor-parallel-size, "
+                               "sequence-parallel, tp-all-layers)");
         char *p = (char *)out + flags[i].off;
         par_status s = PAR_OK;
         if (flags[i].type == FLAG_INT) {

@@ -72,6 +72,8 @@ typedef struct {
     char pipeline_model_parallel_layout[128];     /* --pipeline-model-parallel-layout */
     char moe_dispatch[16];                        /* --moe-dispatch flat|hierarchical */
     int64_t gpus_per_node;                        /* --gpus-per-node of the emulated network */
+    int sequence_parallel;                        /* --sequence-parallel */
+    int tp_all_layers;                            /* --tp-all-layers */
 } par_cell_layout;
 
 #define PAR_CELL_MAX_SETS 8

@@ -105,7 +105,8 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
         par_real *X0 = par_arena_alloc(&sl->ar, (size_t)(T * ex->nd) * sizeof *X0, 64);
         if (!X0)
             return par_err(PAR_ENOMEM, "pipeline: out of activation memory");
-        PAR_FN(par_model_embed_forward)(M, X0, bt->tokens, T);
+        if ((s = PAR_FN(par_model_embed_forward)(M, X0, bt->tokens, T)))
+            return s;
         *X = X0;
         return PAR_OK;
     }

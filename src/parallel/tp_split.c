@@ -163,3 +163,14 @@ par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp)
         return st;
     return PAR_OK;
 }
+
+par_status par_tp_layout_rules(const par_layout *l)
+{
+    if ((l->sequence_parallel || l->tp_all_layers) && l->tp <= 1)
+        return par_err(PAR_EINVAL, "--%s needs tensor-model-parallel-size > 1 (got %lld)",
+                       l->sequence_parallel ? "sequence-parallel" : "tp-all-layers", LL(l->tp));
+    if (l->sequence_parallel)
+        return par_err(PAR_EUNSUPPORTED, "--sequence-parallel with tensor-model-parallel-size %lld: not wired into "
+                       "parity run yet", LL(l->tp));
+    return PAR_OK;
+}

@@ -8,6 +8,7 @@
 
 #include "golden_check.h"
 #include "tmpdir.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +38,10 @@ static void golden(const char *out)
     cr_assert_eq(par_golden_run(&o, NULL), 0, "%s", par_last_error());
 }
 
-/* {TP, ETP, EP, CP, world[, moe_inter_dim]} */
+/* {TP, ETP, EP, CP, world[, moe_inter_dim[, --tp-all-layers[, --sequence-parallel]]]} */
 typedef struct {
     int64_t tp, etp, ep, cp, world, inter;
+    int all, sp;
 } lay;
 
 static par_status run(const char *dump, lay l, unsigned faults)
@@ -58,6 +60,8 @@ static par_status run(const char *dump, lay l, unsigned faults)
     o.layout.ep = l.ep;
     o.layout.cp = l.cp;
     o.layout.world = l.world;
+    o.layout.tp_all_layers = l.all;
+    o.layout.sequence_parallel = l.sp;
     o.dump_dir = dump;
     o.tp_faults = faults;
     return par_run(&o, NULL);
@@ -67,7 +71,7 @@ Test(tp_run, tp2_x_dp2_matches_the_serial_golden)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
     golden(g);
-    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0}, 0), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 0, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
     rmtree(t);
     free(t), free(g), free(d);
@@ -78,8 +82,52 @@ Test(tp_run, etp2_matches_the_serial_golden)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "etp2");
     golden(g);
-    cr_assert_eq(run(d, (lay){1, 2, 1, 1, 2, 0}, 0), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){1, 2, 1, 1, 2, 0, 0, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* Every TP layer (vocab-parallel embedding / head / CE, the TP shared
+ * expert) with TP 2 x DP 2: the serial golden. */
+Test(tp_run, tp2_all_layers_x_dp2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 1, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* The run under fault bits `faults` fails the comparison; its root cause
+ * (the first divergence in dataflow order) is in `file` and its tensor
+ * starts with `prefix` and contains `part`. */
+static void fault_caught(const char *what, lay l, unsigned faults, const char *file, const char *prefix,
+                         const char *part, double want_diff)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp");
+    golden(g);
+    cr_assert_eq(run(d, l, faults), 0, "%s", par_last_error());
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
+    cr_expect(!par_compare_report_ok(r), "%s: the fault must fail the comparison", what);
+    par_root_cause rc;
+    par_compare_root_cause(r, &rc);
+    cr_assert_geq(rc.root, 0);
+    const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
+    fprintf(stderr, "tp_run/%s: root cause %s %s: %s\n", what, e->file, e->tensor, e->reason);
+    cr_expect_str_eq(e->file, file);
+    cr_expect(!strncmp(e->tensor, prefix, strlen(prefix)) && strstr(e->tensor, part), "%s: root cause %s", what,
+              e->tensor);
+    double diff = -1;
+    const char *at = strstr(e->reason, "||B-A|| = ");
+    cr_assert(at && sscanf(at, "||B-A|| = %lf", &diff) == 1, "%s: reason %s", what, e->reason);
+    if (want_diff > 0) /* the printed 4 digits */
+        cr_expect(fabs(diff - want_diff) < 1e-3 * want_diff, "%s: off by %.6g, expected %.6g", what, diff, want_diff);
+    par_compare_report_free(r);
     rmtree(t);
     free(t), free(g), free(d);
 }
@@ -88,36 +136,29 @@ Test(tp_run, etp2_matches_the_serial_golden)
  * divergence in dataflow order is a wkv gradient of step 0. */
 Test(tp_run, missing_wkv_all_reduce_is_caught)
 {
-    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
-    golden(g);
-    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 2, 0}, PAR_TP_FAULT_WKV_NO_REDUCE), 0, "%s", par_last_error());
-    par_compare_opts co;
-    par_compare_opts_init(&co);
-    par_compare_report *r = NULL;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    cr_expect(!par_compare_report_ok(r), "the fault must fail the comparison");
-    par_root_cause rc;
-    par_compare_root_cause(r, &rc);
-    cr_assert_geq(rc.root, 0);
-    const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
-    fprintf(stderr, "tp_run/missing_wkv_all_reduce: root cause %s %s: %s\n", e->file, e->tensor, e->reason);
-    cr_expect_str_eq(e->file, "step.0.safetensors");
-    cr_expect(!strncmp(e->tensor, "grad.", 5) && strstr(e->tensor, ".attn.wkv.weight"), "root cause %s", e->tensor);
-    par_compare_report_free(r);
-    rmtree(t);
-    free(t), free(g), free(d);
+    fault_caught("missing_wkv_all_reduce", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_WKV_NO_REDUCE,
+                 "step.0.safetensors", "grad.", ".attn.wkv.weight", 0);
+}
+
+/* The vocab-parallel CE's softmax denominator reduced twice: every CE gains
+ * log(TP); the logits are right, so the first divergence is the main loss,
+ * off by log 2. */
+Test(tp_run, log_tp_added_by_the_vocab_parallel_ce_is_caught)
+{
+    fault_caught("log_tp_ce", (lay){2, 1, 1, 1, 2, 0, 1, 0}, PAR_TP_FAULT_CE_LOG_TP, "step.0.safetensors", "out.",
+                 "loss", log(2.0));
 }
 
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
-    cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0}, 0), PAR_EINVAL);
+    cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "context-parallel-size 2"), "%s", par_last_error());
-    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2"), "%s", par_last_error());
-    cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20}, 0), PAR_EINVAL);
+    cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
 }
