@@ -17,6 +17,7 @@
 #include "parallel/dp_step.h"
 #include "parallel/executor.h"
 #include "parallel/groups.h"
+#include "parallel/tp.h"
 #include "parallel/tp_split.h"
 
 /* OpenBLAS (cblas.h is not included: with <complex.h> it defines I, a
@@ -144,6 +145,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
     if ((s = PAR_FN(par_dpw_init)(&S->dpw, P, &S->M)))
         return s;
+    if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
+        PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
     const uint8_t *skip = PAR_FN(par_exec_norm_skip)(S->ex);
     for (int i = 0; i < S->M.tab.n; i++)
         if (skip[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))

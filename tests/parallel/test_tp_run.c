@@ -149,6 +149,15 @@ Test(tp_run, log_tp_added_by_the_vocab_parallel_ce_is_caught)
                  "loss", log(2.0));
 }
 
+/* Each TP shard of a split Muon matrix orthogonalized by itself (the bug a
+ * real framework shipped): step 0 is right, the first divergence is a split
+ * matrix in the parameters after the first update. */
+Test(tp_run, tp_shard_fed_to_muon_is_caught)
+{
+    fault_caught("muon_shard", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_MUON_SHARD, "params.1.safetensors", "",
+                 ".attn.", 0);
+}
+
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
