@@ -71,6 +71,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
 #define NOTE_TPALL "f64 policy: TP of every layer: attention as tp2, vocab-parallel embedding / head / CE " \
                    "(no gathered logits), shared expert column / row parallel; routing, selections exact"
+#define NOTE_TPSP "f64 policy: TP 2 + SP: mHC, norms, router, routed experts on the rank's columns; gathered " \
+                  "before, reduce-scattered after each TP layer; routing, selections exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -196,6 +198,13 @@ static const par_cell_spec builtin[] = {
                 .use_distributed_optimizer = 1, .tp_all_layers = 1, .pipeline_schedule = "1f1b",
                 .pipeline_model_parallel_layout = "Et*1|t*2mL"},
      .note = NOTE_TPALL "; PP 2 (1F1B) x Da 2, ZeRO-1"},
+    {.name = "tp2-sp", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .sequence_parallel = 1}, .note = NOTE_TPSP},
+    {.name = "tp2-sp-pp2-dp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .sequence_parallel = 1, .use_distributed_optimizer = 1, .pipeline_schedule = "interleaved",
+                .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
+     .note = NOTE_TPSP "; PP 2 interleaved (one row per microbatch: the layer's own SP) x Da 2, ZeRO-1"},
     {.name = "resume", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
      .load_layout = DPZ(4, 2, 1), .note = NOTE_PAIR " (the same layout)"},
     {.name = "reshard", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),

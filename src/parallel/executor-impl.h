@@ -70,6 +70,12 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_etp_hook) *etph; /* ETP > 1: the MoE hook (M->moe) */
     par_comm *etpc;           /* ETP > 1: the ETP group */
     int64_t CP;
+    /* The group whose ranks hold disjoint column slices of the same rows:
+     * CP's, or TP's under sequence parallelism (TP x CP is refused); NULL:
+     * none.  spn: the slices per CP slice (TP under SP, else 1); the rank's
+     * columns are [(cp*spn + tp) * S/(CP*spn), ...). */
+    par_comm *tokc;
+    int64_t spn, col;
     int n_local;              /* stages on this rank */
     lstage *ls;               /* [n_local] */
     int *stage_local;         /* [n_stages * n_dirs]: local index of (dir, stage) or -1 */

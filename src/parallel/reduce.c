@@ -155,9 +155,12 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     par_field f[6];
     int nf = stats_fields(st, f);
     par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
+    /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
+    par_comm *sp = P->lay->sequence_parallel ? P->g.g[PAR_GROUP_TP] : NULL;
     par_status s;
     if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
-        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))))
+        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
+        (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
         return s;
     par_comm *dp = P->g.g[PAR_GROUP_DP];
     if (!dp)

@@ -85,17 +85,21 @@ static head_slot *slot_of(vhook *h, const void *key, int create)
     return NULL;
 }
 
-/* A dump's logits [T, V] from the ranks' column blocks [T, V/P]. */
+/* A dump's logits [Tx, V] of the rank's tokens from the ranks' column
+ * blocks [T, V/P] of the group's T tokens (sp: the rank's Tx = T/P of them,
+ * block r of the gathered order). */
 static par_status gather_logits(vhook *h, par_real *logits, const PAR_FN(par_tp_head_saved) *sv)
 {
-    const int64_t T = sv->T, Vl = h->Vl, n = T * Vl;
+    const int64_t T = sv->T, Vl = h->Vl, n = T * Vl, Tx = sv->Tx, t0 = h->tp.sp ? h->rank * Tx : 0;
     par_real *all = par_malloc((size_t)(n * h->P + 1) * sizeof *all, PAR_TAG_ACT);
     if (!all)
         return par_err(PAR_ENOMEM, "vocab-parallel head: out of memory for the dump's logits");
-    par_status s = PAR_FN(par_tpr_gather_tokens)(&h->tp, all, sv->logits, T, Vl);
+    par_tp g = h->tp;
+    g.sp = 0;
+    par_status s = PAR_FN(par_tpr_gather_tokens)(&g, all, sv->logits, T, Vl);
     for (int r = 0; r < h->P && !s; r++)
-        for (int64_t t = 0; t < T; t++)
-            memcpy(logits + t * h->V + r * Vl, all + r * n + t * Vl, (size_t)Vl * sizeof *all);
+        for (int64_t t = 0; t < Tx; t++)
+            memcpy(logits + t * h->V + r * Vl, all + r * n + (t0 + t) * Vl, (size_t)Vl * sizeof *all);
     par_free(all);
     return s;
 }
@@ -114,7 +118,7 @@ static par_status head_fwd(void *ctx, PAR_FN(par_model) *M, const void *key, par
         s = PAR_FN(par_tp_head_forward)(ce, lse, &q->sv, xn, rows_of(h, M, M->params, M->tab.top.head), g, h->V,
                                         h->d, h->tp.sp ? Tx * h->P : Tx, &h->tp);
     par_free(all);
-    if (!s && h->keep && logits && !h->tp.sp)
+    if (!s && h->keep && logits)
         s = gather_logits(h, logits, &q->sv);
     return s;
 }
