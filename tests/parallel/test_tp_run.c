@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "backends/registry.h"
+#include "comm/clock.h"
+#include "comm/netmodel.h"
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/facade.h"
@@ -100,6 +102,20 @@ Test(tp_run, tp2_all_layers_x_dp2_matches_the_serial_golden)
     free(t), free(g), free(d);
 }
 
+/* Sequence parallelism, TP 2 + SP x DP 2: the TP ranks hold column slices
+ * of the rows (norms, mHC, router, routed experts on them); the serial
+ * golden.  Were the slices not disjoint, the statistics and gradients summed
+ * over TP would count tokens twice. */
+Test(tp_run, tp2_sp_x_dp2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2sp");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 1, 1}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
 /* The run under fault bits `faults` fails the comparison; its root cause
  * (the first divergence in dataflow order) is in `file` and its tensor
  * starts with `prefix` and contains `part`. */
@@ -158,6 +174,54 @@ Test(tp_run, tp_shard_fed_to_muon_is_caught)
                  ".attn.", 0);
 }
 
+/* TP traffic on the emulated network: TP 2 + SP x DP 2 on nodes of 2 ranks
+ * (world ranks tp fastest: every TP group inside a node).  Every
+ * communication span of a "tp:N" group moves its bytes over NVLink, and the
+ * DP groups (across the nodes) over InfiniBand, so the check would see TP
+ * traffic leaving a node. */
+Test(tp_run, tp_traffic_stays_on_nvlink)
+{
+    par_run_opts o;
+    par_run_opts_init(&o);
+    tiny(&o.cfg);
+    o.steps = 1;
+    o.backend = par_backend_find("threads");
+    o.layout.tp = 2;
+    o.layout.world = 4;
+    o.layout.sequence_parallel = 1;
+    par_netmodel net;
+    cr_assert_eq(par_netmodel_preset("reference", &net), 0);
+    net.gpus_per_node = 2;
+    net.nics_per_node = 2;
+    o.netmodel = &net;
+    o.net_spans = 1;
+    par_run_summary sum;
+    memset(&sum, 0, sizeof sum);
+    cr_assert_eq(par_run(&o, &sum), 0, "%s", par_last_error());
+    cr_assert(sum.net);
+    uint64_t tp_bytes[PAR_TIER_COUNT] = {0}, dp_ib = 0;
+    for (int r = 0; r < 4; r++) {
+        size_t n = 0, lost = 0;
+        const par_span *sp = par_netrun_spans(sum.net, r, &n, &lost);
+        cr_assert(sp && n > 0 && lost == 0, "rank %d: %zu spans, %zu lost", r, n, lost);
+        for (size_t i = 0; i < n; i++) {
+            if (!sp[i].bytes || (sp[i].kind != PAR_SPAN_COMM && sp[i].kind != PAR_SPAN_XFER))
+                continue;
+            if (!strncmp(sp[i].group, "tp:", 3)) /* the group's name and its index */
+                tp_bytes[sp[i].tier] += sp[i].bytes;
+            else if (!strncmp(sp[i].group, "dp", 2) && sp[i].tier == PAR_TIER_IB)
+                dp_ib += sp[i].bytes;
+        }
+    }
+    fprintf(stderr, "tp_run/tp_traffic: tp bytes nvlink %llu ib %llu; dp bytes over ib %llu\n",
+            (unsigned long long)tp_bytes[PAR_TIER_NVLINK], (unsigned long long)tp_bytes[PAR_TIER_IB],
+            (unsigned long long)dp_ib);
+    cr_expect_gt(tp_bytes[PAR_TIER_NVLINK], 0);
+    cr_expect_eq(tp_bytes[PAR_TIER_IB], 0);
+    cr_expect_gt(dp_ib, 0, "the DP groups cross the nodes: their bytes go over IB");
+    par_run_summary_free(&sum);
+}
+
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
@@ -167,6 +231,11 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect(strstr(par_last_error(), "context-parallel-size 2"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2"), "%s", par_last_error());
+    cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "--sequence-parallel needs tensor-model-parallel-size > 1 (got 1)"), "%s",
+              par_last_error());
+    cr_expect_eq(run(NULL, (lay){2, 1, 2, 1, 4, 0, 1, 1}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-model-parallel-size 2"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
