@@ -205,6 +205,10 @@ static const par_cell_spec builtin[] = {
                 .sequence_parallel = 1, .use_distributed_optimizer = 1, .pipeline_schedule = "interleaved",
                 .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
      .note = NOTE_TPSP "; PP 2 interleaved (one row per microbatch: the layer's own SP) x Da 2, ZeRO-1"},
+    {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
+     .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
+     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
+     .note = NOTE_PAIR " (a chain: step 0 under TP 2, step 1 serially, step 2 under TP 4, heads widened)"},
     {.name = "resume", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
      .load_layout = DPZ(4, 2, 1), .note = NOTE_PAIR " (the same layout)"},
     {.name = "reshard", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
@@ -547,6 +551,13 @@ static par_status check_kind_fields(const par_cell_spec *c)
     if (!two && !par_cell_layout_empty(&c->load_layout))
         return par_err(PAR_EINVAL, "cell '%s': \"load-layout\" belongs to resume and ckpt-reshard cells (kind is %s)",
                        c->name, par_cell_kind_name(c->kind));
+    if (c->kind != PAR_KIND_RESUME && !par_cell_layout_empty(&c->chain_layout))
+        return par_err(PAR_EINVAL, "cell '%s': \"chain-layout\" belongs to resume cells (kind is %s)", c->name,
+                       par_cell_kind_name(c->kind));
+    if (c->kind == PAR_KIND_RESUME && !par_cell_layout_empty(&c->chain_layout) && c->steps &&
+        c->steps - (c->split ? c->split : c->steps / 2) < 2)
+        return par_err(PAR_EINVAL, "cell '%s': a chain needs two steps after \"split\" (%lld of \"steps\" %lld)",
+                       c->name, (long long)(c->split ? c->split : c->steps / 2), (long long)c->steps);
     if (c->kind != PAR_KIND_RESUME && c->split)
         return par_err(PAR_EINVAL, "cell '%s': \"split\" belongs to resume cells (kind is %s)", c->name,
                        par_cell_kind_name(c->kind));
@@ -580,6 +591,8 @@ par_status par_cell_check(const par_cell_spec *c)
         s = check_layout(c, &cfg, &c->layout, "\"layout\"");
     if (!s && two)
         s = check_layout(c, &cfg, &c->load_layout, "\"load-layout\"");
+    if (!s && !par_cell_layout_empty(&c->chain_layout))
+        s = check_layout(c, &cfg, &c->chain_layout, "\"chain-layout\"");
     return s;
 }
 
@@ -770,10 +783,12 @@ static par_status read_member(const rctx *x, const cJSON *m, const char *dir, pa
         return read_layout(x, m, fld, &c->layout);
     if (!strcmp(k, "load-layout"))
         return read_layout(x, m, fld, &c->load_layout);
+    if (!strcmp(k, "chain-layout"))
+        return read_layout(x, m, fld, &c->chain_layout);
     if (!strcmp(k, "set"))
         return read_sets(x, m, c);
     return bad(x, fld, "unknown key (keys: name, preset, data, kind, tier, steps, seed, precision, layout, "
-                       "load-layout, split, set, policy, files, informational, note)");
+                       "load-layout, chain-layout, split, set, policy, files, informational, note)");
 }
 
 static par_status read_cell(rctx *x, const cJSON *obj, const char *dir, par_cell_spec *c)

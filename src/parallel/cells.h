@@ -97,6 +97,9 @@ typedef struct {
     par_cell_layout layout; /* layout and resume */
     par_cell_layout load_layout; /* resume: the layout that loads the checkpoint; ckpt-reshard: the target */
     int64_t split;          /* resume: steps before the checkpoint (0: steps / 2) */
+    par_cell_layout chain_layout; /* resume, optional: the run under load-layout stops at
+                             * split2 = split + (steps - split) / 2 and saves again; chain-layout loads
+                             * that checkpoint for the rest (a reshard chain A -> B -> C) */
     char sets[PAR_CELL_MAX_SETS][64]; /* config overrides `key=value` (MODEL.md keys), "" = none */
     char note[240];         /* why this reference and policy */
 } par_cell_spec;
