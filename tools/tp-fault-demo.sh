@@ -55,7 +55,7 @@ fault = sys.argv[2]
 
 def reached(c):
     lay = c["layout"]
-    if "TP=" not in lay:
+    if not re.search(r"(?<!E)TP=", lay):  # TP, not ETP
         return False
     return fault != "tp_ce_log_tp" or "all-layers" in lay or "+SP" in lay
 
