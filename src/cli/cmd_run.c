@@ -330,10 +330,11 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
 static void print_header(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
 {
     const par_layout *rl = &sum->layout;
-    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
+    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld%s CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
-           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp,
+           rl->sequence_parallel ? "+SP" : rl->tp_all_layers ? " (all layers)" : "", (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum->n_params, (long long)sum->max_rank_floats);
     if (c->dump)
