@@ -73,3 +73,38 @@ Test(cells, example_file_reads)
     cr_expect_eq(rows[0].tier, PAR_CELL_TIER_DEFAULT, "a file's rows default to tier default");
     par_free(rows);
 }
+
+/* The TP flags go to `parity run` as flags; a chain belongs to resume cells
+ * with two steps after the split, and its layout is checked like the others. */
+Test(cells, tp_flags_and_chains)
+{
+    par_cell_layout l = {.world_size = 2, .tensor_model_parallel_size = 2, .sequence_parallel = 1,
+                         .tp_all_layers = 1};
+    char buf[512] = "";
+    par_cell_layout_args(&l, collect, buf);
+    cr_expect_str_eq(buf, "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-all-layers");
+    par_cell_spec c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "chain");
+    snprintf(c.preset, sizeof c.preset, "v4-tiny");
+    c.kind = PAR_KIND_RESUME;
+    c.steps = 3;
+    c.split = 1;
+    c.layout = (par_cell_layout){.world_size = 2, .tensor_model_parallel_size = 2};
+    c.load_layout = (par_cell_layout){.world_size = 1};
+    c.chain_layout = (par_cell_layout){.world_size = 2, .context_parallel_size = 2};
+    cr_expect_eq(par_cell_check(&c), 0, "%s", par_last_error());
+    c.split = 2; /* one step after the split: no room for the third leg */
+    cr_expect_eq(par_cell_check(&c), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "a chain needs two steps after \"split\" (2 of \"steps\" 3)"), "%s",
+              par_last_error());
+    c.split = 1;
+    c.chain_layout.context_parallel_size = 3; /* does not divide S = 64 */
+    cr_expect_neq(par_cell_check(&c), 0);
+    cr_expect(strstr(par_last_error(), "\"chain-layout\""), "%s", par_last_error());
+    c.chain_layout = (par_cell_layout){.world_size = 2};
+    c.kind = PAR_KIND_LAYOUT;
+    memset(&c.load_layout, 0, sizeof c.load_layout);
+    cr_expect_eq(par_cell_check(&c), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "\"chain-layout\" belongs to resume cells"), "%s", par_last_error());
+}
