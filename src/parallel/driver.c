@@ -54,6 +54,7 @@ typedef struct {
     int64_t *cursor;          /* [steps] data cursor after each step's batch */
     int64_t saves;            /* checkpoints written (rank 0) */
     int64_t n_float;
+    par_param_table tab;      /* the parameter table every rank's model borrows (built once) */
     par_costas ca;            /* --cost-as (parallel/costas.h; has_ca 0: off) */
     int has_ca;
 } shared;
@@ -138,7 +139,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
         return s;
     par_exec_opts eo = {.seed = o->seed, .moe_dispatch = o->moe_dispatch, .net = o->netmodel,
                         .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
-                        .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults};
+                        .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults,
+                        .tab = &R->tab};
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
@@ -417,6 +419,7 @@ static void shared_free(shared *R)
     par_free(R->mem);
     par_free(R->apeak);
     par_free(R->cursor);
+    par_param_table_free(&R->tab);
     par_costas_free(&R->ca);
 }
 
@@ -468,11 +471,8 @@ static par_status prebuild(shared *R, par_golden_opts *go, par_golden_data *ds)
         memcpy(R->seg + (size_t)k * BS, full.segments, BS * sizeof *R->seg);
     }
     par_batch_free(&full);
-    par_param_table t;
-    if (!s && !(s = par_param_table_build(&t, &R->cfg))) {
-        R->n_float = t.n_float;
-        par_param_table_free(&t);
-    }
+    if (!s && !(s = par_param_table_build(&R->tab, &R->cfg)))
+        R->n_float = R->tab.n_float;
     return s;
 }
 
