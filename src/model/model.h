@@ -281,6 +281,7 @@ typedef struct {
 struct PAR_FN(par_model_s) {
     par_config cfg;
     par_param_table tab;
+    int tab_borrowed;         /* 1: tab is par_model_hold.tab's (not freed here) */
     uint64_t seed;
     int64_t n, d, V, E, K, I; /* hc_mult, dim, vocab, experts, active, inter */
     int n_blocks;             /* n_layers + n_mtp_layers */
@@ -335,6 +336,10 @@ par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *
 typedef struct {
     const uint8_t *blocks; /* [n_blocks] */
     int embed, head, final;
+    /* a parameter table of the same config to borrow instead of building one
+     * (read-only, shared by the ranks of a process; must outlive the model);
+     * NULL, or a table of another config: the model builds its own */
+    const par_param_table *tab;
 } par_model_hold;
 /* par_model_init_owned holding only what `hold` names (routed experts
  * [e0, e1) of the held blocks); unheld entries have loc = -1. */

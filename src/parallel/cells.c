@@ -235,10 +235,10 @@ static const par_cell_spec builtin[] = {
     {.name = "cp4", .preset = MINI, .kind = LAYOUT, .tier = D, .layout = CP(4), .note = NOTE_CP},
     {.name = "cp4", .preset = MINI, .data = "*", .kind = LAYOUT, .tier = F, .layout = CP(4), .note = NOTE_CP},
     {.name = "ep32", .preset = MINI, .kind = LAYOUT, .tier = D, .layout = EP(32, 32), .note = NOTE_EP},
-    {.name = "ep64-cp2", .preset = MINI, .kind = LAYOUT, .tier = F,
+    {.name = "ep64-cp2", .preset = MINI, .kind = LAYOUT, .tier = D, .backend = "fiber",
      .layout = {.world_size = 64, .expert_model_parallel_size = 64, .context_parallel_size = 2},
      .note = NOTE_EP "; CP 2 folded so that Da = N / CP divides B = 32"},
-    {.name = "ep128-cp4", .preset = MINI, .kind = LAYOUT, .tier = F,
+    {.name = "ep128-cp4", .preset = MINI, .kind = LAYOUT, .tier = D, .backend = "fiber",
      .layout = {.world_size = 128, .expert_model_parallel_size = 128, .context_parallel_size = 4},
      .note = NOTE_EP "; CP 4 folded so that Da = N / CP divides B = 32"},
     {.name = "dp2", .preset = MINI, .kind = LAYOUT, .tier = F, .layout = DPZ(2, 0, 0), .note = NOTE_DP},
@@ -366,6 +366,25 @@ static const par_cell_spec builtin[] = {
        .layout = {.world_size = 4, .pipeline_model_parallel_size = 4, .virtual_pipeline_model_parallel_size = 2},
        .load_layout = {.world_size = 1}),
 #undef RS
+    /* ---- the tuning guide's configs A, B, C (../shared/reference/001_*, issue 18) ----
+     * Their world sizes and flags verbatim (TP 1, PP 8, CP, EP 64, ETP 1, micro-batch-size 1,
+     * global-batch-size 4096, 1F1B; the guide's flags give no --use-distributed-optimizer) on
+     * v4-mini's structure (8 layers + MTP over 8 stages, 384 experts, top-6) with S = 16 >= CP x
+     * window 16 (C: 64 = 4 x 16), dim 32 and moe_inter_dim 8 (docs/matrix.md, "Configs A, B, C"),
+     * on the fiber backend: thousands of ranks as user-level contexts. */
+#define GUIDE(nm, w, cp, seq, da, de, m) \
+    {.name = nm, .preset = MINI, .data = "generator", .kind = LAYOUT, .tier = X, .steps = 1, .backend = "fiber", \
+     .layout = {.world_size = (w), .tensor_model_parallel_size = 1, .pipeline_model_parallel_size = 8, \
+                .context_parallel_size = (cp), .expert_model_parallel_size = 64, .expert_tensor_parallel_size = 1, \
+                .micro_batch_size = 1, .global_batch_size = 4096, .pipeline_schedule = "1f1b", \
+                .pipeline_model_parallel_layout = "Et|t|t|t|t|t|t|tmL"}, \
+     .sets = {"seq_length=" #seq, "dim=32", "moe_inter_dim=8"}, \
+     .note = "the tuning guide's " nm ": Da " #da ", De " #de ", m " #m " microbatches per replica; the serial " \
+             "golden of the same 4096 rows, f64 policy"}
+    GUIDE("config-a", 1024, 1, 16, 128, 2, 32),
+    GUIDE("config-b", 8192, 1, 16, 1024, 16, 4),
+    GUIDE("config-c", 8192, 4, 64, 256, 16, 16),
+#undef GUIDE
 #undef SC
 #undef PPX
 #undef B128
@@ -558,6 +577,12 @@ static par_status check_kind_fields(const par_cell_spec *c)
         c->steps - (c->split ? c->split : c->steps / 2) < 2)
         return par_err(PAR_EINVAL, "cell '%s': a chain needs two steps after \"split\" (%lld of \"steps\" %lld)",
                        c->name, (long long)(c->split ? c->split : c->steps / 2), (long long)c->steps);
+    if (c->backend[0] && strcmp(c->backend, "threads") && strcmp(c->backend, "fiber"))
+        return par_err(PAR_EINVAL, "cell '%s': \"backend\": '%s' is not threads or fiber (leave it out for the "
+                       "matrix's --backend)", c->name, c->backend);
+    if (!lay && c->backend[0])
+        return par_err(PAR_EINVAL, "cell '%s': \"backend\" is the backend of layout runs: a %s cell runs serially",
+                       c->name, par_cell_kind_name(c->kind));
     if (c->kind != PAR_KIND_RESUME && c->split)
         return par_err(PAR_EINVAL, "cell '%s': \"split\" belongs to resume cells (kind is %s)", c->name,
                        par_cell_kind_name(c->kind));
@@ -787,8 +812,10 @@ static par_status read_member(const rctx *x, const cJSON *m, const char *dir, pa
         return read_layout(x, m, fld, &c->chain_layout);
     if (!strcmp(k, "set"))
         return read_sets(x, m, c);
+    if (!strcmp(k, "backend"))
+        return get_str(x, m, fld, c->backend, sizeof c->backend);
     return bad(x, fld, "unknown key (keys: name, preset, data, kind, tier, steps, seed, precision, layout, "
-                       "load-layout, chain-layout, split, set, policy, files, informational, note)");
+                       "load-layout, chain-layout, split, set, policy, files, informational, backend, note)");
 }
 
 static par_status read_cell(rctx *x, const cJSON *obj, const char *dir, par_cell_spec *c)

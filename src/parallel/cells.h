@@ -94,6 +94,10 @@ typedef struct {
                              * precision's) */
     par_cell_files files;   /* which files are compared */
     int informational;      /* a failed comparison is WARN, not FAIL */
+    char backend[16];       /* "": the matrix's --backend; "threads" or "fiber": the backend of this cell's
+                             * layout runs whenever the matrix runs them in its own process (--backend
+                             * threads or fiber; --backend mpi launches every cell its own way) -- "fiber"
+                             * for worlds too big for one OS thread per rank */
     par_cell_layout layout; /* layout and resume */
     par_cell_layout load_layout; /* resume: the layout that loads the checkpoint; ckpt-reshard: the target */
     int64_t split;          /* resume: steps before the checkpoint (0: steps / 2) */

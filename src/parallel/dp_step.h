@@ -62,7 +62,7 @@ typedef struct {
 #define PAR_DPW_MEM_FIELDS 6
 
 typedef struct {
-    par_param_table lt;       /* local table: entries of M->tab, offsets = M->loc (p owned, the rest shared-NULL) */
+    int n_tab;                /* entries of M->tab (the plans map them to M->loc: par_zero_entry.off) */
     par_dp_mode mode;
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];

@@ -587,6 +587,10 @@ static par_status kind_fields(const par_matrix *m, par_mx_cell *c)
             size_t o = strlen(c->layout);
             par_mx_fmt(c->layout + o, sizeof c->layout - o, " %s", r->sets[i]);
         }
+        if (r->backend[0] && !m->o.runner) { /* the cell's own backend (cells.h) */
+            size_t o = strlen(c->layout);
+            par_mx_fmt(c->layout + o, sizeof c->layout - o, " on %s", r->backend);
+        }
     }
     }
     return PAR_OK;

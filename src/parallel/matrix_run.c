@@ -104,8 +104,15 @@ static par_status run_layout(par_matrix *m, const par_mx_cell *c, const par_cell
         .work_dir = work_dir, .tag = tag,
     };
     cJSON *doc = NULL;
-    s = m->o.runner ? m->o.runner(&job, m->o.runner_ud, &doc)
-                               : par_matrix_run_layout_in_process(&job, (void *)m->o.backend_impl, &doc);
+    if (m->o.runner) {
+        s = m->o.runner(&job, m->o.runner_ud, &doc);
+    } else {
+        const par_backend *be = m->o.backend_impl;
+        if (c->row.backend[0] && !(be = m->o.find_backend ? m->o.find_backend(c->row.backend) : NULL))
+            return par_err(PAR_EUNSUPPORTED, "matrix: cell %s runs on the %s backend, which this matrix cannot find",
+                           c->row.name, c->row.backend);
+        s = par_matrix_run_layout_in_process(&job, (void *)be, &doc);
+    }
     if (s)
         return s;
     par_run_summary_metrics(doc, &res->met.step_time_s, &res->met.bubble, &res->met.exposed_comm_s);
