@@ -24,7 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/fiber/sched.h"
+#include "backends/host/sched.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 #include "core/log.h"

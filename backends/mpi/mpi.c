@@ -69,7 +69,7 @@
 #include <unistd.h>
 
 #include "backends/mpi/procs.h"
-#include "backends/threads/tsync.h"
+#include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 #include "core/log.h"

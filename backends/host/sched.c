@@ -1,5 +1,5 @@
-/* backends/fiber/sched.c - workers, run queues, park and wake (sched.h). */
-#include "backends/fiber/sched.h"
+/* backends/host/sched.c - workers, run queues, park and wake (sched.h). */
+#include "backends/host/sched.h"
 
 #include <omp.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* backends/fiber/sched.h - ranks as fibers on a few worker threads.
+/* backends/host/sched.h - ranks as fibers on a few worker threads.
  *
  * Every rank is a fiber (fctx.h) pinned to one worker thread (rank r to
  * worker r % W): a fiber never moves, so thread-local state that the
@@ -23,13 +23,13 @@
  * a scratch buffer used between two switches (pplayout.c's parser and
  * result, copied out before the function returns; no comm call inside).
  */
-#ifndef PAR_BACKENDS_FIBER_SCHED_H
-#define PAR_BACKENDS_FIBER_SCHED_H
+#ifndef PAR_BACKENDS_HOST_SCHED_H
+#define PAR_BACKENDS_HOST_SCHED_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/fiber/fctx.h"
+#include "backends/host/fctx.h"
 #include "core/status.h"
 
 typedef struct fsched fsched;
