@@ -156,6 +156,8 @@ static void to_home(fsched *s, fib *f)
     fctx_switch(s->o.kind, &f->ctx, &f->wk->home, 0);
 }
 
+void *fsched_user(const fsched *s) { return s->o.user; }
+
 int fsched_self(const fsched *s)
 {
     fworker *wk = tl_wk;

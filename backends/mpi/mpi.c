@@ -69,6 +69,7 @@
 #include <unistd.h>
 
 #include "backends/mpi/procs.h"
+#include "backends/host/sched.h"
 #include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
@@ -257,6 +258,10 @@ typedef struct {
     size_t trash_n;
     ctrlmsg rx;
     tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
+    /* fiber-hosted ranks (R > 1, rank host fiber; NULL: OS threads) */
+    fsched *fs;
+    double *fwait;          /* [R] deadline of each fiber's current wait            */
+    _Atomic unsigned futile; /* waits polled again since a fiber began a new one    */
     /* liveness: under mu but ndead (read anywhere) */
     long *pids;             /* [nprocs] each process's pid                           */
     unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
@@ -638,6 +643,122 @@ static void e_poll_try(void *ctx)
         e_check_unsent(e);
         pthread_mutex_unlock(&e->mu);
     }
+}
+
+/* ---- fiber-hosted ranks ----------------------------------------------------- */
+
+/* A fiber-hosted rank waits (docs/comm.md "Fiber-hosted ranks"): it makes
+ * MPI progress itself (the rank that waits is the one that polls), then lets
+ * this process's other ranks run.  A wait that goes on (the same deadline as
+ * this fiber's last poll) counts as futile; a new wait means some rank got
+ * past the last one, and starts the count again.  Once more polls in a row
+ * were futile than the process has ranks (a whole round of them found
+ * nothing to do), the worker also gives the core back: sched_yield, then
+ * 100 us naps, as a thread rank's wait does. */
+static void fiber_pause(mworld *e, int i, double deadline)
+{
+    unsigned f = 0;
+    if (deadline > 0 && e->fwait[i] != deadline) {
+        e->fwait[i] = deadline;
+        atomic_store_explicit(&e->futile, 0, memory_order_relaxed);
+    } else {
+        f = atomic_fetch_add_explicit(&e->futile, 1, memory_order_relaxed);
+    }
+    e_poll_try(e);
+    unsigned round = (unsigned)e->R;
+    if (f > round + 256) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    } else if (f > round) {
+        sched_yield();
+    }
+    fsched_yield(e->fs);
+}
+
+/* comm's waits (par__wait_poll, par_test) on a rank of this backend: a
+ * fiber pauses as above; a thread rank waits comm's way (returns 0). */
+static int m_rank_wait(par__world *w, double deadline)
+{
+    fsched *s = fsched_current();
+    mworld *e = s ? fsched_user(s) : NULL;
+    if (!e || e->w != w)
+        return 0;
+    fiber_pause(e, fsched_self(s), deadline);
+    return 1;
+}
+
+/* The backend's own waits (wait_data). */
+static void pause_wait(mworld *e, par__waiter *wt)
+{
+    fsched *s = e->fs ? fsched_current() : NULL;
+    if (s == e->fs && s)
+        fiber_pause(e, fsched_self(s), wt->deadline);
+    else
+        backoff(wt);
+}
+
+static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
+
+/* How this process hosts its R > 1 ranks: par_world_opts.rank_host, else
+ * PARITY_RANK_HOST, else fibers. */
+static par_status rank_host(const par__world *w, int *fibers)
+{
+    int h = par__world_opts(w)->rank_host;
+    const char *env = getenv("PARITY_RANK_HOST");
+    if (h == PAR_RANK_HOST_DEFAULT && env && *env) {
+        if (!strcmp(env, "threads"))
+            h = PAR_RANK_HOST_THREADS;
+        else if (!strcmp(env, "fiber"))
+            h = PAR_RANK_HOST_FIBER;
+        else
+            return par_err(PAR_EINVAL, "PARITY_RANK_HOST=%s: expected threads or fiber", env);
+    }
+    *fibers = h != PAR_RANK_HOST_THREADS;
+    return PAR_OK;
+}
+
+/* The fibers of this process's R ranks (stacks mapped now). */
+static par_status fibers_start(mworld *e)
+{
+    int fibers = 0;
+    par_status st = rank_host(e->w, &fibers);
+    if (st != PAR_OK || e->R == 1 || !fibers)
+        return st;
+    fsched_opts so;
+    if ((st = fsched_opts_from(par__world_opts(e->w), e->R, e->nprocs, &so)))
+        return st;
+    so.stop = world_failed;
+    so.stop_ud = e->w;
+    so.user = e;
+    e->fwait = par_calloc((size_t)e->R, sizeof *e->fwait, PAR_TAG_COMM);
+    if (!e->fwait)
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d fiber ranks", e->R);
+    return fsched_new(e->R, &so, &e->fs);
+}
+
+/* One line at info level, as the fiber backend's. */
+static void fibers_report(const mworld *e)
+{
+    fsched_stats ss;
+    fsched_get_stats(e->fs, &ss);
+    PAR_LOG_I("mpi: process %d: %d fiber ranks on %d workers: deepest stack use %zu KiB (rank "
+              "%d), stacks committed %.1f MiB, scheduler heap %.1f MiB; %llu switches into "
+              "ranks", e->proc, e->R, ss.workers, (ss.stack_max + 1023) >> 10,
+              e->proc * e->R + ss.stack_max_rank, (double)ss.stack_sum / 1048576.0,
+              (double)ss.heap / 1048576.0, (unsigned long long)ss.switches);
+}
+
+typedef struct {
+    mworld *e;
+    par__rank_main main;
+} fiber_job;
+
+static void run_rank(mworld *e, par__rank_main main_fn, int r);
+
+static void fiber_rank(void *ud, int i)
+{
+    fiber_job *j = ud;
+    run_rank(j->e, j->main, j->e->proc * j->e->R + i);
 }
 
 /* ---- liveness ------------------------------------------------------------- */
@@ -1038,7 +1159,7 @@ static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
                      c->wrank, what, par__world_timeout(c->world));
             last_resort(msg);
         }
-        backoff(&wt);
+        pause_wait(mc->e, &wt);
     }
 }
 
@@ -1444,6 +1565,8 @@ static void mworld_free(mworld *e)
     par_free(e->dead);
     par_free(e->gone_since);
     tsync_group_unref(e->wgroup);
+    fsched_free(e->fs);
+    par_free(e->fwait);
     if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
@@ -1634,7 +1757,7 @@ static par_status m_world_init(par__world *w, void **bworld)
         for (int i = 0; i < e->R; i++)
             e->wgroup->slot_rank[i] = proc * e->R + i;
     }
-    if ((st = liveness_start(e, timeout)))
+    if ((st = fibers_start(e)) || (st = liveness_start(e, timeout)))
         goto fail_free_world;
     *bworld = e;
     return PAR_OK;
@@ -1648,6 +1771,8 @@ static void m_world_finalize(par__world *w, void *bworld)
 {
     (void)w;
     liveness_stop(bworld);
+    if (((mworld *)bworld)->fs)
+        fibers_report(bworld);
     mworld_free(bworld);
 }
 
@@ -1786,6 +1911,9 @@ static par_status m_launch(par__world *w, void *bworld, par__rank_main main_fn)
     par_status st = PAR_OK;
     if (R == 1) {
         run_rank(e, main_fn, base);
+    } else if (e->fs) {
+        fiber_job j = {e, main_fn};
+        st = fsched_run(e->fs, fiber_rank, &j);
     } else if (omp_get_thread_limit() < R) {
         st = par_err(PAR_EUNSUPPORTED,
                      "mpi: %d ranks per process exceed OpenMP's thread limit %d "
@@ -1817,7 +1945,7 @@ static par_status m_launch(par__world *w, void *bworld, par__rank_main main_fn)
 const par_backend par_backend_mpi = {
     .name = "mpi",
     .summary = "ranks in the MPI processes of mpiexec, R = world size / processes per process "
-               "(threads within a process share memory)",
+               "(fibers, or threads, within a process share memory)",
     .max_ranks = 0,
     .world_init = m_world_init,
     .world_finalize = m_world_finalize,
@@ -1829,4 +1957,5 @@ const par_backend par_backend_mpi = {
     .p2p_post = m_p2p_post,
     .p2p_poll = m_p2p_poll,
     .p2p_cancel = m_p2p_cancel,
+    .rank_wait = m_rank_wait,
 };
