@@ -647,14 +647,16 @@ static void e_poll_try(void *ctx)
 
 /* ---- fiber-hosted ranks ----------------------------------------------------- */
 
-/* A fiber-hosted rank waits (docs/comm.md "Fiber-hosted ranks"): it makes
- * MPI progress itself (the rank that waits is the one that polls), then lets
- * this process's other ranks run.  A wait that goes on (the same deadline as
- * this fiber's last poll) counts as futile; a new wait means some rank got
- * past the last one, and starts the count again.  Once more polls in a row
- * were futile than the process has ranks (a whole round of them found
- * nothing to do), the worker also gives the core back: sched_yield, then
- * 100 us naps, as a thread rank's wait does. */
+/* A fiber-hosted rank waits (docs/comm.md "Fiber-hosted ranks"): it lets
+ * this process's other ranks run (fsched_yield), and the rank that waits is
+ * the one that polls MPI.  A wait that goes on (the same deadline as this
+ * fiber's last pause) counts as futile; a new wait means some rank got past
+ * its last one, and starts the count again.  Once per round of futile
+ * pauses (as many as the process has ranks) the pause makes engine progress
+ * for all; after a whole futile round it also gives the core back: a
+ * sched_yield per round, from the 8th round a nap per round that grows by
+ * 50 us a round up to 1 ms (the processes of a 2-core box that only wait
+ * must not starve the one that computes). */
 static void fiber_pause(mworld *e, int i, double deadline)
 {
     unsigned f = 0;
@@ -664,13 +666,16 @@ static void fiber_pause(mworld *e, int i, double deadline)
     } else {
         f = atomic_fetch_add_explicit(&e->futile, 1, memory_order_relaxed);
     }
-    e_poll_try(e);
-    unsigned round = (unsigned)e->R;
-    if (f > round + 256) {
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    } else if (f > round) {
-        sched_yield();
+    unsigned round = (unsigned)e->R, rounds = f / round;
+    if (f % round == 0) {
+        e_poll_try(e);
+        if (rounds >= 8) {
+            long us = 50L * (rounds - 7);
+            struct timespec ts = {0, (us < 1000 ? us : 1000) * 1000L};
+            nanosleep(&ts, NULL);
+        } else if (rounds >= 1) {
+            sched_yield();
+        }
     }
     fsched_yield(e->fs);
 }
