@@ -231,7 +231,7 @@ static int check_cli(const run_cli *c, par_run_opts *o)
         snprintf(why, sizeof why, "--save-interval needs --save DIR and K >= 1 (got %lld)",
                  (long long)c->save_interval);
     else if (c->la.ranks_per_process && strcmp(c->backend, "mpi"))
-        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (thread ranks per MPI "
+        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (ranks per MPI "
                                   "process); the %s backend runs every rank in this process", c->backend);
     else if (c->rank_host && strcmp(c->backend, "mpi"))
         snprintf(why, sizeof why, "--rank-host applies to --backend mpi only (how an MPI process hosts its ranks)");
