@@ -262,6 +262,7 @@ typedef struct {
     fsched *fs;
     double *fwait;          /* [R] deadline of each fiber's current wait            */
     _Atomic unsigned futile; /* waits polled again since a fiber began a new one    */
+    _Atomic int wd_want;    /* the watchdog waits for mu: the ranks let it have it first */
     /* liveness: under mu but ndead (read anywhere) */
     long *pids;             /* [nprocs] each process's pid                           */
     unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
@@ -295,6 +296,16 @@ static void backoff(par__waiter *wt)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The engine lock, taken by a rank: the watchdog first when it waits (a
+ * process's fibers would retake the lock from one thread at once, and the
+ * starved watchdog's heartbeats stop: its peers declare it dead). */
+static void e_lock(mworld *e)
+{
+    while (atomic_load_explicit(&e->wd_want, memory_order_relaxed))
+        sched_yield();
+    pthread_mutex_lock(&e->mu);
 }
 
 /* Engine sends: the message is copied; the copy lives until the send is done. */
@@ -612,7 +623,7 @@ static void e_notify(mworld *e, int wrank, const char *msg)
 {
     if (atomic_load(&e->notified))
         return;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     e_notify_locked(e, wrank, msg, NULL);
     pthread_mutex_unlock(&e->mu);
 }
@@ -638,7 +649,7 @@ static void e_check_unsent(mworld *e)
 static void e_poll_try(void *ctx)
 {
     mworld *e = ctx;
-    if (pthread_mutex_trylock(&e->mu) == 0) {
+    if (!atomic_load_explicit(&e->wd_want, memory_order_relaxed) && pthread_mutex_trylock(&e->mu) == 0) {
         e_progress(e, 0);
         e_check_unsent(e);
         pthread_mutex_unlock(&e->mu);
@@ -875,7 +886,9 @@ static void *watchdog_main(void *arg)
     while (!atomic_load(&e->watchdog_stop)) {
         struct timespec ts = {0, WATCH_EVERY_NS};
         nanosleep(&ts, NULL);
+        atomic_store(&e->wd_want, 1); /* the ranks retake mu at once (fibers: one thread) */
         pthread_mutex_lock(&e->mu);
+        atomic_store(&e->wd_want, 0);
         e_watch(e);
         pthread_mutex_unlock(&e->mu);
     }
@@ -1026,7 +1039,7 @@ static void withdraw_metas(mcomm *mc)
 {
     mworld *e = mc->e;
     int p = mc->p, orphans = 0;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     for (int j = 0; j < p; j++) {
         if (mc->rq[j] != MPI_REQUEST_NULL) {
             MPI_Cancel(&mc->rq[j]);
@@ -1056,7 +1069,7 @@ static int test_range(mcomm *mc, int lo, int hi)
 {
     mworld *e = mc->e;
     int left = 0;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     for (int i = lo; i < hi; i++) {
         if (mc->rq[i] == MPI_REQUEST_NULL)
             continue;
@@ -1100,7 +1113,7 @@ static par_status wait_metas(par_comm *c, mcomm *mc, const par__callmeta *m)
     k += (size_t)snprintf(what + k, sizeof what - k,
                           ", metadata of %d of %d remote ranks arrived", mc->nremote - nm,
                           mc->nremote);
-    pthread_mutex_lock(&mc->e->mu);
+    e_lock(mc->e);
     for (int i = 0; i < nm && k < sizeof what; i++) {
         int q = mc->proc[mc->missing[i]];
         if (mc->e->proc_done[q]) { /* comm knows only this process's ranks */
@@ -1142,7 +1155,7 @@ static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
             par__meta_describe(m, par_comm_name(c), what + k, sizeof what - k);
             st = par__wait_failed(c, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, what, mc->missing,
                                   nm);
-            pthread_mutex_lock(&mc->e->mu);
+            e_lock(mc->e);
             for (int j = 0; j < p; j++) {
                 MPI_Request *q = &mc->rq[2 * p + j];
                 if (*q != MPI_REQUEST_NULL) {
@@ -1183,7 +1196,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     if (mc->nremote) {
         if (!mc->hout)
             return par_err(PAR_ENOMEM, "mpi: no memory for the metadata of group %s", c->name);
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         for (int j = 0; j < p; j++) {
             if (mc->proc[j] == e->proc)
                 continue;
@@ -1223,7 +1236,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
          * of the group reports the mismatch itself (a notice could preempt
          * its ranks' reports); the other processes are told. */
         withdraw_metas(mc); /* sends only: the receives completed */
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         memset(e->skip, 0, (size_t)e->nprocs);
         for (int j = 0; j < p; j++)
             e->skip[mc->proc[j]] = 1;
@@ -1260,7 +1273,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     }
 
     if (mc->nremote) {
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         for (int j = 0; j < p; j++) {
             if (mc->proc[j] == e->proc || mc->bad[j])
                 continue;
@@ -1298,7 +1311,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     if (st == PAR_OK)
         return st;
     if (bad_peer >= 0 && !before) { /* the other side reports it too */
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         memset(e->skip, 0, (size_t)e->nprocs);
         e->skip[mc->proc[bad_peer]] = 1;
         e_notify_locked(e, c->wrank, par_last_error(), e->skip);
@@ -1424,7 +1437,7 @@ static void m_p2p_post(par_request *r)
     }
     op->r = r;
     op->proc = r->peer_wrank / e->R;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     r->bdata = op;
     if (r->kind == PAR__REQ_SEND) {
         op->is_send = 1;
@@ -1473,7 +1486,7 @@ static int m_p2p_cancel(par_request *r)
     if (is_local(e, r))
         return par__p2p_cancel(r);
     int removed = 0;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     mop *op = r->bdata;
     if (!atomic_load(&r->done) && op) {
         if (op->is_send && op->state == OP_WAIT_CTS) {
