@@ -716,7 +716,8 @@ static void pause_wait(mworld *e, par__waiter *wt)
 static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
 
 /* How this process hosts its R > 1 ranks: par_world_opts.rank_host, else
- * PARITY_RANK_HOST, else fibers. */
+ * PARITY_RANK_HOST, else OS threads (fibers are slow at 128 ranks per
+ * process yet: docs/comm.md "Fiber-hosted ranks"). */
 static par_status rank_host(const par__world *w, int *fibers)
 {
     int h = par__world_opts(w)->rank_host;
@@ -729,7 +730,7 @@ static par_status rank_host(const par__world *w, int *fibers)
         else
             return par_err(PAR_EINVAL, "PARITY_RANK_HOST=%s: expected threads or fiber", env);
     }
-    *fibers = h != PAR_RANK_HOST_THREADS;
+    *fibers = h == PAR_RANK_HOST_FIBER;
     return PAR_OK;
 }
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The MPI fold (issue 18): the same world folded into 2 and 4 MPI processes,
-# their ranks hosted as fibers (--rank-host fiber, the default) or as OS
-# threads (--rank-host threads), writes byte for byte the dump of the
+# their ranks hosted as fibers (--rank-host fiber) or as OS threads
+# (--rank-host threads, the default), writes byte for byte the dump of the
 # single-process fiber run, and the virtual clock of every rank a process
 # reports (its summary holds its own ranks) equals the single-process one.
 # v4-tiny, world 32 = PP2 x (EP8 x De2 | Da16), 1F1B with 2 microbatches,
