@@ -119,6 +119,7 @@ typedef struct {
     par_layout_args la;
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
     const char *cost_as, *cost_as_layout; /* --cost-as PRESET, --cost-as-layout STR */
+    const char *rank_host;           /* --rank-host fiber|threads (mpi), NULL: not given */
 } run_cli;
 
 static const char synopsis[] =
@@ -168,6 +169,8 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
         {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
          "threads; mpi under mpiexec)"},
+        {"rank-host", PAR_OPT_STR, &c->rank_host, "threads|fiber",
+         "--backend mpi: how each process hosts its ranks: one OS thread each (default) or fibers on a few threads"},
         {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
          "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
         {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)",
@@ -228,8 +231,12 @@ static int check_cli(const run_cli *c, par_run_opts *o)
         snprintf(why, sizeof why, "--save-interval needs --save DIR and K >= 1 (got %lld)",
                  (long long)c->save_interval);
     else if (c->la.ranks_per_process && strcmp(c->backend, "mpi"))
-        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (thread ranks per MPI "
+        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (ranks per MPI "
                                   "process); the %s backend runs every rank in this process", c->backend);
+    else if (c->rank_host && strcmp(c->backend, "mpi"))
+        snprintf(why, sizeof why, "--rank-host applies to --backend mpi only (how an MPI process hosts its ranks)");
+    else if (c->rank_host && strcmp(c->rank_host, "fiber") && strcmp(c->rank_host, "threads"))
+        snprintf(why, sizeof why, "--rank-host expects fiber or threads, got '%s'", c->rank_host);
     if (why[0]) {
         fprintf(stderr, "parity run: %s\n", why);
         return 2;
@@ -240,6 +247,8 @@ static int check_cli(const run_cli *c, par_run_opts *o)
     if (par_cli_check_outputs("run", outs, 4))
         return 2;
     o->precision = strcmp(c->precision, "f32") ? 64 : 32;
+    o->rank_host = !c->rank_host ? PAR_RANK_HOST_DEFAULT
+                   : strcmp(c->rank_host, "fiber") ? PAR_RANK_HOST_THREADS : PAR_RANK_HOST_FIBER;
     o->moe_dispatch = strcmp(c->moe_dispatch, "flat") != 0;
     return 0;
 }

@@ -612,6 +612,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     memset(&wo, 0, sizeof wo);
     wo.timeout_s = o->timeout_s;
     wo.fingerprint = o->fingerprint; /* MPI: every process runs the same configuration */
+    wo.rank_host = o->rank_host;
     if ((o->netmodel && (s = par_netrun_create(o->netmodel, (int)R.lay.world, o->net_spans, &net))))
         goto fail_tmp;
     wo.net = net;
