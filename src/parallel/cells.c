@@ -69,6 +69,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                 "routing and selections exactly equal"
 #define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
+#define NOTE_ETP_EP "f64 policy: ETP 2 inside EP 4 (EP-dispatched rows all-gathered over ETP, I/2 slices, outputs " \
+                    "reduce-scattered; expert gradients summed over ETP, then EDP); routing exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -176,6 +178,24 @@ static const par_cell_spec builtin[] = {
     {.name = "etp2-zero1-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
      .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
      .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x ZeRO-1 saved, loaded serially)"},
+    /* ---- ETP inside EP (MoE parallel folding; issue 15, etp15) ---- */
+    {.name = "etp2-ep4-de2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2},
+     .note = NOTE_ETP_EP "; CP 2 x Da 8 = ETP 2 x EP 4 x De 2"},
+    {.name = "etp2-ep4-de2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_ETP_EP "; CP 2 x Da 8 = ETP 2 x EP 4 x De 2, ZeRO-1"},
+    {.name = "etp2-ep4-zero1-to-ep2", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2, .use_distributed_optimizer = 1},
+     .load_layout = {.world_size = 4, .expert_model_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_PAIR " (ETP 2 x EP 4 x CP 2 x ZeRO-1 saved, loaded under EP 2 x De 2 x ZeRO-1)"},
+    {.name = "etp2-ep4-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2},
+     .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x EP 4 x CP 2 saved, loaded serially)"},
     {.name = "tp2-to-tp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = TPL(2, 2),
      .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (saved under TP 2, loaded serially)"},
     {.name = "tp2-zero1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,

@@ -116,9 +116,13 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
     }
     if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
         ex->etpc = P->g.g[PAR_GROUP_ETP];
-        if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
+        if (ex->ep) { /* ETP inside EP: the EP executor runs the slices (parallel/ep_etp.c) */
+            if ((s = PAR_FN(par_ep_set_etp)(ex->ep, ex->etpc, M->I)))
+                return s;
+        } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
             return s;
-        PAR_FN(par_etp_hook_install)(ex->etph, M);
+        else
+            PAR_FN(par_etp_hook_install)(ex->etph, M);
         for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
             if (M->tab.p[i].expert >= 0)
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
