@@ -44,6 +44,7 @@ typedef struct {
     par_real **esg;        /* [2, El] w1 / w3 slices' gradients (into M->egw) */
     par_real *ew2;         /* [2, El, d, I/ETP] w2 slices, then their gradients */
     PAR_FN(par_etp_rows_saved) ers;
+    uint8_t *wdup;         /* [nrecv] expert-major: the row is a TP copy (ep_tp.c; NULL: none) */
 } blk_state;
 
 struct PAR_FN(par_ep_s) {
@@ -62,6 +63,7 @@ struct PAR_FN(par_ep_s) {
     int cur_b;             /* the block being exchanged (its blk_mul)  */
     par_tp etp;            /* ETP inside EP (comm NULL: off; par_ep_set_etp) */
     par_tp_traffic etr;
+    uint8_t *tpdup;        /* [EP] EP rank j has tp > 0: its rows are TP copies (NULL: none; par_ep_set_tp) */
 };
 
 
@@ -104,5 +106,11 @@ par_status PAR_FN(par__ep_return_rows)(ep_t *x, blk_state *S, const par_real *ro
 par_status PAR_FN(par__ep_etp_forward)(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, par_real *yg);
 par_status PAR_FN(par__ep_etp_backward)(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b, par_real *dxg,
                                         par_real *drwg);
+
+/* TP copies (ep_tp.c): mark the expert-major rows that came from TP ranks
+ * > 0 (rids as the dispatch returned them, S->rpos set); zero their dy rows
+ * in S->dyg before the weight pass. */
+par_status PAR_FN(par__ep_tp_mark)(ep_t *x, blk_state *S, const int32_t *rids);
+void PAR_FN(par__ep_tp_mask_dy)(blk_state *S, int64_t d);
 
 #endif

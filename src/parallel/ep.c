@@ -191,6 +191,8 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
         x->cnt.rows_recv += S->nrecv;
         s = expert_major(x, S, b, rbuf, rids, d);
     }
+    if (!s && x->tpdup) /* TP copies: left out of the weight pass (ep_tp.c) */
+        s = PAR_FN(par__ep_tp_mark)(x, S, rids);
     if (!s && !(yg = xalloc((size_t)(S->nrecv * d), sizeof *yg)))
         s = par_err(PAR_ENOMEM, "ep: block %d forward: out of memory (%lld rows received)", b, (long long)S->nrecv);
     if (!s && !(s = run_experts(x, S, M, b, yg)))
@@ -305,6 +307,7 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     const size_t E = (size_t)M->E;
     par_status s = PAR_OK;
     x->cur_b = b;
+    PAR_FN(par__ep_tp_mask_dy)(S, d);
     charge_experts(x, S->nrecv);
     for (int64_t l = 0; l < x->El && !s && !x->etp.comm; l++) { /* ETP: done in B */
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
@@ -466,5 +469,6 @@ void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
     par_free(x->blk);
     par_free(x->node);
     par_free(x->rel);
+    par_free(x->tpdup);
     par_free(x);
 }

@@ -114,6 +114,14 @@ void PAR_FN(par_ep_set_cost)(PAR_FN(par_ep) *x, const par_costas *ca);
  * of one (or NULL) turns it off.  PAR_EINVAL when its size does not divide
  * moe_inter_dim I.  Frees the per-block state. */
 par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I);
+/* TP copies (parallel/ep_tp.c): this rank's tensor-parallel rank (every
+ * rank of the EP group calls it; collective).  Without sequence
+ * parallelism the TP ranks of one (cp, dp) coordinate hold the same tokens;
+ * an EP group spanning them receives every such token once per TP rank.
+ * All copies run forward and input pass (each sender gets its outputs); the
+ * weight pass leaves the rows of TP ranks > 0 out (dy zeroed), so the held
+ * experts' gradients count every token once. */
+par_status PAR_FN(par_ep_set_tp)(PAR_FN(par_ep) *x, int tp_rank);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
 
 #endif

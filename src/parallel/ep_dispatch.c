@@ -38,6 +38,7 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     par_free(S->esg);
     par_free(S->ew2);
     PAR_FN(par_etp_rows_saved_free)(&S->ers);
+    par_free(S->wdup);
     memset(S, 0, sizeof *S);
 }
 

@@ -92,7 +92,8 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         if ((s = PAR_FN(par_ep_create)(&ex->ep, P->g.g[PAR_GROUP_EP], M)) ||
             (s = PAR_FN(par_ep_set_dispatch)(ex->ep, o->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
                                              o->gpus_per_node > 0 ? o->gpus_per_node : 8)) ||
-            (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)))
+            (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)) ||
+            (ex->lay->tp > 1 && (s = PAR_FN(par_ep_set_tp)(ex->ep, P->rc.tp))))
             return s;
         PAR_FN(par_ep_install)(ex->ep, M);
     }

@@ -366,10 +366,6 @@ par_status par_layout_run_rules(const par_layout *l)
         return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with context-parallel-size %lld: TP x CP "
                        "is not wired into parity run yet (the CP attention runs the whole heads)",
                        (long long)l->tp, (long long)l->cp);
-    if (l->tp > 1 && l->ep > 1)
-        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with expert-model-parallel-size %lld: "
-                       "TP x EP is not wired into parity run yet (it needs sequence parallelism's disjoint tokens)",
-                       (long long)l->tp, (long long)l->ep);
     if (l->etp > 1 && l->tp > 1)
         return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld: "
                        "ETP is wired for TP = 1 only (the ETP group must hold disjoint tokens)",

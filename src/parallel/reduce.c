@@ -237,8 +237,10 @@ par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int s
         return PAR_OK;
     const par_param_table *t = &M->tab;
     par_status s = tp_sum(M, tp, skip_wkv ? 1 : 0);
-    /* the routed experts' group (EDP) spans the TP ranks: count them once */
-    for (int i = 0; !s && par_comm_rank(tp) != 0 && i < t->n; i++)
+    /* every expert held (EP = 1): the routed experts' group (EDP) spans the TP ranks: count them once (with
+     * EP the executor leaves the TP copies out of the weight pass instead, parallel/ep_tp.c) */
+    const int all_experts = M->e0 == 0 && M->e1 == M->E;
+    for (int i = 0; !s && all_experts && par_comm_rank(tp) != 0 && i < t->n; i++)
         if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
             memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
     return s;
