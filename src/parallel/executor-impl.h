@@ -16,6 +16,7 @@
 #include "parallel/schedule.h"
 #include "parallel/etp_hook.h"
 #include "parallel/tp_hook.h"
+#include "parallel/cptp_hook.h"
 
 /* One stage of this rank: its segment's items and their block indices. */
 typedef struct {
@@ -60,6 +61,7 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_cp_hook) *cph; /* CP > 1: the attention hook (M->attn) */
     par_comm *cpc;            /* CP > 1: the CP group */
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
+    PAR_FN(par_cptp_hook) *cptph; /* TP > 1 with CP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
     PAR_FN(par_etp_hook) *etph; /* ETP > 1: the MoE hook (M->moe) */

@@ -83,6 +83,29 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
     return PAR_OK;
 }
 
+/* TP's attention hook (TP x CP: the CP hook on the TP shard, cptp_hook.c).
+ * Every TP rank updates the whole dense matrices alike: the norm counts tp =
+ * 0's (the routed experts: par_reduce_tp_grads with EP = 1, ep_tp.c with EP). */
+static par_status tp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const par_exec_opts *o)
+{
+    par_status s;
+    ex->tpc = P->g.g[PAR_GROUP_TP];
+    ex->tp_faults = o->tp_faults;
+    if (ex->lay->cp > 1) {
+        if ((s = PAR_FN(par_cptp_hook_create)(&ex->cptph, ex->cpc, ex->tpc, M, ex->m)))
+            return s;
+        PAR_FN(par_cptp_hook_install)(ex->cptph, M);
+    } else {
+        if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
+            return s;
+        PAR_FN(par_tp_hook_install)(ex->tph, M);
+    }
+    for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
+        if (M->tab.p[i].expert < 0)
+            ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+    return PAR_OK;
+}
+
 /* The hooks: EP (one state slot per microbatch), CP (one saved forward per
  * microbatch and block), the DualPipe pair. */
 static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const par_exec_opts *o)
@@ -100,21 +123,13 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
     ex->CP = ex->lay->cp;
     if (ex->lay->cp > 1) {
         ex->cpc = P->g.g[PAR_GROUP_CP];
-        if ((s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
+        if (ex->lay->tp <= 1 && (s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
             return s;
-        PAR_FN(par_cp_hook_install)(ex->cph, M);
+        if (ex->cph)
+            PAR_FN(par_cp_hook_install)(ex->cph, M);
     }
-    if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
-                            * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
-        ex->tpc = P->g.g[PAR_GROUP_TP];
-        ex->tp_faults = o->tp_faults;
-        if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
-            return s;
-        PAR_FN(par_tp_hook_install)(ex->tph, M);
-        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
-            if (M->tab.p[i].expert < 0)
-                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
-    }
+    if (ex->lay->tp > 1 && (s = tp_hooks(ex, P, M, o)))
+        return s;
     if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
         ex->etpc = P->g.g[PAR_GROUP_ETP];
         if (ex->ep) { /* ETP inside EP: the EP executor runs the slices (parallel/ep_etp.c) */
@@ -511,6 +526,7 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
     PAR_FN(par_tp_hook_free)(ex->tph);
+    PAR_FN(par_cptp_hook_free)(ex->cptph);
     PAR_FN(par_etp_hook_free)(ex->etph);
     par_free(ex->mq0);
     par_free(ex->pos_rows);

@@ -146,7 +146,7 @@ static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_
 /* CP: the microbatch's aux counts of the stage's blocks over the CP group. */
 static par_status cp_counts(exec_t *ex, PAR_FN(par_model) *M, const lstage *ls, int mb)
 {
-    if (!ex->cph)
+    if (!ex->cpc)
         return PAR_OK;
     int nb = 0;
     for (int j = 0; j < ls->n_items; j++)
@@ -224,7 +224,7 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
     const par_batch *bt = &ex->mb[mb];
     const par_mbctx *x = &ex->mbx[mb];
     const int32_t *sample = ex->msample[mb];
-    const PAR_FN(par_stats) *st = &M->stats, *bst = ex->cph ? &ex->bst : st;
+    const PAR_FN(par_stats) *st = &M->stats, *bst = ex->cpc ? &ex->bst : st;
     const double ls_main = st->n_main > 0 ? 1.0 / (double)st->n_main : 0.0;
     const double ls_mtp = st->n_mtp > 0 ? c->mtp_lambda / (double)st->n_mtp : 0.0;
     int64_t T = ex->Tm;
