@@ -111,6 +111,12 @@ static double tp_attn_state(const par_act_ctx *c, int b, double T)
  * d], pos [rows*S]) plus block.c's sel [T, topk] in the arena. */
 static double attn_state(const par_act_ctx *c, int b, double T)
 {
+    if (c->tp > 1 && c->cp > 1) { /* cptp_hook.c: cp.c's state in the shard's dims + the shard buffer */
+        par_config g = tp_cfg(c);
+        par_act_ctx l = *c;
+        l.cfg = &g, l.tp = 1;
+        return attn_state(&l, b, T) + c->es * (3 * tp_shard(c, b) + 1);
+    }
     if (c->tp > 1) /* + block.c's sel [T, topk] in the arena */
         return tp_attn_state(c, b, T) + (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     if (c->cp <= 1)
@@ -223,11 +229,11 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
     double ql = (double)g->q_lora_rank, d = (double)g->dim;
     int64_t m = ratio_of(g, b);
     double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
-    if (c->tp > 1) { /* tp_attn.c's scratch in the shard's dims, + dxs [T, d] */
+    if (c->tp > 1) { /* tp_attn.c's (cp.c's with CP) scratch in the shard's dims, + dx's TP share [T, d] */
         par_config l = tp_cfg(c);
         par_act_ctx lc = *c;
-        lc.cfg = &l, lc.tp = 1, lc.cp = 1;
-        return attn_bwd_scratch(&lc, b, T) + es * T * d;
+        lc.cfg = &l, lc.tp = 1;
+        return attn_bwd_scratch(&lc, b, T) + es * (T * d + 1);
     }
     if (c->cp <= 1)
         return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
@@ -278,9 +284,9 @@ double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t Ti)
     double s = es * T * (6 * d + K + 2 * n + 2 * n * n) + (score ? es * T * E : 0);
     if (c->cp <= 1) { /* attention.c par_attn_keep: dq, dkv; dcmp, dca, dcz */
         s += es * T * (HD + hd + (m > 0 ? hd + 2 * nc : 0));
-    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz */
+    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz (TP: the shard's dq) */
         double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + (double)g->seq_length / (double)c->cp;
-        s += es * (double)c->rows * W * (HD + 2 * hd + 2 * nc) + 1;
+        s += es * (double)c->rows * W * (HD / (double)(c->tp > 1 ? c->tp : 1) + 2 * hd + 2 * nc) + 1;
     }
     if (c->ep > 1) /* ep.c: the dy rows of the held experts */
         s += es * T * K * c->recv_factor * d;

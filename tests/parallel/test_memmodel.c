@@ -238,6 +238,8 @@ Test(memmodel, predicts_the_allocator_per_rank_v4_tiny, .timeout = 600)
         {"TP2 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0},
         {"TP2 PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0},
         {"TP2 EP4 (N8)", "v4-tiny", 8, 0, 0, 4, 0, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 CP2 (N4)", "v4-tiny", 4, 0, 2, 0, 0, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 CP2 EP4 ZeRO-1 (N8)", "v4-tiny", 8, 0, 2, 4, 1, 0, NULL, NULL, 0, 2, 0},
         {"ETP2 (N2)", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 2},
         {"ETP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 2},
         {"ETP2 EP4 De2 CP2 ZeRO-1 (N16)", "v4-tiny", 16, 0, 2, 4, 1, 0, NULL, NULL, 0, 0, 2},
