@@ -264,8 +264,10 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
-    c.tp = mm->lay.tp;
-    c.etp = mm->lay.etp;
+    /* parity's TP / ETP hooks (whole weights, the shard's compute state); the megatron runtime's TP is
+     * not modelled here (its weights are not split either) */
+    c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
+    c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
     return c;
 }
