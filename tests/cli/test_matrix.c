@@ -270,7 +270,7 @@ Test(matrix, quick_passes_and_reports, .timeout = 360)
 
     /* the summary table and the results directory's own report */
     char *text = slurp(log);
-    cr_expect(has_line(text, "48 cells: ", " 0 failed"), "no summary line in:\n%s", text);
+    cr_expect(has_line(text, "55 cells: ", " 0 failed"), "no summary line in:\n%s", text);
     cr_expect(has_line(text, "reshard ", "PASS"), "no reshard row");
     cr_expect(has_line(text, "data-file ", "PASS"), "no data-file row");
     par_free(text);
