@@ -63,11 +63,62 @@ static double cp_halo(const par_act_ctx *c, int b)
     return (double)par_layout_d_window(&lm);
 }
 
+/* ---- tensor parallelism (tp_hook.c, tp_attn.c) ---------------------------- */
+
+/* The config whose attention dims are one TP rank's shard (tp_attn.c
+ * par_tp_attn_dims: heads, output groups and index heads over TP). */
+static par_config tp_cfg(const par_act_ctx *c)
+{
+    par_config g = *c->cfg;
+    g.n_heads /= c->tp, g.o_groups /= c->tp, g.index_n_heads /= c->tp;
+    return g;
+}
+
+/* Reals of one rank's shard of block b's 18 attention slots (tp_attn.c
+ * slot_shape / shard_numel: wq_b, wo_a, attn_sink and the indexer's wq_b and
+ * weights_proj rows, wo_b's columns split; the rest replicated). */
+static double tp_shard(const par_act_ctx *c, int b)
+{
+    const par_config *g = c->cfg;
+    double P = (double)c->tp, d = (double)g->dim, ql = (double)g->q_lora_rank, hd = (double)g->head_dim;
+    double HD = (double)g->n_heads * hd, GL = (double)(g->o_groups * g->o_lora_rank);
+    double iH = (double)g->index_n_heads, ihd = (double)g->index_head_dim;
+    int64_t m = ratio_of(g, b);
+    double coff = m == 4 ? 2 : 1;
+    double n = ql * d + ql + HD * ql / P + hd * d + hd + GL * HD / (double)g->o_groups / P + d * GL / P +
+               (double)g->n_heads / P;
+    if (m > 0)
+        n += 2 * coff * hd * d + (double)m * coff * hd + hd;
+    if (m == 4)
+        n += iH * ihd * ql / P + iH * d / P + 2 * 2 * ihd * d + 4 * 2 * ihd + ihd;
+    return n;
+}
+
+/* tp_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
+ * saved struct on all T tokens, x [T, d], pos [T]) and the shard buffer
+ * [3 * shard] (weights, gradients, scratch). */
+static double tp_attn_state(const par_act_ctx *c, int b, double T)
+{
+    par_config g = tp_cfg(c);
+    par_act_ctx l = *c;
+    l.cfg = &g, l.tp = 1;
+    return par_act_attn_saved(&l, b, (int64_t)T) + c->es * (T * (double)g.dim + 1) + 4 * (T + 1) +
+           c->es * (3 * tp_shard(c, b) + 1);
+}
+
 /* The attention sub-layer's state: serial kernel, or cp.c's state of whole
  * rows (par_cp_attn_forward: saved struct of rows*S tokens, xw [rows, Dh+L,
  * d], pos [rows*S]) plus block.c's sel [T, topk] in the arena. */
 static double attn_state(const par_act_ctx *c, int b, double T)
 {
+    if (c->tp > 1 && c->cp > 1) { /* cptp_hook.c: cp.c's state in the shard's dims + the shard buffer */
+        par_config g = tp_cfg(c);
+        par_act_ctx l = *c;
+        l.cfg = &g, l.tp = 1;
+        return attn_state(&l, b, T) + c->es * (3 * tp_shard(c, b) + 1);
+    }
+    if (c->tp > 1) /* + block.c's sel [T, topk] in the arena */
+        return tp_attn_state(c, b, T) + (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     if (c->cp <= 1)
         return par_act_attn_saved(c, b, (int64_t)T);
     const par_config *g = c->cfg;
@@ -79,19 +130,37 @@ static double attn_state(const par_act_ctx *c, int b, double T)
     return s;
 }
 
-/* The routed experts' state: moe.c par_moe_saved_alloc (serial), or ep.c's
+/* etp.c's rows layer (par_etp_rows_saved) on N gathered rows of nE experts
+ * over an ETP group of P: counts [P], off [nE+1], order [N] (int64); xs
+ * [N, d], rws [N], g/u/h [N, I/P]; and the nE held experts' slices (the
+ * executors' w1/w2/w3 and gradient pointers, the w2 slices and their
+ * gradients [2, nE, d, I/P]). */
+static double etp_rows_state(const par_act_ctx *c, double N, double nE)
+{
+    const par_config *g = c->cfg;
+    double P = (double)c->etp, d = (double)g->dim, Il = (double)g->moe_inter_dim / P, es = c->es;
+    return 8 * (P + nE + 1 + N) + es * (N * d + N + 3 * N * Il + 1) + 8 * 5 * nE + es * (2 * nE * d * Il + 1);
+}
+
+/* The routed experts' state: moe.c par_moe_saved_alloc (serial), ep.c's
  * blk_state (scnt/rcnt, stk, rpos, eoff, xg, rwg, g/u/h of the received
- * rows, sg/su/sh of the shared expert). */
+ * rows, sg/su/sh of the shared expert), with ETP the rows layer instead of
+ * g/u/h (ep_etp.c; etp_hook.c with EP 1: etp.c's rows of the serial
+ * layer's gathering and the shared expert's tp_mlp state).  The ETP group
+ * gathers P times the rows of one rank. */
 static double moe_state(const par_act_ctx *c, double T)
 {
     const par_config *g = c->cfg;
     double es = c->es, E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
-    double I = (double)g->moe_inter_dim, d = (double)g->dim;
+    double I = (double)g->moe_inter_dim, d = (double)g->dim, P = c->etp > 1 ? (double)c->etp : 1;
+    if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
+        return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, P * T * K, E) +
+               3 * es * (T + 1) * I;
     if (c->ep <= 1)
         return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;
     double NS = T * K, NR = NS * c->recv_factor, El = E / (double)c->ep;
-    return 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR + 3 * NR * I) +
-           3 * es * T * I;
+    double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) + 3 * es * T * I;
+    return base + (P > 1 ? etp_rows_state(c, P * NR, El) : es * 3 * NR * I);
 }
 
 double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
@@ -112,8 +181,8 @@ double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
 {
     if (c->recompute)
         return 0;
-    double T = (double)Ti, kept = c->ep > 1 ? moe_state(c, T) : 0;
-    if (c->cp > 1)
+    double T = (double)Ti, kept = c->ep > 1 || c->etp > 1 ? moe_state(c, T) : 0;
+    if (c->cp > 1 || c->tp > 1)
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
 }
@@ -124,10 +193,16 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
 {
     const par_config *g = c->cfg;
     double es = c->es, K = (double)g->n_activated_experts, d = (double)g->dim, NS = T * K;
+    double P = c->etp > 1 ? (double)c->etp : 1;
+    /* etp.c par_etp_rows_backward: dyg, dys, dxs [N, d], drs [N], out [N, d+1], mine [n, d+1] */
+    double rows = P > 1 ? es * (3 * P * NS * d + P * NS + P * NS * (d + 1)) : 0;
+    if (c->ep <= 1 && P > 1) /* etp.c par_etp_moe_backward: dyr, dxr [NR, d], drw [NR], slots [NR, d], dxs [T, d] */
+        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
     if (c->ep <= 1)
         return es * (3 * NS * d + 2 * NS + T * d);
     double NR = NS * c->recv_factor;
-    return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d);
+    return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d) +
+           (P > 1 ? rows * c->recv_factor + es * NR * (d + 1) : 0);
 }
 
 /* attention.c's core scratch on one thread: the keys a query sees (max_keys:
@@ -154,6 +229,12 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
     double ql = (double)g->q_lora_rank, d = (double)g->dim;
     int64_t m = ratio_of(g, b);
     double nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0;
+    if (c->tp > 1) { /* tp_attn.c's (cp.c's with CP) scratch in the shard's dims, + dx's TP share [T, d] */
+        par_config l = tp_cfg(c);
+        par_act_ctx lc = *c;
+        lc.cfg = &l, lc.tp = 1;
+        return attn_bwd_scratch(&lc, b, T) + es * (T * d + 1);
+    }
     if (c->cp <= 1)
         return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
                attn_core_scratch(c, b, T);
@@ -203,9 +284,9 @@ double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t Ti)
     double s = es * T * (6 * d + K + 2 * n + 2 * n * n) + (score ? es * T * E : 0);
     if (c->cp <= 1) { /* attention.c par_attn_keep: dq, dkv; dcmp, dca, dcz */
         s += es * T * (HD + hd + (m > 0 ? hd + 2 * nc : 0));
-    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz */
+    } else { /* cp.c keep_alloc: [rows, Dh + L] working rows of dq, dkv, dcmp, dca, dcz (TP: the shard's dq) */
         double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + (double)g->seq_length / (double)c->cp;
-        s += es * (double)c->rows * W * (HD + 2 * hd + 2 * nc) + 1;
+        s += es * (double)c->rows * W * (HD / (double)(c->tp > 1 ? c->tp : 1) + 2 * hd + 2 * nc) + 1;
     }
     if (c->ep > 1) /* ep.c: the dy rows of the held experts */
         s += es * T * K * c->recv_factor * d;

@@ -31,6 +31,10 @@ typedef struct {
     int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of whole rows */
     int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
     int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
+    int64_t tp;         /* TP size; > 1: tp_hook.c keeps the shard's attention state
+                         * of the microbatch's T tokens (0: 1)                    */
+    int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
+                         * the rows layer's state of the group's gathered rows (0: 1) */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */

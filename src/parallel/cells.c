@@ -69,6 +69,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                 "routing and selections exactly equal"
 #define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
+#define NOTE_ETP_EP "f64 policy: ETP 2 inside EP 4 (EP-dispatched rows all-gathered over ETP, I/2 slices, outputs " \
+                    "reduce-scattered; expert gradients summed over ETP, then EDP); routing exact"
 #define NOTE_TPALL "f64 policy: TP of every layer: attention as tp2, vocab-parallel embedding / head / CE " \
                    "(no gathered logits), shared expert column / row parallel; routing, selections exact"
 #define NOTE_TPSP "f64 policy: TP 2 + SP: mHC, norms, router, routed experts on the rank's columns; gathered " \
@@ -180,6 +182,34 @@ static const par_cell_spec builtin[] = {
     {.name = "etp2-zero1-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
      .layout = {.world_size = 4, .expert_tensor_parallel_size = 2, .use_distributed_optimizer = 1},
      .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x ZeRO-1 saved, loaded serially)"},
+    /* ---- ETP inside EP (MoE parallel folding; issue 15, etp15) ---- */
+    {.name = "etp2-ep4-de2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2},
+     .note = NOTE_ETP_EP "; CP 2 x Da 8 = ETP 2 x EP 4 x De 2"},
+    {.name = "etp2-ep4-de2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_ETP_EP "; CP 2 x Da 8 = ETP 2 x EP 4 x De 2, ZeRO-1"},
+    {.name = "etp2-ep4-zero1-to-ep2", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2, .use_distributed_optimizer = 1},
+     .load_layout = {.world_size = 4, .expert_model_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_PAIR " (ETP 2 x EP 4 x CP 2 x ZeRO-1 saved, loaded under EP 2 x De 2 x ZeRO-1)"},
+    {.name = "etp2-ep4-to-etp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4,
+                .context_parallel_size = 2},
+     .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (ETP 2 x EP 4 x CP 2 saved, loaded serially)"},
+    {.name = "tp2-ep4", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .expert_model_parallel_size = 4},
+     .note = NOTE_TP "; TP 2 x Da 4 = EP 4 x De 2 (each TP copy of a token dispatched, weight pass on tp 0's)"},
+    {.name = "tp2-cp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .context_parallel_size = 2},
+     .note = NOTE_TP "; CP 2 on the TP shard (indexer chained over TP for the local queries)"},
+    {.name = "tp2-cp2-ep4", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .context_parallel_size = 2,
+                .expert_model_parallel_size = 4},
+     .note = NOTE_TP "; CP 2 on the TP shard; TP 2 x CP 2 x Da 2 = EP 4 x De 2"},
     {.name = "tp2-to-tp1", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = TPL(2, 2),
      .load_layout = {.world_size = 1}, .note = NOTE_PAIR " (saved under TP 2, loaded serially)"},
     {.name = "tp2-zero1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q,
@@ -271,6 +301,25 @@ static const par_cell_spec builtin[] = {
     {.name = "reshard", .preset = MINI, .kind = PAR_KIND_RESUME, .tier = F, .steps = 2, .layout = DPZ(4, 2, 1),
      .load_layout = {.world_size = 4, .context_parallel_size = 2},
      .note = NOTE_PAIR " (resharded on load to another layout)"},
+    /* ---- v4-mini TP / ETP (issue 15, etp15): --full (each about a v4-mini layout cell; docs/parallel.md) ---- */
+    {.name = "tp2", .preset = MINI, .kind = LAYOUT, .tier = F, .layout = TPL(2, 2), .note = NOTE_TP},
+    {.name = "tp4", .preset = MINI, .kind = LAYOUT, .tier = F, .layout = TPL(4, 4),
+     .sets = {"o_groups=4", "index_n_heads=4"}, .note = NOTE_TP "; o_groups and index heads widened to 4"},
+    {.name = "etp2", .preset = MINI, .kind = LAYOUT, .tier = F,
+     .layout = {.world_size = 2, .expert_tensor_parallel_size = 2}, .note = NOTE_ETP "; Da 2"},
+    {.name = "tp2-pp2-1f1b", .preset = MINI, .kind = LAYOUT, .tier = F,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .pipeline_schedule = "1f1b", .pipeline_model_parallel_layout = "Et*4|t*4mL"},
+     .note = NOTE_TP "; PP 2"},
+    {.name = "tp2-zero1", .preset = MINI, .kind = LAYOUT, .tier = F,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
+     .note = NOTE_TP "; Da 2, ZeRO-1"},
+    {.name = "etp2-ep4-de2", .preset = MINI, .kind = LAYOUT, .tier = F,
+     .layout = {.world_size = 16, .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 4},
+     .note = NOTE_ETP_EP "; Da 16 = ETP 2 x EP 4 x De 2"},
+    {.name = "tp2-ep4", .preset = MINI, .kind = LAYOUT, .tier = F,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .expert_model_parallel_size = 4},
+     .note = NOTE_TP "; TP 2 x Da 4 = EP 4 x De 2 (each TP copy dispatched, weight pass on tp 0's)"},
     {.name = "data-file", .preset = MINI, .kind = PAR_KIND_DATA_FILE, .tier = D,
      .note = "the reference's input.* written to a safetensors file and read back: bitwise"},
 

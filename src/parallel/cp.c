@@ -11,11 +11,14 @@
  */
 #include "parallel/cp.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/ops.h"
 #include "parallel/layout.h"
 #include "parallel/reduce_sum.h"
+#include "parallel/tp_reduce.h"
 
 #if PAR_REAL_BITS == 64
 #define CP_CTYPE PAR_C_F64
@@ -239,6 +242,12 @@ static void local_projections(PAR_FN(par_cp_attn_saved) *sv, const PAR_FN(par_at
         saved_shift(&sh, &sv->s, b * S + h0, dm);
         PAR_FN(par_attn_proj_forward)(&sh, sv->xw + b * W_ * d, sv->pos + b * S + h0, W, dm, W_);
         memset(sh.q, 0, (size_t)(Dh * HD) * sizeof(par_real));
+        if (sv->tp.comm && m == 4) { /* TP: the indexer weights with the layer's scale (tp_attn.c project) */
+            PAR_FN(par_linear_forward)(sh.iw, sv->xw + b * W_ * d, W->idx_weights_proj, W_, d, dm->iH);
+            const par_real sc = (par_real)(1.0 / sqrt((double)dm->ihd) / sqrt((double)sv->iH_full));
+            for (int64_t e = 0; e < W_ * dm->iH; e++)
+                sh.iw[e] *= sc;
+        }
     }
     for (int64_t b = 0; b < rows && m > 0; b++) {
         PAR_FN(par_attn_saved) sh;
@@ -307,7 +316,43 @@ static par_status gather_entries(PAR_FN(par_cp_attn_saved) *sv, par_comm *cp, pa
     return st;
 }
 
-/* (3) indexer, (4) core, (5) output for the local queries of every row. */
+typedef struct {
+    const PAR_FN(par_attn_saved) *sh;
+    const int32_t *pb;
+    const par_attn_dims *dm;
+    int64_t nv, l0, l1;
+} tp_chain_ctx;
+
+static void tp_add_heads(void *ctx, par_real *acc)
+{
+    const tp_chain_ctx *c = ctx;
+    PAR_FN(par_indexer_scores)(acc, c->nv, c->sh->iq, c->sh->iw, c->sh->icmp, c->pb, c->dm, c->l0, c->l1);
+}
+
+/* TP x CP: the indexer of one row's local queries with its heads over the TP
+ * group: the scores chained in head order, top-k on the last TP rank, the
+ * picks broadcast (tp_attn.c select_entries on a query range). */
+static par_status tp_select(const PAR_FN(par_cp_attn_saved) *sv, PAR_FN(par_attn_saved) *sh, const int32_t *pb,
+                            int64_t l0, int64_t l1)
+{
+    const int64_t nv = PAR_FN(par_indexer_max_visible)(pb, l0, l1), P = par_tp_size(&sv->tp);
+    const size_t n = (size_t)((l1 - l0) * nv);
+    par_real *acc = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
+    if (!acc)
+        return par_err(PAR_ENOMEM, "context x tensor parallel attention: %zu indexer scores", n);
+    tp_chain_ctx c = {sh, pb, &sv->dm, nv, l0, l1};
+    par_status st = PAR_FN(par_tpr_chain)(&sv->tp, acc, n, tp_add_heads, &c);
+    if (!st && par_tp_rank(&sv->tp) == P - 1)
+        st = PAR_FN(par_indexer_topk)(sh->sel, acc, nv, pb, &sv->dm, l0, l1);
+    if (!st)
+        st = PAR_FN(par_tpr_bcast_i32)(&sv->tp, sh->sel + l0 * sv->dm.topk, (size_t)((l1 - l0) * sv->dm.topk),
+                                       (int)P - 1);
+    par_free(acc);
+    return st;
+}
+
+/* (3) indexer, (4) core, (5) output for the local queries of every row
+ * (TP: the shard's groups, then the sum over TP). */
 static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local, /* [rows, L, d] */
                                 int32_t *selected_local,                       /* [rows, L, topk] or NULL */
                                 const PAR_FN(par_attn_weights) *W)
@@ -321,7 +366,8 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
         saved_shift(&sh, &sv->s, b * S, dm);
         const int32_t *pb = sv->pos + b * S;
         if (dm->m == 4) {
-            if ((st = PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
+            if ((st = sv->tp.comm ? tp_select(sv, &sh, pb, l0, l1)
+                                  : PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
                 return st;
             if (selected_local)
                 memcpy(selected_local + b * L * dm->topk, sh.sel + l0 * dm->topk,
@@ -333,8 +379,13 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
         PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + l0 * GL, sh.o + l0 * HD, W->wo_a, W->wo_b, dm,
                                      L);
     }
-    return PAR_OK;
+    return sv->tp.comm ? PAR_FN(par_tpr_sum)(&sv->tp, y_local, (size_t)(sv->rows * L * d)) : PAR_OK;
 }
+
+static par_status cp_forward(par_real *y_local, PAR_FN(par_cp_attn_saved) *saved, int32_t *selected_local,
+                             const par_real *x_local, const int32_t *pos_rows, const PAR_FN(par_attn_weights) *W,
+                             const par_attn_dims *dm, int64_t rows, int64_t L, par_comm *cp, const par_tp *tp,
+                             int64_t iH_full, par_cp_traffic *traffic);
 
 par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L, d] */
                                        PAR_FN(par_cp_attn_saved) *saved,
@@ -344,6 +395,23 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
                                        const PAR_FN(par_attn_weights) *W,
                                        const par_attn_dims *dm, int64_t rows, int64_t L,
                                        par_comm *cp, par_cp_traffic *traffic)
+{
+    return cp_forward(y_local, saved, selected_local, x_local, pos_rows, W, dm, rows, L, cp, NULL, dm->iH, traffic);
+}
+
+par_status PAR_FN(par_cp_attn_forward_tp)(par_real *y_local, PAR_FN(par_cp_attn_saved) *saved,
+                                          int32_t *selected_local, const par_real *x_local,
+                                          const int32_t *pos_rows, const PAR_FN(par_attn_weights) *Wl,
+                                          const par_attn_dims *dl, int64_t iH_full, int64_t rows, int64_t L,
+                                          par_comm *cp, const par_tp *tp, par_cp_traffic *traffic)
+{
+    return cp_forward(y_local, saved, selected_local, x_local, pos_rows, Wl, dl, rows, L, cp, tp, iH_full, traffic);
+}
+
+static par_status cp_forward(par_real *y_local, PAR_FN(par_cp_attn_saved) *saved, int32_t *selected_local,
+                             const par_real *x_local, const int32_t *pos_rows, const PAR_FN(par_attn_weights) *W,
+                             const par_attn_dims *dm, int64_t rows, int64_t L, par_comm *cp, const par_tp *tp,
+                             int64_t iH_full, par_cp_traffic *traffic)
 {
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
@@ -361,6 +429,9 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
     PAR_FN(par_cp_attn_saved) sv;
     if ((st = saved_alloc(&sv, x_local, pos_rows, dm, rows, L, ncp, r, D)))
         goto fail_free_saved;
+    if (tp && par_tp_size(tp) > 1)
+        sv.tp = *tp;
+    sv.iH_full = iH_full;
     if (cp && ncp > 1 && (st = halo_forward(&sv, x_local, cp, traffic)))
         goto fail_free_saved;
     local_projections(&sv, W);
@@ -625,10 +696,20 @@ par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsin
     par_status st = scratch_alloc(&x, &g);
     if (st)
         return st;
-    if (!(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
+    /* TP: this TP rank's share of dx assembled apart, then summed over TP */
+    const size_t nx = (size_t)(g.rows * g.L * g.d);
+    par_real *dxp = sv->tp.comm && dx_local ? par_calloc(nx + 1, sizeof(par_real), PAR_TAG_ACT) : dx_local;
+    if (sv->tp.comm && dx_local && !dxp)
+        st = par_err(PAR_ENOMEM, "context x tensor parallel attention backward: dx of %zu reals", nx);
+    if (!st && !(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
         !(st = g.m > 0 && cp && ncp > 1 ? entries_to_owners(sv, &g, x.dcmp, cp, traffic) : PAR_OK) &&
         !(st = proj_side(sv, &g, &x, dx_local != NULL, W)) && dx_local)
-        st = dx_assemble(&g, x.dxw, dx_local, cp, traffic);
+        st = dx_assemble(&g, x.dxw, dxp, cp, traffic);
+    if (!st && dxp != dx_local && !(st = PAR_FN(par_tpr_sum)(&sv->tp, dxp, nx)))
+        for (size_t e = 0; e < nx; e++)
+            dx_local[e] += dxp[e];
+    if (dxp != dx_local)
+        par_free(dxp);
     par_free(x.buf);
     return st;
 }

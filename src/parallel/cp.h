@@ -38,6 +38,7 @@
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/real.h"
+#include "parallel/tp.h"
 
 #ifndef PAR_CP_TRAFFIC_DEFINED
 #define PAR_CP_TRAFFIC_DEFINED
@@ -79,6 +80,10 @@ typedef struct {
      * [rows, Dh+L, width]); kbuf owns them */
     void *kbuf;
     par_real *kq, *kkv, *kcmp, *kca, *kcz; /* widths H*hd, hd, hd, coff*hd, coff*hd */
+    /* TP x CP (par_cp_attn_forward_tp): the TP group (comm NULL: none) and
+     * the layer's index heads (the indexer weights' scale); dm is the shard's */
+    par_tp tp;
+    int64_t iH_full;
 } PAR_FN(par_cp_attn_saved);
 
 /* Frees what a forward allocated (a zeroed or freed struct is fine). */
@@ -101,6 +106,21 @@ par_status PAR_FN(par_cp_attn_forward)(par_real *y_local,            /* [rows, L
                                        const PAR_FN(par_attn_weights) *W,
                                        const par_attn_dims *dm, int64_t rows, int64_t L,
                                        par_comm *cp, par_cp_traffic *traffic);
+
+/* TP x CP: the same on one TP rank's shard of the heads (parallel/tp_attn.h
+ * par_tp_attn_dims dl and par_tp_attn_shard Wl), every TP rank of the CP
+ * group's coordinate on the same tokens: the indexer's head sums chained
+ * over TP in head order for the local queries (picks from the last TP rank,
+ * broadcast), the indexer weights scaled by the layer's iH (iH_full), the
+ * row-parallel output summed over TP.  The backward (par_cp_attn_backward_
+ * input with this saved state) sums dx over TP; dsink is the shard's [H/TP];
+ * the weight half gives the shard's gradients (replicated weights: this TP
+ * rank's share, summed over TP by the caller).  Collective over cp and tp. */
+par_status PAR_FN(par_cp_attn_forward_tp)(par_real *y_local, PAR_FN(par_cp_attn_saved) *saved,
+                                          int32_t *selected_local, const par_real *x_local,
+                                          const int32_t *pos_rows, const PAR_FN(par_attn_weights) *Wl,
+                                          const par_attn_dims *dl, int64_t iH_full, int64_t rows, int64_t L,
+                                          par_comm *cp, const par_tp *tp, par_cp_traffic *traffic);
 
 /* dx_local += (this rank's share of) d(sum y dy)/dx, then the halo
  * gradients received from rank r+1 added to the last D rows;

@@ -18,9 +18,10 @@
  *   - with a dump directory, rank 0 gathers the unsharded golden set
  *     (model/golden.h's writers) and commits it atomically.
  * Tensor parallelism (TP > 1, no SP) runs the attention over the TP group
- * (parallel/tp_hook.h), not yet with CP or EP; expert tensor parallelism
- * (ETP > 1) the routed experts over the ETP group (parallel/etp_hook.h),
- * with TP = EP = 1 only.
+ * (parallel/tp_hook.h; with CP parallel/cptp_hook.h, with EP the TP copies
+ * of parallel/ep_tp.c); expert tensor parallelism (ETP > 1) the routed
+ * experts over the ETP group (parallel/etp_hook.h; inside EP
+ * parallel/ep_etp.c), with TP = 1 only.
  */
 #ifndef PAR_PARALLEL_DRIVER_H
 #define PAR_PARALLEL_DRIVER_H

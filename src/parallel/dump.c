@@ -63,14 +63,14 @@ fail_oom:
 }
 
 /* Context parallelism: pieces of [Bl, L, w] elements (esz bytes each; n =
- * Bl*L*w per piece) of the stage-0 ranks (the first world ranks, in rank
- * order) at `in` are placed at rows dp*Bl.. and columns cp*L.. of `out`
+ * Bl*L*w per piece) of the stage-0, tp = 0 ranks (in rank order, packed)
+ * at `in` are placed at rows dp*Bl.. and columns cp*L.. of `out`
  * [Da*Bl, CP*L, w]. */
 static par_status cp_place(void *out, const void *in, size_t n, size_t esz, const par_layout *l, int64_t Bl)
 {
     if (Bl < 1 || n % (size_t)Bl != 0)
         return par_err(PAR_EINVAL, "cp gather: %zu elements per rank are not %lld rows", n, (long long)Bl);
-    size_t chunk = n / (size_t)Bl * esz; /* one row's slice, bytes */
+    size_t chunk = n / (size_t)Bl * esz, k = 0; /* one row's slice, bytes; pieces packed (tp = pp = 0 ranks) */
     for (int r = 0; r < (int)l->world; r++) {
         par_rank_coords rc;
         par_status s = par_rank_coords_of(l, r, &rc);
@@ -78,7 +78,7 @@ static par_status cp_place(void *out, const void *in, size_t n, size_t esz, cons
             return s;
         if (rc.tp != 0 || rc.pp != 0)
             continue;
-        const char *piece = (const char *)in + (size_t)r * n * esz;
+        const char *piece = (const char *)in + k++ * n * esz;
         for (int64_t i = 0; i < Bl; i++) {
             size_t g = (size_t)((int64_t)rc.dp * Bl + i);
             memcpy((char *)out + (g * (size_t)l->cp + (size_t)rc.cp) * chunk, piece + (size_t)i * chunk, chunk);

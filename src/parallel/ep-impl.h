@@ -8,6 +8,8 @@
 
 #include "core/alloc.h"
 #include "parallel/ep.h"
+#include "parallel/etp.h"
+#include "parallel/tp.h"
 
 /* What one block keeps between its forward and backward.
  *
@@ -37,6 +39,12 @@ typedef struct {
     int32_t *s2pos;        /* [n2s] its position in the rows returned to the senders */
     /* the input pass (B) -> the weight pass (W) */
     par_real *dyg;         /* [nrecv, d] expert-major dy rows of the held experts */
+    /* ETP inside EP (ep_etp.c): the held experts' slices and the rows layer */
+    const par_real **esw;  /* [3, El] w1 / w2 / w3 slices */
+    par_real **esg;        /* [2, El] w1 / w3 slices' gradients (into M->egw) */
+    par_real *ew2;         /* [2, El, d, I/ETP] w2 slices, then their gradients */
+    PAR_FN(par_etp_rows_saved) ers;
+    uint8_t *wdup;         /* [nrecv] expert-major: the row is a TP copy (ep_tp.c; NULL: none) */
 } blk_state;
 
 struct PAR_FN(par_ep_s) {
@@ -54,6 +62,9 @@ struct PAR_FN(par_ep_s) {
     par_ep_counters cnt;
     const par_costas *ca;  /* --cost-as (NULL: off) */
     int cur_b;             /* the block being exchanged (its blk_mul)  */
+    par_tp etp;            /* ETP inside EP (comm NULL: off; par_ep_set_etp) */
+    par_tp_traffic etr;
+    uint8_t *tpdup;        /* [EP] EP rank j has tp > 0: its rows are TP copies (NULL: none; par_ep_set_tp) */
 };
 
 
@@ -87,5 +98,20 @@ par_status PAR_FN(par__ep_dispatch_dy)(ep_t *x, blk_state *S, const par_real *dy
 /* Combine direction: rows [nrecv, per] in the owner's received order back
  * to the token's rank, out[i * per] for slot i = t*K+k ([nsend, per]). */
 par_status PAR_FN(par__ep_return_rows)(ep_t *x, blk_state *S, const par_real *rows, int64_t per, par_real *out);
+
+/* ETP inside EP (ep_etp.c): the held experts' slices on the expert-major
+ * rows over the ETP group (rows all-gathered, outputs reduce-scattered):
+ * complete outputs yg [nrecv, d]; backward: dxg [nrecv, d] and drwg [nrecv]
+ * (+=, expert-major) from S->dyg, and the slices' weight gradients into
+ * this ETP rank's block of M->egw. */
+par_status PAR_FN(par__ep_etp_forward)(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, par_real *yg);
+par_status PAR_FN(par__ep_etp_backward)(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b, par_real *dxg,
+                                        par_real *drwg);
+
+/* TP copies (ep_tp.c): mark the expert-major rows that came from TP ranks
+ * > 0 (rids as the dispatch returned them, S->rpos set); zero their dy rows
+ * in S->dyg before the weight pass. */
+par_status PAR_FN(par__ep_tp_mark)(ep_t *x, blk_state *S, const int32_t *rids);
+void PAR_FN(par__ep_tp_mask_dy)(blk_state *S, int64_t d);
 
 #endif

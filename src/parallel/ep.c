@@ -112,6 +112,8 @@ done:
 static par_status run_experts(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, par_real *yg)
 {
     const int64_t d = M->d, I = M->I, NR = S->nrecv;
+    if (x->etp.comm) /* ETP inside EP: the slices over the ETP group */
+        return PAR_FN(par__ep_etp_forward)(x, S, M, b, yg);
     S->g = xalloc((size_t)(NR * I), sizeof *S->g);
     S->u = xalloc((size_t)(NR * I), sizeof *S->u);
     S->h = xalloc((size_t)(NR * I), sizeof *S->h);
@@ -189,6 +191,8 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
         x->cnt.rows_recv += S->nrecv;
         s = expert_major(x, S, b, rbuf, rids, d);
     }
+    if (!s && x->tpdup) /* TP copies: left out of the weight pass (ep_tp.c) */
+        s = PAR_FN(par__ep_tp_mark)(x, S, rids);
     if (!s && !(yg = xalloc((size_t)(S->nrecv * d), sizeof *yg)))
         s = par_err(PAR_ENOMEM, "ep: block %d forward: out of memory (%lld rows received)", b, (long long)S->nrecv);
     if (!s && !(s = run_experts(x, S, M, b, yg)))
@@ -204,7 +208,7 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
 /* B, owner side: dy rows to the owners (kept expert-major in S->dyg for
  * W), the held experts' input gradients (dx, d rw) in received order into
  * rbuf [NR, d+1]. */
-static par_status experts_input(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, const par_real *dy,
+static par_status experts_input(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b, const par_real *dy,
                                 par_real *rbuf)
 {
     const int K = (int)M->K;
@@ -225,7 +229,9 @@ static par_status experts_input(ep_t *x, blk_state *S, const PAR_FN(par_model) *
     par_real *drwg = dxg ? dxg + NR * d : NULL;
     if (!s)
         charge_experts(x, NR);
-    for (int64_t l = 0; l < x->El && !s; l++) {
+    if (!s && x->etp.comm) /* ETP inside EP: input and weight gradients of the slices */
+        s = PAR_FN(par__ep_etp_backward)(x, S, M, b, dxg, drwg);
+    for (int64_t l = 0; l < x->El && !s && !x->etp.comm; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
         size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
         s = PAR_FN(par_moe_expert_backward)(dxg + o * d, NULL, NULL, NULL, drwg + o, S->dyg + o * d, S->xg + o * d,
@@ -301,8 +307,9 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     const size_t E = (size_t)M->E;
     par_status s = PAR_OK;
     x->cur_b = b;
+    PAR_FN(par__ep_tp_mask_dy)(S, d);
     charge_experts(x, S->nrecv);
-    for (int64_t l = 0; l < x->El && !s; l++) {
+    for (int64_t l = 0; l < x->El && !s && !x->etp.comm; l++) { /* ETP: done in B */
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
         size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
         s = PAR_FN(par_moe_expert_backward)(NULL, M->egw[base], M->egw[base + E], M->egw[base + 2 * E], NULL,
@@ -479,5 +486,6 @@ void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
     par_free(x->blk);
     par_free(x->node);
     par_free(x->rel);
+    par_free(x->tpdup);
     par_free(x);
 }

@@ -101,6 +101,27 @@ void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out);
  * charge the target's FLOPs on the rows received, the all-to-alls cost
  * (and count) the target's row bytes; the numerics do not change. */
 void PAR_FN(par_ep_set_cost)(PAR_FN(par_ep) *x, const par_costas *ca);
+/* ETP inside EP (Megatron-LM's MoE parallel folding; parallel/ep_etp.c):
+ * the held experts run as this rank's I/ETP slice over the ETP group `etp`
+ * (not owned; its ranks share this rank's ep coordinate, so they hold the
+ * same experts, and hold disjoint tokens): the rows each received by the
+ * EP dispatch are all-gathered over ETP, every slice runs on all of them
+ * (parallel/etp.h's rows layer, sp = 1), the partial outputs are
+ * reduce-scattered back before the EP combine; the backward mirrors it and
+ * writes the slices' weight gradients (complete for the ETP group's rows)
+ * into this rank's block of the whole experts' gradients in the input pass
+ * (B), zeros elsewhere: par_reduce_etp_grads sums them over ETP.  A group
+ * of one (or NULL) turns it off.  PAR_EINVAL when its size does not divide
+ * moe_inter_dim I.  Frees the per-block state. */
+par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I);
+/* TP copies (parallel/ep_tp.c): this rank's tensor-parallel rank (every
+ * rank of the EP group calls it; collective).  Without sequence
+ * parallelism the TP ranks of one (cp, dp) coordinate hold the same tokens;
+ * an EP group spanning them receives every such token once per TP rank.
+ * All copies run forward and input pass (each sender gets its outputs); the
+ * weight pass leaves the rows of TP ranks > 0 out (dy zeroed), so the held
+ * experts' gradients count every token once. */
+par_status PAR_FN(par_ep_set_tp)(PAR_FN(par_ep) *x, int tp_rank);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
 
 #endif

@@ -34,6 +34,11 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     par_free(S->s2rec);
     par_free(S->s2pos);
     par_free(S->dyg);
+    par_free(S->esw);
+    par_free(S->esg);
+    par_free(S->ew2);
+    PAR_FN(par_etp_rows_saved_free)(&S->ers);
+    par_free(S->wdup);
     memset(S, 0, sizeof *S);
 }
 

@@ -16,6 +16,7 @@
 #include "parallel/schedule.h"
 #include "parallel/etp_hook.h"
 #include "parallel/tp_hook.h"
+#include "parallel/cptp_hook.h"
 #include "parallel/tp_moe_hook.h"
 #include "parallel/tp_vocab_hook.h"
 
@@ -62,6 +63,7 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_cp_hook) *cph; /* CP > 1: the attention hook (M->attn) */
     par_comm *cpc;            /* CP > 1: the CP group */
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
+    PAR_FN(par_cptp_hook) *cptph; /* TP > 1 with CP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
     PAR_FN(par_tp_vocab_hook) *tpvh; /* TP > 1 with tp_all_layers: the embedding / head hook (M->vocab) */

@@ -120,26 +120,34 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         if ((s = PAR_FN(par_ep_create)(&ex->ep, P->g.g[PAR_GROUP_EP], M)) ||
             (s = PAR_FN(par_ep_set_dispatch)(ex->ep, o->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
                                              o->gpus_per_node > 0 ? o->gpus_per_node : 8)) ||
-            (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)))
+            (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)) ||
+            (ex->lay->tp > 1 && !ex->lay->sequence_parallel && (s = PAR_FN(par_ep_set_tp)(ex->ep, P->rc.tp))))
             return s;
         PAR_FN(par_ep_install)(ex->ep, M);
     }
     ex->CP = ex->lay->cp;
     if (ex->lay->cp > 1) {
         ex->cpc = P->g.g[PAR_GROUP_CP];
-        if ((s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
+        if (ex->lay->tp <= 1 && (s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
             return s;
-        PAR_FN(par_cp_hook_install)(ex->cph, M);
+        if (ex->cph) /* TP x CP: cptp_hook.c below */
+            PAR_FN(par_cp_hook_install)(ex->cph, M);
         ex->tokc = ex->cpc;
     }
     if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
                             * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
         ex->tpc = P->g.g[PAR_GROUP_TP];
         ex->tp_faults = o->tp_faults | PAR_TP_BUILD_FAULTS;
-        if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
-            return s;
-        PAR_FN(par_tp_hook_set_sp)(ex->tph, ex->lay->sequence_parallel);
-        PAR_FN(par_tp_hook_install)(ex->tph, M);
+        if (ex->lay->cp > 1) { /* TP x CP: the CP attention on the TP shard (cptp_hook.c) */
+            if ((s = PAR_FN(par_cptp_hook_create)(&ex->cptph, ex->cpc, ex->tpc, M, ex->m)))
+                return s;
+            PAR_FN(par_cptp_hook_install)(ex->cptph, M);
+        } else {
+            if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
+                return s;
+            PAR_FN(par_tp_hook_set_sp)(ex->tph, ex->lay->sequence_parallel);
+            PAR_FN(par_tp_hook_install)(ex->tph, M);
+        }
         if (ex->lay->sequence_parallel)
             ex->tokc = ex->tpc;
         if ((s = tp_layer_hooks(ex, M)))
@@ -150,9 +158,13 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
     }
     if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
         ex->etpc = P->g.g[PAR_GROUP_ETP];
-        if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
+        if (ex->ep) { /* ETP inside EP: the EP executor runs the slices (parallel/ep_etp.c) */
+            if ((s = PAR_FN(par_ep_set_etp)(ex->ep, ex->etpc, M->I)))
+                return s;
+        } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
             return s;
-        PAR_FN(par_etp_hook_install)(ex->etph, M);
+        else
+            PAR_FN(par_etp_hook_install)(ex->etph, M);
         for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
             if (M->tab.p[i].expert >= 0)
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
@@ -549,6 +561,7 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
     PAR_FN(par_tp_hook_free)(ex->tph);
+    PAR_FN(par_cptp_hook_free)(ex->cptph);
     PAR_FN(par_tp_vocab_hook_free)(ex->tpvh);
     PAR_FN(par_tp_moe_hook_free)(ex->tpmh);
     PAR_FN(par_etp_hook_free)(ex->etph);

@@ -360,19 +360,11 @@ par_status par_layout_resolve(par_layout *l, const par_layout_model *m)
 
 par_status par_layout_run_rules(const par_layout *l)
 {
-    /* tensor parallelism is wired for attention with every TP rank on the
-     * same tokens: not yet with CP or EP (docs/parallel.md) */
-    if (l->tp > 1 && l->cp > 1)
-        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with context-parallel-size %lld: TP x CP "
-                       "is not wired into parity run yet (the CP attention runs the whole heads)",
-                       (long long)l->tp, (long long)l->cp);
-    if (l->tp > 1 && l->ep > 1)
-        return par_err(PAR_EUNSUPPORTED, "tensor-model-parallel-size %lld with expert-model-parallel-size %lld: "
-                       "TP x EP is not wired into parity run yet (it needs sequence parallelism's disjoint tokens)",
-                       (long long)l->tp, (long long)l->ep);
-    if (l->etp > 1 && (l->tp > 1 || l->ep > 1))
-        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld "
-                       "and expert-model-parallel-size %lld: ETP is wired for TP = EP = 1 only",
-                       (long long)l->etp, (long long)l->tp, (long long)l->ep);
+    /* tensor parallelism is wired with every TP rank on the same tokens (no SP;
+     * docs/parallel.md): ETP's group must hold disjoint tokens */
+    if (l->etp > 1 && l->tp > 1)
+        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld: "
+                       "ETP is wired for TP = 1 only (the ETP group must hold disjoint tokens)",
+                       (long long)l->etp, (long long)l->tp);
     return PAR_OK;
 }

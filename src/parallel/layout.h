@@ -93,8 +93,8 @@ int64_t par_layout_d_window(const par_layout_model *m);
 par_status par_layout_resolve(par_layout *l, const par_layout_model *m);
 
 /* What `parity run` runs of a resolved layout's TP / ETP (docs/parallel.md
- * "Tensor parallelism in the step"): TP > 1 without CP or EP, ETP > 1 with
- * TP = EP = 1; PAR_EUNSUPPORTED naming the sizes otherwise.  The step
+ * "Tensor parallelism in the step"): TP > 1 with CP, EP and PP (no SP), ETP > 1
+ * with TP = 1 (inside EP or not); PAR_EUNSUPPORTED naming the sizes otherwise.  The step
  * executor and the planner's search (which marks such candidates
  * unsupported) both ask it. */
 par_status par_layout_run_rules(const par_layout *l);

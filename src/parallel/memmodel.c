@@ -17,6 +17,8 @@ typedef struct {
     int embed, head, final;   /* top-level parts (holders.c seg_hold) */
     int64_t floats;           /* held float parameters (dense + one EP slice) */
     int64_t n_moe;            /* MoE blocks held */
+    int64_t attn_grads;       /* held '.attn.' gradient floats (TP's per-step sum, reduce.c tp_sum) */
+    int64_t expert_grads;     /* held routed-expert floats (ETP's per-step sum) */
     par_mm_zero zd, ze;       /* dense over dp-cp (CP * Da), experts over edp (De) */
     double act[2], ws_bwd[2], fixed[2]; /* cached activations for cp rank 0 / > 0 */
     int inflight[2], cached[2];
@@ -133,6 +135,8 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
             continue;
         si->floats += t->p[i].numel;
         int k = t->p[i].expert >= 0;
+        if (t->p[i].has_grad && (k || strstr(t->p[i].name, ".attn.")))
+            *(k ? &si->expert_grads : &si->attn_grads) += t->p[i].numel;
         lists[k * t->n + nl[k]++] = i;
     }
     for (int b = 0; b < t->n_blocks; b++)
@@ -260,6 +264,10 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
+    /* parity's TP / ETP hooks (whole weights, the shard's compute state); the megatron runtime's TP is
+     * not modelled here (its weights are not split either) */
+    c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
+    c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
     return c;
 }
@@ -478,6 +486,13 @@ static double recv_factor(const par_mm *mm, const stage_info *si, int r)
     return sent > 0 ? (double)mm->o.recv_rows[r] / sent : 1.0;
 }
 
+/* reduce_sum.c's pack of n floats and comm/collectives.c par_allreduce's
+ * rows [P, ceil(n/P)] over a group of P. */
+static double sum_staging(int64_t n, int64_t P)
+{
+    return (double)n + (double)(P * ((n + P - 1) / P));
+}
+
 static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coords *rc, par_mm_rank *o)
 {
     const par_mm_zero *z[2] = {&si->zd, &si->ze};
@@ -510,7 +525,11 @@ static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coor
     o->optim_master = master * mm->es_m;
     o->optim = o->optim_state + o->optim_master;
     o->ws_muon = ws * mm->es_o;
-    if (mm->o.rt == PAR_MM_PARITY) {
+    if (mm->o.rt == PAR_MM_PARITY) { /* the TP / ETP gradient sums: packed fields + the all-reduce's rows */
+        double tp = mm->lay.tp > 1 ? sum_staging(si->attn_grads, mm->lay.tp) : 0;
+        double etp = mm->lay.etp > 1 ? sum_staging(si->expert_grads, mm->lay.etp) : 0;
+        stage = tp > stage ? tp : stage;
+        stage = etp > stage ? etp : stage;
         o->comm_dp = buf * mm->es_o;
         o->ws_staging = stage * mm->es_o;
     }

@@ -131,6 +131,7 @@ typedef struct {
     int64_t world, pp, cp, ep, zero, mbs;
     const char *schedule, *layout;
     int f32;
+    int64_t tp, etp; /* 0: 1 */
 } lay;
 
 #define NTAGS 5
@@ -151,6 +152,8 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     o.layout.pp = L->pp ? L->pp : 1;
     o.layout.cp = L->cp ? L->cp : 1;
     o.layout.ep = L->ep ? L->ep : 1;
+    o.layout.tp = L->tp ? L->tp : 1;
+    o.layout.etp = L->etp ? L->etp : 1;
     o.layout.distributed_optimizer = (int)L->zero;
     o.layout.micro_batch = L->mbs;
     if (L->schedule)
@@ -218,19 +221,28 @@ static void run_set(const lay *set, int n)
 Test(memmodel, predicts_the_allocator_per_rank_v4_tiny, .timeout = 600)
 {
     static const lay set[] = {
-        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL, 0},
-        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0},
-        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL, 0},
-        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL, 0},
-        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 0},
-        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL, 0},
-        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0},
-        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL", 0},
-        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL", 0},
-        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL", 0},
-        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL", 0},
-        {"f32 PP2 1f1b EP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 2, 1, 1, "1f1b", "Et*2|tmL", 1},
-        {"f32 CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 1},
+        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0},
+        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0},
+        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 0},
+        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL, 0, 0, 0},
+        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 0, 0, 0},
+        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0},
+        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0},
+        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL", 0, 0, 0},
+        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL", 0, 0, 0},
+        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL", 0, 0, 0},
+        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0},
+        {"f32 PP2 1f1b EP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 2, 1, 1, "1f1b", "Et*2|tmL", 1, 0, 0},
+        {"f32 CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 1, 0, 0},
+        {"TP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0},
+        {"TP2 EP4 (N8)", "v4-tiny", 8, 0, 0, 4, 0, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 CP2 (N4)", "v4-tiny", 4, 0, 2, 0, 0, 0, NULL, NULL, 0, 2, 0},
+        {"TP2 CP2 EP4 ZeRO-1 (N8)", "v4-tiny", 8, 0, 2, 4, 1, 0, NULL, NULL, 0, 2, 0},
+        {"ETP2 (N2)", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 2},
+        {"ETP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 2},
+        {"ETP2 EP4 De2 CP2 ZeRO-1 (N16)", "v4-tiny", 16, 0, 2, 4, 1, 0, NULL, NULL, 0, 0, 2},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }
@@ -241,11 +253,11 @@ Test(memmodel, predicts_the_allocator_per_rank_v4_mini, .timeout = 1800)
     if (!getenv("MEMMODEL_MINI"))
         cr_skip_test("v4-mini layouts run with -Dslow_tests=true (MEMMODEL_MINI=1)");
     static const lay set[] = {
-        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL, 0},
-        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL, 0},
-        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL", 0},
-        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL", 0},
-        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL", 0},
+        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL, 0, 0, 0},
+        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0},
+        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL", 0, 0, 0},
+        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL", 0, 0, 0},
+        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL", 0, 0, 0},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }

@@ -148,6 +148,31 @@ static void fault_caught(const char *what, lay l, unsigned faults, const char *f
     free(t), free(g), free(d);
 }
 
+/* ETP 2 inside EP 4 with CP 2 x Da 8 = ETP 2 x EP 4 x De 2 (MoE parallel
+ * folding: the EP-dispatched rows all-gathered over ETP): the serial golden. */
+Test(tp_run, etp2_inside_ep4_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "etp2ep4");
+    golden(g);
+    cr_assert_eq(run(d, (lay){1, 2, 4, 2, 16, 0, 0, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* TP 2 x CP 2 x EP 4 (world 8: TP 2 x CP 2 x Da 2 = EP 4 x De 2): the CP
+ * attention on the TP shard (parallel/cptp_hook.h), each TP copy of a token
+ * dispatched with the weight pass on tp 0's (parallel/ep_tp.c). */
+Test(tp_run, tp2_cp2_ep4_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2cp2ep4");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 1, 4, 2, 8, 0, 0, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
 /* Each TP rank keeps its own heads' share of wkv's gradient: the first
  * divergence in dataflow order is a wkv gradient of step 0. */
 Test(tp_run, missing_wkv_all_reduce_is_caught)
@@ -227,10 +252,11 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "context-parallel-size 2"), "%s", par_last_error());
-    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2"), "%s", par_last_error());
+    cr_expect_eq(run(NULL, (lay){2, 2, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2 with tensor-model-parallel-size 2"), "%s",
+              par_last_error());
+    cr_expect_eq(run(NULL, (lay){1, 2, 4, 1, 12, 0, 0, 0}, 0), PAR_EINVAL); /* 12 = TP*CP*Da, not ETP*EP*De */
+    cr_expect(strstr(par_last_error(), "12"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "--sequence-parallel needs tensor-model-parallel-size > 1 (got 1)"), "%s",
               par_last_error());

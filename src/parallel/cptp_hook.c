@@ -1,0 +1,152 @@
+/* parallel/cptp_hook.c - the context x tensor parallel attention hook (see
+ * parallel/cptp_hook.h, docs/parallel.md). */
+#include "parallel/cptp_hook.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/cp.h"
+#include "parallel/tp_attn.h"
+
+typedef struct {
+    PAR_FN(par_cp_attn_saved) sv;
+    par_attn_dims dl;                 /* the shard's dims */
+    PAR_FN(par_attn_weights) Wl, dWl; /* the shard of the weights and its gradients */
+    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch */
+    int64_t shard;
+} cptp_slot;
+
+struct PAR_FN(par_cptp_hook_s) {
+    par_comm *cp;
+    par_tp tp;
+    int64_t ncp;
+    int nb, n_slots, rank, P;
+    cptp_slot *sl; /* [n_slots, nb] */
+    par_cp_traffic ctr;
+    par_tp_traffic ttr;
+};
+
+static void slot_free(cptp_slot *q)
+{
+    PAR_FN(par_cp_attn_saved_free)(&q->sv);
+    par_free(q->buf);
+    memset(q, 0, sizeof *q);
+}
+
+static cptp_slot *slot_of(PAR_FN(par_cptp_hook) *h, const par_mbctx *x, int b, int64_t T)
+{
+    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows || x->S % h->ncp != 0 ||
+        T != x->rows * (x->S / h->ncp))
+        return NULL;
+    return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
+}
+
+static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
+                           const par_real *xin, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_slot *q = slot_of(h, x, b, T);
+    if (!q)
+        return par_err(PAR_EINVAL, "cp x tp attention: block %d on %lld tokens does not fit the hook (%d blocks, "
+                       "%d slots, CP %lld)", b, (long long)T, h->nb, h->n_slots, (long long)h->ncp);
+    slot_free(q);
+    const par_attn_dims *dm = &M->adims[b];
+    par_status s = PAR_FN(par_tp_attn_dims)(&q->dl, dm, h->P);
+    if (s)
+        return s;
+    q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
+    if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "cp x tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
+    PAR_FN(par_tp_attn_shard)(&q->Wl, q->buf, W, dm, h->rank, h->P);
+    return PAR_FN(par_cp_attn_forward_tp)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, &q->dl, dm->iH, x->rows,
+                                          x->S / h->ncp, h->cp, &h->tp, &h->ctr);
+}
+
+/* B: dx (summed over TP inside cp.c), the shard's sinks into dsink. */
+static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx,
+                           par_real *dsink, const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_slot *q = slot_of(h, x, b, T);
+    if (!q || !q->sv.buf)
+        return par_err(PAR_EINVAL, "cp x tp attention backward: block %d has no forward on %lld tokens", b,
+                       (long long)T);
+    PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
+    memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
+    par_status s = PAR_FN(par_cp_attn_backward_input)(dx, q->dWl.attn_sink, dy, &q->sv, &q->Wl, h->cp, &h->ctr);
+    if (s || !dsink)
+        return s;
+    PAR_FN(par_attn_weights) sink, only = {.attn_sink = q->dWl.attn_sink};
+    memset(&sink, 0, sizeof sink);
+    sink.attn_sink = dsink;
+    PAR_FN(par_tp_attn_grads_add)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+    return PAR_OK;
+}
+
+/* W: the shard's weight gradients (sinks were B's), into rank r's blocks. */
+static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, PAR_FN(par_attn_weights) *dW,
+                           const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
+{
+    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_slot *q = slot_of(h, x, b, T);
+    (void)W;
+    if (!q || !q->buf)
+        return par_err(PAR_EINVAL, "cp x tp attention weights: block %d has no backward on %lld tokens", b,
+                       (long long)T);
+    PAR_FN(par_attn_weights) gl = q->dWl;
+    gl.attn_sink = NULL;
+    par_status s = PAR_FN(par_cp_attn_backward_weights)(&gl, dy, &q->sv, &q->Wl);
+    if (s)
+        return s;
+    PAR_FN(par_attn_weights) g = *dW;
+    g.attn_sink = NULL; /* B's */
+    PAR_FN(par_tp_attn_grads_add)(&g, &gl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *cp, par_comm *tp,
+                                        const PAR_FN(par_model) *M, int n_slots)
+{
+    *out = NULL;
+    if (!cp || !tp || n_slots < 1)
+        return par_err(PAR_EINVAL, "cp x tp attention: a hook needs a CP group, a TP group and at least one slot "
+                       "(got %d)", n_slots);
+    par_attn_dims dl;
+    for (int b = 0; b < M->n_blocks; b++) {
+        par_status s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
+        if (s)
+            return s;
+    }
+    PAR_FN(par_cptp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
+    if (!h)
+        return par_err(PAR_ENOMEM, "cp x tp attention: out of memory");
+    h->cp = cp;
+    h->ncp = par_comm_size(cp);
+    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->ttr};
+    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
+    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
+    if (!h->sl) {
+        par_free(h);
+        return par_err(PAR_ENOMEM, "cp x tp attention: out of memory for %d x %d saved states", n_slots, h->nb);
+    }
+    *out = h;
+    return PAR_OK;
+}
+
+void PAR_FN(par_cptp_hook_install)(PAR_FN(par_cptp_hook) *h, PAR_FN(par_model) *M)
+{
+    M->attn.fwd = attn_fwd;
+    M->attn.bwd = attn_bwd;
+    M->attn.wgt = attn_wgt;
+    M->attn.ctx = h;
+}
+
+void PAR_FN(par_cptp_hook_free)(PAR_FN(par_cptp_hook) *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+    par_free(h->sl);
+    par_free(h);
+}

@@ -1,0 +1,62 @@
+/* parallel/ep_tp.c - expert parallelism with tensor parallelism on the
+ * attention side (no sequence parallelism): the TP ranks of a (cp, dp)
+ * coordinate hold the same tokens, so an EP group that spans TP receives a
+ * copy of each such token from every TP rank.  Every copy runs forward and
+ * input pass alike (each sender gets its outputs), the weight pass leaves
+ * the copies of TP ranks > 0 out (their dy rows zeroed: + 0, exact), so the
+ * EDP sum counts every token once (see parallel/ep.h "TP copies"). */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/ep-impl.h"
+
+par_status PAR_FN(par_ep_set_tp)(PAR_FN(par_ep) *x, int tp_rank)
+{
+    int32_t me = tp_rank, *all = xalloc((size_t)x->EP, sizeof *all);
+    uint8_t *dup = xalloc((size_t)x->EP, sizeof *dup);
+    par_status s = all && dup ? par_allgather(x->c, &me, all, 1, PAR_C_I32)
+                              : par_err(PAR_ENOMEM, "ep: out of memory for %d TP coordinates", x->EP);
+    int any = 0;
+    for (int j = 0; !s && j < x->EP; j++)
+        any |= dup[j] = all[j] != 0;
+    par_free(all);
+    if (s || !any) {
+        par_free(dup);
+        dup = NULL;
+    }
+    if (!s) {
+        par_free(x->tpdup);
+        x->tpdup = dup;
+    }
+    return s;
+}
+
+par_status PAR_FN(par__ep_tp_mark)(ep_t *x, blk_state *S, const int32_t *rids)
+{
+    par_free(S->wdup);
+    S->wdup = xcalloc((size_t)S->nrecv, sizeof *S->wdup);
+    if (!S->wdup)
+        return par_err(PAR_ENOMEM, "ep: out of memory for %lld row marks", (long long)S->nrecv);
+    for (int64_t r = 0, j = 0, end = 0; r < S->nrecv; r++) {
+        int src;
+        if (x->mode == PAR_EP_HIER)
+            src = rids[3 * r + 1];
+        else {
+            while (r >= end) /* flat: rows arrive packed in source rank order */
+                end += (int64_t)S->rcnt[j++];
+            src = (int)j - 1;
+        }
+        if (src < 0 || src >= x->EP)
+            return par_err(PAR_EINTERNAL, "ep: received row %lld names source rank %d of %d", (long long)r, src,
+                           x->EP);
+        S->wdup[S->rpos[r]] = x->tpdup[src];
+    }
+    return PAR_OK;
+}
+
+void PAR_FN(par__ep_tp_mask_dy)(blk_state *S, int64_t d)
+{
+    for (int64_t p = 0; S->wdup && p < S->nrecv; p++)
+        if (S->wdup[p])
+            memset(S->dyg + p * d, 0, (size_t)d * sizeof *S->dyg);
+}
