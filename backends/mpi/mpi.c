@@ -774,12 +774,13 @@ static void e_watch(mworld *e)
  * watchdog and the exit, forever).  So: poll, with the lock released between
  * polls, and free the request once the process is known dead (nothing more
  * comes from it; what it sent before it died was taken meanwhile).  A live
- * process's message completes; one that does not within the world's timeout
- * is the last resort.  Under e->mu, released meanwhile. */
+ * process's message completes; one that does not within twice the world's
+ * timeout (a minute at least) is the last resort.  Under e->mu, released
+ * meanwhile. */
 static void cancel_recv(mworld *e, MPI_Request *q, int proc)
 {
     MPI_Cancel(q);
-    double deadline = par__now() + par__world_timeout(e->w);
+    double t = par__world_timeout(e->w), deadline = par__now() + (2 * t > 60 ? 2 * t : 60); /* as e_finish */
     for (unsigned iter = 0;; iter++) {
         int flag = 0;
         MPI_Test(q, &flag, MPI_STATUS_IGNORE);
@@ -790,7 +791,7 @@ static void cancel_recv(mworld *e, MPI_Request *q, int proc)
             return;
         }
         if (par__now() > deadline)
-            last_resort("a cancelled receive from a live MPI process did not complete within the timeout");
+            last_resort("a cancelled receive from a live MPI process did not complete within twice the timeout");
         if (!e->watchdog_on && e->dead)
             e_watch(e); /* no watchdog thread: check liveness here */
         pthread_mutex_unlock(&e->mu);
