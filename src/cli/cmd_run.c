@@ -154,7 +154,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
     c->steps = 1, c->seed = 1234;
     par_layout_args_init(&c->la);
     par_net_args_init(&c->na);
-    par_opt opts[44] = {
+    par_opt opts[48] = {
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
         {"data", PAR_OPT_STR, &c->data, "FILE",
          "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
@@ -272,6 +272,8 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
     l->micro_batch = c->la.micro_batch;
     l->global_batch = c->la.global_batch;
     l->distributed_optimizer = c->la.distributed_optimizer;
+    l->sequence_parallel = c->la.sequence_parallel;
+    l->tp_all_layers = c->la.tp_all_layers || c->la.sequence_parallel;
     if (!s)
         s = par_layout_set_pp_layout(l, c->la.pp_layout);
     if (!s)
@@ -328,10 +330,11 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
 static void print_header(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
 {
     const par_layout *rl = &sum->layout;
-    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
+    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld%s CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
-           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp,
+           rl->sequence_parallel ? "+SP" : rl->tp_all_layers ? " (all layers)" : "", (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum->n_params, (long long)sum->max_rank_floats);
     if (c->dump)

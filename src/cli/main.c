@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "core/alloc.h"
 #include "core/log.h"
 #include "core/outdir.h"
 #include "parity_config.h"
@@ -40,6 +41,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     par_tmp_install_signal_cleanup(); /* SIGINT/SIGTERM/SIGHUP remove live temporaries */
+    par_alloc_process_init();         /* big blocks mapped on their own (core/alloc.h) */
     int i = 1;
     while (i < argc && !strncmp(argv[i], "--", 2)) {
         if (!strcmp(argv[i], "--help")) {

@@ -87,13 +87,18 @@ struct par_comm {
     par__world *world;
     int rank, size;          /* in this group                              */
     int wrank;               /* this rank in the world                     */
-    int *world_ranks;        /* [size] world rank of each member           */
+    int *world_ranks;        /* [size] world rank of each member (the world's
+                              * handles share one identity table)          */
     uint64_t id;             /* same on every member, derived from parents */
     uint64_t seq;            /* collectives called so far                  */
     uint64_t nsplit;         /* splits called so far                       */
     char name[64];
     void *bgroup;            /* the backend's state of this group          */
-    size_t *scratch;         /* [4*size] v-arrays of collectives           */
+    size_t *scratch;         /* [4*size] v-arrays of collectives: kept with
+                              * the handle up to PAR__SCRATCH_KEEP members,
+                              * above that allocated for each call (else a
+                              * world of N ranks holds 32 N^2 bytes)       */
+    int scratch_call;        /* 1: scratch is the running call's           */
     struct par_comm *live_next, *live_prev;   /* per-rank list of handles  */
 };
 

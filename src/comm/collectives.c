@@ -96,6 +96,8 @@ static par_status begin(par_comm *c, par__op op, par_ctype t, uint64_t count, in
                        (int)t);
     if (redop >= PAR_OP_COUNT)
         return par_err(PAR_EINVAL, "%s in group %s: invalid reduction %d", name, c->name, redop);
+    if ((st = par__scratch_take(c)) != PAR_OK)
+        return st;
     *m = (par__callmeta){.group_id = c->id, .seq = ++c->seq, .count = count, .shape = shape,
                          .op = op, .dtype = t, .redop = redop, .root = root, .rank = c->rank};
     par__call_enter(c, m, -1);
@@ -115,6 +117,7 @@ static par_status xchg(par_comm *c, par__callmeta *m, int phase, const par__xfer
 static par_status end(par_comm *c, par_status st)
 {
     par__call_leave(c);
+    par__scratch_drop(c);
     return st;
 }
 

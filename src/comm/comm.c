@@ -252,20 +252,12 @@ static void rank_main(par__world *w, int r)
     par_status st;
     par_comm *world = NULL;
     void *bg = NULL;
-    int *all = par_malloc((size_t)w->n * sizeof *all, PAR_TAG_COMM);
-    if (!all) {
-        st = par_err(PAR_ENOMEM, "rank %d: no memory for the world group of %d ranks", r, w->n);
-        goto done;
-    }
-    for (int i = 0; i < w->n; i++)
-        all[i] = i;
     st = w->be->group_world(w, w->bworld, r, &bg);
-    if (st == PAR_OK) {
-        st = par__comm_new(w, r, r, w->n, all, 0x77u /* the world's id */, "world", bg, &world);
+    if (st == PAR_OK) { /* world ranks NULL: the world's shared identity table */
+        st = par__comm_new(w, r, r, w->n, NULL, 0x77u /* the world's id */, "world", bg, &world);
         if (st != PAR_OK)
             w->be->group_free(NULL, bg);
     }
-    par_free(all);
     if (st == PAR_OK) {
         par_clear_error();
         st = w->fn(world, w->arg);
@@ -273,7 +265,6 @@ static void rank_main(par__world *w, int r)
             par_err(st, "rank %d: the rank function returned %s without a message", r,
                     par_status_str(st));
     }
-done:
     par__net_rank_end(w, r);
     if (st != PAR_OK)
         par__world_fail(w, r, st, par_last_error());
@@ -338,13 +329,15 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
     pthread_mutex_init(&w->fail_mu, NULL);
     w->ranks = par_calloc((size_t)nranks, sizeof *w->ranks, PAR_TAG_COMM);
     w->mb = par_calloc((size_t)nranks, sizeof *w->mb, PAR_TAG_COMM);
-    if (!w->ranks || !w->mb) {
+    w->ident = par_malloc((size_t)nranks * sizeof *w->ident, PAR_TAG_COMM);
+    if (!w->ranks || !w->mb || !w->ident) {
         st = par_err(PAR_ENOMEM, "par_world_run: no memory for %d ranks", nranks);
         goto fail_free_world;
     }
     for (int r = 0; r < nranks; r++) {
         pthread_mutex_init(&w->ranks[r].mu, NULL);
         pthread_mutex_init(&w->mb[r].mu, NULL);
+        w->ident[r] = r;
     }
 
     st = backend->world_init(w, &w->bworld);
@@ -370,6 +363,7 @@ fail_free_world:
     pthread_mutex_destroy(&w->fail_mu);
     par_free(w->ranks);
     par_free(w->mb);
+    par_free(w->ident);
     par_free(w);
     return st;
 }

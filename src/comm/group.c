@@ -28,11 +28,16 @@ par_status par__comm_new(par__world *w, int wrank, int rank, int size, const int
     par_comm *c = par_calloc(1, sizeof *c, PAR_TAG_COMM);
     if (!c)
         goto fail_nomem;
-    c->world_ranks = par_malloc((size_t)size * sizeof *c->world_ranks, PAR_TAG_COMM);
-    c->scratch = par_malloc((size_t)size * 4 * sizeof *c->scratch, PAR_TAG_COMM);
-    if (!c->world_ranks || !c->scratch)
+    if (world_ranks) {
+        c->world_ranks = par_malloc((size_t)size * sizeof *c->world_ranks, PAR_TAG_COMM);
+        if (!c->world_ranks)
+            goto fail_free_comm;
+        memcpy(c->world_ranks, world_ranks, (size_t)size * sizeof *c->world_ranks);
+    } else {
+        c->world_ranks = w->ident;
+    }
+    if (size <= PAR__SCRATCH_KEEP && !(c->scratch = par_malloc((size_t)size * 4 * sizeof *c->scratch, PAR_TAG_COMM)))
         goto fail_free_comm;
-    memcpy(c->world_ranks, world_ranks, (size_t)size * sizeof *c->world_ranks);
     c->world = w;
     c->rank = rank;
     c->size = size;
@@ -49,7 +54,8 @@ par_status par__comm_new(par__world *w, int wrank, int rank, int size, const int
     return PAR_OK;
 
 fail_free_comm:
-    par_free(c->world_ranks);
+    if (c->world_ranks != w->ident)
+        par_free(c->world_ranks);
     par_free(c->scratch);
     par_free(c);
 fail_nomem:
@@ -66,9 +72,31 @@ void par__comm_destroy(par_comm *c)
     if (c->live_next)
         c->live_next->live_prev = c->live_prev;
     c->world->be->group_free(c, c->bgroup);
-    par_free(c->world_ranks);
+    if (c->world_ranks != c->world->ident)
+        par_free(c->world_ranks);
     par_free(c->scratch);
     par_free(c);
+}
+
+par_status par__scratch_take(par_comm *c)
+{
+    if (c->scratch)
+        return PAR_OK;
+    c->scratch = par_malloc((size_t)c->size * 4 * sizeof *c->scratch, PAR_TAG_COMM);
+    if (!c->scratch)
+        return par_err(PAR_ENOMEM, "comm: no memory for the count arrays of group %s (%d ranks)", c->name,
+                       c->size);
+    c->scratch_call = 1;
+    return PAR_OK;
+}
+
+void par__scratch_drop(par_comm *c)
+{
+    if (!c->scratch_call)
+        return;
+    par_free(c->scratch);
+    c->scratch = NULL;
+    c->scratch_call = 0;
 }
 
 void par_comm_free(par_comm *c)
@@ -115,6 +143,8 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
     c->nsplit++;
 
     int32_t mine[2] = {color, key};
+    if ((st = par__scratch_take(c)) != PAR_OK)
+        return st;
     int32_t *all = par_malloc((size_t)p * sizeof mine, PAR_TAG_COMM);
     keyrank *members = par_malloc((size_t)p * sizeof *members, PAR_TAG_COMM);
     int *parent_ranks = par_malloc((size_t)p * sizeof *parent_ranks, PAR_TAG_COMM);
@@ -184,6 +214,7 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
     *out = nc;
 
 fail_free:
+    par__scratch_drop(c);
     par_free(all);
     par_free(members);
     par_free(parent_ranks);

@@ -2,6 +2,9 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string.h>
 
 #include "core/device.h"
@@ -19,6 +22,18 @@ typedef struct {
 } blk_hdr;
 
 #define MAGIC 0x50415259u /* "PARY" */
+
+int par_alloc_process_init(void)
+{
+#ifdef __GLIBC__
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (getenv("MALLOC_MMAP_THRESHOLD_") || (tun && strstr(tun, "mmap_threshold")))
+        return 0;
+    return mallopt(M_MMAP_THRESHOLD, (int)PAR_ALLOC_MMAP_MIN) == 1; /* fixed: no dynamic raise */
+#else
+    return 0;
+#endif
+}
 
 static _Atomic int64_t live[PAR_TAG_COUNT];
 static _Atomic int64_t peak[PAR_TAG_COUNT];

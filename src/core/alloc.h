@@ -39,6 +39,20 @@ void par_alloc_reset_peaks(void);
 /* Logs (at `level` of core/log.h) one line per tag with live bytes. */
 void par_alloc_report(int level);
 
+/* The process's malloc policy for many ranks in one process (called once
+ * by the CLI before any rank runs).  glibc maps a block of the mmap
+ * threshold or more on its own and unmaps it when freed, but by default it
+ * raises that threshold to the largest block freed so far (up to 32 MiB):
+ * after the first step the ranks' activation chunks and exchange buffers
+ * land in shared heaps, where the holes left between other ranks' live
+ * blocks stay resident.  This fixes the threshold at PAR_ALLOC_MMAP_MIN
+ * (measured: v4-mini B=128 EP128, peak RSS 7.60 -> 6.95 GiB on threads,
+ * 7.68 -> 6.93 GiB on fiber; docs/planning.md).  A user's own
+ * MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES is left to glibc.  Returns 1 when
+ * it set the threshold. */
+#define PAR_ALLOC_MMAP_MIN (128u << 10)
+int par_alloc_process_init(void);
+
 /* Accounting scopes: per-thread counters on top of the global ones, so that
  * the ranks of a thread world (one thread each) can each measure their own
  * memory.  A thread enters a scope; every block it allocates is charged to

@@ -212,7 +212,7 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free((void *)M->ew);
     par_free(M->egw);
     par_free(M->loc);
-    if (M->tab.p)
+    if (M->tab.p && !M->tab_borrowed)
         par_param_table_free(&M->tab);
     memset(M, 0, sizeof *M);
 }
@@ -361,8 +361,10 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
                        (long long)cfg->hc_mult, PAR_HC_MAX_N);
     M->cfg = *cfg;
     M->seed = seed;
-    st = par_param_table_build(&M->tab, cfg);
-    if (st) {
+    if (hold && hold->tab && !memcmp(&hold->tab->cfg, cfg, sizeof *cfg)) { /* all 8-byte fields: no padding */
+        M->tab = *hold->tab;
+        M->tab_borrowed = 1;
+    } else if ((st = par_param_table_build(&M->tab, cfg))) {
         memset(&M->tab, 0, sizeof M->tab);
         return st;
     }

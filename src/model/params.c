@@ -255,6 +255,11 @@ par_status par_param_table_build(par_param_table *t, const par_config *cfg)
     }
     tt.n_float = b.n_float;
     tt.n_i32 = b.n_i32;
+    if (b.cap > tt.n && tt.n > 0) { /* the doubling's slack back: every rank holds a table */
+        par_param *np = par_realloc(tt.p, (size_t)tt.n * sizeof *np, PAR_TAG_MODEL);
+        if (np)
+            tt.p = np;
+    }
     int cap = 16;
     while (cap < 2 * tt.n)
         cap *= 2;

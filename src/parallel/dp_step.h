@@ -62,7 +62,7 @@ typedef struct {
 #define PAR_DPW_MEM_FIELDS 6
 
 typedef struct {
-    par_param_table lt;       /* local table: entries of M->tab, offsets = M->loc (p owned, the rest shared-NULL) */
+    int n_tab;                /* entries of M->tab (the plans map them to M->loc: par_zero_entry.off) */
     par_dp_mode mode;
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];
@@ -78,6 +78,11 @@ void PAR_FN(par_dpw_free)(PAR_FN(par_dpw) *w);
  * replicated over pipeline stages is counted on one stage only).  PAR_EINVAL
  * for an index outside the table. */
 par_status PAR_FN(par_dpw_set_norm_skip)(PAR_FN(par_dpw) *w, int idx);
+
+/* The deliberate bug of a TP shard fed to Muon (PAR_TP_FAULT_MUON_SHARD,
+ * tests and fault cells only): the dense plan updates every TP-split Muon
+ * matrix per shard of tp ranks (parallel/tp_muon.h par_tp_muon_shard_fault). */
+void PAR_FN(par_dpw_set_tp_muon_shard_fault)(PAR_FN(par_dpw) *w, int tp);
 
 /* The optimizer step described above.  Collective over the world. */
 par_status PAR_FN(par_dpw_step)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);

@@ -17,6 +17,7 @@
 #include "parallel/dp_step.h"
 #include "parallel/executor.h"
 #include "parallel/groups.h"
+#include "parallel/tp.h"
 #include "parallel/tp_split.h"
 
 /* OpenBLAS (cblas.h is not included: with <complex.h> it defines I, a
@@ -54,6 +55,7 @@ typedef struct {
     int64_t *cursor;          /* [steps] data cursor after each step's batch */
     int64_t saves;            /* checkpoints written (rank 0) */
     int64_t n_float;
+    par_param_table tab;      /* the parameter table every rank's model borrows (built once) */
     par_costas ca;            /* --cost-as (parallel/costas.h; has_ca 0: off) */
     int has_ca;
 } shared;
@@ -138,12 +140,15 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
         return s;
     par_exec_opts eo = {.seed = o->seed, .moe_dispatch = o->moe_dispatch, .net = o->netmodel,
                         .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
-                        .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults};
+                        .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults,
+                        .tab = &R->tab};
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
     if ((s = PAR_FN(par_dpw_init)(&S->dpw, P, &S->M)))
         return s;
+    if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
+        PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
     const uint8_t *skip = PAR_FN(par_exec_norm_skip)(S->ex);
     for (int i = 0; i < S->M.tab.n; i++)
         if (skip[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
@@ -208,25 +213,43 @@ static par_status rank_step(shared *R, rank_state *S, int64_t k)
     return PAR_OK;
 }
 
-/* n elements of every rank, in rank order, into out [N * n] on rank 0. */
-static par_status to_rank0(par_comm *world, const void *mine, size_t n, par_ctype t, void *out)
+/* One rank's report record: the counters, memory and allocator peaks of
+ * rank_report, as 64-bit words (the two timings are doubles). */
+#define REPORT_WORDS (6 + 4 + 2 + 4 + PAR_RUN_MEM + 2 * PAR_TAG_COUNT)
+#define REPORT_TAG 7401
+
+/* Rank 0 unpacks world rank r's record into the shared tables. */
+static void report_put(shared *R, int r, const int64_t *w)
 {
-    int N = par_comm_size(world);
-    size_t es = par_ctype_size(t);
-    void *all = par_malloc((size_t)N * n * es, PAR_TAG_COMM);
-    if (!all)
-        return par_err(PAR_ENOMEM, "run: out of memory for %d x %zu counters", N, n);
-    par_status s = par_allgather(world, mine, all, n, t);
-    if (!s && par_comm_rank(world) == 0)
-        memcpy(out, all, (size_t)N * n * es);
-    par_free(all);
+    memcpy(R->rank_ctr + (size_t)r * 6, w, 6 * sizeof *w);
+    memcpy(R->ep_tier + (size_t)r * 4, w + 6, 4 * sizeof *w);
+    memcpy(R->ep_time + (size_t)r * 2, w + 10, 2 * sizeof *w);
+    memcpy(R->cp_ctr + (size_t)r * 4, w + 12, 4 * sizeof *w);
+    memcpy(R->mem + (size_t)r * PAR_RUN_MEM, w + 16, PAR_RUN_MEM * sizeof *w);
+    memcpy(R->apeak + (size_t)r * 2 * PAR_TAG_COUNT, w + 16 + PAR_RUN_MEM, 2 * PAR_TAG_COUNT * sizeof *w);
+}
+
+/* Every rank's record to rank 0, point to point: rank 0 receives them in
+ * rank order into its tables.  Not an all-gather: that held N records on
+ * every rank at once (O(N^2) bytes at the end of a run: 10.7 GB at 8,192
+ * ranks). */
+static par_status records_to_rank0(shared *R, par_comm *world, const int64_t *mine)
+{
+    int N = par_comm_size(world), me = par_comm_rank(world);
+    if (me != 0)
+        return par_send(world, mine, REPORT_WORDS, PAR_C_I64, 0, REPORT_TAG);
+    report_put(R, 0, mine);
+    int64_t w[REPORT_WORDS];
+    par_status s = PAR_OK;
+    for (int r = 1; r < N && !s; r++)
+        if (!(s = par_recv(world, w, REPORT_WORDS, PAR_C_I64, r, REPORT_TAG)))
+            report_put(R, r, w);
     return s;
 }
 
 /* Per-rank counters and memory to rank 0's tables. */
 static par_status rank_report(shared *R, rank_state *S)
 {
-    par_comm *world = S->P.world;
     par_exec_info xi;
     PAR_FN(par_exec_info_get)(S->ex, &xi);
     if (S->P.rank == 0)
@@ -237,22 +260,18 @@ static par_status rank_report(shared *R, rank_state *S)
     par_dpw_memory mm;
     PAR_FN(par_dpw_memory_of)(&S->dpw, &S->M, &mm);
     mm.act = xi.act_peak;
-    int64_t ctr[6] = {ec.rows_sent, ec.rows_recv, ec.dispatch_bytes, ec.combine_bytes, ec.calls, S->M.n_local};
-    int64_t ept[4] = {ec.dispatch_nvlink, ec.dispatch_ib, ec.combine_nvlink, ec.combine_ib};
+    int64_t w[REPORT_WORDS] = {ec.rows_sent, ec.rows_recv, ec.dispatch_bytes, ec.combine_bytes, ec.calls,
+                               S->M.n_local, ec.dispatch_nvlink, ec.dispatch_ib, ec.combine_nvlink, ec.combine_ib};
     double eps[2] = {ec.dispatch_s, ec.combine_s};
-    int64_t cpm[4] = {ct.halo_fwd, ct.gather_fwd, ct.rs_bwd, ct.halo_bwd};
-    int64_t mem[PAR_RUN_MEM] = {mm.weights, mm.grads, mm.optim, mm.optim_full, mm.act, mm.comm};
+    memcpy(w + 10, eps, sizeof eps);
+    int64_t tail[4 + PAR_RUN_MEM] = {ct.halo_fwd, ct.gather_fwd, ct.rs_bwd, ct.halo_bwd, mm.weights, mm.grads,
+                                     mm.optim, mm.optim_full, mm.act, mm.comm};
+    memcpy(w + 12, tail, sizeof tail);
     par_alloc_stats ast;
     par_alloc_scope_stats(S->ascope, &ast);
-    int64_t ap[2 * PAR_TAG_COUNT];
-    memcpy(ap, ast.peak, sizeof ast.peak);
-    memcpy(ap + PAR_TAG_COUNT, ast.res_peak, sizeof ast.res_peak);
-    par_status s;
-    if ((s = to_rank0(world, ctr, 6, PAR_C_I64, R->rank_ctr)) || (s = to_rank0(world, ept, 4, PAR_C_I64, R->ep_tier)) ||
-        (s = to_rank0(world, eps, 2, PAR_C_F64, R->ep_time)) || (s = to_rank0(world, cpm, 4, PAR_C_I64, R->cp_ctr)) ||
-        (s = to_rank0(world, mem, PAR_RUN_MEM, PAR_C_I64, R->mem)))
-        return s;
-    return to_rank0(world, ap, 2 * PAR_TAG_COUNT, PAR_C_I64, R->apeak);
+    memcpy(w + 16 + PAR_RUN_MEM, ast.peak, sizeof ast.peak);
+    memcpy(w + 16 + PAR_RUN_MEM + PAR_TAG_COUNT, ast.res_peak, sizeof ast.res_peak);
+    return records_to_rank0(R, S->P.world, w);
 }
 
 static par_status rank_main(par_comm *world, void *arg)
@@ -403,6 +422,7 @@ static void shared_free(shared *R)
     par_free(R->mem);
     par_free(R->apeak);
     par_free(R->cursor);
+    par_param_table_free(&R->tab);
     par_costas_free(&R->ca);
 }
 
@@ -454,11 +474,8 @@ static par_status prebuild(shared *R, par_golden_opts *go, par_golden_data *ds)
         memcpy(R->seg + (size_t)k * BS, full.segments, BS * sizeof *R->seg);
     }
     par_batch_free(&full);
-    par_param_table t;
-    if (!s && !(s = par_param_table_build(&t, &R->cfg))) {
-        R->n_float = t.n_float;
-        par_param_table_free(&t);
-    }
+    if (!s && !(s = par_param_table_build(&R->tab, &R->cfg)))
+        R->n_float = R->tab.n_float;
     return s;
 }
 
@@ -480,7 +497,12 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         .distributed_optimizer = l->distributed_optimizer, .schedule = l->pp > 1 ? l->schedule : "none",
         .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
     };
-    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, PAR_FN(par_golden_layout_json)(&gl),
+    cJSON *lj = PAR_FN(par_golden_layout_json)(&gl);
+    if (lj && (l->sequence_parallel || l->tp_all_layers)) { /* only when given: other manifests unchanged */
+        cJSON_AddBoolToObject(lj, "sequence_parallel", l->sequence_parallel);
+        cJSON_AddBoolToObject(lj, "tp_all_layers", l->tp_all_layers || l->sequence_parallel);
+    }
+    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, lj,
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)
         return s;

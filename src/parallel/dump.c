@@ -87,21 +87,29 @@ static par_status cp_place(void *out, const void *in, size_t n, size_t esz, cons
     return PAR_OK;
 }
 
-/* Rank 0 receives n[r] elements from every rank r of c, in rank order. */
+#define GATHER_TAG 7402
+
+/* Rank 0 receives n[r] elements from every rank r of c, in rank order, into
+ * out (n: rank 0's, NULL elsewhere), point to point: an all-to-all-v would
+ * give every rank two count arrays of the world's size at once (O(N^2) bytes
+ * over a world of fibers). */
 static par_status gather0(par_comm *c, const void *in, size_t n_mine, void *out, const size_t *n, par_ctype t)
 {
     int N = par_comm_size(c), me = par_comm_rank(c);
-    size_t *sc = par_calloc((size_t)N * 2, sizeof *sc, PAR_TAG_COMM);
-    if (!sc)
-        return par_err(PAR_ENOMEM, "pipeline dump: out of memory");
-    size_t *rc = sc + N;
-    sc[0] = n_mine;
-    if (me == 0)
-        for (int r = 0; r < N; r++)
-            rc[r] = n[r];
-    static char dummy[64];
-    par_status s = par_alltoallv(c, in ? in : dummy, sc, NULL, me == 0 && out ? out : dummy, rc, NULL, t);
-    par_free(sc);
+    size_t es = par_ctype_size(t);
+    if (me != 0)
+        return n_mine ? par_send(c, in, n_mine, t, 0, GATHER_TAG) : PAR_OK;
+    if (n[0] != n_mine)
+        return par_err(PAR_EINTERNAL, "pipeline dump: rank 0 supplies %zu elements, %zu expected", n_mine, n[0]);
+    if (n_mine)
+        memcpy(out, in, n_mine * es);
+    size_t at = n_mine;
+    par_status s = PAR_OK;
+    for (int r = 1; r < N && !s; r++) {
+        if (n[r])
+            s = par_recv(c, (char *)out + at * es, n[r], t, r, GATHER_TAG);
+        at += n[r];
+    }
     return s;
 }
 
@@ -130,9 +138,10 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
         if (supplies(ex, P, M, &P->rc, i))
             mine += (size_t)t->p[i].numel;
     par_real *pack = par_malloc((mine ? mine : 1) * sizeof *pack, PAR_TAG_COMM), *recv = NULL;
-    size_t *cnt = par_calloc((size_t)N, sizeof *cnt, PAR_TAG_COMM);
-    par_rank_coords *rcs = par_malloc((size_t)N * sizeof *rcs, PAR_TAG_COMM);
-    if (!pack || !cnt || !rcs)
+    /* the world's counts and coordinates: rank 0's alone (O(N) on one rank, not on every rank) */
+    size_t *cnt = P->rank == 0 ? par_calloc((size_t)N, sizeof *cnt, PAR_TAG_COMM) : NULL;
+    par_rank_coords *rcs = P->rank == 0 ? par_malloc((size_t)N * sizeof *rcs, PAR_TAG_COMM) : NULL;
+    if (!pack || (P->rank == 0 && (!cnt || !rcs)))
         goto fail_oom;
     size_t o = 0;
     for (int i = 0; i < t->n; i++)
@@ -187,15 +196,16 @@ static par_status gather_kept(exec_t *ex, const par_pctx *P, const void *kept, i
     size_t n = (size_t)(ex->Bl * (ex->S / ex->CP) * per) * esz;
     par_status s;
     unsigned char *buf = par_calloc(n ? n : 1, 1, PAR_TAG_IO);
-    size_t *cnt = par_calloc((size_t)P->N, sizeof *cnt, PAR_TAG_COMM);
-    if (!buf || !cnt) {
+    size_t *cnt = P->rank == 0 ? par_calloc((size_t)P->N, sizeof *cnt, PAR_TAG_COMM) : NULL;
+    if (!buf || (P->rank == 0 && !cnt)) {
         s = par_err(PAR_ENOMEM, "pipeline dump: out of memory for %zu bytes", n);
         goto done;
     }
     if (kept)
         memcpy(buf, kept, n);
     par_field f = PAR_FIELD(buf, n, PAR_C_BYTE);
-    if ((s = par_reduce_fields(ex->pc, &f, 1, NULL)))
+    /* SP: each TP rank kept its columns of the rows, zeros elsewhere (exact) */
+    if ((ex->spn > 1 && (s = par_reduce_fields(ex->tokc, &f, 1, NULL))) || (s = par_reduce_fields(ex->pc, &f, 1, NULL)))
         goto done;
     if (P->rank == 0) {
         for (int r = 0; r < P->N; r++) {

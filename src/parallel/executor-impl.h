@@ -16,6 +16,8 @@
 #include "parallel/schedule.h"
 #include "parallel/etp_hook.h"
 #include "parallel/tp_hook.h"
+#include "parallel/tp_moe_hook.h"
+#include "parallel/tp_vocab_hook.h"
 
 /* One stage of this rank: its segment's items and their block indices. */
 typedef struct {
@@ -62,9 +64,18 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
+    PAR_FN(par_tp_vocab_hook) *tpvh; /* TP > 1 with tp_all_layers: the embedding / head hook (M->vocab) */
+    PAR_FN(par_tp_moe_hook) *tpmh;   /* the same with EP = ETP = 1: the shared expert's hook (M->moe) */
+    unsigned tp_grads;        /* what par_reduce_tp_grads sums (PAR_TPG_*) */
     PAR_FN(par_etp_hook) *etph; /* ETP > 1: the MoE hook (M->moe) */
     par_comm *etpc;           /* ETP > 1: the ETP group */
     int64_t CP;
+    /* The group whose ranks hold disjoint column slices of the same rows:
+     * CP's, or TP's under sequence parallelism (TP x CP is refused); NULL:
+     * none.  spn: the slices per CP slice (TP under SP, else 1); the rank's
+     * columns are [(cp*spn + tp) * S/(CP*spn), ...). */
+    par_comm *tokc;
+    int64_t spn, col;
     int n_local;              /* stages on this rank */
     lstage *ls;               /* [n_local] */
     int *stage_local;         /* [n_stages * n_dirs]: local index of (dir, stage) or -1 */
@@ -109,7 +120,8 @@ struct PAR_FN(par_exec_s) {
 typedef PAR_FN(par_exec) exec_t;
 
 /* holders.c: this rank's stages, its model, the holder of every entry. */
-par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1);
+par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
+                                  const par_param_table *tab);
 void PAR_FN(par__exec_hold_free)(exec_t *ex);
 
 /* stage.c: slots and the compute of one (mb, stage). */

@@ -81,6 +81,8 @@ typedef struct {
     const par_costas *ca;     /* --cost-as (parallel/costas.h) or NULL: with a network,
                                * the clock charges the target's compute and bytes */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (parallel/tp.h); 0 in real runs */
+    const par_param_table *tab; /* the run's parameter table for the model to borrow (one per
+                                 * process instead of one per rank; NULL: the model builds one) */
 } par_exec_opts;
 
 /* Collective over the world (every rank calls it): the schedule of P->lay,

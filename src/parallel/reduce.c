@@ -69,43 +69,57 @@ static par_status dp_windows(par_comm *dp, const PAR_FN(par_stats) *st, int64_t 
     return s;
 }
 
+#define TERMS_TAG 7403
+
+/* DP rank r's rows of one per-sample array (w elements of type t per
+ * sample, rank r's window's worth) into DP rank 0's all [Nsg, w] at its
+ * window's first sample, point to point in rank order (the others send). */
+static par_status rows_to_root(par_comm *dp, const int64_t *wins, const void *mine, int64_t Ns, size_t w,
+                               par_ctype t, void *all, int tag)
+{
+    const int N = par_comm_size(dp), me = par_comm_rank(dp);
+    const size_t es = par_ctype_size(t) * w;
+    if (me != 0)
+        return Ns ? par_send(dp, mine, (size_t)Ns * w, t, 0, tag) : PAR_OK;
+    if (Ns)
+        memcpy((char *)all + (size_t)wins[0] * es, mine, (size_t)Ns * es);
+    par_status s = PAR_OK;
+    for (int r = 1; r < N && !s; r++)
+        if (wins[2 * r + 1])
+            s = par_recv(dp, (char *)all + (size_t)wins[2 * r] * es, (size_t)wins[2 * r + 1] * w, t, r, tag);
+    return s;
+}
+
 /* Every DP rank's per-sample terms ([q][2] CE sums, [q][nb] aux terms) in
- * global sample order into ce [2, Nsg] and aux [nb, Nsg]. */
+ * global sample order into DP rank 0's ce [2, Nsg] and aux [nb, Nsg] (NULL
+ * on the others).  Only rank 0 holds the global batch's samples: every rank
+ * used to gather them all (two all-gathers of O(global samples x blocks) on
+ * every rank at once: configs B and C's 8,192 ranks each held the 4,096
+ * rows' samples). */
 static par_status dp_gather_terms(par_comm *dp, const PAR_FN(par_stats) *st, const int64_t *wins, double *ce,
                                   par_real *aux)
 {
-    const int N = par_comm_size(dp);
     const int64_t nb = st->n_blocks, Ns = st->Ns, Nsg = st->Ns_global;
     size_t nsl = (size_t)(Ns > 0 ? Ns : 1), nsg = (size_t)(Nsg > 0 ? Nsg : 1), nbb = (size_t)(nb > 0 ? nb : 1);
-    size_t *cnt = par_malloc((size_t)N * 2 * sizeof *cnt, PAR_TAG_COMM);
+    const int root = par_comm_rank(dp) == 0;
     double *ce_loc = par_malloc(nsl * 2 * sizeof *ce_loc, PAR_TAG_COMM);
-    double *ce_all = par_malloc(nsg * 2 * sizeof *ce_all, PAR_TAG_COMM);
     par_real *aux_loc = par_malloc(nsl * nbb * sizeof *aux_loc, PAR_TAG_COMM);
-    par_real *aux_all = par_malloc(nsg * nbb * sizeof *aux_all, PAR_TAG_COMM);
+    double *ce_all = root ? par_malloc(nsg * 2 * sizeof *ce_all, PAR_TAG_COMM) : NULL;
+    par_real *aux_all = root ? par_malloc(nsg * nbb * sizeof *aux_all, PAR_TAG_COMM) : NULL;
     par_status s = PAR_OK;
-    if (!cnt || !ce_loc || !ce_all || !aux_loc || !aux_all) {
+    if (!ce_loc || !aux_loc || (root && (!ce_all || !aux_all))) {
         s = par_err(PAR_ENOMEM, "stats reduce: out of memory (%lld samples, %lld blocks)", (long long)Nsg,
                     (long long)nb);
         goto done;
     }
-    size_t *dsp = cnt + N;
     for (int64_t q = 0; q < Ns; q++) {
         ce_loc[2 * q] = st->ce_main[q];
         ce_loc[2 * q + 1] = st->ce_mtp[q];
         for (int64_t b = 0; b < nb; b++)
             aux_loc[q * nb + b] = st->aux[b * Ns + q];
     }
-    for (int r = 0; r < N; r++) {
-        cnt[r] = (size_t)wins[2 * r + 1] * 2;
-        dsp[r] = (size_t)wins[2 * r] * 2;
-    }
-    if ((s = par_allgatherv(dp, ce_loc, (size_t)Ns * 2, ce_all, cnt, dsp, PAR_C_F64)))
-        goto done;
-    for (int r = 0; r < N; r++) {
-        cnt[r] = (size_t)(wins[2 * r + 1] * nb);
-        dsp[r] = (size_t)(wins[2 * r] * nb);
-    }
-    if ((s = par_allgatherv(dp, aux_loc, (size_t)(Ns * nb), aux_all, cnt, dsp, PAR_C_REAL)))
+    if ((s = rows_to_root(dp, wins, ce_loc, Ns, 2, PAR_C_F64, ce_all, TERMS_TAG)) ||
+        (s = rows_to_root(dp, wins, aux_loc, Ns, (size_t)nb, PAR_C_REAL, aux_all, TERMS_TAG + 1)) || !root)
         goto done;
     for (int64_t q = 0; q < Nsg; q++) {
         ce[q] = ce_all[2 * q];
@@ -114,15 +128,16 @@ static par_status dp_gather_terms(par_comm *dp, const PAR_FN(par_stats) *st, con
             aux[b * Nsg + q] = aux_all[q * nb + b];
     }
 done:
-    par_free(cnt);
     par_free(ce_loc);
-    par_free(ce_all);
     par_free(aux_loc);
+    par_free(ce_all);
     par_free(aux_all);
     return s;
 }
 
-/* Step 3: loads over DP, the losses from every sample in global order. */
+/* Step 3: loads over DP, the losses from every sample in global order on DP
+ * rank 0, broadcast to the group (the same bits every rank computed when
+ * each gathered every sample). */
 static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
 {
     PAR_FN(par_stats) *st = &M->stats;
@@ -131,18 +146,21 @@ static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
     par_status s = par_reduce_fields(dp, &lf, 1, NULL);
     if (s)
         return s;
+    const int root = par_comm_rank(dp) == 0;
     size_t nsg = (size_t)(Nsg > 0 ? Nsg : 1);
     int64_t *wins = par_malloc((size_t)par_comm_size(dp) * 2 * sizeof *wins, PAR_TAG_COMM);
-    double *ce = par_malloc(nsg * 2 * sizeof *ce, PAR_TAG_COMM);
-    par_real *aux = par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux, PAR_TAG_COMM);
-    if (!wins || !ce || !aux)
+    double *ce = root ? par_malloc(nsg * 2 * sizeof *ce, PAR_TAG_COMM) : NULL;
+    par_real *aux = root ? par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux, PAR_TAG_COMM) : NULL;
+    if (!wins || (root && (!ce || !aux)))
         s = par_err(PAR_ENOMEM, "stats reduce: out of memory for %lld samples", (long long)Nsg);
     if (!s && !(s = dp_windows(dp, st, wins))) {
         PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
         s = dp_gather_terms(dp, st, wins, ce, aux);
     }
-    if (!s)
+    if (!s && root)
         PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, ce, ce + Nsg, aux, Nsg, &M->last);
+    if (!s)
+        s = par_bcast(dp, &M->last, sizeof M->last, PAR_C_BYTE, 0);
     par_free(wins);
     par_free(ce);
     par_free(aux);
@@ -155,9 +173,12 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     par_field f[6];
     int nf = stats_fields(st, f);
     par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
+    /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
+    par_comm *sp = P->lay->sequence_parallel ? P->g.g[PAR_GROUP_TP] : NULL;
     par_status s;
     if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
-        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))))
+        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
+        (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
         return s;
     par_comm *dp = P->g.g[PAR_GROUP_DP];
     if (!dp)
@@ -194,22 +215,31 @@ static int shared_wanted(const par_param_table *t, const PAR_FN(par_model) *M, i
     return want && p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0;
 }
 
-/* The entries of a tensor-parallel sum: kind 0 the attention's
- * (layers.N.attn.* / mtp.N.attn.*), 1 the same without attn.wkv.weight (the
- * deliberate fault), 2 the routed experts'. */
-static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, int kind)
+/* The entries of a tensor-parallel sum: kind 2 the routed experts' (ETP),
+ * else the PAR_TPG_* bits of par_reduce_tp_grads: the attention's
+ * (layers.N.attn.* / mtp.N.attn.*; SKIP_WKV: without attn.wkv.weight, the
+ * deliberate fault), VOCAB embed / head, SHARED the shared experts', ALL
+ * every dense entry. */
+enum { TP_KIND_ETP = 1u << 30 };
+static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, unsigned kind)
 {
     const par_param *p = &t->p[i];
     if (p->dtype != PAR_PDT_REAL || !p->has_grad || M->loc[i] < 0)
         return 0;
-    if (kind == 2)
+    if (kind & TP_KIND_ETP)
         return p->expert >= 0;
     const char *a = strstr(p->name, ".attn.");
-    return a && !(kind == 1 && strcmp(a, ".attn.wkv.weight") == 0);
+    if (a && (kind & PAR_TPG_SKIP_WKV) && strcmp(a, ".attn.wkv.weight") == 0)
+        return 0;
+    if (a || ((kind & PAR_TPG_ALL) && p->expert < 0))
+        return 1;
+    if ((kind & PAR_TPG_VOCAB) && (i == t->top.embed || i == t->top.head))
+        return 1;
+    return (kind & PAR_TPG_SHARED) && strstr(p->name, ".shared_experts.") != NULL;
 }
 
 /* Every entry of `kind` summed over c. */
-static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, int kind)
+static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, unsigned kind)
 {
     const par_param_table *t = &M->tab;
     int n = 0;
@@ -228,17 +258,18 @@ static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, int kind)
 
 par_status PAR_FN(par_reduce_etp_grads)(PAR_FN(par_model) *M, par_comm *etp)
 {
-    return etp && par_comm_size(etp) > 1 ? tp_sum(M, etp, 2) : PAR_OK;
+    return etp && par_comm_size(etp) > 1 ? tp_sum(M, etp, TP_KIND_ETP) : PAR_OK;
 }
 
-par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv)
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsigned what)
 {
     if (!tp || par_comm_size(tp) <= 1)
         return PAR_OK;
     const par_param_table *t = &M->tab;
-    par_status s = tp_sum(M, tp, skip_wkv ? 1 : 0);
-    /* the routed experts' group (EDP) spans the TP ranks: count them once */
-    for (int i = 0; !s && par_comm_rank(tp) != 0 && i < t->n; i++)
+    par_status s = tp_sum(M, tp, what & ~(unsigned)TP_KIND_ETP);
+    /* the routed experts' group (EDP) spans the TP ranks: count them once
+     * (with ALL each TP rank holds its own tokens' share: the EDP sum adds them) */
+    for (int i = 0; !s && !(what & PAR_TPG_ALL) && par_comm_rank(tp) != 0 && i < t->n; i++)
         if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
             memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
     return s;

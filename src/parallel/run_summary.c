@@ -35,6 +35,10 @@ static cJSON *layout_json(const par_layout *l)
     cJSON_AddNumberToObject(j, "micro_batch_size", (double)l->micro_batch);
     cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
     cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
+    if (l->sequence_parallel || l->tp_all_layers) { /* only when given: older summaries unchanged */
+        cJSON_AddBoolToObject(j, "sequence_parallel", l->sequence_parallel);
+        cJSON_AddBoolToObject(j, "tp_all_layers", l->tp_all_layers || l->sequence_parallel);
+    }
     if (l->pp > 1) {
         char str[PAR_LAYOUT_STR_MAX];
         par_pplayout_format(&l->pipe, str, (int)sizeof str);
@@ -251,6 +255,15 @@ static cJSON *loads_json(const par_run_summary *sum)
     return j;
 }
 
+/* {tag name: bytes} of one rank's allocator peaks. */
+static cJSON *tag_bytes_json(const int64_t *peak /* [PAR_TAG_COUNT] */)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int t = 0; o && t < PAR_TAG_COUNT; t++)
+        cJSON_AddNumberToObject(o, par_tag_name((par_tag)t), (double)peak[t]);
+    return o;
+}
+
 static cJSON *memory_json(const par_run_summary *sum)
 {
     static const char *const kind[PAR_RUN_MEM] = {"weights", "gradients", "optimizer_state",
@@ -266,6 +279,8 @@ static cJSON *memory_json(const par_run_summary *sum)
         cJSON_AddNumberToObject(o, "rank", (double)r);
         for (int k = 0; k < PAR_RUN_MEM; k++)
             cJSON_AddNumberToObject(o, kind[k], (double)sum->mem[r * PAR_RUN_MEM + k]);
+        if (sum->alloc_res_peak) /* the allocator's measured truth (core/alloc.h scope), reserved view */
+            cJSON_AddItemToObject(o, "allocator_reserved_peak", tag_bytes_json(sum->alloc_res_peak + r * PAR_TAG_COUNT));
     }
     return a;
 }

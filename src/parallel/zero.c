@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "model/optim.h"
 #include "parallel/reduce_sum.h"
+#include "parallel/tp_muon.h"
 
 #if PAR_REAL_BITS == 64
 #define ZC PAR_C_F64
@@ -131,10 +132,9 @@ static int64_t adam_at(const plan_t *pl, int64_t p)
  * layout (dp segments of seg); AdamW tensors may straddle shard borders. */
 static void pack(const plan_t *pl, const par_real *flat, par_real *packed)
 {
-    const par_param_table *t = pl->t;
     for (int i = 0; i < pl->n; i++) {
         const par_zero_entry *e = &pl->e[i];
-        const par_real *f = flat + t->p[e->idx].offset;
+        const par_real *f = flat + e->off;
         if (e->opt == PAR_OPT_MUON) {
             memcpy(packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, f, (size_t)e->numel * sizeof *f);
             continue;
@@ -148,10 +148,9 @@ static void pack(const plan_t *pl, const par_real *flat, par_real *packed)
 
 static void unpack(const plan_t *pl, const par_real *packed, par_real *flat)
 {
-    const par_param_table *t = pl->t;
     for (int i = 0; i < pl->n; i++) {
         const par_zero_entry *e = &pl->e[i];
-        par_real *f = flat + t->p[e->idx].offset;
+        par_real *f = flat + e->off;
         if (e->opt == PAR_OPT_MUON) {
             memcpy(f, packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, (size_t)e->numel * sizeof *f);
             continue;
@@ -169,7 +168,7 @@ static void unpack(const plan_t *pl, const par_real *packed, par_real *flat)
 static const par_real *grad_of(const plan_t *pl, const par_zero_entry *e, int q, const par_real *g, int64_t a)
 {
     if (!g) {
-        const int64_t off = pl->t->p[e->idx].offset;
+        const int64_t off = e->off;
         return pl->rg + off + (e->opt == PAR_OPT_MUON ? 0 : a - e->pos);
     }
     return e->opt == PAR_OPT_MUON ? g + pl->shard + e->pos : g + (a - (int64_t)q * pl->shard);
@@ -193,7 +192,7 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
         if (e->opt != PAR_OPT_ADAMW || !adam_piece(pl, e, q, &a, &b))
             continue;
         const par_param *p = &t->p[e->idx];
-        par_real *src = params + p->offset + (a - e->pos);
+        par_real *src = params + e->off + (a - e->pos);
         par_real *dst = src;
         if (w) {
             dst = w + (a - base);
@@ -205,14 +204,18 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
     for (int k = pl->owned_begin[q]; k < pl->owned_begin[q + 1]; k++) {
         const par_zero_entry *e = &pl->e[pl->owned[k]];
         const par_param *p = &t->p[e->idx];
-        par_real *dst = params + p->offset;
+        par_real *dst = params + e->off;
         if (w) {
             dst = w + pl->shard + e->pos;
-            memcpy(dst, params + p->offset, (size_t)e->numel * sizeof *dst);
+            memcpy(dst, params + e->off, (size_t)e->numel * sizeof *dst);
         }
-        par_status st = PAR_FN(par_muon_update)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->shape[0],
-                                                p->shape[1], gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0,
-                                                cfg->mu);
+        par_status st =
+            pl->tp_muon_shard_fault > 1
+                ? PAR_FN(par_tp_muon_shard_fault)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->name,
+                                                  p->shape[0], p->shape[1], pl->tp_muon_shard_fault, gscale, cfg->lr,
+                                                  p->weight_decay ? cfg->wd : 0.0, cfg->mu)
+                : PAR_FN(par_muon_update)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->shape[0], p->shape[1],
+                                          gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0, cfg->mu);
         if (st)
             return st;
     }
@@ -225,14 +228,13 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
 static void state_copy(const plan_t *pl, int q, par_real *m, par_real *v, par_real *mom, par_real *m_full,
                        par_real *v_full, int to_full)
 {
-    const par_param_table *t = pl->t;
     const int64_t base = (int64_t)q * pl->shard;
     for (int i = 0; i < pl->n; i++) {
         const par_zero_entry *e = &pl->e[i];
         int64_t a, b;
         if (e->opt != PAR_OPT_ADAMW || !adam_piece(pl, e, q, &a, &b))
             continue;
-        const int64_t off = t->p[e->idx].offset + (a - e->pos);
+        const int64_t off = e->off + (a - e->pos);
         const size_t nb = (size_t)(b - a) * sizeof *m;
         if (to_full) {
             memcpy(m_full + off, m + (a - base), nb);
@@ -244,7 +246,7 @@ static void state_copy(const plan_t *pl, int q, par_real *m, par_real *v, par_re
     }
     for (int k = pl->owned_begin[q]; k < pl->owned_begin[q + 1]; k++) {
         const par_zero_entry *e = &pl->e[pl->owned[k]];
-        const int64_t off = t->p[e->idx].offset;
+        const int64_t off = e->off;
         const size_t nb = (size_t)e->numel * sizeof *mom;
         if (to_full)
             memcpy(m_full + off, mom + e->pos, nb);
@@ -270,7 +272,7 @@ static par_status reduce_in_place(const plan_t *pl, par_comm *comm, par_real *gr
     size_t have = 0;
     int nf = 0;
     for (int i = 0; i < pl->n && !st; i++) {
-        par_real *p = grads + pl->t->p[pl->e[i].idx].offset;
+        par_real *p = grads + pl->e[i].off;
         for (size_t left = (size_t)pl->e[i].numel, take; left > 0 && !st; p += take, left -= take) {
             take = left < DP_REDUCE_CHUNK - have ? left : DP_REDUCE_CHUNK - have;
             f[nf++] = PAR_FIELD(p, take, ZC);

@@ -54,6 +54,7 @@ static int lay_out_entries(par_zero_geom *g)
             continue;
         par_zero_entry *e = &g->e[g->n];
         e->idx = i;
+        e->off = p->offset;
         e->opt = p->opt;
         e->numel = p->numel;
         if (p->opt == PAR_OPT_ADAMW) {
