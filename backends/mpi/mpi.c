@@ -120,6 +120,29 @@ static void mpi_at_exit(void)
         MPI_Finalize();
 }
 
+/* UCX's transports for parity's MPI worlds, unless the user chose them
+ * (UCX_TLS; UCX_TLS=all is UCX's own default).  UCX reads its environment
+ * in MPI_Init, so this runs before it.
+ *  - Off cross-memory attach (UCX_TLS=^cma): when the peer of a CMA transfer
+ *    dies (process_vm_readv/writev on its memory), UCX ends this process
+ *    from inside MPI_Test (ucs_fatal_error_message in uct_cma_ep_tx,
+ *    SIGABRT) before the watchdog can report.
+ *  - No rendezvous lanes (UCX_MAX_RNDV_LANES=0) when every process runs on
+ *    this host (hydra's MPI_LOCALNRANKS = PMI_SIZE): without CMA, UCX would
+ *    move large messages between them over TCP loopback, whose connections
+ *    held MPI_Finalize when the processes were slow; large messages then
+ *    take the shared-memory transport of the small ones.
+ * See docs/comm.md ("A process dies"). */
+static void ucx_transports(void)
+{
+    if (getenv("UCX_TLS"))
+        return;
+    setenv("UCX_TLS", "^cma", 0);
+    const char *local = getenv("MPI_LOCALNRANKS"), *size = getenv("PMI_SIZE");
+    if (local && size && !strcmp(local, size))
+        setenv("UCX_MAX_RNDV_LANES", "0", 0);
+}
+
 par_status par_mpi_procs(int *nprocs, int *proc)
 {
     par_status st = PAR_OK;
@@ -133,6 +156,7 @@ par_status par_mpi_procs(int *nprocs, int *proc)
     }
     if (!inited) {
         int prov = 0;
+        ucx_transports();
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS) {
             st = par_err(PAR_ECOMM, "mpi: MPI_Init_thread failed");
             goto done;
@@ -881,6 +905,44 @@ static void e_watch(mworld *e)
     }
 }
 
+/* Cancels the receive *q from process proc and waits until MPI lets it go.
+ * A receive that had already matched a message cannot be withdrawn: it
+ * completes when the rest of the data arrives, and from a process that died
+ * it never does (a blocking MPI_Wait here held the engine lock, and so the
+ * watchdog and the exit, forever).  So: poll, with the lock released between
+ * polls, and free the request once the process is known dead (nothing more
+ * comes from it; what it sent before it died was taken meanwhile).  A live
+ * process's message completes; one that does not within twice the world's
+ * timeout (a minute at least) is the last resort.  Under e->mu, released
+ * meanwhile. */
+static void cancel_recv(mworld *e, MPI_Request *q, int proc)
+{
+    MPI_Cancel(q);
+    double t = par__world_timeout(e->w), deadline = par__now() + (2 * t > 60 ? 2 * t : 60); /* as e_finish */
+    for (unsigned iter = 0;; iter++) {
+        int flag = 0;
+        MPI_Test(q, &flag, MPI_STATUS_IGNORE);
+        if (flag)
+            return;
+        if (e->dead && e->dead[proc]) {
+            MPI_Request_free(q);
+            return;
+        }
+        if (par__now() > deadline)
+            last_resort("a cancelled receive from a live MPI process did not complete within twice the timeout");
+        if (!e->watchdog_on && e->dead)
+            e_watch(e); /* no watchdog thread: check liveness here */
+        pthread_mutex_unlock(&e->mu);
+        if (iter < 200) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        pthread_mutex_lock(&e->mu);
+    }
+}
+
 static void *watchdog_main(void *arg)
 {
     mworld *e = arg;
@@ -1042,10 +1104,8 @@ static void withdraw_metas(mcomm *mc)
     int p = mc->p, orphans = 0;
     e_lock(e);
     for (int j = 0; j < p; j++) {
-        if (mc->rq[j] != MPI_REQUEST_NULL) {
-            MPI_Cancel(&mc->rq[j]);
-            MPI_Wait(&mc->rq[j], MPI_STATUS_IGNORE);
-        }
+        if (mc->rq[j] != MPI_REQUEST_NULL)
+            cancel_recv(e, &mc->rq[j], mc->proc[j]);
         if (mc->rq[p + j] != MPI_REQUEST_NULL) {
             int flag = 0;
             MPI_Test(&mc->rq[p + j], &flag, MPI_STATUS_IGNORE);
@@ -1164,11 +1224,8 @@ static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
                                   nm);
             e_lock(mc->e);
             for (int j = 0; j < p; j++) {
-                MPI_Request *q = &mc->rq[2 * p + j];
-                if (*q != MPI_REQUEST_NULL) {
-                    MPI_Cancel(q);
-                    MPI_Wait(q, MPI_STATUS_IGNORE);
-                }
+                if (mc->rq[2 * p + j] != MPI_REQUEST_NULL)
+                    cancel_recv(mc->e, &mc->rq[2 * p + j], mc->proc[j]);
             }
             pthread_mutex_unlock(&mc->e->mu);
             cancelled = 1;

@@ -33,6 +33,102 @@ static void print_mib(const char *what, int64_t bytes)
     printf("  %-8s %10.2f MiB\n", what, (double)bytes / (1024.0 * 1024.0));
 }
 
+/* The options that need no model: one argument rule each; 2 on a broken one. */
+static int check_usage(const par_positional *pos, const char *out, const char *data, const char *fixture,
+                       int64_t steps, int64_t seed, const char *device)
+{
+    if (pos->count) {
+        fprintf(stderr, "parity golden: unexpected argument '%s' (see 'parity golden --help')\n", pos->argv[0]);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "parity golden: --out DIR is required\n");
+        return 2;
+    }
+    if (data && fixture) {
+        fprintf(stderr, "parity golden: give --data or --fixture, not both\n");
+        return 2;
+    }
+    const par_cli_output outs[] = {{"--out", out, PAR_OUT_GOLDEN}};
+    if (par_cli_check_outputs("golden", outs, 1))
+        return 2;
+    if (steps < 1) {
+        fprintf(stderr, "parity golden: --steps must be >= 1 (got %lld)\n", (long long)steps);
+        return 2;
+    }
+    if (seed < 0) {
+        fprintf(stderr, "parity golden: --seed must be >= 0 (got %lld)\n", (long long)seed);
+        return 2;
+    }
+    if (par_cli_device("golden", device))
+        return 2;
+    return 0;
+}
+
+/* o->precision and o->cfg: the preset, the --set overrides, the batch size,
+ * validated and runnable; 2 (with the message) when not.  Leaves errors quiet
+ * on success (par_err_set_quiet(1)), as the run needs. */
+static int golden_config(par_golden_opts *o, const char *preset, const char *precision, const par_strlist *sets,
+                         int64_t gbs)
+{
+    if (!strcmp(precision, "f64"))
+        o->precision = 64;
+    else if (!strcmp(precision, "f32"))
+        o->precision = 32;
+    else {
+        fprintf(stderr, "parity golden: --precision expects f64 or f32, got '%s'\n", precision);
+        return 2;
+    }
+    par_err_set_quiet(1);
+    par_status s = par_config_preset(&o->cfg, preset);
+    for (int i = 0; !s && i < sets->count; i++)
+        s = par_config_set_arg(&o->cfg, sets->items[i]);
+    if (!s && gbs) {
+        if (gbs < 1) {
+            fprintf(stderr, "parity golden: --global-batch-size must be >= 1 (got %lld)\n", (long long)gbs);
+            par_err_set_quiet(0);
+            return 2;
+        }
+        o->cfg.global_batch_size = gbs;
+    }
+    if (!s)
+        s = par_config_validate(&o->cfg);
+    if (!s)
+        s = par_config_check_runnable(&o->cfg);
+    if (s) {
+        fprintf(stderr, "parity golden: %s\n", par_last_error());
+        par_err_set_quiet(0);
+        return 2;
+    }
+    return 0;
+}
+
+/* The summary line, the per-step table, wall time and the tagged peaks. */
+static void print_summary(const par_golden_opts *o, const par_golden_summary *sum, const char *preset,
+                          const char *precision)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("golden set written: %s (preset %s, %s, %lld steps, B=%lld S=%lld, %lld parameters, BLAS core %s)\n",
+           o->out_dir, preset, precision, (long long)o->steps, (long long)o->cfg.global_batch_size,
+           (long long)sum->seq_length, (long long)sum->n_params, sum->blas_core);
+    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
+           "grad_norm", "wall_s");
+    for (int64_t k = 0; k < sum->steps; k++) {
+        const par_golden_step_info *si = &sum->step[k];
+        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss,
+               si->loss_main, si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
+    }
+    printf("wall time %.3f s (writing included); peak RSS %.1f MiB; tagged peaks:\n", sum->wall_s,
+           (double)ru.ru_maxrss / 1024.0);
+    print_mib("param", par_alloc_peak(PAR_TAG_PARAM));
+    print_mib("grad", par_alloc_peak(PAR_TAG_GRAD));
+    print_mib("optim", par_alloc_peak(PAR_TAG_OPTIM));
+    print_mib("act", par_alloc_peak(PAR_TAG_ACT));
+    print_mib("io", par_alloc_peak(PAR_TAG_IO));
+    par_cli_device_report(stdout);
+}
+
 int par_cmd_golden(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
@@ -69,64 +165,12 @@ int par_cmd_golden(int argc, char **argv)
     int rc = par_args_parse("golden", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
     if (rc == 1)
         return 0;
-    if (rc)
-        return 2;
-    if (pos.count) {
-        fprintf(stderr, "parity golden: unexpected argument '%s' (see 'parity golden --help')\n", pos.argv[0]);
-        return 2;
-    }
-    if (!out) {
-        fprintf(stderr, "parity golden: --out DIR is required\n");
-        return 2;
-    }
-    if (data && fixture) {
-        fprintf(stderr, "parity golden: give --data or --fixture, not both\n");
-        return 2;
-    }
-    const par_cli_output outs[] = {{"--out", out, PAR_OUT_GOLDEN}};
-    if (par_cli_check_outputs("golden", outs, 1))
-        return 2;
-    if (steps < 1) {
-        fprintf(stderr, "parity golden: --steps must be >= 1 (got %lld)\n", (long long)steps);
-        return 2;
-    }
-    if (seed < 0) {
-        fprintf(stderr, "parity golden: --seed must be >= 0 (got %lld)\n", (long long)seed);
-        return 2;
-    }
-    if (par_cli_device("golden", device))
+    if (rc || check_usage(&pos, out, data, fixture, steps, seed, device))
         return 2;
     par_golden_opts o;
     par_golden_opts_init(&o);
-    if (!strcmp(precision, "f64"))
-        o.precision = 64;
-    else if (!strcmp(precision, "f32"))
-        o.precision = 32;
-    else {
-        fprintf(stderr, "parity golden: --precision expects f64 or f32, got '%s'\n", precision);
+    if (golden_config(&o, preset, precision, &sets, gbs))
         return 2;
-    }
-    par_err_set_quiet(1);
-    par_status s = par_config_preset(&o.cfg, preset);
-    for (int i = 0; !s && i < sets.count; i++)
-        s = par_config_set_arg(&o.cfg, sets.items[i]);
-    if (!s && gbs) {
-        if (gbs < 1) {
-            fprintf(stderr, "parity golden: --global-batch-size must be >= 1 (got %lld)\n", (long long)gbs);
-            par_err_set_quiet(0);
-            return 2;
-        }
-        o.cfg.global_batch_size = gbs;
-    }
-    if (!s)
-        s = par_config_validate(&o.cfg);
-    if (!s)
-        s = par_config_check_runnable(&o.cfg);
-    if (s) {
-        fprintf(stderr, "parity golden: %s\n", par_last_error());
-        par_err_set_quiet(0);
-        return 2;
-    }
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.out_dir = out;
@@ -141,34 +185,13 @@ int par_cmd_golden(int argc, char **argv)
     }
     par_alloc_reset_peaks();
     par_golden_summary sum;
-    s = par_golden_run(&o, &sum);
+    par_status s = par_golden_run(&o, &sum);
+    par_err_set_quiet(0);
     if (s) {
         fprintf(stderr, "parity golden: %s\n", par_last_error());
-        par_err_set_quiet(0);
         return exit_code(s);
     }
-    par_err_set_quiet(0);
-
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    printf("golden set written: %s (preset %s, %s, %lld steps, B=%lld S=%lld, %lld parameters, BLAS core %s)\n",
-           out, preset, precision, (long long)steps, (long long)o.cfg.global_batch_size,
-           (long long)sum.seq_length, (long long)sum.n_params, sum.blas_core);
-    printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
-           "grad_norm", "wall_s");
-    for (int64_t k = 0; k < sum.steps; k++) {
-        const par_golden_step_info *si = &sum.step[k];
-        printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss,
-               si->loss_main, si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
-    }
-    printf("wall time %.3f s (writing included); peak RSS %.1f MiB; tagged peaks:\n", sum.wall_s,
-           (double)ru.ru_maxrss / 1024.0);
-    print_mib("param", par_alloc_peak(PAR_TAG_PARAM));
-    print_mib("grad", par_alloc_peak(PAR_TAG_GRAD));
-    print_mib("optim", par_alloc_peak(PAR_TAG_OPTIM));
-    print_mib("act", par_alloc_peak(PAR_TAG_ACT));
-    print_mib("io", par_alloc_peak(PAR_TAG_IO));
-    par_cli_device_report(stdout);
+    print_summary(&o, &sum, preset, precision);
     par_golden_summary_free(&sum);
     return 0;
 }

@@ -183,12 +183,143 @@ static par_status parse_meta(par_st_file *f, const cJSON *j)
     return PAR_OK;
 }
 
+/* The 8-byte header length hn of a file of len bytes: within the cap and
+ * the file, long enough for '{}', and the header starts with '{'. */
+static par_status parse_header_len(const unsigned char *buf, size_t len, const char *label, uint64_t *hn_out)
+{
+    if (len < 8)
+        return par_err(PAR_EFORMAT, "%s: file has %zu bytes, fewer than the 8-byte header length", label, len);
+    uint64_t hn = get_u64le(buf);
+    if (hn > PAR_ST_HEADER_CAP)
+        return par_err(PAR_EFORMAT, "%s: header length %llu is above the cap of %llu bytes", label,
+                       (unsigned long long)hn, (unsigned long long)PAR_ST_HEADER_CAP);
+    if (hn > len - 8)
+        return par_err(PAR_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes follow the length)",
+                       label, (unsigned long long)hn, len - 8);
+    if (hn < 2)
+        return par_err(PAR_EFORMAT, "%s: header of %llu bytes is too short for a JSON object ('{}')", label,
+                       (unsigned long long)hn);
+    if (buf[8] != '{')
+        return par_err(PAR_EFORMAT, "%s: header does not start with '{'", label);
+    *hn_out = hn;
+    return PAR_OK;
+}
+
+/* The header object's entries: "__metadata__" (once) and the tensors, in
+ * file order, into f->e / f->n. */
+static par_status parse_entries(par_st_file *f, const cJSON *root, uint64_t data_len)
+{
+    const char *label = f->label;
+    int nitems = cJSON_GetArraySize(root);
+    f->e = par_calloc(nitems ? (size_t)nitems : 1, sizeof *f->e, PAR_TAG_IO);
+    if (!f->e)
+        return par_err(PAR_ENOMEM, "%s: out of memory for %d entries", label, nitems);
+    int seen_meta = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root)
+    {
+        if (!strcmp(it->string, "__metadata__")) {
+            if (seen_meta++)
+                return par_err(PAR_EFORMAT, "%s: \"__metadata__\" appears twice", label);
+            par_status st = parse_meta(f, it);
+            if (st)
+                return st;
+            continue;
+        }
+        st_entry *e = &f->e[f->n];
+        par_status st = parse_entry(label, it->string, it, data_len, e);
+        if (st)
+            return st;
+        e->name = par_strdup(it->string, PAR_TAG_IO);
+        if (!e->name)
+            return par_err(PAR_ENOMEM, "%s: out of memory", label);
+        f->n++;
+    }
+    return PAR_OK;
+}
+
+/* Sorts the entries by name; a name may appear once. */
+static par_status sort_unique(par_st_file *f)
+{
+    qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry_name);
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(f->e[i - 1].name, f->e[i].name))
+            return par_err(PAR_EFORMAT, "%s: tensor '%s' appears twice in the header", f->label, f->e[i].name);
+    return PAR_OK;
+}
+
+/* The m non-empty tensors order[] (sorted by begin) tile the data section
+ * of data_len bytes: no overlap, no gap, no trailing bytes. */
+static par_status check_tiling(const char *label, const st_entry **order, int m, uint64_t data_len)
+{
+    for (int i = 1; i < m; i++) {
+        const st_entry *p = order[i - 1], *q = order[i];
+        if (q->begin < p->end)
+            return par_err(PAR_EFORMAT, "%s: tensors '%s' [%llu,%llu] and '%s' [%llu,%llu] overlap", label, p->name,
+                           (unsigned long long)p->begin, (unsigned long long)p->end, q->name,
+                           (unsigned long long)q->begin, (unsigned long long)q->end);
+    }
+    for (int i = 0; i <= m; i++) {
+        uint64_t at = i ? order[i - 1]->end : 0, next = i < m ? order[i]->begin : data_len;
+        if (next == at)
+            continue;
+        if (i == m)
+            return par_err(PAR_EFORMAT, "%s: %llu trailing bytes after the last tensor%s%s%s (the data section has "
+                           "%llu bytes; safetensors data holds tensors only)", label, (unsigned long long)(next - at),
+                           m ? " '" : "", m ? order[m - 1]->name : "", m ? "'" : "", (unsigned long long)data_len);
+        return par_err(PAR_EFORMAT, "%s: bytes [%llu,%llu) of the data section belong to no tensor (a gap before "
+                       "'%s'; safetensors data has no holes)", label, (unsigned long long)at,
+                       (unsigned long long)next, order[i]->name);
+    }
+    return PAR_OK;
+}
+
+/* Overlap, gaps and trailing bytes: the non-empty tensors sorted by begin. */
+static par_status check_layout(const par_st_file *f, uint64_t data_len)
+{
+    const st_entry **order = par_malloc((f->n ? (size_t)f->n : 1) * sizeof(st_entry *), PAR_TAG_IO);
+    if (!order)
+        return par_err(PAR_ENOMEM, "%s: out of memory", f->label);
+    int m = 0;
+    for (int i = 0; i < f->n; i++)
+        if (f->e[i].end > f->e[i].begin)
+            order[m++] = &f->e[i];
+    qsort(order, (size_t)m, sizeof *order, cmp_entry_ptr_begin);
+    par_status st = check_tiling(f->label, order, m, data_len);
+    par_free(order);
+    return st;
+}
+
+/* Each tensor's data: a view into the data section at base when aligned
+ * for its dtype, else an owned aligned copy. */
+static par_status bind_data(par_st_file *f, unsigned char *base)
+{
+    for (int i = 0; i < f->n; i++) {
+        st_entry *e = &f->e[i];
+        unsigned char *p = base + e->begin;
+        size_t es = par_dtype_size(e->t.dtype);
+        size_t nb = (size_t)(e->end - e->begin);
+        if ((uintptr_t)p % es == 0) {
+            e->t.data = p;
+            e->t.owns = 0;
+            continue;
+        }
+        void *c = par_malloc(nb ? nb : 1, PAR_TAG_TENSOR);
+        if (!c)
+            return par_err(PAR_ENOMEM, "%s: tensor '%s': out of memory for an aligned copy of %zu bytes", f->label,
+                           e->name, nb);
+        memcpy(c, p, nb);
+        e->t.data = c;
+        e->t.owns = 1;
+    }
+    return PAR_OK;
+}
+
 /* Takes ownership of buf (len bytes + 1 spare). */
 static par_status parse_owned(unsigned char *buf, size_t len, const char *label, par_st_file **out)
 {
     par_status st = PAR_OK;
     cJSON *root = NULL;
-    const st_entry **order = NULL;
     par_st_file *f = par_calloc(1, sizeof *f, PAR_TAG_IO);
     if (!f) {
         par_free(buf);
@@ -201,149 +332,27 @@ static par_status parse_owned(unsigned char *buf, size_t len, const char *label,
         st = par_err(PAR_ENOMEM, "%s: out of memory", label);
         goto fail_close;
     }
-    if (len < 8) {
-        st = par_err(PAR_EFORMAT, "%s: file has %zu bytes, fewer than the 8-byte header length", label, len);
+    uint64_t hn = 0;
+    if ((st = parse_header_len(buf, len, label, &hn)))
         goto fail_close;
-    }
-    uint64_t hn = get_u64le(buf);
-    if (hn > PAR_ST_HEADER_CAP) {
-        st = par_err(PAR_EFORMAT, "%s: header length %llu is above the cap of %llu bytes", label,
-                     (unsigned long long)hn, (unsigned long long)PAR_ST_HEADER_CAP);
-        goto fail_close;
-    }
-    if (hn > len - 8) {
-        st = par_err(PAR_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes follow the length)",
-                     label, (unsigned long long)hn, len - 8);
-        goto fail_close;
-    }
-    if (hn < 2) {
-        st = par_err(PAR_EFORMAT, "%s: header of %llu bytes is too short for a JSON object ('{}')", label,
-                     (unsigned long long)hn);
-        goto fail_close;
-    }
-    if (buf[8] != '{') {
-        st = par_err(PAR_EFORMAT, "%s: header does not start with '{'", label);
-        goto fail_close;
-    }
     char hlabel[512];
     snprintf(hlabel, sizeof hlabel, "%s: header", label);
-    st = par_json_parse((const char *)buf + 8, (size_t)hn, hlabel, &root);
-    if (st)
+    if ((st = par_json_parse((const char *)buf + 8, (size_t)hn, hlabel, &root)))
         goto fail_close;
     if (!cJSON_IsObject(root)) {
         st = par_err(PAR_EFORMAT, "%s: header is not a JSON object", label);
         goto fail_close;
     }
     uint64_t data_len = len - 8 - hn;
-    unsigned char *base = buf + 8 + hn;
-
-    int nitems = cJSON_GetArraySize(root);
-    f->e = par_calloc(nitems ? (size_t)nitems : 1, sizeof *f->e, PAR_TAG_IO);
-    if (!f->e) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory for %d entries", label, nitems);
-        goto fail_close;
-    }
-    int seen_meta = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, root)
-    {
-        if (!strcmp(it->string, "__metadata__")) {
-            if (seen_meta++) {
-                st = par_err(PAR_EFORMAT, "%s: \"__metadata__\" appears twice", label);
-                goto fail_close;
-            }
-            st = parse_meta(f, it);
-            if (st)
-                goto fail_close;
-            continue;
-        }
-        st_entry *e = &f->e[f->n];
-        st = parse_entry(label, it->string, it, data_len, e);
-        if (st)
-            goto fail_close;
-        e->name = par_strdup(it->string, PAR_TAG_IO);
-        if (!e->name) {
-            st = par_err(PAR_ENOMEM, "%s: out of memory", label);
-            goto fail_close;
-        }
-        f->n++;
-    }
+    st = parse_entries(f, root, data_len);
     cJSON_Delete(root);
     root = NULL;
-
-    qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry_name);
-    for (int i = 1; i < f->n; i++) {
-        if (!strcmp(f->e[i - 1].name, f->e[i].name)) {
-            st = par_err(PAR_EFORMAT, "%s: tensor '%s' appears twice in the header", label, f->e[i].name);
-            goto fail_close;
-        }
-    }
-
-    /* overlap: sort the non-empty tensors by begin; each must start at or
-     * after the previous one's end */
-    order = par_malloc((f->n ? (size_t)f->n : 1) * sizeof(st_entry *), PAR_TAG_IO);
-    if (!order) {
-        st = par_err(PAR_ENOMEM, "%s: out of memory", label);
+    if (st || (st = sort_unique(f)) || (st = check_layout(f, data_len)) || (st = bind_data(f, buf + 8 + hn)))
         goto fail_close;
-    }
-    int m = 0;
-    for (int i = 0; i < f->n; i++)
-        if (f->e[i].end > f->e[i].begin)
-            order[m++] = &f->e[i];
-    qsort(order, (size_t)m, sizeof *order, cmp_entry_ptr_begin);
-    for (int i = 1; i < m; i++) {
-        const st_entry *p = order[i - 1], *q = order[i];
-        if (q->begin < p->end) {
-            st = par_err(PAR_EFORMAT, "%s: tensors '%s' [%llu,%llu] and '%s' [%llu,%llu] overlap", label, p->name,
-                         (unsigned long long)p->begin, (unsigned long long)p->end, q->name,
-                         (unsigned long long)q->begin, (unsigned long long)q->end);
-            goto fail_close;
-        }
-    }
-    /* no gaps, no trailing bytes: the tensors tile the data section */
-    for (int i = 0; i <= m && !st; i++) {
-        uint64_t at = i ? order[i - 1]->end : 0, next = i < m ? order[i]->begin : data_len;
-        if (next == at)
-            continue;
-        if (i == m)
-            st = par_err(PAR_EFORMAT, "%s: %llu trailing bytes after the last tensor%s%s%s (the data section has %llu "
-                         "bytes; safetensors data holds tensors only)", label, (unsigned long long)(next - at),
-                         m ? " '" : "", m ? order[m - 1]->name : "", m ? "'" : "", (unsigned long long)data_len);
-        else
-            st = par_err(PAR_EFORMAT, "%s: bytes [%llu,%llu) of the data section belong to no tensor (a gap before "
-                         "'%s'; safetensors data has no holes)", label, (unsigned long long)at,
-                         (unsigned long long)next, order[i]->name);
-    }
-    if (st)
-        goto fail_close;
-    par_free(order);
-    order = NULL;
-
-    for (int i = 0; i < f->n; i++) {
-        st_entry *e = &f->e[i];
-        unsigned char *p = base + e->begin;
-        size_t es = par_dtype_size(e->t.dtype);
-        size_t nb = (size_t)(e->end - e->begin);
-        if ((uintptr_t)p % es == 0) {
-            e->t.data = p;
-            e->t.owns = 0;
-        } else {
-            void *c = par_malloc(nb ? nb : 1, PAR_TAG_TENSOR);
-            if (!c) {
-                st = par_err(PAR_ENOMEM, "%s: tensor '%s': out of memory for an aligned copy of %zu bytes", label,
-                             e->name, nb);
-                goto fail_close;
-            }
-            memcpy(c, p, nb);
-            e->t.data = c;
-            e->t.owns = 1;
-        }
-    }
     *out = f;
     return PAR_OK;
 
 fail_close:
-    par_free(order);
     cJSON_Delete(root);
     par_st_close(f);
     return st;

@@ -50,8 +50,16 @@ scenario() {
   for f in pid.*; do pgrep -P "$(cat $f)" >/dev/null 2>&1 && orphans=$((orphans + 1)); done
   check "$name: no orphan processes" [ $orphans -eq 0 ]
 }
-scenario "kill -9, 4 processes" KILL 2 4 --world-size 4 --expert-model-parallel-size 4 --steps 200
-scenario "kill -9, 2 processes x 2 ranks" KILL 1 2 --world-size 4 --ranks-per-process 2 \
-  --expert-model-parallel-size 4 --steps 200
-scenario "SIGSTOP (silent, heartbeats stop), 4 processes" STOP 3 4 --world-size 4 --steps 200
+# ITEM09_RUNS=N repeats each scenario N times; ITEM09_ONLY=1|2|3 runs one
+# (the stress runs of docs/comm.md: under `taskset -c 1` beside busy loops)
+want() { [ -z "${ITEM09_ONLY:-}" ] || [ "$ITEM09_ONLY" = "$1" ]; }
+for _ in $(seq "${ITEM09_RUNS:-1}"); do
+  want 1 &&
+    scenario "kill -9, 4 processes" KILL 2 4 --world-size 4 --expert-model-parallel-size 4 --steps 200
+  want 2 &&
+    scenario "kill -9, 2 processes x 2 ranks" KILL 1 2 --world-size 4 --ranks-per-process 2 \
+      --expert-model-parallel-size 4 --steps 200
+  want 3 &&
+    scenario "SIGSTOP (silent, heartbeats stop), 4 processes" STOP 3 4 --world-size 4 --steps 200
+done
 finish
