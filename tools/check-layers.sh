@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The layer rules, checked from the includes (a meson test, suite 'build'):
 #   core <- kernels <- model <- parallel <- cli;  comm on core only;
-#   backends on comm + core only;  backends/registry.c the only file with #if HAVE_*;
+#   backends on comm + core only (and backends/host, the shared ranks-hosting code;
+#   no backend includes another backend's directory);  backends/registry.c the
+#   only file with #if HAVE_*;
 #   no exit() in library code (outside src/cli);
 #   every _Thread_local of src/ carried across fiber switches or listed as scratch.
 # Prints each violation and ends with "N passed, N failed" (one check per rule).
@@ -31,6 +33,22 @@ rule src/model model kernels core
 rule src/parallel parallel model kernels comm core
 rule src/cli cli parallel model kernels comm core backends
 rule backends backends comm core
+# each backend sees comm, core, backends/host and its own directory only
+bad=""
+for d in backends/*/; do
+  d=${d%/}; name=${d#backends/}
+  v=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"backends/' "$d" --include='*.c' --include='*.h' |
+      grep -vE "include[[:space:]]+\"backends/(host|$name)/")
+  [ "$name" = host ] && v=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"backends/' "$d" --include='*.c' --include='*.h' |
+      grep -vE 'include[[:space:]]+"backends/host/')
+  [ -n "$v" ] && bad+="$v"$'\n'
+done
+if [ -n "$bad" ]; then
+  printf 'backend rule: a backend includes only comm, core, backends/host and its own directory:\n%s' "$bad"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
 v=$(grep -rnE '^[[:space:]]*#[[:space:]]*(if|ifdef|ifndef|elif)[[:space:]].*HAVE_' src backends --include='*.c' --include='*.h' | grep -v '^backends/registry.c:')
 if [ -n "$v" ]; then
   printf 'build rule: only backends/registry.c may test HAVE_* with #if:\n%s\n' "$v"
@@ -47,7 +65,7 @@ else
 fi
 # Thread-local state: the fiber backend runs many ranks on one thread, so every
 # _Thread_local of src/ is either carried across fiber switches
-# (backends/fiber/sched.c tls_save / tls_load) or scratch used between two
+# (backends/host/sched.c tls_save / tls_load) or scratch used between two
 # switches.  A new one fails here until it is added to one of the two lists.
 tls_carried='src/core/counters.c:tl_counts src/core/alloc.c:cur_scope src/core/status.c:last_msg src/core/log.c:thread_tag'
 tls_scratch='src/parallel/pplayout.c:p src/parallel/pplayout.c:r'
@@ -58,7 +76,7 @@ while IFS= read -r line; do
   case " $tls_carried $tls_scratch " in *" $f:$name "*) ;; *) v+="$line"$'\n' ;; esac
 done < <(grep -rnE '(_Thread_local|__thread|thread_local)[[:space:]]' src --include='*.c' --include='*.h')
 if [ -n "$v" ]; then
-  printf 'fiber rule: thread-local state not carried by backends/fiber/sched.c (add it to tls_save/tls_load\nand tls_carried here, or to tls_scratch if no comm call happens while it is in use):\n%s' "$v"
+  printf 'fiber rule: thread-local state not carried by backends/host/sched.c (add it to tls_save/tls_load\nand tls_carried here, or to tls_scratch if no comm call happens while it is in use):\n%s' "$v"
   failed=$((failed + 1))
 else
   passed=$((passed + 1))

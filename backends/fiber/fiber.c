@@ -20,19 +20,15 @@
  * src/comm's, unchanged: the bits are those of every other backend.
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "backends/fiber/sched.h"
+#include "backends/host/sched.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 #include "core/log.h"
 
 #define CNT_BITS 24
 #define CNT_MASK ((UINT64_C(1) << CNT_BITS) - 1)
-#define DEFAULT_STACK (256u << 10)
-#define DEFAULT_GUARD (64u << 10)
 
 typedef struct {
     _Alignas(64) par__callmeta meta[2]; /* by the parity of the generation      */
@@ -299,84 +295,17 @@ static void f_p2p_post(par_request *r)
 }
 
 /* On the waiting rank's fiber: its scheduler is this thread's. */
-static void f_rank_wait(par__world *w, double deadline)
+static int f_rank_wait(par__world *w, double deadline)
 {
     (void)w;
     fsched *s = fsched_current();
     if (!s)
-        return;
+        return 0;
     if (deadline > 0)
         fsched_park(s, deadline);
     else
         fsched_yield(s);
-}
-
-/* ---- options ---------------------------------------------------------------- */
-
-/* "262144", "256K", "1M": bytes; 0 when malformed. */
-static size_t parse_size(const char *s)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
-        return 0;
-    if (*end == 'k' || *end == 'K')
-        v <<= 10, end++;
-    else if (*end == 'm' || *end == 'M')
-        v <<= 20, end++;
-    return *end ? 0 : (size_t)v;
-}
-
-static size_t stack_bytes(const par_world_opts *o)
-{
-    if (o->stack_bytes)
-        return o->stack_bytes;
-    const char *e = getenv("PARITY_FIBER_STACK");
-    if (e && *e) {
-        size_t v = parse_size(e);
-        if (v >= (16u << 10))
-            return v;
-        PAR_LOG_W("PARITY_FIBER_STACK=%s is not a stack size of at least 16K (bytes, or with "
-                  "K or M); using %uK", e, DEFAULT_STACK >> 10);
-    }
-    return DEFAULT_STACK;
-}
-
-static int worker_count(const par_world_opts *o, int n)
-{
-    int k = o->workers;
-    const char *e = getenv("PARITY_FIBER_WORKERS");
-    if (k <= 0 && e && *e) {
-        char *end;
-        long v = strtol(e, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= 4096)
-            k = (int)v;
-        else
-            PAR_LOG_W("PARITY_FIBER_WORKERS=%s is not a number of threads in 1..4096; using one "
-                      "per core", e);
-    }
-    if (k <= 0) {
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        k = ncpu > 0 ? (int)ncpu : 1;
-    }
-    return k < n ? k : n;
-}
-
-static par_status switch_kind(fctx_kind *out)
-{
-    const char *e = getenv("PARITY_FIBER_SWITCH");
-    if (!e || !*e) {
-        *out = fctx_asm_available() ? FCTX_ASM : FCTX_UCONTEXT;
-    } else if (!strcmp(e, "ucontext")) {
-        *out = FCTX_UCONTEXT;
-    } else if (!strcmp(e, "asm") && fctx_asm_available()) {
-        *out = FCTX_ASM;
-    } else {
-        return par_err(PAR_EINVAL, "PARITY_FIBER_SWITCH=%s: expected %s", e,
-                       fctx_asm_available() ? "asm or ucontext" : "ucontext (no asm switch on "
-                                                                 "this machine)");
-    }
-    return PAR_OK;
+    return 1;
 }
 
 /* ---- the world ---------------------------------------------------------------- */
@@ -388,12 +317,12 @@ static par_status f_world_init(par__world *w, void **bworld)
     int n = par__world_size(w);
     if (n >= (int)CNT_MASK)
         return par_err(PAR_EINVAL, "fiber: %d ranks exceed the limit of %d", n, (int)CNT_MASK);
-    const par_world_opts *wo = par__world_opts(w);
-    fsched_opts so = {.workers = worker_count(wo, n), .stack = stack_bytes(wo),
-                      .guard = DEFAULT_GUARD, .stop = world_failed, .stop_ud = w};
-    par_status st = switch_kind(&so.kind);
+    fsched_opts so;
+    par_status st = fsched_opts_from(par__world_opts(w), n, 1, &so);
     if (st != PAR_OK)
         return st;
+    so.stop = world_failed;
+    so.stop_ud = w;
     fworld *fw = par_calloc(1, sizeof *fw, PAR_TAG_COMM);
     if (!fw)
         return par_err(PAR_ENOMEM, "fiber: no memory for a world of %d ranks", n);

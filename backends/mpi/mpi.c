@@ -69,7 +69,8 @@
 #include <unistd.h>
 
 #include "backends/mpi/procs.h"
-#include "backends/threads/tsync.h"
+#include "backends/host/sched.h"
+#include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -257,6 +258,11 @@ typedef struct {
     size_t trash_n;
     ctrlmsg rx;
     tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
+    /* fiber-hosted ranks (R > 1, rank host fiber; NULL: OS threads) */
+    fsched *fs;
+    double *fwait;          /* [R] deadline of each fiber's current wait            */
+    _Atomic unsigned futile; /* waits polled again since a fiber began a new one    */
+    _Atomic int wd_want;    /* the watchdog waits for mu: the ranks let it have it first */
     /* liveness: under mu but ndead (read anywhere) */
     long *pids;             /* [nprocs] each process's pid                           */
     unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
@@ -290,6 +296,16 @@ static void backoff(par__waiter *wt)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The engine lock, taken by a rank: the watchdog first when it waits (a
+ * process's fibers would retake the lock from one thread at once, and the
+ * starved watchdog's heartbeats stop: its peers declare it dead). */
+static void e_lock(mworld *e)
+{
+    while (atomic_load_explicit(&e->wd_want, memory_order_relaxed))
+        sched_yield();
+    pthread_mutex_lock(&e->mu);
 }
 
 /* Engine sends: the message is copied; the copy lives until the send is done. */
@@ -607,7 +623,7 @@ static void e_notify(mworld *e, int wrank, const char *msg)
 {
     if (atomic_load(&e->notified))
         return;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     e_notify_locked(e, wrank, msg, NULL);
     pthread_mutex_unlock(&e->mu);
 }
@@ -633,11 +649,133 @@ static void e_check_unsent(mworld *e)
 static void e_poll_try(void *ctx)
 {
     mworld *e = ctx;
-    if (pthread_mutex_trylock(&e->mu) == 0) {
+    if (!atomic_load_explicit(&e->wd_want, memory_order_relaxed) && pthread_mutex_trylock(&e->mu) == 0) {
         e_progress(e, 0);
         e_check_unsent(e);
         pthread_mutex_unlock(&e->mu);
     }
+}
+
+/* ---- fiber-hosted ranks ----------------------------------------------------- */
+
+/* A fiber-hosted rank waits (docs/comm.md "Fiber-hosted ranks"): it lets
+ * this process's other ranks run (fsched_yield), and the rank that waits is
+ * the one that polls MPI.  A wait that goes on (the same deadline as this
+ * fiber's last pause) counts as futile; a new wait means some rank got past
+ * its last one, and starts the count again.  Once per round of futile
+ * pauses (as many as the process has ranks) the pause makes engine progress
+ * for all; after a whole futile round it also gives the core back: a
+ * sched_yield per round, from the 8th round a nap per round that grows by
+ * 50 us a round up to 1 ms (the processes of a 2-core box that only wait
+ * must not starve the one that computes). */
+static void fiber_pause(mworld *e, int i, double deadline)
+{
+    unsigned f = 0;
+    if (deadline > 0 && e->fwait[i] != deadline) {
+        e->fwait[i] = deadline;
+        atomic_store_explicit(&e->futile, 0, memory_order_relaxed);
+    } else {
+        f = atomic_fetch_add_explicit(&e->futile, 1, memory_order_relaxed);
+    }
+    unsigned round = (unsigned)e->R, rounds = f / round;
+    if (f % round == 0) {
+        e_poll_try(e);
+        if (rounds >= 8) {
+            long us = 50L * (rounds - 7);
+            struct timespec ts = {0, (us < 1000 ? us : 1000) * 1000L};
+            nanosleep(&ts, NULL);
+        } else if (rounds >= 1) {
+            sched_yield();
+        }
+    }
+    fsched_yield(e->fs);
+}
+
+/* comm's waits (par__wait_poll, par_test) on a rank of this backend: a
+ * fiber pauses as above; a thread rank waits comm's way (returns 0). */
+static int m_rank_wait(par__world *w, double deadline)
+{
+    fsched *s = fsched_current();
+    mworld *e = s ? fsched_user(s) : NULL;
+    if (!e || e->w != w)
+        return 0;
+    fiber_pause(e, fsched_self(s), deadline);
+    return 1;
+}
+
+/* The backend's own waits (wait_data). */
+static void pause_wait(mworld *e, par__waiter *wt)
+{
+    fsched *s = e->fs ? fsched_current() : NULL;
+    if (s == e->fs && s)
+        fiber_pause(e, fsched_self(s), wt->deadline);
+    else
+        backoff(wt);
+}
+
+static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
+
+/* How this process hosts its R > 1 ranks: par_world_opts.rank_host, else
+ * PARITY_RANK_HOST, else OS threads (fibers are slow at 128 ranks per
+ * process yet: docs/comm.md "Fiber-hosted ranks"). */
+static par_status rank_host(const par__world *w, int *fibers)
+{
+    int h = par__world_opts(w)->rank_host;
+    const char *env = getenv("PARITY_RANK_HOST");
+    if (h == PAR_RANK_HOST_DEFAULT && env && *env) {
+        if (!strcmp(env, "threads"))
+            h = PAR_RANK_HOST_THREADS;
+        else if (!strcmp(env, "fiber"))
+            h = PAR_RANK_HOST_FIBER;
+        else
+            return par_err(PAR_EINVAL, "PARITY_RANK_HOST=%s: expected threads or fiber", env);
+    }
+    *fibers = h == PAR_RANK_HOST_FIBER;
+    return PAR_OK;
+}
+
+/* The fibers of this process's R ranks (stacks mapped now). */
+static par_status fibers_start(mworld *e)
+{
+    int fibers = 0;
+    par_status st = rank_host(e->w, &fibers);
+    if (st != PAR_OK || e->R == 1 || !fibers)
+        return st;
+    fsched_opts so;
+    if ((st = fsched_opts_from(par__world_opts(e->w), e->R, e->nprocs, &so)))
+        return st;
+    so.stop = world_failed;
+    so.stop_ud = e->w;
+    so.user = e;
+    e->fwait = par_calloc((size_t)e->R, sizeof *e->fwait, PAR_TAG_COMM);
+    if (!e->fwait)
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d fiber ranks", e->R);
+    return fsched_new(e->R, &so, &e->fs);
+}
+
+/* One line at info level, as the fiber backend's. */
+static void fibers_report(const mworld *e)
+{
+    fsched_stats ss;
+    fsched_get_stats(e->fs, &ss);
+    PAR_LOG_I("mpi: process %d: %d fiber ranks on %d workers: deepest stack use %zu KiB (rank "
+              "%d), stacks committed %.1f MiB, scheduler heap %.1f MiB; %llu switches into "
+              "ranks", e->proc, e->R, ss.workers, (ss.stack_max + 1023) >> 10,
+              e->proc * e->R + ss.stack_max_rank, (double)ss.stack_sum / 1048576.0,
+              (double)ss.heap / 1048576.0, (unsigned long long)ss.switches);
+}
+
+typedef struct {
+    mworld *e;
+    par__rank_main main;
+} fiber_job;
+
+static void run_rank(mworld *e, par__rank_main main_fn, int r);
+
+static void fiber_rank(void *ud, int i)
+{
+    fiber_job *j = ud;
+    run_rank(j->e, j->main, j->e->proc * j->e->R + i);
 }
 
 /* ---- liveness ------------------------------------------------------------- */
@@ -749,7 +887,9 @@ static void *watchdog_main(void *arg)
     while (!atomic_load(&e->watchdog_stop)) {
         struct timespec ts = {0, WATCH_EVERY_NS};
         nanosleep(&ts, NULL);
+        atomic_store(&e->wd_want, 1); /* the ranks retake mu at once (fibers: one thread) */
         pthread_mutex_lock(&e->mu);
+        atomic_store(&e->wd_want, 0);
         e_watch(e);
         pthread_mutex_unlock(&e->mu);
     }
@@ -900,7 +1040,7 @@ static void withdraw_metas(mcomm *mc)
 {
     mworld *e = mc->e;
     int p = mc->p, orphans = 0;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     for (int j = 0; j < p; j++) {
         if (mc->rq[j] != MPI_REQUEST_NULL) {
             MPI_Cancel(&mc->rq[j]);
@@ -924,26 +1064,32 @@ static void withdraw_metas(mcomm *mc)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Tests the requests rq[lo..hi) (and makes engine progress); returns how
- * many are pending. */
+/* Tests the requests rq[lo..hi) (one kind: lo and hi multiples of p) with
+ * one MPI_Testsome (at 8 x 128 ranks a world collective holds 1,792 of them
+ * per rank: one MPI_Test each, every one a progress call, made each poll
+ * quadratic), and makes engine progress; returns how many are pending.  A
+ * completed receive counts as word from its process (liveness). */
 static int test_range(mcomm *mc, int lo, int hi)
 {
     mworld *e = mc->e;
-    int left = 0;
-    pthread_mutex_lock(&e->mu);
-    for (int i = lo; i < hi; i++) {
-        if (mc->rq[i] == MPI_REQUEST_NULL)
-            continue;
-        int is_send = (i / mc->p) % 2 == 1; /* rq: meta recv, meta send, data recv, data send */
-        if (is_send && atomic_load(&e->ndead) && e->dead[mc->proc[i % mc->p]]) {
+    int left = 0, n = 0, p = mc->p, is_send = (lo / p) % 2 == 1; /* meta recv, meta send, data recv, data send */
+    e_lock(e);
+    for (int i = lo; is_send && atomic_load(&e->ndead) && i < hi; i++) {
+        if (mc->rq[i] != MPI_REQUEST_NULL && e->dead[mc->proc[i % p]]) {
             MPI_Cancel(&mc->rq[i]); /* nobody will take it; a receive stays for the failure path */
             MPI_Request_free(&mc->rq[i]);
-            continue;
         }
-        int flag = 0;
-        MPI_Test(&mc->rq[i], &flag, MPI_STATUS_IGNORE);
-        left += !flag;
     }
+    int *done = mc->missing; /* scratch [p]: the callers fill it only after their last test */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow" /* gcc 12 sizes MPI_STATUSES_IGNORE as an array */
+    MPI_Testsome(hi - lo, &mc->rq[lo], &n, done, MPI_STATUSES_IGNORE);
+#pragma GCC diagnostic pop
+    double now = n > 0 && !is_send && e->heard ? par__now() : 0;
+    for (int k = 0; now > 0 && k < n; k++)
+        e->heard[mc->proc[(lo + done[k]) % p]] = now;
+    for (int i = lo; i < hi; i++)
+        left += mc->rq[i] != MPI_REQUEST_NULL;
     e_progress(e, 0);
     e_check_unsent(e);
     pthread_mutex_unlock(&e->mu);
@@ -974,7 +1120,7 @@ static par_status wait_metas(par_comm *c, mcomm *mc, const par__callmeta *m)
     k += (size_t)snprintf(what + k, sizeof what - k,
                           ", metadata of %d of %d remote ranks arrived", mc->nremote - nm,
                           mc->nremote);
-    pthread_mutex_lock(&mc->e->mu);
+    e_lock(mc->e);
     for (int i = 0; i < nm && k < sizeof what; i++) {
         int q = mc->proc[mc->missing[i]];
         if (mc->e->proc_done[q]) { /* comm knows only this process's ranks */
@@ -1016,7 +1162,7 @@ static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
             par__meta_describe(m, par_comm_name(c), what + k, sizeof what - k);
             st = par__wait_failed(c, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, what, mc->missing,
                                   nm);
-            pthread_mutex_lock(&mc->e->mu);
+            e_lock(mc->e);
             for (int j = 0; j < p; j++) {
                 MPI_Request *q = &mc->rq[2 * p + j];
                 if (*q != MPI_REQUEST_NULL) {
@@ -1038,7 +1184,7 @@ static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
                      c->wrank, what, par__world_timeout(c->world));
             last_resort(msg);
         }
-        backoff(&wt);
+        pause_wait(mc->e, &wt);
     }
 }
 
@@ -1057,7 +1203,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     if (mc->nremote) {
         if (!mc->hout)
             return par_err(PAR_ENOMEM, "mpi: no memory for the metadata of group %s", c->name);
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         for (int j = 0; j < p; j++) {
             if (mc->proc[j] == e->proc)
                 continue;
@@ -1097,7 +1243,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
          * of the group reports the mismatch itself (a notice could preempt
          * its ranks' reports); the other processes are told. */
         withdraw_metas(mc); /* sends only: the receives completed */
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         memset(e->skip, 0, (size_t)e->nprocs);
         for (int j = 0; j < p; j++)
             e->skip[mc->proc[j]] = 1;
@@ -1134,7 +1280,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     }
 
     if (mc->nremote) {
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         for (int j = 0; j < p; j++) {
             if (mc->proc[j] == e->proc || mc->bad[j])
                 continue;
@@ -1172,7 +1318,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     if (st == PAR_OK)
         return st;
     if (bad_peer >= 0 && !before) { /* the other side reports it too */
-        pthread_mutex_lock(&e->mu);
+        e_lock(e);
         memset(e->skip, 0, (size_t)e->nprocs);
         e->skip[mc->proc[bad_peer]] = 1;
         e_notify_locked(e, c->wrank, par_last_error(), e->skip);
@@ -1298,7 +1444,7 @@ static void m_p2p_post(par_request *r)
     }
     op->r = r;
     op->proc = r->peer_wrank / e->R;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     r->bdata = op;
     if (r->kind == PAR__REQ_SEND) {
         op->is_send = 1;
@@ -1347,7 +1493,7 @@ static int m_p2p_cancel(par_request *r)
     if (is_local(e, r))
         return par__p2p_cancel(r);
     int removed = 0;
-    pthread_mutex_lock(&e->mu);
+    e_lock(e);
     mop *op = r->bdata;
     if (!atomic_load(&r->done) && op) {
         if (op->is_send && op->state == OP_WAIT_CTS) {
@@ -1444,6 +1590,8 @@ static void mworld_free(mworld *e)
     par_free(e->dead);
     par_free(e->gone_since);
     tsync_group_unref(e->wgroup);
+    fsched_free(e->fs);
+    par_free(e->fwait);
     if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
@@ -1634,7 +1782,7 @@ static par_status m_world_init(par__world *w, void **bworld)
         for (int i = 0; i < e->R; i++)
             e->wgroup->slot_rank[i] = proc * e->R + i;
     }
-    if ((st = liveness_start(e, timeout)))
+    if ((st = fibers_start(e)) || (st = liveness_start(e, timeout)))
         goto fail_free_world;
     *bworld = e;
     return PAR_OK;
@@ -1648,6 +1796,8 @@ static void m_world_finalize(par__world *w, void *bworld)
 {
     (void)w;
     liveness_stop(bworld);
+    if (((mworld *)bworld)->fs)
+        fibers_report(bworld);
     mworld_free(bworld);
 }
 
@@ -1786,6 +1936,9 @@ static par_status m_launch(par__world *w, void *bworld, par__rank_main main_fn)
     par_status st = PAR_OK;
     if (R == 1) {
         run_rank(e, main_fn, base);
+    } else if (e->fs) {
+        fiber_job j = {e, main_fn};
+        st = fsched_run(e->fs, fiber_rank, &j);
     } else if (omp_get_thread_limit() < R) {
         st = par_err(PAR_EUNSUPPORTED,
                      "mpi: %d ranks per process exceed OpenMP's thread limit %d "
@@ -1817,7 +1970,7 @@ static par_status m_launch(par__world *w, void *bworld, par__rank_main main_fn)
 const par_backend par_backend_mpi = {
     .name = "mpi",
     .summary = "ranks in the MPI processes of mpiexec, R = world size / processes per process "
-               "(threads within a process share memory)",
+               "(fibers, or threads, within a process share memory)",
     .max_ranks = 0,
     .world_init = m_world_init,
     .world_finalize = m_world_finalize,
@@ -1829,4 +1982,5 @@ const par_backend par_backend_mpi = {
     .p2p_post = m_p2p_post,
     .p2p_poll = m_p2p_poll,
     .p2p_cancel = m_p2p_cancel,
+    .rank_wait = m_rank_wait,
 };

@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backends/threads/tsync.h"
+#include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 

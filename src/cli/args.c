@@ -238,8 +238,10 @@ int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
         {"micro-batch-size", PAR_OPT_INT, &l->micro_batch, "ROWS", "rows per microbatch", PAR_CHK_POS, 0},
         {"global-batch-size", PAR_OPT_INT, &l->global_batch, "ROWS", "rows per step (default: the preset's)", PAR_CHK_POS, 0},
         {"world-size", PAR_OPT_INT, &l->world_size, "N", "ranks (default: the smallest the folding allows)", PAR_CHK_POS, 1 << 20},
-        {"ranks-per-process", PAR_OPT_INT, &l->ranks_per_process, "N", "thread ranks per MPI process", PAR_CHK_POS, 1 << 20},
+        {"ranks-per-process", PAR_OPT_INT, &l->ranks_per_process, "N", "ranks per MPI process (fibers or threads, --rank-host)", PAR_CHK_POS, 1 << 20},
         {"use-distributed-optimizer", PAR_OPT_FLAG, &l->distributed_optimizer, NULL, "ZeRO-1 optimizer sharding"},
+        {"sequence-parallel", PAR_OPT_FLAG, &l->sequence_parallel, NULL, "TP > 1: tokens between TP regions split over the TP group (implies --tp-all-layers)"},
+        {"tp-all-layers", PAR_OPT_FLAG, &l->tp_all_layers, NULL, "TP > 1: vocab-parallel embedding, head and cross-entropy and the shared expert split too (default: the attention only)"},
     };
     int k = (int)(sizeof add / sizeof add[0]);
     if (n + k > cap)

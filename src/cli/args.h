@@ -64,6 +64,7 @@ typedef struct {
     int64_t micro_batch, global_batch;
     int64_t world_size, ranks_per_process;
     int distributed_optimizer;
+    int sequence_parallel, tp_all_layers;
     const char *pp_layout;
     const char *pp_schedule;
 } par_layout_args;

@@ -1,4 +1,4 @@
-/* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full]
+/* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]
  *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi]
  *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (docs/matrix.md): the cells of the built-in table
@@ -28,7 +28,7 @@ static int has_suffix(const char *s, const char *suf)
 typedef struct {
     const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device;
     int64_t steps, seed, mpi_procs;
-    int quick, keep, list, quiet, full;
+    int quick, keep, list, quiet, full, scale;
     par_strlist cells, fixtures;
 } matrix_cli;
 
@@ -43,6 +43,8 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
         {"tier", PAR_OPT_STR, &c->tier, "TIER", "quick|default|full|scale: the cells of this tier and below"},
         {"full", PAR_OPT_FLAG, &c->full, NULL, "tier full: also the heaviest v4-mini cells (EP64, EP128, PP4, ...)"},
+        {"scale", PAR_OPT_FLAG, &c->scale, NULL, "tier scale: also the acceptance cells, minutes each (config-a, "
+                                                 "config-b, config-c: the tuning guide's worlds; pick with --cell)"},
         {"cells", PAR_OPT_STR, &c->cells_file, "FILE.json", "run the cells of this file instead of the built-in "
                                                            "table (docs/matrix.md, \"Your own cells\")"},
         {"cell", PAR_OPT_LIST, &c->cells, "NAME", "run only cells of this name, whatever their tier (repeatable)"},
@@ -64,9 +66,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP "; the references run there too"},
     };
     const char *synopsis =
-        "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full] [--cells FILE.json]\n"
-        "       [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]] [--report FILE]\n"
-        "       [--out DIR] [--steps K] [--seed N] [--keep] [--list] [--device cpu|gpu]\n\n"
+        "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
+        "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]]\n"
+        "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list] [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
         "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
         "A progress line per cell on stderr, a summary table on stdout; a failing cell names the\n"
@@ -98,8 +100,8 @@ static int check_cli(const matrix_cli *c)
         why = "--mpi-procs must be in [1, 1024]";
     else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json"))
         why = "--report: the name must end in .md (Markdown) or .json";
-    else if (c->tier && c->full)
-        why = "give --tier or --full, not both";
+    else if ((c->tier != NULL) + c->full + c->scale > 1)
+        why = "give one of --tier, --full and --scale";
     if (!why)
         return 0;
     fprintf(stderr, "parity matrix: %s (got --backend %s, --steps %lld, --seed %lld, --mpi-procs %lld%s%s)\n", why,
@@ -112,7 +114,7 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
 {
     par_matrix_opts_init(o);
     o->preset = c->preset ? c->preset : c->quick ? "v4-tiny" : c->cells_file ? NULL : "v4-mini";
-    o->tier = c->full ? PAR_CELL_TIER_FULL : c->quick ? PAR_CELL_TIER_QUICK : c->cells_file ? PAR_CELL_TIER_SCALE : PAR_CELL_TIER_DEFAULT;
+    o->tier = c->scale ? PAR_CELL_TIER_SCALE : c->full ? PAR_CELL_TIER_FULL : c->quick ? PAR_CELL_TIER_QUICK : c->cells_file ? PAR_CELL_TIER_SCALE : PAR_CELL_TIER_DEFAULT;
     par_status s = c->tier ? par_cell_tier_parse(c->tier, &o->tier) : PAR_OK;
     o->quick = c->quick;
     o->backend = c->backend;
@@ -122,6 +124,7 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
         o->runner_ud = mpi;
     } else {
         o->backend_impl = par_backend_find(c->backend);
+        o->find_backend = par_backend_find; /* cells of their own backend ("backend": "fiber") */
     }
     o->steps = c->steps;
     o->seed = (uint64_t)c->seed;

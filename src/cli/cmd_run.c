@@ -119,6 +119,7 @@ typedef struct {
     par_layout_args la;
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
     const char *cost_as, *cost_as_layout; /* --cost-as PRESET, --cost-as-layout STR */
+    const char *rank_host;           /* --rank-host fiber|threads (mpi), NULL: not given */
 } run_cli;
 
 static const char synopsis[] =
@@ -154,7 +155,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
     c->steps = 1, c->seed = 1234;
     par_layout_args_init(&c->la);
     par_net_args_init(&c->na);
-    par_opt opts[44] = {
+    par_opt opts[48] = {
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "model preset: v4-tiny (default) or v4-mini"},
         {"data", PAR_OPT_STR, &c->data, "FILE",
          "safetensors with input.tokens, input.segments (I32 [R,S]); rows taken in order", PAR_CHK_NONEMPTY},
@@ -168,6 +169,8 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
         {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
          "threads; mpi under mpiexec)"},
+        {"rank-host", PAR_OPT_STR, &c->rank_host, "threads|fiber",
+         "--backend mpi: how each process hosts its ranks: one OS thread each (default) or fibers on a few threads"},
         {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
          "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
         {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)",
@@ -228,8 +231,12 @@ static int check_cli(const run_cli *c, par_run_opts *o)
         snprintf(why, sizeof why, "--save-interval needs --save DIR and K >= 1 (got %lld)",
                  (long long)c->save_interval);
     else if (c->la.ranks_per_process && strcmp(c->backend, "mpi"))
-        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (thread ranks per MPI "
+        snprintf(why, sizeof why, "--ranks-per-process applies to --backend mpi only (ranks per MPI "
                                   "process); the %s backend runs every rank in this process", c->backend);
+    else if (c->rank_host && strcmp(c->backend, "mpi"))
+        snprintf(why, sizeof why, "--rank-host applies to --backend mpi only (how an MPI process hosts its ranks)");
+    else if (c->rank_host && strcmp(c->rank_host, "fiber") && strcmp(c->rank_host, "threads"))
+        snprintf(why, sizeof why, "--rank-host expects fiber or threads, got '%s'", c->rank_host);
     if (why[0]) {
         fprintf(stderr, "parity run: %s\n", why);
         return 2;
@@ -240,6 +247,8 @@ static int check_cli(const run_cli *c, par_run_opts *o)
     if (par_cli_check_outputs("run", outs, 4))
         return 2;
     o->precision = strcmp(c->precision, "f32") ? 64 : 32;
+    o->rank_host = !c->rank_host ? PAR_RANK_HOST_DEFAULT
+                   : strcmp(c->rank_host, "fiber") ? PAR_RANK_HOST_THREADS : PAR_RANK_HOST_FIBER;
     o->moe_dispatch = strcmp(c->moe_dispatch, "flat") != 0;
     return 0;
 }
@@ -272,6 +281,8 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
     l->micro_batch = c->la.micro_batch;
     l->global_batch = c->la.global_batch;
     l->distributed_optimizer = c->la.distributed_optimizer;
+    l->sequence_parallel = c->la.sequence_parallel;
+    l->tp_all_layers = c->la.tp_all_layers || c->la.sequence_parallel;
     if (!s)
         s = par_layout_set_pp_layout(l, c->la.pp_layout);
     if (!s)
@@ -328,10 +339,11 @@ static int build_opts(const run_cli *c, par_run_opts *o, par_netmodel *net, par_
 static void print_header(const run_cli *c, const par_run_opts *o, const par_run_summary *sum)
 {
     const par_layout *rl = &sum->layout;
-    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld CP=%lld PP=%lld "
+    printf("run: preset %s, %s, backend %s, %lld steps, B=%lld S=%lld; N=%lld ranks: TP=%lld%s CP=%lld PP=%lld "
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
-           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp, (long long)rl->cp,
+           (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp,
+           rl->sequence_parallel ? "+SP" : rl->tp_all_layers ? " (all layers)" : "", (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum->n_params, (long long)sum->max_rank_floats);
     if (c->dump)

@@ -183,8 +183,10 @@ struct par_backend {
      * it returns when the rank should look again (woken by whatever it waits
      * for, past the deadline, the world failed; early returns are fine).
      * deadline 0 (a par_test that found its request pending): let the other
-     * ranks run, without sleeping.  NULL: spin, sched_yield, block. */
-    void (*rank_wait)(par__world *w, double deadline);
+     * ranks run, without sleeping.  Returns 1 when it waited, 0 when the
+     * calling rank is an OS thread after all (a backend that hosts ranks
+     * either way, mpi): then, as with NULL, comm spins, sched_yields, blocks. */
+    int (*rank_wait)(par__world *w, double deadline);
 };
 
 /* ---- services of src/comm for backends ---------------------------------- */

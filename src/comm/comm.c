@@ -95,8 +95,8 @@ par_status par__wait_poll(par__waiter *wt, const par__world *w)
     if (w->be->rank_wait) { /* ranks are fibers: park until woken or the deadline */
         if (par__now() > wt->deadline)
             return PAR_ETIMEOUT;
-        w->be->rank_wait((par__world *)w, wt->deadline);
-        return PAR_OK;
+        if (w->be->rank_wait((par__world *)w, wt->deadline))
+            return PAR_OK;
     }
     if (++wt->iter <= wt->spin) {
         cpu_relax();

@@ -93,11 +93,19 @@ typedef struct {
      * bytes (0: PARITY_FIBER_STACK, else 256 KiB; rounded up to pages). */
     int workers;
     size_t stack_bytes;
+    /* Backends that host several ranks in one process (mpi, R ranks per
+     * process): as OS threads or as fibers on a few worker threads (the fiber
+     * backend's scheduler; workers and stack_bytes above apply, the workers
+     * sharing the cores with the other processes of the host).
+     * PAR_RANK_HOST_DEFAULT: PARITY_RANK_HOST=threads|fiber, else threads. */
+    int rank_host;
     /* The run's whole configuration as "key=value" lines (NULL: none).
      * Backends whose ranks live in several processes (mpi) compare it at the
      * start and refuse to run when the processes disagree, naming the keys. */
     const char *fingerprint;
 } par_world_opts;
+
+enum { PAR_RANK_HOST_DEFAULT = 0, PAR_RANK_HOST_THREADS = 1, PAR_RANK_HOST_FIBER = 2 };
 
 #define PAR_COMM_DEFAULT_TIMEOUT_S 120.0
 

@@ -274,7 +274,7 @@ par_status par_test(par_request **req, int *done)
     if (st == PAR_OK || !be_cancel(r)) {
         *done = 0;
         if (w->be->rank_wait) /* ranks are fibers: let the others run */
-            w->be->rank_wait(w, 0);
+            (void)w->be->rank_wait(w, 0);
         return PAR_OK;
     }
     char what[300];

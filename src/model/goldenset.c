@@ -153,7 +153,12 @@ par_status par_goldenset_merge(const char *first, const char *resumed, int64_t s
         if (!after || !cJSON_AddNumberToObject(after, "from_step", (double)split))
             s = par_err(PAR_ENOMEM, "golden set: out of memory");
         else
-            cJSON_AddItemToObject(a.layout, "after_checkpoint", after), after = NULL;
+        {
+            cJSON *host = a.layout, *next; /* a chain of checkpoints: the last one's layout */
+            while ((next = cJSON_GetObjectItemCaseSensitive(host, "after_checkpoint")) && cJSON_IsObject(next))
+                host = next;
+            cJSON_AddItemToObject(host, "after_checkpoint", after), after = NULL;
+        }
         cJSON_Delete(after);
     }
     if (!s) {

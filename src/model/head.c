@@ -12,9 +12,26 @@
 
 /* ------------------------------------------------------------- embedding -- */
 
-void PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, const int32_t *tokens,
-                                     int64_t T)
+/* The executor's lookup into [T, d] scratch, copied to every stream. */
+static par_status embed_by_hook(PAR_FN(par_model) *M, par_real *X0, const int32_t *tokens, int64_t T)
 {
+    int64_t n = M->n, d = M->d;
+    par_real *h = par_malloc((size_t)(T * d + 1) * sizeof *h, PAR_TAG_ACT);
+    if (!h)
+        return par_err(PAR_ENOMEM, "embedding: out of memory for %lld rows", (long long)T);
+    par_status s = M->vocab.embed(M->vocab.ctx, M, h, tokens, T);
+    for (int64_t t = 0; t < T && !s; t++)
+        for (int64_t i = 0; i < n; i++)
+            memcpy(X0 + (t * n + i) * d, h + t * d, (size_t)d * sizeof(par_real));
+    par_free(h);
+    return s;
+}
+
+par_status PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, const int32_t *tokens,
+                                           int64_t T)
+{
+    if (M->vocab.embed)
+        return embed_by_hook(M, X0, tokens, T);
     int64_t n = M->n, d = M->d;
     const par_real *tab = P(M->tab.top.embed);
     PAR_DEV_BEGIN();
@@ -27,6 +44,7 @@ void PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, const i
         for (int64_t i = 0; i < n; i++)
             memcpy(X0 + (t * n + i) * d, row, (size_t)d * sizeof(par_real));
     }
+    return PAR_OK;
 }
 
 par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar, const par_real *dX0,
@@ -49,9 +67,13 @@ par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,
             for (int64_t c = 0; c < d; c++)
                 o[c] += g[i * d + c];
     }
-    PAR_FN(par_embedding_backward)(G(M->tab.top.embed), dh, tokens, T, d);
+    par_status s = PAR_OK;
+    if (M->vocab.embed_bwd)
+        s = M->vocab.embed_bwd(M->vocab.ctx, M, dh, tokens, T);
+    else
+        PAR_FN(par_embedding_backward)(G(M->tab.top.embed), dh, tokens, T, d);
     par_arena_rewind(ar, mark);
-    return PAR_OK;
+    return s;
 fail_oom:
     return par_err(PAR_ENOMEM, "embedding backward: out of scratch memory (T=%lld)", (long long)T);
 }
@@ -106,8 +128,13 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
     if (s)
         return s;
     PAR_FN(par_rmsnorm_forward)(h->xn, h->rstd, h->x, P(id.norm), T, d, c->norm_eps);
-    PAR_FN(par_linear_forward)(h->logits, h->xn, P(M->tab.top.head), T, d, V);
-    PAR_FN(par_xent_forward)(h->ce, h->lse, h->logits, target, T, V);
+    if (M->vocab.head) {
+        if ((s = M->vocab.head(M->vocab.ctx, M, h, h->ce, h->lse, h->logits, h->xn, target, T)))
+            return s;
+    } else {
+        PAR_FN(par_linear_forward)(h->logits, h->xn, P(M->tab.top.head), T, d, V);
+        PAR_FN(par_xent_forward)(h->ce, h->lse, h->logits, target, T, V);
+    }
     if (ce_sum) {
         PAR_HOST_READ(h->ce, T); /* CE sums per sample on the host, in token order */
         PAR_HOST_READ(target, T);
@@ -142,9 +169,16 @@ static par_status head_pass(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act
         h->scale = scale;
     }
     par_arena_mark mark = par_arena_get_mark(ar);
-    AREAL(dlogits, T * V, 1);
-    PAR_FN(par_xent_backward)(dlogits, h->logits, h->lse, h->target, h->scale, T, V);
-    PAR_FN(par_linear_backward)(IN(h->dxn), WT(G(M->tab.top.head)), dlogits, h->xn, P(M->tab.top.head), T, d, V);
+    if (M->vocab.head_bwd) { /* the executor's logits gradient: B dxn, W head.weight */
+        par_status sv = M->vocab.head_bwd(M->vocab.ctx, M, h, IN(h->dxn), (pass & PASS_W) != 0, h->scale);
+        if (sv)
+            return sv;
+    } else {
+        AREAL(dlogits, T * V, 1);
+        PAR_FN(par_xent_backward)(dlogits, h->logits, h->lse, h->target, h->scale, T, V);
+        PAR_FN(par_linear_backward)(IN(h->dxn), WT(G(M->tab.top.head)), dlogits, h->xn, P(M->tab.top.head), T, d,
+                                    V);
+    }
     PAR_FN(par_rmsnorm_backward)(IN(h->dx), WT(G(id.norm)), h->dxn, h->x, P(id.norm), h->rstd, T, d);
     par_status s = PAR_FN(par_hc_head_backward)(IN(dX), WT(G(id.fn)), WT(G(id.base)), WT(G(id.scale)), h->dx, &h->hs,
                                                 h->X, P(id.fn), P(id.base), P(id.scale), T, n, d, c->hc_eps,
@@ -204,7 +238,13 @@ par_status PAR_FN(par_mtp_input_forward)(PAR_FN(par_model) *M, PAR_FN(par_mtp_ac
     AREAL(a->hn, T * n * d, 0);
     AREAL(a->hn_rstd, T * n, 0);
     AREAL(a->X0, T * n * d, 0);
-    PAR_FN(par_embedding_forward)(a->emb, ids, P(M->tab.top.embed), T, d);
+    if (M->vocab.embed) {
+        par_status s = M->vocab.embed(M->vocab.ctx, M, a->emb, ids, T);
+        if (s)
+            return s;
+    } else {
+        PAR_FN(par_embedding_forward)(a->emb, ids, P(M->tab.top.embed), T, d);
+    }
     PAR_FN(par_rmsnorm_forward)(a->en, a->en_rstd, a->emb, P(bp->enorm), T, d, c->norm_eps);
     PAR_FN(par_linear_forward)(a->ep, a->en, P(bp->e_proj), T, d, d);
     PAR_FN(par_rmsnorm_forward)(a->hn, a->hn_rstd, XL, P(bp->hnorm), T * n, d, c->norm_eps);
@@ -256,6 +296,8 @@ static par_status mtp_pass(PAR_FN(par_model) *M, PAR_FN(par_mtp_act) *a, par_are
     PAR_FN(par_rmsnorm_backward)(IN(dXL), WT(G(bp->hnorm)), a->dhn, a->XL, P(bp->hnorm), a->hn_rstd, T * n, d);
     PAR_FN(par_linear_backward)(IN(a->den), WT(G(bp->e_proj)), a->dep, a->en, P(bp->e_proj), T, d, d);
     PAR_FN(par_rmsnorm_backward)(IN(a->demb), WT(G(bp->enorm)), a->den, a->emb, P(bp->enorm), a->en_rstd, T, d);
+    if ((pass & PASS_W) && M->vocab.embed_bwd)
+        return M->vocab.embed_bwd(M->vocab.ctx, M, a->demb, a->ids, T);
     if (pass & PASS_W)
         PAR_FN(par_embedding_backward)(G(M->tab.top.embed), a->demb, a->ids, T, d);
     return PAR_OK;

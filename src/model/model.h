@@ -245,6 +245,39 @@ typedef struct {
     void *ctx;
 } PAR_FN(par_attn_exec);
 
+/* The vocabulary executor: the embedding lookups (the main input and the
+ * MTP input's) and the output heads' logits + cross-entropy (MODEL.md 2, 5,
+ * 6).  NULL functions = the serial kernels.  A tensor-parallel layout
+ * (src/parallel/tp_vocab_hook.c) installs its own once: vocab-parallel,
+ * without gathered logits.  embed: h = embed.weight[ids[t]]; embed_bwd (the
+ * weight pass): embed.weight's gradient += dh by ids.  head: ce and lse of
+ * the logits xn head.weight^T (key names the head act that owns the call's
+ * saved state); logits is filled only when the executor keeps them for a
+ * dump, else left as it is.  head_bwd: dxn += d/dxn of scale * sum_t CE_t
+ * (NULL: not wanted) and, with weights, head.weight's gradient +=.  All
+ * collective over whatever group ctx uses. */
+typedef struct {
+    par_status (*embed)(void *ctx, PAR_FN(par_model) *M,
+                        par_real *h,            /* [T, d] out */
+                        const int32_t *ids,     /* [T] */
+                        int64_t T);
+    par_status (*embed_bwd)(void *ctx, PAR_FN(par_model) *M,
+                            const par_real *dh, /* [T, d] */
+                            const int32_t *ids, /* [T] */
+                            int64_t T);
+    par_status (*head)(void *ctx, PAR_FN(par_model) *M, const void *key,
+                       par_real *ce,            /* [T] out */
+                       par_real *lse,           /* [T] out */
+                       par_real *logits,        /* [T, V] out (dumps only) */
+                       const par_real *xn,      /* [T, d] */
+                       const int32_t *target,   /* [T] */
+                       int64_t T);
+    par_status (*head_bwd)(void *ctx, PAR_FN(par_model) *M, const void *key,
+                           par_real *dxn,       /* [T, d] += or NULL */
+                           int weights, double scale);
+    void *ctx;
+} PAR_FN(par_vocab_exec);
+
 struct PAR_FN(par_model_s) {
     par_config cfg;
     par_param_table tab;
@@ -267,6 +300,7 @@ struct PAR_FN(par_model_s) {
     int32_t *i32;             /* [n_i32] tid2eid tables */
     PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial), installed once */
     PAR_FN(par_attn_exec) attn; /* attention executor (zeroed: serial), installed once */
+    PAR_FN(par_vocab_exec) vocab; /* embedding / head executor (zeroed: serial), installed once */
     par_rope *rope;           /* [n_blocks] */
     par_attn_dims *adims;     /* [n_blocks] */
     const par_real **ew;      /* [n_blocks, 3, E] expert weights w1,w2,w3 (NULL: not held) */
@@ -325,8 +359,9 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
 
 /* ---- pieces (T tokens of whole samples; arrays [T] are token-indexed) ---- */
 
-/* X0[t][i] = embed.weight[tokens[t]] for every stream i. */
-void PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, /* [T, n, d] */
+/* X0[t][i] = embed.weight[tokens[t]] for every stream i (through M->vocab
+ * when set: its status, else PAR_OK). */
+par_status PAR_FN(par_model_embed_forward)(PAR_FN(par_model) *M, par_real *X0, /* [T, n, d] */
                                      const int32_t *tokens, /* [T] */ int64_t T);
 /* dembed[tokens[t]] += sum_i dX0[t][i] (streams ascending; tokens ascending). */
 par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,

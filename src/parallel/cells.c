@@ -69,6 +69,10 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                 "routing and selections exactly equal"
 #define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
+#define NOTE_TPALL "f64 policy: TP of every layer: attention as tp2, vocab-parallel embedding / head / CE " \
+                   "(no gathered logits), shared expert column / row parallel; routing, selections exact"
+#define NOTE_TPSP "f64 policy: TP 2 + SP: mHC, norms, router, routed experts on the rank's columns; gathered " \
+                  "before, reduce-scattered after each TP layer; routing, selections exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -182,6 +186,29 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
      .load_layout = TPL(4, 4), .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
      .note = NOTE_PAIR " (TP 2 x DP 2 x ZeRO-1 saved, loaded under TP 4)"},
+    /* -- issue 15, TP round 2: every TP layer (vocab-parallel embedding / head / CE, the TP shared
+     * expert), SP, the reshard chain -- */
+    {.name = "tp2-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .tp_all_layers = 1}, .note = NOTE_TPALL},
+    {.name = "tp4-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 4, .tp_all_layers = 1},
+     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"}, .note = NOTE_TPALL "; heads widened to 4"},
+    {.name = "tp2-all-zero1-pp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .use_distributed_optimizer = 1, .tp_all_layers = 1, .pipeline_schedule = "1f1b",
+                .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = NOTE_TPALL "; PP 2 (1F1B) x Da 2, ZeRO-1"},
+    {.name = "tp2-sp", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .sequence_parallel = 1}, .note = NOTE_TPSP},
+    {.name = "tp2-sp-pp2-dp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
+                .sequence_parallel = 1, .use_distributed_optimizer = 1, .pipeline_schedule = "interleaved",
+                .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
+     .note = NOTE_TPSP "; PP 2 interleaved (one row per microbatch: the layer's own SP) x Da 2, ZeRO-1"},
+    {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
+     .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
+     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
+     .note = NOTE_PAIR " (a chain: step 0 under TP 2, step 1 serially, step 2 under TP 4, heads widened)"},
     {.name = "resume", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
      .load_layout = DPZ(4, 2, 1), .note = NOTE_PAIR " (the same layout)"},
     {.name = "reshard", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .layout = DPZ(4, 2, 1),
@@ -208,10 +235,10 @@ static const par_cell_spec builtin[] = {
     {.name = "cp4", .preset = MINI, .kind = LAYOUT, .tier = D, .layout = CP(4), .note = NOTE_CP},
     {.name = "cp4", .preset = MINI, .data = "*", .kind = LAYOUT, .tier = F, .layout = CP(4), .note = NOTE_CP},
     {.name = "ep32", .preset = MINI, .kind = LAYOUT, .tier = D, .layout = EP(32, 32), .note = NOTE_EP},
-    {.name = "ep64-cp2", .preset = MINI, .kind = LAYOUT, .tier = F,
+    {.name = "ep64-cp2", .preset = MINI, .kind = LAYOUT, .tier = D, .backend = "fiber",
      .layout = {.world_size = 64, .expert_model_parallel_size = 64, .context_parallel_size = 2},
      .note = NOTE_EP "; CP 2 folded so that Da = N / CP divides B = 32"},
-    {.name = "ep128-cp4", .preset = MINI, .kind = LAYOUT, .tier = F,
+    {.name = "ep128-cp4", .preset = MINI, .kind = LAYOUT, .tier = D, .backend = "fiber",
      .layout = {.world_size = 128, .expert_model_parallel_size = 128, .context_parallel_size = 4},
      .note = NOTE_EP "; CP 4 folded so that Da = N / CP divides B = 32"},
     {.name = "dp2", .preset = MINI, .kind = LAYOUT, .tier = F, .layout = DPZ(2, 0, 0), .note = NOTE_DP},
@@ -339,6 +366,25 @@ static const par_cell_spec builtin[] = {
        .layout = {.world_size = 4, .pipeline_model_parallel_size = 4, .virtual_pipeline_model_parallel_size = 2},
        .load_layout = {.world_size = 1}),
 #undef RS
+    /* ---- the tuning guide's configs A, B, C (../shared/reference/001_*, issue 18) ----
+     * Their world sizes and flags verbatim (TP 1, PP 8, CP, EP 64, ETP 1, micro-batch-size 1,
+     * global-batch-size 4096, 1F1B; the guide's flags give no --use-distributed-optimizer) on
+     * v4-mini's structure (8 layers + MTP over 8 stages, 384 experts, top-6) with S = 16 >= CP x
+     * window 16 (C: 64 = 4 x 16), dim 32 and moe_inter_dim 8 (docs/matrix.md, "Configs A, B, C"),
+     * on the fiber backend: thousands of ranks as user-level contexts. */
+#define GUIDE(nm, w, cp, seq, da, de, m) \
+    {.name = nm, .preset = MINI, .data = "generator", .kind = LAYOUT, .tier = X, .steps = 1, .backend = "fiber", \
+     .layout = {.world_size = (w), .tensor_model_parallel_size = 1, .pipeline_model_parallel_size = 8, \
+                .context_parallel_size = (cp), .expert_model_parallel_size = 64, .expert_tensor_parallel_size = 1, \
+                .micro_batch_size = 1, .global_batch_size = 4096, .pipeline_schedule = "1f1b", \
+                .pipeline_model_parallel_layout = "Et|t|t|t|t|t|t|tmL"}, \
+     .sets = {"seq_length=" #seq, "dim=32", "moe_inter_dim=8"}, \
+     .note = "the tuning guide's " nm ": Da " #da ", De " #de ", m " #m " microbatches per replica; the serial " \
+             "golden of the same 4096 rows, f64 policy"}
+    GUIDE("config-a", 1024, 1, 16, 128, 2, 32),
+    GUIDE("config-b", 8192, 1, 16, 1024, 16, 4),
+    GUIDE("config-c", 8192, 4, 64, 256, 16, 16),
+#undef GUIDE
 #undef SC
 #undef PPX
 #undef B128
@@ -376,6 +422,8 @@ static const struct {
     {"use-distributed-optimizer", FLAG_BOOL, offsetof(par_cell_layout, use_distributed_optimizer), 0},
     FS("moe-dispatch", moe_dispatch),
     FI("gpus-per-node", gpus_per_node),
+    {"sequence-parallel", FLAG_BOOL, offsetof(par_cell_layout, sequence_parallel), 0},
+    {"tp-all-layers", FLAG_BOOL, offsetof(par_cell_layout, tp_all_layers), 0},
 #undef FI
 #undef FS
 };
@@ -435,6 +483,8 @@ par_status par_cell_layout_to(const par_cell_layout *cl, par_layout *out)
     l.micro_batch = cl->micro_batch_size;
     l.global_batch = cl->global_batch_size;
     l.distributed_optimizer = cl->use_distributed_optimizer;
+    l.sequence_parallel = cl->sequence_parallel;
+    l.tp_all_layers = cl->tp_all_layers || cl->sequence_parallel;
     par_status s = PAR_OK;
     if (cl->pipeline_model_parallel_layout[0])
         s = par_layout_set_pp_layout(&l, cl->pipeline_model_parallel_layout);
@@ -520,6 +570,19 @@ static par_status check_kind_fields(const par_cell_spec *c)
     if (!two && !par_cell_layout_empty(&c->load_layout))
         return par_err(PAR_EINVAL, "cell '%s': \"load-layout\" belongs to resume and ckpt-reshard cells (kind is %s)",
                        c->name, par_cell_kind_name(c->kind));
+    if (c->kind != PAR_KIND_RESUME && !par_cell_layout_empty(&c->chain_layout))
+        return par_err(PAR_EINVAL, "cell '%s': \"chain-layout\" belongs to resume cells (kind is %s)", c->name,
+                       par_cell_kind_name(c->kind));
+    if (c->kind == PAR_KIND_RESUME && !par_cell_layout_empty(&c->chain_layout) && c->steps &&
+        c->steps - (c->split ? c->split : c->steps / 2) < 2)
+        return par_err(PAR_EINVAL, "cell '%s': a chain needs two steps after \"split\" (%lld of \"steps\" %lld)",
+                       c->name, (long long)(c->split ? c->split : c->steps / 2), (long long)c->steps);
+    if (c->backend[0] && strcmp(c->backend, "threads") && strcmp(c->backend, "fiber"))
+        return par_err(PAR_EINVAL, "cell '%s': \"backend\": '%s' is not threads or fiber (leave it out for the "
+                       "matrix's --backend)", c->name, c->backend);
+    if (!lay && c->backend[0])
+        return par_err(PAR_EINVAL, "cell '%s': \"backend\" is the backend of layout runs: a %s cell runs serially",
+                       c->name, par_cell_kind_name(c->kind));
     if (c->kind != PAR_KIND_RESUME && c->split)
         return par_err(PAR_EINVAL, "cell '%s': \"split\" belongs to resume cells (kind is %s)", c->name,
                        par_cell_kind_name(c->kind));
@@ -553,6 +616,8 @@ par_status par_cell_check(const par_cell_spec *c)
         s = check_layout(c, &cfg, &c->layout, "\"layout\"");
     if (!s && two)
         s = check_layout(c, &cfg, &c->load_layout, "\"load-layout\"");
+    if (!s && !par_cell_layout_empty(&c->chain_layout))
+        s = check_layout(c, &cfg, &c->chain_layout, "\"chain-layout\"");
     return s;
 }
 
@@ -629,7 +694,8 @@ static par_status read_layout(const rctx *x, const cJSON *obj, const char *field
                                "expert-model-parallel-size, pipeline-model-parallel-size, "
                                "virtual-pipeline-model-parallel-size, pipeline-model-parallel-layout, "
                                "pipeline-schedule, micro-batch-size, global-batch-size, use-distributed-optimizer, "
-                               "moe-dispatch, gpus-per-node, tensor-model-parallel-size, expert-tensor-parallel-size)");
+                               "moe-dispatch, gpus-per-node, tensor-model-parallel-size, expert-tensor-parallel-size, "
+                               "sequence-parallel, tp-all-layers)");
         char *p = (char *)out + flags[i].off;
         par_status s = PAR_OK;
         if (flags[i].type == FLAG_INT) {
@@ -742,10 +808,14 @@ static par_status read_member(const rctx *x, const cJSON *m, const char *dir, pa
         return read_layout(x, m, fld, &c->layout);
     if (!strcmp(k, "load-layout"))
         return read_layout(x, m, fld, &c->load_layout);
+    if (!strcmp(k, "chain-layout"))
+        return read_layout(x, m, fld, &c->chain_layout);
     if (!strcmp(k, "set"))
         return read_sets(x, m, c);
+    if (!strcmp(k, "backend"))
+        return get_str(x, m, fld, c->backend, sizeof c->backend);
     return bad(x, fld, "unknown key (keys: name, preset, data, kind, tier, steps, seed, precision, layout, "
-                       "load-layout, split, set, policy, files, informational, note)");
+                       "load-layout, chain-layout, split, set, policy, files, informational, backend, note)");
 }
 
 static par_status read_cell(rctx *x, const cJSON *obj, const char *dir, par_cell_spec *c)

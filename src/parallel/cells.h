@@ -72,6 +72,8 @@ typedef struct {
     char pipeline_model_parallel_layout[128];     /* --pipeline-model-parallel-layout */
     char moe_dispatch[16];                        /* --moe-dispatch flat|hierarchical */
     int64_t gpus_per_node;                        /* --gpus-per-node of the emulated network */
+    int sequence_parallel;                        /* --sequence-parallel */
+    int tp_all_layers;                            /* --tp-all-layers */
 } par_cell_layout;
 
 #define PAR_CELL_MAX_SETS 8
@@ -92,9 +94,16 @@ typedef struct {
                              * precision's) */
     par_cell_files files;   /* which files are compared */
     int informational;      /* a failed comparison is WARN, not FAIL */
+    char backend[16];       /* "": the matrix's --backend; "threads" or "fiber": the backend of this cell's
+                             * layout runs whenever the matrix runs them in its own process (--backend
+                             * threads or fiber; --backend mpi launches every cell its own way) -- "fiber"
+                             * for worlds too big for one OS thread per rank */
     par_cell_layout layout; /* layout and resume */
     par_cell_layout load_layout; /* resume: the layout that loads the checkpoint; ckpt-reshard: the target */
     int64_t split;          /* resume: steps before the checkpoint (0: steps / 2) */
+    par_cell_layout chain_layout; /* resume, optional: the run under load-layout stops at
+                             * split2 = split + (steps - split) / 2 and saves again; chain-layout loads
+                             * that checkpoint for the rest (a reshard chain A -> B -> C) */
     char sets[PAR_CELL_MAX_SETS][64]; /* config overrides `key=value` (MODEL.md keys), "" = none */
     char note[240];         /* why this reference and policy */
 } par_cell_spec;

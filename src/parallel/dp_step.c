@@ -77,6 +77,11 @@ fail_free:
     return s;
 }
 
+void PAR_FN(par_dpw_set_tp_muon_shard_fault)(dpw_t *w, int tp)
+{
+    w->plan[PAR_DPW_DENSE].tp_muon_shard_fault = tp;
+}
+
 par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
 {
     if (idx < 0 || idx >= w->n_tab)

@@ -79,6 +79,11 @@ void PAR_FN(par_dpw_free)(PAR_FN(par_dpw) *w);
  * for an index outside the table. */
 par_status PAR_FN(par_dpw_set_norm_skip)(PAR_FN(par_dpw) *w, int idx);
 
+/* The deliberate bug of a TP shard fed to Muon (PAR_TP_FAULT_MUON_SHARD,
+ * tests and fault cells only): the dense plan updates every TP-split Muon
+ * matrix per shard of tp ranks (parallel/tp_muon.h par_tp_muon_shard_fault). */
+void PAR_FN(par_dpw_set_tp_muon_shard_fault)(PAR_FN(par_dpw) *w, int tp);
+
 /* The optimizer step described above.  Collective over the world. */
 par_status PAR_FN(par_dpw_step)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
 

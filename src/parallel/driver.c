@@ -17,6 +17,7 @@
 #include "parallel/dp_step.h"
 #include "parallel/executor.h"
 #include "parallel/groups.h"
+#include "parallel/tp.h"
 #include "parallel/tp_split.h"
 
 /* OpenBLAS (cblas.h is not included: with <complex.h> it defines I, a
@@ -146,6 +147,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
     if ((s = PAR_FN(par_dpw_init)(&S->dpw, P, &S->M)))
         return s;
+    if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
+        PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
     const uint8_t *skip = PAR_FN(par_exec_norm_skip)(S->ex);
     for (int i = 0; i < S->M.tab.n; i++)
         if (skip[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
@@ -494,7 +497,12 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         .distributed_optimizer = l->distributed_optimizer, .schedule = l->pp > 1 ? l->schedule : "none",
         .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
     };
-    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, PAR_FN(par_golden_layout_json)(&gl),
+    cJSON *lj = PAR_FN(par_golden_layout_json)(&gl);
+    if (lj && (l->sequence_parallel || l->tp_all_layers)) { /* only when given: other manifests unchanged */
+        cJSON_AddBoolToObject(lj, "sequence_parallel", l->sequence_parallel);
+        cJSON_AddBoolToObject(lj, "tp_all_layers", l->tp_all_layers || l->sequence_parallel);
+    }
+    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, lj,
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)
         return s;
@@ -604,6 +612,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     memset(&wo, 0, sizeof wo);
     wo.timeout_s = o->timeout_s;
     wo.fingerprint = o->fingerprint; /* MPI: every process runs the same configuration */
+    wo.rank_host = o->rank_host;
     if ((o->netmodel && (s = par_netrun_create(o->netmodel, (int)R.lay.world, o->net_spans, &net))))
         goto fail_tmp;
     wo.net = net;

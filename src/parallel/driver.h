@@ -62,6 +62,7 @@ typedef struct {
     unsigned tp_faults;       /* PAR_TP_FAULT_* bits (parallel/tp.h): deliberate bugs for the fault
                                * demonstrations of tests only; 0 in every real run */
     const char *fingerprint;  /* the whole configuration (comm.h par_world_opts), or NULL */
+    int rank_host;            /* comm.h par_world_opts.rank_host (mpi: fibers or threads) */
     const char *cost_as;      /* --cost-as PRESET (parallel/costas.h; needs netmodel) or NULL */
     const char *cost_as_layout; /* --cost-as-layout: the target's pipeline layout, or NULL */
 } par_run_opts;

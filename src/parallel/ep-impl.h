@@ -49,7 +49,8 @@ struct PAR_FN(par_ep_s) {
     par_ep_dispatch mode;
     int gpn;               /* ranks per node */
     int *node;             /* [EP] node of each EP rank (world rank / gpn) */
-    int *rel;              /* [EP, EP] rel[s*EP + j]: relay of sender s on the node of rank j */
+    int *rel;              /* [2 EP]: rel[j] = my relay on the node of rank j (me itself on my node);
+                            * rel[EP + j] = j's relay on my node (rel(s, j) of ep.c's build_nodes) */
     par_ep_counters cnt;
     const par_costas *ca;  /* --cost-as (NULL: off) */
     int cur_b;             /* the block being exchanged (its blk_mul)  */

@@ -323,43 +323,60 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
 
 /* ----------------------------------------------------------- lifecycle -- */
 
-/* node[j] = world rank / gpn; rel[s*EP + j] = the EP rank on j's node with
- * s's local index modulo that node's EP ranks (s itself on s's node). */
+/* EP ranks by (node, rank), for grouping the ranks of a node. */
+typedef struct {
+    int node, i;
+} nkey;
+
+static int nkey_cmp(const void *a, const void *b)
+{
+    const nkey *p = a, *q = b;
+    if (p->node != q->node)
+        return p->node < q->node ? -1 : 1;
+    return (p->i > q->i) - (p->i < q->i);
+}
+
+/* node[j] = world rank / gpn.  The relay of sender s on the node of rank j,
+ * rel(s, j), is s itself on s's node, else the EP rank of j's node whose
+ * local index (its place among that node's EP ranks, ascending) is s's
+ * local index modulo the node's EP ranks.  This rank needs only rel(me, j)
+ * and rel(j, me): x->rel holds those 2 EP entries, found from the ranks
+ * sorted by (node, rank) in O(EP log EP) (no EP x EP table). */
 static par_status build_nodes(ep_t *x, int gpn)
 {
-    int EP = x->EP;
+    const int EP = x->EP, me = x->me;
     int *node = par_malloc((size_t)EP * sizeof *node, PAR_TAG_MODEL);
-    int *rel = par_malloc((size_t)EP * (size_t)EP * sizeof *rel, PAR_TAG_MODEL);
-    int *loc = par_malloc((size_t)EP * 2 * sizeof *loc, PAR_TAG_MODEL);
-    if (!node || !rel || !loc) {
+    int *rel = par_malloc((size_t)EP * 2 * sizeof *rel, PAR_TAG_MODEL);
+    int *loc = par_malloc((size_t)EP * 3 * sizeof *loc, PAR_TAG_MODEL);
+    nkey *ord = par_malloc((size_t)EP * sizeof *ord, PAR_TAG_MODEL);
+    if (!node || !rel || !loc || !ord) {
         par_free(node);
         par_free(rel);
         par_free(loc);
+        par_free(ord);
         return par_err(PAR_ENOMEM, "ep: out of memory for the node map of %d ranks", EP);
     }
-    int *nsz = loc + EP; /* EP ranks on the node of rank j */
-    for (int j = 0; j < EP; j++)
-        node[j] = par_comm_world_rank(x->c, j) / gpn;
+    int *nsz = loc + EP, *first = loc + 2 * EP; /* j's node: its EP ranks, where they start in ord */
     for (int j = 0; j < EP; j++) {
-        loc[j] = 0;
-        nsz[j] = 0;
-        for (int i = 0; i < EP; i++)
-            if (node[i] == node[j]) {
-                loc[j] += i < j;
-                nsz[j]++;
-            }
+        node[j] = par_comm_world_rank(x->c, j) / gpn;
+        ord[j] = (nkey){.node = node[j], .i = j};
     }
-    for (int s = 0; s < EP; s++)
-        for (int j = 0; j < EP; j++) {
-            int want = node[j] == node[s] ? -1 : loc[s] % nsz[j], r = s;
-            for (int i = 0, n = 0; want >= 0 && i < EP; i++)
-                if (node[i] == node[j] && n++ == want) {
-                    r = i;
-                    break;
-                }
-            rel[(size_t)s * (size_t)EP + (size_t)j] = r;
+    qsort(ord, (size_t)EP, sizeof *ord, nkey_cmp);
+    for (int g0 = 0, g1; g0 < EP; g0 = g1) {
+        for (g1 = g0; g1 < EP && ord[g1].node == ord[g0].node; g1++)
+            ;
+        for (int k = g0; k < g1; k++) {
+            loc[ord[k].i] = k - g0;
+            nsz[ord[k].i] = g1 - g0;
+            first[ord[k].i] = g0;
         }
+    }
+    for (int j = 0; j < EP; j++) {
+        rel[j] = node[j] == node[me] ? me : ord[first[j] + loc[me] % nsz[j]].i;
+        rel[EP + j] = node[j] == node[me] ? j : ord[first[me] + loc[j] % nsz[me]].i;
+    }
     par_free(loc);
+    par_free(ord);
     par_free(x->node);
     par_free(x->rel);
     x->node = node;

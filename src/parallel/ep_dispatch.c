@@ -240,7 +240,7 @@ static par_status hier_alloc(ep_t *x, blk_state *S, hier_tmp *h, int64_t NS)
 {
     const int EP = x->EP, me = x->me;
     memset(h, 0, sizeof *h);
-    h->rel = x->rel + (size_t)me * (size_t)EP;
+    h->rel = x->rel;
     S->h1cnt = xcalloc((size_t)EP, sizeof *S->h1cnt);
     S->h1back = xcalloc((size_t)EP, sizeof *S->h1back);
     S->h1slot = xalloc((size_t)NS, sizeof *S->h1slot);
@@ -260,7 +260,7 @@ static par_status hier_alloc(ep_t *x, blk_state *S, hier_tmp *h, int64_t NS)
     h->same = h->to1 + 2 * EP;
     for (int j = 0; j < EP; j++) {
         h->to1[j] = h->rel[j] == j;                                  /* j is my relay on its node */
-        h->from1[j] = x->rel[(size_t)j * (size_t)EP + (size_t)me] == me; /* I am j's relay here */
+        h->from1[j] = x->rel[EP + j] == me;                         /* I am j's relay here */
         h->same[j] = x->node[j] == x->node[me];
     }
     return PAR_OK;

@@ -16,6 +16,8 @@
 #include "parallel/schedule.h"
 #include "parallel/etp_hook.h"
 #include "parallel/tp_hook.h"
+#include "parallel/tp_moe_hook.h"
+#include "parallel/tp_vocab_hook.h"
 
 /* One stage of this rank: its segment's items and their block indices. */
 typedef struct {
@@ -62,9 +64,18 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
+    PAR_FN(par_tp_vocab_hook) *tpvh; /* TP > 1 with tp_all_layers: the embedding / head hook (M->vocab) */
+    PAR_FN(par_tp_moe_hook) *tpmh;   /* the same with EP = ETP = 1: the shared expert's hook (M->moe) */
+    unsigned tp_grads;        /* what par_reduce_tp_grads sums (PAR_TPG_*) */
     PAR_FN(par_etp_hook) *etph; /* ETP > 1: the MoE hook (M->moe) */
     par_comm *etpc;           /* ETP > 1: the ETP group */
     int64_t CP;
+    /* The group whose ranks hold disjoint column slices of the same rows:
+     * CP's, or TP's under sequence parallelism (TP x CP is refused); NULL:
+     * none.  spn: the slices per CP slice (TP under SP, else 1); the rank's
+     * columns are [(cp*spn + tp) * S/(CP*spn), ...). */
+    par_comm *tokc;
+    int64_t spn, col;
     int n_local;              /* stages on this rank */
     lstage *ls;               /* [n_local] */
     int *stage_local;         /* [n_stages * n_dirs]: local index of (dir, stage) or -1 */

@@ -7,6 +7,7 @@
 #include "comm/clock.h"
 #include "core/device.h"
 #include "parallel/executor-impl.h"
+#include "parallel/tp_split.h"
 
 /* ------------------------------------------------------------ schedule -- */
 
@@ -28,6 +29,8 @@ static par_status sched_params(const par_layout *l, par_schedule_params *sp)
 par_status PAR_FN(par_exec_check)(const par_layout *l)
 {
     par_status s0 = par_layout_run_rules(l);
+    if (!s0)
+        s0 = par_tp_layout_rules(l);
     if (s0)
         return s0;
     if (l->pp <= 1)
@@ -83,6 +86,31 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
     return PAR_OK;
 }
 
+/* TP with --tp-all-layers (or SP): the vocab-parallel embedding / head and
+ * (EP = ETP = 1) the TP shared expert; what the step's TP sum covers. */
+static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
+{
+    const int sp = ex->lay->sequence_parallel, all = ex->lay->tp_all_layers || sp;
+    ex->tp_grads = (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) ? PAR_TPG_SKIP_WKV : 0;
+    if (sp)
+        ex->tp_grads |= PAR_TPG_ALL;
+    if (!all)
+        return PAR_OK;
+    par_status s = PAR_FN(par_tp_vocab_hook_create)(&ex->tpvh, ex->tpc, M, 2 * ex->m * ex->n_local, sp,
+                                                     ex->tp_faults, 0);
+    if (s)
+        return s;
+    PAR_FN(par_tp_vocab_hook_install)(ex->tpvh, M);
+    ex->tp_grads |= PAR_TPG_VOCAB;
+    if (ex->lay->ep > 1 || ex->lay->etp > 1)
+        return PAR_OK;
+    if ((s = PAR_FN(par_tp_moe_hook_create)(&ex->tpmh, ex->tpc, M, ex->m, sp)))
+        return s;
+    PAR_FN(par_tp_moe_hook_install)(ex->tpmh, M);
+    ex->tp_grads |= PAR_TPG_SHARED;
+    return PAR_OK;
+}
+
 /* The hooks: EP (one state slot per microbatch), CP (one saved forward per
  * microbatch and block), the DualPipe pair. */
 static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const par_exec_opts *o)
@@ -102,14 +130,20 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         if ((s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
             return s;
         PAR_FN(par_cp_hook_install)(ex->cph, M);
+        ex->tokc = ex->cpc;
     }
     if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
                             * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
         ex->tpc = P->g.g[PAR_GROUP_TP];
-        ex->tp_faults = o->tp_faults;
+        ex->tp_faults = o->tp_faults | PAR_TP_BUILD_FAULTS;
         if ((s = PAR_FN(par_tp_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
             return s;
+        PAR_FN(par_tp_hook_set_sp)(ex->tph, ex->lay->sequence_parallel);
         PAR_FN(par_tp_hook_install)(ex->tph, M);
+        if (ex->lay->sequence_parallel)
+            ex->tokc = ex->tpc;
+        if ((s = tp_layer_hooks(ex, M)))
+            return s;
         for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
             if (M->tab.p[i].expert < 0)
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
@@ -189,9 +223,17 @@ par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PA
     ex->Bl = ex->B / l->da;
     ex->m = l->pp > 1 ? (int)l->n_micro : 1;             /* PP = 1: one microbatch of all the rows */
     ex->mbs = l->pp > 1 ? (l->micro_batch > 0 ? l->micro_batch : 1) : ex->Bl;
-    ex->Tm = ex->mbs * (ex->S / (l->cp > 0 ? l->cp : 1));
+    ex->spn = l->sequence_parallel ? l->tp : 1;
+    ex->col = (int64_t)P->rc.cp * ex->spn + (l->sequence_parallel ? P->rc.tp : 0);
+    ex->Tm = ex->mbs * (ex->S / ((l->cp > 0 ? l->cp : 1) * ex->spn));
     int64_t El = cfg->n_routed_experts / l->ep, e0 = (int64_t)P->rc.ep * El;
     par_status s;
+    if (ex->S % ((l->cp > 0 ? l->cp : 1) * ex->spn) != 0) {
+        s = par_err(PAR_EINVAL, "sequence parallelism: seq_length %lld is not %lld column slices (CP %lld x TP %lld)",
+                    (long long)ex->S, (long long)((l->cp > 0 ? l->cp : 1) * ex->spn), (long long)l->cp,
+                    (long long)ex->spn);
+        goto fail_exec;
+    }
     if (ex->Bl != ex->mbs * ex->m) {
         s = par_err(PAR_EINVAL, "pipeline: %lld rows per data-parallel rank are not %d microbatches of %lld",
                     (long long)ex->Bl, ex->m, (long long)ex->mbs);
@@ -407,13 +449,14 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     par_status s;
     PAR_FN(par__exec_setup_free)(ex);
     ex->keep = keep;
+    PAR_FN(par_tp_vocab_hook_keep)(ex->tpvh, keep);
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
     par_dev_zero(M->grads, (size_t)M->n_local * sizeof *M->grads); /* memset (core/device.h) */
     M->have_fwd = 0;
     if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
-        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) != 0)) ||
+        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, ex->tp_grads)) ||
         (s = PAR_FN(par_reduce_etp_grads)(M, ex->etpc)))
         return s;
     /* gradients of weights on several pipeline ranks (DualPipe: every
@@ -506,6 +549,8 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     PAR_FN(par_ep_free)(ex->ep);
     PAR_FN(par_cp_hook_free)(ex->cph);
     PAR_FN(par_tp_hook_free)(ex->tph);
+    PAR_FN(par_tp_vocab_hook_free)(ex->tpvh);
+    PAR_FN(par_tp_moe_hook_free)(ex->tpmh);
     PAR_FN(par_etp_hook_free)(ex->etph);
     par_free(ex->mq0);
     par_free(ex->pos_rows);

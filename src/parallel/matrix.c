@@ -478,7 +478,7 @@ static void describe_layout(const par_mx_cell *c, const par_cell_layout *cl, cha
             ADD("mbs=%lld ", (long long)cl->micro_batch_size);
     }
     if (l.tp > 1)
-        ADD("TP=%lld ", (long long)l.tp);
+        ADD("TP=%lld%s ", (long long)l.tp, l.sequence_parallel ? "+SP" : l.tp_all_layers ? " all-layers" : "");
     if (l.cp > 1)
         ADD("CP=%lld ", (long long)l.cp);
     if (l.da > 1)
@@ -567,7 +567,13 @@ static par_status kind_fields(const par_matrix *m, par_mx_cell *c)
         c->ranks = l.world;
         char a[200], b[200];
         describe_layout(c, &r->layout, a, sizeof a);
-        if (r->kind == PAR_KIND_RESUME) {
+        if (r->kind == PAR_KIND_RESUME && !par_cell_layout_empty(&r->chain_layout)) {
+            char d[200];
+            describe_layout(c, &r->load_layout, b, sizeof b);
+            describe_layout(c, &r->chain_layout, d, sizeof d);
+            par_mx_fmt(c->layout, sizeof c->layout, "%s -> ckpt@%lld -> %s -> ckpt@%lld -> %s", a, (long long)c->split,
+                       b, (long long)(c->split + (c->steps - c->split) / 2), d);
+        } else if (r->kind == PAR_KIND_RESUME) {
             describe_layout(c, &r->load_layout, b, sizeof b);
             par_mx_fmt(c->layout, sizeof c->layout, "%s -> ckpt@%lld -> %s", a, (long long)c->split, b);
         } else if (r->kind == PAR_KIND_CKPT_RESHARD) {
@@ -580,6 +586,10 @@ static par_status kind_fields(const par_matrix *m, par_mx_cell *c)
         for (int i = 0; i < PAR_CELL_MAX_SETS && r->sets[i][0]; i++) {
             size_t o = strlen(c->layout);
             par_mx_fmt(c->layout + o, sizeof c->layout - o, " %s", r->sets[i]);
+        }
+        if (r->backend[0] && !m->o.runner) { /* the cell's own backend (cells.h) */
+            size_t o = strlen(c->layout);
+            par_mx_fmt(c->layout + o, sizeof c->layout - o, " on %s", r->backend);
         }
     }
     }
@@ -641,6 +651,9 @@ static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_conf
     if (r->kind == PAR_KIND_RESUME && c.steps < 2)
         c.steps = 2;
     c.split = r->split ? r->split : c.steps / 2;
+    if (r->kind == PAR_KIND_RESUME && !par_cell_layout_empty(&r->chain_layout) && c.steps - c.split < 2)
+        return par_err(PAR_EINVAL, "cell '%s': a chain needs two steps after split (%lld of %lld)", r->name,
+                       (long long)c.split, (long long)c.steps);
     if (r->kind == PAR_KIND_RESUME && (c.split < 1 || c.split >= c.steps))
         return par_err(PAR_EINVAL, "cell '%s': a resume cell needs 1 <= split (%lld) < steps (%lld)", r->name,
                        (long long)c.split, (long long)c.steps);

@@ -77,6 +77,9 @@ typedef struct {
     par_layout_runner runner; /* NULL: par_matrix_run_layout_in_process on backend_impl */
     void *runner_ud;
     const par_backend *backend_impl; /* the default runner's backend (NULL: layout cells are ERROR) */
+    /* The default runner's backend of a cell that names its own ("backend": "fiber"), by name
+     * (the CLI's backends/registry.h par_backend_find); NULL: such cells are ERROR. */
+    const par_backend *(*find_backend)(const char *name);
     int64_t steps;            /* rows with steps 0; 0 = the preset's default (tiny 3, mini 1) */
     uint64_t seed;            /* rows without a seed */
     const char *out_dir;      /* results directory: created; must be empty or an earlier matrix's */

@@ -112,6 +112,74 @@ static void print_failures(const par_matrix *m, FILE *out)
     }
 }
 
+/* ---- per-rank memory of the scale cells -------------------------------- */
+
+static void fmt_bytes(char *buf, size_t n, double b)
+{
+    static const char *const u[] = {"B", "KiB", "MiB", "GiB"};
+    int i = 0;
+    while (b >= 1024.0 && i < 3) {
+        b /= 1024.0;
+        i++;
+    }
+    par_mx_fmt(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+#define MEM_KINDS 5
+static const char *const mem_key[MEM_KINDS] = {"weights", "gradients", "optimizer_state", "activations",
+                                               "communication"};
+
+/* One rank's accounted bytes by kind (mem_key) and their total. */
+static double rank_mem(const cJSON *row, double *v)
+{
+    double t = 0;
+    for (int k = 0; k < MEM_KINDS; k++) {
+        v[k] = 0;
+        par_json_num(row, mem_key[k], &v[k]);
+        t += v[k];
+    }
+    return t;
+}
+
+/* The run's per-rank memory (`parity run --summary`'s "memory", every rank
+ * in the report JSON) as one row per pipeline stage (ranks [s N/PP, (s+1)
+ * N/PP), parallel/groups.h): the largest of each kind over the stage's
+ * ranks and the heaviest rank. */
+static void print_memory(const par_mx_cell *c, const cJSON *run, FILE *out)
+{
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(run, "memory");
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(run, "layout");
+    int64_t pp = 1, n = cJSON_IsArray(mem) ? cJSON_GetArraySize(mem) : 0;
+    par_json_int(lay, "pipeline_model_parallel_size", &pp);
+    if (n < 1 || pp < 1 || n % pp)
+        return;
+    fprintf(out, "\nmemory per rank, %s (world %lld, %lld stages; bytes accounted from the model and the plans, "
+                 "the largest over each stage's ranks):\n", c->row.name, (long long)n, (long long)pp);
+    fprintf(out, "  %-5s %-11s %11s %11s %11s %11s %11s %11s  %s\n", "stage", "ranks", "weights", "gradients",
+            "optimizer", "activations", "comm", "total", "heaviest rank");
+    const cJSON *row = mem->child;
+    for (int64_t st = 0; st < pp; st++) {
+        double hi[MEM_KINDS] = {0}, v[MEM_KINDS], top = -1;
+        int64_t who = 0, r0 = st * (n / pp), r1 = r0 + n / pp;
+        for (int64_t r = r0; r < r1 && row; r++, row = row->next) {
+            double t = rank_mem(row, v);
+            for (int k = 0; k < MEM_KINDS; k++)
+                hi[k] = v[k] > hi[k] ? v[k] : hi[k];
+            if (t > top) {
+                top = t;
+                who = r;
+            }
+        }
+        char b[MEM_KINDS + 1][24], rg[32];
+        for (int k = 0; k < MEM_KINDS; k++)
+            fmt_bytes(b[k], sizeof b[k], hi[k]);
+        fmt_bytes(b[MEM_KINDS], sizeof b[MEM_KINDS], top);
+        par_mx_fmt(rg, sizeof rg, "%lld-%lld", (long long)r0, (long long)(r1 - 1));
+        fprintf(out, "  %-5lld %-11s %11s %11s %11s %11s %11s %11s  %lld\n", (long long)st, rg, b[0], b[1], b[2],
+                b[3], b[4], b[5], (long long)who);
+    }
+}
+
 void par_matrix_print_table(const par_matrix *m, FILE *out)
 {
     fprintf(out, "\nparity matrix: preset %s, tier %s, backend %s, seed %llu, BLAS core %s\n",
@@ -133,6 +201,9 @@ void par_matrix_print_table(const par_matrix *m, FILE *out)
     if (nw)
         fprintf(out, ", %d informational over policy", nw);
     fprintf(out, " (%.1f s); results in %s\n", m->wall_s, m->out_dir);
+    for (int i = 0; i < m->n; i++)
+        if (m->cells[i].row.tier == PAR_CELL_TIER_SCALE && m->res[i].run)
+            print_memory(&m->cells[i], m->res[i].run, out);
     print_failures(m, out);
 }
 
@@ -286,6 +357,7 @@ static cJSON *cell_json(const par_mx_cell *c, const par_mx_result *r)
     cJSON_AddStringToObject(o, "fixture", c->fixture[0] ? c->fixture : "");
     cJSON_AddStringToObject(o, "data", c->data_label);
     cJSON_AddStringToObject(o, "layout", c->layout);
+    cJSON_AddStringToObject(o, "cell_backend", c->row.backend); /* "": the matrix's */
     cJSON_AddNumberToObject(o, "ranks", (double)c->ranks);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "seed", (double)c->seed);

@@ -104,8 +104,15 @@ static par_status run_layout(par_matrix *m, const par_mx_cell *c, const par_cell
         .work_dir = work_dir, .tag = tag,
     };
     cJSON *doc = NULL;
-    s = m->o.runner ? m->o.runner(&job, m->o.runner_ud, &doc)
-                               : par_matrix_run_layout_in_process(&job, (void *)m->o.backend_impl, &doc);
+    if (m->o.runner) {
+        s = m->o.runner(&job, m->o.runner_ud, &doc);
+    } else {
+        const par_backend *be = m->o.backend_impl;
+        if (c->row.backend[0] && !(be = m->o.find_backend ? m->o.find_backend(c->row.backend) : NULL))
+            return par_err(PAR_EUNSUPPORTED, "matrix: cell %s runs on the %s backend, which this matrix cannot find",
+                           c->row.name, c->row.backend);
+        s = par_matrix_run_layout_in_process(&job, (void *)be, &doc);
+    }
     if (s)
         return s;
     par_run_summary_metrics(doc, &res->met.step_time_s, &res->met.bubble, &res->met.exposed_comm_s);
@@ -123,6 +130,28 @@ static par_status prod_layout(par_matrix *m, const par_mx_cell *c, const char *w
     return run_layout(m, c, &c->row.layout, c->steps, set_dir, NULL, NULL, work_dir, "run", res);
 }
 
+/* A chain's second and third legs: split..split2-1 loaded under load-layout
+ * and saved again, the rest loaded under chain-layout; the three sets merged
+ * at split and split2. */
+static par_status chain_rest(par_matrix *m, const par_mx_cell *c, const char *work_dir, const char *set_dir,
+                             const char *d1, const char *ck, par_mx_result *res)
+{
+    const int64_t split2 = c->split + (c->steps - c->split) / 2;
+    char d2[PAR_MX_PATH], d3[PAR_MX_PATH], ck2[PAR_MX_PATH], mid[PAR_MX_PATH];
+    par_mx_fmt(d2, sizeof d2, "%s/second", work_dir);
+    par_mx_fmt(d3, sizeof d3, "%s/third", work_dir);
+    par_mx_fmt(ck2, sizeof ck2, "%s/ckpt2", work_dir);
+    par_mx_fmt(mid, sizeof mid, "%s/first-second", work_dir);
+    par_status s = run_layout(m, c, &c->row.load_layout, split2, d2, ck2, ck, work_dir, "second", res);
+    if (!s)
+        s = run_layout(m, c, &c->row.chain_layout, c->steps, d3, NULL, ck2, work_dir, "third", res);
+    if (!s)
+        s = par_goldenset_merge(d1, d2, c->split, mid);
+    if (!s)
+        s = par_goldenset_merge(mid, d3, split2, set_dir);
+    return s;
+}
+
 /* resume: split steps under layout saved to a checkpoint, the rest loaded
  * under load-layout (--steps the total: it runs split..steps-1), both dumped; the cell's set is the first run's steps
  * before the checkpoint and the resumed run's after it. */
@@ -135,6 +164,8 @@ static par_status prod_resume(par_matrix *m, const par_mx_cell *c, const char *w
     par_mx_fmt(d2, sizeof d2, "%s/resumed", work_dir);
     par_mx_fmt(ck, sizeof ck, "%s/ckpt", work_dir);
     par_status s = run_layout(m, c, &c->row.layout, c->split, d1, ck, NULL, work_dir, "first", res);
+    if (!par_cell_layout_empty(&c->row.chain_layout))
+        return s ? s : chain_rest(m, c, work_dir, set_dir, d1, ck, res);
     if (!s)
         s = run_layout(m, c, &c->row.load_layout, c->steps, d2, NULL, ck, work_dir, "resumed", res); /* the total */
     if (!s)

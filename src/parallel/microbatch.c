@@ -39,12 +39,12 @@ static void slice_columns(par_batch *local, const par_batch *full, int64_t c0)
 static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *tok, const int32_t *seg,
                                  par_batch *full, int64_t *q, int64_t c0)
 {
-    const int64_t S = ex->S, Lc = S / ex->CP, rk = r0 + (int64_t)k * ex->mbs;
+    const int64_t S = ex->S, Lc = S / (ex->CP * ex->spn), rk = r0 + (int64_t)k * ex->mbs;
     const int32_t V = (int32_t)ex->cfg.vocab_size;
     par_status s = par_batch_alloc(&ex->mb[k], ex->mbs, Lc);
     if (s)
         return s;
-    if (ex->cph) {
+    if (ex->tokc) {
         if ((s = par_batch_set(full, tok + rk * S, seg + rk * S, V, "pipeline microbatch")))
             return s;
         slice_columns(&ex->mb[k], full, c0);
@@ -64,7 +64,7 @@ static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *t
     }
     ex->mqn[k] = *q - ex->mq0[k];
     ex->mbx[k] = (par_mbctx){.slot = k, .row0 = (int64_t)k * ex->mbs, .rows = ex->mbs, .S = S,
-                             .pos_rows = ex->cph   ? ex->pos_rows + (int64_t)k * ex->mbs * S
+                             .pos_rows = ex->tokc  ? ex->pos_rows + (int64_t)k * ex->mbs * S
                                          : ex->tph ? ex->mb[k].pos
                                                    : NULL};
     return PAR_OK;
@@ -73,20 +73,20 @@ static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *t
 /* Every microbatch of the step; *Nl = the samples of the rank's rows. */
 static par_status microbatches(exec_t *ex, const par_pctx *P, const int32_t *tok, const int32_t *seg, int64_t Nl)
 {
-    int64_t r0 = (int64_t)P->rc.dp * ex->Bl, c0 = (int64_t)P->rc.cp * (ex->S / ex->CP), q = 0;
+    int64_t r0 = (int64_t)P->rc.dp * ex->Bl, c0 = ex->col * (ex->S / (ex->CP * ex->spn)), q = 0;
     ex->mb = par_calloc((size_t)ex->m, sizeof *ex->mb, PAR_TAG_ACT);
     ex->mbx = par_calloc((size_t)ex->m, sizeof *ex->mbx, PAR_TAG_ACT);
     ex->msample = par_calloc((size_t)ex->m, sizeof *ex->msample, PAR_TAG_ACT);
     if (!ex->mq0)
         ex->mq0 = par_calloc((size_t)ex->m * 2, sizeof *ex->mq0, PAR_TAG_ACT);
-    if (ex->cph && !ex->pos_rows)
+    if (ex->tokc && !ex->pos_rows)
         ex->pos_rows = par_malloc((size_t)(ex->Bl * ex->S) * sizeof *ex->pos_rows, PAR_TAG_ACT);
-    if (!ex->mb || !ex->mbx || !ex->msample || !ex->mq0 || (ex->cph && !ex->pos_rows))
+    if (!ex->mb || !ex->mbx || !ex->msample || !ex->mq0 || (ex->tokc && !ex->pos_rows))
         return par_err(PAR_ENOMEM, "pipeline: out of memory for %d microbatches", ex->m);
     ex->mqn = ex->mq0 + ex->m;
     par_batch full;
     memset(&full, 0, sizeof full);
-    par_status s = ex->cph ? par_batch_alloc(&full, ex->mbs, ex->S) : PAR_OK;
+    par_status s = ex->tokc ? par_batch_alloc(&full, ex->mbs, ex->S) : PAR_OK;
     for (int k = 0; k < ex->m && !s; k++)
         s = one_microbatch(ex, k, r0, tok, seg, &full, &q, c0);
     par_batch_free(&full);
@@ -155,7 +155,7 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
     }
     if ((s = microbatches(ex, P, tok, seg, Nl)) || (s = stats_window(ex, M, &M->stats, q0, Nl, Ng)))
         return s;
-    if (ex->cph) { /* the backward's CP-summed counts */
+    if (ex->tokc) { /* the backward's counts summed over the CP (SP: TP) group */
         if ((!ex->bst.cnt || ex->bst.Ns != Nl) &&
             (PAR_FN(par_stats_free)(&ex->bst), (s = PAR_FN(par_stats_alloc)(&ex->bst, M->n_blocks, M->E, Nl))))
             return s;

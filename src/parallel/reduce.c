@@ -173,9 +173,12 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     par_field f[6];
     int nf = stats_fields(st, f);
     par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
+    /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
+    par_comm *sp = P->lay->sequence_parallel ? P->g.g[PAR_GROUP_TP] : NULL;
     par_status s;
     if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
-        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))))
+        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
+        (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
         return s;
     par_comm *dp = P->g.g[PAR_GROUP_DP];
     if (!dp)
@@ -212,22 +215,31 @@ static int shared_wanted(const par_param_table *t, const PAR_FN(par_model) *M, i
     return want && p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0;
 }
 
-/* The entries of a tensor-parallel sum: kind 0 the attention's
- * (layers.N.attn.* / mtp.N.attn.*), 1 the same without attn.wkv.weight (the
- * deliberate fault), 2 the routed experts'. */
-static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, int kind)
+/* The entries of a tensor-parallel sum: kind 2 the routed experts' (ETP),
+ * else the PAR_TPG_* bits of par_reduce_tp_grads: the attention's
+ * (layers.N.attn.* / mtp.N.attn.*; SKIP_WKV: without attn.wkv.weight, the
+ * deliberate fault), VOCAB embed / head, SHARED the shared experts', ALL
+ * every dense entry. */
+enum { TP_KIND_ETP = 1u << 30 };
+static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, unsigned kind)
 {
     const par_param *p = &t->p[i];
     if (p->dtype != PAR_PDT_REAL || !p->has_grad || M->loc[i] < 0)
         return 0;
-    if (kind == 2)
+    if (kind & TP_KIND_ETP)
         return p->expert >= 0;
     const char *a = strstr(p->name, ".attn.");
-    return a && !(kind == 1 && strcmp(a, ".attn.wkv.weight") == 0);
+    if (a && (kind & PAR_TPG_SKIP_WKV) && strcmp(a, ".attn.wkv.weight") == 0)
+        return 0;
+    if (a || ((kind & PAR_TPG_ALL) && p->expert < 0))
+        return 1;
+    if ((kind & PAR_TPG_VOCAB) && (i == t->top.embed || i == t->top.head))
+        return 1;
+    return (kind & PAR_TPG_SHARED) && strstr(p->name, ".shared_experts.") != NULL;
 }
 
 /* Every entry of `kind` summed over c. */
-static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, int kind)
+static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, unsigned kind)
 {
     const par_param_table *t = &M->tab;
     int n = 0;
@@ -246,17 +258,18 @@ static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, int kind)
 
 par_status PAR_FN(par_reduce_etp_grads)(PAR_FN(par_model) *M, par_comm *etp)
 {
-    return etp && par_comm_size(etp) > 1 ? tp_sum(M, etp, 2) : PAR_OK;
+    return etp && par_comm_size(etp) > 1 ? tp_sum(M, etp, TP_KIND_ETP) : PAR_OK;
 }
 
-par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv)
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsigned what)
 {
     if (!tp || par_comm_size(tp) <= 1)
         return PAR_OK;
     const par_param_table *t = &M->tab;
-    par_status s = tp_sum(M, tp, skip_wkv ? 1 : 0);
-    /* the routed experts' group (EDP) spans the TP ranks: count them once */
-    for (int i = 0; !s && par_comm_rank(tp) != 0 && i < t->n; i++)
+    par_status s = tp_sum(M, tp, what & ~(unsigned)TP_KIND_ETP);
+    /* the routed experts' group (EDP) spans the TP ranks: count them once
+     * (with ALL each TP rank holds its own tokens' share: the EDP sum adds them) */
+    for (int i = 0; !s && !(what & PAR_TPG_ALL) && par_comm_rank(tp) != 0 && i < t->n; i++)
         if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
             memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
     return s;

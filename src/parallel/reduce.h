@@ -79,10 +79,17 @@ par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, in
  * gradients.  The other entries are identical on the TP ranks (each saw
  * every token and the complete dy) and are not summed; the routed experts'
  * gradients, whose expert-DP group (EDP) spans the TP ranks, are zeroed on
- * TP ranks > 0 so that the EDP sum counts them once (x + 0: exact).  skip_wkv leaves
- * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce).
- * Collective over tp. */
-par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, int skip_wkv);
+ * TP ranks > 0 so that the EDP sum counts them once (x + 0: exact).  `what`
+ * (PAR_TPG_* bits; 0: the attention's only): SKIP_WKV leaves
+ * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce);
+ * VOCAB adds embed.weight and head.weight (the vocab-parallel rows,
+ * parallel/tp_vocab_hook.h), SHARED the shared experts' (tp_moe_hook.h):
+ * blocks meet zeros, exact; ALL (sequence parallelism: every rank saw its
+ * own tokens) sums every dense entry, and the routed experts are left whole
+ * for the EDP sum, which then adds the TP ranks' token shares.  Collective
+ * over tp. */
+enum { PAR_TPG_SKIP_WKV = 1u << 0, PAR_TPG_VOCAB = 1u << 1, PAR_TPG_SHARED = 1u << 2, PAR_TPG_ALL = 1u << 3 };
+par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsigned what);
 
 /* Expert tensor parallelism (parallel/etp_hook.h): every routed expert's
  * gradient summed over the ETP group once per step (rank r holds the

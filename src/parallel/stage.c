@@ -63,10 +63,21 @@ static par_real *heap_copy(const par_real *x, int64_t n)
     return c;
 }
 
-static void keep_rows(void *dst, const void *src, int64_t row0, int64_t per, size_t esz, int64_t T)
+/* Microbatch mb's local tokens of `per` elements each into a dump's kept
+ * rows [Bl, S/CP, per]: one copy of its rows, or (SP) each row's slice at
+ * the rank's columns (the TP ranks' slices meet in dump.c). */
+static void keep_rows(const exec_t *ex, void *dst, const void *src, int mb, int64_t per, size_t esz)
 {
-    if (dst && src)
-        par_dev_copy((char *)dst + (size_t)(row0 * per) * esz, src, (size_t)(T * per) * esz);
+    if (!dst || !src)
+        return;
+    const int64_t W = ex->S / ex->CP, L = W / ex->spn, c0 = (ex->col % ex->spn) * L;
+    if (ex->spn == 1) {
+        par_dev_copy((char *)dst + (size_t)((int64_t)mb * ex->Tm * per) * esz, src, (size_t)(ex->Tm * per) * esz);
+        return;
+    }
+    for (int64_t i = 0; i < ex->mbs; i++)
+        par_dev_copy((char *)dst + (size_t)((((int64_t)mb * ex->mbs + i) * W + c0) * per) * esz,
+                     (const char *)src + (size_t)(i * L * per) * esz, (size_t)(L * per) * esz);
 }
 
 /* ------------------------------------------------------------- forward -- */
@@ -97,7 +108,7 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
     const par_mbctx *x = &ex->mbx[mb];
     const int32_t *sample = ex->msample[mb];
     PAR_FN(par_stats) *st = &M->stats;
-    int64_t T = ex->Tm, row0 = (int64_t)mb * ex->Tm;
+    int64_t T = ex->Tm;
     int b = ls->block[j];
     par_status s = PAR_OK;
     switch (ls->items[j]) {
@@ -105,7 +116,8 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
         par_real *X0 = par_arena_alloc(&sl->ar, (size_t)(T * ex->nd) * sizeof *X0, 64);
         if (!X0)
             return par_err(PAR_ENOMEM, "pipeline: out of activation memory");
-        PAR_FN(par_model_embed_forward)(M, X0, bt->tokens, T);
+        if ((s = PAR_FN(par_model_embed_forward)(M, X0, bt->tokens, T)))
+            return s;
         *X = X0;
         return PAR_OK;
     }
@@ -121,13 +133,13 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
                                           st->ce_mtp, T)))
             return s;
         if (ex->keep)
-            keep_rows(ex->k_mtp_logits, sl->mtp_head.logits, row0, M->V, sizeof(par_real), T);
+            keep_rows(ex, ex->k_mtp_logits, sl->mtp_head.logits, mb, M->V, sizeof(par_real));
         return PAR_OK;
     case PAR_BLK_LOSS:
         if ((s = PAR_FN(par_head_forward)(M, 0, &sl->head, &sl->ar, *X, bt->labels, sample, st->ce_main, T)))
             return s;
         if (ex->keep)
-            keep_rows(ex->k_logits, sl->head.logits, row0, M->V, sizeof(par_real), T);
+            keep_rows(ex, ex->k_logits, sl->head.logits, mb, M->V, sizeof(par_real));
         return PAR_OK;
     }
     return par_err(PAR_EINTERNAL, "pipeline: unknown layout item '%c'", ls->items[j]);
@@ -136,17 +148,16 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
 /* A dump keeps the block's activations, routing and selections. */
 static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_block_act) *a, int b, int mb)
 {
-    int64_t T = ex->Tm, row0 = (int64_t)mb * ex->Tm;
-    keep_rows(ex->k_act[b], a->Xout, row0, ex->nd, sizeof(par_real), T);
-    keep_rows(ex->k_idx[b], a->idx, row0, M->K, sizeof(int32_t), T);
+    keep_rows(ex, ex->k_act[b], a->Xout, mb, ex->nd, sizeof(par_real));
+    keep_rows(ex, ex->k_idx[b], a->idx, mb, M->K, sizeof(int32_t));
     if (ex->k_sel[b])
-        keep_rows(ex->k_sel[b], a->as.sel, row0, ex->cfg.index_topk, sizeof(int32_t), T);
+        keep_rows(ex, ex->k_sel[b], a->as.sel, mb, ex->cfg.index_topk, sizeof(int32_t));
 }
 
 /* CP: the microbatch's aux counts of the stage's blocks over the CP group. */
 static par_status cp_counts(exec_t *ex, PAR_FN(par_model) *M, const lstage *ls, int mb)
 {
-    if (!ex->cph)
+    if (!ex->tokc)
         return PAR_OK;
     int nb = 0;
     for (int j = 0; j < ls->n_items; j++)
@@ -157,7 +168,7 @@ static par_status cp_counts(exec_t *ex, PAR_FN(par_model) *M, const lstage *ls, 
     for (int j = 0, k = 0; j < ls->n_items; j++)
         if (ls->block[j] >= 0)
             bl[k++] = ls->block[j];
-    par_status s = PAR_FN(par_reduce_mb_counts)(ex->cpc, &M->stats, &ex->bst, bl, nb, ex->mq0[mb], ex->mqn[mb]);
+    par_status s = PAR_FN(par_reduce_mb_counts)(ex->tokc, &M->stats, &ex->bst, bl, nb, ex->mq0[mb], ex->mqn[mb]);
     par_free(bl);
     return s;
 }
@@ -224,7 +235,7 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
     const par_batch *bt = &ex->mb[mb];
     const par_mbctx *x = &ex->mbx[mb];
     const int32_t *sample = ex->msample[mb];
-    const PAR_FN(par_stats) *st = &M->stats, *bst = ex->cph ? &ex->bst : st;
+    const PAR_FN(par_stats) *st = &M->stats, *bst = ex->tokc ? &ex->bst : st;
     const double ls_main = st->n_main > 0 ? 1.0 / (double)st->n_main : 0.0;
     const double ls_mtp = st->n_mtp > 0 ? c->mtp_lambda / (double)st->n_mtp : 0.0;
     int64_t T = ex->Tm;

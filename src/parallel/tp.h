@@ -46,6 +46,19 @@ enum {
     PAR_TP_FAULT_MUON_SHARD = 1u << 2,
 };
 
+/* A -Dfault=NAME build (tools/fault-demo.sh, docs/matrix.md) compiles one
+ * of the bits into every run of the executor: the matrix's TP cells must
+ * then fail with the fault's diagnosis.  0 in every normal build. */
+#if defined(PAR_FAULT_TP_CE_LOG_TP)
+#define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_CE_LOG_TP)
+#elif defined(PAR_FAULT_TP_WKV_NO_REDUCE)
+#define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_WKV_NO_REDUCE)
+#elif defined(PAR_FAULT_TP_MUON_SHARD)
+#define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_MUON_SHARD)
+#else
+#define PAR_TP_BUILD_FAULTS 0u
+#endif
+
 typedef struct {
     par_comm *comm;          /* the group (groups.h "tp" or "etp"); NULL: one rank */
     int sp;                  /* 1: the ranks hold disjoint token slices (above)     */

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "parallel/tp_attn.h"
+#include "parallel/tp_reduce.h"
 
 /* What (slot, block) keeps from its forward to its W pass. */
 typedef struct {
@@ -16,7 +17,8 @@ typedef struct {
 } tp_slot;
 
 struct PAR_FN(par_tp_hook_s) {
-    par_tp tp;
+    par_tp tp, tsp;  /* the group without / with sequence parallelism */
+    int sp;          /* the ranks hold column slices of the rows (SP) */
     int nb, n_slots, rank, P;
     tp_slot *sl; /* [n_slots, nb] */
     par_tp_traffic tr;
@@ -32,9 +34,59 @@ static void slot_free(tp_slot *q)
 /* The state of (x->slot, b), or NULL when the call does not fit. */
 static tp_slot *slot_of(PAR_FN(par_tp_hook) *h, const par_mbctx *x, int b, int64_t T)
 {
-    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows || T != x->rows * x->S)
+    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows ||
+        T * (h->sp ? h->P : 1) != x->rows * x->S)
         return NULL;
     return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
+}
+
+/* SP with several rows: the ranks' column slices [rows, L, w] of the rows
+ * gathered over the group (rank order) and placed into whole rows full
+ * [rows, S, w]; `take` is the inverse for one rank (its slice of full). */
+static par_status sp_gather(const PAR_FN(par_tp_hook) *h, par_real *full, const par_real *local, int64_t rows,
+                            int64_t S, int64_t w)
+{
+    const int64_t L = S / h->P, n = rows * L * w;
+    par_real *all = par_malloc((size_t)(n * h->P + 1) * sizeof *all, PAR_TAG_ACT);
+    if (!all)
+        return par_err(PAR_ENOMEM, "tp attention (sp): out of memory for %lld rows", (long long)(rows * S));
+    par_status s = PAR_FN(par_tpr_gather_tokens)(&h->tsp, all, local, rows * L, w);
+    for (int r = 0; r < h->P && !s; r++)
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(full + (i * S + r * L) * w, all + r * n + i * L * w, (size_t)(L * w) * sizeof *all);
+    par_free(all);
+    return s;
+}
+
+static void sp_take(void *local, const void *full, int64_t rows, int64_t S, int64_t w, size_t es, int r, int P)
+{
+    const int64_t L = S / P;
+    for (int64_t i = 0; i < rows; i++)
+        memcpy((char *)local + (size_t)(i * L * w) * es, (const char *)full + (size_t)((i * S + r * L) * w) * es,
+               (size_t)(L * w) * es);
+}
+
+/* SP, several rows: the layer on the whole rows (x gathered, y all-reduced),
+ * the rank's slice of y and of the picks taken. */
+static par_status sp_rows_forward(PAR_FN(par_tp_hook) *h, tp_slot *q, const par_mbctx *x, const par_attn_dims *dm,
+                                  par_real *y, int32_t *sel, const par_real *xin)
+{
+    const int64_t S = x->S, rows = x->rows, T = rows * S, d = dm->d, k = dm->topk;
+    par_real *b = par_malloc((size_t)(2 * T * d + 1) * sizeof *b, PAR_TAG_ACT);
+    int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
+    par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "tp attention (sp): out of memory for %lld tokens",
+                                                (long long)T)
+                                      : sp_gather(h, b, xin, rows, S, d);
+    if (!s)
+        s = PAR_FN(par_tp_attn_forward)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->Wl, dm, T, &h->tp);
+    if (!s) {
+        sp_take(y, b + T * d, rows, S, d, sizeof *b, h->rank, h->P);
+        if (sel)
+            sp_take(sel, sf, rows, S, k, sizeof *sf, h->rank, h->P);
+    }
+    par_free(b);
+    par_free(sf);
+    return s;
 }
 
 static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
@@ -51,7 +103,33 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
     PAR_FN(par_tp_attn_shard)(&q->Wl, q->buf, W, dm, h->rank, h->P);
+    if (h->sp && x->rows > 1)
+        return sp_rows_forward(h, q, x, dm, y, sel, xin);
+    if (h->sp) /* one row: the rank's columns are its contiguous tokens, the layer's own SP */
+        return PAR_FN(par_tp_attn_forward)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, dm, T * h->P, &h->tsp);
     return PAR_FN(par_tp_attn_forward)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, dm, T, &h->tp);
+}
+
+/* SP, several rows: dy gathered into whole rows, dx of the whole rows
+ * (all-reduced in the layer), the rank's slice added. */
+static par_status sp_rows_backward(PAR_FN(par_tp_hook) *h, tp_slot *q, const par_mbctx *x, int64_t d, par_real *dx,
+                                   const par_real *dy)
+{
+    const int64_t S = x->S, rows = x->rows, T = rows * S, Tl = T / h->P;
+    par_real *b = par_calloc((size_t)(2 * T * d + Tl * d + 1), sizeof *b, PAR_TAG_ACT);
+    if (!b)
+        return par_err(PAR_ENOMEM, "tp attention backward (sp): out of memory for %lld tokens", (long long)T);
+    par_real *dxf = b + T * d, *mine = dxf + T * d;
+    par_status s = sp_gather(h, b, dy, rows, S, d);
+    if (!s)
+        s = PAR_FN(par_tp_attn_backward)(dx ? dxf : NULL, &q->dWl, b, &q->sv, &q->Wl, &h->tp);
+    if (!s && dx) {
+        sp_take(mine, dxf, rows, S, d, sizeof *b, h->rank, h->P);
+        for (int64_t e = 0; e < Tl * d; e++)
+            dx[e] += mine[e];
+    }
+    par_free(b);
+    return s;
 }
 
 /* B: dx (summed over the group in the layer), dsink of the rank's heads;
@@ -65,7 +143,8 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         return par_err(PAR_EINVAL, "tp attention backward: block %d has no forward on %lld tokens", b, (long long)T);
     PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
     memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
-    par_status s = PAR_FN(par_tp_attn_backward)(dx, &q->dWl, dy, &q->sv, &q->Wl, &h->tp);
+    par_status s = h->sp && x->rows > 1 ? sp_rows_backward(h, q, x, M->d, dx, dy)
+                   : PAR_FN(par_tp_attn_backward)(dx, &q->dWl, dy, &q->sv, &q->Wl, h->sp ? &h->tsp : &h->tp);
     if (s)
         return s;
     if (dsink) {
@@ -111,6 +190,7 @@ par_status PAR_FN(par_tp_hook_create)(PAR_FN(par_tp_hook) **out, par_comm *tp, c
     if (!h)
         return par_err(PAR_ENOMEM, "tensor parallelism: out of memory");
     h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->tr};
+    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->tr};
     h->nb = M->n_blocks;
     h->n_slots = n_slots;
     h->rank = par_comm_rank(tp);
@@ -122,6 +202,11 @@ par_status PAR_FN(par_tp_hook_create)(PAR_FN(par_tp_hook) **out, par_comm *tp, c
     }
     *out = h;
     return PAR_OK;
+}
+
+void PAR_FN(par_tp_hook_set_sp)(PAR_FN(par_tp_hook) *h, int sp)
+{
+    h->sp = sp != 0;
 }
 
 void PAR_FN(par_tp_hook_install)(PAR_FN(par_tp_hook) *h, PAR_FN(par_model) *M)

@@ -32,6 +32,13 @@ typedef struct PAR_FN(par_tp_hook_s) PAR_FN(par_tp_hook);
  * does not divide a block's heads, groups or index heads. */
 par_status PAR_FN(par_tp_hook_create)(PAR_FN(par_tp_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
                                       int n_slots);
+/* Sequence parallelism (sp 1): the ranks hold column slices [tp*S/P,
+ * (tp+1)*S/P) of every row of a microbatch (the executor's slicing, as
+ * CP's).  One row: the layer's own SP (all-gather before, reduce-scatter
+ * after); several rows: the slices gathered into whole rows, the layer
+ * without SP (its output all-reduced), the rank's slices taken (the same
+ * sums in rank order, P times the bytes back).  Before the first step. */
+void PAR_FN(par_tp_hook_set_sp)(PAR_FN(par_tp_hook) *h, int sp);
 /* M->attn = this hook (once, before the first step). */
 void PAR_FN(par_tp_hook_install)(PAR_FN(par_tp_hook) *h, PAR_FN(par_model) *M);
 /* Bytes this rank handed to src/comm for TP attention since creation

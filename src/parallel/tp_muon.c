@@ -82,3 +82,30 @@ par_status PAR_FN(par_tp_muon_update)(par_real *w,         /* shard */
     par_free(U);
     return st;
 }
+
+par_status PAR_FN(par_tp_muon_shard_fault)(par_real *w, par_real *mom, const par_real *g, const char *name,
+                                           int64_t rows, int64_t cols, int P, double gscale, double lr,
+                                           double wd, double mu)
+{
+    const par_tp_split sp = par_tp_split_of(name);
+    int64_t sr, sc;
+    if (P <= 1 || sp.group != PAR_TP_GROUP_TP || sp.cut == PAR_TP_REPLICATED ||
+        par_tp_shard_shape(name, rows, cols, sp.cut, P, &sr, &sc))
+        return PAR_FN(par_muon_update)(w, mom, g, rows, cols, gscale, lr, wd, mu);
+    const size_t n = (size_t)(sr * sc), es = sizeof(par_real);
+    par_real *b = par_malloc(3 * n * es, PAR_TAG_OPTIM);
+    if (!b)
+        return par_err(PAR_ENOMEM, "tensor parallel Muon (shard fault): a shard of %zu reals", n);
+    par_status st = PAR_OK;
+    for (int r = 0; r < P && !st; r++) {
+        par_tp_slice(b, w, rows, cols, sp.cut, r, P, es);
+        par_tp_slice(b + n, mom, rows, cols, sp.cut, r, P, es);
+        par_tp_slice(b + 2 * n, g, rows, cols, sp.cut, r, P, es);
+        if (!(st = PAR_FN(par_muon_update)(b, b + n, b + 2 * n, sr, sc, gscale, lr, wd, mu))) {
+            par_tp_unslice(w, b, rows, cols, sp.cut, r, P, es);
+            par_tp_unslice(mom, b + n, rows, cols, sp.cut, r, P, es);
+        }
+    }
+    par_free(b);
+    return st;
+}

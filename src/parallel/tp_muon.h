@@ -39,4 +39,17 @@ par_status PAR_FN(par_tp_muon_update)(par_real *w,         /* shard */
                                       double gscale, double lr, double wd, double mu,
                                       const par_tp *tp);
 
+/* The deliberate bug of PAR_TP_FAULT_MUON_SHARD on whole storage (parity
+ * run today: every TP rank holds the whole matrix): each of the P TP shards
+ * of the [rows, cols] matrix `name` (parallel/tp_split.h's cut) updated by
+ * par_muon_update of the shard alone, which is what every rank of split
+ * storage computes with the bug; the ranks stay identical.  A replicated
+ * matrix (or P == 1) gets the correct par_muon_update.  Tests and fault
+ * cells only. */
+par_status PAR_FN(par_tp_muon_shard_fault)(par_real *w,       /* [rows, cols] */
+                                           par_real *mom,     /* [rows, cols] */
+                                           const par_real *g, /* [rows, cols] */
+                                           const char *name, int64_t rows, int64_t cols, int P,
+                                           double gscale, double lr, double wd, double mu);
+
 #endif

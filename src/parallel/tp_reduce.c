@@ -62,6 +62,17 @@ par_status PAR_FN(par_tpr_gather_tokens)(const par_tp *tp, par_real *full, const
     return par_allgather(tp->comm, local, full, n, PAR_TP_CREAL);
 }
 
+par_status PAR_FN(par_tpr_gather_i32)(const par_tp *tp, int32_t *full, const int32_t *local, int64_t Tl)
+{
+    if (!multi(tp)) {
+        if (full != local)
+            memcpy(full, local, (size_t)Tl * sizeof(int32_t));
+        return PAR_OK;
+    }
+    add_bytes(TRAFFIC(tp, allgather), (size_t)Tl * sizeof(int32_t));
+    return par_allgather(tp->comm, local, full, (size_t)Tl, PAR_C_I32);
+}
+
 par_status PAR_FN(par_tpr_scatter_tokens)(const par_tp *tp, par_real *local, const par_real *full,
                                           int64_t Tl, int64_t w)
 {

@@ -40,6 +40,8 @@ par_status PAR_FN(par_tpr_max_f64)(const par_tp *tp, double *buf, size_t n);
  * (every rank passes Tl = T/P rows). */
 par_status PAR_FN(par_tpr_gather_tokens)(const par_tp *tp, par_real *full, const par_real *local,
                                          int64_t Tl, int64_t w);
+/* SP entry of token ids: full[P*Tl] = the ranks' local[Tl] in rank order. */
+par_status PAR_FN(par_tpr_gather_i32)(const par_tp *tp, int32_t *full, const int32_t *local, int64_t Tl);
 /* SP exit: local[Tl, w] = block r of the group sum of full[P*Tl, w]. */
 par_status PAR_FN(par_tpr_scatter_tokens)(const par_tp *tp, par_real *local, const par_real *full,
                                           int64_t Tl, int64_t w);

@@ -163,3 +163,17 @@ par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp)
         return st;
     return PAR_OK;
 }
+
+par_status par_tp_layout_rules(const par_layout *l)
+{
+    if ((l->sequence_parallel || l->tp_all_layers) && l->tp <= 1)
+        return par_err(PAR_EINVAL, "--%s needs tensor-model-parallel-size > 1 (got %lld)",
+                       l->sequence_parallel ? "sequence-parallel" : "tp-all-layers", LL(l->tp));
+    if (!l->sequence_parallel)
+        return PAR_OK;
+    if (l->cp > 1 || l->ep > 1 || l->etp > 1)
+        return par_err(PAR_EUNSUPPORTED, "--sequence-parallel with context-parallel-size %lld, "
+                       "expert-model-parallel-size %lld, expert-tensor-parallel-size %lld: parity run wires SP with "
+                       "TP alone (CP = EP = ETP = 1)", LL(l->cp), LL(l->ep), LL(l->etp));
+    return PAR_OK;
+}

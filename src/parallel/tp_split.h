@@ -24,6 +24,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "parallel/layout.h"
 
 typedef enum { PAR_TP_REPLICATED = 0, PAR_TP_ROWS, PAR_TP_COLS } par_tp_cut;
 typedef enum { PAR_TP_GROUP_TP = 0, PAR_TP_GROUP_ETP } par_tp_group;
@@ -60,5 +61,11 @@ void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par
  * vocab_size and moe_inter_dim (the shared expert); ETP divides
  * moe_inter_dim (the routed experts).  tp, etp >= 1. */
 par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp);
+
+/* The run rules of the TP flags (parity run, exit 2 with the numbers):
+ * --sequence-parallel and --tp-all-layers need tensor-model-parallel-size
+ * > 1 (PAR_EINVAL); sequence parallelism's limits (PAR_EUNSUPPORTED, the
+ * numbers named).  docs/parallel.md, "Tensor parallelism in the step". */
+par_status par_tp_layout_rules(const par_layout *l);
 
 #endif

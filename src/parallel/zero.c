@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "model/optim.h"
 #include "parallel/reduce_sum.h"
+#include "parallel/tp_muon.h"
 
 #if PAR_REAL_BITS == 64
 #define ZC PAR_C_F64
@@ -208,9 +209,13 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
             dst = w + pl->shard + e->pos;
             memcpy(dst, params + e->off, (size_t)e->numel * sizeof *dst);
         }
-        par_status st = PAR_FN(par_muon_update)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->shape[0],
-                                                p->shape[1], gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0,
-                                                cfg->mu);
+        par_status st =
+            pl->tp_muon_shard_fault > 1
+                ? PAR_FN(par_tp_muon_shard_fault)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->name,
+                                                  p->shape[0], p->shape[1], pl->tp_muon_shard_fault, gscale, cfg->lr,
+                                                  p->weight_decay ? cfg->wd : 0.0, cfg->mu)
+                : PAR_FN(par_muon_update)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->shape[0], p->shape[1],
+                                          gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0, cfg->mu);
         if (st)
             return st;
     }

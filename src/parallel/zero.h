@@ -59,6 +59,8 @@ typedef struct {
     par_real *red;            /* [seg] ZeRO-1: the reduced gradients of my segment */
     const par_real *rg;       /* replicated: the reduced flat gradients (the caller's buffer) */
     int reduced;              /* 1 between par_dp_reduce_grads and par_dp_apply  */
+    int tp_muon_shard_fault;  /* P > 1: the TP-split Muon matrices updated per TP shard of P, the deliberate
+                               * bug (parallel/tp_muon.h par_tp_muon_shard_fault); 0 in real runs */
 } PAR_FN(par_zero_plan);
 
 /* Builds the plan of the tensors idx[0..n_idx) for rank `rank` of a group

@@ -15,6 +15,8 @@ expect 2 "--latency must be <= 1000000000000, got 1e308" "$P" schedule --pipelin
   --pipeline-model-parallel-size 2 --microbatches 4 --latency 1e308
 expect 2 "--pipeline-model-parallel-layout needs a non-empty value" "$P" run --pipeline-model-parallel-layout '' --quiet
 expect 2 "--ranks-per-process applies to --backend mpi only" "$P" run --ranks-per-process 2 --quiet
+expect 2 "--rank-host applies to --backend mpi only" "$P" run --rank-host fiber --quiet
+expect 2 "--rank-host expects fiber or threads, got 'os'" "$P" run --backend mpi --rank-host os --quiet
 expect 2 "--steps is given twice ('1' and '2')" "$P" run --steps 1 --steps 2 --quiet
 expect 2 "--use-distributed-optimizer is given twice" "$P" run --use-distributed-optimizer --use-distributed-optimizer --quiet
 expect 2 "--policy is given twice" "$P" compare a b --policy f64 --policy=bitwise

@@ -73,3 +73,136 @@ Test(cells, example_file_reads)
     cr_expect_eq(rows[0].tier, PAR_CELL_TIER_DEFAULT, "a file's rows default to tier default");
     par_free(rows);
 }
+
+/* The TP flags go to `parity run` as flags; a chain belongs to resume cells
+ * with two steps after the split, and its layout is checked like the others. */
+Test(cells, tp_flags_and_chains)
+{
+    par_cell_layout l = {.world_size = 2, .tensor_model_parallel_size = 2, .sequence_parallel = 1,
+                         .tp_all_layers = 1};
+    char buf[512] = "";
+    par_cell_layout_args(&l, collect, buf);
+    cr_expect_str_eq(buf, "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-all-layers");
+    par_cell_spec c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "chain");
+    snprintf(c.preset, sizeof c.preset, "v4-tiny");
+    c.kind = PAR_KIND_RESUME;
+    c.steps = 3;
+    c.split = 1;
+    c.layout = (par_cell_layout){.world_size = 2, .tensor_model_parallel_size = 2};
+    c.load_layout = (par_cell_layout){.world_size = 1};
+    c.chain_layout = (par_cell_layout){.world_size = 2, .context_parallel_size = 2};
+    cr_expect_eq(par_cell_check(&c), 0, "%s", par_last_error());
+    c.split = 2; /* one step after the split: no room for the third leg */
+    cr_expect_eq(par_cell_check(&c), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "a chain needs two steps after \"split\" (2 of \"steps\" 3)"), "%s",
+              par_last_error());
+    c.split = 1;
+    c.chain_layout.context_parallel_size = 3; /* does not divide S = 64 */
+    cr_expect_neq(par_cell_check(&c), 0);
+    cr_expect(strstr(par_last_error(), "\"chain-layout\""), "%s", par_last_error());
+    c.chain_layout = (par_cell_layout){.world_size = 2};
+    c.kind = PAR_KIND_LAYOUT;
+    memset(&c.load_layout, 0, sizeof c.load_layout);
+    cr_expect_eq(par_cell_check(&c), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "\"chain-layout\" belongs to resume cells"), "%s", par_last_error());
+}
+
+/* The default tier covers EP 32, 64 and 128 (issue 18), and no row of the
+ * tiers up to default runs more than 64 OS threads: a bigger world names
+ * the fiber backend. */
+Test(cells, default_tier_ep_sizes_and_backends)
+{
+    int n = 0, ep[3] = {0};
+    const par_cell_spec *rows = par_cells_builtin(&n);
+    for (int i = 0; i < n; i++) {
+        const par_cell_spec *r = &rows[i];
+        if (r->tier > PAR_CELL_TIER_DEFAULT || r->kind != PAR_KIND_LAYOUT)
+            continue;
+        par_config cfg;
+        par_layout l;
+        cr_assert_eq(par_cell_config(r, &cfg), 0, "%s: %s", r->name, par_last_error());
+        cr_assert_eq(par_cell_layout_resolve(&r->layout, &cfg, &l), 0, "%s: %s", r->name, par_last_error());
+        for (int k = 0; k < 3; k++)
+            ep[k] += !strcmp(r->preset, "v4-mini") && l.ep == (32 << k);
+        if (l.world > 64)
+            cr_expect_str_eq(r->backend, "fiber", "%s: world %lld runs on fiber, not one OS thread per rank",
+                             r->name, (long long)l.world);
+    }
+    cr_expect(ep[0] && ep[1] && ep[2], "default tier: EP32 %d, EP64 %d, EP128 %d cells", ep[0], ep[1], ep[2]);
+}
+
+/* config-a, -b, -c: the tuning guide's table (../shared/reference/001_*):
+ * world, CP, and the Da, De and microbatches per replica m that follow. */
+Test(cells, guide_configs)
+{
+    static const struct {
+        const char *name;
+        int64_t world, cp, da, de, m;
+    } want[3] = {{"config-a", 1024, 1, 128, 2, 32}, {"config-b", 8192, 1, 1024, 16, 4},
+                 {"config-c", 8192, 4, 256, 16, 16}};
+    int n = 0;
+    const par_cell_spec *rows = par_cells_builtin(&n);
+    for (int w = 0; w < 3; w++) {
+        const par_cell_spec *r = NULL;
+        for (int i = 0; i < n && !r; i++)
+            if (!strcmp(rows[i].name, want[w].name))
+                r = &rows[i];
+        cr_assert(r, "no row %s", want[w].name);
+        cr_expect_eq(r->tier, PAR_CELL_TIER_SCALE);
+        cr_expect_str_eq(r->backend, "fiber");
+        cr_expect_str_eq(r->preset, "v4-mini");
+        par_config cfg;
+        par_layout l;
+        cr_assert_eq(par_cell_config(r, &cfg), 0, "%s: %s", r->name, par_last_error());
+        cr_assert_eq(par_cell_layout_resolve(&r->layout, &cfg, &l), 0, "%s: %s", r->name, par_last_error());
+        cr_expect_eq(cfg.n_routed_experts, 384);
+        cr_expect_eq(cfg.n_activated_experts, 6);
+        cr_expect_geq(cfg.seq_length, l.cp * cfg.window_size, "%s: S >= CP x window", r->name);
+        cr_expect_eq(l.world, want[w].world, "%s", r->name);
+        cr_expect(l.pp == 8 && l.ep == 64 && l.tp == 1 && l.etp == 1 && l.cp == want[w].cp, "%s", r->name);
+        cr_expect(l.da == want[w].da && l.de == want[w].de, "%s: Da %lld De %lld", r->name, (long long)l.da,
+                  (long long)l.de);
+        cr_expect_eq(l.global_batch, 4096);
+        cr_expect_eq(l.global_batch / (l.micro_batch * l.da), want[w].m, "%s: microbatches per replica",
+                     r->name);
+    }
+}
+
+static par_status read_text(const char *text, par_cell_spec **rows, int *n)
+{
+    char path[] = "/tmp/parity-test-cells-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    par_status s = par_cells_read(path, rows, n);
+    remove(path);
+    return s;
+}
+
+Test(cells, backend_key)
+{
+    par_cell_spec *rows = NULL;
+    int n = 0;
+    cr_assert_eq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                           "\"v4-tiny\", \"backend\": \"fiber\", \"layout\": {\"world-size\": 2}}]}",
+                           &rows, &n),
+                 0, "%s", par_last_error());
+    cr_expect_str_eq(rows[0].backend, "fiber");
+    par_free(rows);
+    rows = NULL;
+    cr_expect_neq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                            "\"v4-tiny\", \"backend\": \"gpu\", \"layout\": {\"world-size\": 2}}]}",
+                            &rows, &n),
+                  0);
+    cr_expect(strstr(par_last_error(), "not threads or fiber"), "%s", par_last_error());
+    cr_expect_neq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                            "\"v4-tiny\", \"kind\": \"golden\", \"backend\": \"fiber\"}]}",
+                            &rows, &n),
+                  0);
+    cr_expect(strstr(par_last_error(), "runs serially"), "%s", par_last_error());
+    cr_expect_null(rows);
+}

@@ -6,7 +6,7 @@
  * norms, bitwise.  On one worker the ranks share a
  * thread, so this holds only if the fiber scheduler carries each rank's
  * allocation scope (a thread-local) across its switches
- * (backends/fiber/sched.c tls_save / tls_load).  v4-tiny, f64, one step. */
+ * (backends/host/sched.c tls_save / tls_load).  v4-tiny, f64, one step. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,11 +8,14 @@
 
 #include "golden_check.h"
 #include "tmpdir.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/registry.h"
+#include "comm/clock.h"
+#include "comm/netmodel.h"
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/facade.h"
@@ -37,9 +40,10 @@ static void golden(const char *out)
     cr_assert_eq(par_golden_run(&o, NULL), 0, "%s", par_last_error());
 }
 
-/* {TP, ETP, EP, CP, world[, moe_inter_dim]} */
+/* {TP, ETP, EP, CP, world[, moe_inter_dim[, --tp-all-layers[, --sequence-parallel]]]} */
 typedef struct {
     int64_t tp, etp, ep, cp, world, inter;
+    int all, sp;
 } lay;
 
 static par_status run(const char *dump, lay l, unsigned faults)
@@ -58,6 +62,8 @@ static par_status run(const char *dump, lay l, unsigned faults)
     o.layout.ep = l.ep;
     o.layout.cp = l.cp;
     o.layout.world = l.world;
+    o.layout.tp_all_layers = l.all;
+    o.layout.sequence_parallel = l.sp;
     o.dump_dir = dump;
     o.tp_faults = faults;
     return par_run(&o, NULL);
@@ -67,7 +73,7 @@ Test(tp_run, tp2_x_dp2_matches_the_serial_golden)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
     golden(g);
-    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0}, 0), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 0, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
     rmtree(t);
     free(t), free(g), free(d);
@@ -78,8 +84,66 @@ Test(tp_run, etp2_matches_the_serial_golden)
 {
     char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "etp2");
     golden(g);
-    cr_assert_eq(run(d, (lay){1, 2, 1, 1, 2, 0}, 0), 0, "%s", par_last_error());
+    cr_assert_eq(run(d, (lay){1, 2, 1, 1, 2, 0, 0, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* Every TP layer (vocab-parallel embedding / head / CE, the TP shared
+ * expert) with TP 2 x DP 2: the serial golden. */
+Test(tp_run, tp2_all_layers_x_dp2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 1, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* Sequence parallelism, TP 2 + SP x DP 2: the TP ranks hold column slices
+ * of the rows (norms, mHC, router, routed experts on them); the serial
+ * golden.  Were the slices not disjoint, the statistics and gradients summed
+ * over TP would count tokens twice. */
+Test(tp_run, tp2_sp_x_dp2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2sp");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 1, 1}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    rmtree(t);
+    free(t), free(g), free(d);
+}
+
+/* The run under fault bits `faults` fails the comparison; its root cause
+ * (the first divergence in dataflow order) is in `file` and its tensor
+ * starts with `prefix` and contains `part`. */
+static void fault_caught(const char *what, lay l, unsigned faults, const char *file, const char *prefix,
+                         const char *part, double want_diff)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp");
+    golden(g);
+    cr_assert_eq(run(d, l, faults), 0, "%s", par_last_error());
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
+    cr_expect(!par_compare_report_ok(r), "%s: the fault must fail the comparison", what);
+    par_root_cause rc;
+    par_compare_root_cause(r, &rc);
+    cr_assert_geq(rc.root, 0);
+    const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
+    fprintf(stderr, "tp_run/%s: root cause %s %s: %s\n", what, e->file, e->tensor, e->reason);
+    cr_expect_str_eq(e->file, file);
+    cr_expect(!strncmp(e->tensor, prefix, strlen(prefix)) && strstr(e->tensor, part), "%s: root cause %s", what,
+              e->tensor);
+    double diff = -1;
+    const char *at = strstr(e->reason, "||B-A|| = ");
+    cr_assert(at && sscanf(at, "||B-A|| = %lf", &diff) == 1, "%s: reason %s", what, e->reason);
+    if (want_diff > 0) /* the printed 4 digits */
+        cr_expect(fabs(diff - want_diff) < 1e-3 * want_diff, "%s: off by %.6g, expected %.6g", what, diff, want_diff);
+    par_compare_report_free(r);
     rmtree(t);
     free(t), free(g), free(d);
 }
@@ -88,36 +152,91 @@ Test(tp_run, etp2_matches_the_serial_golden)
  * divergence in dataflow order is a wkv gradient of step 0. */
 Test(tp_run, missing_wkv_all_reduce_is_caught)
 {
-    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
-    golden(g);
-    cr_assert_eq(run(d, (lay){2, 1, 1, 1, 2, 0}, PAR_TP_FAULT_WKV_NO_REDUCE), 0, "%s", par_last_error());
-    par_compare_opts co;
-    par_compare_opts_init(&co);
-    par_compare_report *r = NULL;
-    cr_assert_eq(par_compare_paths(g, d, &co, &r), 0, "%s", par_last_error());
-    cr_expect(!par_compare_report_ok(r), "the fault must fail the comparison");
-    par_root_cause rc;
-    par_compare_root_cause(r, &rc);
-    cr_assert_geq(rc.root, 0);
-    const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
-    fprintf(stderr, "tp_run/missing_wkv_all_reduce: root cause %s %s: %s\n", e->file, e->tensor, e->reason);
-    cr_expect_str_eq(e->file, "step.0.safetensors");
-    cr_expect(!strncmp(e->tensor, "grad.", 5) && strstr(e->tensor, ".attn.wkv.weight"), "root cause %s", e->tensor);
-    par_compare_report_free(r);
-    rmtree(t);
-    free(t), free(g), free(d);
+    fault_caught("missing_wkv_all_reduce", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_WKV_NO_REDUCE,
+                 "step.0.safetensors", "grad.", ".attn.wkv.weight", 0);
+}
+
+/* The vocab-parallel CE's softmax denominator reduced twice: every CE gains
+ * log(TP); the logits are right, so the first divergence is the main loss,
+ * off by log 2. */
+Test(tp_run, log_tp_added_by_the_vocab_parallel_ce_is_caught)
+{
+    fault_caught("log_tp_ce", (lay){2, 1, 1, 1, 2, 0, 1, 0}, PAR_TP_FAULT_CE_LOG_TP, "step.0.safetensors", "out.",
+                 "loss", log(2.0));
+}
+
+/* Each TP shard of a split Muon matrix orthogonalized by itself (the bug a
+ * real framework shipped): step 0 is right, the first divergence is a split
+ * matrix in the parameters after the first update. */
+Test(tp_run, tp_shard_fed_to_muon_is_caught)
+{
+    fault_caught("muon_shard", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_MUON_SHARD, "params.1.safetensors", "",
+                 ".attn.", 0);
+}
+
+/* TP traffic on the emulated network: TP 2 + SP x DP 2 on nodes of 2 ranks
+ * (world ranks tp fastest: every TP group inside a node).  Every
+ * communication span of a "tp:N" group moves its bytes over NVLink, and the
+ * DP groups (across the nodes) over InfiniBand, so the check would see TP
+ * traffic leaving a node. */
+Test(tp_run, tp_traffic_stays_on_nvlink)
+{
+    par_run_opts o;
+    par_run_opts_init(&o);
+    tiny(&o.cfg);
+    o.steps = 1;
+    o.backend = par_backend_find("threads");
+    o.layout.tp = 2;
+    o.layout.world = 4;
+    o.layout.sequence_parallel = 1;
+    par_netmodel net;
+    cr_assert_eq(par_netmodel_preset("reference", &net), 0);
+    net.gpus_per_node = 2;
+    net.nics_per_node = 2;
+    o.netmodel = &net;
+    o.net_spans = 1;
+    par_run_summary sum;
+    memset(&sum, 0, sizeof sum);
+    cr_assert_eq(par_run(&o, &sum), 0, "%s", par_last_error());
+    cr_assert(sum.net);
+    uint64_t tp_bytes[PAR_TIER_COUNT] = {0}, dp_ib = 0;
+    for (int r = 0; r < 4; r++) {
+        size_t n = 0, lost = 0;
+        const par_span *sp = par_netrun_spans(sum.net, r, &n, &lost);
+        cr_assert(sp && n > 0 && lost == 0, "rank %d: %zu spans, %zu lost", r, n, lost);
+        for (size_t i = 0; i < n; i++) {
+            if (!sp[i].bytes || (sp[i].kind != PAR_SPAN_COMM && sp[i].kind != PAR_SPAN_XFER))
+                continue;
+            if (!strncmp(sp[i].group, "tp:", 3)) /* the group's name and its index */
+                tp_bytes[sp[i].tier] += sp[i].bytes;
+            else if (!strncmp(sp[i].group, "dp", 2) && sp[i].tier == PAR_TIER_IB)
+                dp_ib += sp[i].bytes;
+        }
+    }
+    fprintf(stderr, "tp_run/tp_traffic: tp bytes nvlink %llu ib %llu; dp bytes over ib %llu\n",
+            (unsigned long long)tp_bytes[PAR_TIER_NVLINK], (unsigned long long)tp_bytes[PAR_TIER_IB],
+            (unsigned long long)dp_ib);
+    cr_expect_gt(tp_bytes[PAR_TIER_NVLINK], 0);
+    cr_expect_eq(tp_bytes[PAR_TIER_IB], 0);
+    cr_expect_gt(dp_ib, 0, "the DP groups cross the nodes: their bytes go over IB");
+    par_run_summary_free(&sum);
 }
 
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
-    cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0}, 0), PAR_EINVAL);
+    cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect_eq(run(NULL, (lay){2, 1, 1, 2, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "context-parallel-size 2"), "%s", par_last_error());
-    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect_eq(run(NULL, (lay){1, 2, 2, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2"), "%s", par_last_error());
-    cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20}, 0), PAR_EINVAL);
+    cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "--sequence-parallel needs tensor-model-parallel-size > 1 (got 1)"), "%s",
+              par_last_error());
+    cr_expect_eq(run(NULL, (lay){2, 1, 2, 1, 4, 0, 1, 1}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-model-parallel-size 2"), "%s", par_last_error());
+    cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
 }

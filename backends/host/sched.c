@@ -1,5 +1,5 @@
-/* backends/fiber/sched.c - workers, run queues, park and wake (sched.h). */
-#include "backends/fiber/sched.h"
+/* backends/host/sched.c - workers, run queues, park and wake (sched.h). */
+#include "backends/host/sched.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -155,6 +155,8 @@ static void to_home(fsched *s, fib *f)
 {
     fctx_switch(s->o.kind, &f->ctx, &f->wk->home, 0);
 }
+
+void *fsched_user(const fsched *s) { return s->o.user; }
 
 int fsched_self(const fsched *s)
 {

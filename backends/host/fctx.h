@@ -1,4 +1,4 @@
-/* backends/fiber/fctx.h - user-level contexts of the fiber backend: a stack
+/* backends/host/fctx.h - user-level contexts of the fiber backend: a stack
  * of its own (with guard pages and a canary) and a switch between contexts
  * on one thread.
  *
@@ -19,8 +19,8 @@
  * are committed by the kernel only when touched, so a rank costs the stack
  * it actually uses, and mincore() tells how deep it went.
  */
-#ifndef PAR_BACKENDS_FIBER_FCTX_H
-#define PAR_BACKENDS_FIBER_FCTX_H
+#ifndef PAR_BACKENDS_HOST_FCTX_H
+#define PAR_BACKENDS_HOST_FCTX_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* backends/threads/tsync.h - the shared-memory rendezvous of the threads
+/* backends/host/tsync.h - the shared-memory rendezvous of the threads
  * backend, reused by the MPI backend for the ranks one process hosts.
  *
  * A group's (or, under MPI, a group's local members') shared state is one
@@ -16,8 +16,8 @@
  * reports name (NULL: the slot is the group rank).  Everything here is
  * static inline: the header is included by threads.c and mpi.c.
  */
-#ifndef PAR_BACKENDS_THREADS_TSYNC_H
-#define PAR_BACKENDS_THREADS_TSYNC_H
+#ifndef PAR_BACKENDS_HOST_TSYNC_H
+#define PAR_BACKENDS_HOST_TSYNC_H
 
 #include <limits.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* backends/fiber/sched.h - ranks as fibers on a few worker threads.
+/* backends/host/sched.h - ranks as fibers on a few worker threads.
  *
  * Every rank is a fiber (fctx.h) pinned to one worker thread (rank r to
  * worker r % W): a fiber never moves, so thread-local state that the
@@ -23,13 +23,14 @@
  * a scratch buffer used between two switches (pplayout.c's parser and
  * result, copied out before the function returns; no comm call inside).
  */
-#ifndef PAR_BACKENDS_FIBER_SCHED_H
-#define PAR_BACKENDS_FIBER_SCHED_H
+#ifndef PAR_BACKENDS_HOST_SCHED_H
+#define PAR_BACKENDS_HOST_SCHED_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/fiber/fctx.h"
+#include "backends/host/fctx.h"
+#include "comm/comm.h"
 #include "core/status.h"
 
 typedef struct fsched fsched;
@@ -40,7 +41,18 @@ typedef struct {
     fctx_kind kind;
     int (*stop)(void *ud);/* nonzero once the world failed (may be NULL) */
     void *stop_ud;
+    void *user;           /* the owner's, for fsched_user (may be NULL)  */
 } fsched_opts;
+
+/* The options of a world of n ranks from par_world_opts and the
+ * environment, the fiber backend's rules (docs/comm.md "The fiber
+ * backend"): workers = wo->workers, else PARITY_FIBER_WORKERS, else the
+ * online cores shared by `procs` processes on this host (at least 1, at
+ * most n); stack = wo->stack_bytes, else PARITY_FIBER_STACK, else 256 KiB;
+ * guard 64 KiB; the switch from PARITY_FIBER_SWITCH (asm where available).
+ * A bad PARITY_FIBER_SWITCH is PAR_EINVAL; bad sizes warn and use the
+ * default.  stop / user are left NULL. */
+par_status fsched_opts_from(const par_world_opts *wo, int n, int procs, fsched_opts *out);
 
 typedef struct {
     int workers;          /* threads that ran fibers                     */
@@ -62,6 +74,8 @@ void fsched_free(fsched *s);
 par_status fsched_run(fsched *s, void (*body)(void *ud, int r), void *ud);
 void fsched_get_stats(const fsched *s, fsched_stats *out);
 
+/* fsched_opts.user of s. */
+void *fsched_user(const fsched *s);
 /* On a fiber of s: its rank; -1 on any other thread. */
 int fsched_self(const fsched *s);
 /* The scheduler whose fiber is running on this thread (NULL: none). */

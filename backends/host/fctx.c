@@ -1,6 +1,6 @@
-/* backends/fiber/fctx.c - stacks and context switches of the fiber backend
+/* backends/host/fctx.c - stacks and context switches of the fiber backend
  * (see fctx.h). */
-#include "backends/fiber/fctx.h"
+#include "backends/host/fctx.h"
 
 #include <errno.h>
 #include <string.h>

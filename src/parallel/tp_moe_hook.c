@@ -1,0 +1,180 @@
+/* parallel/tp_moe_hook.c - the tensor-parallel shared expert hook (see
+ * parallel/tp_moe_hook.h, docs/parallel.md). */
+#include "parallel/tp_moe_hook.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/etp.h"
+#include "parallel/tp_split.h"
+
+typedef struct {
+    PAR_FN(par_etp_moe_saved) sv;
+    par_real *w2, *dw2; /* [d, I/P] the shared w2's columns and their gradient */
+    int used;
+} moe_slot;
+
+struct PAR_FN(par_tp_moe_hook_s) {
+    par_tp tp, one; /* the shared expert's group; the routed experts' (one rank) */
+    int nb, n_slots, rank, P, E;
+    int64_t d, I, Il;
+    moe_slot *sl; /* [n_slots, nb] */
+    par_tp_traffic tr;
+};
+
+typedef PAR_FN(par_tp_moe_hook) mhook;
+
+static void slot_free(moe_slot *q)
+{
+    PAR_FN(par_etp_moe_saved_free)(&q->sv);
+    par_free(q->w2);
+    memset(q, 0, sizeof *q);
+}
+
+static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
+{
+    int k = x ? x->slot : 0;
+    if (k < 0 || k >= h->n_slots || b < 0 || b >= h->nb)
+        return NULL;
+    return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
+}
+
+/* Block b's weights: every routed expert whole, the shared expert's shard. */
+static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
+{
+    const par_block_params *bp = &M->tab.blocks[b];
+    const size_t E = (size_t)h->E;
+    const par_real *const *ew = M->ew + (size_t)b * 3 * E;
+    for (size_t e = 0; e < 3 * E; e++)
+        if (!ew[e])
+            return par_err(PAR_EINVAL, "tp shared expert: block %d does not hold every routed expert (EP = 1)", b);
+    const int64_t off = (int64_t)h->rank * h->Il * h->d;
+    *W = (PAR_FN(par_etp_weights)){.w1 = ew, .w2 = ew + E, .w3 = ew + 2 * E,
+                                   .sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1) + off,
+                                   .sw2 = q->w2,
+                                   .sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3) + off};
+    return PAR_OK;
+}
+
+static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y,
+                          const par_real *xin, const int32_t *idx, const par_real *w, const int32_t *tokens,
+                          int64_t T)
+{
+    mhook *h = ctx;
+    moe_slot *q = slot_of(h, x, b);
+    (void)tokens;
+    if (!q)
+        return par_err(PAR_EINVAL, "tp shared expert: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb,
+                       h->n_slots);
+    slot_free(q);
+    const int64_t n = h->d * h->Il;
+    if (!(q->w2 = par_malloc((size_t)(2 * n + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "tp shared expert: out of memory for a shard of %lld reals", (long long)n);
+    q->dw2 = q->w2 + n;
+    const par_block_params *bp = &M->tab.blocks[b];
+    par_tp_slice(q->w2, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2), h->d, h->I, PAR_TP_COLS, h->rank, h->P,
+                 sizeof(par_real));
+    PAR_FN(par_etp_weights) W;
+    par_status s = weights_of(h, M, b, q, &W);
+    if (s)
+        return s;
+    q->used = 1;
+    return PAR_FN(par_etp_moe_forward)(y, &q->sv, xin, idx, w, &W, T, h->d, h->E, (int)M->K, h->I,
+                                       M->cfg.swiglu_limit, &h->one, &h->tp);
+}
+
+/* B: dx, dw and every weight gradient (the w2 shard's added into rank r's
+ * columns of the whole gradient). */
+static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
+                          const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
+{
+    mhook *h = ctx;
+    moe_slot *q = slot_of(h, x, b);
+    (void)xin, (void)w, (void)T;
+    if (!q || !q->used)
+        return par_err(PAR_EINVAL, "tp shared expert backward: block %d has no forward", b);
+    const par_block_params *bp = &M->tab.blocks[b];
+    const size_t E = (size_t)h->E;
+    const int64_t d = h->d, I = h->I, Il = h->Il, off = (int64_t)h->rank * Il * d;
+    PAR_FN(par_etp_weights) W;
+    par_status s = weights_of(h, M, b, q, &W);
+    if (s)
+        return s;
+    memset(q->dw2, 0, (size_t)(d * Il) * sizeof(par_real));
+    par_real **egw = M->egw + (size_t)b * 3 * E;
+    par_real *g2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2);
+    PAR_FN(par_etp_grads) G = {.w1 = egw, .w2 = egw + E, .w3 = egw + 2 * E,
+                               .sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1) + off,
+                               .sw2 = q->dw2,
+                               .sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3) + off};
+    if ((s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->one, &h->tp)))
+        return s;
+    for (int64_t i = 0; i < d; i++) {
+        par_real *o = g2 + i * I + (int64_t)h->rank * Il;
+        const par_real *gi = q->dw2 + i * Il;
+        for (int64_t j = 0; j < Il; j++)
+            o[j] += gi[j];
+    }
+    q->used = 0;
+    return PAR_OK;
+}
+
+static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, const par_real *dy,
+                          const par_real *xin, int64_t T)
+{
+    (void)ctx, (void)x, (void)M, (void)b, (void)dy, (void)xin, (void)T;
+    return PAR_OK; /* B added every gradient */
+}
+
+par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
+                                          int n_slots, int sp)
+{
+    *out = NULL;
+    const int P = tp ? par_comm_size(tp) : 1;
+    if (!tp || n_slots < 1)
+        return par_err(PAR_EINVAL, "tp shared expert: a hook needs a TP group and at least one slot (got %d)",
+                       n_slots);
+    if (M->I % P != 0)
+        return par_err(PAR_EINVAL, "tensor-model-parallel-size %d does not divide moe_inter_dim %lld (TP splits the "
+                       "shared expert's hidden units)", P, (long long)M->I);
+    mhook *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
+    if (!h)
+        return par_err(PAR_ENOMEM, "tp shared expert: out of memory");
+    h->tp = (par_tp){.comm = tp, .sp = sp, .faults = 0, .traffic = &h->tr};
+    h->one = (par_tp){.comm = NULL};
+    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
+    h->d = M->d, h->I = M->I, h->Il = M->I / P;
+    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
+    if (!h->sl) {
+        par_free(h);
+        return par_err(PAR_ENOMEM, "tp shared expert: out of memory for %d x %d states", n_slots, h->nb);
+    }
+    *out = h;
+    return PAR_OK;
+}
+
+void PAR_FN(par_tp_moe_hook_install)(PAR_FN(par_tp_moe_hook) *h, PAR_FN(par_model) *M)
+{
+    M->moe.fwd = moe_fwd;
+    M->moe.bwd = moe_bwd;
+    M->moe.wgt = moe_wgt;
+    M->moe.ctx = h;
+}
+
+void PAR_FN(par_tp_moe_hook_traffic)(const PAR_FN(par_tp_moe_hook) *h, par_tp_traffic *out)
+{
+    if (h)
+        *out = h->tr;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+    par_free(h->sl);
+    par_free(h);
+}

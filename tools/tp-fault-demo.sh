@@ -1,0 +1,99 @@
+#!/bin/sh
+# tools/tp-fault-demo.sh - the matrix catches a deliberately broken TP build
+# (issue 15's acceptance; docs/parallel.md "Deliberate faults", the way
+# tools/fault-demo.sh does it for CP).
+#
+# Builds parity with one TP bug compiled in (meson -Dfault=NAME, the
+# PAR_TP_FAULT_* bit of src/parallel/tp.h set in every run), in its own build
+# directory, runs `parity matrix --quick`, and checks that
+#   - the matrix exits 1,
+#   - every cell the fault reaches FAILs with a diagnosis ("first divergence")
+#     whose root cause is the fault's first effect:
+#       tp_wkv_no_reduce  every TP cell: a gradient of step 0, attn.wkv.weight
+#                         (each TP rank keeps its heads' share of wkv's gradient)
+#       tp_ce_log_tp      every cell with the vocab-parallel CE (TP all-layers
+#                         or +SP): a loss of step 0 (out.*loss*), off by log(TP)
+#                         (the softmax denominator reduced twice)
+#       tp_muon_shard     every TP cell: a TP-split matrix in params.1 (each
+#                         rank's shard orthogonalized by itself; step 0 is right)
+#   - every other cell passes (PASS, or WARN for the informational one).
+# Usage: tools/tp-fault-demo.sh FAULT [BUILD_DIR]   (default build-fault-FAULT)
+#        PARITY_FAULT_CELLS="tp2 tp2-sp etp2 ..." runs only those cells
+#        (`--cell` each) instead of the whole quick matrix.
+# About 4 minutes on 2 cores (the build, then the quick matrix); run it
+# under `flock /work/heavy.lock` on a shared machine.
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+fault=${1:-}
+case $fault in
+tp_ce_log_tp | tp_wkv_no_reduce | tp_muon_shard) ;;
+*) echo "usage: tools/tp-fault-demo.sh tp_ce_log_tp|tp_wkv_no_reduce|tp_muon_shard [BUILD_DIR]" >&2; exit 2 ;;
+esac
+bdir=${2:-$root/build-fault-$fault}
+out=$(mktemp -d /tmp/parity-tp-fault-demo-XXXXXX)
+trap 'rm -rf "$out"' EXIT
+cd "$root"
+if [ ! -d "$bdir" ]; then
+    meson setup "$bdir" -Dfault="$fault" -Dtests=disabled -Dmpi=disabled >/dev/null
+else
+    meson configure "$bdir" -Dfault="$fault" >/dev/null
+fi
+ninja -C "$bdir" -j2 parity >/dev/null
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+set +e
+cells=
+for c in ${PARITY_FAULT_CELLS:-}; do cells="$cells --cell $c"; done
+# shellcheck disable=SC2086
+"$bdir/parity" matrix --quick --quiet $cells --out "$out/m" --report "$out/report.json" >"$out/table.txt" 2>"$out/stderr.txt"
+rc=$?
+set -e
+cat "$out/table.txt"
+if [ "$rc" -ne 1 ]; then
+    echo "tp-fault-demo: FAILED: the broken build's matrix exited $rc, expected 1" >&2
+    cat "$out/stderr.txt" >&2
+    exit 1
+fi
+python3 - "$out/report.json" "$fault" <<'PY'
+import json, math, re, sys
+r = json.load(open(sys.argv[1]))
+fault = sys.argv[2]
+
+def reached(c):
+    lay = c["layout"]
+    if not re.search(r"(?<!E)TP=", lay):  # TP, not ETP
+        return False
+    return fault != "tp_ce_log_tp" or "all-layers" in lay or "+SP" in lay
+
+def first_effect(c):
+    rc = c["root_cause"]
+    t, f = rc["tensor"], rc["file"]
+    if fault == "tp_wkv_no_reduce":
+        return f == "step.0" and t.startswith("grad.") and t.endswith(".attn.wkv.weight")
+    if fault == "tp_ce_log_tp":
+        return f == "step.0" and t.startswith("out.") and "loss" in t
+    return f == "params.1" and (".attn." in t or ".shared_experts." in t)
+
+bad, n_hit = [], 0
+for c in r["cells"]:
+    if reached(c):
+        n_hit += 1
+        if c["result"] != "FAIL":
+            bad.append("%s %s: %s, expected FAIL (the fault reaches it)" % (c["cell"], c["fixture"], c["result"]))
+        elif not c["diagnosis"] or not c["root_cause"] or "first divergence" not in c["diagnosis"]:
+            bad.append("%s %s: FAIL without a readable diagnosis: %r" % (c["cell"], c["fixture"], c["diagnosis"]))
+        elif not first_effect(c):
+            bad.append("%s %s: root cause %s %s is not the fault's first effect" %
+                       (c["cell"], c["fixture"], c["root_cause"]["file"], c["root_cause"]["tensor"]))
+    elif c["result"] not in ("PASS", "WARN") or (c["result"] == "WARN" and not c["informational"]):
+        bad.append("%s %s: %s, expected PASS (the fault does not reach it)" % (c["cell"], c["fixture"], c["result"]))
+if n_hit == 0:
+    bad.append("no cell the fault reaches ran")
+if bad:
+    print("tp-fault-demo: FAILED:\n  " + "\n  ".join(bad), file=sys.stderr)
+    sys.exit(1)
+for c in r["cells"]:
+    if c["result"] == "FAIL":
+        print("FAIL %s %s: %s" % (c["cell"], c["fixture"], c["diagnosis"]))
+print("tp-fault-demo: OK (%s): %d cells FAIL naming the root cause, %d other cells pass" %
+      (fault, n_hit, len(r["cells"]) - n_hit))
+PY
