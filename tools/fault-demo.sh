@@ -30,26 +30,8 @@ cp_halo_short | cp_halo_grad_drop) ;;
 *) echo "usage: tools/fault-demo.sh [cp_halo_short|cp_halo_grad_drop] [BUILD_DIR]" >&2; exit 2 ;;
 esac
 bdir=${2:-$root/build-fault-$fault}
-out=$(mktemp -d /tmp/parity-fault-demo-XXXXXX)
-trap 'rm -rf "$out"' EXIT
-cd "$root"
-if [ ! -d "$bdir" ]; then
-    meson setup "$bdir" -Dfault="$fault" -Dtests=disabled -Dmpi=disabled >/dev/null
-else
-    meson configure "$bdir" -Dfault="$fault" >/dev/null
-fi
-ninja -C "$bdir" -j2 parity >/dev/null
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-set +e
-"$bdir/parity" matrix --quick --quiet --out "$out/m" --report "$out/report.json" >"$out/table.txt" 2>"$out/stderr.txt"
-rc=$?
-set -e
-cat "$out/table.txt"
-if [ "$rc" -ne 1 ]; then
-    echo "fault-demo: FAILED: the broken build's matrix exited $rc, expected 1" >&2
-    cat "$out/stderr.txt" >&2
-    exit 1
-fi
+. "$root/tools/fault-lib.sh"
+fault_matrix fault-demo "$fault" "$bdir"
 python3 - "$out/report.json" "$fault" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -30,29 +30,11 @@ tp_ce_log_tp | tp_wkv_no_reduce | tp_muon_shard) ;;
 *) echo "usage: tools/tp-fault-demo.sh tp_ce_log_tp|tp_wkv_no_reduce|tp_muon_shard [BUILD_DIR]" >&2; exit 2 ;;
 esac
 bdir=${2:-$root/build-fault-$fault}
-out=$(mktemp -d /tmp/parity-tp-fault-demo-XXXXXX)
-trap 'rm -rf "$out"' EXIT
-cd "$root"
-if [ ! -d "$bdir" ]; then
-    meson setup "$bdir" -Dfault="$fault" -Dtests=disabled -Dmpi=disabled >/dev/null
-else
-    meson configure "$bdir" -Dfault="$fault" >/dev/null
-fi
-ninja -C "$bdir" -j2 parity >/dev/null
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-set +e
+. "$root/tools/fault-lib.sh"
 cells=
 for c in ${PARITY_FAULT_CELLS:-}; do cells="$cells --cell $c"; done
 # shellcheck disable=SC2086
-"$bdir/parity" matrix --quick --quiet $cells --out "$out/m" --report "$out/report.json" >"$out/table.txt" 2>"$out/stderr.txt"
-rc=$?
-set -e
-cat "$out/table.txt"
-if [ "$rc" -ne 1 ]; then
-    echo "tp-fault-demo: FAILED: the broken build's matrix exited $rc, expected 1" >&2
-    cat "$out/stderr.txt" >&2
-    exit 1
-fi
+fault_matrix tp-fault-demo "$fault" "$bdir" $cells
 python3 - "$out/report.json" "$fault" <<'PY'
 import json, math, re, sys
 r = json.load(open(sys.argv[1]))
