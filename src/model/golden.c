@@ -418,6 +418,101 @@ done:
 
 /* ----------------------------------------------------------------- run -- */
 
+/* The full-batch buffers a row-blocked step keeps for its step file. */
+typedef struct {
+    PAR_FN(par_model_keep) k;
+    void **all; /* [3 * n_blocks + 2] every buffer, for the free */
+    int n;
+} blocked_keep;
+
+static void keep_free(blocked_keep *bk)
+{
+    for (int i = 0; bk->all && i < bk->n; i++)
+        par_free(bk->all[i]);
+    par_free(bk->all);
+    memset(bk, 0, sizeof *bk);
+}
+
+static par_status keep_alloc(blocked_keep *bk, const PAR_FN(par_model) *M, int64_t T)
+{
+    const par_config *c = &M->cfg;
+    const int nb = M->n_blocks;
+    memset(bk, 0, sizeof *bk);
+    bk->n = 3 * nb + 2;
+    bk->all = par_calloc((size_t)bk->n, sizeof *bk->all, PAR_TAG_IO);
+    if (!bk->all)
+        goto fail_oom;
+    bk->k.act = (par_real **)bk->all;
+    bk->k.idx = (int32_t **)(bk->all + nb);
+    bk->k.sel = (int32_t **)(bk->all + 2 * nb);
+    size_t t = (size_t)(T > 0 ? T : 1);
+    if (!(bk->k.logits = bk->all[3 * nb] = par_calloc(t * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    if (c->n_mtp_layers > 0 &&
+        !(bk->k.mtp_logits = bk->all[3 * nb + 1] = par_calloc(t * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    for (int b = 0; b < nb; b++) {
+        if (!(bk->k.act[b] = par_calloc(t * (size_t)(M->n * M->d), sizeof(par_real), PAR_TAG_IO)) ||
+            !(bk->k.idx[b] = par_calloc(t * (size_t)M->K, sizeof(int32_t), PAR_TAG_IO)))
+            goto fail_oom;
+        if (par_config_ratio(c, b) == 4 &&
+            !(bk->k.sel[b] = par_calloc(t * (size_t)c->index_topk, sizeof(int32_t), PAR_TAG_IO)))
+            goto fail_oom;
+    }
+    return PAR_OK;
+fail_oom:
+    keep_free(bk);
+    return par_err(PAR_ENOMEM, "golden: out of memory keeping the step's %lld tokens for its file", (long long)T);
+}
+
+/* The step file of a row-blocked step from what its blocks kept. */
+static par_status write_blocked_step(const PAR_FN(par_model) *M, const par_batch *batch, const blocked_keep *bk,
+                                     const char *dir, int64_t k)
+{
+    PAR_FN(par_golden_step_view) v = {
+        .B = batch->B, .S = batch->S, .tokens = batch->tokens, .segments = batch->segments, .out = M->last,
+        .logits = bk->k.logits, .mtp_logits = bk->k.mtp_logits, .act = (const par_real *const *)bk->k.act,
+        .idx = (const int32_t *const *)bk->k.idx, .loads = M->stats.loads,
+        .sel = (const int32_t *const *)bk->k.sel, .grads = M->grads,
+    };
+    return PAR_FN(par_golden_write_step_view)(&M->tab, &v, dir, k);
+}
+
+/* Step k: forward and backward (one shot, or over row blocks), its file,
+ * the update; info[k] (wall time without the writing). */
+static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, const par_batch *batch,
+                              blocked_keep *bk, const char *dir, int64_t k, par_golden_step_info *info)
+{
+    const int blocked = o->rows_per_block > 0 && o->rows_per_block < batch->B;
+    double t0 = now_s(), t1, t2;
+    par_status s;
+    if (blocked) {
+        if ((!bk->all && (s = keep_alloc(bk, M, batch->B * batch->S))) ||
+            (s = PAR_FN(par_model_forward_backward_rows)(M, batch, o->rows_per_block, &bk->k)))
+            return s;
+        t1 = now_s();
+        if ((s = write_blocked_step(M, batch, bk, dir, k)))
+            return s;
+    } else {
+        if ((s = PAR_FN(par_model_forward)(M, batch)) || (s = PAR_FN(par_model_backward)(M)))
+            return s;
+        t1 = now_s();
+        if ((s = PAR_FN(par_golden_write_step)(M, dir, k)))
+            return s;
+    }
+    t2 = now_s();
+    if ((s = PAR_FN(par_model_update)(M)))
+        return s;
+    double t3 = now_s();
+    info->loss = M->last.loss;
+    info->loss_main = M->last.loss_main;
+    info->loss_mtp = M->last.loss_mtp;
+    info->loss_aux = M->last.loss_aux;
+    info->grad_norm = M->last.grad_norm;
+    info->wall_s = (t1 - t0) + (t3 - t2);
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *sum)
 {
     double t_start = now_s();
@@ -437,6 +532,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     par_batch batch;
     memset(&batch, 0, sizeof batch);
     char *tmp = NULL;
+    blocked_keep bk;
+    memset(&bk, 0, sizeof bk);
     par_golden_step_info *info = par_calloc((size_t)o->steps, sizeof *info, PAR_TAG_MISC);
     if (!info) {
         PAR_FN(par_golden_data_close)(&ds);
@@ -453,22 +550,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     for (int64_t k = 0; k < o->steps; k++) {
         if ((s = PAR_FN(par_golden_data_next)(&ds, o, &cfg, k, &batch)))
             goto fail_tmp;
-        double t0 = now_s();
-        if ((s = PAR_FN(par_model_forward)(&M, &batch)) || (s = PAR_FN(par_model_backward)(&M)))
+        if ((s = golden_step(o, &M, &batch, &bk, tmp, k, &info[k])))
             goto fail_tmp;
-        double t1 = now_s();
-        if ((s = PAR_FN(par_golden_write_step)(&M, tmp, k)))
-            goto fail_tmp;
-        double t2 = now_s();
-        if ((s = PAR_FN(par_model_update)(&M)))
-            goto fail_tmp;
-        double t3 = now_s();
-        info[k].loss = M.last.loss;
-        info[k].loss_main = M.last.loss_main;
-        info[k].loss_mtp = M.last.loss_mtp;
-        info[k].loss_aux = M.last.loss_aux;
-        info[k].grad_norm = M.last.grad_norm;
-        info[k].wall_s = (t1 - t0) + (t3 - t2);
         if ((s = PAR_FN(par_golden_write_params)(&M, tmp, k + 1, 1)))
             goto fail_tmp;
         if (o->progress)
@@ -482,6 +565,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     /* manifest */
     par_golden_layout lay;
     par_golden_layout_serial(&lay, cfg.global_batch_size);
+    if (o->rows_per_block > 0 && o->rows_per_block < cfg.global_batch_size)
+        lay.micro_batch = o->rows_per_block; /* the row blocks: the gradients' summation order */
     if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
                                                PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
         goto fail_tmp;
@@ -504,6 +589,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
 fail_tmp:
     par_adir_abort(tmp);
 fail_batch:
+    keep_free(&bk);
     par_batch_free(&batch);
 fail_model:
     PAR_FN(par_model_free)(&M);
