@@ -198,13 +198,20 @@ par_status par_memcheck_golden_rows(const par_config *cfg, int precision, int64_
         *out = e;
         return PAR_OK;
     }
-    for (int64_t R = (B + 1) / 2;; R = (R + 1) / 2) {
+    /* halvings of the batch: the first whose estimate is at most half the limit (the estimate's
+     * margin: blocks cost little time), else the largest that fits at all, else 1 row */
+    int64_t fit = 0, R = B;
+    par_memest efit = e;
+    do {
+        R = (R + 1) / 2;
         if ((s = par_memcheck_golden_blocked(cfg, precision, steps, R, &e)))
             return s;
-        if (e.total <= limit || R == 1) {
-            *rows = R;
-            *out = e;
-            return PAR_OK;
-        }
-    }
+        if (!fit && e.total <= limit)
+            fit = R, efit = e;
+    } while (e.total > limit / 2 && R > 1);
+    if (e.total > limit / 2 && fit)
+        R = fit, e = efit;
+    *rows = R;
+    *out = e;
+    return PAR_OK;
 }
