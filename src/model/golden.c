@@ -38,18 +38,21 @@ static double now_s(void)
 
 /* ------------------------------------------------------------- writing -- */
 
+/* A tensor with its data, or (data NULL) declared by its shape for a
+ * stream (par_golden_step_writer). */
 static par_status add(par_st_writer *w, const char *name, par_dtype dt, int ndim,
                       const int64_t *shape, const void *data)
 {
+    if (!data)
+        return par_st_writer_add_shape(w, name, dt, ndim, shape);
     par_tensor t = par_tensor_view(dt, ndim, shape, (void *)data);
     par_dev_host_read(data, par_tensor_nbytes(&t)); /* GPU mode: current on the host */
     return par_st_writer_add(w, name, &t);
 }
 
-static par_status write_file(par_st_writer *w, const char *dir, const char *kind, int64_t k)
+/* The metadata of a golden file of step k. */
+static par_status set_meta(par_st_writer *w, int64_t k)
 {
-    char name[64];
-    snprintf(name, sizeof name, "%s.%lld.safetensors", kind, (long long)k);
     char kbuf[32];
     snprintf(kbuf, sizeof kbuf, "%lld", (long long)k);
     par_status s = par_st_writer_meta(w, "format", "parity-golden");
@@ -57,11 +60,27 @@ static par_status write_file(par_st_writer *w, const char *dir, const char *kind
         s = par_st_writer_meta(w, "precision", PREC_NAME);
     if (!s)
         s = par_st_writer_meta(w, "step", kbuf);
-    if (s)
-        return s;
+    return s;
+}
+
+char *PAR_FN(par_golden_file_path)(const char *dir, const char *kind, int64_t k)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.%lld.safetensors", kind, (long long)k);
     char *path = par_path_join(dir, name);
     if (!path)
-        return par_err(PAR_ENOMEM, "golden: out of memory for a path");
+        par_err(PAR_ENOMEM, "golden: out of memory for a path");
+    return path;
+}
+
+static par_status write_file(par_st_writer *w, const char *dir, const char *kind, int64_t k)
+{
+    par_status s = set_meta(w, k);
+    if (s)
+        return s;
+    char *path = PAR_FN(par_golden_file_path)(dir, kind, k);
+    if (!path)
+        return PAR_ENOMEM;
     s = par_st_writer_write(w, path);
     par_free(path);
     return s;
@@ -124,64 +143,101 @@ par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const cha
                                                M->i32, dir, k);
 }
 
-par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
-                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
-                                              int64_t k)
+/* Block b's part of the step file (NULL pointers: declared for a stream). */
+static par_status add_block(par_st_writer *w, const par_config *c, const PAR_FN(par_golden_step_view) *v, int b)
+{
+    int64_t B = v->B, S = v->S, n = c->hc_mult, d = c->dim, K = c->n_activated_experts, E = c->n_routed_experts;
+    int64_t shX[4] = {B, S, n, d}, shK[3] = {B, S, K}, shE[1] = {E}, shI[3] = {B, S, c->index_topk};
+    char pfx[32], name[PAR_PARAM_NAME_MAX + 32];
+    par_golden_block_prefix(c, b, pfx, sizeof pfx);
+    snprintf(name, sizeof name, "act.%s", pfx);
+    par_status s = add(w, name, PAR_REAL_DTYPE, 4, shX, v->act ? v->act[b] : NULL);
+    if (!s) {
+        snprintf(name, sizeof name, "router.%s.idx", pfx);
+        s = add(w, name, PAR_I32, 3, shK, v->idx ? v->idx[b] : NULL);
+    }
+    if (!s) {
+        snprintf(name, sizeof name, "router.%s.load", pfx);
+        s = add(w, name, PAR_I64, 1, shE, v->loads + (int64_t)b * E);
+    }
+    if (!s && par_config_ratio(c, b) == 4) {
+        snprintf(name, sizeof name, "attn.%s.selected", pfx);
+        s = add(w, name, PAR_I32, 3, shI, v->sel ? v->sel[b] : NULL);
+    }
+    return s;
+}
+
+par_status PAR_FN(par_golden_step_writer)(const par_param_table *t, const PAR_FN(par_golden_step_view) *v,
+                                          int64_t k, par_st_writer **out)
 {
     const par_config *c = &t->cfg;
-    int64_t B = v->B, S = v->S, n = c->hc_mult, d = c->dim, V = c->vocab_size;
-    int64_t E = c->n_routed_experts, K = c->n_activated_experts;
-    int64_t L = c->n_layers;
-    par_real scal[5] = {(par_real)v->out.loss, (par_real)v->out.loss_main, (par_real)v->out.loss_mtp,
-                        (par_real)v->out.loss_aux, (par_real)v->out.grad_norm};
+    int64_t B = v->B, S = v->S, V = c->vocab_size;
     static const char *const scal_names[5] = {"out.loss", "out.loss_main", "out.loss_mtp",
                                               "out.loss_aux", "out.grad_norm"};
     par_st_writer *w = NULL;
     par_status s = par_st_writer_new(&w);
     if (s)
         return s;
-    int64_t sh2[2] = {B, S}, shV[3] = {B, S, V}, shX[4] = {B, S, n, d}, shK[3] = {B, S, K},
-            shE[1] = {E}, shI[3] = {B, S, c->index_topk};
+    int64_t sh2[2] = {B, S}, shV[3] = {B, S, V};
     char name[PAR_PARAM_NAME_MAX + 32];
     s = add(w, "input.tokens", PAR_I32, 2, sh2, v->tokens);
     if (!s)
         s = add(w, "input.segments", PAR_I32, 2, sh2, v->segments);
-    for (int i = 0; i < 5 && !s; i++)
-        s = add(w, scal_names[i], PAR_REAL_DTYPE, 0, NULL, &scal[i]);
+    for (int i = 0; i < 5 && !s; i++) /* declared: put with par_golden_put_scalars */
+        s = par_st_writer_add_shape(w, scal_names[i], PAR_REAL_DTYPE, 0, NULL);
     if (!s)
         s = add(w, "out.logits", PAR_REAL_DTYPE, 3, shV, v->logits);
     if (!s && c->n_mtp_layers > 0)
         s = add(w, "out.mtp_logits", PAR_REAL_DTYPE, 3, shV, v->mtp_logits);
-    for (int b = 0; b < t->n_blocks && !s; b++) {
-        char pfx[32];
-        if (b < L)
-            snprintf(pfx, sizeof pfx, "layers.%d", b);
-        else
-            snprintf(pfx, sizeof pfx, "mtp.%lld", (long long)(b - L));
-        snprintf(name, sizeof name, "act.%s", pfx);
-        s = add(w, name, PAR_REAL_DTYPE, 4, shX, v->act[b]);
-        if (!s) {
-            snprintf(name, sizeof name, "router.%s.idx", pfx);
-            s = add(w, name, PAR_I32, 3, shK, v->idx[b]);
-        }
-        if (!s) {
-            snprintf(name, sizeof name, "router.%s.load", pfx);
-            s = add(w, name, PAR_I64, 1, shE, v->loads + (int64_t)b * E);
-        }
-        if (!s && par_config_ratio(c, b) == 4) {
-            snprintf(name, sizeof name, "attn.%s.selected", pfx);
-            s = add(w, name, PAR_I32, 3, shI, v->sel[b]);
-        }
-    }
+    for (int b = 0; b < t->n_blocks && !s; b++)
+        s = add_block(w, c, v, b);
     for (int i = 0; i < t->n && !s; i++) {
         const par_param *p = &t->p[i];
         if (p->dtype != PAR_PDT_REAL || !p->has_grad)
             continue;
         snprintf(name, sizeof name, "grad.%s", p->name);
-        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, v->grads + p->offset);
+        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, v->grads ? v->grads + p->offset : NULL);
     }
     if (!s)
-        s = write_file(w, dir, "step", k);
+        s = set_meta(w, k);
+    if (s) {
+        par_st_writer_free(w);
+        return s;
+    }
+    *out = w;
+    return PAR_OK;
+}
+
+/* The five out.* scalars of v in the working precision, into the stream. */
+par_status PAR_FN(par_golden_put_scalars)(par_st_stream *st, const PAR_FN(par_golden_step_view) *v)
+{
+    const par_real scal[5] = {(par_real)v->out.loss, (par_real)v->out.loss_main, (par_real)v->out.loss_mtp,
+                              (par_real)v->out.loss_aux, (par_real)v->out.grad_norm};
+    static const char *const names[5] = {"out.loss", "out.loss_main", "out.loss_mtp", "out.loss_aux",
+                                         "out.grad_norm"};
+    par_status s = PAR_OK;
+    for (int i = 0; i < 5 && !s; i++)
+        s = par_st_stream_put(st, names[i], &scal[i], sizeof scal[i]);
+    return s;
+}
+
+par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
+                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
+                                              int64_t k)
+{
+    par_st_writer *w = NULL;
+    par_status s = PAR_FN(par_golden_step_writer)(t, v, k, &w);
+    if (s)
+        return s;
+    char *path = PAR_FN(par_golden_file_path)(dir, "step", k);
+    par_st_stream *st = NULL;
+    if (!path)
+        s = PAR_ENOMEM;
+    else if (!(s = par_st_stream_begin(w, path, &st)) && !(s = PAR_FN(par_golden_put_scalars)(st, v)))
+        s = par_st_stream_commit(st);
+    else
+        par_st_stream_abort(st);
+    par_free(path);
     par_st_writer_free(w);
     return s;
 }
