@@ -425,6 +425,7 @@ const char *par_st_meta_value(const par_st_file *f, int i) { return (i >= 0 && i
 typedef struct {
     char *name;
     par_tensor t; /* view */
+    int deferred; /* declared by shape (par_st_writer_add_shape): a stream puts its data */
 } w_entry;
 
 struct par_st_writer {
@@ -542,6 +543,7 @@ static par_status add_entry(par_st_writer *w, const char *name, const par_tensor
         return par_err(PAR_ENOMEM, "safetensors writer: out of memory");
     w->e[w->n].name = nm;
     w->e[w->n].t = *t;
+    w->e[w->n].deferred = deferred;
     if (deferred)
         w->e[w->n].t.data = NULL;
     w->e[w->n].t.owns = 0;
@@ -732,7 +734,7 @@ static void put_u64le(unsigned char *p, uint64_t v)
 static par_status all_have_data(const par_st_writer *w)
 {
     for (int k = 0; k < w->n; k++)
-        if (!w->e[k].t.data && par_tensor_nbytes(&w->e[k].t) > 0)
+        if (w->e[k].deferred && par_tensor_nbytes(&w->e[k].t) > 0)
             return par_err(PAR_EINVAL, "safetensors writer: tensor '%s' has no data (declared for a stream)",
                            w->e[k].name);
     return PAR_OK;
@@ -857,7 +859,7 @@ static par_status stream_start(par_st_stream *s, const char *path)
     for (int i = 0; i < s->w->n && !st; i++) {
         const w_entry *e = &s->w->e[i];
         size_t nb = par_tensor_nbytes(&e->t);
-        if (nb && !e->t.data)
+        if (e->deferred)
             continue;
         if (nb)
             st = par_afile_pwrite(s->f, e->t.data, nb, s->off[i]);
