@@ -1,6 +1,8 @@
 /* parallel/dump.c - the golden-format dump of a parallel step: the rows
  * (activations, routing, selections, logits) every stage keeps while it
- * computes them, gathered to rank 0 in the serial layout, and the table
+ * computes them, gathered to rank 0 in the serial layout one tensor at a
+ * time and streamed into the step file (core/safetensors.h par_st_stream_*:
+ * each written where the header places it, then freed), and the table
  * buffers (parameters, gradients, optimizer state) from each entry's lowest
  * pipeline holder.  Part of the step executor (parallel/executor-impl.h). */
 #include <string.h>
