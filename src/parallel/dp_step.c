@@ -163,9 +163,8 @@ static void balance(PAR_FN(par_model) *M)
  * Safe: every member has entered the norm's world all-reduce, so none
  * reads the copy of this step any more; none reads it again before the
  * phase is published. */
-static par_status apply_updates(dpw_t *w, PAR_FN(par_model) *M, int64_t step, double f)
+static par_status apply_updates(dpw_t *w, PAR_FN(par_model) *M, int64_t step, double f, int write)
 {
-    const int write = !w->rt || w->rt->writer;
     const par_counts c0 = par_counts_get();
     par_status s = PAR_FN(par_dp_apply_ext)(&w->plan[PAR_DPW_DENSE], w->comm[PAR_DPW_DENSE], w->rt ? M->shw : M->params,
                                             &M->cfg, step, f, write);
@@ -217,9 +216,10 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
     par_free(per);
     const double norm = sqrt(sum), f = par_clip_factor(norm, cfg->clip_grad);
     /* 3. and 4. the update, the balance; then a shared copy's phase ends */
-    if ((s = apply_updates(w, M, step, f)))
+    const int write = !w->rt || PAR_FN(par_replica_updater)(w->rt); /* every member joined: the norm's all-reduce */
+    if ((s = apply_updates(w, M, step, f, write)))
         return s;
-    if (w->rt && !w->rt->writer && (s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared dense update")))
+    if (!write && (s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared dense update")))
         return s;
     M->stats.grad_sumsq = sum;
     M->last.grad_norm = norm;
@@ -315,8 +315,9 @@ void PAR_FN(par_dpw_memory_of)(const dpw_t *w, const PAR_FN(par_model) *M, par_d
 {
     memset(out, 0, sizeof *out);
     const int64_t es = (int64_t)sizeof(par_real);
-    /* a shared copy is charged to one member of the process (replicas.h) */
-    const int64_t other = w->rt && !PAR_FN(par_replica_charged)(w->rt) ? M->n_shared : 0;
+    /* a shared copy is the process's, no rank's (replicas.h: outside every
+     * rank's allocator scope; memmodel.h par_mm_shared_of) */
+    const int64_t other = w->rt ? M->n_shared : 0;
     out->weights = (M->n_local - other) * es + M->tab.n_i32 * (int64_t)sizeof(int32_t);
     out->grads = M->n_local * es;
     for (int k = 0; k < 2; k++) {

@@ -17,8 +17,8 @@ struct PAR_FN(par_replica_s) {
     par_real *m, *v, *mom;    /* the replicated optimizer state (NULL until asked) */
     size_t n_ad, n_mo;        /* their sizes: m, v [n_ad], mom [n_mo]              */
     const void *writer;       /* the ticket of the writer (its creator)            */
-    int low;                  /* lowest group rank that joined (memory accounts)   */
     int members;
+    int low;                  /* lowest group rank that joined: the update's writer */
     _Atomic int64_t gen;      /* write phases the writer has finished              */
     par_counts work;          /* the counted work of the last phase                */
     struct PAR_FN(par_replica_s) *next;
@@ -182,8 +182,17 @@ par_status PAR_FN(par_replica_state)(void *ticket, size_t n_ad, size_t n_mo, PAR
     return s;
 }
 
+/* Write phases published in this process (tests: one per copy and phase). */
+static _Atomic int64_t phases;
+
+int64_t PAR_FN(par_replicas_phases)(void)
+{
+    return atomic_load(&phases);
+}
+
 void PAR_FN(par_replica_publish)(ticket_t *t, par_counts work)
 {
+    atomic_fetch_add(&phases, 1);
     t->rep->work = work;
     atomic_store_explicit(&t->rep->gen, ++t->gen, memory_order_release);
 }
@@ -198,7 +207,10 @@ par_status PAR_FN(par_replica_wait)(ticket_t *t, par_comm *c, const char *what)
     return PAR_OK;
 }
 
-int PAR_FN(par_replica_charged)(const ticket_t *t)
+int PAR_FN(par_replica_updater)(const ticket_t *t)
 {
-    return !t || !t->rep || t->rep->low == t->grank;
+    pthread_mutex_lock(&t->reg->mu);
+    int low = t->rep->low;
+    pthread_mutex_unlock(&t->reg->mu);
+    return low == t->grank;
 }

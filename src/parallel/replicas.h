@@ -12,8 +12,12 @@
  * shard, the dense layout: the floats and a hash of (entry, local offset,
  * size) of every shared entry), so a rank holding another shard or another
  * set of entries never joins it.  The first rank that asks creates it,
- * fills the weights from the seed (par_model_fill_shared) and is its WRITER:
- * the only rank that writes it afterwards.
+ * fills the weights from the seed (par_model_fill_shared) and writes a
+ * checkpoint's load into it (ticket.writer).  The optimizer step's updates
+ * are written by the member with the lowest group rank (par_replica_updater:
+ * known once every member has joined, which the step's collectives imply),
+ * so that the update's scratch lands on the same rank in every run.  One
+ * writer per phase; the others never write the copy.
  *
  * Writes come in phases (a checkpoint load, every optimizer step), the same
  * sequence on every member: the writer writes, then publishes the phase
@@ -23,9 +27,9 @@
  * that every member entered after its last read (the optimizer step's world
  * all-reduce of the norm; a load comes before any read): see dp_step.c.
  *
- * The copies are allocated outside every rank's allocator scope (the
- * process's counters show each once); par_replica_charged says which member
- * a per-rank memory account charges it to (the lowest group rank). */
+ * The copies are allocated outside every rank's allocator scope: the
+ * process's counters show each once, no rank's (per-rank accounts, the
+ * memory model's per-rank terms and par_mm_shared_of follow the same rule). */
 #ifndef PAR_PARALLEL_REPLICAS_H
 #define PAR_PARALLEL_REPLICAS_H
 
@@ -46,6 +50,9 @@ par_status PAR_FN(par_replicas_create)(PAR_FN(par_replicas) **out);
 void PAR_FN(par_replicas_free)(PAR_FN(par_replicas) *r);
 /* Copies in the registry (tests). */
 int PAR_FN(par_replicas_count)(const PAR_FN(par_replicas) *r);
+/* Write phases published by every copy of this process so far (tests: a
+ * copy's update is written once per step, not once per member). */
+int64_t PAR_FN(par_replicas_phases)(void);
 
 /* One rank's request: filled by the driver, the model build's share hook
  * context (par_model_hold.share_ctx). */
@@ -55,7 +62,7 @@ typedef struct {
     int grank;                  /* this rank in the dp-cp group */
     int tp;                     /* the TP shard */
     PAR_FN(par_replica) *rep;   /* out: the copy joined (NULL: none, the model's own) */
-    int writer;                 /* out: 1 when this rank writes it */
+    int writer;                 /* out: 1 when this rank created it (it writes a checkpoint's load) */
     int64_t gen;                /* write phases this rank has passed */
 } PAR_FN(par_replica_ticket);
 
@@ -69,6 +76,11 @@ par_status PAR_FN(par_replica_share_hook)(void *ticket, void *model);
 par_status PAR_FN(par_replica_state)(void *ticket, size_t n_adamw_state, size_t n_muon_state,
                                      PAR_FN(par_zero_state) *out);
 
+/* 1 when this member writes the optimizer step's updates (the lowest group
+ * rank that joined); call it once every member has joined (after a
+ * collective of the whole group). */
+int PAR_FN(par_replica_updater)(const PAR_FN(par_replica_ticket) *t);
+
 /* The writer ends a write phase: work = the counted work of the phase
  * (core/counters.h), charged to every other member too, so that their
  * virtual clocks are those of the run where each rank wrote its own copy. */
@@ -76,9 +88,5 @@ void PAR_FN(par_replica_publish)(PAR_FN(par_replica_ticket) *t, par_counts work)
 /* A member that is not the writer: waits for the writer's phase (through
  * comm, the way the rank waits in a collective) and counts its work. */
 par_status PAR_FN(par_replica_wait)(PAR_FN(par_replica_ticket) *t, par_comm *c, const char *what);
-
-/* 1 when the per-rank memory accounts charge the copy to this member (the
- * lowest group rank that joined), else 0; shared 0 for a ticket with no copy. */
-int PAR_FN(par_replica_charged)(const PAR_FN(par_replica_ticket) *t);
 
 #endif
