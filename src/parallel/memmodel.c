@@ -37,6 +37,8 @@ struct par_mm {
     int have_sch;
     stage_info *st;           /* [pp] */
     double es_w, es_g, es_o, es_m, es_a; /* bytes: weights, grads, optimizer state, master, activations */
+    int64_t first_r0;         /* shared_replicas: the process whose lowest ranks `first` holds (-1: none) */
+    int64_t *first;           /* [pp * tp] lowest world rank of each dense replica group in that process */
 };
 
 void par_mm_opts_init(par_mm_opts *o)
@@ -75,6 +77,7 @@ void par_mm_free(par_mm *mm)
         par_mm_zero_free(&mm->st[s].ze);
     }
     par_free(mm->st);
+    par_free(mm->first);
     if (mm->have_sch)
         par_schedule_free(&mm->sch);
     if (mm->tab == &mm->own)
@@ -507,25 +510,47 @@ static double dense_state(const stage_info *si)
     return 2.0 * (double)si->zd.dp * (double)si->zd.shard + (double)si->zd.n_muon;
 }
 
-/* 1 when world rank r, at coordinates rc, writes its process's shared copy
- * (replicas.h par_replica_updater: the lowest rank of its dense replica
- * group, pipeline rank x TP shard, in the process), or there is none. */
-static int updates_copy(const par_mm *mm, int r, const par_rank_coords *rc)
+/* mm->first for the process of world rank r (kept while the caller walks
+ * the ranks of one process). */
+static par_status process_firsts(par_mm *mm, int r)
 {
-    if (!sharing(mm))
-        return 1;
-    const int64_t R = mm->o.ranks_per_process > 0 ? mm->o.ranks_per_process : mm->lay.world;
-    for (int64_t q = (int64_t)r / R * R; q < r; q++) {
+    const int64_t N = mm->lay.world, R = mm->o.ranks_per_process > 0 ? mm->o.ranks_per_process : N;
+    const int64_t r0 = (int64_t)r / R * R, r1 = r0 + R < N ? r0 + R : N, tp = mm->lay.tp;
+    if (mm->first && mm->first_r0 == r0)
+        return PAR_OK;
+    if (!mm->first && !(mm->first = par_malloc((size_t)(mm->pp * tp) * sizeof *mm->first, PAR_TAG_MODEL)))
+        return par_err(PAR_ENOMEM, "memory model: no memory for %lld replica groups", (long long)(mm->pp * tp));
+    for (int64_t i = 0; i < mm->pp * tp; i++)
+        mm->first[i] = -1;
+    for (int64_t q = r0; q < r1; q++) {
         par_rank_coords c;
-        if (par_rank_coords_of(&mm->lay, (int)q, &c) == PAR_OK && c.pp == rc->pp && c.tp == rc->tp)
-            return 0;
+        par_status s = par_rank_coords_of(&mm->lay, (int)q, &c);
+        if (s)
+            return s;
+        if (mm->first[c.pp * tp + c.tp] < 0)
+            mm->first[c.pp * tp + c.tp] = q;
     }
-    return 1;
+    mm->first_r0 = r0;
+    return PAR_OK;
 }
 
-static void optim_of(const par_mm *mm, const stage_info *si, int r, const par_rank_coords *rc, par_mm_rank *o)
+/* *out = 1 when world rank r, at coordinates rc, writes its process's
+ * shared copy (replicas.h par_replica_updater: the lowest rank of its dense
+ * replica group, pipeline rank x TP shard, in the process) or there is none. */
+static par_status updates_copy(par_mm *mm, int r, const par_rank_coords *rc, int *out)
 {
-    const int skip_dense_ws = !updates_copy(mm, r, rc); /* replicated: the writer alone runs Muon on the copy */
+    *out = 1;
+    if (!sharing(mm))
+        return PAR_OK;
+    par_status s = process_firsts(mm, r);
+    if (!s)
+        *out = mm->first[rc->pp * mm->lay.tp + rc->tp] == r;
+    return s;
+}
+
+static void optim_of(const par_mm *mm, const stage_info *si, int writes, const par_rank_coords *rc, par_mm_rank *o)
+{
+    const int skip_dense_ws = !writes; /* replicated: the writer alone runs Muon on the copy */
     const par_mm_zero *z[2] = {&si->zd, &si->ze};
     const int q[2] = {rc->cp + (int)mm->lay.cp * rc->dp, rc->edp};
     const int zero1 = mm->lay.distributed_optimizer;
@@ -601,7 +626,10 @@ par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
     out.held_floats = si->floats;
     out.weights = (double)(si->floats - (sharing(mm) ? si->dense : 0)) * mm->es_w + (double)mm->tab->n_i32 * 4.0;
     out.grads = (double)si->floats * mm->es_g;
-    optim_of(mm, si, r, &rc, &out);
+    int writes;
+    if ((s = updates_copy(mm, r, &rc, &writes)))
+        return s;
+    optim_of(mm, si, writes, &rc, &out);
     out.recv_factor = recv_factor(mm, si, r);
     act_out a;
     if ((s = act_of(mm, si, rc.pp, rc.cp, out.recv_factor, &a)))
@@ -633,22 +661,12 @@ par_status par_mm_shared_of(par_mm *mm, int r, double *out)
     *out = 0;
     if (!sharing(mm))
         return PAR_OK;
-    const int64_t N = mm->lay.world, R = mm->o.ranks_per_process > 0 ? mm->o.ranks_per_process : N;
-    const int64_t r0 = (int64_t)r / R * R, r1 = r0 + R < N ? r0 + R : N, tp = mm->lay.tp;
-    uint8_t *seen = par_calloc((size_t)(mm->pp * tp), 1, PAR_TAG_MODEL);
-    if (!seen)
-        return par_err(PAR_ENOMEM, "memory model: no memory for %lld replica groups", (long long)(mm->pp * tp));
-    par_status s = PAR_OK;
-    for (int64_t q = r0; q < r1 && !s; q++) {
-        par_rank_coords rc;
-        if ((s = par_rank_coords_of(&mm->lay, (int)q, &rc)))
-            break;
-        if (seen[rc.pp * tp + rc.tp]++)
-            continue;
-        const stage_info *si = &mm->st[rc.pp];
-        *out += (double)si->dense * mm->es_w + (mm->lay.distributed_optimizer ? 0 : dense_state(si) * mm->es_o);
-    }
-    par_free(seen);
+    par_status s = process_firsts(mm, r);
+    for (int64_t i = 0; !s && i < mm->pp * mm->lay.tp; i++)
+        if (mm->first[i] >= 0) { /* one copy per group present in the process */
+            const stage_info *si = &mm->st[i / mm->lay.tp];
+            *out += (double)si->dense * mm->es_w + (mm->lay.distributed_optimizer ? 0 : dense_state(si) * mm->es_o);
+        }
     return s;
 }
 
