@@ -112,6 +112,10 @@ static void print_summary(const par_golden_opts *o, const par_golden_summary *su
     printf("golden set written: %s (preset %s, %s, %lld steps, B=%lld S=%lld, %lld parameters, BLAS core %s)\n",
            o->out_dir, preset, precision, (long long)o->steps, (long long)o->cfg.global_batch_size,
            (long long)sum->seq_length, (long long)sum->n_params, sum->blas_core);
+    if (o->rows_per_block > 0 && o->rows_per_block < o->cfg.global_batch_size)
+        printf("gradients accumulated over row blocks of %lld rows (%lld blocks per step, in row order)\n",
+               (long long)o->rows_per_block,
+               (long long)((o->cfg.global_batch_size + o->rows_per_block - 1) / o->rows_per_block));
     printf("%-5s %-20s %-20s %-20s %-14s %-14s %s\n", "step", "loss", "loss_main", "loss_mtp", "loss_aux",
            "grad_norm", "wall_s");
     for (int64_t k = 0; k < sum->steps; k++) {
@@ -134,7 +138,7 @@ int par_cmd_golden(int argc, char **argv)
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
     const char *device = NULL;
     const char *max_memory = NULL;
-    int64_t steps = 1, seed = 1234, gbs = 0;
+    int64_t steps = 1, seed = 1234, gbs = 0, rows = 0;
     int quiet = 0;
     par_strlist sets;
     memset(&sets, 0, sizeof sets);
@@ -150,14 +154,17 @@ int par_cmd_golden(int argc, char **argv)
         {"out", PAR_OPT_STR, &out, "DIR", "golden set directory to write (replaced atomically)", PAR_CHK_NONEMPTY},
         {"set", PAR_OPT_LIST, &sets, "key=value", "override a model/train key (repeatable)"},
         {"global-batch-size", PAR_OPT_INT, &gbs, "B", "rows per step (default: the preset's)", PAR_CHK_POS},
+        {"rows-per-block", PAR_OPT_INT, &rows, "R",
+         "accumulate gradients over blocks of R rows (R >= B: one shot; default: one shot unless it would not "
+         "fit the memory limit)", PAR_CHK_POS},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"device", PAR_OPT_STR, &device, "cpu|gpu", PAR_DEVICE_HELP},
         {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
-        "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--device cpu|gpu]\n"
-        "       --out DIR\n\n"
+        "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--rows-per-block R]\n"
+        "       [--device cpu|gpu] [--max-memory SIZE] --out DIR\n\n"
         "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
         "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
         "synthetic generator with a random packing plan drawn from --seed.";
@@ -179,10 +186,11 @@ int par_cmd_golden(int argc, char **argv)
     o.progress = !quiet;
 
     /* the memory estimate before anything big is allocated (issue 13) */
-    if ((rc = par_memlimit_golden("golden", max_memory, &o.cfg, o.precision, steps))) {
+    if ((rc = par_memlimit_golden_rows("golden", max_memory, &o.cfg, o.precision, steps, &rows))) {
         par_err_set_quiet(0);
         return rc;
     }
+    o.rows_per_block = rows;
     par_alloc_reset_peaks();
     par_golden_summary sum;
     par_status s = par_golden_run(&o, &sum);

@@ -27,7 +27,7 @@ static int has_suffix(const char *s, const char *suf)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device;
-    int64_t steps, seed, mpi_procs;
+    int64_t steps, seed, mpi_procs, rows_per_block;
     int quick, keep, list, quiet, full, scale;
     par_strlist cells, fixtures;
 } matrix_cli;
@@ -60,6 +60,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"seed", PAR_OPT_INT, &c->seed, "N", "seed of cells without their own (default 1234)"},
         {"fixtures-dir", PAR_OPT_STR, &c->fixtures_dir, "DIR", "where fixtures live (default: fixtures/)"},
         {"golden", PAR_OPT_STR, &c->golden, "DIR", "checked-in golden sets (default: golden/)"},
+        {"rows-per-block", PAR_OPT_INT, &c->rows_per_block, "R", "serial goldens accumulate gradients over blocks "
+                                                                "of R rows (default: one shot unless it would not fit)",
+         PAR_CHK_POS},
         {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no progress lines"},
@@ -68,7 +71,8 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
     const char *synopsis =
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
         "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]]\n"
-        "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list] [--device cpu|gpu]\n\n"
+        "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
+        "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
         "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
         "A progress line per cell on stderr, a summary table on stdout; a failing cell names the\n"
@@ -136,6 +140,7 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
     o->only_fixtures = c->fixtures.items;
     o->n_only_fixtures = c->fixtures.count;
     o->keep = c->keep;
+    o->rows_per_block = c->rows_per_block;
     o->no_out = c->list;
     o->progress = c->quiet ? NULL : stderr;
     return s;

@@ -56,3 +56,28 @@ int par_memlimit_golden(const char *cmd, const char *max_memory, const par_confi
     par_status s = par_memcheck_golden(cfg, precision, steps, lim, &e);
     return verdict(cmd, s, &e, lim, what);
 }
+
+int par_memlimit_golden_rows(const char *cmd, const char *max_memory, const par_config *cfg, int precision,
+                             int64_t steps, int64_t *rows)
+{
+    char what[96];
+    double lim = limit_of(cmd, max_memory, what, sizeof what);
+    if (lim < 0)
+        return 2;
+    par_memest e;
+    par_status s;
+    if (*rows > 0) /* asked for */
+        return verdict(cmd, par_memcheck_golden_blocked(cfg, precision, steps, *rows, &e), &e, lim, what);
+    par_memest one;
+    if ((s = par_memcheck_golden(cfg, precision, steps, 0, &one)) ||
+        (s = par_memcheck_golden_rows(cfg, precision, steps, lim, rows, &e)))
+        return 0; /* no estimate: the run speaks for itself */
+    if (*rows > 0)
+        fprintf(stderr,
+                "parity %s: the one-shot golden of %lld rows needs an estimated %.3g GB, more than %s (%.3g GB): "
+                "gradients accumulated over row blocks of %lld rows (estimated %.3g GB; --rows-per-block "
+                "sets the blocks)\n",
+                cmd, (long long)cfg->global_batch_size, one.total / 1e9, what, lim / 1e9, (long long)*rows,
+                e.total / 1e9);
+    return verdict(cmd, PAR_OK, &e, lim, what);
+}

@@ -20,4 +20,12 @@ int par_memlimit_run(const char *cmd, const char *max_memory, const par_config *
 int par_memlimit_golden(const char *cmd, const char *max_memory, const par_config *cfg, int precision,
                         int64_t steps);
 
+/* The same for `parity golden` and its row blocks: *rows > 0 (--rows-per-block)
+ * checks the golden over those blocks; *rows == 0 applies the automatic rule
+ * (parallel/memcheck.h par_memcheck_golden_rows: one shot when it fits,
+ * else the largest halving of the batch that does, said on stderr) and sets
+ * *rows (0: one shot). */
+int par_memlimit_golden_rows(const char *cmd, const char *max_memory, const par_config *cfg, int precision,
+                             int64_t steps, int64_t *rows);
+
 #endif

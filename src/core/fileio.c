@@ -246,6 +246,25 @@ par_status par_afile_write(par_afile *f, const void *data, size_t n)
     return PAR_OK;
 }
 
+par_status par_afile_pwrite(par_afile *f, const void *data, size_t n, uint64_t offset)
+{
+    const char *p = data;
+    while (n) {
+        size_t k = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t w = pwrite(f->fd, p, k, (off_t)offset);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return par_err(PAR_EIO, "%s: write to %s at byte %llu failed: %s", f->path, f->tmp,
+                           (unsigned long long)offset, strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+        offset += (uint64_t)w;
+    }
+    return PAR_OK;
+}
+
 static void afile_free(par_afile *f)
 {
     par__tmp_unregister(f->slot);

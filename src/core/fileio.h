@@ -41,6 +41,9 @@ par_status par_file_write_atomic(const char *path, const void *data, size_t n);
 typedef struct par_afile par_afile;
 par_status par_afile_open(const char *path, par_afile **out);
 par_status par_afile_write(par_afile *f, const void *data, size_t n);
+/* n bytes at byte `offset` of the file (pwrite: the pieces in any order; a
+ * streamed safetensors file writes each tensor where its header puts it). */
+par_status par_afile_pwrite(par_afile *f, const void *data, size_t n, uint64_t offset);
 /* fsync, rename over the target, fsync the directory.  Frees f whatever
  * happens; on failure the temporary file is removed. */
 par_status par_afile_commit(par_afile *f);

@@ -425,6 +425,7 @@ const char *par_st_meta_value(const par_st_file *f, int i) { return (i >= 0 && i
 typedef struct {
     char *name;
     par_tensor t; /* view */
+    int deferred; /* declared by shape (par_st_writer_add_shape): a stream puts its data */
 } w_entry;
 
 struct par_st_writer {
@@ -493,7 +494,23 @@ void par_st_writer_free(par_st_writer *w)
     par_free(w);
 }
 
+static par_status add_entry(par_st_writer *w, const char *name, const par_tensor *t, int deferred);
+
 par_status par_st_writer_add(par_st_writer *w, const char *name, const par_tensor *t)
+{
+    return add_entry(w, name, t, 0);
+}
+
+par_status par_st_writer_add_shape(par_st_writer *w, const char *name, par_dtype dtype, int ndim,
+                                   const int64_t *shape)
+{
+    if (ndim < 0 || ndim > PAR_MAX_DIMS)
+        return par_err(PAR_EINVAL, "safetensors writer: tensor '%s': ndim %d not supported", name ? name : "?", ndim);
+    par_tensor t = par_tensor_view(dtype, ndim, shape, NULL);
+    return add_entry(w, name, &t, 1);
+}
+
+static par_status add_entry(par_st_writer *w, const char *name, const par_tensor *t, int deferred)
 {
     if (!name || !t)
         return par_err(PAR_EINVAL, "safetensors writer: NULL name or tensor");
@@ -505,7 +522,7 @@ par_status par_st_writer_add(par_st_writer *w, const char *name, const par_tenso
     int64_t nb = par_shape_numel(t->ndim, t->shape, par_dtype_size(t->dtype));
     if (nb < 0)
         return par_err(PAR_EINVAL, "safetensors writer: tensor '%s': shape has a negative dim or overflows", name);
-    if (nb > 0 && !t->data)
+    if (nb > 0 && !t->data && !deferred)
         return par_err(PAR_EINVAL, "safetensors writer: tensor '%s': NULL data for %lld elements", name,
                        (long long)nb);
     if (grow_slots(w, w->n + 1) != PAR_OK)
@@ -526,6 +543,9 @@ par_status par_st_writer_add(par_st_writer *w, const char *name, const par_tenso
         return par_err(PAR_ENOMEM, "safetensors writer: out of memory");
     w->e[w->n].name = nm;
     w->e[w->n].t = *t;
+    w->e[w->n].deferred = deferred;
+    if (deferred)
+        w->e[w->n].t.data = NULL;
     w->e[w->n].t.owns = 0;
     w->n++;
     w->slot[sl] = w->n;
@@ -709,11 +729,25 @@ static void put_u64le(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* PAR_EINVAL when an entry still has no data (par_st_writer_add_shape: a
+ * stream's). */
+static par_status all_have_data(const par_st_writer *w)
+{
+    for (int k = 0; k < w->n; k++)
+        if (w->e[k].deferred && par_tensor_nbytes(&w->e[k].t) > 0)
+            return par_err(PAR_EINVAL, "safetensors writer: tensor '%s' has no data (declared for a stream)",
+                           w->e[k].name);
+    return PAR_OK;
+}
+
 par_status par_st_writer_write(par_st_writer *w, const char *path)
 {
     sbuf h = {0};
     const w_entry **order = NULL;
-    par_status st = build_header(w, &h, &order);
+    par_status st = all_have_data(w);
+    if (st)
+        return st;
+    st = build_header(w, &h, &order);
     if (st) {
         par_free(h.p);
         return st;
@@ -747,7 +781,10 @@ par_status par_st_writer_to_mem(par_st_writer *w, void **buf, size_t *len)
 {
     sbuf h = {0};
     const w_entry **order = NULL;
-    par_status st = build_header(w, &h, &order);
+    par_status st = all_have_data(w);
+    if (st)
+        return st;
+    st = build_header(w, &h, &order);
     if (st) {
         par_free(h.p);
         return st;
@@ -776,4 +813,121 @@ done_free_header:
     par_free(order);
     par_free(h.p);
     return st;
+}
+
+/* ---- streamed writing --------------------------------------------------- */
+
+struct par_st_stream {
+    par_st_writer *w; /* borrowed */
+    par_afile *f;
+    uint64_t *off;    /* [w->n] file offset of each entry's data */
+    uint8_t *done;    /* [w->n] */
+    int left;
+};
+
+static void stream_free(par_st_stream *s)
+{
+    par_free(s->off);
+    par_free(s->done);
+    par_free(s);
+}
+
+/* The header (as par_st_writer_write writes it), each entry's offset, the
+ * entries that have data written at once. */
+static par_status stream_start(par_st_stream *s, const char *path)
+{
+    sbuf h = {0};
+    const w_entry **order = NULL;
+    par_status st = build_header(s->w, &h, &order);
+    if (st) {
+        par_free(h.p);
+        return st;
+    }
+    uint64_t at = 8 + (uint64_t)h.n;
+    for (int k = 0; k < s->w->n; k++) {
+        int i = (int)(order[k] - s->w->e);
+        s->off[i] = at;
+        at += (uint64_t)par_tensor_nbytes(&order[k]->t);
+    }
+    par_free(order);
+    unsigned char len8[8];
+    put_u64le(len8, h.n);
+    if (!(st = par_afile_open(path, &s->f)) && !(st = par_afile_write(s->f, len8, 8)))
+        st = par_afile_write(s->f, h.p, h.n);
+    par_free(h.p);
+    s->left = s->w->n;
+    for (int i = 0; i < s->w->n && !st; i++) {
+        const w_entry *e = &s->w->e[i];
+        size_t nb = par_tensor_nbytes(&e->t);
+        if (e->deferred)
+            continue;
+        if (nb)
+            st = par_afile_pwrite(s->f, e->t.data, nb, s->off[i]);
+        s->done[i] = 1;
+        s->left--;
+    }
+    return st;
+}
+
+par_status par_st_stream_begin(par_st_writer *w, const char *path, par_st_stream **out)
+{
+    par_st_stream *s = par_calloc(1, sizeof *s, PAR_TAG_IO);
+    if (!s)
+        return par_err(PAR_ENOMEM, "safetensors stream: out of memory");
+    s->w = w;
+    s->off = par_calloc((size_t)(w->n + 1), sizeof *s->off, PAR_TAG_IO);
+    s->done = par_calloc((size_t)(w->n + 1), 1, PAR_TAG_IO);
+    par_status st = s->off && s->done ? stream_start(s, path) : par_err(PAR_ENOMEM, "safetensors stream: out of memory");
+    if (st) {
+        par_afile_abort(s->f);
+        stream_free(s);
+        return st;
+    }
+    *out = s;
+    return PAR_OK;
+}
+
+par_status par_st_stream_put(par_st_stream *s, const char *name, const void *data, size_t nbytes)
+{
+    par_st_writer *w = s->w;
+    int sl = w->nslot ? name_slot(w, name) : -1;
+    if (sl < 0 || !w->slot[sl])
+        return par_err(PAR_EINVAL, "safetensors stream: no tensor '%s' in the header", name);
+    int i = w->slot[sl] - 1;
+    size_t nb = par_tensor_nbytes(&w->e[i].t);
+    if (s->done[i])
+        return par_err(PAR_EINVAL, "safetensors stream: tensor '%s' written twice", name);
+    if (nbytes != nb || (nb && !data))
+        return par_err(PAR_EINVAL, "safetensors stream: tensor '%s' is %zu bytes, %zu given", name, nb, nbytes);
+    par_status st = nb ? par_afile_pwrite(s->f, data, nb, s->off[i]) : PAR_OK;
+    if (!st) {
+        s->done[i] = 1;
+        s->left--;
+    }
+    return st;
+}
+
+par_status par_st_stream_commit(par_st_stream *s)
+{
+    par_status st = PAR_OK;
+    for (int i = 0; i < s->w->n && s->left; i++)
+        if (!s->done[i]) {
+            st = par_err(PAR_EINVAL, "safetensors stream: tensor '%s' (of %d not written) was never written",
+                         s->w->e[i].name, s->left);
+            break;
+        }
+    if (st)
+        par_afile_abort(s->f);
+    else
+        st = par_afile_commit(s->f);
+    stream_free(s);
+    return st;
+}
+
+void par_st_stream_abort(par_st_stream *s)
+{
+    if (!s)
+        return;
+    par_afile_abort(s->f);
+    stream_free(s);
 }

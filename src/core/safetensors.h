@@ -66,4 +66,23 @@ par_status par_st_writer_write(par_st_writer *w, const char *path);
 par_status par_st_writer_to_mem(par_st_writer *w, void **buf, size_t *len);
 void par_st_writer_free(par_st_writer *w); /* NULL is fine */
 
+/* Streamed writing, for files whose tensors are produced one at a time (a
+ * parallel dump gathers each to its writer): entries declared by shape
+ * alone (add_shape: no data yet; par_st_writer_write refuses them), the
+ * header and every entry that has data written by begin (the same bytes
+ * par_st_writer_write would write), then each declared tensor's bytes put,
+ * in any order, where the header places it (core/fileio.h
+ * par_afile_pwrite); commit (atomic, as par_st_writer_write) refuses a
+ * stream with a tensor never put, abort removes the temporary.  The writer
+ * must outlive the stream and not change while it is open. */
+par_status par_st_writer_add_shape(par_st_writer *w, const char *name, par_dtype dtype, int ndim,
+                                   const int64_t *shape);
+typedef struct par_st_stream par_st_stream;
+par_status par_st_stream_begin(par_st_writer *w, const char *path, par_st_stream **out);
+/* PAR_EINVAL for a name not declared, one already written or a size that
+ * is not the declared one. */
+par_status par_st_stream_put(par_st_stream *s, const char *name, const void *data, size_t nbytes);
+par_status par_st_stream_commit(par_st_stream *s); /* frees s whatever happens */
+void par_st_stream_abort(par_st_stream *s);        /* NULL is fine */
+
 #endif

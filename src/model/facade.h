@@ -24,6 +24,9 @@ typedef struct {
     const char *fixture;      /* fixture name (fixtures/NAME.json), or NULL */
     const char *fixtures_dir; /* where fixtures live; NULL = default search (model/data.h) */
     int progress;             /* 1: one line per step on stderr */
+    int64_t rows_per_block;   /* > 0 and < the batch: gradients accumulated over row blocks of
+                               * this many rows (model.h par_model_forward_backward_rows);
+                               * 0: one shot, the whole batch at once (the default) */
 } par_golden_opts;
 
 void par_golden_opts_init(par_golden_opts *o); /* precision 64, steps 1, seed 1234 */

@@ -38,18 +38,21 @@ static double now_s(void)
 
 /* ------------------------------------------------------------- writing -- */
 
+/* A tensor with its data, or (data NULL) declared by its shape for a
+ * stream (par_golden_step_writer). */
 static par_status add(par_st_writer *w, const char *name, par_dtype dt, int ndim,
                       const int64_t *shape, const void *data)
 {
+    if (!data)
+        return par_st_writer_add_shape(w, name, dt, ndim, shape);
     par_tensor t = par_tensor_view(dt, ndim, shape, (void *)data);
     par_dev_host_read(data, par_tensor_nbytes(&t)); /* GPU mode: current on the host */
     return par_st_writer_add(w, name, &t);
 }
 
-static par_status write_file(par_st_writer *w, const char *dir, const char *kind, int64_t k)
+/* The metadata of a golden file of step k. */
+static par_status set_meta(par_st_writer *w, int64_t k)
 {
-    char name[64];
-    snprintf(name, sizeof name, "%s.%lld.safetensors", kind, (long long)k);
     char kbuf[32];
     snprintf(kbuf, sizeof kbuf, "%lld", (long long)k);
     par_status s = par_st_writer_meta(w, "format", "parity-golden");
@@ -57,11 +60,27 @@ static par_status write_file(par_st_writer *w, const char *dir, const char *kind
         s = par_st_writer_meta(w, "precision", PREC_NAME);
     if (!s)
         s = par_st_writer_meta(w, "step", kbuf);
-    if (s)
-        return s;
+    return s;
+}
+
+char *PAR_FN(par_golden_file_path)(const char *dir, const char *kind, int64_t k)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.%lld.safetensors", kind, (long long)k);
     char *path = par_path_join(dir, name);
     if (!path)
-        return par_err(PAR_ENOMEM, "golden: out of memory for a path");
+        par_err(PAR_ENOMEM, "golden: out of memory for a path");
+    return path;
+}
+
+static par_status write_file(par_st_writer *w, const char *dir, const char *kind, int64_t k)
+{
+    par_status s = set_meta(w, k);
+    if (s)
+        return s;
+    char *path = PAR_FN(par_golden_file_path)(dir, kind, k);
+    if (!path)
+        return PAR_ENOMEM;
     s = par_st_writer_write(w, path);
     par_free(path);
     return s;
@@ -124,64 +143,101 @@ par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const cha
                                                M->i32, dir, k);
 }
 
-par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
-                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
-                                              int64_t k)
+/* Block b's part of the step file (NULL pointers: declared for a stream). */
+static par_status add_block(par_st_writer *w, const par_config *c, const PAR_FN(par_golden_step_view) *v, int b)
+{
+    int64_t B = v->B, S = v->S, n = c->hc_mult, d = c->dim, K = c->n_activated_experts, E = c->n_routed_experts;
+    int64_t shX[4] = {B, S, n, d}, shK[3] = {B, S, K}, shE[1] = {E}, shI[3] = {B, S, c->index_topk};
+    char pfx[32], name[PAR_PARAM_NAME_MAX + 32];
+    par_golden_block_prefix(c, b, pfx, sizeof pfx);
+    snprintf(name, sizeof name, "act.%s", pfx);
+    par_status s = add(w, name, PAR_REAL_DTYPE, 4, shX, v->act ? v->act[b] : NULL);
+    if (!s) {
+        snprintf(name, sizeof name, "router.%s.idx", pfx);
+        s = add(w, name, PAR_I32, 3, shK, v->idx ? v->idx[b] : NULL);
+    }
+    if (!s) {
+        snprintf(name, sizeof name, "router.%s.load", pfx);
+        s = add(w, name, PAR_I64, 1, shE, v->loads + (int64_t)b * E);
+    }
+    if (!s && par_config_ratio(c, b) == 4) {
+        snprintf(name, sizeof name, "attn.%s.selected", pfx);
+        s = add(w, name, PAR_I32, 3, shI, v->sel ? v->sel[b] : NULL);
+    }
+    return s;
+}
+
+par_status PAR_FN(par_golden_step_writer)(const par_param_table *t, const PAR_FN(par_golden_step_view) *v,
+                                          int64_t k, par_st_writer **out)
 {
     const par_config *c = &t->cfg;
-    int64_t B = v->B, S = v->S, n = c->hc_mult, d = c->dim, V = c->vocab_size;
-    int64_t E = c->n_routed_experts, K = c->n_activated_experts;
-    int64_t L = c->n_layers;
-    par_real scal[5] = {(par_real)v->out.loss, (par_real)v->out.loss_main, (par_real)v->out.loss_mtp,
-                        (par_real)v->out.loss_aux, (par_real)v->out.grad_norm};
+    int64_t B = v->B, S = v->S, V = c->vocab_size;
     static const char *const scal_names[5] = {"out.loss", "out.loss_main", "out.loss_mtp",
                                               "out.loss_aux", "out.grad_norm"};
     par_st_writer *w = NULL;
     par_status s = par_st_writer_new(&w);
     if (s)
         return s;
-    int64_t sh2[2] = {B, S}, shV[3] = {B, S, V}, shX[4] = {B, S, n, d}, shK[3] = {B, S, K},
-            shE[1] = {E}, shI[3] = {B, S, c->index_topk};
+    int64_t sh2[2] = {B, S}, shV[3] = {B, S, V};
     char name[PAR_PARAM_NAME_MAX + 32];
     s = add(w, "input.tokens", PAR_I32, 2, sh2, v->tokens);
     if (!s)
         s = add(w, "input.segments", PAR_I32, 2, sh2, v->segments);
-    for (int i = 0; i < 5 && !s; i++)
-        s = add(w, scal_names[i], PAR_REAL_DTYPE, 0, NULL, &scal[i]);
+    for (int i = 0; i < 5 && !s; i++) /* declared: put with par_golden_put_scalars */
+        s = par_st_writer_add_shape(w, scal_names[i], PAR_REAL_DTYPE, 0, NULL);
     if (!s)
         s = add(w, "out.logits", PAR_REAL_DTYPE, 3, shV, v->logits);
     if (!s && c->n_mtp_layers > 0)
         s = add(w, "out.mtp_logits", PAR_REAL_DTYPE, 3, shV, v->mtp_logits);
-    for (int b = 0; b < t->n_blocks && !s; b++) {
-        char pfx[32];
-        if (b < L)
-            snprintf(pfx, sizeof pfx, "layers.%d", b);
-        else
-            snprintf(pfx, sizeof pfx, "mtp.%lld", (long long)(b - L));
-        snprintf(name, sizeof name, "act.%s", pfx);
-        s = add(w, name, PAR_REAL_DTYPE, 4, shX, v->act[b]);
-        if (!s) {
-            snprintf(name, sizeof name, "router.%s.idx", pfx);
-            s = add(w, name, PAR_I32, 3, shK, v->idx[b]);
-        }
-        if (!s) {
-            snprintf(name, sizeof name, "router.%s.load", pfx);
-            s = add(w, name, PAR_I64, 1, shE, v->loads + (int64_t)b * E);
-        }
-        if (!s && par_config_ratio(c, b) == 4) {
-            snprintf(name, sizeof name, "attn.%s.selected", pfx);
-            s = add(w, name, PAR_I32, 3, shI, v->sel[b]);
-        }
-    }
+    for (int b = 0; b < t->n_blocks && !s; b++)
+        s = add_block(w, c, v, b);
     for (int i = 0; i < t->n && !s; i++) {
         const par_param *p = &t->p[i];
         if (p->dtype != PAR_PDT_REAL || !p->has_grad)
             continue;
         snprintf(name, sizeof name, "grad.%s", p->name);
-        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, v->grads + p->offset);
+        s = add(w, name, PAR_REAL_DTYPE, p->ndim, p->shape, v->grads ? v->grads + p->offset : NULL);
     }
     if (!s)
-        s = write_file(w, dir, "step", k);
+        s = set_meta(w, k);
+    if (s) {
+        par_st_writer_free(w);
+        return s;
+    }
+    *out = w;
+    return PAR_OK;
+}
+
+/* The five out.* scalars of v in the working precision, into the stream. */
+par_status PAR_FN(par_golden_put_scalars)(par_st_stream *st, const PAR_FN(par_golden_step_view) *v)
+{
+    const par_real scal[5] = {(par_real)v->out.loss, (par_real)v->out.loss_main, (par_real)v->out.loss_mtp,
+                              (par_real)v->out.loss_aux, (par_real)v->out.grad_norm};
+    static const char *const names[5] = {"out.loss", "out.loss_main", "out.loss_mtp", "out.loss_aux",
+                                         "out.grad_norm"};
+    par_status s = PAR_OK;
+    for (int i = 0; i < 5 && !s; i++)
+        s = par_st_stream_put(st, names[i], &scal[i], sizeof scal[i]);
+    return s;
+}
+
+par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
+                                              const PAR_FN(par_golden_step_view) *v, const char *dir,
+                                              int64_t k)
+{
+    par_st_writer *w = NULL;
+    par_status s = PAR_FN(par_golden_step_writer)(t, v, k, &w);
+    if (s)
+        return s;
+    char *path = PAR_FN(par_golden_file_path)(dir, "step", k);
+    par_st_stream *st = NULL;
+    if (!path)
+        s = PAR_ENOMEM;
+    else if (!(s = par_st_stream_begin(w, path, &st)) && !(s = PAR_FN(par_golden_put_scalars)(st, v)))
+        s = par_st_stream_commit(st);
+    else
+        par_st_stream_abort(st);
+    par_free(path);
     par_st_writer_free(w);
     return s;
 }
@@ -418,6 +474,101 @@ done:
 
 /* ----------------------------------------------------------------- run -- */
 
+/* The full-batch buffers a row-blocked step keeps for its step file. */
+typedef struct {
+    PAR_FN(par_model_keep) k;
+    void **all; /* [3 * n_blocks + 2] every buffer, for the free */
+    int n;
+} blocked_keep;
+
+static void keep_free(blocked_keep *bk)
+{
+    for (int i = 0; bk->all && i < bk->n; i++)
+        par_free(bk->all[i]);
+    par_free(bk->all);
+    memset(bk, 0, sizeof *bk);
+}
+
+static par_status keep_alloc(blocked_keep *bk, const PAR_FN(par_model) *M, int64_t T)
+{
+    const par_config *c = &M->cfg;
+    const int nb = M->n_blocks;
+    memset(bk, 0, sizeof *bk);
+    bk->n = 3 * nb + 2;
+    bk->all = par_calloc((size_t)bk->n, sizeof *bk->all, PAR_TAG_IO);
+    if (!bk->all)
+        goto fail_oom;
+    bk->k.act = (par_real **)bk->all;
+    bk->k.idx = (int32_t **)(bk->all + nb);
+    bk->k.sel = (int32_t **)(bk->all + 2 * nb);
+    size_t t = (size_t)(T > 0 ? T : 1);
+    if (!(bk->k.logits = bk->all[3 * nb] = par_calloc(t * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    if (c->n_mtp_layers > 0 &&
+        !(bk->k.mtp_logits = bk->all[3 * nb + 1] = par_calloc(t * (size_t)M->V, sizeof(par_real), PAR_TAG_IO)))
+        goto fail_oom;
+    for (int b = 0; b < nb; b++) {
+        if (!(bk->k.act[b] = par_calloc(t * (size_t)(M->n * M->d), sizeof(par_real), PAR_TAG_IO)) ||
+            !(bk->k.idx[b] = par_calloc(t * (size_t)M->K, sizeof(int32_t), PAR_TAG_IO)))
+            goto fail_oom;
+        if (par_config_ratio(c, b) == 4 &&
+            !(bk->k.sel[b] = par_calloc(t * (size_t)c->index_topk, sizeof(int32_t), PAR_TAG_IO)))
+            goto fail_oom;
+    }
+    return PAR_OK;
+fail_oom:
+    keep_free(bk);
+    return par_err(PAR_ENOMEM, "golden: out of memory keeping the step's %lld tokens for its file", (long long)T);
+}
+
+/* The step file of a row-blocked step from what its blocks kept. */
+static par_status write_blocked_step(const PAR_FN(par_model) *M, const par_batch *batch, const blocked_keep *bk,
+                                     const char *dir, int64_t k)
+{
+    PAR_FN(par_golden_step_view) v = {
+        .B = batch->B, .S = batch->S, .tokens = batch->tokens, .segments = batch->segments, .out = M->last,
+        .logits = bk->k.logits, .mtp_logits = bk->k.mtp_logits, .act = (const par_real *const *)bk->k.act,
+        .idx = (const int32_t *const *)bk->k.idx, .loads = M->stats.loads,
+        .sel = (const int32_t *const *)bk->k.sel, .grads = M->grads,
+    };
+    return PAR_FN(par_golden_write_step_view)(&M->tab, &v, dir, k);
+}
+
+/* Step k: forward and backward (one shot, or over row blocks), its file,
+ * the update; info[k] (wall time without the writing). */
+static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, const par_batch *batch,
+                              blocked_keep *bk, const char *dir, int64_t k, par_golden_step_info *info)
+{
+    const int blocked = o->rows_per_block > 0 && o->rows_per_block < batch->B;
+    double t0 = now_s(), t1, t2;
+    par_status s;
+    if (blocked) {
+        if ((!bk->all && (s = keep_alloc(bk, M, batch->B * batch->S))) ||
+            (s = PAR_FN(par_model_forward_backward_rows)(M, batch, o->rows_per_block, &bk->k)))
+            return s;
+        t1 = now_s();
+        if ((s = write_blocked_step(M, batch, bk, dir, k)))
+            return s;
+    } else {
+        if ((s = PAR_FN(par_model_forward)(M, batch)) || (s = PAR_FN(par_model_backward)(M)))
+            return s;
+        t1 = now_s();
+        if ((s = PAR_FN(par_golden_write_step)(M, dir, k)))
+            return s;
+    }
+    t2 = now_s();
+    if ((s = PAR_FN(par_model_update)(M)))
+        return s;
+    double t3 = now_s();
+    info->loss = M->last.loss;
+    info->loss_main = M->last.loss_main;
+    info->loss_mtp = M->last.loss_mtp;
+    info->loss_aux = M->last.loss_aux;
+    info->grad_norm = M->last.grad_norm;
+    info->wall_s = (t1 - t0) + (t3 - t2);
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *sum)
 {
     double t_start = now_s();
@@ -437,6 +588,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     par_batch batch;
     memset(&batch, 0, sizeof batch);
     char *tmp = NULL;
+    blocked_keep bk;
+    memset(&bk, 0, sizeof bk);
     par_golden_step_info *info = par_calloc((size_t)o->steps, sizeof *info, PAR_TAG_MISC);
     if (!info) {
         PAR_FN(par_golden_data_close)(&ds);
@@ -453,22 +606,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     for (int64_t k = 0; k < o->steps; k++) {
         if ((s = PAR_FN(par_golden_data_next)(&ds, o, &cfg, k, &batch)))
             goto fail_tmp;
-        double t0 = now_s();
-        if ((s = PAR_FN(par_model_forward)(&M, &batch)) || (s = PAR_FN(par_model_backward)(&M)))
+        if ((s = golden_step(o, &M, &batch, &bk, tmp, k, &info[k])))
             goto fail_tmp;
-        double t1 = now_s();
-        if ((s = PAR_FN(par_golden_write_step)(&M, tmp, k)))
-            goto fail_tmp;
-        double t2 = now_s();
-        if ((s = PAR_FN(par_model_update)(&M)))
-            goto fail_tmp;
-        double t3 = now_s();
-        info[k].loss = M.last.loss;
-        info[k].loss_main = M.last.loss_main;
-        info[k].loss_mtp = M.last.loss_mtp;
-        info[k].loss_aux = M.last.loss_aux;
-        info[k].grad_norm = M.last.grad_norm;
-        info[k].wall_s = (t1 - t0) + (t3 - t2);
         if ((s = PAR_FN(par_golden_write_params)(&M, tmp, k + 1, 1)))
             goto fail_tmp;
         if (o->progress)
@@ -482,6 +621,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     /* manifest */
     par_golden_layout lay;
     par_golden_layout_serial(&lay, cfg.global_batch_size);
+    if (o->rows_per_block > 0 && o->rows_per_block < cfg.global_batch_size)
+        lay.micro_batch = o->rows_per_block; /* the row blocks: the gradients' summation order */
     if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
                                                PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
         goto fail_tmp;
@@ -504,6 +645,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
 fail_tmp:
     par_adir_abort(tmp);
 fail_batch:
+    keep_free(&bk);
     par_batch_free(&batch);
 fail_model:
     PAR_FN(par_model_free)(&M);

@@ -13,6 +13,7 @@
 #define PAR_MODEL_GOLDEN_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cjson/cJSON.h>
 
@@ -46,6 +47,26 @@ typedef struct {
     const par_real *grads;             /* [n_float] table layout */
 } PAR_FN(par_golden_step_view);
 
+/* The step file of v as a writer for a stream (core/safetensors.h
+ * par_st_stream_*): every tensor of v with data has it; NULL pointers of v
+ * (logits, mtp_logits, act / idx / sel or their entries, grads) and the five
+ * out.* scalars are declared by shape, to be put (par_golden_put_scalars for
+ * the scalars); the metadata of step k.  The writer references v's data. */
+par_status PAR_FN(par_golden_step_writer)(const par_param_table *t, const PAR_FN(par_golden_step_view) *v,
+                                          int64_t k, par_st_writer **out);
+par_status PAR_FN(par_golden_put_scalars)(par_st_stream *st, const PAR_FN(par_golden_step_view) *v);
+/* dir/KIND.k.safetensors (par_malloc'd; NULL: out of memory, said). */
+char *PAR_FN(par_golden_file_path)(const char *dir, const char *kind, int64_t k);
+/* The step file's name prefix of block b: "layers.b", or "mtp.i" for b = n_layers + i. */
+static inline void par_golden_block_prefix(const par_config *c, int b, char *buf, size_t n)
+{
+    if (b < c->n_layers)
+        snprintf(buf, n, "layers.%d", b);
+    else
+        snprintf(buf, n, "mtp.%lld", (long long)(b - c->n_layers));
+}
+
+/* The step file in one go (a writer streamed from v, all of it in memory). */
 par_status PAR_FN(par_golden_write_step_view)(const par_param_table *t,
                                               const PAR_FN(par_golden_step_view) *v, const char *dir,
                                               int64_t k);

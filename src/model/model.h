@@ -490,6 +490,27 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
  * statistics between forward and backward);
  * M->last.grad_norm = the norm of the held gradients (before clipping). */
 par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M);
+/* What a row-blocked step keeps of its forward for a golden set, each in
+ * the global batch's token order (NULL pointers: not kept). */
+typedef struct {
+    par_real *logits, *mtp_logits; /* [T, V] */
+    par_real **act;                /* [n_blocks] pointers, each [T, n, d] (block outputs) */
+    int32_t **idx;                 /* [n_blocks] pointers, each [T, K] */
+    int32_t **sel;                 /* [n_blocks] pointers, each [T, index_topk] (ratio-4 blocks, else NULL) */
+} PAR_FN(par_model_keep);
+/* Forward + backward of `batch` over row blocks of `rows` rows (the last
+ * may be shorter), gradients accumulated block after block: the serial
+ * golden of a batch whose one-shot activations do not fit.  The statistics
+ * window is the whole batch (global sample numbers, the batch's counts as
+ * the loss scales); each block's forward, then its backward into M->grads
+ * (+=), then its rows copied into keep; its activations are released before
+ * the next.  A weight gradient is ((g_0 + g_1) + g_2) + ... over the blocks
+ * in row order, each g_j in its kernel's order over the block's tokens.
+ * After it, as after par_model_forward + par_model_backward: M->stats,
+ * M->last (losses, grad_norm) and M->grads ready for par_model_update; no
+ * activations are held (write the step from keep). */
+par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const par_batch *batch, int64_t rows,
+                                                   const PAR_FN(par_model_keep) *keep);
 /* Clip (from M->stats.grad_sumsq) + Muon/AdamW on every held entry +
  * balance (from M->stats.loads, n_tokens); one update, M->step += 1. */
 par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M);

@@ -21,47 +21,32 @@ static void release_acts(PAR_FN(par_model) *M)
 }
 
 /* The global sample index of each token (rows in order, samples of a row
- * in order) into M->sample; the number of samples. */
-static int64_t number_samples(PAR_FN(par_model) *M, const par_batch *batch, int64_t T)
+ * in order) into out [T]; the number of samples. */
+static int64_t number_samples(int32_t *out, const par_batch *batch, int64_t T)
 {
     int64_t q = -1;
-    par_dev_host_set(M->sample, (size_t)T * sizeof *M->sample); /* arena memory reused */
+    par_dev_host_set(out, (size_t)T * sizeof *out); /* arena memory reused */
     for (int64_t t = 0; t < T; t++) {
         if (t % batch->S == 0 || batch->segments[t] != batch->segments[t - 1])
             q++;
-        M->sample[t] = (int32_t)q;
+        out[t] = (int32_t)q;
     }
     return q + 1;
 }
 
-par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batch)
+/* The model's pieces on the T tokens of `batch` (whole rows), sample
+ * numbers M->sample, statistics into M->stats: embed, the blocks, the main
+ * head, the MTP input, block and head. */
+static par_status forward_pieces(PAR_FN(par_model) *M, const par_batch *batch, int64_t T)
 {
     const par_config *c = &M->cfg;
-    par_status s;
-    release_acts(M);
-    int64_t T = batch->B * batch->S, L = c->n_layers;
-    M->batch = batch;
-    M->T = T;
-    par_arena *ar = &M->arena;
-    M->sample = par_arena_alloc(ar, (size_t)(T > 0 ? T : 1) * sizeof(int32_t), 64);
-    if (!M->sample)
-        goto fail_oom;
-    int64_t Ns = number_samples(M, batch, T);
-    if (!M->stats.ce_main || M->stats.Ns != Ns) {
-        PAR_FN(par_stats_free)(&M->stats);
-        s = PAR_FN(par_stats_alloc)(&M->stats, M->n_blocks, M->E, Ns);
-        if (s)
-            return s;
-    }
+    const int64_t L = c->n_layers;
     PAR_FN(par_stats) *st = &M->stats;
-    PAR_FN(par_stats_zero)(st);
-    st->n_tokens = T;
-    st->n_main = batch->n_labels;
-    st->n_mtp = c->n_mtp_layers > 0 ? batch->n_mtp_labels : 0;
-
+    par_arena *ar = &M->arena;
+    par_status s;
     M->X[0] = par_arena_alloc(ar, (size_t)(T * M->n * M->d) * sizeof(par_real), 64);
     if (!M->X[0])
-        goto fail_oom;
+        return par_err(PAR_ENOMEM, "model forward: out of activation memory (T=%lld)", (long long)T);
     PAR_FN(par_model_embed_forward)(M, M->X[0], batch->tokens, T);
     for (int b = 0; b < L; b++) {
         s = PAR_FN(par_block_forward)(M, NULL, b, &M->blk[b], ar, M->X[b], batch->tokens, batch->pos,
@@ -71,28 +56,55 @@ par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batc
         M->X[b + 1] = M->blk[b].Xout;
     }
     s = PAR_FN(par_head_forward)(M, 0, &M->head, ar, M->X[L], batch->labels, M->sample, st->ce_main, T);
+    if (s || c->n_mtp_layers <= 0)
+        return s;
+    s = PAR_FN(par_mtp_input_forward)(M, &M->mtp, ar, M->X[L], batch->mtp_inputs, T);
     if (s)
         return s;
-    if (c->n_mtp_layers > 0) {
-        s = PAR_FN(par_mtp_input_forward)(M, &M->mtp, ar, M->X[L], batch->mtp_inputs, T);
-        if (s)
-            return s;
-        s = PAR_FN(par_block_forward)(M, NULL, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs,
-                                      batch->pos, M->sample, st, T);
-        if (s)
-            return s;
-        s = PAR_FN(par_head_forward)(M, 1, &M->mtp_head, ar, M->blk[L].Xout, batch->mtp_labels,
-                                     M->sample, st->ce_mtp, T);
+    s = PAR_FN(par_block_forward)(M, NULL, (int)L, &M->blk[L], ar, M->mtp.X0, batch->mtp_inputs, batch->pos,
+                                  M->sample, st, T);
+    if (s)
+        return s;
+    return PAR_FN(par_head_forward)(M, 1, &M->mtp_head, ar, M->blk[L].Xout, batch->mtp_labels, M->sample,
+                                    st->ce_mtp, T);
+}
+
+/* M->stats as the window of all Ns samples of `batch`, zeroed, with the
+ * batch's global counts. */
+static par_status stats_setup(PAR_FN(par_model) *M, const par_batch *batch, int64_t Ns, int64_t T)
+{
+    if (!M->stats.ce_main || M->stats.Ns != Ns) {
+        PAR_FN(par_stats_free)(&M->stats);
+        par_status s = PAR_FN(par_stats_alloc)(&M->stats, M->n_blocks, M->E, Ns);
         if (s)
             return s;
     }
+    PAR_FN(par_stats) *st = &M->stats;
+    PAR_FN(par_stats_zero)(st);
+    st->n_tokens = T;
+    st->n_main = batch->n_labels;
+    st->n_mtp = M->cfg.n_mtp_layers > 0 ? batch->n_mtp_labels : 0;
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_model_forward)(PAR_FN(par_model) *M, const par_batch *batch)
+{
+    par_status s;
+    release_acts(M);
+    int64_t T = batch->B * batch->S;
+    M->batch = batch;
+    M->T = T;
+    M->sample = par_arena_alloc(&M->arena, (size_t)(T > 0 ? T : 1) * sizeof(int32_t), 64);
+    if (!M->sample)
+        return par_err(PAR_ENOMEM, "model forward: out of activation memory (T=%lld)", (long long)T);
+    int64_t Ns = number_samples(M->sample, batch, T);
+    if ((s = stats_setup(M, batch, Ns, T)) || (s = forward_pieces(M, batch, T)))
+        return s;
     /* serial: the local statistics are the global ones (nothing to combine) */
-    PAR_FN(par_model_losses)(M, st, &M->last);
+    PAR_FN(par_model_losses)(M, &M->stats, &M->last);
     M->last.grad_norm = 0;
     M->have_fwd = 1;
     return PAR_OK;
-fail_oom:
-    return par_err(PAR_ENOMEM, "model forward: out of activation memory (T=%lld)", (long long)T);
 }
 
 /* The MTP head, block and input: dA (d/dX_L) += through the MTP input; dB
@@ -118,29 +130,25 @@ static par_status mtp_backward(PAR_FN(par_model) *M, par_real *dA, par_real *dB)
     return PAR_FN(par_mtp_input_backward)(M, &M->mtp, ar, dA, d0);
 }
 
-par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
+/* Back-propagates the last forward's loss into M->grads (accumulating: +=),
+ * in the fixed gradient order, with the loss scales of M->stats' counts. */
+static par_status backward_pieces(PAR_FN(par_model) *M)
 {
     const par_config *c = &M->cfg;
-    if (!M->have_fwd)
-        return par_err(PAR_EINVAL, "model backward: no forward to differentiate");
     int64_t T = M->T, L = c->n_layers, nd = M->n * M->d;
     PAR_FN(par_stats) *st = &M->stats;
     par_arena *ar = &M->arena;
     par_arena_mark mark = par_arena_get_mark(ar);
     par_status s = PAR_OK;
     size_t xbytes = (size_t)(T * nd) * sizeof(par_real);
-    par_real *dA, *dB;
-
-    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
-    dA = par_arena_calloc(ar, xbytes ? xbytes : 64, 64); /* d/dX_L */
-    dB = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
-    if (!dA || !dB)
-        goto fail_oom;
-    if (st->n_main > 0) {
-        s = PAR_FN(par_head_backward)(M, 0, &M->head, ar, dA, 1.0 / (double)st->n_main);
-        if (s)
-            goto done;
+    par_real *dA = par_arena_calloc(ar, xbytes ? xbytes : 64, 64); /* d/dX_L */
+    par_real *dB = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
+    if (!dA || !dB) {
+        par_arena_rewind(ar, mark);
+        return par_err(PAR_ENOMEM, "model backward: out of scratch memory (T=%lld)", (long long)T);
     }
+    if (st->n_main > 0 && (s = PAR_FN(par_head_backward)(M, 0, &M->head, ar, dA, 1.0 / (double)st->n_main)))
+        goto done;
     if (c->n_mtp_layers > 0 && (s = mtp_backward(M, dA, dB)))
         goto done;
     for (int64_t b = L - 1; b >= 0; b--) {
@@ -154,16 +162,97 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
         dB = tmp;
     }
     s = PAR_FN(par_model_embed_backward)(M, ar, dA, M->batch->tokens, T);
-    if (s)
-        goto done;
-    st->grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
-    M->last.grad_norm = sqrt(st->grad_sumsq);
 done:
     par_arena_rewind(ar, mark);
     return s;
-fail_oom:
-    par_arena_rewind(ar, mark);
-    return par_err(PAR_ENOMEM, "model backward: out of scratch memory (T=%lld)", (long long)T);
+}
+
+par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
+{
+    if (!M->have_fwd)
+        return par_err(PAR_EINVAL, "model backward: no forward to differentiate");
+    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
+    par_status s = backward_pieces(M);
+    if (s)
+        return s;
+    M->stats.grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
+    M->last.grad_norm = sqrt(M->stats.grad_sumsq);
+    return PAR_OK;
+}
+
+/* --------------------------------------------------------- row blocks -- */
+
+static void keep_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!dst || !src)
+        return;
+    par_dev_host_read(src, bytes); /* GPU mode: current on the host */
+    memcpy(dst, src, bytes);
+}
+
+/* The block's rows of what a golden set holds into keep, at token t0. */
+static void keep_rows(const PAR_FN(par_model) *M, const PAR_FN(par_model_keep) *k, int64_t t0, int64_t Tb)
+{
+    const size_t V = (size_t)M->V, nd = (size_t)(M->n * M->d), K = (size_t)M->K;
+    const size_t tk = (size_t)M->cfg.index_topk, at = (size_t)t0, n = (size_t)Tb;
+    keep_copy(k->logits ? k->logits + at * V : NULL, M->head.logits, n * V * sizeof(par_real));
+    keep_copy(k->mtp_logits ? k->mtp_logits + at * V : NULL, M->mtp_head.logits, n * V * sizeof(par_real));
+    for (int b = 0; b < M->n_blocks; b++) {
+        const PAR_FN(par_block_act) *a = &M->blk[b];
+        keep_copy(k->act && k->act[b] ? k->act[b] + at * nd : NULL, a->Xout, n * nd * sizeof(par_real));
+        keep_copy(k->idx && k->idx[b] ? k->idx[b] + at * K : NULL, a->idx, n * K * sizeof(int32_t));
+        keep_copy(k->sel && k->sel[b] ? k->sel[b] + at * tk : NULL, a->as.sel, n * tk * sizeof(int32_t));
+    }
+}
+
+/* Rows [r0, r0 + R) of batch as a batch of R rows (views, no copy). */
+static par_batch row_view(const par_batch *batch, int64_t r0, int64_t R)
+{
+    const int64_t o = r0 * batch->S;
+    par_batch v = *batch;
+    v.B = R;
+    v.tokens += o;
+    v.segments += o;
+    v.pos += o;
+    v.labels += o;
+    v.mtp_inputs += o;
+    v.mtp_labels += o;
+    return v;
+}
+
+par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const par_batch *batch, int64_t rows,
+                                                   const PAR_FN(par_model_keep) *keep)
+{
+    const int64_t B = batch->B, S = batch->S, T = B * S;
+    if (rows < 1)
+        return par_err(PAR_EINVAL, "model step: row blocks of %lld rows (must be >= 1)", (long long)rows);
+    release_acts(M);
+    int32_t *sample = par_malloc((size_t)(T > 0 ? T : 1) * sizeof *sample, PAR_TAG_ACT);
+    if (!sample)
+        return par_err(PAR_ENOMEM, "model step: out of memory for %lld sample numbers", (long long)T);
+    par_status s = stats_setup(M, batch, number_samples(sample, batch, T), T);
+    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
+    for (int64_t r0 = 0; r0 < B && !s; r0 += rows) {
+        const int64_t R = B - r0 < rows ? B - r0 : rows;
+        par_batch v = row_view(batch, r0, R);
+        release_acts(M);
+        M->batch = &v;
+        M->T = R * S;
+        M->sample = sample + r0 * S; /* global sample numbers: the window is the whole batch */
+        if (!(s = forward_pieces(M, &v, R * S)) && !(s = backward_pieces(M)) && keep)
+            keep_rows(M, keep, r0 * S, R * S);
+    }
+    release_acts(M);
+    M->batch = batch;
+    M->T = T;
+    M->sample = NULL;
+    par_free(sample);
+    if (s)
+        return s;
+    M->stats.grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
+    PAR_FN(par_model_losses)(M, &M->stats, &M->last);
+    M->have_fwd = 1;
+    return PAR_OK;
 }
 
 par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)

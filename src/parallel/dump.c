@@ -1,6 +1,8 @@
 /* parallel/dump.c - the golden-format dump of a parallel step: the rows
  * (activations, routing, selections, logits) every stage keeps while it
- * computes them, gathered to rank 0 in the serial layout, and the table
+ * computes them, gathered to rank 0 in the serial layout one tensor at a
+ * time and streamed into the step file (core/safetensors.h par_st_stream_*:
+ * each written where the header places it, then freed), and the table
  * buffers (parameters, gradients, optimizer state) from each entry's lowest
  * pipeline holder.  Part of the step executor (parallel/executor-impl.h). */
 #include <string.h>
@@ -238,46 +240,90 @@ done:
     return s;
 }
 
+/* One kept tensor gathered to rank 0 and put into its stream there, then
+ * freed: the dump holds one gathered tensor at a time.  *ws: rank 0's first
+ * write error (the later tensors are still gathered, so that every rank
+ * takes part in the same collectives). */
+static par_status stream_kept(exec_t *ex, const par_pctx *P, par_st_stream *st, par_status *ws, const char *name,
+                              const void *kept, int64_t per, size_t esz)
+{
+    void *full = NULL;
+    par_status s = gather_kept(ex, P, kept, per, esz, &full);
+    if (!s && P->rank == 0 && !*ws)
+        *ws = par_st_stream_put(st, name, full, (size_t)(ex->B * ex->S * per) * esz);
+    par_free(full);
+    return s;
+}
+
+/* Every kept tensor of the step, in one order on every rank. */
+static par_status stream_all_kept(exec_t *ex, const par_pctx *P, const PAR_FN(par_model) *M, par_st_stream *st,
+                                  par_status *ws)
+{
+    const par_config *c = &ex->cfg;
+    const size_t rs = sizeof(par_real);
+    par_status s = stream_kept(ex, P, st, ws, "out.logits", ex->k_logits, M->V, rs);
+    if (!s && c->n_mtp_layers > 0)
+        s = stream_kept(ex, P, st, ws, "out.mtp_logits", ex->k_mtp_logits, M->V, rs);
+    char pfx[32], name[64];
+    for (int b = 0; b < ex->n_blocks && !s; b++) {
+        par_golden_block_prefix(c, b, pfx, sizeof pfx);
+        snprintf(name, sizeof name, "act.%s", pfx);
+        s = stream_kept(ex, P, st, ws, name, ex->k_act[b], ex->nd, rs);
+        snprintf(name, sizeof name, "router.%s.idx", pfx);
+        if (!s)
+            s = stream_kept(ex, P, st, ws, name, ex->k_idx[b], M->K, sizeof(int32_t));
+        snprintf(name, sizeof name, "attn.%s.selected", pfx);
+        if (!s && par_config_ratio(c, b) == 4)
+            s = stream_kept(ex, P, st, ws, name, ex->k_sel[b], c->index_topk, sizeof(int32_t));
+    }
+    return s;
+}
+
+/* Rank 0's stream of step k: the header, the inputs, scalars, loads and
+ * the gathered gradients; the kept tensors follow one by one. */
+static par_status stream_open(exec_t *ex, PAR_FN(par_model) *M, const int32_t *tokens, const int32_t *segments,
+                              const par_real *grads_full, const char *dir, int64_t k, par_st_writer **w,
+                              par_st_stream **st)
+{
+    PAR_FN(par_golden_step_view) v = {
+        .B = ex->B, .S = ex->S, .tokens = tokens, .segments = segments, .out = M->last,
+        .loads = M->stats.loads, .grads = grads_full,
+    };
+    par_status s = PAR_FN(par_golden_step_writer)(&M->tab, &v, k, w);
+    if (s)
+        return s;
+    char *path = PAR_FN(par_golden_file_path)(dir, "step", k);
+    if (!path)
+        return PAR_ENOMEM;
+    s = par_st_stream_begin(*w, path, st);
+    par_free(path);
+    if (!s && (s = PAR_FN(par_golden_put_scalars)(*st, &v))) {
+        par_st_stream_abort(*st);
+        *st = NULL;
+    }
+    return s;
+}
+
 par_status PAR_FN(par_exec_dump_step)(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M,
                                     const int32_t *tokens, const int32_t *segments, par_real *grads_full,
                                     const char *dir, int64_t k)
 {
-    const par_config *c = &ex->cfg;
-    int nb = ex->n_blocks;
-    par_status s = PAR_OK;
     if (!ex->k_act)
         return par_err(PAR_EINVAL, "pipeline dump: the step was run without keeping its rows");
-    void **keep = par_calloc((size_t)(3 * nb + 2), sizeof *keep, PAR_TAG_IO);
-    if (!keep)
-        return par_err(PAR_ENOMEM, "pipeline dump: out of memory");
-    void **act = keep, **idx = keep + nb, **sel = keep + 2 * nb, **lg = keep + 3 * nb;
-    if ((s = gather_kept(ex, P, ex->k_logits, M->V, sizeof(par_real), &lg[0])))
-        goto done;
-    if (c->n_mtp_layers > 0 && (s = gather_kept(ex, P, ex->k_mtp_logits, M->V, sizeof(par_real), &lg[1])))
-        goto done;
-    for (int b = 0; b < nb; b++) {
-        if ((s = gather_kept(ex, P, ex->k_act[b], ex->nd, sizeof(par_real), &act[b])) ||
-            (s = gather_kept(ex, P, ex->k_idx[b], M->K, sizeof(int32_t), &idx[b])))
-            goto done;
-        if (par_config_ratio(c, b) == 4 &&
-            (s = gather_kept(ex, P, ex->k_sel[b], c->index_topk, sizeof(int32_t), &sel[b])))
-            goto done;
-    }
-    if ((s = PAR_FN(par_exec_gather_full)(ex, P, M, M->grads, grads_full)))
-        goto done;
+    par_status s = PAR_FN(par_exec_gather_full)(ex, P, M, M->grads, grads_full), ws = PAR_OK;
+    if (s)
+        return s;
+    par_st_writer *w = NULL;
+    par_st_stream *st = NULL;
+    if (P->rank == 0)
+        ws = stream_open(ex, M, tokens, segments, grads_full, dir, k, &w, &st);
+    s = stream_all_kept(ex, P, M, st, &ws);
     if (P->rank == 0) {
-        PAR_FN(par_golden_step_view) v = {
-            .B = ex->B, .S = ex->S, .tokens = tokens, .segments = segments, .out = M->last,
-            .logits = lg[0], .mtp_logits = lg[1], .act = (const par_real *const *)act,
-            .idx = (const int32_t *const *)idx, .loads = M->stats.loads, .sel = (const int32_t *const *)sel,
-            .grads = grads_full,
-        };
-        s = PAR_FN(par_golden_write_step_view)(&M->tab, &v, dir, k);
+        if (!s && !ws)
+            ws = par_st_stream_commit(st);
+        else
+            par_st_stream_abort(st);
+        par_st_writer_free(w);
     }
-done:
-    for (int i = 0; i < 3 * nb + 2; i++)
-        par_free(keep[i]);
-    par_free(keep);
-    return s;
+    return s ? s : ws;
 }
-

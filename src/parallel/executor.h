@@ -122,8 +122,10 @@ par_status PAR_FN(par_exec_gather_full)(PAR_FN(par_exec) *ex, const par_pctx *P,
                                         const par_real *loc, par_real *full /* [n_float], rank 0 */);
 
 /* After par_exec_step(keep = 1) and before the update: rank 0 writes step
- * k's golden-format file (model/golden.h) into dir; grads_full [n_float]
- * is rank 0's scratch for the gathered gradients.  Collective. */
+ * k's golden-format file (model/golden.h) into dir, streamed: the kept
+ * tensors are gathered, written and freed one at a time (parallel/dump.c);
+ * grads_full [n_float] is rank 0's scratch for the gathered gradients.
+ * Collective. */
 par_status PAR_FN(par_exec_dump_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN(par_model) *M,
                                       const int32_t *tokens, const int32_t *segments, par_real *grads_full,
                                       const char *dir, int64_t k);

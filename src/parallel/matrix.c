@@ -23,6 +23,7 @@
 #include "core/sha256.h"
 #include "model/facade.h"
 #include "model/goldenset.h"
+#include "parallel/memcheck.h"
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -523,7 +524,9 @@ static void golden_cell(const par_matrix *m, par_mx_cell *c)
                c->row.preset, c->data_label);
     if (!g)
         return;
-    int same = !strcmp(g->blas_core, m->blas_core);
+    const int64_t rb = m->o.rows_per_block;
+    int blocked = rb > 0 && rb < c->cfg.global_batch_size; /* another summation order than the set's */
+    int same = !strcmp(g->blas_core, m->blas_core) && !blocked;
     c->ref = PAR_REF_DIR;
     par_mx_fmt(c->ref_dir, sizeof c->ref_dir, "%s", g->dir);
     c->steps = g->steps;
@@ -531,7 +534,7 @@ static void golden_cell(const par_matrix *m, par_mx_cell *c)
     c->policy = same ? PAR_POLICY_BITWISE : PAR_POLICY_F64;
     par_mx_fmt(c->layout, sizeof c->layout, "serial f64, world 1, vs checked-in");
     par_mx_fmt(c->note, sizeof c->note, "vs %s: %s (BLAS core %s, set made on %s)", g->dir,
-               same ? "bitwise, same BLAS core" : "f64 policy, other BLAS core", m->blas_core,
+               same ? "bitwise, same BLAS core" : blocked ? "f64 policy, row-blocked golden" : "f64 policy, other BLAS core", m->blas_core,
                g->blas_core[0] ? g->blas_core : "?");
 }
 
@@ -770,6 +773,17 @@ par_status par_mx_golden_run(par_matrix *m, const par_config *cfg, int precision
     o.fixture = (o.data_path || !fixture || !fixture[0]) ? NULL : fixture;
     o.fixtures_dir = m->fixtures_dir;
     o.progress = 0;
+    o.rows_per_block = m->o.rows_per_block;
+    par_memest e;
+    int64_t rows = 0;
+    if (!o.rows_per_block && !par_memcheck_golden_rows(cfg, precision, steps, par_memcheck_machine(), &rows, &e) &&
+        rows > 0) { /* the automatic rule (parallel/memcheck.h): one shot would not fit this machine */
+        o.rows_per_block = rows;
+        if (m->o.progress)
+            fprintf(m->o.progress, "       serial golden of %lld rows: one shot would not fit this machine's memory; "
+                    "row blocks of %lld rows (estimated %.3g GB)\n", (long long)cfg->global_batch_size,
+                    (long long)rows, e.total / 1e9);
+    }
     return par_golden_run(&o, NULL);
 }
 

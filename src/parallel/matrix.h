@@ -89,6 +89,8 @@ typedef struct {
     int n_only_cells;
     const char *const *only_fixtures; /* use only these fixtures (NULL/0: every fixture) */
     int n_only_fixtures;
+    int64_t rows_per_block;   /* the serial goldens' row blocks (--rows-per-block; model/facade.h);
+                               * 0: the automatic rule (parallel/memcheck.h par_memcheck_golden_rows) */
     int keep;                 /* keep every set (passing cells' and references) */
     int no_out;               /* create no results directory (listing the cells only) */
     FILE *progress;           /* progress lines (NULL: none) */

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "model/params.h"
+#include "parallel/acttable.h"
 #include "parallel/groups.h"
 #include "parallel/memmodel.h"
 #include "parallel/plan.h"
@@ -147,4 +148,78 @@ par_status par_memcheck_fits(const par_memest *e, double limit, const char *what
                    "allocated (docs/planning.md: parity plan --runtime parity shows the breakdown)",
                    e->total, e->total / 1e9, (long long)e->nranks, e->ranks, e->rank_at, e->rank_max, e->shared,
                    what, limit);
+}
+
+/* ---- the row-blocked golden (issue 18) -------------------------------- */
+
+/* What a row-blocked golden holds beyond the one-shot golden of R rows:
+ * the step file's tensors of all B rows (model/golden.c keep_alloc: both
+ * heads' logits, every block's output, routing and selections) and the
+ * statistics window of B rows instead of R (one sample per row, as the
+ * memory model counts them). */
+static double blocked_extra(const par_config *cfg, int es, int64_t B, int64_t R)
+{
+    const double T = (double)B * (double)cfg->seq_length, nb = (double)par_config_n_blocks(cfg);
+    double sel = 0;
+    for (int64_t b = 0; b < (int64_t)nb; b++)
+        sel += par_config_ratio(cfg, b) == 4 ? (double)cfg->index_topk : 0;
+    double keep = T * (es * ((cfg->n_mtp_layers > 0 ? 2.0 : 1.0) * (double)cfg->vocab_size +
+                             nb * (double)(cfg->hc_mult * cfg->dim)) +
+                       4.0 * (nb * (double)cfg->n_activated_experts + sel));
+    par_act_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cfg = cfg;
+    c.es = es;
+    return keep + par_act_stats(&c, B) - par_act_stats(&c, R);
+}
+
+par_status par_memcheck_golden_blocked(const par_config *cfg, int precision, int64_t steps, int64_t rows,
+                                       par_memest *out)
+{
+    const int64_t B = cfg->global_batch_size;
+    if (rows <= 0 || rows >= B)
+        return par_memcheck_golden(cfg, precision, steps, 0, out);
+    par_config c = *cfg;
+    c.global_batch_size = rows;
+    par_memest e;
+    par_status s = par_memcheck_golden(&c, precision, steps, 0, &e);
+    if (s)
+        return s;
+    e.shared = shared_bytes(cfg, steps, B);
+    e.ranks += blocked_extra(cfg, precision == 32 ? 4 : 8, B, rows);
+    e.rank_max = e.ranks;
+    e.total = e.ranks + e.shared;
+    *out = e;
+    return PAR_OK;
+}
+
+par_status par_memcheck_golden_rows(const par_config *cfg, int precision, int64_t steps, double limit,
+                                    int64_t *rows, par_memest *out)
+{
+    const int64_t B = cfg->global_batch_size;
+    par_memest e;
+    par_status s = par_memcheck_golden(cfg, precision, steps, limit, &e);
+    if (s)
+        return s;
+    if (limit <= 0 || e.total <= limit || B <= 1) {
+        *rows = 0;
+        *out = e;
+        return PAR_OK;
+    }
+    /* halvings of the batch: the first whose estimate is at most half the limit (the estimate's
+     * margin: blocks cost little time), else the largest that fits at all, else 1 row */
+    int64_t fit = 0, R = B;
+    par_memest efit = e;
+    do {
+        R = (R + 1) / 2;
+        if ((s = par_memcheck_golden_blocked(cfg, precision, steps, R, &e)))
+            return s;
+        if (!fit && e.total <= limit)
+            fit = R, efit = e;
+    } while (e.total > limit / 2 && R > 1);
+    if (e.total > limit / 2 && fit)
+        R = fit, e = efit;
+    *rows = R;
+    *out = e;
+    return PAR_OK;
 }

@@ -40,6 +40,23 @@ par_status par_memcheck_run(const par_config *cfg, const par_layout *given, int 
 /* The serial golden run (world size 1). */
 par_status par_memcheck_golden(const par_config *cfg, int precision, int64_t steps, double limit, par_memest *out);
 
+/* The estimate of the serial golden over row blocks of `rows` rows (0 or
+ * >= the batch: the one-shot golden's, par_memcheck_golden). */
+par_status par_memcheck_golden_blocked(const par_config *cfg, int precision, int64_t steps, int64_t rows,
+                                       par_memest *out);
+/* The serial golden's row blocks (model/facade.h rows_per_block), the rule
+ * of `parity golden` and of the matrix's serial references when no
+ * --rows-per-block is given: *rows = 0 (one shot) when the one-shot
+ * estimate fits limit (or limit <= 0); else, of R = ceil(B/2), ceil(B/4),
+ * ..., 1, the first whose estimate is at most half the limit (a margin for
+ * the estimate: smaller blocks cost little time), else the largest that
+ * fits; R = 1 when none fits (its estimate in *out: the caller's
+ * par_memcheck_fits refuses it).  A blocked estimate is the one-shot golden
+ * of R rows plus what the blocked step holds for all B rows (its step file's
+ * tensors, the statistics of B rows, the shared batches of B rows). */
+par_status par_memcheck_golden_rows(const par_config *cfg, int precision, int64_t steps, double limit,
+                                    int64_t *rows, par_memest *out);
+
 /* This machine's physical memory in bytes (sysconf; /proc/meminfo's
  * MemTotal when sysconf cannot say), 0 when unknown. */
 double par_memcheck_machine(void);

@@ -328,3 +328,69 @@ Test(safetensors, atomic_file_and_directory)
     par_free(p);
     io_rmtree(dir);
 }
+
+/* A stream (tensors declared by shape, put in any order) writes the bytes
+ * the one-go writer writes; a tensor never put, put twice or of the wrong
+ * size is refused, and a refused commit leaves no file. */
+Test(safetensors, stream_writes_the_writers_bytes_in_any_order)
+{
+    char *dir = io_tmpdir();
+    cr_assert(dir);
+    char *p1 = par_path_join(dir, "one.safetensors"), *p2 = par_path_join(dir, "stream.safetensors");
+    static const char *const names[4] = {"zeta", "alpha", "mid.x", "b"};
+    const par_dtype dt[4] = {PAR_F64, PAR_I32, PAR_F32, PAR_I64};
+    const int64_t sh[4][2] = {{3, 5}, {7, 1}, {2, 2}, {4, 0}};
+    par_tensor t[4];
+    void *buf[4];
+    for (int i = 0; i < 4; i++) {
+        buf[i] = par_calloc(64, 8, PAR_TAG_IO);
+        t[i] = par_tensor_view(dt[i], 2, sh[i], buf[i]);
+        fill(&t[i], i + 1);
+    }
+    par_st_writer *w1, *w2;
+    cr_assert_eq(par_st_writer_new(&w1), PAR_OK);
+    cr_assert_eq(par_st_writer_new(&w2), PAR_OK);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(par_st_writer_add(w1, names[i], &t[i]), PAR_OK);
+        if (i == 1) /* one entry with its data at begin, the rest declared */
+            cr_assert_eq(par_st_writer_add(w2, names[i], &t[i]), PAR_OK);
+        else
+            cr_assert_eq(par_st_writer_add_shape(w2, names[i], dt[i], 2, sh[i]), PAR_OK);
+    }
+    cr_assert_eq(par_st_writer_meta(w1, "k", "v"), PAR_OK);
+    cr_assert_eq(par_st_writer_meta(w2, "k", "v"), PAR_OK);
+    cr_assert_eq(par_st_writer_write(w1, p1), PAR_OK, "%s", par_last_error());
+    cr_expect_eq(par_st_writer_write(w2, p2), PAR_EINVAL, "a declared tensor has no data to write in one go");
+    par_st_stream *s;
+    cr_assert_eq(par_st_stream_begin(w2, p2, &s), PAR_OK, "%s", par_last_error());
+    cr_expect_eq(par_st_stream_put(s, "nope", buf[0], 8), PAR_EINVAL);
+    cr_expect_eq(par_st_stream_put(s, "zeta", buf[0], 8), PAR_EINVAL, "wrong size");
+    cr_assert_eq(par_st_stream_put(s, "mid.x", buf[2], par_tensor_nbytes(&t[2])), PAR_OK);
+    cr_assert_eq(par_st_stream_put(s, "zeta", buf[0], par_tensor_nbytes(&t[0])), PAR_OK);
+    cr_expect_eq(par_st_stream_put(s, "zeta", buf[0], par_tensor_nbytes(&t[0])), PAR_EINVAL, "twice");
+    cr_assert_eq(par_st_stream_put(s, "b", buf[3], 0), PAR_OK);
+    cr_assert_eq(par_st_stream_commit(s), PAR_OK, "%s", par_last_error());
+    void *a, *b;
+    size_t na, nb;
+    cr_assert_eq(par_file_read(p1, PAR_TAG_IO, &a, &na), PAR_OK);
+    cr_assert_eq(par_file_read(p2, PAR_TAG_IO, &b, &nb), PAR_OK);
+    cr_expect(na == nb && !memcmp(a, b, na), "the stream's file differs from the writer's (%zu vs %zu bytes)", nb, na);
+    par_free(a);
+    par_free(b);
+    /* a stream with a tensor never put: refused, no file */
+    char *p3 = par_path_join(dir, "short.safetensors");
+    cr_assert_eq(par_st_stream_begin(w2, p3, &s), PAR_OK);
+    cr_assert_eq(par_st_stream_put(s, "zeta", buf[0], par_tensor_nbytes(&t[0])), PAR_OK);
+    cr_expect_eq(par_st_stream_commit(s), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "never written"), "%s", par_last_error());
+    cr_expect(!par_path_exists(p3));
+    cr_expect_eq(io_count_entries(dir, ".tmp-"), 0);
+    par_st_writer_free(w1);
+    par_st_writer_free(w2);
+    for (int i = 0; i < 4; i++)
+        par_free(buf[i]);
+    par_free(p1);
+    par_free(p2);
+    par_free(p3);
+    io_rmtree(dir);
+}
