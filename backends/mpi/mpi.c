@@ -1095,9 +1095,14 @@ typedef struct {
     size_t nin, nout;
     char *in, *out;          /* out is a block of its own: buried with an orphaned send */
     MPI_Request *rq;         /* [2 np] receives, then sends                         */
-    /* the leader's verdict on the round it finished, read by the others */
-    _Atomic uint64_t ready;
-    par_status st;
+    /* the data of the current exchange, one message each way per process */
+    size_t *dsoff, *droff;   /* [np + 1] offsets per process in dsend / drecv       */
+    char *dsend, *drecv;
+    size_t dsend_cap, drecv_cap;
+    /* the leader's verdicts on the round it finished (metadata, data), read
+     * by the others */
+    _Atomic uint64_t ready, dready;
+    par_status st, dst;
     char what[400];
     int nmissing, *missing;  /* [p] group ranks whose metadata did not come         */
 } pmeta;
@@ -1108,7 +1113,8 @@ static void pmeta_free(void *v)
     if (!pm)
         return;
     void *blocks[] = {pm->qproc, pm->qn, pm->qlead, pm->qfirst, pm->mem, pm->qi, pm->pos,
-                      pm->qin, pm->qout, pm->in, pm->out, pm->rq, pm->missing};
+                      pm->qin, pm->qout, pm->in, pm->out, pm->rq, pm->missing, pm->dsoff,
+                      pm->droff, pm->dsend, pm->drecv};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
         par_free(blocks[i]);
     par_free(pm);
@@ -1175,7 +1181,11 @@ static pmeta *pmeta_new(const mworld *e, int p, const int *wr)
     pm->qi = par_malloc(n * sizeof(int), PAR_TAG_COMM);
     pm->pos = par_malloc(n * sizeof(int), PAR_TAG_COMM);
     pm->missing = par_malloc(n * sizeof(int), PAR_TAG_COMM);
-    if (!pm->qproc || !pm->qn || !pm->qlead || !pm->qfirst || !pm->qin || !pm->qout || !pm->rq ||
+    pm->dsoff = par_malloc((np + 1) * sizeof(size_t), PAR_TAG_COMM);
+    pm->droff = par_malloc((np + 1) * sizeof(size_t), PAR_TAG_COMM);
+    pm->dsend = par_malloc(1, PAR_TAG_COMM);
+    pm->dsend_cap = 1;
+    if (!pm->dsoff || !pm->droff || !pm->dsend || !pm->qproc || !pm->qn || !pm->qlead || !pm->qfirst || !pm->qin || !pm->qout || !pm->rq ||
         !pm->mem || !pm->qi || !pm->pos || !pm->missing || pm->nl < 1)
         goto fail;
     pmeta_order(pm, e, wr, cnt, fill);
@@ -1201,7 +1211,6 @@ typedef struct {
     int slot;             /* my slot in g (0: this process's leader)          */
     int p, nremote, me;
     int *proc, *thr, *lslot;          /* [p] process, thread, local slot (-1) */
-    MPI_Request *rq;                  /* [2p] data recv, data send             */
     par__callmeta *metas;             /* [p]                                   */
     int *missing;                     /* [p]                                   */
     unsigned char *bad;               /* [p] pairs that failed their check     */
@@ -1217,7 +1226,6 @@ static void mcomm_free(mcomm *mc)
     par_free(mc->proc);
     par_free(mc->thr);
     par_free(mc->lslot);
-    par_free(mc->rq);
     par_free(mc->metas);
     par_free(mc->missing);
     par_free(mc->bad);
@@ -1243,11 +1251,10 @@ static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int 
     mc->proc = par_malloc(n * sizeof *mc->proc, PAR_TAG_COMM);
     mc->thr = par_malloc(n * sizeof *mc->thr, PAR_TAG_COMM);
     mc->lslot = par_malloc(n * sizeof *mc->lslot, PAR_TAG_COMM);
-    mc->rq = par_malloc(2 * n * sizeof *mc->rq, PAR_TAG_COMM);
     mc->metas = par_malloc(n * sizeof *mc->metas, PAR_TAG_COMM);
     mc->missing = par_malloc(n * sizeof *mc->missing, PAR_TAG_COMM);
     mc->bad = par_malloc(n, PAR_TAG_COMM);
-    if (!mc->pm || !mc->proc || !mc->thr || !mc->lslot || !mc->rq || !mc->metas ||
+    if (!mc->pm || !mc->proc || !mc->thr || !mc->lslot || !mc->metas ||
         !mc->missing || !mc->bad) {
         mcomm_free(mc);
         return NULL;
@@ -1259,8 +1266,6 @@ static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int 
         mc->lslot[j] = mc->proc[j] == e->proc ? nl++ : -1;
         mc->nremote += mc->proc[j] != e->proc;
     }
-    for (size_t j = 0; j < 2 * n; j++)
-        mc->rq[j] = MPI_REQUEST_NULL;
     return mc;
 }
 
@@ -1496,60 +1501,6 @@ static par_status meta_wait_leader(par_comm *c, mcomm *mc, uint64_t round)
 
 /* ---- the exchange ------------------------------------------------------- */
 
-/* Waits for the data sends and receives of a committed exchange.  Receives
- * are cancelled when the world failed or the deadline passed; sends are
- * waited for (their receivers take or drain them). */
-static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
-{
-    int p = mc->p, fib = my_fiber(mc->e);
-    mreqs q = {.rq = mc->rq, .n = 2 * p, .nrecv = p, .pmod = p, .proc = mc->proc};
-    par__waiter wt;
-    par__wait_start(&wt, c->world, 1);
-    double deadline = wt.deadline, send_deadline = deadline;
-    int cancelled = 0;
-    par_status st = PAR_OK;
-    for (;;) {
-        int left = test_reqs(mc->e, &q, fib, mc->missing), rl = 0;
-        if (!left)
-            return st;
-        for (int j = 0; j < p; j++)
-            rl += mc->rq[j] != MPI_REQUEST_NULL;
-        double now = par__now();
-        par_status f = par__world_failed(c->world);
-        if (rl && !cancelled && (f || now > deadline)) {
-            int nm = 0;
-            for (int j = 0; j < p; j++)
-                if (mc->rq[j] != MPI_REQUEST_NULL)
-                    mc->missing[nm++] = j;
-            char what[240];
-            size_t k = (size_t)snprintf(what, sizeof what, "data of ");
-            par__meta_describe(m, par_comm_name(c), what + k, sizeof what - k);
-            st = par__wait_failed(c, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, what, mc->missing,
-                                  nm);
-            e_lock(mc->e);
-            reg_clear(mc->e, fib);
-            for (int j = 0; j < p; j++) {
-                if (mc->rq[j] != MPI_REQUEST_NULL)
-                    cancel_recv(mc->e, &mc->rq[j], mc->proc[j]);
-            }
-            pthread_mutex_unlock(&mc->e->mu);
-            cancelled = 1;
-            send_deadline = now + par__world_timeout(c->world);
-            continue;
-        }
-        if (left > rl && now > send_deadline) {
-            char what[200], msg[400];
-            par__meta_describe(m, par_comm_name(c), what, sizeof what);
-            snprintf(msg, sizeof msg,
-                     "rank %d: the sends of %s did not complete within %g s after the "
-                     "deadline (a peer process is stuck)",
-                     c->wrank, what, par__world_timeout(c->world));
-            last_resort(msg);
-        }
-        wait_step(mc->e, fib, &wt, cancelled ? send_deadline : deadline);
-    }
-}
-
 /* Every member's meta: mine, the local members' slots, the leader's
  * messages. */
 static void gather_metas(mcomm *mc, const par__callmeta *m, uint64_t round)
@@ -1594,27 +1545,10 @@ static int check_pairs(par_comm *c, mcomm *mc, const par__callmeta *m, const par
     return bad_peer;
 }
 
-/* Data: remote pairs by Irecv/Isend, local pairs by one memcpy from the
- * sender's buffer (as the threads backend). */
-static void move_data(mcomm *mc, const par__xfer *x, int mythr)
+/* Local pairs: one memcpy from the sender's buffer (as the threads backend). */
+static void move_local(mcomm *mc, const par__xfer *x)
 {
-    mworld *e = mc->e;
     int p = mc->p, me = mc->me;
-    if (mc->nremote) {
-        e_lock(e);
-        for (int j = 0; j < p; j++) {
-            if (mc->proc[j] == e->proc || mc->bad[j])
-                continue;
-            size_t rb = xb(x->rbytes, j), sb = xb(x->sbytes, j);
-            if (rb)
-                MPI_Irecv_c(x->rbase + xb(x->roff, j), (MPI_Count)rb, MPI_BYTE, mc->proc[j],
-                            chan_tag(e, mc->thr[j], mythr, 1), e->comm, &mc->rq[j]);
-            if (sb)
-                MPI_Isend_c(x->sbase + xb(x->soff, j), (MPI_Count)sb, MPI_BYTE, mc->proc[j],
-                            chan_tag(e, mythr, mc->thr[j], 1), e->comm, &mc->rq[p + j]);
-        }
-        pthread_mutex_unlock(&e->mu);
-    }
     for (int k = 0; k < p; k++) {
         int j = (me + k) % p; /* spread the readers over the senders */
         size_t rb = xb(x->rbytes, j);
@@ -1626,6 +1560,220 @@ static void move_data(mcomm *mc, const par__xfer *x, int mythr)
         if (src != dst)
             memcpy(dst, src, rb);
     }
+}
+
+/* ---- the data of an exchange, per process pair ---------------------------- */
+
+/* What member s here published (a lone member: x). */
+static const par__xfer *slot_x(const mcomm *mc, int s, const par__xfer *x)
+{
+    return mc->g ? mc->g->slots[s].x : x;
+}
+
+/* Pair (member s here, member j elsewhere): the bytes s sends j and
+ * receives from j; 0 both when the pair fails its check (check_pairs: the
+ * same four numbers on both sides, so both sides drop it). */
+static void pair_bytes(const mcomm *mc, const par__xfer *xs, int s, int j, size_t *give,
+                       size_t *take)
+{
+    uint64_t v[2];
+    meta_of(mc->pm, j, mc->pm->mem[s], NULL, v);
+    size_t g = xb(xs->sbytes, j), w = xb(xs->rbytes, j);
+    int bad = v[0] != w || g != v[1];
+    *give = bad ? 0 : g;
+    *take = bad ? 0 : w;
+}
+
+/* Grows *buf to at least n bytes. */
+static int grow(char **buf, size_t *cap, size_t n)
+{
+    if (*buf && *cap >= n)
+        return 1;
+    char *b = par_realloc(*buf, n ? n : 1, PAR_TAG_COMM);
+    if (!b)
+        return 0;
+    *buf = b;
+    *cap = n ? n : 1;
+    return 1;
+}
+
+/* Sizes and packs what the members here send each other process (members
+ * here in order, each to the members there in order) and sizes what comes
+ * back (the same order from the other side).  0: no memory. */
+static int data_pack(mcomm *mc, const par__xfer *x)
+{
+    pmeta *pm = mc->pm;
+    size_t ns = 0, nr = 0, give, take;
+    for (int k = 0; k < pm->np; k++) {
+        pm->dsoff[k] = ns;
+        pm->droff[k] = nr;
+        for (int s = 0; s < pm->nl; s++) {
+            const par__xfer *xs = slot_x(mc, s, x);
+            for (int t = 0; t < pm->qn[k]; t++) {
+                pair_bytes(mc, xs, s, pm->mem[pm->qfirst[k] + t], &give, &take);
+                ns += give;
+                nr += take;
+            }
+        }
+    }
+    pm->dsoff[pm->np] = ns;
+    pm->droff[pm->np] = nr;
+    if (!pm->dsend || !grow(&pm->dsend, &pm->dsend_cap, ns) ||
+        !grow(&pm->drecv, &pm->drecv_cap, nr))
+        return 0;
+    size_t at = 0;
+    for (int k = 0; k < pm->np; k++)
+        for (int s = 0; s < pm->nl; s++) {
+            const par__xfer *xs = slot_x(mc, s, x);
+            for (int t = 0; t < pm->qn[k]; t++) {
+                int j = pm->mem[pm->qfirst[k] + t];
+                pair_bytes(mc, xs, s, j, &give, &take);
+                if (give)
+                    memcpy(pm->dsend + at, xs->sbase + xb(xs->soff, j), give);
+                at += give;
+            }
+        }
+    return 1;
+}
+
+/* Copies what came from each process into the members' receive buffers. */
+static void data_unpack(mcomm *mc, const par__xfer *x)
+{
+    pmeta *pm = mc->pm;
+    for (int k = 0; k < pm->np; k++) {
+        size_t at = pm->droff[k], give, take;
+        for (int t = 0; t < pm->qn[k]; t++) {
+            int j = pm->mem[pm->qfirst[k] + t];
+            for (int s = 0; s < pm->nl; s++) {
+                const par__xfer *xs = slot_x(mc, s, x);
+                pair_bytes(mc, xs, s, j, &give, &take);
+                if (take)
+                    memcpy(xs->rbase + xb(xs->roff, j), pm->drecv + at, take);
+                at += take;
+            }
+        }
+    }
+}
+
+static void data_post(mworld *e, pmeta *pm)
+{
+    e_lock(e);
+    for (int k = 0; k < pm->np; k++) {
+        size_t rb = pm->droff[k + 1] - pm->droff[k], sb = pm->dsoff[k + 1] - pm->dsoff[k];
+        if (rb)
+            MPI_Irecv_c(pm->drecv + pm->droff[k], (MPI_Count)rb, MPI_BYTE, pm->qproc[k],
+                        chan_tag(e, pm->qlead[k], pm->lead_thr, 1), e->comm, &pm->rq[k]);
+        if (sb)
+            MPI_Isend_c(pm->dsend + pm->dsoff[k], (MPI_Count)sb, MPI_BYTE, pm->qproc[k],
+                        chan_tag(e, pm->lead_thr, pm->qlead[k], 1), e->comm, &pm->rq[pm->np + k]);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The data failed (deadline, failed world): the members of the processes
+ * whose data did not come, receives cancelled; the error raised. */
+static par_status data_failed(par_comm *c, mcomm *mc, const par__callmeta *m, par_status why,
+                              int fib)
+{
+    pmeta *pm = mc->pm;
+    int nm = 0;
+    for (int k = 0; k < pm->np; k++)
+        if (pm->rq[k] != MPI_REQUEST_NULL)
+            for (int t = 0; t < pm->qn[k]; t++)
+                pm->missing[nm++] = pm->mem[pm->qfirst[k] + t];
+    pm->nmissing = nm;
+    size_t n = (size_t)snprintf(pm->what, sizeof pm->what, "data of ");
+    par__meta_describe(m, par_comm_name(c), pm->what + n, sizeof pm->what - n);
+    par_status st = par__wait_failed(c, why, pm->what, pm->missing, nm);
+    e_lock(mc->e);
+    reg_clear(mc->e, fib);
+    for (int k = 0; k < pm->np; k++)
+        if (pm->rq[k] != MPI_REQUEST_NULL)
+            cancel_recv(mc->e, &pm->rq[k], pm->qproc[k]);
+    pthread_mutex_unlock(&mc->e->mu);
+    return st;
+}
+
+/* The leader moves the data of the members here to and from every other
+ * process of the group: one message each way per process (posted receives
+ * per rank pair made UCX search thousands of wildcard-queued receives at
+ * every arrival: MPICH's receives are all wildcards to UCX).  Receives are
+ * cancelled when the world failed or the deadline passed; sends are waited
+ * for (their receivers take or drain them). */
+static par_status data_exchange(par_comm *c, mcomm *mc, const par__callmeta *m,
+                                const par__xfer *x)
+{
+    mworld *e = mc->e;
+    pmeta *pm = mc->pm;
+    int fib = my_fiber(e);
+    if (!data_pack(mc, x))
+        return par_err(PAR_ENOMEM, "mpi: no memory for the data of %s between processes (%zu "
+                       "bytes out, %zu in)", par_comm_name(c), pm->dsoff[pm->np],
+                       pm->droff[pm->np]);
+    data_post(e, pm);
+    mreqs q = {.rq = pm->rq, .n = 2 * pm->np, .nrecv = pm->np, .pmod = pm->np, .proc = pm->qproc};
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 1);
+    double deadline = wt.deadline, send_deadline = deadline;
+    int cancelled = 0;
+    par_status st = PAR_OK;
+    for (;;) {
+        int left = test_reqs(e, &q, fib, pm->missing), rl = 0;
+        for (int k = 0; k < pm->np; k++)
+            rl += pm->rq[k] != MPI_REQUEST_NULL;
+        if (!left)
+            break;
+        double now = par__now();
+        if (rl && !cancelled && (par__world_failed(c->world) || now > deadline)) {
+            st = data_failed(c, mc, m, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, fib);
+            cancelled = 1;
+            send_deadline = now + par__world_timeout(c->world);
+            continue;
+        }
+        if (left > rl && now > send_deadline) {
+            char what[200], msg[400];
+            par__meta_describe(m, par_comm_name(c), what, sizeof what);
+            snprintf(msg, sizeof msg, "rank %d: the sends of %s did not complete within %g s "
+                     "after the deadline (a peer process is stuck)", c->wrank, what,
+                     par__world_timeout(c->world));
+            last_resort(msg);
+        }
+        wait_step(e, fib, &wt, cancelled ? send_deadline : deadline);
+    }
+    if (st == PAR_OK)
+        data_unpack(mc, x);
+    return st;
+}
+
+/* A member here that is not the leader waits for the leader's data verdict
+ * (the leader's wait has the world's deadline). */
+static par_status data_wait_leader(par_comm *c, mcomm *mc, uint64_t round)
+{
+    pmeta *pm = mc->pm;
+    int fib = my_fiber(mc->e);
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 1);
+    double deadline = wt.deadline + 2 * par__world_timeout(c->world) + 1;
+    while (atomic_load_explicit(&pm->dready, memory_order_acquire) < round) {
+        if (par__now() > deadline) {
+            char what[300];
+            int lead = pm->mem[0];
+            snprintf(what, sizeof what, "the data of group %s from the other MPI processes, "
+                     "which its rank %d moves for this process", par_comm_name(c), lead);
+            return par__wait_failed(c, PAR_ETIMEOUT, what, &lead, 1);
+        }
+        if (fib >= 0)
+            fsched_park(mc->e->fs, deadline);
+        else
+            backoff(&wt);
+    }
+    if (pm->dst == PAR_ETIMEOUT || pm->dst == PAR_ECOMM)
+        return par__wait_failed(c, pm->dst, pm->what, pm->missing, pm->nmissing);
+    if (pm->dst != PAR_OK)
+        return par_err(pm->dst, "mpi: rank %d: the data of group %s did not move between "
+                       "processes: its rank %d, which moves it for this process, failed (%s)",
+                       c->wrank, par_comm_name(c), pm->mem[0], par_status_str(pm->dst));
+    return PAR_OK;
 }
 
 /* A mismatch every member (or both sides of a pair) detects itself: the
@@ -1674,10 +1822,19 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     }
     if (!x->rbytes && !x->sbytes)
         return PAR_OK;
-    int bad_peer = check_pairs(c, mc, m, x, &st); /* 4. pairs, 5. data */
-    move_data(mc, x, c->wrank % e->R);
+    int bad_peer = check_pairs(c, mc, m, x, &st); /* 4. pairs */
+    move_local(mc, x);                            /* 5. data here, then between processes */
     if (mc->nremote) {
-        par_status st2 = wait_data(c, mc, m);
+        par_status st2;
+        if (mc->slot == 0) {
+            st2 = data_exchange(c, mc, m, x);
+            mc->pm->dst = st2;
+            atomic_store_explicit(&mc->pm->dready, round, memory_order_release);
+            if (mc->g)
+                tsync_wake_fibers(mc->g, mc->slot);
+        } else {
+            st2 = data_wait_leader(c, mc, round);
+        }
         if (st == PAR_OK)
             st = st2;
     }
