@@ -796,8 +796,11 @@ static void wait_step(mworld *e, int fib, par__waiter *wt, double deadline)
 static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
 
 /* How this process hosts its R > 1 ranks: par_world_opts.rank_host, else
- * PARITY_RANK_HOST, else OS threads (docs/comm.md "Fiber-hosted ranks"). */
-static par_status rank_host(const par__world *w, int *fibers)
+ * PARITY_RANK_HOST, else fibers above RANK_HOST_FIBER_ABOVE ranks per
+ * process and OS threads up to it (docs/comm.md "Fiber-hosted ranks": more
+ * OS threads than that overload a small box; fibers park). */
+#define RANK_HOST_FIBER_ABOVE 64
+static par_status rank_host(const par__world *w, int R, int *fibers)
 {
     int h = par__world_opts(w)->rank_host;
     const char *env = getenv("PARITY_RANK_HOST");
@@ -809,7 +812,7 @@ static par_status rank_host(const par__world *w, int *fibers)
         else
             return par_err(PAR_EINVAL, "PARITY_RANK_HOST=%s: expected threads or fiber", env);
     }
-    *fibers = h == PAR_RANK_HOST_FIBER;
+    *fibers = h == PAR_RANK_HOST_FIBER || (h == PAR_RANK_HOST_DEFAULT && R > RANK_HOST_FIBER_ABOVE);
     return PAR_OK;
 }
 
@@ -817,7 +820,7 @@ static par_status rank_host(const par__world *w, int *fibers)
 static par_status fibers_start(mworld *e)
 {
     int fibers = 0;
-    par_status st = rank_host(e->w, &fibers);
+    par_status st = rank_host(e->w, e->R, &fibers);
     if (st != PAR_OK || e->R == 1 || !fibers)
         return st;
     fsched_opts so;
