@@ -1861,6 +1861,29 @@ fail_notify:
 
 /* ---- groups ------------------------------------------------------------- */
 
+/* The shared slots of a new group's nl > 1 members here (world ranks wr
+ * of its p members), with its pmeta; NULL: no memory (the members see it and
+ * fail). */
+static tgroup *split_slots_new(mworld *e, int p, const int *wr, int nl)
+{
+    tgroup *ng = tsync_group_new(nl, nl, 1);
+    if (ng && !(ng->ext = pmeta_new(e, p, wr))) {
+        tsync_group_destroy(ng);
+        return NULL;
+    }
+    if (!ng)
+        return NULL;
+    ng->ext_free = pmeta_free;
+    ng->fs = e->fs;
+    for (int i = 0, k = 0; i < p; i++) {
+        if (wr[i] / e->R == e->proc) {
+            ng->slot_fiber[k] = wr[i] % e->R;
+            ng->slot_rank[k++] = i;
+        }
+    }
+    return ng;
+}
+
 static par_status m_split(par_comm *parent, const par__splitplan *plan, void **bgroup)
 {
     mcomm *pm = parent->bgroup;
@@ -1883,24 +1906,8 @@ static par_status m_split(par_comm *parent, const par__splitplan *plan, void **b
             nl++;
         }
     }
-    tgroup *ng = NULL;
-    if (member && nl > 1 && lead == parent->rank) {
-        ng = tsync_group_new(nl, nl, 1); /* NULL: the local members see it and fail */
-        if (ng && !(ng->ext = pmeta_new(e, plan->size, wr))) {
-            tsync_group_destroy(ng);
-            ng = NULL;
-        }
-        if (ng) {
-            ng->ext_free = pmeta_free;
-            ng->fs = e->fs;
-        }
-        for (int i = 0, k = 0; ng && i < plan->size; i++) {
-            if (wr[i] / e->R == e->proc) {
-                ng->slot_fiber[k] = wr[i] % e->R;
-                ng->slot_rank[k++] = i;
-            }
-        }
-    }
+    tgroup *ng = member && nl > 1 && lead == parent->rank ? split_slots_new(e, plan->size, wr, nl)
+                                                          : NULL;
     tgroup *shared = ng;
     if (pm->g) { /* other ranks of this process are in the parent: meet them */
         pm->g->slots[pm->slot].split = ng;
@@ -2232,6 +2239,28 @@ static par_status check_fingerprints(mworld *e, double timeout)
     return st;
 }
 
+/* The shared slots of this process's R > 1 ranks in the world, with the
+ * world's pmeta. */
+static par_status world_slots_new(mworld *e)
+{
+    e->wgroup = tsync_group_new(e->R, 1, 1);
+    if (!e->wgroup)
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d ranks per process", e->R);
+    for (int i = 0; i < e->R; i++) {
+        e->wgroup->slot_rank[i] = e->proc * e->R + i;
+        e->wgroup->slot_fiber[i] = i;
+    }
+    int *wr = par_malloc((size_t)e->n * sizeof *wr, PAR_TAG_COMM);
+    for (int i = 0; wr && i < e->n; i++)
+        wr[i] = i;
+    e->wgroup->ext = wr ? pmeta_new(e, e->n, wr) : NULL;
+    e->wgroup->ext_free = pmeta_free;
+    par_free(wr);
+    return e->wgroup->ext ? PAR_OK
+                          : par_err(PAR_ENOMEM, "mpi: no memory for the world's metadata (%d "
+                                    "ranks)", e->n);
+}
+
 static par_status m_world_init(par__world *w, void **bworld)
 {
     int n = par__world_size(w), nprocs = 1, proc = 0;
@@ -2313,28 +2342,8 @@ static par_status m_world_init(par__world *w, void **bworld)
                      (long long)e->p2p_tag0 + P2P_TAGS, flag ? *tag_ub : 0);
         goto fail_free_world;
     }
-    if (e->R > 1) {
-        e->wgroup = tsync_group_new(e->R, 1, 1);
-        if (!e->wgroup) {
-            st = par_err(PAR_ENOMEM, "mpi: no memory for %d ranks per process", e->R);
-            goto fail_free_world;
-        }
-        for (int i = 0; i < e->R; i++) {
-            e->wgroup->slot_rank[i] = proc * e->R + i;
-            e->wgroup->slot_fiber[i] = i;
-        }
-        int *wr = par_malloc((size_t)n * sizeof *wr, PAR_TAG_COMM);
-        for (int i = 0; wr && i < n; i++)
-            wr[i] = i;
-        e->wgroup->ext = wr ? pmeta_new(e, n, wr) : NULL;
-        e->wgroup->ext_free = pmeta_free;
-        par_free(wr);
-        if (!e->wgroup->ext) {
-            st = par_err(PAR_ENOMEM, "mpi: no memory for the world's metadata (%d ranks)", n);
-            goto fail_free_world;
-        }
-    }
-    if ((st = fibers_start(e)) || (st = liveness_start(e, timeout)))
+    if ((e->R > 1 && (st = world_slots_new(e))) || (st = fibers_start(e)) ||
+        (st = liveness_start(e, timeout)))
         goto fail_free_world;
     *bworld = e;
     return PAR_OK;
