@@ -24,6 +24,15 @@ enum { FIB_READY = 0, FIB_RUNNING, FIB_PARKED, FIB_DONE };
 #define ALTSTACK (256u << 10) /* the fault handler's stack, per worker       */
 #define IDLE_SPIN 1000     /* polls of an idle worker before it yields      */
 #define IDLE_YIELD_S 200e-6 /* then sched_yield this long before it sleeps  */
+/* With a poll hook (sched.h): an idle worker polls POLL_SPIN times back to
+ * back, then with a sched_yield between polls up to POLL_YIELD, then naps
+ * IDLE_NAP_STEP_US longer at every poll that found nothing, up to
+ * IDLE_NAP_MAX_US; a busy worker polls every POLL_EVERY fibers it ran. */
+#define POLL_SPIN 4
+#define POLL_YIELD 32
+#define IDLE_NAP_STEP_US 20
+#define IDLE_NAP_MAX_US 500
+#define POLL_EVERY 16u
 
 typedef struct fworker fworker;
 
@@ -55,7 +64,7 @@ struct fworker {
     int id, live;            /* fibers not returned yet                      */
     double next_sweep;
     unsigned picks;
-    uint64_t switches;
+    uint64_t switches, parks, yields, polls, naps; /* this worker's, for fsched_get_stats */
     _Atomic uint64_t wakes;  /* counted by the wakers                      */
 };
 
@@ -176,6 +185,7 @@ void fsched_yield(fsched *s)
     fib *f = wk ? wk->cur : NULL;
     if (!f || wk->s != s)
         return;
+    wk->yields++;
     atomic_store(&f->state, FIB_READY);
     push(wk, f);
     to_home(s, f);
@@ -203,6 +213,7 @@ void fsched_park(fsched *s, double until)
             return;
         } /* else a waker queued it already: leave and come back from the queue */
     }
+    wk->parks++;
     to_home(s, f);
     atomic_store(&f->permit, 0);
 }
@@ -293,16 +304,54 @@ static void idle(fworker *wk)
     pthread_mutex_unlock(&wk->mu);
 }
 
+/* Nothing to run and a poll hook: poll until a fiber of this worker is
+ * queued (by the hook, a sweep or another worker), backing off as the
+ * constants at the top say while the polls find nothing.  A poll that moved
+ * anything starts the back-off again. */
+static void idle_poll(fworker *wk)
+{
+    fsched *s = wk->s;
+    unsigned seen = atomic_load_explicit(&wk->pushes, memory_order_acquire);
+    for (unsigned k = 0;; k++) {
+        double now = par__now();
+        if (now >= wk->next_sweep)
+            sweep(wk, now);
+        wk->polls++;
+        if (s->o.poll(s->o.user))
+            k = 0;
+        if (atomic_load_explicit(&wk->pushes, memory_order_acquire) != seen)
+            return;
+        if (k < POLL_SPIN) {
+            cpu_relax();
+        } else if (k < POLL_YIELD) {
+            sched_yield();
+        } else {
+            long us = (long)(k - POLL_YIELD + 1) * IDLE_NAP_STEP_US;
+            struct timespec ts = {0, (us < IDLE_NAP_MAX_US ? us : IDLE_NAP_MAX_US) * 1000L};
+            wk->naps++;
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 static void worker_loop(fworker *wk)
 {
     wk->next_sweep = par__now() + SWEEP_S;
+    fsched *s = wk->s;
     while (wk->live > 0) {
         fib *f = pop(wk);
         if (!f) {
-            idle(wk);
+            if (s->o.poll)
+                idle_poll(wk);
+            else
+                idle(wk);
             continue;
         }
         run_fib(wk, f);
+        if (s->o.poll && wk->live > 0 && wk->picks % POLL_EVERY == POLL_EVERY - 1) {
+            wk->polls++;
+            s->o.poll(s->o.user);
+        }
         if ((++wk->picks & 31u) == 0) {
             double now = par__now();
             if (now >= wk->next_sweep)
@@ -530,6 +579,10 @@ void fsched_get_stats(const fsched *s, fsched_stats *out)
     for (int w = 0; w < s->nw; w++) {
         out->switches += s->wk[w].switches;
         out->wakes += atomic_load(&s->wk[w].wakes);
+        out->parks += s->wk[w].parks;
+        out->yields += s->wk[w].yields;
+        out->polls += s->wk[w].polls;
+        out->naps += s->wk[w].naps;
     }
     out->heap = sizeof *s + (size_t)s->n * sizeof *s->fibs +
                 (size_t)s->o.workers * (sizeof *s->wk + ALTSTACK);

@@ -16,6 +16,13 @@
  * nothing to run, or every 32 switches).  A rank that computes or sleeps in
  * a system call holds its worker: the other fibers of that worker wait.
  *
+ * What a fiber waits for may lie outside the process (an MPI request): then
+ * the owner gives a poll() hook, which tests what the parked fibers wait for
+ * and wakes exactly those whose wait can end.  A worker with nothing to run
+ * calls it in a loop (spinning a few times, then sched_yield, then naps that
+ * grow to IDLE_NAP_MAX_US: MPI cannot wake a sleeping thread), and one with
+ * fibers to run calls it every POLL_EVERY fibers it ran.
+ *
  * The thread-local state of src/core that belongs to a rank (work counters
  * of the virtual clock, the allocator's accounting scope, the last error
  * message, the log tag) is saved when a fiber leaves its thread and loaded
@@ -42,6 +49,11 @@ typedef struct {
     int (*stop)(void *ud);/* nonzero once the world failed (may be NULL) */
     void *stop_ud;
     void *user;           /* the owner's, for fsched_user (may be NULL)  */
+    /* Progress on what parked fibers wait for outside the scheduler (may be
+     * NULL): called with `user` on a worker thread (never on a fiber), from
+     * several workers at once when there are several; wakes the fibers whose
+     * wait can end (fsched_wake) and returns nonzero when anything moved. */
+    int (*poll)(void *user);
 } fsched_opts;
 
 /* The options of a world of n ranks from par_world_opts and the
@@ -58,6 +70,10 @@ typedef struct {
     int workers;          /* threads that ran fibers                     */
     uint64_t switches;    /* switches into fibers, all workers           */
     uint64_t wakes;       /* parked fibers queued again by a wake        */
+    uint64_t parks;       /* fibers that parked (left their worker asleep) */
+    uint64_t yields;      /* fibers that yielded (stayed runnable)       */
+    uint64_t polls;       /* calls of opts.poll                          */
+    uint64_t naps;        /* idle naps of the workers (poll hook only)   */
     size_t stack_max;     /* deepest stack use of any fiber (bytes)      */
     int stack_max_rank;
     size_t stack_sum;     /* stack pages committed, all fibers (bytes)   */

@@ -13,8 +13,12 @@
  * already left.
  *
  * Slots are indexed 0..p-1; `slot_rank` maps a slot to the group rank that
- * reports name (NULL: the slot is the group rank).  Everything here is
- * static inline: the header is included by threads.c and mpi.c.
+ * reports name (NULL: the slot is the group rank).  When the members are
+ * fibers (`fs` set: the MPI backend's fiber-hosted ranks) a waiting member
+ * parks (comm's rank_wait) and the last arrival wakes the others' fibers
+ * (`slot_fiber`: each slot's fiber in fs).  `ext` is the owner's per-group
+ * state, freed with the group by ext_free.  Everything here is static
+ * inline: the header is included by threads.c and mpi.c.
  */
 #ifndef PAR_BACKENDS_HOST_TSYNC_H
 #define PAR_BACKENDS_HOST_TSYNC_H
@@ -29,6 +33,7 @@
 #include <unistd.h>
 #endif
 
+#include "backends/host/sched.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
 
@@ -50,21 +55,28 @@ typedef struct {
     int p;
     tslot *slots;
     int *slot_rank;                         /* [p] group rank of each slot, or NULL */
+    fsched *fs;                             /* members are fibers of fs (NULL: threads) */
+    int *slot_fiber;                        /* [p] with fs: each slot's fiber         */
+    void *ext;                              /* the owner's (NULL: none)               */
+    void (*ext_free)(void *ext);
 } tgroup;
 
 /* A group of p slots holding `refs` references; with_ranks allocates
- * slot_rank (filled by the caller). */
+ * slot_rank and slot_fiber (filled by the caller). */
 static inline tgroup *tsync_group_new(int p, int refs, int with_ranks)
 {
     tgroup *g = par_calloc(1, sizeof *g, PAR_TAG_COMM);
     if (!g)
         return NULL;
     g->slots = par_calloc((size_t)p, sizeof *g->slots, PAR_TAG_COMM);
-    if (with_ranks)
+    if (with_ranks) {
         g->slot_rank = par_calloc((size_t)p, sizeof *g->slot_rank, PAR_TAG_COMM);
-    if (!g->slots || (with_ranks && !g->slot_rank)) {
+        g->slot_fiber = par_calloc((size_t)p, sizeof *g->slot_fiber, PAR_TAG_COMM);
+    }
+    if (!g->slots || (with_ranks && (!g->slot_rank || !g->slot_fiber))) {
         par_free(g->slots);
         par_free(g->slot_rank);
+        par_free(g->slot_fiber);
         par_free(g);
         return NULL;
     }
@@ -77,8 +89,11 @@ static inline tgroup *tsync_group_new(int p, int refs, int with_ranks)
 static inline void tsync_group_destroy(tgroup *g)
 {
     if (g) {
+        if (g->ext_free)
+            g->ext_free(g->ext);
         par_free(g->slots);
         par_free(g->slot_rank);
+        par_free(g->slot_fiber);
         par_free(g);
     }
 }
@@ -129,6 +144,15 @@ static inline void tsync_wake_all(tgroup *g, uint64_t gen)
 #endif
 }
 
+/* The last arrival (slot `me`) wakes the other members' fibers, parked or
+ * about to park (a wake is a permit: none is lost). */
+static inline void tsync_wake_fibers(tgroup *g, int me)
+{
+    for (int j = 0; g->fs && j < g->p; j++)
+        if (j != me)
+            fsched_wake(g->fs, g->slot_fiber[j]);
+}
+
 /* Slot `slot` of g (the caller, rank c->rank of group c) arrives at
  * generation *gen + 1 and waits for every slot.  On a failed wait the
  * arrival is withdrawn (unless the round completed meanwhile) and the error
@@ -146,6 +170,7 @@ static inline par_status tsync_arrive(par_comm *c, tgroup *g, int slot, uint64_t
     *gen = target;
     if ((nw >> TSYNC_CNT_BITS) == target) {
         tsync_wake_all(g, target);
+        tsync_wake_fibers(g, slot);
         return PAR_OK;
     }
 

@@ -252,6 +252,16 @@ typedef struct grave {
     void *block;      /* buffer of an orphaned send, freed at the end */
 } grave;
 
+/* MPI requests a rank waits for: rq[0..nrecv) are receives, the rest sends;
+ * rq[i] goes to or comes from process proc[i % pmod].  A parked fiber's
+ * wait is in mworld.reg, where the poll hook tests it (from `next` on). */
+typedef struct {
+    MPI_Request *rq;  /* [n]; NULL: no wait */
+    int n, nrecv, pmod;
+    const int *proc;
+    int next;         /* the poll hook's cursor: rq[0..next) completed */
+} mreqs;
+
 typedef struct {
     par__world *w;
     MPI_Comm comm;
@@ -284,8 +294,9 @@ typedef struct {
     tgroup *wgroup;         /* slots of this process's ranks in the world (R > 1)   */
     /* fiber-hosted ranks (R > 1, rank host fiber; NULL: OS threads) */
     fsched *fs;
-    double *fwait;          /* [R] deadline of each fiber's current wait            */
-    _Atomic unsigned futile; /* waits polled again since a fiber began a new one    */
+    mreqs *reg;             /* [R] (under mu) what each parked fiber waits for      */
+    int nreg;               /* entries of reg in use                                */
+    _Atomic uint64_t completions; /* point-to-point requests completed            */
     _Atomic int wd_want;    /* the watchdog waits for mu: the ranks let it have it first */
     /* liveness: under mu but ndead (read anywhere) */
     long *pids;             /* [nprocs] each process's pid                           */
@@ -384,14 +395,19 @@ static void e_bury(mworld *e, void *block)
     e->graves = g;
 }
 
-/* Completes a request: the last touch of r (its waiter may free it). */
-static void req_complete(par_request *r, par_status st, const char *msg)
+/* Completes a request: the last touch of r (its waiter may free it), then
+ * wakes its rank when that is a fiber (parked in par_wait, or about to). */
+static void req_complete(mworld *e, par_request *r, par_status st, const char *msg)
 {
+    int owner = r->wrank - e->proc * e->R;
     r->bdata = NULL;
     r->status = st;
     if (st != PAR_OK)
         snprintf(r->msg, sizeof r->msg, "%s", msg);
     atomic_store_explicit(&r->done, 1, memory_order_release);
+    atomic_fetch_add_explicit(&e->completions, 1, memory_order_relaxed);
+    if (e->fs)
+        fsched_wake(e->fs, owner);
 }
 
 static void mismatch_msg(char *buf, size_t n, const par_request *r, int32_t other_dtype,
@@ -422,14 +438,14 @@ static void e_match(mworld *e, mop *op, const ctrlmsg *rts, int proc)
         mismatch_msg(msg, sizeof msg, r, rts->dtype, rts->count);
         cts.status = PAR_EMISMATCH;
         e_send_ctrl(e, proc, &cts);
-        req_complete(r, PAR_EMISMATCH, msg);
+        req_complete(e, r, PAR_EMISMATCH, msg);
         par_free(op);
         return;
     }
     size_t bytes = r->count * par_ctype_size(r->dtype);
     if (bytes == 0) {
         e_send_ctrl(e, proc, &cts);
-        req_complete(r, PAR_OK, NULL);
+        req_complete(e, r, PAR_OK, NULL);
         par_free(op);
         return;
     }
@@ -506,14 +522,14 @@ static void e_handle(mworld *e, ctrlmsg *m, int proc)
             } else if (m->status == PAR_EMISMATCH) {
                 char msg[320];
                 mismatch_msg(msg, sizeof msg, r, m->dtype, m->count);
-                req_complete(r, PAR_EMISMATCH, msg);
+                req_complete(e, r, PAR_EMISMATCH, msg);
             } else if (m->status != PAR_OK) {
                 char msg[320];
                 snprintf(msg, sizeof msg, "send to world rank %d, tag %d: its process refused "
                          "the message (%s)", r->peer_wrank, r->tag, par_status_str(m->status));
-                req_complete(r, m->status, msg);
+                req_complete(e, r, m->status, msg);
             } else {
-                req_complete(r, PAR_OK, NULL);
+                req_complete(e, r, PAR_OK, NULL);
             }
             par_free(op);
             return;
@@ -593,20 +609,20 @@ static void e_progress(mworld *e, int drain)
         }
         *pp = op->next;
         if (op->is_send) {
-            req_complete(op->r, PAR_OK, NULL);
+            req_complete(e, op->r, PAR_OK, NULL);
         } else {
             MPI_Count got = 0;
             MPI_Get_count_c(&s, MPI_BYTE, &got);
             par_request *r = op->r;
             if ((size_t)got == op->bytes) {
-                req_complete(r, PAR_OK, NULL);
+                req_complete(e, r, PAR_OK, NULL);
             } else {
                 char msg[320];
                 snprintf(msg, sizeof msg,
                          "recv from rank %d (world rank %d), tag %d, group %s: the sender "
                          "withdrew its send (it stopped waiting) after this receive matched it",
                          r->peer, r->peer_wrank, r->tag, r->comm->name);
-                req_complete(r, PAR_ECOMM, msg);
+                req_complete(e, r, PAR_ECOMM, msg);
             }
         }
         par_free(op);
@@ -682,57 +698,97 @@ static void e_poll_try(void *ctx)
 
 /* ---- fiber-hosted ranks ----------------------------------------------------- */
 
-/* A fiber-hosted rank waits (docs/comm.md "Fiber-hosted ranks"): it lets
- * this process's other ranks run (fsched_yield), and the rank that waits is
- * the one that polls MPI.  A wait that goes on (the same deadline as this
- * fiber's last pause) counts as futile; a new wait means some rank got past
- * its last one, and starts the count again.  Once per round of futile
- * pauses (as many as the process has ranks) the pause makes engine progress
- * for all; after a whole futile round it also gives the core back: a
- * sched_yield per round, from the 8th round a nap per round that grows by
- * 50 us a round up to 1 ms (the processes of a 2-core box that only wait
- * must not starve the one that computes). */
-static void fiber_pause(mworld *e, int i, double deadline)
+/* A fiber-hosted rank that waits parks (docs/comm.md "Fiber-hosted ranks"):
+ * it is not scheduled again until what it waits for can have happened.  Who
+ * wakes it: the last local arrival of a rendezvous (tsync), a local
+ * point-to-point post that matched it, the engine when it completes one of
+ * its point-to-point requests (req_complete), and the scheduler's poll hook
+ * (e_poll_fibers) when the MPI requests of its exchange completed; its
+ * deadline, and a failed world, through the scheduler's sweep. */
+
+/* The calling rank's fiber in e->fs, or -1 (an OS thread rank). */
+static int my_fiber(const mworld *e)
 {
-    unsigned f = 0;
-    if (deadline > 0 && e->fwait[i] != deadline) {
-        e->fwait[i] = deadline;
-        atomic_store_explicit(&e->futile, 0, memory_order_relaxed);
-    } else {
-        f = atomic_fetch_add_explicit(&e->futile, 1, memory_order_relaxed);
+    return e->fs && fsched_current() == e->fs ? fsched_self(e->fs) : -1;
+}
+
+/* Tests q's requests from q->next on, in order, up to the first pending one
+ * (one MPI_Test each: a completed request costs no progress call); returns 1
+ * when all completed.  A completed receive counts as word from its process.
+ * Under e->mu. */
+static int reqs_poll(mworld *e, mreqs *q)
+{
+    for (; q->next < q->n; q->next++) {
+        MPI_Request *r = &q->rq[q->next];
+        if (*r == MPI_REQUEST_NULL)
+            continue;
+        int flag = 0;
+        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+        if (!flag)
+            return 0;
+        if (q->next < q->nrecv && e->heard)
+            e->heard[q->proc[q->next % q->pmod]] = par__now();
     }
-    unsigned round = (unsigned)e->R, rounds = f / round;
-    if (f % round == 0) {
-        e_poll_try(e);
-        if (rounds >= 8) {
-            long us = 50L * (rounds - 7);
-            struct timespec ts = {0, (us < 1000 ? us : 1000) * 1000L};
-            nanosleep(&ts, NULL);
-        } else if (rounds >= 1) {
-            sched_yield();
+    return 1;
+}
+
+static void reg_clear(mworld *e, int fib)
+{
+    if (fib >= 0 && e->reg[fib].rq) {
+        e->reg[fib].rq = NULL;
+        e->nreg--;
+    }
+}
+
+/* The scheduler's poll hook (a worker with nothing to run, or every few
+ * fibers run): engine progress (control messages, point-to-point payloads,
+ * whose completion wakes their ranks), then the registered waits: a fiber
+ * whose requests all completed is woken.  Nonzero when anything moved. */
+static int e_poll_fibers(void *ud)
+{
+    mworld *e = ud;
+    if (atomic_load_explicit(&e->wd_want, memory_order_relaxed) || pthread_mutex_trylock(&e->mu))
+        return 0;
+    uint64_t done0 = atomic_load_explicit(&e->completions, memory_order_relaxed);
+    e_progress(e, 0);
+    e_check_unsent(e);
+    int woke = 0;
+    for (int i = 0; e->nreg > 0 && i < e->R; i++) {
+        if (e->reg[i].rq && reqs_poll(e, &e->reg[i])) {
+            reg_clear(e, i);
+            fsched_wake(e->fs, i);
+            woke++;
         }
     }
-    fsched_yield(e->fs);
+    pthread_mutex_unlock(&e->mu);
+    return woke || atomic_load_explicit(&e->completions, memory_order_relaxed) != done0;
 }
 
 /* comm's waits (par__wait_poll, par_test) on a rank of this backend: a
- * fiber pauses as above; a thread rank waits comm's way (returns 0). */
+ * fiber parks until woken or its deadline (deadline 0, a par_test: it makes
+ * engine progress and lets the others run); a thread rank waits comm's way
+ * (returns 0). */
 static int m_rank_wait(par__world *w, double deadline)
 {
     fsched *s = fsched_current();
     mworld *e = s ? fsched_user(s) : NULL;
     if (!e || e->w != w)
         return 0;
-    fiber_pause(e, fsched_self(s), deadline);
+    if (deadline > 0) {
+        fsched_park(s, deadline);
+    } else {
+        e_poll_try(e);
+        fsched_yield(s);
+    }
     return 1;
 }
 
-/* The backend's own waits (wait_data). */
-static void pause_wait(mworld *e, par__waiter *wt)
+/* One step of a backend wait whose requests are pending (and, for a fiber,
+ * registered by test_reqs): a fiber parks, a thread backs off. */
+static void wait_step(mworld *e, int fib, par__waiter *wt, double deadline)
 {
-    fsched *s = e->fs ? fsched_current() : NULL;
-    if (s == e->fs && s)
-        fiber_pause(e, fsched_self(s), wt->deadline);
+    if (fib >= 0)
+        fsched_park(e->fs, deadline);
     else
         backoff(wt);
 }
@@ -740,9 +796,11 @@ static void pause_wait(mworld *e, par__waiter *wt)
 static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
 
 /* How this process hosts its R > 1 ranks: par_world_opts.rank_host, else
- * PARITY_RANK_HOST, else OS threads (fibers are slow at 128 ranks per
- * process yet: docs/comm.md "Fiber-hosted ranks"). */
-static par_status rank_host(const par__world *w, int *fibers)
+ * PARITY_RANK_HOST, else fibers above RANK_HOST_FIBER_ABOVE ranks per
+ * process and OS threads up to it (docs/comm.md "Fiber-hosted ranks": more
+ * OS threads than that overload a small box; fibers park). */
+#define RANK_HOST_FIBER_ABOVE 64
+static par_status rank_host(const par__world *w, int R, int *fibers)
 {
     int h = par__world_opts(w)->rank_host;
     const char *env = getenv("PARITY_RANK_HOST");
@@ -754,7 +812,7 @@ static par_status rank_host(const par__world *w, int *fibers)
         else
             return par_err(PAR_EINVAL, "PARITY_RANK_HOST=%s: expected threads or fiber", env);
     }
-    *fibers = h == PAR_RANK_HOST_FIBER;
+    *fibers = h == PAR_RANK_HOST_FIBER || (h == PAR_RANK_HOST_DEFAULT && R > RANK_HOST_FIBER_ABOVE);
     return PAR_OK;
 }
 
@@ -762,7 +820,7 @@ static par_status rank_host(const par__world *w, int *fibers)
 static par_status fibers_start(mworld *e)
 {
     int fibers = 0;
-    par_status st = rank_host(e->w, &fibers);
+    par_status st = rank_host(e->w, e->R, &fibers);
     if (st != PAR_OK || e->R == 1 || !fibers)
         return st;
     fsched_opts so;
@@ -771,10 +829,14 @@ static par_status fibers_start(mworld *e)
     so.stop = world_failed;
     so.stop_ud = e->w;
     so.user = e;
-    e->fwait = par_calloc((size_t)e->R, sizeof *e->fwait, PAR_TAG_COMM);
-    if (!e->fwait)
+    so.poll = e_poll_fibers;
+    e->reg = par_calloc((size_t)e->R, sizeof *e->reg, PAR_TAG_COMM);
+    if (!e->reg)
         return par_err(PAR_ENOMEM, "mpi: no memory for %d fiber ranks", e->R);
-    return fsched_new(e->R, &so, &e->fs);
+    if ((st = fsched_new(e->R, &so, &e->fs)))
+        return st;
+    e->wgroup->fs = e->fs; /* the world's local rendezvous wakes fibers */
+    return PAR_OK;
 }
 
 /* One line at info level, as the fiber backend's. */
@@ -784,9 +846,12 @@ static void fibers_report(const mworld *e)
     fsched_get_stats(e->fs, &ss);
     PAR_LOG_I("mpi: process %d: %d fiber ranks on %d workers: deepest stack use %zu KiB (rank "
               "%d), stacks committed %.1f MiB, scheduler heap %.1f MiB; %llu switches into "
-              "ranks", e->proc, e->R, ss.workers, (ss.stack_max + 1023) >> 10,
-              e->proc * e->R + ss.stack_max_rank, (double)ss.stack_sum / 1048576.0,
-              (double)ss.heap / 1048576.0, (unsigned long long)ss.switches);
+              "ranks, %llu wake-ups, %llu parks, %llu yields, %llu polls, %llu naps", e->proc,
+              e->R, ss.workers, (ss.stack_max + 1023) >> 10, e->proc * e->R + ss.stack_max_rank,
+              (double)ss.stack_sum / 1048576.0, (double)ss.heap / 1048576.0,
+              (unsigned long long)ss.switches, (unsigned long long)ss.wakes,
+              (unsigned long long)ss.parks, (unsigned long long)ss.yields,
+              (unsigned long long)ss.polls, (unsigned long long)ss.naps);
 }
 
 typedef struct {
@@ -834,7 +899,7 @@ static void e_forget(mworld *e, int q)
             MPI_Request_free(&op->req);
         }
         if (op->r)
-            req_complete(op->r, PAR_ECOMM, "the peer's MPI process died during the transfer");
+            req_complete(e, op->r, PAR_ECOMM, "the peer's MPI process died during the transfer");
         par_free(op);
     }
     for (unexp **pp = &e->unexp; *pp;) {
@@ -1008,22 +1073,147 @@ static void liveness_stop(mworld *e)
 
 /* ---- group handles ------------------------------------------------------ */
 
-/* What a rank tells each remote member of an exchange. */
+#define META_B sizeof(par__callmeta)
+#define PAIR_B (2 * sizeof(uint64_t))
+
+/* The metadata of an exchange crosses once per pair of processes: the leader
+ * of a group's members on this process (the one of the lowest group rank)
+ * sends every other process of the group one message, the call meta of each
+ * member here and then, for each pair (member s here, member t there), the
+ * bytes s sends t and the bytes s expects from t; and it receives one such
+ * message from each.  (Per rank pair, a world collective at 8 x 128 ranks
+ * was 114,688 messages each way per process.)  The channel is the leaders'
+ * threads' tag pair: two groups with the same two leaders have them both as
+ * members, which call the groups' collectives in the same order.  One pmeta
+ * per group and process, shared by the members here (their tgroup's ext) or
+ * a lone member's own. */
 typedef struct {
-    par__callmeta m;
-    uint64_t sbytes;  /* the sender sends this many bytes to the receiver     */
-    uint64_t rbytes;  /* the sender expects this many bytes from the receiver */
-} hdr;
+    int p, np, nl;           /* members; other processes of the group; members here  */
+    int lead_thr;            /* this process's leader's thread                      */
+    int *qproc, *qn, *qlead; /* [np] process, its members, its leader's thread      */
+    int *qfirst;             /* [np] its first member in mem                        */
+    int *mem;                /* [p] members here, then each process's, by group rank */
+    int *qi, *pos;           /* [p] a member's process index (-1: here), its index there */
+    size_t *qin, *qout;      /* [np] offsets of the messages from / to each process */
+    size_t nin, nout;
+    char *in, *out;          /* out is a block of its own: buried with an orphaned send */
+    MPI_Request *rq;         /* [2 np] receives, then sends                         */
+    /* the data of the current exchange, one message each way per process */
+    size_t *dsoff, *droff;   /* [np + 1] offsets per process in dsend / drecv       */
+    char *dsend, *drecv;
+    size_t dsend_cap, drecv_cap;
+    /* the leader's verdicts on the round it finished (metadata, data), read
+     * by the others */
+    _Atomic uint64_t ready, dready;
+    par_status st, dst;
+    char what[400];
+    int nmissing, *missing;  /* [p] group ranks whose metadata did not come         */
+} pmeta;
+
+static void pmeta_free(void *v)
+{
+    pmeta *pm = v;
+    if (!pm)
+        return;
+    void *blocks[] = {pm->qproc, pm->qn, pm->qlead, pm->qfirst, pm->mem, pm->qi, pm->pos,
+                      pm->qin, pm->qout, pm->in, pm->out, pm->rq, pm->missing, pm->dsoff,
+                      pm->droff, pm->dsend, pm->drecv};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        par_free(blocks[i]);
+    par_free(pm);
+}
+
+/* Members in process order; cnt[q] (members on process q) becomes q's
+ * index, -1 here and for processes without members. */
+static void pmeta_order(pmeta *pm, const mworld *e, const int *wr, int *cnt, int *fill)
+{
+    int k = 0, at = pm->nl, here = 0;
+    for (int q = 0; q < e->nprocs; q++) {
+        if (q == e->proc || !cnt[q]) {
+            cnt[q] = -1;
+            continue;
+        }
+        pm->qproc[k] = q;
+        pm->qn[k] = cnt[q];
+        pm->qfirst[k] = at;
+        fill[k] = 0;
+        at += cnt[q];
+        cnt[q] = k++;
+    }
+    for (int j = 0; j < pm->p; j++) {
+        int qk = cnt[wr[j] / e->R];
+        pm->qi[j] = qk;
+        pm->pos[j] = qk < 0 ? here++ : fill[qk]++;
+        pm->mem[qk < 0 ? pm->pos[j] : pm->qfirst[qk] + pm->pos[j]] = j;
+    }
+    pm->lead_thr = wr[pm->mem[0]] % e->R;
+    for (k = 0; k < pm->np; k++) {
+        pm->qlead[k] = wr[pm->mem[pm->qfirst[k]]] % e->R;
+        pm->qin[k] = pm->nin;
+        pm->nin += (size_t)pm->qn[k] * META_B + (size_t)pm->qn[k] * pm->nl * PAIR_B;
+        pm->qout[k] = pm->nout;
+        pm->nout += (size_t)pm->nl * META_B + (size_t)pm->nl * pm->qn[k] * PAIR_B;
+        pm->rq[k] = pm->rq[pm->np + k] = MPI_REQUEST_NULL;
+    }
+}
+
+/* The metadata state of a group of p members (world ranks wr, group rank
+ * order) on this process, which hosts at least one of them. */
+static pmeta *pmeta_new(const mworld *e, int p, const int *wr)
+{
+    pmeta *pm = par_calloc(1, sizeof *pm, PAR_TAG_COMM);
+    int *cnt = par_calloc((size_t)e->nprocs, sizeof *cnt, PAR_TAG_COMM);
+    int *fill = par_calloc((size_t)e->nprocs, sizeof *fill, PAR_TAG_COMM);
+    if (!pm || !cnt || !fill)
+        goto fail;
+    pm->p = p;
+    for (int j = 0; j < p; j++)
+        cnt[wr[j] / e->R]++;
+    pm->nl = cnt[e->proc];
+    for (int q = 0; q < e->nprocs; q++)
+        pm->np += q != e->proc && cnt[q] > 0;
+    size_t np = pm->np ? (size_t)pm->np : 1, n = (size_t)p;
+    pm->qproc = par_malloc(np * sizeof(int), PAR_TAG_COMM);
+    pm->qn = par_malloc(np * sizeof(int), PAR_TAG_COMM);
+    pm->qlead = par_malloc(np * sizeof(int), PAR_TAG_COMM);
+    pm->qfirst = par_malloc(np * sizeof(int), PAR_TAG_COMM);
+    pm->qin = par_malloc(np * sizeof(size_t), PAR_TAG_COMM);
+    pm->qout = par_malloc(np * sizeof(size_t), PAR_TAG_COMM);
+    pm->rq = par_malloc(2 * np * sizeof(MPI_Request), PAR_TAG_COMM);
+    pm->mem = par_malloc(n * sizeof(int), PAR_TAG_COMM);
+    pm->qi = par_malloc(n * sizeof(int), PAR_TAG_COMM);
+    pm->pos = par_malloc(n * sizeof(int), PAR_TAG_COMM);
+    pm->missing = par_malloc(n * sizeof(int), PAR_TAG_COMM);
+    pm->dsoff = par_malloc((np + 1) * sizeof(size_t), PAR_TAG_COMM);
+    pm->droff = par_malloc((np + 1) * sizeof(size_t), PAR_TAG_COMM);
+    pm->dsend = par_malloc(1, PAR_TAG_COMM);
+    pm->dsend_cap = 1;
+    if (!pm->dsoff || !pm->droff || !pm->dsend || !pm->qproc || !pm->qn || !pm->qlead || !pm->qfirst || !pm->qin || !pm->qout || !pm->rq ||
+        !pm->mem || !pm->qi || !pm->pos || !pm->missing || pm->nl < 1)
+        goto fail;
+    pmeta_order(pm, e, wr, cnt, fill);
+    pm->in = par_malloc(pm->nin ? pm->nin : 1, PAR_TAG_COMM);
+    pm->out = par_malloc(pm->nout ? pm->nout : 1, PAR_TAG_COMM);
+    if (!pm->in || !pm->out)
+        goto fail;
+    par_free(cnt);
+    par_free(fill);
+    return pm;
+fail:
+    pmeta_free(pm);
+    par_free(cnt);
+    par_free(fill);
+    return NULL;
+}
 
 typedef struct {
     mworld *e;
     tgroup *g;            /* slots of the local members; NULL when alone here */
+    pmeta *pm;            /* the group's metadata here: g's ext, or own (g NULL) */
     uint64_t gen;
-    int slot;             /* my slot in g                                     */
+    int slot;             /* my slot in g (0: this process's leader)          */
     int p, nremote, me;
     int *proc, *thr, *lslot;          /* [p] process, thread, local slot (-1) */
-    hdr *hin, *hout;                  /* [p]                                   */
-    MPI_Request *rq;                  /* [4p] meta recv, meta send, data recv, data send */
     par__callmeta *metas;             /* [p]                                   */
     int *missing;                     /* [p]                                   */
     unsigned char *bad;               /* [p] pairs that failed their check     */
@@ -1033,13 +1223,12 @@ static void mcomm_free(mcomm *mc)
 {
     if (!mc)
         return;
+    if (!mc->g)
+        pmeta_free(mc->pm);
     tsync_group_unref(mc->g);
     par_free(mc->proc);
     par_free(mc->thr);
     par_free(mc->lslot);
-    par_free(mc->hin);
-    par_free(mc->hout);
-    par_free(mc->rq);
     par_free(mc->metas);
     par_free(mc->missing);
     par_free(mc->bad);
@@ -1047,7 +1236,7 @@ static void mcomm_free(mcomm *mc)
 }
 
 /* A rank's handle on a group of p members (world ranks wr, me = its rank);
- * takes over one reference to g. */
+ * takes over one reference to g, whose ext is the group's pmeta here. */
 static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int slot)
 {
     mcomm *mc = par_calloc(1, sizeof *mc, PAR_TAG_COMM);
@@ -1057,6 +1246,7 @@ static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int 
     }
     mc->e = e;
     mc->g = g;
+    mc->pm = g ? g->ext : pmeta_new(e, p, wr);
     mc->slot = slot;
     mc->p = p;
     mc->me = me;
@@ -1064,13 +1254,10 @@ static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int 
     mc->proc = par_malloc(n * sizeof *mc->proc, PAR_TAG_COMM);
     mc->thr = par_malloc(n * sizeof *mc->thr, PAR_TAG_COMM);
     mc->lslot = par_malloc(n * sizeof *mc->lslot, PAR_TAG_COMM);
-    mc->hin = par_malloc(n * sizeof *mc->hin, PAR_TAG_COMM);
-    mc->hout = par_malloc(n * sizeof *mc->hout, PAR_TAG_COMM);
-    mc->rq = par_malloc(4 * n * sizeof *mc->rq, PAR_TAG_COMM);
     mc->metas = par_malloc(n * sizeof *mc->metas, PAR_TAG_COMM);
     mc->missing = par_malloc(n * sizeof *mc->missing, PAR_TAG_COMM);
     mc->bad = par_malloc(n, PAR_TAG_COMM);
-    if (!mc->proc || !mc->thr || !mc->lslot || !mc->hin || !mc->hout || !mc->rq || !mc->metas ||
+    if (!mc->pm || !mc->proc || !mc->thr || !mc->lslot || !mc->metas ||
         !mc->missing || !mc->bad) {
         mcomm_free(mc);
         return NULL;
@@ -1082,8 +1269,6 @@ static mcomm *mcomm_new(mworld *e, int p, const int *wr, int me, tgroup *g, int 
         mc->lslot[j] = mc->proc[j] == e->proc ? nl++ : -1;
         mc->nremote += mc->proc[j] != e->proc;
     }
-    for (size_t j = 0; j < 4 * n; j++)
-        mc->rq[j] = MPI_REQUEST_NULL;
     return mc;
 }
 
@@ -1092,265 +1277,281 @@ static int chan_tag(const mworld *e, int from_thr, int to_thr, int data)
     return TAG_CHAN0 + 2 * (from_thr * e->R + to_thr) + data;
 }
 
-/* ---- the exchange ------------------------------------------------------- */
+/* ---- waiting for MPI requests --------------------------------------------- */
 
-static size_t xb(const size_t *v, int j) { return v ? v[j] : 0; }
-
-/* Gives up the metadata requests of a failed exchange: receives are
- * cancelled, sends still pending go to the engine with their buffer. */
-static void withdraw_metas(mcomm *mc)
+/* Tests q's requests, receives and sends with one MPI_Testsome each (one
+ * MPI_Test per request, each a progress call, made a poll of a world
+ * collective at 8 x 128 ranks quadratic), and makes engine progress;
+ * returns how many are pending.  Sends to a dead process are dropped
+ * (nobody will take them; receives stay for the failure path); a completed
+ * receive counts as word from its process.  A fiber (fib >= 0) whose
+ * requests are pending is registered for the poll hook, which wakes it once
+ * they completed.  scratch: [max(nrecv, n - nrecv)]. */
+static int test_reqs(mworld *e, mreqs *q, int fib, int *scratch)
 {
-    mworld *e = mc->e;
-    int p = mc->p, orphans = 0;
+    int left = 0, k = 0;
     e_lock(e);
-    for (int j = 0; j < p; j++) {
-        if (mc->rq[j] != MPI_REQUEST_NULL)
-            cancel_recv(e, &mc->rq[j], mc->proc[j]);
-        if (mc->rq[p + j] != MPI_REQUEST_NULL) {
-            int flag = 0;
-            MPI_Test(&mc->rq[p + j], &flag, MPI_STATUS_IGNORE);
-            if (!flag) {
-                e_orphan(e, &mc->rq[p + j], mc->proc[j]);
-                orphans++;
-            }
+    reg_clear(e, fib);
+    for (int i = q->nrecv; atomic_load(&e->ndead) && i < q->n; i++) {
+        if (q->rq[i] != MPI_REQUEST_NULL && e->dead[q->proc[i % q->pmod]]) {
+            MPI_Cancel(&q->rq[i]);
+            MPI_Request_free(&q->rq[i]);
         }
     }
-    if (orphans) { /* the buffer stays with the engine; a new one for later calls */
-        e_bury(e, mc->hout);
-        mc->hout = par_malloc((size_t)p * sizeof *mc->hout, PAR_TAG_COMM);
-        if (!mc->hout)
-            g_broken = 1;
-    }
-    pthread_mutex_unlock(&e->mu);
-}
-
-/* Tests the requests rq[lo..hi) (one kind: lo and hi multiples of p) with
- * one MPI_Testsome (at 8 x 128 ranks a world collective holds 1,792 of them
- * per rank: one MPI_Test each, every one a progress call, made each poll
- * quadratic), and makes engine progress; returns how many are pending.  A
- * completed receive counts as word from its process (liveness). */
-static int test_range(mcomm *mc, int lo, int hi)
-{
-    mworld *e = mc->e;
-    int left = 0, n = 0, p = mc->p, is_send = (lo / p) % 2 == 1; /* meta recv, meta send, data recv, data send */
-    e_lock(e);
-    for (int i = lo; is_send && atomic_load(&e->ndead) && i < hi; i++) {
-        if (mc->rq[i] != MPI_REQUEST_NULL && e->dead[mc->proc[i % p]]) {
-            MPI_Cancel(&mc->rq[i]); /* nobody will take it; a receive stays for the failure path */
-            MPI_Request_free(&mc->rq[i]);
-        }
-    }
-    int *done = mc->missing; /* scratch [p]: the callers fill it only after their last test */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstringop-overflow" /* gcc 12 sizes MPI_STATUSES_IGNORE as an array */
-    MPI_Testsome(hi - lo, &mc->rq[lo], &n, done, MPI_STATUSES_IGNORE);
+    if (q->nrecv > 0)
+        MPI_Testsome(q->nrecv, q->rq, &k, scratch, MPI_STATUSES_IGNORE);
+    double now = k > 0 && k != MPI_UNDEFINED && e->heard ? par__now() : 0;
+    for (int i = 0; now > 0 && i < k; i++)
+        e->heard[q->proc[scratch[i] % q->pmod]] = now;
+    if (q->n > q->nrecv)
+        MPI_Testsome(q->n - q->nrecv, q->rq + q->nrecv, &k, scratch, MPI_STATUSES_IGNORE);
 #pragma GCC diagnostic pop
-    double now = n > 0 && !is_send && e->heard ? par__now() : 0;
-    for (int k = 0; now > 0 && k < n; k++)
-        e->heard[mc->proc[(lo + done[k]) % p]] = now;
-    for (int i = lo; i < hi; i++)
-        left += mc->rq[i] != MPI_REQUEST_NULL;
+    for (int i = 0; i < q->n; i++)
+        left += q->rq[i] != MPI_REQUEST_NULL;
+    if (left && fib >= 0) {
+        e->reg[fib] = *q;
+        e->reg[fib].next = 0;
+        e->nreg++;
+    }
     e_progress(e, 0);
     e_check_unsent(e);
     pthread_mutex_unlock(&e->mu);
     return left;
 }
 
-/* Waits for the remote metadata (abort-aware, with the world's deadline). */
-static par_status wait_metas(par_comm *c, mcomm *mc, const par__callmeta *m)
+/* ---- the metadata of an exchange, per process pair ------------------------- */
+
+static size_t xb(const size_t *v, int j) { return v ? v[j] : 0; }
+
+
+/* The message to each other process from what the members here published
+ * for this round (a lone member: m and x). */
+static void meta_pack(const mcomm *mc, const par__callmeta *m, const par__xfer *x, uint64_t round)
 {
-    int p = mc->p;
+    pmeta *pm = mc->pm;
+    for (int s = 0; s < pm->nl; s++) {
+        const par__callmeta *ms = mc->g ? &mc->g->slots[s].meta[round & 1] : m;
+        const par__xfer *xs = mc->g ? mc->g->slots[s].x : x;
+        for (int k = 0; k < pm->np; k++) {
+            char *o = pm->out + pm->qout[k];
+            memcpy(o + (size_t)s * META_B, ms, META_B);
+            char *pairs = o + (size_t)pm->nl * META_B + (size_t)s * pm->qn[k] * PAIR_B;
+            for (int t = 0; t < pm->qn[k]; t++) {
+                int j = pm->mem[pm->qfirst[k] + t];
+                uint64_t v[2] = {xb(xs->sbytes, j), xb(xs->rbytes, j)};
+                memcpy(pairs + (size_t)t * PAIR_B, v, PAIR_B);
+            }
+        }
+    }
+}
+
+/* Member j's (elsewhere) call meta, and v = {bytes j sends to member `me`
+ * here, bytes j expects from it}. */
+static void meta_of(const pmeta *pm, int j, int me, par__callmeta *m, uint64_t v[2])
+{
+    const char *in = pm->in + pm->qin[pm->qi[j]];
+    int qn = pm->qn[pm->qi[j]];
+    if (m)
+        memcpy(m, in + (size_t)pm->pos[j] * META_B, META_B);
+    if (v)
+        memcpy(v, in + (size_t)qn * META_B + ((size_t)pm->pos[j] * pm->nl + pm->pos[me]) * PAIR_B,
+               PAIR_B);
+}
+
+static void meta_post(mworld *e, pmeta *pm)
+{
+    e_lock(e);
+    for (int k = 0; k < pm->np; k++) {
+        size_t in_b = (size_t)pm->qn[k] * (META_B + (size_t)pm->nl * PAIR_B);
+        size_t out_b = (size_t)pm->nl * (META_B + (size_t)pm->qn[k] * PAIR_B);
+        MPI_Irecv_c(pm->in + pm->qin[k], (MPI_Count)in_b, MPI_BYTE, pm->qproc[k],
+                    chan_tag(e, pm->qlead[k], pm->lead_thr, 0), e->comm, &pm->rq[k]);
+        MPI_Isend_c(pm->out + pm->qout[k], (MPI_Count)out_b, MPI_BYTE, pm->qproc[k],
+                    chan_tag(e, pm->lead_thr, pm->qlead[k], 0), e->comm, &pm->rq[pm->np + k]);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Gives up the metadata requests of a failed wait: receives are cancelled,
+ * sends still pending go to the engine with the buffer (a new one for later
+ * calls). */
+static void meta_withdraw(mworld *e, pmeta *pm, int fib)
+{
+    int orphans = 0;
+    e_lock(e);
+    reg_clear(e, fib);
+    for (int k = 0; k < pm->np; k++) {
+        if (pm->rq[k] != MPI_REQUEST_NULL)
+            cancel_recv(e, &pm->rq[k], pm->qproc[k]);
+        if (pm->rq[pm->np + k] != MPI_REQUEST_NULL) {
+            e_orphan(e, &pm->rq[pm->np + k], pm->qproc[k]);
+            orphans++;
+        }
+    }
+    if (orphans) {
+        e_bury(e, pm->out);
+        pm->out = par_malloc(pm->nout ? pm->nout : 1, PAR_TAG_COMM);
+        if (!pm->out)
+            g_broken = 1;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* What a failed metadata wait names: the call, how many remote members'
+ * metadata came, the members missing (pm->missing), and a process among
+ * them that already returned from all its ranks. */
+static void meta_failure(par_comm *c, mcomm *mc, const par__callmeta *m)
+{
+    pmeta *pm = mc->pm;
+    int nm = 0, done_q = -1;
+    e_lock(mc->e);
+    for (int k = 0; k < pm->np; k++) {
+        if (pm->rq[k] == MPI_REQUEST_NULL)
+            continue;
+        for (int t = 0; t < pm->qn[k]; t++)
+            pm->missing[nm++] = pm->mem[pm->qfirst[k] + t];
+        if (done_q < 0 && mc->e->proc_done[pm->qproc[k]])
+            done_q = k;
+    }
+    pthread_mutex_unlock(&mc->e->mu);
+    pm->nmissing = nm;
+    par__meta_describe(m, par_comm_name(c), pm->what, sizeof pm->what);
+    size_t n = strlen(pm->what);
+    n += (size_t)snprintf(pm->what + n, sizeof pm->what - n,
+                          ", metadata of %d of %d remote ranks arrived", mc->nremote - nm,
+                          mc->nremote);
+    if (done_q >= 0 && n < sizeof pm->what) /* comm knows only this process's ranks */
+        snprintf(pm->what + n, sizeof pm->what - n,
+                 " (MPI process %d, hosting rank %d, already returned from all its ranks)",
+                 pm->qproc[done_q], pm->mem[pm->qfirst[done_q]]);
+}
+
+/* The leader's half (after the first local round: every member here
+ * published its meta and transfer): one message to and from every other
+ * process of the group, waited for with the world's deadline, abort-aware. */
+static par_status meta_exchange(par_comm *c, mcomm *mc, const par__callmeta *m,
+                                const par__xfer *x, uint64_t round)
+{
+    mworld *e = mc->e;
+    pmeta *pm = mc->pm;
+    int fib = my_fiber(e);
+    if (!pm->out)
+        return par_err(PAR_ENOMEM, "mpi: no memory for the metadata of group %s", c->name);
+    meta_pack(mc, m, x, round);
+    meta_post(e, pm);
+    mreqs q = {.rq = pm->rq, .n = 2 * pm->np, .nrecv = pm->np, .pmod = pm->np, .proc = pm->qproc};
     par__waiter wt;
     par__wait_start(&wt, c->world, 0);
     par_status st;
     for (;;) {
-        if (!test_range(mc, 0, p))
+        if (!test_reqs(e, &q, fib, pm->missing))
             return PAR_OK;
-        st = par__wait_poll(&wt, c->world);
+        st = par__world_failed(c->world) ? PAR_ECOMM
+             : par__now() > wt.deadline  ? PAR_ETIMEOUT
+                                         : PAR_OK;
         if (st != PAR_OK)
             break;
+        wait_step(e, fib, &wt, wt.deadline);
     }
-    int nm = 0;
-    for (int j = 0; j < p; j++)
-        if (mc->rq[j] != MPI_REQUEST_NULL)
-            mc->missing[nm++] = j;
-    char what[400];
-    par__meta_describe(m, par_comm_name(c), what, sizeof what);
-    size_t k = strlen(what);
-    k += (size_t)snprintf(what + k, sizeof what - k,
-                          ", metadata of %d of %d remote ranks arrived", mc->nremote - nm,
-                          mc->nremote);
-    e_lock(mc->e);
-    for (int i = 0; i < nm && k < sizeof what; i++) {
-        int q = mc->proc[mc->missing[i]];
-        if (mc->e->proc_done[q]) { /* comm knows only this process's ranks */
-            snprintf(what + k, sizeof what - k,
-                     " (MPI process %d, hosting rank %d, already returned from all its ranks)",
-                     q, mc->missing[i]);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&mc->e->mu);
-    return par__wait_failed(c, st, what, mc->missing, nm);
+    meta_failure(c, mc, m);
+    meta_withdraw(e, pm, fib);
+    return par__wait_failed(c, st, pm->what, pm->missing, pm->nmissing);
 }
 
-/* Waits for the sends (meta and data) and data receives of a committed
- * exchange.  Receives are cancelled when the world failed or the deadline
- * passed; sends are waited for (their receivers take or drain them). */
-static par_status wait_data(par_comm *c, mcomm *mc, const par__callmeta *m)
+/* The leader's verdict on `round` for the other members here, who wait for
+ * it (the leader's wait is abort-aware and has the world's deadline, so
+ * theirs ignores failures and only guards against a leader that never
+ * comes).  A failed wait is raised in every member with the leader's words. */
+static void meta_publish(mcomm *mc, uint64_t round, par_status st)
 {
-    int p = mc->p;
+    mc->pm->st = st;
+    atomic_store_explicit(&mc->pm->ready, round, memory_order_release);
+    if (mc->g)
+        tsync_wake_fibers(mc->g, mc->slot);
+}
+
+static par_status meta_wait_leader(par_comm *c, mcomm *mc, uint64_t round)
+{
+    pmeta *pm = mc->pm;
+    mworld *e = mc->e;
+    int fib = my_fiber(e);
     par__waiter wt;
     par__wait_start(&wt, c->world, 1);
-    double deadline = wt.deadline, send_deadline = deadline;
-    int cancelled = 0;
-    par_status st = PAR_OK;
-    for (;;) {
-        int rl = test_range(mc, 2 * p, 3 * p);
-        int sl = test_range(mc, p, 2 * p) + test_range(mc, 3 * p, 4 * p);
-        if (!rl && !sl)
-            return st;
-        double now = par__now();
-        par_status f = par__world_failed(c->world);
-        if (rl && !cancelled && (f || now > deadline)) {
-            int nm = 0;
-            for (int j = 0; j < p; j++)
-                if (mc->rq[2 * p + j] != MPI_REQUEST_NULL)
-                    mc->missing[nm++] = j;
-            char what[240];
-            size_t k = (size_t)snprintf(what, sizeof what, "data of ");
-            par__meta_describe(m, par_comm_name(c), what + k, sizeof what - k);
-            st = par__wait_failed(c, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, what, mc->missing,
-                                  nm);
-            e_lock(mc->e);
-            for (int j = 0; j < p; j++) {
-                if (mc->rq[2 * p + j] != MPI_REQUEST_NULL)
-                    cancel_recv(mc->e, &mc->rq[2 * p + j], mc->proc[j]);
-            }
-            pthread_mutex_unlock(&mc->e->mu);
-            cancelled = 1;
-            send_deadline = now + par__world_timeout(c->world);
-            continue;
+    double deadline = wt.deadline + par__world_timeout(c->world) + 1;
+    while (atomic_load_explicit(&pm->ready, memory_order_acquire) < round) {
+        if (par__now() > deadline) {
+            char what[300];
+            int lead = pm->mem[0];
+            snprintf(what, sizeof what, "the metadata of group %s from the other MPI processes, "
+                     "which its rank %d exchanges for this process", par_comm_name(c), lead);
+            return par__wait_failed(c, PAR_ETIMEOUT, what, &lead, 1);
         }
-        if (sl && now > send_deadline) {
-            char what[200], msg[400];
-            par__meta_describe(m, par_comm_name(c), what, sizeof what);
-            snprintf(msg, sizeof msg,
-                     "rank %d: the sends of %s did not complete within %g s after the "
-                     "deadline (a peer process is stuck)",
-                     c->wrank, what, par__world_timeout(c->world));
-            last_resort(msg);
-        }
-        pause_wait(mc->e, &wt);
+        if (fib >= 0)
+            fsched_park(e->fs, deadline);
+        else
+            backoff(&wt);
+    }
+    if (pm->st == PAR_ETIMEOUT || pm->st == PAR_ECOMM)
+        return par__wait_failed(c, pm->st, pm->what, pm->missing, pm->nmissing);
+    if (pm->st != PAR_OK)
+        return par_err(pm->st, "mpi: rank %d: the metadata of group %s did not go out: its rank "
+                       "%d, which sends it for this process, failed (%s)", c->wrank,
+                       par_comm_name(c), pm->mem[0], par_status_str(pm->st));
+    return PAR_OK;
+}
+
+/* ---- the exchange ------------------------------------------------------- */
+
+/* Every member's meta: mine, the local members' slots, the leader's
+ * messages. */
+static void gather_metas(mcomm *mc, const par__callmeta *m, uint64_t round)
+{
+    for (int j = 0; j < mc->p; j++) {
+        if (j == mc->me)
+            mc->metas[j] = *m;
+        else if (mc->lslot[j] >= 0)
+            mc->metas[j] = mc->g->slots[mc->lslot[j]].meta[round & 1];
+        else
+            meta_of(mc->pm, j, mc->me, &mc->metas[j], NULL);
     }
 }
 
-static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
+/* Pairs, from both sides with the same numbers: both agree to move a pair
+ * or not.  Sets mc->bad; returns the first bad peer (-1: none) with its
+ * error raised in *st. */
+static int check_pairs(par_comm *c, mcomm *mc, const par__callmeta *m, const par__xfer *x,
+                       par_status *st)
 {
-    mcomm *mc = c->bgroup;
-    mworld *e = mc->e;
-    int me = c->rank, p = c->size, mythr = c->wrank % e->R;
-    par_status before = par__world_failed(c->world), st = PAR_OK;
-    uint64_t target = mc->gen + 1;
-    if (mc->g) {
-        tslot *s = &mc->g->slots[mc->slot];
-        s->meta[target & 1] = *m;
-        s->x = x;
-    }
-    if (mc->nremote) {
-        if (!mc->hout)
-            return par_err(PAR_ENOMEM, "mpi: no memory for the metadata of group %s", c->name);
-        e_lock(e);
-        for (int j = 0; j < p; j++) {
-            if (mc->proc[j] == e->proc)
-                continue;
-            mc->hout[j] = (hdr){*m, xb(x->sbytes, j), xb(x->rbytes, j)};
-            MPI_Irecv(&mc->hin[j], (int)sizeof(hdr), MPI_BYTE, mc->proc[j],
-                      chan_tag(e, mc->thr[j], mythr, 0), e->comm, &mc->rq[j]);
-            MPI_Isend(&mc->hout[j], (int)sizeof(hdr), MPI_BYTE, mc->proc[j],
-                      chan_tag(e, mythr, mc->thr[j], 0), e->comm, &mc->rq[p + j]);
-        }
-        pthread_mutex_unlock(&e->mu);
-        st = wait_metas(c, mc, m);
-        if (st != PAR_OK) {
-            withdraw_metas(mc);
-            goto fail_notify;
-        }
-    }
-    if (mc->g) {
-        st = tsync_arrive(c, mc->g, mc->slot, &mc->gen, 0, m, e_poll_try, e);
-        if (st != PAR_OK) {
-            withdraw_metas(mc);
-            goto fail_notify;
-        }
-    }
-
-    /* Every member now holds every member's metadata. */
-    for (int j = 0; j < p; j++) {
-        if (j == me)
-            mc->metas[j] = *m;
-        else if (mc->lslot[j] >= 0)
-            mc->metas[j] = mc->g->slots[mc->lslot[j]].meta[target & 1];
-        else
-            mc->metas[j] = mc->hin[j].m;
-    }
-    st = par__check_metas(c, mc->metas, sizeof *mc->metas);
-    if (st != PAR_OK) {
-        /* Every member saw the same metas: nobody copies, and every process
-         * of the group reports the mismatch itself (a notice could preempt
-         * its ranks' reports); the other processes are told. */
-        withdraw_metas(mc); /* sends only: the receives completed */
-        e_lock(e);
-        memset(e->skip, 0, (size_t)e->nprocs);
-        for (int j = 0; j < p; j++)
-            e->skip[mc->proc[j]] = 1;
-        e_notify_locked(e, c->wrank, par_last_error(), e->skip);
-        pthread_mutex_unlock(&e->mu);
-        return st;
-    }
-    int has_data = x->rbytes || x->sbytes;
-    if (!has_data) {
-        if (mc->nremote)
-            st = wait_data(c, mc, m); /* the metadata sends */
-        return st;
-    }
-
-    /* Pairs, from both sides with the same numbers: both agree. */
-    int bad_peer = -1;
-    for (int j = 0; j < p; j++) {
+    int bad_peer = -1, me = mc->me;
+    for (int j = 0; j < mc->p; j++) {
         size_t to_me, from_me_expected;
         if (mc->lslot[j] >= 0) {
             const par__xfer *xj = j == me ? x : mc->g->slots[mc->lslot[j]].x;
             to_me = xb(xj->sbytes, me);
             from_me_expected = xb(xj->rbytes, me);
         } else {
-            to_me = (size_t)mc->hin[j].sbytes;
-            from_me_expected = (size_t)mc->hin[j].rbytes;
+            uint64_t v[2];
+            meta_of(mc->pm, j, me, NULL, v);
+            to_me = (size_t)v[0];
+            from_me_expected = (size_t)v[1];
         }
         size_t want = xb(x->rbytes, j), give = xb(x->sbytes, j);
         mc->bad[j] = to_me != want || give != from_me_expected;
-        if (mc->bad[j] && st == PAR_OK) {
+        if (mc->bad[j] && bad_peer < 0) {
             bad_peer = j;
-            st = to_me != want ? par__pair_mismatch(c, m, j, me, to_me, want)
-                               : par__pair_mismatch(c, m, me, j, give, from_me_expected);
+            *st = to_me != want ? par__pair_mismatch(c, m, j, me, to_me, want)
+                                : par__pair_mismatch(c, m, me, j, give, from_me_expected);
         }
     }
+    return bad_peer;
+}
 
-    if (mc->nremote) {
-        e_lock(e);
-        for (int j = 0; j < p; j++) {
-            if (mc->proc[j] == e->proc || mc->bad[j])
-                continue;
-            size_t rb = xb(x->rbytes, j), sb = xb(x->sbytes, j);
-            if (rb)
-                MPI_Irecv_c(x->rbase + xb(x->roff, j), (MPI_Count)rb, MPI_BYTE, mc->proc[j],
-                            chan_tag(e, mc->thr[j], mythr, 1), e->comm, &mc->rq[2 * p + j]);
-            if (sb)
-                MPI_Isend_c(x->sbase + xb(x->soff, j), (MPI_Count)sb, MPI_BYTE, mc->proc[j],
-                            chan_tag(e, mythr, mc->thr[j], 1), e->comm, &mc->rq[3 * p + j]);
-        }
-        pthread_mutex_unlock(&e->mu);
-    }
+/* Local pairs: one memcpy from the sender's buffer (as the threads backend). */
+static void move_local(mcomm *mc, const par__xfer *x)
+{
+    int p = mc->p, me = mc->me;
     for (int k = 0; k < p; k++) {
         int j = (me + k) % p; /* spread the readers over the senders */
         size_t rb = xb(x->rbytes, j);
@@ -1362,12 +1563,285 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
         if (src != dst)
             memcpy(dst, src, rb);
     }
+}
+
+/* ---- the data of an exchange, per process pair ---------------------------- */
+
+/* What member s here published (a lone member: x). */
+static const par__xfer *slot_x(const mcomm *mc, int s, const par__xfer *x)
+{
+    return mc->g ? mc->g->slots[s].x : x;
+}
+
+/* Pair (member s here, member j elsewhere): the bytes s sends j and
+ * receives from j; 0 both when the pair fails its check (check_pairs: the
+ * same four numbers on both sides, so both sides drop it). */
+static void pair_bytes(const mcomm *mc, const par__xfer *xs, int s, int j, size_t *give,
+                       size_t *take)
+{
+    uint64_t v[2];
+    meta_of(mc->pm, j, mc->pm->mem[s], NULL, v);
+    size_t g = xb(xs->sbytes, j), w = xb(xs->rbytes, j);
+    int bad = v[0] != w || g != v[1];
+    *give = bad ? 0 : g;
+    *take = bad ? 0 : w;
+}
+
+/* Grows *buf to at least n bytes. */
+static int grow(char **buf, size_t *cap, size_t n)
+{
+    if (*buf && *cap >= n)
+        return 1;
+    char *b = par_realloc(*buf, n ? n : 1, PAR_TAG_COMM);
+    if (!b)
+        return 0;
+    *buf = b;
+    *cap = n ? n : 1;
+    return 1;
+}
+
+/* Sizes and packs what the members here send each other process (members
+ * here in order, each to the members there in order) and sizes what comes
+ * back (the same order from the other side).  0: no memory. */
+static int data_pack(mcomm *mc, const par__xfer *x)
+{
+    pmeta *pm = mc->pm;
+    size_t ns = 0, nr = 0, give, take;
+    for (int k = 0; k < pm->np; k++) {
+        pm->dsoff[k] = ns;
+        pm->droff[k] = nr;
+        for (int s = 0; s < pm->nl; s++) {
+            const par__xfer *xs = slot_x(mc, s, x);
+            for (int t = 0; t < pm->qn[k]; t++) {
+                pair_bytes(mc, xs, s, pm->mem[pm->qfirst[k] + t], &give, &take);
+                ns += give;
+                nr += take;
+            }
+        }
+    }
+    pm->dsoff[pm->np] = ns;
+    pm->droff[pm->np] = nr;
+    if (!pm->dsend || !grow(&pm->dsend, &pm->dsend_cap, ns) ||
+        !grow(&pm->drecv, &pm->drecv_cap, nr))
+        return 0;
+    size_t at = 0;
+    for (int k = 0; k < pm->np; k++)
+        for (int s = 0; s < pm->nl; s++) {
+            const par__xfer *xs = slot_x(mc, s, x);
+            for (int t = 0; t < pm->qn[k]; t++) {
+                int j = pm->mem[pm->qfirst[k] + t];
+                pair_bytes(mc, xs, s, j, &give, &take);
+                if (give)
+                    memcpy(pm->dsend + at, xs->sbase + xb(xs->soff, j), give);
+                at += give;
+            }
+        }
+    return 1;
+}
+
+/* Copies what came from each process into the members' receive buffers. */
+static void data_unpack(mcomm *mc, const par__xfer *x)
+{
+    pmeta *pm = mc->pm;
+    for (int k = 0; k < pm->np; k++) {
+        size_t at = pm->droff[k], give, take;
+        for (int t = 0; t < pm->qn[k]; t++) {
+            int j = pm->mem[pm->qfirst[k] + t];
+            for (int s = 0; s < pm->nl; s++) {
+                const par__xfer *xs = slot_x(mc, s, x);
+                pair_bytes(mc, xs, s, j, &give, &take);
+                if (take)
+                    memcpy(xs->rbase + xb(xs->roff, j), pm->drecv + at, take);
+                at += take;
+            }
+        }
+    }
+}
+
+static void data_post(mworld *e, pmeta *pm)
+{
+    e_lock(e);
+    for (int k = 0; k < pm->np; k++) {
+        size_t rb = pm->droff[k + 1] - pm->droff[k], sb = pm->dsoff[k + 1] - pm->dsoff[k];
+        if (rb)
+            MPI_Irecv_c(pm->drecv + pm->droff[k], (MPI_Count)rb, MPI_BYTE, pm->qproc[k],
+                        chan_tag(e, pm->qlead[k], pm->lead_thr, 1), e->comm, &pm->rq[k]);
+        if (sb)
+            MPI_Isend_c(pm->dsend + pm->dsoff[k], (MPI_Count)sb, MPI_BYTE, pm->qproc[k],
+                        chan_tag(e, pm->lead_thr, pm->qlead[k], 1), e->comm, &pm->rq[pm->np + k]);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The data failed (deadline, failed world): the members of the processes
+ * whose data did not come, receives cancelled; the error raised. */
+static par_status data_failed(par_comm *c, mcomm *mc, const par__callmeta *m, par_status why,
+                              int fib)
+{
+    pmeta *pm = mc->pm;
+    int nm = 0;
+    for (int k = 0; k < pm->np; k++)
+        if (pm->rq[k] != MPI_REQUEST_NULL)
+            for (int t = 0; t < pm->qn[k]; t++)
+                pm->missing[nm++] = pm->mem[pm->qfirst[k] + t];
+    pm->nmissing = nm;
+    size_t n = (size_t)snprintf(pm->what, sizeof pm->what, "data of ");
+    par__meta_describe(m, par_comm_name(c), pm->what + n, sizeof pm->what - n);
+    par_status st = par__wait_failed(c, why, pm->what, pm->missing, nm);
+    e_lock(mc->e);
+    reg_clear(mc->e, fib);
+    for (int k = 0; k < pm->np; k++)
+        if (pm->rq[k] != MPI_REQUEST_NULL)
+            cancel_recv(mc->e, &pm->rq[k], pm->qproc[k]);
+    pthread_mutex_unlock(&mc->e->mu);
+    return st;
+}
+
+/* The leader moves the data of the members here to and from every other
+ * process of the group: one message each way per process (posted receives
+ * per rank pair made UCX search thousands of wildcard-queued receives at
+ * every arrival: MPICH's receives are all wildcards to UCX).  Receives are
+ * cancelled when the world failed or the deadline passed; sends are waited
+ * for (their receivers take or drain them). */
+static par_status data_exchange(par_comm *c, mcomm *mc, const par__callmeta *m,
+                                const par__xfer *x)
+{
+    mworld *e = mc->e;
+    pmeta *pm = mc->pm;
+    int fib = my_fiber(e);
+    if (!data_pack(mc, x))
+        return par_err(PAR_ENOMEM, "mpi: no memory for the data of %s between processes (%zu "
+                       "bytes out, %zu in)", par_comm_name(c), pm->dsoff[pm->np],
+                       pm->droff[pm->np]);
+    data_post(e, pm);
+    mreqs q = {.rq = pm->rq, .n = 2 * pm->np, .nrecv = pm->np, .pmod = pm->np, .proc = pm->qproc};
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 1);
+    double deadline = wt.deadline, send_deadline = deadline;
+    int cancelled = 0;
+    par_status st = PAR_OK;
+    for (;;) {
+        int left = test_reqs(e, &q, fib, pm->missing), rl = 0;
+        for (int k = 0; k < pm->np; k++)
+            rl += pm->rq[k] != MPI_REQUEST_NULL;
+        if (!left)
+            break;
+        double now = par__now();
+        if (rl && !cancelled && (par__world_failed(c->world) || now > deadline)) {
+            st = data_failed(c, mc, m, now > deadline ? PAR_ETIMEOUT : PAR_ECOMM, fib);
+            cancelled = 1;
+            send_deadline = now + par__world_timeout(c->world);
+            continue;
+        }
+        if (left > rl && now > send_deadline) {
+            char what[200], msg[400];
+            par__meta_describe(m, par_comm_name(c), what, sizeof what);
+            snprintf(msg, sizeof msg, "rank %d: the sends of %s did not complete within %g s "
+                     "after the deadline (a peer process is stuck)", c->wrank, what,
+                     par__world_timeout(c->world));
+            last_resort(msg);
+        }
+        wait_step(e, fib, &wt, cancelled ? send_deadline : deadline);
+    }
+    if (st == PAR_OK)
+        data_unpack(mc, x);
+    return st;
+}
+
+/* A member here that is not the leader waits for the leader's data verdict
+ * (the leader's wait has the world's deadline). */
+static par_status data_wait_leader(par_comm *c, mcomm *mc, uint64_t round)
+{
+    pmeta *pm = mc->pm;
+    int fib = my_fiber(mc->e);
+    par__waiter wt;
+    par__wait_start(&wt, c->world, 1);
+    double deadline = wt.deadline + 2 * par__world_timeout(c->world) + 1;
+    while (atomic_load_explicit(&pm->dready, memory_order_acquire) < round) {
+        if (par__now() > deadline) {
+            char what[300];
+            int lead = pm->mem[0];
+            snprintf(what, sizeof what, "the data of group %s from the other MPI processes, "
+                     "which its rank %d moves for this process", par_comm_name(c), lead);
+            return par__wait_failed(c, PAR_ETIMEOUT, what, &lead, 1);
+        }
+        if (fib >= 0)
+            fsched_park(mc->e->fs, deadline);
+        else
+            backoff(&wt);
+    }
+    if (pm->dst == PAR_ETIMEOUT || pm->dst == PAR_ECOMM)
+        return par__wait_failed(c, pm->dst, pm->what, pm->missing, pm->nmissing);
+    if (pm->dst != PAR_OK)
+        return par_err(pm->dst, "mpi: rank %d: the data of group %s did not move between "
+                       "processes: its rank %d, which moves it for this process, failed (%s)",
+                       c->wrank, par_comm_name(c), pm->mem[0], par_status_str(pm->dst));
+    return PAR_OK;
+}
+
+/* A mismatch every member (or both sides of a pair) detects itself: the
+ * processes outside the set (the group's, or the bad peer's) are told; the
+ * others report it themselves (a notice could preempt their reports). */
+static void notify_except(mworld *e, par_comm *c, const mcomm *mc, int peer)
+{
+    e_lock(e);
+    memset(e->skip, 0, (size_t)e->nprocs);
+    for (int j = 0; j < mc->p; j++)
+        if (peer < 0 || j == peer)
+            e->skip[mc->proc[j]] = 1;
+    e_notify_locked(e, c->wrank, par_last_error(), e->skip);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
+{
+    mcomm *mc = c->bgroup;
+    mworld *e = mc->e;
+    par_status before = par__world_failed(c->world), st = PAR_OK;
+    uint64_t round = mc->gen + 1;
+    if (mc->g) { /* 1. the members here publish, and meet */
+        tslot *s = &mc->g->slots[mc->slot];
+        s->meta[round & 1] = *m;
+        s->x = x;
+        st = tsync_arrive(c, mc->g, mc->slot, &mc->gen, 0, m, e_poll_try, e);
+        if (st != PAR_OK)
+            goto fail_notify;
+    }
+    if (mc->nremote) { /* 2. the leader swaps metadata with the other processes */
+        if (mc->slot == 0) {
+            st = meta_exchange(c, mc, m, x, round);
+            meta_publish(mc, round, st);
+        } else {
+            st = meta_wait_leader(c, mc, round);
+        }
+        if (st != PAR_OK)
+            goto fail_notify;
+    }
+    gather_metas(mc, m, round); /* 3. the same metas everywhere, the same verdict */
+    st = par__check_metas(c, mc->metas, sizeof *mc->metas);
+    if (st != PAR_OK) {
+        notify_except(e, c, mc, -1);
+        return st;
+    }
+    if (!x->rbytes && !x->sbytes)
+        return PAR_OK;
+    int bad_peer = check_pairs(c, mc, m, x, &st); /* 4. pairs */
+    move_local(mc, x);                            /* 5. data here, then between processes */
     if (mc->nremote) {
-        par_status st2 = wait_data(c, mc, m);
+        par_status st2;
+        if (mc->slot == 0) {
+            st2 = data_exchange(c, mc, m, x);
+            mc->pm->dst = st2;
+            atomic_store_explicit(&mc->pm->dready, round, memory_order_release);
+            if (mc->g)
+                tsync_wake_fibers(mc->g, mc->slot);
+        } else {
+            st2 = data_wait_leader(c, mc, round);
+        }
         if (st == PAR_OK)
             st = st2;
     }
-    if (mc->g) { /* nobody leaves before all copies are done, even if the world failed */
+    if (mc->g) { /* 6. nobody leaves before all copies are done, even if the world failed */
         par_status st2 = tsync_arrive(c, mc->g, mc->slot, &mc->gen, 1, m, e_poll_try, e);
         if (st == PAR_OK)
             st = st2;
@@ -1375,11 +1849,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     if (st == PAR_OK)
         return st;
     if (bad_peer >= 0 && !before) { /* the other side reports it too */
-        e_lock(e);
-        memset(e->skip, 0, (size_t)e->nprocs);
-        e->skip[mc->proc[bad_peer]] = 1;
-        e_notify_locked(e, c->wrank, par_last_error(), e->skip);
-        pthread_mutex_unlock(&e->mu);
+        notify_except(e, c, mc, bad_peer);
         return st;
     }
 
@@ -1390,6 +1860,29 @@ fail_notify:
 }
 
 /* ---- groups ------------------------------------------------------------- */
+
+/* The shared slots of a new group's nl > 1 members here (world ranks wr
+ * of its p members), with its pmeta; NULL: no memory (the members see it and
+ * fail). */
+static tgroup *split_slots_new(mworld *e, int p, const int *wr, int nl)
+{
+    tgroup *ng = tsync_group_new(nl, nl, 1);
+    if (ng && !(ng->ext = pmeta_new(e, p, wr))) {
+        tsync_group_destroy(ng);
+        return NULL;
+    }
+    if (!ng)
+        return NULL;
+    ng->ext_free = pmeta_free;
+    ng->fs = e->fs;
+    for (int i = 0, k = 0; i < p; i++) {
+        if (wr[i] / e->R == e->proc) {
+            ng->slot_fiber[k] = wr[i] % e->R;
+            ng->slot_rank[k++] = i;
+        }
+    }
+    return ng;
+}
 
 static par_status m_split(par_comm *parent, const par__splitplan *plan, void **bgroup)
 {
@@ -1413,13 +1906,8 @@ static par_status m_split(par_comm *parent, const par__splitplan *plan, void **b
             nl++;
         }
     }
-    tgroup *ng = NULL;
-    if (member && nl > 1 && lead == parent->rank) {
-        ng = tsync_group_new(nl, nl, 1); /* NULL: the local members see it and fail */
-        for (int i = 0, k = 0; ng && i < plan->size; i++)
-            if (wr[i] / e->R == e->proc)
-                ng->slot_rank[k++] = i;
-    }
+    tgroup *ng = member && nl > 1 && lead == parent->rank ? split_slots_new(e, plan->size, wr, nl)
+                                                          : NULL;
     tgroup *shared = ng;
     if (pm->g) { /* other ranks of this process are in the parent: meet them */
         pm->g->slots[pm->slot].split = ng;
@@ -1490,13 +1978,15 @@ static int is_local(const mworld *e, const par_request *r)
 static void m_p2p_post(par_request *r)
 {
     mworld *e = req_engine(r);
-    if (is_local(e, r)) {
+    if (is_local(e, r)) { /* comm's mailboxes; a post that matched wakes the other side */
         par__p2p_post(r);
+        if (e->fs && atomic_load_explicit(&r->done, memory_order_acquire))
+            fsched_wake(e->fs, r->peer_wrank - e->proc * e->R);
         return;
     }
     mop *op = par_calloc(1, sizeof *op, PAR_TAG_COMM);
     if (!op) {
-        req_complete(r, PAR_ENOMEM, "mpi: no memory for a point-to-point request");
+        req_complete(e, r, PAR_ENOMEM, "mpi: no memory for a point-to-point request");
         return;
     }
     op->r = r;
@@ -1648,7 +2138,7 @@ static void mworld_free(mworld *e)
     par_free(e->gone_since);
     tsync_group_unref(e->wgroup);
     fsched_free(e->fs);
-    par_free(e->fwait);
+    par_free(e->reg);
     if (e->comm != MPI_COMM_NULL && !atomic_load(&g_peer_gone)) /* with a dead peer: left to exit */
         MPI_Comm_free(&e->comm);
     pthread_mutex_destroy(&e->mu);
@@ -1749,6 +2239,28 @@ static par_status check_fingerprints(mworld *e, double timeout)
     return st;
 }
 
+/* The shared slots of this process's R > 1 ranks in the world, with the
+ * world's pmeta. */
+static par_status world_slots_new(mworld *e)
+{
+    e->wgroup = tsync_group_new(e->R, 1, 1);
+    if (!e->wgroup)
+        return par_err(PAR_ENOMEM, "mpi: no memory for %d ranks per process", e->R);
+    for (int i = 0; i < e->R; i++) {
+        e->wgroup->slot_rank[i] = e->proc * e->R + i;
+        e->wgroup->slot_fiber[i] = i;
+    }
+    int *wr = par_malloc((size_t)e->n * sizeof *wr, PAR_TAG_COMM);
+    for (int i = 0; wr && i < e->n; i++)
+        wr[i] = i;
+    e->wgroup->ext = wr ? pmeta_new(e, e->n, wr) : NULL;
+    e->wgroup->ext_free = pmeta_free;
+    par_free(wr);
+    return e->wgroup->ext ? PAR_OK
+                          : par_err(PAR_ENOMEM, "mpi: no memory for the world's metadata (%d "
+                                    "ranks)", e->n);
+}
+
 static par_status m_world_init(par__world *w, void **bworld)
 {
     int n = par__world_size(w), nprocs = 1, proc = 0;
@@ -1830,16 +2342,8 @@ static par_status m_world_init(par__world *w, void **bworld)
                      (long long)e->p2p_tag0 + P2P_TAGS, flag ? *tag_ub : 0);
         goto fail_free_world;
     }
-    if (e->R > 1) {
-        e->wgroup = tsync_group_new(e->R, 1, 1);
-        if (!e->wgroup) {
-            st = par_err(PAR_ENOMEM, "mpi: no memory for %d ranks per process", e->R);
-            goto fail_free_world;
-        }
-        for (int i = 0; i < e->R; i++)
-            e->wgroup->slot_rank[i] = proc * e->R + i;
-    }
-    if ((st = fibers_start(e)) || (st = liveness_start(e, timeout)))
+    if ((e->R > 1 && (st = world_slots_new(e))) || (st = fibers_start(e)) ||
+        (st = liveness_start(e, timeout)))
         goto fail_free_world;
     *bworld = e;
     return PAR_OK;

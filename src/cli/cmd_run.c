@@ -170,7 +170,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
          "threads; mpi under mpiexec)"},
         {"rank-host", PAR_OPT_STR, &c->rank_host, "threads|fiber",
-         "--backend mpi: how each process hosts its ranks: one OS thread each (default) or fibers on a few threads"},
+         "--backend mpi: how each process hosts its ranks: one OS thread each or fibers on a few threads (default: fibers above 64 ranks per process)"},
         {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
          "fail a wait that lasts longer (default: PARITY_COMM_TIMEOUT, else 3600)", PAR_CHK_POS_REAL, 1e9},
         {"dump", PAR_OPT_STR, &c->dump, "DIR", "write the unsharded golden-format set (replaced atomically)",

@@ -97,7 +97,8 @@ typedef struct {
      * process): as OS threads or as fibers on a few worker threads (the fiber
      * backend's scheduler; workers and stack_bytes above apply, the workers
      * sharing the cores with the other processes of the host).
-     * PAR_RANK_HOST_DEFAULT: PARITY_RANK_HOST=threads|fiber, else threads. */
+     * PAR_RANK_HOST_DEFAULT: PARITY_RANK_HOST=threads|fiber, else fibers above 64 ranks per
+     * process, threads up to 64. */
     int rank_host;
     /* The run's whole configuration as "key=value" lines (NULL: none).
      * Backends whose ranks live in several processes (mpi) compare it at the

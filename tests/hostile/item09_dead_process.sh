@@ -50,7 +50,7 @@ scenario() {
   for f in pid.*; do pgrep -P "$(cat $f)" >/dev/null 2>&1 && orphans=$((orphans + 1)); done
   check "$name: no orphan processes" [ $orphans -eq 0 ]
 }
-# ITEM09_RUNS=N repeats each scenario N times; ITEM09_ONLY=1|2|3 runs one
+# ITEM09_RUNS=N repeats each scenario N times; ITEM09_ONLY=1|2|3|4 runs one
 # (the stress runs of docs/comm.md: under `taskset -c 1` beside busy loops)
 want() { [ -z "${ITEM09_ONLY:-}" ] || [ "$ITEM09_ONLY" = "$1" ]; }
 for _ in $(seq "${ITEM09_RUNS:-1}"); do
@@ -61,5 +61,9 @@ for _ in $(seq "${ITEM09_RUNS:-1}"); do
       --expert-model-parallel-size 4 --steps 200
   want 3 &&
     scenario "SIGSTOP (silent, heartbeats stop), 4 processes" STOP 3 4 --world-size 4 --steps 200
+  # fiber-hosted ranks park while they wait: the watchdog and the poll hook still see the death
+  want 4 &&
+    scenario "kill -9, 2 processes x 4 fiber ranks" KILL 1 2 --world-size 8 --ranks-per-process 4 \
+      --rank-host fiber --expert-model-parallel-size 8 --steps 200
 done
 finish

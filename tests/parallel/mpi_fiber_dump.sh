@@ -1,11 +1,14 @@
 #!/bin/sh
-# The MPI fold (issue 18): the same world folded into 2 and 4 MPI processes,
+# The MPI fold (issue 18): the same world folded into 2, 4 and 8 MPI processes,
 # their ranks hosted as fibers (--rank-host fiber) or as OS threads
 # (--rank-host threads, the default), writes byte for byte the dump of the
 # single-process fiber run, and the virtual clock of every rank a process
 # reports (its summary holds its own ranks) equals the single-process one.
 # v4-tiny, world 32 = PP2 x (EP8 x De2 | Da16), 1F1B with 2 microbatches,
-# reference network, 2 steps.
+# reference network, 2 steps.  Every exchange between two processes is one
+# metadata and one data message each way, packed by the group's leader on
+# each side: 8 x 4 has 28 process pairs, and groups with 1 to 4 members on
+# a process.
 # usage: mpi_fiber_dump.sh PARITY MPIEXEC
 set -eu
 parity=$1
@@ -37,7 +40,7 @@ if not rb or bad or strip(a["losses"]) != strip(b["losses"]):
     sys.exit("FAIL: %s: virtual clocks or losses differ (ranks %s of %d reported)" % (what, bad[:5], len(rb)))
 PY
 }
-for run in "2 fiber" "4 fiber" "4 threads"; do
+for run in "2 fiber" "4 fiber" "8 fiber" "4 threads"; do
   set -- $run
   # MPICH/UCX leak ~1 KB at MPI_Finalize (see mpi_run_dump.sh): leak checks off for the processes
   # shellcheck disable=SC2086
@@ -45,4 +48,4 @@ for run in "2 fiber" "4 fiber" "4 threads"; do
     --rank-host "$2" $flags --pipeline-model-parallel-layout "$layout" --dump "$w/m$1$2" --summary "$w/m$1$2.json" >/dev/null
   same "$w/m$1$2" "$w/m$1$2.json" "$1 processes x $((32 / $1)) $2 ranks"
 done
-echo "mpi fold: 2 x 16 fiber, 4 x 8 fiber, 4 x 8 threads: dumps byte-equal to the single-process fiber run, clocks equal"
+echo "mpi fold: 2 x 16 fiber, 4 x 8 fiber, 8 x 4 fiber, 4 x 8 threads: dumps byte-equal to the single-process fiber run, clocks equal"
