@@ -181,8 +181,8 @@ double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
 {
     if (c->recompute)
         return 0;
-    double T = (double)Ti, kept = c->ep > 1 || c->etp > 1 ? moe_state(c, T) : 0;
-    if (c->cp > 1 || c->tp > 1)
+    double T = (double)Ti, kept = c->ep <= 1 && c->etp > 1 ? moe_state(c, T) : 0; /* etp_hook.c */
+    if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
 }

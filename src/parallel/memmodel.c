@@ -453,8 +453,8 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
         seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
-        if (!parity) /* a GPU job frees the dispatch rows with the microbatch; parity's ep.c / cp.c keep
-                      * them for the step */
+        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's ep.c and
+                      * cp_hook.c do too; its TP / ETP hooks keep theirs for the step) */
             v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
     }
     walk_out w;
