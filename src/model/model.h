@@ -131,7 +131,7 @@ typedef struct {
     PAR_FN(par_attn_saved) as;
     par_real *xf, *xfn, *rstdf, *yf;  /* [T,d] [T,d] [T] [T,d] */
     int32_t *idx;                     /* [T, K] */
-    par_real *gw, *glog, *gs;         /* [T,K] [T,E] [T,E]; gs only during the forward (heap) */
+    par_real *gw, *glog, *gs;         /* [T,K] [T,E] [T,E]; glog, gs only during the forward (heap) */
     par_moe_saved ms;
     PAR_FN(par_block_wkeep) wk;       /* B -> W */
 } PAR_FN(par_block_act);

@@ -172,8 +172,11 @@ double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
         return es * T * n * d; /* the block's input only */
     /* block.c: hca; xa, xan, ya [T, d], rstda [T], Xmid [T, n, d] */
     double s = par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + attn_state(c, b, T);
-    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog [T, E] (the scores gs are the forward's only); idx int32 [T, K] */
-    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + T * E) + 4 * T * K;
+    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K]; idx int32 [T, K] (the logits and scores [T, E] are the
+     * forward's only: the backward recomputes them from xfn) */
+    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * T * K + 4 * T * K;
+    if (c->gate_logits)
+        s += es * T * E;
     return s + moe_state(c, T);
 }
 
@@ -257,7 +260,8 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
     /* + dxa; hc_pre's backward recomputes one token's Sinkhorn iterates [2 iters, n, n] (one thread) */
     double tail = base + ds + es * 4 * T * d + es * 2 * (double)g->hc_sinkhorn_iters * n * n;
-    double gate = base + ds + es * 2 * T * E; /* the scores recomputed + the gate backward's dlogits */
+    /* the logits (parity) and scores recomputed + the gate backward's dlogits */
+    double gate = base + ds + es * (c->gate_logits ? 2 : 3) * T * E;
     double peak = moe > attn ? moe : attn;
     if (tail > peak)
         peak = tail;

@@ -35,6 +35,9 @@ typedef struct {
                          * of the microbatch's T tokens (0: 1)                    */
     int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
                          * the rows layer's state of the group's gathered rows (0: 1) */
+    int gate_logits;    /* 1: the router's logits [T, E] are saved (a GPU job); 0:
+                         * parity's block.c recomputes them (and the scores) from
+                         * the normed input in the backward                        */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */

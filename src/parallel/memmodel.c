@@ -269,6 +269,7 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
+    c.gate_logits = mm->o.rt == PAR_MM_MEGATRON;
     return c;
 }
 
