@@ -23,6 +23,7 @@
 #include "core/sha256.h"
 #include "model/facade.h"
 #include "model/goldenset.h"
+#include "parallel/memcheck.h"
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -756,9 +757,28 @@ par_status par_matrix_add_builtin_cells(par_matrix *m)
 
 /* ---- references and golden runs --------------------------------------- */
 
+par_status par_mx_mem_check(const par_matrix *m, const par_config *cfg, const par_layout *l, int precision,
+                            int64_t steps)
+{
+    const double lim = m->o.max_memory;
+    if (lim <= 0)
+        return PAR_OK;
+    par_memest e;
+    par_status s = l ? par_memcheck_run(cfg, l, precision, steps, 0, lim, &e)
+                     : par_memcheck_golden(cfg, precision, steps, lim, &e);
+    if (s) { /* no estimate: the run reports its own error */
+        par_clear_error();
+        return PAR_OK;
+    }
+    return par_memcheck_fits(&e, lim, m->o.max_memory_what ? m->o.max_memory_what : "the matrix's memory limit");
+}
+
 par_status par_mx_golden_run(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
                              const char *data_path, int64_t steps, uint64_t seed, const char *out_dir)
 {
+    par_status s = par_mx_mem_check(m, cfg, NULL, precision, steps);
+    if (s)
+        return s;
     par_golden_opts o;
     par_golden_opts_init(&o);
     o.cfg = *cfg;
