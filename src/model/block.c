@@ -157,6 +157,12 @@ fail_oom:
     return par_err(PAR_ENOMEM, "block %d forward: out of activation memory (T=%lld)", b, (long long)T);
 }
 
+static par_status no_stats_row(int b)
+{
+    return par_err(PAR_EINTERNAL, "block %d: the statistics of this rank have no rows for it (not one of its stages' "
+                   "blocks)", b);
+}
+
 par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                      par_arena *ar, const par_real *Xin, const int32_t *tokens,
                                      const int32_t *pos, const int32_t *sample,
@@ -175,11 +181,13 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, i
         return s;
     /* statistics */
     if (st) {
+        int64_t r = PAR_FN(par_stats_row)(st, b);
         PAR_FN(par_moe_count_loads)(st->loads + (int64_t)b * E, a->idx, T, (int)E, (int)K);
-        if (!a->hash)
-            s = PAR_FN(par_moe_aux_stats)(st->cnt + (int64_t)b * st->Ns * E, st->psum + (int64_t)b * st->Ns * E,
-                                          st->ntok + (int64_t)b * st->Ns, a->gs, a->idx, sample, T, (int)E, (int)K,
-                                          st->Ns);
+        if (!a->hash && r < 0)
+            s = no_stats_row(b);
+        else if (!a->hash)
+            s = PAR_FN(par_moe_aux_stats)(st->cnt + r * st->Ns * E, st->psum + r * st->Ns * E, st->ntok + r * st->Ns,
+                                          a->gs, a->idx, sample, T, (int)E, (int)K, st->Ns);
     }
     par_free(a->gs);
     par_free(a->glog);
@@ -275,9 +283,12 @@ static par_status moe_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PA
     par_real *gl = NULL, *gs = NULL;
     if (!s)
         s = gate_recompute(M, b, a, &gl, &gs);
+    int64_t r = k->ds && (pass & PASS_B) ? PAR_FN(par_stats_row)(st, b) : 0;
+    if (!s && r < 0)
+        s = no_stats_row(b);
     if (!s && k->ds && (pass & PASS_B))
-        s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + (int64_t)b * st->Ns * E, st->ntok + (int64_t)b * st->Ns,
-                                         gs, sample, T, (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
+        s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + r * st->Ns * E, st->ntok + r * st->Ns, gs, sample, T,
+                                         (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
     if (!s)
         s = PAR_FN(par_moe_gate_backward)(IN(k->dxfn), WT(G(bp->gate_weight)), k->dw, k->ds, a->xfn,
                                           P(bp->gate_weight), gl, gs, a->idx, a->gw, T, d, (int)E, (int)K,

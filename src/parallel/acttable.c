@@ -345,10 +345,13 @@ double par_act_stream(const par_act_ctx *c, int64_t T)
 
 double par_act_batch(int64_t T) { return 6.0 * 4.0 * (double)T; }
 
-double par_act_stats(const par_act_ctx *c, int64_t Nsi)
+double par_act_stats(const par_act_ctx *c, int64_t Nsi, int64_t rows)
 {
     const par_config *g = c->cfg;
     double nb = (double)(g->n_layers + g->n_mtp_layers), E = (double)g->n_routed_experts, Ns = (double)Nsi;
-    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nb, Ns, E], ntok [nb, Ns] i64; psum [nb, Ns, E], aux [nb, Ns] */
-    return 16 * Ns + 8 * nb * E + 8 * nb * Ns * E + 8 * nb * Ns + c->es * (nb * Ns * E + nb * Ns);
+    double nr = rows >= 0 && rows < nb ? (double)rows : nb;
+    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nr, Ns, E], ntok [nr, Ns] i64, row [nb] i32 (nr < nb);
+     * psum [nr, Ns, E], aux [nb, Ns] */
+    return 16 * Ns + 8 * nb * E + 8 * nr * Ns * E + 8 * nr * Ns + (nr < nb ? 4 * nb : 0) +
+           c->es * (nr * Ns * E + nb * Ns);
 }

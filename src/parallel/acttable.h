@@ -83,7 +83,9 @@ double par_act_mtp_input_bwd_peak(const par_act_ctx *c, int64_t T);
 double par_act_stream(const par_act_ctx *c, int64_t T);
 /* A batch of T tokens (model/data.c: six int32 arrays). */
 double par_act_batch(int64_t T);
-/* The statistics of a window of Ns samples (model.c par_stats_alloc). */
-double par_act_stats(const par_act_ctx *c, int64_t Ns);
+/* The statistics of a window of Ns samples with rows for `rows` blocks (a
+ * pipeline rank's stages' blocks; < 0: every block) (model.c
+ * par_stats_alloc_held). */
+double par_act_stats(const par_act_ctx *c, int64_t Ns, int64_t rows);
 
 #endif

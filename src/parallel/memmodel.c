@@ -440,7 +440,7 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     if (parity)
-        o->fixed = par_act_stats(&c, ns);
+        o->fixed = par_act_stats(&c, ns, mm->have_sch ? mm->st[r].n_moe : -1); /* rows: the stage's blocks */
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
         o->inflight = 1;
