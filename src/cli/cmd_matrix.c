@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/devargs.h"
 #include "cli/matrix_mpi.h"
+#include "cli/memlimit.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "parallel/matrix.h"
@@ -26,10 +27,12 @@ static int has_suffix(const char *s, const char *suf)
 
 /* What the command line gave. */
 typedef struct {
-    const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device;
+    const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device, *max_memory;
     int64_t steps, seed, mpi_procs, rows_per_block;
     int quick, keep, list, quiet, full, scale;
     par_strlist cells, fixtures;
+    double mem_limit;   /* --max-memory or this machine's memory (par_memlimit_limit) */
+    char mem_what[96];  /* its words */
 } matrix_cli;
 
 static int parse_cli(int argc, char **argv, matrix_cli *c)
@@ -65,6 +68,8 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
          PAR_CHK_POS},
         {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
+        {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
+         "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no progress lines"},
         {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP "; the references run there too"},
     };
@@ -72,6 +77,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
         "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]]\n"
         "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
+        "       [--max-memory SIZE]\n"
         "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
         "preset and tier select, each compared with its reference by the code of `parity compare`.\n"
@@ -141,6 +147,8 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
     o->n_only_fixtures = c->fixtures.count;
     o->keep = c->keep;
     o->rows_per_block = c->rows_per_block;
+    o->max_memory = c->mem_limit;
+    o->max_memory_what = c->mem_what;
     o->no_out = c->list;
     o->progress = c->quiet ? NULL : stderr;
     return s;
@@ -204,6 +212,8 @@ int par_cmd_matrix(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     if ((rc = check_cli(&c)))
         return rc;
+    if ((c.mem_limit = par_memlimit_limit("matrix", c.max_memory, c.mem_what, sizeof c.mem_what)) < 0)
+        return 2;
     if (c.device && !strcmp(c.device, "gpu") && !strcmp(c.backend, "mpi")) {
         fprintf(stderr, "parity matrix: --device gpu runs the cells in this process; --backend mpi would "
                         "launch them elsewhere (use --backend threads)\n");

@@ -7,8 +7,7 @@
 #include "core/status.h"
 #include "parallel/memcheck.h"
 
-/* The limit and its words; -1 for a bad SIZE. */
-static double limit_of(const char *cmd, const char *max_memory, char *what, size_t n)
+double par_memlimit_limit(const char *cmd, const char *max_memory, char *what, size_t n)
 {
     double machine = par_memcheck_machine(), lim = 0;
     if (max_memory && par_size_parse(max_memory, &lim)) {
@@ -38,7 +37,7 @@ int par_memlimit_run(const char *cmd, const char *max_memory, const par_config *
                      int precision, int64_t steps, int64_t local)
 {
     char what[96];
-    double lim = limit_of(cmd, max_memory, what, sizeof what);
+    double lim = par_memlimit_limit(cmd, max_memory, what, sizeof what);
     if (lim < 0)
         return 2;
     par_memest e;
@@ -49,7 +48,7 @@ int par_memlimit_run(const char *cmd, const char *max_memory, const par_config *
 int par_memlimit_golden(const char *cmd, const char *max_memory, const par_config *cfg, int precision, int64_t steps)
 {
     char what[96];
-    double lim = limit_of(cmd, max_memory, what, sizeof what);
+    double lim = par_memlimit_limit(cmd, max_memory, what, sizeof what);
     if (lim < 0)
         return 2;
     par_memest e;

@@ -12,6 +12,11 @@
 
 #define PAR_MEMLIMIT_HELP "refuse a run the memory model says needs more than SIZE (e.g. 16GB; default: this machine's memory)"
 
+/* The limit: min(this machine's memory, SIZE) in bytes, and its words
+ * ("--max-memory 16GB" or "this machine's memory") in what[n]; -1 and a
+ * message on stderr for a bad SIZE. */
+double par_memlimit_limit(const char *cmd, const char *max_memory, char *what, size_t n);
+
 /* 0: go on (also when the layout does not resolve: the run reports that);
  * 2: refused or a bad SIZE, one message on stderr.  local: ranks of this
  * process (0: the whole world). */

@@ -179,6 +179,14 @@ void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
         s_d[i] = (par_real)sqrt(par_softplus((double)l_d[i]));
 }
 
+void PAR_FN(par_moe_gate_logits)(par_real *logits,   /* [T, E] out */
+                                 const par_real *x,  /* [T, d] */
+                                 const par_real *wg, /* [E, d] */
+                                 int64_t T, int64_t d, int E)
+{
+    PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
+}
+
 par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, ascending */
                                         par_real *w,             /* [T, K] out */
                                         par_real *logits,        /* [T, E] saved */
@@ -200,7 +208,7 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
     if (T == 0)
         return PAR_OK;
 
-    PAR_FN(par_linear_forward)(logits, x, wg, T, d, E);
+    PAR_FN(par_moe_gate_logits)(logits, x, wg, T, d, E);
     PAR_DEV_BEGIN();
     PAR_FN(par_moe_gate_scores)(s, logits, T * E);
     const par_real *s_d = PAR_DIN_AS(s, T * E);

@@ -55,8 +55,8 @@ par_status PAR_FN(par_moe_tid2eid)(int32_t *table, /* [V, K] */
  *   underflowed). */
 par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, ascending */
                                         par_real *w,             /* [T, K] out */
-                                        par_real *logits,        /* [T, E] saved */
-                                        par_real *s,             /* [T, E] saved */
+                                        par_real *logits,        /* [T, E] out */
+                                        par_real *s,             /* [T, E] out */
                                         const par_real *x,       /* [T, d] */
                                         const par_real *wg,      /* [E, d] */
                                         const par_real *bias,    /* [E] or NULL */
@@ -64,6 +64,13 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
                                         const int32_t *tokens,   /* [T] (hash layers) */
                                         int64_t V, int64_t T, int64_t d, int E, int K,
                                         double route_scale);
+
+/* The gate's logits = x Wg^T: what par_moe_gate_forward computes first, so
+ * a caller that keeps only x gets the same bits back in its backward. */
+void PAR_FN(par_moe_gate_logits)(par_real *logits,   /* [T, E] out */
+                                 const par_real *x,  /* [T, d] */
+                                 const par_real *wg, /* [E, d] */
+                                 int64_t T, int64_t d, int E);
 
 /* The scores s = sqrt(softplus(logits)) of n logits (in double, rounded to
  * par_real): what the gate forward saves as s, so a caller that keeps only

@@ -60,7 +60,8 @@ void PAR_FN(par_block_act_release)(PAR_FN(par_block_act) *a)
 {
     PAR_FN(par_moe_saved_free)(&a->ms);
     par_free(a->gs);
-    a->gs = NULL;
+    par_free(a->glog);
+    a->gs = a->glog = NULL;
 }
 
 /* The attention sub-layer of block b: Xmid = hc_post(Attention(norm(hc_pre(Xin)))). */
@@ -123,10 +124,10 @@ static par_status moe_forward(PAR_FN(par_model) *M, const par_mbctx *x, int b, P
     AREAL(a->yf, T * d, 0);
     AREAL(a->Xout, T * n * d, 0);
     AREAL(a->gw, T * K, 0);
-    AREAL(a->glog, T * E, 0);
-    /* the scores only live through the forward (routing, statistics): the
-     * backward recomputes them from glog (par_moe_gate_scores, same bits) */
-    if (!(a->gs = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *a->gs, PAR_TAG_ACT)))
+    /* the logits and scores only live through the forward (routing,
+     * statistics): the backward recomputes both from xfn (gate_recompute) */
+    if (!(a->glog = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *a->glog, PAR_TAG_ACT)) ||
+        !(a->gs = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *a->gs, PAR_TAG_ACT)))
         goto fail_oom;
     if (!(a->idx = aalloc(ar, (size_t)(T * K) * sizeof(int32_t), 0)))
         goto fail_oom;
@@ -156,6 +157,12 @@ fail_oom:
     return par_err(PAR_ENOMEM, "block %d forward: out of activation memory (T=%lld)", b, (long long)T);
 }
 
+static par_status no_stats_row(int b)
+{
+    return par_err(PAR_EINTERNAL, "block %d: the statistics of this rank have no rows for it (not one of its stages' "
+                   "blocks)", b);
+}
+
 par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                      par_arena *ar, const par_real *Xin, const int32_t *tokens,
                                      const int32_t *pos, const int32_t *sample,
@@ -174,14 +181,17 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, i
         return s;
     /* statistics */
     if (st) {
+        int64_t r = PAR_FN(par_stats_row)(st, b);
         PAR_FN(par_moe_count_loads)(st->loads + (int64_t)b * E, a->idx, T, (int)E, (int)K);
-        if (!a->hash)
-            s = PAR_FN(par_moe_aux_stats)(st->cnt + (int64_t)b * st->Ns * E, st->psum + (int64_t)b * st->Ns * E,
-                                          st->ntok + (int64_t)b * st->Ns, a->gs, a->idx, sample, T, (int)E, (int)K,
-                                          st->Ns);
+        if (!a->hash && r < 0)
+            s = no_stats_row(b);
+        else if (!a->hash)
+            s = PAR_FN(par_moe_aux_stats)(st->cnt + r * st->Ns * E, st->psum + r * st->Ns * E, st->ntok + r * st->Ns,
+                                          a->gs, a->idx, sample, T, (int)E, (int)K, st->Ns);
     }
     par_free(a->gs);
-    a->gs = NULL;
+    par_free(a->glog);
+    a->gs = a->glog = NULL;
     return s;
 }
 
@@ -227,6 +237,23 @@ enum { PASS_B = 1, PASS_W = 2, PASS_BW = 3 };
 #define IN(p) ((pass & PASS_B) ? (p) : NULL)
 #define WT(p) ((pass & PASS_W) ? (p) : NULL)
 
+/* The gate's logits and scores [T, E] again, from the saved normed input
+ * and the same weights through the forward's own calls (the same bits):
+ * a block saves [T, d] instead of [T, E] for them (heap, the caller frees). */
+static par_status gate_recompute(const PAR_FN(par_model) *M, int b, const PAR_FN(par_block_act) *a, par_real **gl,
+                                 par_real **gs)
+{
+    const int64_t T = a->T, E = M->E;
+    size_t n = (size_t)(T * E > 0 ? T * E : 1);
+    *gl = par_malloc(n * sizeof **gl, PAR_TAG_ACT);
+    *gs = par_malloc(n * sizeof **gs, PAR_TAG_ACT);
+    if (!*gl || !*gs)
+        return par_err(PAR_ENOMEM, "block %d backward: out of memory for the gate's scores (T=%lld)", b, (long long)T);
+    PAR_FN(par_moe_gate_logits)(*gl, a->xfn, P(M->tab.blocks[b].gate_weight), T, M->d, (int)E);
+    PAR_FN(par_moe_gate_scores)(*gs, *gl, T * E);
+    return PAR_OK;
+}
+
 /* The MoE sub-layer: dXmid from dXout (B), its weights (W). */
 static par_status moe_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PAR_FN(par_block_act) *a, int pass,
                                     par_real *dXmid, const par_real *dXout, const int32_t *sample,
@@ -253,19 +280,20 @@ static par_status moe_backward_pass(PAR_FN(par_model) *M, const par_mbctx *x, PA
         s = PAR_FN(par_moe_backward)(IN(k->dxfn), WT(&MG), IN(k->dw), k->dyf, a->xfn, a->gw, &MW, &a->ms,
                                      c->swiglu_limit);
     }
-    /* the gate's scores again, from the saved logits (the forward's bits) */
-    par_real *gs = s ? NULL : par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *gs, PAR_TAG_ACT);
-    if (!s && !gs)
-        return par_err(PAR_ENOMEM, "block %d backward: out of memory for the gate's scores (T=%lld)", b, (long long)T);
-    if (gs)
-        PAR_FN(par_moe_gate_scores)(gs, a->glog, T * E);
+    par_real *gl = NULL, *gs = NULL;
+    if (!s)
+        s = gate_recompute(M, b, a, &gl, &gs);
+    int64_t r = k->ds && (pass & PASS_B) ? PAR_FN(par_stats_row)(st, b) : 0;
+    if (!s && r < 0)
+        s = no_stats_row(b);
     if (!s && k->ds && (pass & PASS_B))
-        s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + (int64_t)b * st->Ns * E, st->ntok + (int64_t)b * st->Ns,
-                                         gs, sample, T, (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
+        s = PAR_FN(par_moe_aux_backward)(k->ds, st->cnt + r * st->Ns * E, st->ntok + r * st->Ns, gs, sample, T,
+                                         (int)E, (int)K, st->Ns, st->Ns_global, aux_scale);
     if (!s)
         s = PAR_FN(par_moe_gate_backward)(IN(k->dxfn), WT(G(bp->gate_weight)), k->dw, k->ds, a->xfn,
-                                          P(bp->gate_weight), a->glog, gs, a->idx, a->gw, T, d, (int)E, (int)K,
+                                          P(bp->gate_weight), gl, gs, a->idx, a->gw, T, d, (int)E, (int)K,
                                           c->route_scale);
+    par_free(gl);
     par_free(gs);
     if (s)
         return s;

@@ -43,6 +43,27 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
 
 par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int64_t E, int64_t Ns)
 {
+    return PAR_FN(par_stats_alloc_held)(st, n_blocks, NULL, E, Ns);
+}
+
+/* The row map of the held blocks (NULL: every block). */
+static par_status stats_rows(PAR_FN(par_stats) *st, const uint8_t *held)
+{
+    st->n_rows = st->n_blocks;
+    if (!held)
+        return PAR_OK;
+    st->row = par_malloc((size_t)(st->n_blocks > 0 ? st->n_blocks : 1) * sizeof *st->row, PAR_TAG_ACT);
+    if (!st->row)
+        return par_err(PAR_ENOMEM, "stats: out of memory for %lld blocks", (long long)st->n_blocks);
+    st->n_rows = 0;
+    for (int64_t b = 0; b < st->n_blocks; b++)
+        st->row[b] = held[b] ? (int32_t)st->n_rows++ : -1;
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
+                                        int64_t Ns)
+{
     memset(st, 0, sizeof *st);
     if (n_blocks < 0 || E < 1 || Ns < 0)
         return par_err(PAR_EINVAL, "stats: bad sizes n_blocks=%lld E=%lld Ns=%lld",
@@ -52,14 +73,17 @@ par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int6
     st->Ns = Ns;
     st->q0 = 0;
     st->Ns_global = Ns;
+    par_status s = stats_rows(st, held);
+    if (s)
+        return s;
     size_t ns = (size_t)(Ns > 0 ? Ns : 1);
-    size_t nb = (size_t)(n_blocks > 0 ? n_blocks : 1);
+    size_t nb = (size_t)(n_blocks > 0 ? n_blocks : 1), nr = (size_t)(st->n_rows > 0 ? st->n_rows : 1);
     st->ce_main = par_calloc(ns, sizeof(double), PAR_TAG_ACT);
     st->ce_mtp = par_calloc(ns, sizeof(double), PAR_TAG_ACT);
     st->loads = par_calloc(nb * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
-    st->cnt = par_calloc(nb * ns * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
-    st->psum = par_calloc(nb * ns * (size_t)E, sizeof(par_real), PAR_TAG_ACT);
-    st->ntok = par_calloc(nb * ns, sizeof(int64_t), PAR_TAG_ACT);
+    st->cnt = par_calloc(nr * ns * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
+    st->psum = par_calloc(nr * ns * (size_t)E, sizeof(par_real), PAR_TAG_ACT);
+    st->ntok = par_calloc(nr * ns, sizeof(int64_t), PAR_TAG_ACT);
     st->aux = par_calloc(nb * ns, sizeof(par_real), PAR_TAG_ACT);
     if (!st->ce_main || !st->ce_mtp || !st->loads || !st->cnt || !st->psum || !st->ntok || !st->aux) {
         PAR_FN(par_stats_free)(st);
@@ -72,19 +96,19 @@ par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int6
 void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
 {
     size_t ns = (size_t)(st->Ns > 0 ? st->Ns : 1);
-    size_t nb = (size_t)(st->n_blocks > 0 ? st->n_blocks : 1);
+    size_t nb = (size_t)(st->n_blocks > 0 ? st->n_blocks : 1), nr = (size_t)(st->n_rows > 0 ? st->n_rows : 1);
     size_t E = (size_t)st->E;
     st->n_main = st->n_mtp = st->n_tokens = 0;
     st->grad_sumsq = 0;
     /* kernels read cnt/ntok (the aux backward): the host owns them again */
-    par_dev_host_set(st->cnt, nb * ns * E * sizeof(int64_t));
-    par_dev_host_set(st->ntok, nb * ns * sizeof(int64_t));
+    par_dev_host_set(st->cnt, nr * ns * E * sizeof(int64_t));
+    par_dev_host_set(st->ntok, nr * ns * sizeof(int64_t));
     memset(st->ce_main, 0, ns * sizeof(double));
     memset(st->ce_mtp, 0, ns * sizeof(double));
     memset(st->loads, 0, nb * E * sizeof(int64_t));
-    memset(st->cnt, 0, nb * ns * E * sizeof(int64_t));
-    memset(st->psum, 0, nb * ns * E * sizeof(par_real));
-    memset(st->ntok, 0, nb * ns * sizeof(int64_t));
+    memset(st->cnt, 0, nr * ns * E * sizeof(int64_t));
+    memset(st->psum, 0, nr * ns * E * sizeof(par_real));
+    memset(st->ntok, 0, nr * ns * sizeof(int64_t));
     memset(st->aux, 0, nb * ns * sizeof(par_real));
 }
 
@@ -97,14 +121,18 @@ void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st)
     par_free(st->psum);
     par_free(st->ntok);
     par_free(st->aux);
+    par_free(st->row);
     memset(st, 0, sizeof *st);
 }
 
 par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_stats) *src)
 {
-    if (dst->n_blocks != src->n_blocks || dst->E != src->E || dst->Ns != src->Ns)
+    int rows_differ = (dst->row || src->row) &&
+                      (!dst->row || !src->row || memcmp(dst->row, src->row, (size_t)dst->n_blocks * sizeof *dst->row));
+    if (dst->n_blocks != src->n_blocks || dst->E != src->E || dst->Ns != src->Ns || dst->n_rows != src->n_rows ||
+        rows_differ)
         return par_err(PAR_EMISMATCH,
-                       "stats combine: sizes differ (n_blocks %lld vs %lld, E %lld vs %lld, Ns %lld vs %lld)",
+                       "stats combine: sizes or held blocks differ (n_blocks %lld vs %lld, E %lld vs %lld, Ns %lld vs %lld)",
                        (long long)dst->n_blocks, (long long)src->n_blocks, (long long)dst->E,
                        (long long)src->E, (long long)dst->Ns, (long long)src->Ns);
     if (dst->q0 != src->q0 || dst->Ns_global != src->Ns_global)
@@ -112,9 +140,9 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
                        "stats combine: windows differ (first sample %lld vs %lld, global samples %lld vs %lld)",
                        (long long)dst->q0, (long long)src->q0, (long long)dst->Ns_global,
                        (long long)src->Ns_global);
-    int64_t ns = dst->Ns, nb = dst->n_blocks, E = dst->E;
-    par_dev_host_write(dst->cnt, (size_t)(nb * ns * E) * sizeof(int64_t));
-    par_dev_host_write(dst->ntok, (size_t)(nb * ns) * sizeof(int64_t));
+    int64_t ns = dst->Ns, nb = dst->n_blocks, nr = dst->n_rows, E = dst->E;
+    par_dev_host_write(dst->cnt, (size_t)(nr * ns * E) * sizeof(int64_t));
+    par_dev_host_write(dst->ntok, (size_t)(nr * ns) * sizeof(int64_t));
     dst->n_main += src->n_main;
     dst->n_mtp += src->n_mtp;
     dst->n_tokens += src->n_tokens;
@@ -125,11 +153,11 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
     }
     for (int64_t i = 0; i < nb * E; i++)
         dst->loads[i] += src->loads[i];
-    for (int64_t i = 0; i < nb * ns * E; i++) {
+    for (int64_t i = 0; i < nr * ns * E; i++) {
         dst->cnt[i] += src->cnt[i];
         dst->psum[i] += src->psum[i];
     }
-    for (int64_t i = 0; i < nb * ns; i++)
+    for (int64_t i = 0; i < nr * ns; i++)
         dst->ntok[i] += src->ntok[i];
     return PAR_OK;
 }
@@ -139,14 +167,15 @@ void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *t
     int64_t Ns = st->Ns, E = st->E;
     for (int64_t b = 0; b < st->n_blocks; b++) {
         par_real *a = st->aux + b * Ns;
-        if (tab->blocks[b].gate_bias < 0) { /* hash-routed: no aux loss */
+        int64_t r = PAR_FN(par_stats_row)(st, b);
+        if (tab->blocks[b].gate_bias < 0 || r < 0) { /* hash-routed: no aux loss; not held: another's */
             memset(a, 0, (size_t)Ns * sizeof *a);
             continue;
         }
         /* one sample alone: (0 + inner) / 1 == inner, bit for bit */
         for (int64_t q = 0; q < Ns; q++)
-            a[q] = PAR_FN(par_moe_aux_loss)(st->cnt + (b * Ns + q) * E, st->psum + (b * Ns + q) * E,
-                                            st->ntok + b * Ns + q, 1, 1, (int)E, K);
+            a[q] = PAR_FN(par_moe_aux_loss)(st->cnt + (r * Ns + q) * E, st->psum + (r * Ns + q) * E,
+                                            st->ntok + r * Ns + q, 1, 1, (int)E, K);
     }
 }
 

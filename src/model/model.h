@@ -62,9 +62,9 @@ typedef struct {
     double *ce_main;     /* [Ns] per-sample sums of CE (double)      */
     double *ce_mtp;      /* [Ns]                                     */
     int64_t *loads;      /* [n_blocks, E] tokens routed to e         */
-    int64_t *cnt;        /* [n_blocks, Ns, E] (score-routed blocks)  */
-    par_real *psum;      /* [n_blocks, Ns, E]                        */
-    int64_t *ntok;       /* [n_blocks, Ns]                           */
+    int64_t *cnt;        /* [n_rows, Ns, E] (score-routed blocks)    */
+    par_real *psum;      /* [n_rows, Ns, E]                          */
+    int64_t *ntok;       /* [n_rows, Ns]                             */
     par_real *aux;       /* [n_blocks, Ns] per-sample aux-loss terms (par_stats_aux_terms) */
     double grad_sumsq;   /* sum of squared gradients                 */
     /* The per-sample arrays cover a window of the global batch's samples:
@@ -74,11 +74,26 @@ typedef struct {
      * number of samples of the global batch (the aux-loss mean's
      * denominator). */
     int64_t q0, Ns_global;
+    /* The blocks this holder computes (a pipeline rank: its stages'): block
+     * b's rows of cnt, psum and ntok are row[b] (-1: none here); NULL: row
+     * b, every block (n_rows = n_blocks). */
+    int64_t n_rows;
+    int32_t *row;        /* [n_blocks] or NULL */
 } PAR_FN(par_stats);
 
+/* Block b's row in cnt / psum / ntok, -1 when this holder has none. */
+static inline int64_t PAR_FN(par_stats_row)(const PAR_FN(par_stats) *st, int64_t b)
+{
+    return b < 0 || b >= st->n_blocks ? -1 : st->row ? st->row[b] : b;
+}
+
 /* A window of Ns samples with q0 = 0, Ns_global = Ns (set them after for
- * another window). */
+ * another window), with rows for every block. */
 par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int64_t E, int64_t Ns);
+/* The same with rows only for the blocks with held[b] != 0 (NULL: every
+ * block): a pipeline rank's statistics are sized by its stages' blocks. */
+par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
+                                        int64_t Ns);
 void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st);
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st);
 /* dst += src, field by field, for two partial statistics of the same window
@@ -87,8 +102,8 @@ void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st);
  * differ. */
 par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_stats) *src);
 /* st->aux[b*Ns + q] = the aux-loss term of window sample q in score-routed
- * block b: par_moe_aux_loss of that sample alone (0 for hash blocks and
- * empty samples).  The layer's loss is (sum over global samples ascending of
+ * block b: par_moe_aux_loss of that sample alone (0 for hash blocks, blocks
+ * without rows here and empty samples).  The layer's loss is (sum over global samples ascending of
  * its terms) / Ns_global, bit for bit par_moe_aux_loss over all samples. */
 void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K);
 
@@ -131,7 +146,7 @@ typedef struct {
     PAR_FN(par_attn_saved) as;
     par_real *xf, *xfn, *rstdf, *yf;  /* [T,d] [T,d] [T] [T,d] */
     int32_t *idx;                     /* [T, K] */
-    par_real *gw, *glog, *gs;         /* [T,K] [T,E] [T,E]; gs only during the forward (heap) */
+    par_real *gw, *glog, *gs;         /* [T,K] [T,E] [T,E]; glog, gs only during the forward (heap) */
     par_moe_saved ms;
     PAR_FN(par_block_wkeep) wk;       /* B -> W */
 } PAR_FN(par_block_act);

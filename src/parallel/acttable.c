@@ -172,8 +172,11 @@ double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
         return es * T * n * d; /* the block's input only */
     /* block.c: hca; xa, xan, ya [T, d], rstda [T], Xmid [T, n, d] */
     double s = par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + attn_state(c, b, T);
-    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K], glog [T, E] (the scores gs are the forward's only); idx int32 [T, K] */
-    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * (T * K + T * E) + 4 * T * K;
+    /* hcf; xf, xfn, yf, rstdf, Xout; gw [T, K]; idx int32 [T, K] (the logits and scores [T, E] are the
+     * forward's only: the backward recomputes them from xfn) */
+    s += par_act_hc_saved(c, Ti) + es * (3 * T * d + T + T * n * d) + es * T * K + 4 * T * K;
+    if (c->gate_logits)
+        s += es * T * E;
     return s + moe_state(c, T);
 }
 
@@ -181,8 +184,8 @@ double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
 {
     if (c->recompute)
         return 0;
-    double T = (double)Ti, kept = c->ep > 1 || c->etp > 1 ? moe_state(c, T) : 0;
-    if (c->cp > 1 || c->tp > 1)
+    double T = (double)Ti, kept = c->ep <= 1 && c->etp > 1 ? moe_state(c, T) : 0; /* etp_hook.c */
+    if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
 }
@@ -257,7 +260,8 @@ double par_act_block_bwd_peak(const par_act_ctx *c, int b, int64_t Ti)
     double attn = base + ds + es * 3 * T * d + attn_bwd_scratch(c, b, T); /* + dxf, dya, dxan */
     /* + dxa; hc_pre's backward recomputes one token's Sinkhorn iterates [2 iters, n, n] (one thread) */
     double tail = base + ds + es * 4 * T * d + es * 2 * (double)g->hc_sinkhorn_iters * n * n;
-    double gate = base + ds + es * 2 * T * E; /* the scores recomputed + the gate backward's dlogits */
+    /* the logits (parity) and scores recomputed + the gate backward's dlogits */
+    double gate = base + ds + es * (c->gate_logits ? 2 : 3) * T * E;
     double peak = moe > attn ? moe : attn;
     if (tail > peak)
         peak = tail;
@@ -341,10 +345,13 @@ double par_act_stream(const par_act_ctx *c, int64_t T)
 
 double par_act_batch(int64_t T) { return 6.0 * 4.0 * (double)T; }
 
-double par_act_stats(const par_act_ctx *c, int64_t Nsi)
+double par_act_stats(const par_act_ctx *c, int64_t Nsi, int64_t rows)
 {
     const par_config *g = c->cfg;
     double nb = (double)(g->n_layers + g->n_mtp_layers), E = (double)g->n_routed_experts, Ns = (double)Nsi;
-    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nb, Ns, E], ntok [nb, Ns] i64; psum [nb, Ns, E], aux [nb, Ns] */
-    return 16 * Ns + 8 * nb * E + 8 * nb * Ns * E + 8 * nb * Ns + c->es * (nb * Ns * E + nb * Ns);
+    double nr = rows >= 0 && rows < nb ? (double)rows : nb;
+    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nr, Ns, E], ntok [nr, Ns] i64, row [nb] i32 (nr < nb);
+     * psum [nr, Ns, E], aux [nb, Ns] */
+    return 16 * Ns + 8 * nb * E + 8 * nr * Ns * E + 8 * nr * Ns + (nr < nb ? 4 * nb : 0) +
+           c->es * (nr * Ns * E + nb * Ns);
 }

@@ -35,6 +35,9 @@ typedef struct {
                          * of the microbatch's T tokens (0: 1)                    */
     int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
                          * the rows layer's state of the group's gathered rows (0: 1) */
+    int gate_logits;    /* 1: the router's logits [T, E] are saved (a GPU job); 0:
+                         * parity's block.c recomputes them (and the scores) from
+                         * the normed input in the backward                        */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */
@@ -44,10 +47,13 @@ typedef struct {
  * two mHC states, the attention sub-layer, the gate and the MoE sub-layer
  * through the serial kernel, ep.c or cp.c). */
 double par_act_block_saved(const par_act_ctx *c, int b, int64_t T);
-/* The part of par_act_block_saved the executors keep in their own state
- * (ep.c's blk_state with EP > 1, cp.c's saved rows with CP > 1): freed at the
- * next forward of the same block and microbatch slot, not with the
- * pipeline slot (so a pipeline keeps it for every microbatch of the step). */
+/* The part of par_act_block_saved the TP / ETP hooks keep in their own
+ * state (tp_hook.c / cptp_hook.c with TP > 1, etp_hook.c with ETP > 1 and
+ * EP 1): freed at the next forward of the same block and microbatch slot,
+ * not with the pipeline slot (so a pipeline keeps it for every microbatch
+ * of the step).  ep.c's blk_state (EP > 1) and cp_hook.c's saved rows
+ * (CP > 1, TP 1) are freed by the block's weight pass, with the
+ * microbatch: they are in par_act_block_saved's released part. */
 double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t T);
 /* The most bytes block b's backward holds at once beyond what it saved
  * (block.c's gradient buffers + the larger of the MoE and the attention
@@ -77,7 +83,9 @@ double par_act_mtp_input_bwd_peak(const par_act_ctx *c, int64_t T);
 double par_act_stream(const par_act_ctx *c, int64_t T);
 /* A batch of T tokens (model/data.c: six int32 arrays). */
 double par_act_batch(int64_t T);
-/* The statistics of a window of Ns samples (model.c par_stats_alloc). */
-double par_act_stats(const par_act_ctx *c, int64_t Ns);
+/* The statistics of a window of Ns samples with rows for `rows` blocks (a
+ * pipeline rank's stages' blocks; < 0: every block) (model.c
+ * par_stats_alloc_held). */
+double par_act_stats(const par_act_ctx *c, int64_t Ns, int64_t rows);
 
 #endif

@@ -419,21 +419,27 @@ static const par_cell_spec builtin[] = {
      * Their world sizes and flags verbatim (TP 1, PP 8, CP, EP 64, ETP 1, micro-batch-size 1,
      * global-batch-size 4096, 1F1B; the guide's flags give no --use-distributed-optimizer) on
      * v4-mini's structure (8 layers + MTP over 8 stages, 384 experts, top-6) with S = 16 >= CP x
-     * window 16 (C: 64 = 4 x 16), dim 32 and moe_inter_dim 8 (docs/matrix.md, "Configs A, B, C"),
-     * on the fiber backend: thousands of ranks as user-level contexts. */
-#define GUIDE(nm, w, cp, seq, da, de, m) \
+     * window 16 (C: 64 = 4 x 16), dim 32 and moe_inter_dim 8; B and C's 8,192 ranks narrower still
+     * (dim 16, moe_inter_dim 4, q_lora_rank 16, head_dim 16, o_lora_rank 8, index_head_dim 8:
+     * docs/matrix.md, "Configs A, B, C"), on the fiber backend: thousands of ranks as user-level
+     * contexts. */
+#define NARROW "dim=32", "moe_inter_dim=8"
+#define NARROW8K "dim=16", "moe_inter_dim=4", "q_lora_rank=16", "head_dim=16", "o_lora_rank=8", "index_head_dim=8"
+#define GUIDE(nm, w, cp, seq, da, de, m, ...) \
     {.name = nm, .preset = MINI, .data = "generator", .kind = LAYOUT, .tier = X, .steps = 1, .backend = "fiber", \
      .layout = {.world_size = (w), .tensor_model_parallel_size = 1, .pipeline_model_parallel_size = 8, \
                 .context_parallel_size = (cp), .expert_model_parallel_size = 64, .expert_tensor_parallel_size = 1, \
                 .micro_batch_size = 1, .global_batch_size = 4096, .pipeline_schedule = "1f1b", \
                 .pipeline_model_parallel_layout = "Et|t|t|t|t|t|t|tmL"}, \
-     .sets = {"seq_length=" #seq, "dim=32", "moe_inter_dim=8"}, \
+     .sets = {"seq_length=" #seq, __VA_ARGS__}, \
      .note = "the tuning guide's " nm ": Da " #da ", De " #de ", m " #m " microbatches per replica; the serial " \
              "golden of the same 4096 rows, f64 policy"}
-    GUIDE("config-a", 1024, 1, 16, 128, 2, 32),
-    GUIDE("config-b", 8192, 1, 16, 1024, 16, 4),
-    GUIDE("config-c", 8192, 4, 64, 256, 16, 16),
+    GUIDE("config-a", 1024, 1, 16, 128, 2, 32, NARROW),
+    GUIDE("config-b", 8192, 1, 16, 1024, 16, 4, NARROW8K),
+    GUIDE("config-c", 8192, 4, 64, 256, 16, 16, NARROW8K),
 #undef GUIDE
+#undef NARROW
+#undef NARROW8K
 #undef SC
 #undef PPX
 #undef B128

@@ -55,7 +55,9 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     (void)M;
     if (!sv)
         return par_err(PAR_EINVAL, "cp attention weights: block %d has no forward on %lld tokens", b, (long long)T);
-    return PAR_FN(par_cp_attn_backward_weights)(dW, dy, sv, W);
+    par_status s = PAR_FN(par_cp_attn_backward_weights)(dW, dy, sv, W);
+    PAR_FN(par_cp_attn_saved_free)(sv); /* the microbatch's backward is done: freed now, not at the next forward */
+    return s;
 }
 
 par_status PAR_FN(par_cp_hook_create)(PAR_FN(par_cp_hook) **out, par_comm *cp, const PAR_FN(par_model) *M,

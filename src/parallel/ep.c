@@ -325,6 +325,10 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                                             PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2),
                                             PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3), NULL, dy, x_in, NULL,
                                             sw[0], sw[1], sw[2], S->sg, S->su, S->sh, T, d, I, L);
+    /* the microbatch's backward of this block is done: its state goes now,
+     * not at the slot's next forward (a step holds at most the microbatches
+     * in flight, not all of them) */
+    PAR_FN(par__ep_blk_free)(S);
     return s;
 }
 

@@ -150,7 +150,15 @@ void par_mx_last_error(char *buf, size_t n, const char *prefix);
 /* The serial run of the cell's config, data, steps and seed in precision
  * 64 or 32 (raw: the f32 set as run; else widened to F64), produced once. */
 par_status par_mx_serial(par_matrix *m, const par_mx_cell *c, int precision, int raw, const char **dir);
-/* Runs the serial reference (par_golden_run) of cfg into out_dir. */
+/* The matrix's memory check (par_matrix_opts.max_memory) of one run before
+ * it allocates: the serial run of cfg (l NULL) or the layout l in this
+ * process; PAR_EINVAL naming the estimate when it does not fit (an estimate
+ * that cannot be made, a layout the run refuses itself, passes: the run
+ * speaks). */
+par_status par_mx_mem_check(const par_matrix *m, const par_config *cfg, const par_layout *l, int precision,
+                            int64_t steps);
+/* Runs the serial reference (par_golden_run) of cfg into out_dir, after
+ * par_mx_mem_check. */
 par_status par_mx_golden_run(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
                              const char *data_path, int64_t steps, uint64_t seed, const char *out_dir);
 par_mx_ref *par_mx_ref_get(par_matrix *m, const par_mx_cell *c, int precision);

@@ -759,9 +759,62 @@ par_status par_matrix_add_builtin_cells(par_matrix *m)
 
 /* ---- references and golden runs --------------------------------------- */
 
+par_status par_mx_mem_check(const par_matrix *m, const par_config *cfg, const par_layout *l, int precision,
+                            int64_t steps)
+{
+    const double lim = m->o.max_memory;
+    if (lim <= 0)
+        return PAR_OK;
+    par_memest e;
+    par_status s = l ? par_memcheck_run(cfg, l, precision, steps, 0, lim, &e)
+                     : par_memcheck_golden(cfg, precision, steps, lim, &e);
+    if (s) { /* no estimate: the run reports its own error */
+        par_clear_error();
+        return PAR_OK;
+    }
+    return par_memcheck_fits(&e, lim, m->o.max_memory_what ? m->o.max_memory_what : "the matrix's memory limit");
+}
+
+/* The serial golden's row blocks: --rows-per-block, else the automatic rule
+ * (parallel/memcheck.h) against the matrix's limit (this machine's memory
+ * when none); then the limit check of what will run (the blocked estimate
+ * when blocked, the one-shot one otherwise). */
+static par_status golden_rows(const par_matrix *m, const par_config *cfg, int precision, int64_t steps,
+                              int64_t *rows)
+{
+    *rows = m->o.rows_per_block;
+    if (*rows)
+        return PAR_OK;
+    const double lim = m->o.max_memory > 0 ? m->o.max_memory : par_memcheck_machine();
+    par_memest e;
+    int64_t r = 0;
+    if (par_memcheck_golden_rows(cfg, precision, steps, lim, &r, &e)) {
+        par_clear_error(); /* no estimate: one shot, the run reports its own error */
+        return PAR_OK;
+    }
+    if (r > 0) {
+        par_status s = par_memcheck_fits(&e, lim, m->o.max_memory_what ? m->o.max_memory_what
+                                                                        : "the matrix's memory limit");
+        if (s)
+            return s;
+        if (m->o.progress)
+            fprintf(m->o.progress, "       serial golden of %lld rows: one shot would not fit the memory limit; "
+                    "row blocks of %lld rows (estimated %.3g GB)\n", (long long)cfg->global_batch_size,
+                    (long long)r, e.total / 1e9);
+    }
+    *rows = r;
+    return PAR_OK;
+}
+
 par_status par_mx_golden_run(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
                              const char *data_path, int64_t steps, uint64_t seed, const char *out_dir)
 {
+    int64_t rows = 0;
+    par_status s = golden_rows(m, cfg, precision, steps, &rows);
+    if (!s && !rows)
+        s = par_mx_mem_check(m, cfg, NULL, precision, steps);
+    if (s)
+        return s;
     par_golden_opts o;
     par_golden_opts_init(&o);
     o.cfg = *cfg;
@@ -773,17 +826,7 @@ par_status par_mx_golden_run(par_matrix *m, const par_config *cfg, int precision
     o.fixture = (o.data_path || !fixture || !fixture[0]) ? NULL : fixture;
     o.fixtures_dir = m->fixtures_dir;
     o.progress = 0;
-    o.rows_per_block = m->o.rows_per_block;
-    par_memest e;
-    int64_t rows = 0;
-    if (!o.rows_per_block && !par_memcheck_golden_rows(cfg, precision, steps, par_memcheck_machine(), &rows, &e) &&
-        rows > 0) { /* the automatic rule (parallel/memcheck.h): one shot would not fit this machine */
-        o.rows_per_block = rows;
-        if (m->o.progress)
-            fprintf(m->o.progress, "       serial golden of %lld rows: one shot would not fit this machine's memory; "
-                    "row blocks of %lld rows (estimated %.3g GB)\n", (long long)cfg->global_batch_size,
-                    (long long)rows, e.total / 1e9);
-    }
+    o.rows_per_block = rows;
     return par_golden_run(&o, NULL);
 }
 

@@ -92,6 +92,12 @@ typedef struct {
     int64_t rows_per_block;   /* the serial goldens' row blocks (--rows-per-block; model/facade.h);
                                * 0: the automatic rule (parallel/memcheck.h par_memcheck_golden_rows) */
     int keep;                 /* keep every set (passing cells' and references) */
+    /* A cell's memory limit in bytes: before a serial reference, golden or in-process layout run
+     * allocates anything, its estimate (parallel/memcheck.h, `parity run --max-memory`'s) must fit,
+     * else the cell is ERROR naming the estimate.  0: no check.  max_memory_what names the limit in
+     * that message (NULL: "the matrix's memory limit"). */
+    double max_memory;
+    const char *max_memory_what;
     int no_out;               /* create no results directory (listing the cells only) */
     FILE *progress;           /* progress lines (NULL: none) */
 } par_matrix_opts;

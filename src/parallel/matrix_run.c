@@ -81,6 +81,19 @@ par_status par_matrix_run_layout_in_process(const par_layout_job *job, void *ud,
     return PAR_OK;
 }
 
+/* The memory check of the cell's run under cl in this process. */
+static par_status layout_mem_check(const par_matrix *m, const par_mx_cell *c, const par_cell_layout *cl, int prec,
+                                   int64_t steps)
+{
+    par_layout pl;
+    if (par_cell_layout_to(cl, &pl)) { /* the run reports it */
+        par_clear_error();
+        return PAR_OK;
+    }
+    par_status s = par_mx_mem_check(m, &c->cfg, &pl, prec, steps);
+    return s ? par_err(s, "layout run: %s", par_last_error()) : PAR_OK;
+}
+
 /* Runs `steps` steps of the cell's data under cl through the runner. */
 static par_status run_layout(par_matrix *m, const par_mx_cell *c, const par_cell_layout *cl, int64_t steps,
                              const char *dump, const char *save, const char *load, const char *work_dir,
@@ -104,6 +117,8 @@ static par_status run_layout(par_matrix *m, const par_mx_cell *c, const par_cell
         .work_dir = work_dir, .tag = tag,
     };
     cJSON *doc = NULL;
+    if (!m->o.runner && (s = layout_mem_check(m, c, cl, job.precision, steps))) /* an MPI job checks its own */
+        return s;
     if (m->o.runner) {
         s = m->o.runner(&job, m->o.runner_ud, &doc);
     } else {
@@ -492,6 +507,8 @@ static void evaluate(par_matrix *m, const par_mx_cell *c, par_mx_result *res)
     const char *cand = set_dir, *ref = NULL;
     par_status s = c->error[0] ? par_err(PAR_EFORMAT, "%s", c->error) : par_mx_mkdir_p(res->dir);
     int prec = c->row.precision ? c->row.precision : 64;
+    if (!s && c->row.kind == PAR_KIND_LAYOUT && !m->o.runner) /* before its reference: a run that cannot fit */
+        s = layout_mem_check(m, c, &c->row.layout, prec, c->steps);
     if (!s && c->ref == PAR_REF_SERIAL)
         s = par_mx_serial(m, c, c->row.kind == PAR_KIND_LAYOUT ? prec : 64, 1, &ref);
     else if (c->ref == PAR_REF_DIR)

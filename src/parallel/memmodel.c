@@ -274,6 +274,7 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
+    c.gate_logits = mm->o.rt == PAR_MM_MEGATRON;
     return c;
 }
 
@@ -444,7 +445,7 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     if (parity)
-        o->fixed = par_act_stats(&c, ns);
+        o->fixed = par_act_stats(&c, ns, mm->have_sch ? mm->st[r].n_moe : -1); /* rows: the stage's blocks */
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
         o->inflight = 1;
@@ -458,8 +459,8 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
         seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
-        if (!parity) /* a GPU job frees the dispatch rows with the microbatch; parity's ep.c / cp.c keep
-                      * them for the step */
+        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's ep.c and
+                      * cp_hook.c do too; its TP / ETP hooks keep theirs for the step) */
             v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
     }
     walk_out w;

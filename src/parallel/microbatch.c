@@ -96,17 +96,31 @@ static par_status microbatches(exec_t *ex, const par_pctx *P, const int32_t *tok
     return s;
 }
 
+/* Statistics of Nl samples with rows for the blocks of this rank's stages
+ * only (a pipeline rank used to hold [every block, Nl, E] twice). */
+static par_status stats_held(const exec_t *ex, const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, int64_t Nl)
+{
+    uint8_t *held = par_calloc((size_t)(M->n_blocks > 0 ? M->n_blocks : 1), 1, PAR_TAG_ACT);
+    if (!held)
+        return par_err(PAR_ENOMEM, "pipeline: out of memory for the block map");
+    for (int j = 0; j < ex->n_local; j++)
+        for (int i = 0; i < ex->ls[j].n_items; i++)
+            if (ex->ls[j].block[i] >= 0 && ex->ls[j].block[i] < M->n_blocks)
+                held[ex->ls[j].block[i]] = 1;
+    PAR_FN(par_stats_free)(st);
+    par_status s = PAR_FN(par_stats_alloc_held)(st, M->n_blocks, held, M->E, Nl);
+    par_free(held);
+    return s;
+}
+
 /* The statistics window of the rank's rows and the GLOBAL counts the
  * backward's loss scales use (known from the data before any forward). */
 static par_status stats_window(exec_t *ex, PAR_FN(par_model) *M, PAR_FN(par_stats) *st, int64_t q0, int64_t Nl,
                                int64_t Ng)
 {
-    if (!st->ce_main || st->Ns != Nl) {
-        PAR_FN(par_stats_free)(st);
-        par_status s = PAR_FN(par_stats_alloc)(st, M->n_blocks, M->E, Nl);
-        if (s)
-            return s;
-    }
+    par_status s;
+    if ((!st->ce_main || st->Ns != Nl) && (s = stats_held(ex, M, st, Nl)))
+        return s;
     PAR_FN(par_stats_zero)(st);
     st->q0 = q0;
     st->Ns_global = Ng;
@@ -156,8 +170,7 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
     if ((s = microbatches(ex, P, tok, seg, Nl)) || (s = stats_window(ex, M, &M->stats, q0, Nl, Ng)))
         return s;
     if (ex->tokc) { /* the backward's counts summed over the CP (SP: TP) group */
-        if ((!ex->bst.cnt || ex->bst.Ns != Nl) &&
-            (PAR_FN(par_stats_free)(&ex->bst), (s = PAR_FN(par_stats_alloc)(&ex->bst, M->n_blocks, M->E, Nl))))
+        if ((!ex->bst.cnt || ex->bst.Ns != Nl) && (s = stats_held(ex, M, &ex->bst, Nl)))
             return s;
         ex->bst.q0 = q0;
         ex->bst.Ns_global = Ng;

@@ -10,18 +10,33 @@
 /* ------------------------------------------------------------ statistics -- */
 
 /* The partial statistics of one rank as fields: loads, cnt, ntok (int64),
- * the per-sample CE sums (double), psum (working precision).  The counts
- * n_main / n_mtp / n_tokens are the executor's global ones: not summed. */
+ * the per-sample CE sums (double), psum (working precision) over its own
+ * blocks' rows: summed over the ranks of one stage that hold parts of the
+ * same rows (CP, SP).  The counts n_main / n_mtp / n_tokens are the
+ * executor's global ones: not summed. */
 static int stats_fields(PAR_FN(par_stats) *st, par_field *f)
+{
+    const int64_t nb = st->n_blocks, nr = st->n_rows, E = st->E, Ns = st->Ns;
+    f[0] = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
+    f[1] = PAR_FIELD(st->cnt, nr * Ns * E, PAR_C_I64);
+    f[2] = PAR_FIELD(st->ntok, nr * Ns, PAR_C_I64);
+    f[3] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
+    f[4] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
+    f[5] = PAR_FIELD(st->psum, nr * Ns * E, PAR_C_REAL);
+    return 6;
+}
+
+/* What the pipeline sums once every stage has its own blocks' aux terms:
+ * loads [nb, E], the CE sums, aux [nb, Ns] (each block's terms on the one
+ * pipeline rank that holds it, exact zeros elsewhere). */
+static int pipeline_fields(PAR_FN(par_stats) *st, par_field *f)
 {
     const int64_t nb = st->n_blocks, E = st->E, Ns = st->Ns;
     f[0] = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
-    f[1] = PAR_FIELD(st->cnt, nb * Ns * E, PAR_C_I64);
-    f[2] = PAR_FIELD(st->ntok, nb * Ns, PAR_C_I64);
-    f[3] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
-    f[4] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
-    f[5] = PAR_FIELD(st->psum, nb * Ns * E, PAR_C_REAL);
-    return 6;
+    f[1] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
+    f[2] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
+    f[3] = PAR_FIELD(st->aux, nb * Ns, PAR_C_REAL);
+    return 4;
 }
 
 /* The CP ranks of a data-parallel group hold parts of the same rows: they
@@ -153,10 +168,8 @@ static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
     par_real *aux = root ? par_malloc(nsg * (size_t)(nb > 0 ? nb : 1) * sizeof *aux, PAR_TAG_COMM) : NULL;
     if (!wins || (root && (!ce || !aux)))
         s = par_err(PAR_ENOMEM, "stats reduce: out of memory for %lld samples", (long long)Nsg);
-    if (!s && !(s = dp_windows(dp, st, wins))) {
-        PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
+    if (!s && !(s = dp_windows(dp, st, wins)))
         s = dp_gather_terms(dp, st, wins, ce, aux);
-    }
     if (!s && root)
         PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, ce, ce + Nsg, aux, Nsg, &M->last);
     if (!s)
@@ -167,6 +180,11 @@ static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
     return s;
 }
 
+/* The order: the per-block counts over CP (SP) first, each stage's aux
+ * terms of its own blocks, then the pipeline.  The pipeline used to sum the
+ * whole [blocks, samples, E] arrays first, every rank holding every block's:
+ * its sums only added exact zeros (a block lives on one pipeline rank, the
+ * CE sums on the heads' ranks), so the values are the same bits either way. */
 par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
 {
     PAR_FN(par_stats) *st = &M->stats;
@@ -176,9 +194,12 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
     par_comm *sp = P->lay->sequence_parallel ? P->g.g[PAR_GROUP_TP] : NULL;
     par_status s;
-    if ((pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL))) ||
-        (cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
+    if ((cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
         (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
+        return s;
+    PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
+    nf = pipeline_fields(st, f);
+    if (pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL)))
         return s;
     par_comm *dp = P->g.g[PAR_GROUP_DP];
     if (!dp)
@@ -196,10 +217,14 @@ par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *s
     if (!f)
         return par_err(PAR_ENOMEM, "reduce: out of memory for the counts of %d blocks", n_blocks);
     for (int j = 0; j < n_blocks; j++) {
-        int64_t b = blocks[j];
-        int64_t *c = bst->cnt + (b * Ns + q0) * E, *t = bst->ntok + b * Ns + q0;
-        memcpy(c, st->cnt + (b * Ns + q0) * E, (size_t)(nq * E) * sizeof *c);
-        memcpy(t, st->ntok + b * Ns + q0, (size_t)nq * sizeof *t);
+        int64_t r = PAR_FN(par_stats_row)(st, blocks[j]), rb = PAR_FN(par_stats_row)(bst, blocks[j]);
+        if (r < 0 || rb < 0) {
+            par_free(f);
+            return par_err(PAR_EINTERNAL, "reduce: block %d has no statistics rows on this rank", blocks[j]);
+        }
+        int64_t *c = bst->cnt + (rb * Ns + q0) * E, *t = bst->ntok + rb * Ns + q0;
+        memcpy(c, st->cnt + (r * Ns + q0) * E, (size_t)(nq * E) * sizeof *c);
+        memcpy(t, st->ntok + r * Ns + q0, (size_t)nq * sizeof *t);
         f[2 * j] = PAR_FIELD(c, nq * E, PAR_C_I64);
         f[2 * j + 1] = PAR_FIELD(t, nq, PAR_C_I64);
     }

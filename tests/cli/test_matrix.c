@@ -543,3 +543,32 @@ Test(matrix, root_cause_first_on_edited_sets, .timeout = 120)
     cJSON_Delete(r);
     par_remove_tree(dir);
 }
+
+/* The matrix's memory check: a cell whose run the memory model says cannot
+ * fit under --max-memory is ERROR naming the estimate, before anything is
+ * allocated (config-b: 8,192 ranks, tens of GB estimated; refused at once,
+ * no reference produced); a SIZE that is not one is a usage error. */
+Test(matrix, cell_over_the_memory_limit_is_an_error_before_it_runs, .timeout = 120)
+{
+    char dir[PATH_MAX], out[PATH_MAX + 16], log[PATH_MAX + 16], ref[PATH_MAX + 32];
+    tmp_dir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    const char *args[] = {"--scale", "--cell", "config-b", "--max-memory", "4GiB", "--out", out, NULL};
+    int rc = run_matrix(log, args);
+    char *text = slurp(log);
+    cr_expect_eq(rc, 1, "exit %d, expected 1:\n%s", rc, text);
+    cr_expect(has_line(text, "ERROR config-b (generator): ", "layout run: memory: this run needs an estimated"),
+              "no ERROR line naming the estimate:\n%s", text);
+    cr_expect(has_line(text, "ERROR config-b (generator): ", "more than --max-memory 4GiB (4294967296 bytes)"),
+              "the limit is not named:\n%s", text);
+    par_free(text);
+    snprintf(ref, sizeof ref, "%s/ref", out);
+    cr_expect(!par_path_exists(ref), "a serial reference was produced for a cell that cannot fit");
+    const char *bad[] = {"--quick", "--max-memory", "12XB", "--out", out, NULL};
+    cr_expect_eq(run_matrix(log, bad), 2, "--max-memory 12XB");
+    text = slurp(log);
+    cr_expect(strstr(text, "--max-memory '12XB' is not a size"), "%s", text);
+    par_free(text);
+    par_remove_tree(dir);
+}

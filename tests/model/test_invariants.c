@@ -197,10 +197,14 @@ Test(invariants, stats_combine_of_halves)
         par_moe_count_loads_f64(h0.loads + b * E, a->idx, half, (int)E, (int)M->K);
         par_moe_count_loads_f64(h1.loads + b * E, a->idx + half * M->K, T - half, (int)E, (int)M->K);
         if (!a->hash) {
-            /* the scores are not kept past the forward: again from the logits */
+            /* the logits and scores are not kept past the forward: again from the normed input */
             cr_assert_null(a->gs);
-            double *gs = malloc((size_t)(T * E) * sizeof *gs);
-            par_moe_gate_scores_f64(gs, a->glog, T * E);
+            cr_assert_null(a->glog);
+            double *gs = malloc((size_t)(T * E) * sizeof *gs), *lg = malloc((size_t)(T * E) * sizeof *lg);
+            par_moe_gate_logits_f64(lg, a->xfn, par_model_ptr_f64(M, M->params, M->tab.blocks[b].gate_weight), T,
+                                    M->d, (int)E);
+            par_moe_gate_scores_f64(gs, lg, T * E);
+            free(lg);
             cr_assert_eq(par_moe_aux_stats_f64(h0.cnt + b * Ns * E, h0.psum + b * Ns * E, h0.ntok + b * Ns, gs,
                                                a->idx, M->sample, half, (int)E, (int)M->K, Ns), 0);
             cr_assert_eq(par_moe_aux_stats_f64(h1.cnt + b * Ns * E, h1.psum + b * Ns * E, h1.ntok + b * Ns,
