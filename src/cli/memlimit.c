@@ -60,7 +60,7 @@ int par_memlimit_golden_rows(const char *cmd, const char *max_memory, const par_
                              int64_t steps, int64_t *rows)
 {
     char what[96];
-    double lim = limit_of(cmd, max_memory, what, sizeof what);
+    double lim = par_memlimit_limit(cmd, max_memory, what, sizeof what);
     if (lim < 0)
         return 2;
     par_memest e;

@@ -170,7 +170,7 @@ static double blocked_extra(const par_config *cfg, int es, int64_t B, int64_t R)
     memset(&c, 0, sizeof c);
     c.cfg = cfg;
     c.es = es;
-    return keep + par_act_stats(&c, B) - par_act_stats(&c, R);
+    return keep + par_act_stats(&c, B, -1) - par_act_stats(&c, R, -1);
 }
 
 par_status par_memcheck_golden_blocked(const par_config *cfg, int precision, int64_t steps, int64_t rows,
