@@ -321,8 +321,10 @@ double par_act_head_saved(const par_act_ctx *c, int64_t Ti)
 {
     const par_config *g = c->cfg;
     double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
-    /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V] */
-    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + T * V) + par_act_head_exec_kept(c, Ti);
+    /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V]
+     * (not with TP's vocabulary hook: it keeps [T, V/TP] of them itself; a dump's [T, V] is not modelled) */
+    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->tp > 1 ? 0 : T * V)) +
+           par_act_head_exec_kept(c, Ti);
 }
 
 double par_act_head_exec_kept(const par_act_ctx *c, int64_t Ti)

@@ -461,6 +461,8 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     PAR_FN(par__exec_setup_free)(ex);
     ex->keep = keep;
     PAR_FN(par_tp_vocab_hook_keep)(ex->tpvh, keep);
+    if (ex->tpvh) /* the model allocates [T, V] logits only for a dump */
+        M->vocab.logits = keep;
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
