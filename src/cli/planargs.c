@@ -81,8 +81,10 @@ static int measured_loads(const char *path, par_steptime_opts *st)
 static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *st, par_netmodel *net)
 {
     par_mm_opts_init(mm);
-    if (!strcmp(a->runtime, "parity"))
+    if (!strcmp(a->runtime, "parity")) {
         mm->rt = PAR_MM_PARITY;
+        mm->shared_replicas = 1; /* parity run's dense copy per process (parallel/replicas.h) */
+    }
     else if (strcmp(a->runtime, "megatron")) {
         fprintf(stderr, "parity plan: --runtime expects megatron or parity, got '%s'\n", a->runtime);
         return 2;

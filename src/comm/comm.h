@@ -185,4 +185,16 @@ par_status par_waitall(size_t n, par_request **reqs);
  * request is released too and its status returned. */
 par_status par_test(par_request **req, int *done);
 
+/* ---- ranks of one process --------------------------------------------- */
+
+/* Waits until *word >= want, where word is memory of THIS process that
+ * another rank hosted by the same process advances (the replicated state
+ * its ranks hold once, parallel/replicas.h).  The calling rank waits the way
+ * it waits in a collective (a fiber rank lets the others run; it looks again
+ * every few milliseconds, since nothing wakes it for this word), moves no
+ * bytes and leaves the virtual clock alone.  `what` names the wait in the
+ * error: PAR_ECOMM when the world failed meanwhile, PAR_ETIMEOUT past the
+ * world's timeout (the world is marked failed). */
+par_status par_comm_wait_local(par_comm *c, const _Atomic int64_t *word, int64_t want, const char *what);
+
 #endif

@@ -13,6 +13,8 @@ par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int 
 {
     if (idx < 0 || idx >= M->tab.n || !flat || M->loc[idx] < 0)
         return NULL;
+    if (flat == M->params && M->shw) /* the weights: shared entries first */
+        return M->loc[idx] < M->n_shared ? M->shw + M->loc[idx] : flat + (M->loc[idx] - M->n_shared);
     return flat + M->loc[idx];
 }
 
@@ -251,17 +253,26 @@ static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
     M->loc = par_malloc((size_t)M->tab.n * sizeof *M->loc, PAR_TAG_MODEL);
     if (!M->loc)
         return par_err(PAR_ENOMEM, "model: out of memory for the ownership map");
+    /* with a share hook two passes: the dense entries first (the shareable
+     * prefix), then the routed experts; else one pass in table order */
+    const int dense_first = hold && hold->share;
     int64_t nf = 0;
-    for (int i = 0; i < M->tab.n; i++) {
-        const par_param *p = &M->tab.p[i];
-        if (p->dtype == PAR_PDT_I32)
-            M->loc[i] = p->offset;
-        else if ((p->expert >= 0 && (p->expert < M->e0 || p->expert >= M->e1)) || !hold_has(hold, &M->tab, i))
-            M->loc[i] = -1;
-        else {
-            M->loc[i] = nf;
-            nf += p->numel;
+    for (int pass = dense_first ? 0 : 2; pass < (dense_first ? 2 : 3); pass++) {
+        for (int i = 0; i < M->tab.n; i++) {
+            const par_param *p = &M->tab.p[i];
+            if (pass < 2 && (p->expert >= 0) != (pass == 1))
+                continue;
+            if (p->dtype == PAR_PDT_I32)
+                M->loc[i] = p->offset;
+            else if ((p->expert >= 0 && (p->expert < M->e0 || p->expert >= M->e1)) || !hold_has(hold, &M->tab, i))
+                M->loc[i] = -1;
+            else {
+                M->loc[i] = nf;
+                nf += p->numel;
+            }
         }
+        if (pass == 0)
+            M->n_shared = nf;
     }
     M->n_local = nf;
     return PAR_OK;
@@ -271,8 +282,8 @@ static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
  * per-block tables, zeroed. */
 static par_status alloc_state(PAR_FN(par_model) *M)
 {
-    const int64_t nf = M->n_local;
-    M->params = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_PARAM);
+    const int64_t nf = M->n_local, np = nf - (M->shw ? M->n_shared : 0);
+    M->params = par_calloc((size_t)(np > 0 ? np : 1), sizeof(par_real), PAR_TAG_PARAM);
     M->grads = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_GRAD);
     M->opt_m = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
     M->opt_v = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
@@ -297,8 +308,22 @@ static par_status init_values(PAR_FN(par_model) *M, uint64_t seed)
         par_status st = PAR_OK;
         if (p->dtype == PAR_PDT_I32)
             st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
-        else if (M->loc[i] >= 0)
-            st = PAR_FN(par_init_param_slice)(M->params + M->loc[i], &M->tab, i, seed, 0, p->numel);
+        else if (M->loc[i] >= 0 && !(M->shw && M->loc[i] < M->n_shared)) /* shared: filled once */
+            st = PAR_FN(par_init_param_slice)(PAR_FN(par_model_ptr)(M, M->params, i), &M->tab, i, seed, 0,
+                                              p->numel);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w)
+{
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0 || M->loc[i] >= M->n_shared)
+            continue;
+        par_status st = PAR_FN(par_init_param_slice)(w + M->loc[i], &M->tab, i, M->seed, 0, p->numel);
         if (st)
             return st;
     }
@@ -382,7 +407,11 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
     }
     M->e0 = e0;
     M->e1 = e1;
-    if ((st = local_map(M, hold)) || (st = alloc_state(M)) || (st = init_values(M, seed)))
+    if ((st = local_map(M, hold)) || (hold && hold->share && (st = hold->share(hold->share_ctx, M))))
+        goto fail_free_model;
+    if (!M->shw)
+        M->n_shared = 0; /* not shared: the local order stays as built, all of it the model's */
+    if ((st = alloc_state(M)) || (st = init_values(M, seed)))
         goto fail_free_model;
     for (int b = 0; b < M->n_blocks; b++)
         if ((st = block_setup(M, b)))

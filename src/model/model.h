@@ -296,7 +296,15 @@ struct PAR_FN(par_model_s) {
     int64_t e0, e1;
     int64_t *loc;             /* [tab.n] */
     int64_t n_local;
-    par_real *params;         /* [n_local] */
+    par_real *params;         /* [n_local - n_shared] the model's own weights (par_model_ptr) */
+    /* Replicated dense state held once per process (parallel/replicas.h):
+     * with a hold's share hook the held dense float entries come first in
+     * the local order (offsets [0, n_shared)) and their weights live in shw,
+     * the process's copy (not owned); the rest at params[loc - n_shared].
+     * Without: shw NULL, n_shared 0, params [n_local].  Reach a weight with
+     * par_model_ptr(M, M->params, idx), never params + loc. */
+    par_real *shw;            /* [n_shared] or NULL */
+    int64_t n_shared;
     par_real *grads;          /* [n_local] */
     par_real *opt_m, *opt_v;  /* [n_local] optimizer state (model/optim.h) */
     int32_t *i32;             /* [n_i32] tid2eid tables */
@@ -342,15 +350,28 @@ typedef struct {
      * (read-only, shared by the ranks of a process; must outlive the model);
      * NULL, or a table of another config: the model builds its own */
     const par_param_table *tab;
+    /* the held dense weights from storage shared with other ranks of the
+     * process (parallel/replicas.h), or NULL: the model's own.  Called once
+     * by the build after the ownership map (dense entries first, M->n_shared
+     * their floats) with the model (a PAR_FN(par_model) *): it sets M->shw to
+     * the process's copy, filled by the first model through
+     * par_model_fill_shared, or leaves it NULL (then the model holds its own
+     * copy); a failure stops the build */
+    par_status (*share)(void *ctx, void *model);
+    void *share_ctx;
 } par_model_hold;
 /* par_model_init_owned holding only what `hold` names (routed experts
  * [e0, e1) of the held blocks); unheld entries have loc = -1. */
 par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
                                        int64_t e0, int64_t e1, const par_model_hold *hold);
 void PAR_FN(par_model_free)(PAR_FN(par_model) *M); /* zeroes *M; safe on a zeroed one */
+/* The initial values of M's shared entries (local offsets [0, n_shared))
+ * into w [n_shared]: what a share hook fills a new copy with. */
+par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w /* [n_shared] */);
 
 /* Pointer to entry idx in one of M's local flat buffers (params, grads,
- * opt_m, opt_v), NULL for idx < 0 or an entry M does not hold. */
+ * opt_m, opt_v), NULL for idx < 0 or an entry M does not hold.  flat ==
+ * M->params means the weights: a shared entry's are in M->shw. */
 par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int idx);
 /* 1 when M holds entry idx (float entries; int32 entries are always held). */
 int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx);

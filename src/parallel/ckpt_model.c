@@ -221,15 +221,29 @@ static int held_state(PAR_FN(par_dpw) *w, int idx, int64_t *a, int64_t *b)
     return 0;
 }
 
+/* 1 when entry i of the list lives in the process's shared copy and
+ * another rank writes it (parallel/replicas.h): the dense weights, the
+ * dense plan's replicated state. */
+static int others_write(const PAR_FN(par_model) *M, const PAR_FN(par_dpw) *w, const par_ckpt_tensor *list, int i)
+{
+    if (!w->rt || w->rt->writer)
+        return 0;
+    const int idx = table_index(&list[i], i);
+    if (list[i].slot != PAR_CKPT_PARAM)
+        return w->plan[PAR_DPW_DENSE].state_ext && w->plan[PAR_DPW_DENSE].entry_of[idx] >= 0;
+    return M->tab.p[idx].dtype == PAR_PDT_REAL && M->loc[idx] >= 0 && M->loc[idx] < M->n_shared;
+}
+
 /* The load items of this rank: every parameter it holds, whole, and the
- * optimizer state its plans hold. */
+ * optimizer state its plans hold (what lives in a shared copy: by its
+ * writer alone). */
 static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par_ckpt_tensor *list, int nt,
                              par_ckpt_item **it, int *n)
 {
     int cap = 0;
     for (int i = 0; i < nt; i++) {
         int64_t a = 0, b = M->tab.p[table_index(&list[i], i)].numel, avail = 0;
-        if (list[i].slot != PAR_CKPT_PARAM && !held_state(w, list[i].param, &a, &b))
+        if ((list[i].slot != PAR_CKPT_PARAM && !held_state(w, list[i].param, &a, &b)) || others_write(M, w, list, i))
             continue;
         void *d = held_ptr(M, w, list, i, a, &avail);
         if (!d)
@@ -247,7 +261,6 @@ static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par
 par_status PAR_FN(par_ckpt_model_load)(const par_pctx *P, PAR_FN(par_model) *M, PAR_FN(par_dpw) *w,
                                        const par_ckpt *ck)
 {
-    (void)P;
     par_ckpt_tensor *list = NULL;
     par_ckpt_item *it = NULL;
     int nt = 0, n = 0;
@@ -256,6 +269,10 @@ par_status PAR_FN(par_ckpt_model_load)(const par_pctx *P, PAR_FN(par_model) *M, 
         s = load_items(M, w, list, nt, &it, &n);
     if (!s)
         s = par_ckpt_read(ck, it, n);
+    if (!s && w->rt && w->rt->writer) /* the shared copy's load phase (replicas.h) */
+        PAR_FN(par_replica_publish)(w->rt, (par_counts){0, 0});
+    else if (!s && w->rt)
+        s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared copy's checkpoint load");
     if (!s)
         M->step = par_ckpt_state_of(ck)->step;
     par_free(it);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/counters.h"
 #include "model/optim.h"
 
 #if PAR_REAL_BITS == 64
@@ -30,7 +31,17 @@ void PAR_FN(par_dpw_free)(dpw_t *w)
 
 par_status PAR_FN(par_dpw_init)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M)
 {
+    return PAR_FN(par_dpw_init_shared)(w, P, M, NULL);
+}
+
+par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M,
+                                       PAR_FN(par_replica_ticket) *rt)
+{
     memset(w, 0, sizeof *w);
+    if (rt && rt->rep && M->shw) {
+        w->rt = rt;
+        w->base[PAR_DPW_EXPERT] = M->n_shared;
+    }
     const par_param_table *t = &M->tab;
     par_status s = PAR_OK;
     int *lists = NULL;
@@ -58,11 +69,13 @@ par_status PAR_FN(par_dpw_init)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
     }
     for (int k = 0; k < 2; k++) {
         par_comm *c = w->comm[k];
-        if ((s = PAR_FN(par_zero_plan_build)(&w->plan[k], t, lists + k * t->n, nl[k], par_comm_size(c),
-                                             par_comm_rank(c), w->mode)))
+        const int shared = k == PAR_DPW_DENSE && w->rt;
+        if ((s = PAR_FN(par_zero_plan_build_shared)(&w->plan[k], t, lists + k * t->n, nl[k], par_comm_size(c),
+                                                    par_comm_rank(c), w->mode,
+                                                    shared ? PAR_FN(par_replica_state) : NULL, w->rt)))
             goto fail_free;
         for (int j = 0; j < w->plan[k].n; j++)
-            w->plan[k].e[j].off = M->loc[w->plan[k].e[j].idx];
+            w->plan[k].e[j].off = M->loc[w->plan[k].e[j].idx] - w->base[k];
     }
     par_free(lists);
     /* the state lives in the plans now */
@@ -129,6 +142,48 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, double *pe
     }
 }
 
+/* The balance update of gate.bias from the global loads (identical on
+ * every replica): on every rank that writes its dense weights. */
+static void balance(PAR_FN(par_model) *M)
+{
+    const par_config *cfg = &M->cfg;
+    for (int b = 0; b < M->n_blocks; b++) {
+        par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+        if (bias)
+            PAR_FN(par_balance_update)(bias, M->stats.loads + (int64_t)b * M->E, M->E, M->K, M->stats.n_tokens,
+                                       cfg->bias_update_rate);
+    }
+}
+
+/* 3. AdamW / Muon on what this rank owns (ZeRO-1: + all-gather), 4. the
+ * balance update.  With a shared copy the dense plan writes it on the
+ * writer alone (ZeRO-1: every member still updates its segment and takes
+ * part in the all-gather; replicated: the others skip the update and are
+ * charged its counted work, par_replica_wait), and the writer publishes.
+ * Safe: every member has entered the norm's world all-reduce, so none
+ * reads the copy of this step any more; none reads it again before the
+ * phase is published. */
+static par_status apply_updates(dpw_t *w, PAR_FN(par_model) *M, int64_t step, double f, int write)
+{
+    const par_counts c0 = par_counts_get();
+    par_status s = PAR_FN(par_dp_apply_ext)(&w->plan[PAR_DPW_DENSE], w->comm[PAR_DPW_DENSE], w->rt ? M->shw : M->params,
+                                            &M->cfg, step, f, write);
+    const par_counts c1 = par_counts_get();
+    if (!s)
+        s = PAR_FN(par_dp_apply)(&w->plan[PAR_DPW_EXPERT], w->comm[PAR_DPW_EXPERT], M->params, &M->cfg, step, f);
+    if (s)
+        return s;
+    if (write)
+        balance(M);
+    if (w->rt && write) {
+        /* replicated: the others skipped the dense update's work (ZeRO-1: they did their own) */
+        const int rep = w->plan[PAR_DPW_DENSE].mode == PAR_DP_REPLICATED;
+        par_counts dw = {rep ? c1.flops - c0.flops : 0, rep ? c1.bytes - c0.bytes : 0};
+        PAR_FN(par_replica_publish)(w->rt, dw);
+    }
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M)
 {
     if (!M->have_fwd)
@@ -139,7 +194,7 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
     par_status s;
     /* 1. each gradient reduced once over the ranks replicating it */
     for (int k = 0; k < 2; k++)
-        if ((s = PAR_FN(par_dp_reduce_grads)(&w->plan[k], w->comm[k], M->grads)))
+        if ((s = PAR_FN(par_dp_reduce_grads)(&w->plan[k], w->comm[k], M->grads + w->base[k])))
             return s;
     /* 2. the global norm: per-entry shares of this rank's segments, one
      * world all-reduce (an entry held by one segment: x + 0 + ... = x,
@@ -160,17 +215,12 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
             sum += per[i];
     par_free(per);
     const double norm = sqrt(sum), f = par_clip_factor(norm, cfg->clip_grad);
-    /* 3. AdamW / Muon on what this rank owns (ZeRO-1: + all-gather) */
-    for (int k = 0; k < 2; k++)
-        if ((s = PAR_FN(par_dp_apply)(&w->plan[k], w->comm[k], M->params, cfg, step, f)))
-            return s;
-    /* 4. the balance update on every replica, from the global loads */
-    for (int b = 0; b < M->n_blocks; b++) {
-        par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
-        if (bias)
-            PAR_FN(par_balance_update)(bias, M->stats.loads + (int64_t)b * M->E, M->E, M->K, M->stats.n_tokens,
-                                       cfg->bias_update_rate);
-    }
+    /* 3. and 4. the update, the balance; then a shared copy's phase ends */
+    const int write = !w->rt || PAR_FN(par_replica_updater)(w->rt); /* every member joined: the norm's all-reduce */
+    if ((s = apply_updates(w, M, step, f, write)))
+        return s;
+    if (!write && (s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared dense update")))
+        return s;
     M->stats.grad_sumsq = sum;
     M->last.grad_norm = norm;
     M->step++;
@@ -208,7 +258,7 @@ par_status PAR_FN(par_dpw_reduced_grads)(dpw_t *w, PAR_FN(par_model) *M)
                                       DC);
         if (s)
             return s;
-        unpack_grads(pl, pl->buf, M->grads);
+        unpack_grads(pl, pl->buf, M->grads + w->base[k]);
     }
     return PAR_OK;
 }
@@ -217,7 +267,8 @@ par_status PAR_FN(par_dpw_state_gather)(dpw_t *w, const PAR_FN(par_model) *M, pa
 {
     (void)M;
     for (int k = 0; k < 2; k++) {
-        par_status s = PAR_FN(par_zero_state_gather)(&w->plan[k], w->comm[k], 0, m, v);
+        par_status s = PAR_FN(par_zero_state_gather)(&w->plan[k], w->comm[k], 0, m ? m + w->base[k] : NULL,
+                                                     v ? v + w->base[k] : NULL);
         if (s)
             return s;
     }
@@ -264,12 +315,16 @@ void PAR_FN(par_dpw_memory_of)(const dpw_t *w, const PAR_FN(par_model) *M, par_d
 {
     memset(out, 0, sizeof *out);
     const int64_t es = (int64_t)sizeof(par_real);
-    out->weights = M->n_local * es + M->tab.n_i32 * (int64_t)sizeof(int32_t);
+    /* a shared copy is the process's, no rank's (replicas.h: outside every
+     * rank's allocator scope; memmodel.h par_mm_shared_of) */
+    const int64_t other = w->rt ? M->n_shared : 0;
+    out->weights = (M->n_local - other) * es + M->tab.n_i32 * (int64_t)sizeof(int32_t);
     out->grads = M->n_local * es;
     for (int k = 0; k < 2; k++) {
         par_zero_memory zm;
         PAR_FN(par_zero_memory_of)(&w->plan[k], &zm);
-        out->optim += zm.adamw_state + zm.muon_state;
+        if (!(other && w->plan[k].state_ext))
+            out->optim += zm.adamw_state + zm.muon_state;
         out->optim_full += zm.full_state;
         out->comm += zm.workspace;
     }

@@ -45,6 +45,7 @@
 #include "kernels/real.h"
 #include "model/model.h"
 #include "parallel/reduce.h"
+#include "parallel/replicas.h"
 #include "parallel/zero.h"
 
 #define PAR_DPW_DENSE 0
@@ -67,11 +68,24 @@ typedef struct {
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];
     unsigned char *norm_skip; /* [tab.n] 1: held but counted in the norm by another stage (PP); NULL: none */
+    /* The dense plan's weights (and replicated state) in the process's shared
+     * copy (parallel/replicas.h), NULL: the rank's own.  The plans address
+     * flat buffers from base[k]: a plan entry's off is M->loc - base[k] (the
+     * expert plan with a shared copy: base n_shared, its weights in M->params,
+     * its gradients at M->grads + n_shared). */
+    PAR_FN(par_replica_ticket) *rt;
+    int64_t base[2];
 } PAR_FN(par_dpw);
 
 /* Builds the local table and both plans (mode from P->lay->distributed_optimizer)
  * and releases M->opt_m / M->opt_v.  Not collective. */
 par_status PAR_FN(par_dpw_init)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
+/* The same for a model whose dense weights are the process's shared copy
+ * (rt->rep, M->shw; rt NULL or without a copy: par_dpw_init).  The dense
+ * plan's replicated state is the copy's too; rt's writer alone writes them
+ * (par_dpw_step), the others wait for it. */
+par_status PAR_FN(par_dpw_init_shared)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M,
+                                       PAR_FN(par_replica_ticket) *rt);
 void PAR_FN(par_dpw_free)(PAR_FN(par_dpw) *w);
 
 /* Marks table entry idx as not counted in this rank's norm share (a tensor

@@ -58,6 +58,7 @@ typedef struct {
     par_param_table tab;      /* the parameter table every rank's model borrows (built once) */
     par_costas ca;            /* --cost-as (parallel/costas.h; has_ca 0: off) */
     int has_ca;
+    PAR_FN(par_replicas) *reps; /* the dense state the process's ranks hold once (NULL: each its own) */
 } shared;
 
 /* One rank's state. */
@@ -68,6 +69,7 @@ typedef struct {
     PAR_FN(par_dpw) dpw;      /* the optimizer step (dp_step.h) */
     par_real *params, *m, *v, *grads; /* [n_float] dump buffers on rank 0 */
     par_real *lm, *lv;        /* [n_local] optimizer state gathered to the group roots */
+    PAR_FN(par_replica_ticket) rt; /* this rank's share of the process's dense copy (replicas.h) */
     int ascope;               /* this rank's allocator scope (core/alloc.h): its memory truth */
 } rank_state;
 
@@ -142,10 +144,19 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
                         .gpus_per_node = o->netmodel ? o->netmodel->gpus_per_node : 8,
                         .ca = R->has_ca ? &R->ca : NULL, .tp_faults = o->tp_faults,
                         .tab = &R->tab};
+    if (R->reps) { /* the dense replicas of this process share one copy (replicas.h) */
+        par_comm *g = P->g.g[PAR_GROUP_DP_CP];
+        S->rt.reg = R->reps;
+        S->rt.group = par_comm_world_rank(g, 0);
+        S->rt.grank = par_comm_rank(g);
+        S->rt.tp = P->rc.tp;
+        eo.share = PAR_FN(par_replica_share_hook);
+        eo.share_ctx = &S->rt;
+    }
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
     /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
-    if ((s = PAR_FN(par_dpw_init)(&S->dpw, P, &S->M)))
+    if ((s = PAR_FN(par_dpw_init_shared)(&S->dpw, P, &S->M, R->reps ? &S->rt : NULL)))
         return s;
     if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
         PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
@@ -424,6 +435,7 @@ static void shared_free(shared *R)
     par_free(R->cursor);
     par_param_table_free(&R->tab);
     par_costas_free(&R->ca);
+    PAR_FN(par_replicas_free)(R->reps);
 }
 
 /* --cost-as: the target's cost plan on the resolved layout. */
@@ -476,6 +488,8 @@ static par_status prebuild(shared *R, par_golden_opts *go, par_golden_data *ds)
     par_batch_free(&full);
     if (!s && !(s = par_param_table_build(&R->tab, &R->cfg)))
         R->n_float = R->tab.n_float;
+    if (!s && !R->o->private_replicas && N > 1)
+        s = PAR_FN(par_replicas_create)(&R->reps);
     return s;
 }
 

@@ -66,6 +66,9 @@ typedef struct {
     int rank_host;            /* comm.h par_world_opts.rank_host (mpi: fibers or threads) */
     const char *cost_as;      /* --cost-as PRESET (parallel/costas.h; needs netmodel) or NULL */
     const char *cost_as_layout; /* --cost-as-layout: the target's pipeline layout, or NULL */
+    int private_replicas;     /* 1: every rank holds its own dense weights and optimizer state (the
+                               * build before parallel/replicas.h; tests compare the two); 0: the
+                               * ranks of a process share one copy */
 } par_run_opts;
 
 /* precision 64, steps 1, seed 1234, layout sizes 1 (backend: set it). */

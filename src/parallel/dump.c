@@ -146,7 +146,7 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
     size_t o = 0;
     for (int i = 0; i < t->n; i++)
         if (supplies(ex, P, M, &P->rc, i)) {
-            memcpy(pack + o, loc + M->loc[i], (size_t)t->p[i].numel * sizeof *pack);
+            memcpy(pack + o, PAR_FN(par_model_ptr)(M, (par_real *)loc, i), (size_t)t->p[i].numel * sizeof *pack);
             o += (size_t)t->p[i].numel;
         }
     size_t total = 0;

@@ -123,7 +123,7 @@ typedef PAR_FN(par_exec) exec_t;
 
 /* holders.c: this rank's stages, its model, the holder of every entry. */
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
-                                  const par_param_table *tab);
+                                  const par_exec_opts *o);
 void PAR_FN(par__exec_hold_free)(exec_t *ex);
 
 /* stage.c: slots and the compute of one (mb, stage). */

@@ -250,7 +250,7 @@ par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PA
                     (long long)ex->Bl, ex->m, (long long)ex->mbs);
         goto fail_exec;
     }
-    if ((s = build_schedule(ex, P)) || (s = PAR_FN(par__exec_hold)(ex, M, o->seed, e0, e0 + El, o->tab)))
+    if ((s = build_schedule(ex, P)) || (s = PAR_FN(par__exec_hold)(ex, M, o->seed, e0, e0 + El, o)))
         goto fail_exec;
     if ((s = build_hooks(ex, P, M, o)) || (s = cost_setup(ex, P, o)))
         goto fail_model;

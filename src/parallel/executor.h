@@ -83,6 +83,10 @@ typedef struct {
     unsigned tp_faults;       /* PAR_TP_FAULT_* (parallel/tp.h); 0 in real runs */
     const par_param_table *tab; /* the run's parameter table for the model to borrow (one per
                                  * process instead of one per rank; NULL: the model builds one) */
+    /* the model's dense weights from the process's shared copy
+     * (par_model_hold.share; parallel/replicas.h), NULL: the model's own */
+    par_status (*share)(void *ctx, void *model);
+    void *share_ctx;
 } par_exec_opts;
 
 /* Collective over the world (every rank calls it): the schedule of P->lay,

@@ -127,14 +127,16 @@ static par_status lowest_holders(exec_t *ex, const PAR_FN(par_model) *M)
 }
 
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
-                                  const par_param_table *tab)
+                                  const par_exec_opts *o)
 {
     par_status s = local_stages(ex);
     if (s)
         return s;
     par_model_hold hold;
     rank_hold(ex, ex->me, ex->blocks, &hold);
-    hold.tab = tab;
+    hold.tab = o->tab;
+    hold.share = o->share;
+    hold.share_ctx = o->share_ctx;
     if ((s = PAR_FN(par_model_init_held)(M, &ex->cfg, seed, e0, e1, &hold)))
         return s;
     if ((s = lowest_holders(ex, M)))

@@ -45,10 +45,18 @@ static par_status model_ranks(const par_config *cfg, const par_layout *l, int es
     mo.rt = PAR_MM_PARITY;
     mo.real_bytes = es;
     mo.skew = 1.0; /* balanced routing: a run is refused for what it must hold */
+    mo.shared_replicas = 1; /* parity run: one dense copy per process (replicas.h) */
+    mo.ranks_per_process = local < l->world ? local : 0;
     par_mm *mm = NULL;
     par_status s = par_mm_create(&mm, cfg, l, &mo);
     if (s)
         return s;
+    double sh = 0;
+    if ((s = par_mm_shared_of(mm, 0, &sh))) {
+        par_mm_free(mm);
+        return s;
+    }
+    e->shared += sh; /* the process's copies, once */
     e->rank_max = 0;
     e->ranks = 0;
     for (int64_t r = 0; r < l->world && !s; r++) {

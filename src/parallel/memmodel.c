@@ -16,6 +16,7 @@ typedef struct {
     uint8_t *blocks;          /* [n_blocks] 1: held */
     int embed, head, final;   /* top-level parts (holders.c seg_hold) */
     int64_t floats;           /* held float parameters (dense + one EP slice) */
+    int64_t dense;            /* of them dense (expert < 0): a shared copy's weights */
     int64_t n_moe;            /* MoE blocks held */
     int64_t attn_grads;       /* held '.attn.' gradient floats (TP's per-step sum, reduce.c tp_sum) */
     int64_t expert_grads;     /* held routed-expert floats (ETP's per-step sum) */
@@ -36,6 +37,8 @@ struct par_mm {
     int have_sch;
     stage_info *st;           /* [pp] */
     double es_w, es_g, es_o, es_m, es_a; /* bytes: weights, grads, optimizer state, master, activations */
+    int64_t first_r0;         /* shared_replicas: the process whose lowest ranks `first` holds (-1: none) */
+    int64_t *first;           /* [pp * tp] lowest world rank of each dense replica group in that process */
 };
 
 void par_mm_opts_init(par_mm_opts *o)
@@ -74,6 +77,7 @@ void par_mm_free(par_mm *mm)
         par_mm_zero_free(&mm->st[s].ze);
     }
     par_free(mm->st);
+    par_free(mm->first);
     if (mm->have_sch)
         par_schedule_free(&mm->sch);
     if (mm->tab == &mm->own)
@@ -135,6 +139,7 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
             continue;
         si->floats += t->p[i].numel;
         int k = t->p[i].expert >= 0;
+        si->dense += k ? 0 : t->p[i].numel;
         if (t->p[i].has_grad && (k || strstr(t->p[i].name, ".attn.")))
             *(k ? &si->expert_grads : &si->attn_grads) += t->p[i].numel;
         lists[k * t->n + nl[k]++] = i;
@@ -494,8 +499,59 @@ static double sum_staging(int64_t n, int64_t P)
     return (double)n + (double)(P * ((n + P - 1) / P));
 }
 
-static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coords *rc, par_mm_rank *o)
+/* 1 when the ranks of a process share the dense copy (replicas.h). */
+static int sharing(const par_mm *mm)
 {
+    return mm->o.rt == PAR_MM_PARITY && mm->o.shared_replicas && mm->lay.world > 1;
+}
+
+/* The replicated dense state of stage si's dense plan (zero.c: m, v of dp * shard, Muon momentum). */
+static double dense_state(const stage_info *si)
+{
+    return 2.0 * (double)si->zd.dp * (double)si->zd.shard + (double)si->zd.n_muon;
+}
+
+/* mm->first for the process of world rank r (kept while the caller walks
+ * the ranks of one process). */
+static par_status process_firsts(par_mm *mm, int r)
+{
+    const int64_t N = mm->lay.world, R = mm->o.ranks_per_process > 0 ? mm->o.ranks_per_process : N;
+    const int64_t r0 = (int64_t)r / R * R, r1 = r0 + R < N ? r0 + R : N, tp = mm->lay.tp;
+    if (mm->first && mm->first_r0 == r0)
+        return PAR_OK;
+    if (!mm->first && !(mm->first = par_malloc((size_t)(mm->pp * tp) * sizeof *mm->first, PAR_TAG_MODEL)))
+        return par_err(PAR_ENOMEM, "memory model: no memory for %lld replica groups", (long long)(mm->pp * tp));
+    for (int64_t i = 0; i < mm->pp * tp; i++)
+        mm->first[i] = -1;
+    for (int64_t q = r0; q < r1; q++) {
+        par_rank_coords c;
+        par_status s = par_rank_coords_of(&mm->lay, (int)q, &c);
+        if (s)
+            return s;
+        if (mm->first[c.pp * tp + c.tp] < 0)
+            mm->first[c.pp * tp + c.tp] = q;
+    }
+    mm->first_r0 = r0;
+    return PAR_OK;
+}
+
+/* *out = 1 when world rank r, at coordinates rc, writes its process's
+ * shared copy (replicas.h par_replica_updater: the lowest rank of its dense
+ * replica group, pipeline rank x TP shard, in the process) or there is none. */
+static par_status updates_copy(par_mm *mm, int r, const par_rank_coords *rc, int *out)
+{
+    *out = 1;
+    if (!sharing(mm))
+        return PAR_OK;
+    par_status s = process_firsts(mm, r);
+    if (!s)
+        *out = mm->first[rc->pp * mm->lay.tp + rc->tp] == r;
+    return s;
+}
+
+static void optim_of(const par_mm *mm, const stage_info *si, int writes, const par_rank_coords *rc, par_mm_rank *o)
+{
+    const int skip_dense_ws = !writes; /* replicated: the writer alone runs Muon on the copy */
     const par_mm_zero *z[2] = {&si->zd, &si->ze};
     const int q[2] = {rc->cp + (int)mm->lay.cp * rc->dp, rc->edp};
     const int zero1 = mm->lay.distributed_optimizer;
@@ -508,9 +564,11 @@ static void optim_of(const par_mm *mm, const stage_info *si, const par_rank_coor
             master += (double)g->shard + (double)g->load[q[k]];
             ws = (double)g->muon_ws[q[k]] > ws ? (double)g->muon_ws[q[k]] : ws;
         } else {
-            state += 2.0 * (double)g->dp * (double)g->shard + (double)g->n_muon; /* zero.c: m, v of dp * shard */
+            if (!(k == 0 && sharing(mm))) /* the dense plan's state: the process's copy */
+                state += 2.0 * (double)g->dp * (double)g->shard + (double)g->n_muon; /* zero.c: m, v of dp * shard */
             master += (double)(g->n_adamw + g->n_muon);
-            ws = (double)g->muon_ws_all > ws ? (double)g->muon_ws_all : ws;
+            if (!(k == 0 && skip_dense_ws))
+                ws = (double)g->muon_ws_all > ws ? (double)g->muon_ws_all : ws;
         }
         if (zero1) {
             buf += dpseg + (double)g->seg; /* zero.c: buf [dp * seg], red [seg] */
@@ -567,9 +625,12 @@ par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
     out.rank = r;
     out.stage = rc.pp;
     out.held_floats = si->floats;
-    out.weights = (double)si->floats * mm->es_w + (double)mm->tab->n_i32 * 4.0;
+    out.weights = (double)(si->floats - (sharing(mm) ? si->dense : 0)) * mm->es_w + (double)mm->tab->n_i32 * 4.0;
     out.grads = (double)si->floats * mm->es_g;
-    optim_of(mm, si, &rc, &out);
+    int writes;
+    if ((s = updates_copy(mm, r, &rc, &writes)))
+        return s;
+    optim_of(mm, si, writes, &rc, &out);
     out.recv_factor = recv_factor(mm, si, r);
     act_out a;
     if ((s = act_of(mm, si, rc.pp, rc.cp, out.recv_factor, &a)))
@@ -594,6 +655,20 @@ par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
     out.total = out.weights + out.grads + out.optim + out.act + out.comm + out.workspace;
     *o = out;
     return PAR_OK;
+}
+
+par_status par_mm_shared_of(par_mm *mm, int r, double *out)
+{
+    *out = 0;
+    if (!sharing(mm))
+        return PAR_OK;
+    par_status s = process_firsts(mm, r);
+    for (int64_t i = 0; !s && i < mm->pp * mm->lay.tp; i++)
+        if (mm->first[i] >= 0) { /* one copy per group present in the process */
+            const stage_info *si = &mm->st[i / mm->lay.tp];
+            *out += (double)si->dense * mm->es_w + (mm->lay.distributed_optimizer ? 0 : dense_state(si) * mm->es_o);
+        }
+    return s;
 }
 
 par_status par_mm_stage_heaviest(par_mm *mm, int stage, par_mm_rank *out)

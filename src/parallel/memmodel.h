@@ -56,6 +56,11 @@ typedef struct {
                                * (par_run_summary.ep_recv / steps), or NULL */
     int64_t samples;          /* PARITY: samples of the global batch (statistics); 0: one per row */
     double workspace;         /* MEGATRON: fixed per-rank runtime workspace (bytes), e.g. cuBLAS / NCCL */
+    int shared_replicas;      /* PARITY: 1 = `parity run`'s default for world > 1: the dense weights and
+                               * the replicated dense optimizer state of the ranks of one process held once
+                               * (parallel/replicas.h), in no rank's terms but par_mm_shared_of's */
+    int64_t ranks_per_process; /* PARITY with shared_replicas: world ranks [k R, (k+1) R) share a process
+                                * (MPI --ranks-per-process R); 0: the whole world is one process */
 } par_mm_opts;
 
 void par_mm_opts_init(par_mm_opts *o); /* MEGATRON, skew default, nothing measured */
@@ -98,6 +103,10 @@ void par_mm_free(par_mm *mm);
 
 /* The estimate of world rank r. */
 par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *out);
+/* PARITY with shared_replicas: the bytes of the shared copies the process
+ * of world rank r holds (one per dense replica group: pipeline rank x TP
+ * shard present in it), else 0. */
+par_status par_mm_shared_of(par_mm *mm, int r, double *out);
 /* The heaviest rank (largest total) of pipeline rank `stage`. */
 par_status par_mm_stage_heaviest(par_mm *mm, int stage, par_mm_rank *out);
 

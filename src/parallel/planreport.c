@@ -100,11 +100,14 @@ static const char *runtime_words(const par_mm_opts *o)
     return "GPU job: bf16 weights and activations, fp32 grads, fp32 master + optimizer state";
 }
 
-/* The heaviest rank of every stage into rows[pp] (par_malloc'd). */
-static par_status stage_rows(const par_planrep_opts *o, par_mm_rank **rows)
+/* The heaviest rank of every stage into rows[pp] (par_malloc'd); *shared
+ * (may be NULL): what rank 0's process holds once (par_mm_shared_of). */
+static par_status stage_rows(const par_planrep_opts *o, par_mm_rank **rows, double *shared)
 {
     par_mm *mm = NULL;
     par_status s = par_mm_create(&mm, o->cfg, o->l, &o->mm);
+    if (!s && shared && (s = par_mm_shared_of(mm, 0, shared)))
+        par_mm_free(mm);
     if (s)
         return s;
     *rows = par_calloc((size_t)o->l->pp, sizeof **rows, PAR_TAG_MODEL);
@@ -122,7 +125,7 @@ static par_status stage_rows(const par_planrep_opts *o, par_mm_rank **rows)
     return s;
 }
 
-static void print_memory(FILE *f, const par_planrep_opts *o, const par_mm_rank *rows)
+static void print_memory(FILE *f, const par_planrep_opts *o, const par_mm_rank *rows, double shared)
 {
     const par_layout *l = o->l;
     double peak = 0;
@@ -146,6 +149,9 @@ static void print_memory(FILE *f, const par_planrep_opts *o, const par_mm_rank *
     }
     fprintf(f, "  peak %.2f %s on stage %d (rank %d); EP rows received per row sent %.2f\n", peak / u, un, at,
             rows[at].rank, rows[at].recv_factor);
+    if (shared > 0) /* parallel/replicas.h: in no rank's row */
+        fprintf(f, "  held once by the process (not in the rows): the dense weights%s of its replicas, %.2f %s\n",
+                l->distributed_optimizer ? "" : " and replicated dense optimizer state", shared / u, un);
 }
 
 static void print_steptime(FILE *f, const par_planrep_opts *o, const par_steptime *t)
@@ -171,9 +177,10 @@ par_status par_planrep_print(FILE *f, const par_planrep_opts *o)
         return s;
     print_guide(f, o->cfg, o->l, &g);
     par_mm_rank *rows = NULL;
-    if ((s = stage_rows(o, &rows)))
+    double shared = 0;
+    if ((s = stage_rows(o, &rows, &shared)))
         return s;
-    print_memory(f, o, rows);
+    print_memory(f, o, rows, shared);
     par_free(rows);
     if (o->net) {
         par_steptime t;
@@ -309,7 +316,7 @@ par_status par_planrep_json(const par_planrep_opts *o, cJSON **out)
     par_guide_row g;
     par_status s = par_guide_row_of(o->cfg, o->l, &g);
     par_mm_rank *rows = NULL;
-    if (s || (s = stage_rows(o, &rows)))
+    if (s || (s = stage_rows(o, &rows, NULL)))
         return s;
     cJSON *root = cJSON_CreateObject();
     int ok = root && cJSON_AddStringToObject(root, "preset", o->cfg->preset);

@@ -36,9 +36,11 @@ void PAR_FN(par_zero_plan_free)(plan_t *pl)
     par_zero_geom_free(&pl->geom);
     par_free(pl->counts);
     par_free(pl->displs);
-    par_free(pl->m);
-    par_free(pl->v);
-    par_free(pl->mom);
+    if (!pl->state_ext) {
+        par_free(pl->m);
+        par_free(pl->v);
+        par_free(pl->mom);
+    }
     par_free(pl->buf);
     par_free(pl->red);
     memset(pl, 0, sizeof *pl);
@@ -46,6 +48,13 @@ void PAR_FN(par_zero_plan_free)(plan_t *pl)
 
 par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, const int *idx, int n_idx, int dp,
                                        int rank, par_dp_mode mode)
+{
+    return PAR_FN(par_zero_plan_build_shared)(pl, t, idx, n_idx, dp, rank, mode, NULL, NULL);
+}
+
+par_status PAR_FN(par_zero_plan_build_shared)(plan_t *pl, const par_param_table *t, const int *idx, int n_idx,
+                                              int dp, int rank, par_dp_mode mode, PAR_FN(par_zero_state_fn) get,
+                                              void *ctx)
 {
     if (!pl)
         return par_err(PAR_EINVAL, "zero plan: needs a plan to build");
@@ -71,9 +80,19 @@ par_status PAR_FN(par_zero_plan_build)(plan_t *pl, const par_param_table *t, con
     const int zero1 = mode == PAR_DP_ZERO1;
     const size_t nad = (size_t)(zero1 ? z.shard : (int64_t)dp * z.shard);
     const size_t nmo = (size_t)(zero1 ? z.load[rank] : z.n_muon);
-    z.m = par_calloc(nad, sizeof *z.m, PAR_TAG_OPTIM);
-    z.v = par_calloc(nad, sizeof *z.v, PAR_TAG_OPTIM);
-    z.mom = par_calloc(nmo, sizeof *z.mom, PAR_TAG_OPTIM);
+    if (get && !zero1) { /* the process's copy of the replicated state */
+        PAR_FN(par_zero_state) ext = {0};
+        if ((st = get(ctx, nad, nmo, &ext)))
+            goto fail_free_plan;
+        z.m = ext.m;
+        z.v = ext.v;
+        z.mom = ext.mom;
+        z.state_ext = 1;
+    } else {
+        z.m = par_calloc(nad, sizeof *z.m, PAR_TAG_OPTIM);
+        z.v = par_calloc(nad, sizeof *z.v, PAR_TAG_OPTIM);
+        z.mom = par_calloc(nmo, sizeof *z.mom, PAR_TAG_OPTIM);
+    }
     /* replicated mode reduces the caller's gradients in place: no packed
      * buffer (it was dp * seg, O(group x largest Muon load) on every rank) */
     z.buf = par_calloc(zero1 ? (size_t)dp * (size_t)z.seg : 0, sizeof *z.buf, PAR_TAG_COMM);
@@ -360,6 +379,12 @@ par_status PAR_FN(par_zero_grad_sumsq)(const plan_t *pl, double *out)
 par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, const par_config *cfg,
                                 int64_t step, double gscale)
 {
+    return PAR_FN(par_dp_apply_ext)(pl, comm, params, cfg, step, gscale, 1);
+}
+
+par_status PAR_FN(par_dp_apply_ext)(plan_t *pl, par_comm *comm, par_real *params, const par_config *cfg,
+                                    int64_t step, double gscale, int write)
+{
     par_status st = check_comm(pl, comm, "dp apply");
     if (st)
         return st;
@@ -374,7 +399,7 @@ par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, co
     if (pl->dp * pl->seg == 0)
         return PAR_OK;
     if (pl->mode == PAR_DP_REPLICATED) {
-        for (int q = 0; q < pl->dp; q++) {
+        for (int q = 0; write && q < pl->dp; q++) {
             st = update_segment(pl, q, params, NULL, NULL, pl->m + (int64_t)q * pl->shard,
                                 pl->v + (int64_t)q * pl->shard, pl->mom + pl->muon_base[q], cfg, step, gscale);
             if (st)
@@ -389,7 +414,8 @@ par_status PAR_FN(par_dp_apply)(plan_t *pl, par_comm *comm, par_real *params, co
     st = par_allgatherv(comm, mine, pl->counts[pl->rank], pl->buf, pl->counts, pl->displs, ZC);
     if (st)
         return st;
-    unpack(pl, pl->buf, params);
+    if (write)
+        unpack(pl, pl->buf, params);
     return PAR_OK;
 }
 

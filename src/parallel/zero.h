@@ -59,6 +59,7 @@ typedef struct {
     par_real *red;            /* [seg] ZeRO-1: the reduced gradients of my segment */
     const par_real *rg;       /* replicated: the reduced flat gradients (the caller's buffer) */
     int reduced;              /* 1 between par_dp_reduce_grads and par_dp_apply  */
+    int state_ext;            /* 1: m, v, mom are the caller's (par_zero_plan_build_shared), not freed */
     int tp_muon_shard_fault;  /* P > 1: the TP-split Muon matrices updated per TP shard of P, the deliberate
                                * bug (parallel/tp_muon.h par_tp_muon_shard_fault); 0 in real runs */
 } PAR_FN(par_zero_plan);
@@ -70,6 +71,21 @@ typedef struct {
 par_status PAR_FN(par_zero_plan_build)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
                                        const int *idx, int n_idx, int dp, int rank, par_dp_mode mode);
 void PAR_FN(par_zero_plan_free)(PAR_FN(par_zero_plan) *pl);
+
+/* The optimizer state a plan holds (sizes: m, v [n_adamw_state], mom [n_muon_state]). */
+typedef struct {
+    par_real *m, *v, *mom;
+} PAR_FN(par_zero_state);
+typedef par_status (*PAR_FN(par_zero_state_fn))(void *ctx, size_t n_adamw_state, size_t n_muon_state,
+                                                 PAR_FN(par_zero_state) *out);
+/* par_zero_plan_build whose REPLICATED state comes from get(ctx, ...)
+ * instead (zeroed, the same geometry on every caller: the copy the ranks of
+ * one process share, parallel/replicas.h; the plan does not free it).  A
+ * ZeRO-1 plan's state is its own shard (get is not called); get NULL = the
+ * plan's own. */
+par_status PAR_FN(par_zero_plan_build_shared)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
+                                              const int *idx, int n_idx, int dp, int rank, par_dp_mode mode,
+                                              PAR_FN(par_zero_state_fn) get, void *ctx);
 
 /* This rank's memory (par_zero_geom_memory in the plan's mode and precision).
  * Owners and pieces: par_zero_geom_owner / _piece(&pl->geom, ...). */
@@ -99,6 +115,14 @@ par_status PAR_FN(par_zero_grad_sumsq)(const PAR_FN(par_zero_plan) *pl, double *
 par_status PAR_FN(par_dp_apply)(PAR_FN(par_zero_plan) *pl, par_comm *comm,
                                 par_real *params /* [n_float] */, const par_config *cfg,
                                 int64_t step, double gscale);
+
+/* par_dp_apply, with write 0 for a rank whose params are another rank's to
+ * write (the process's shared copy, parallel/replicas.h): ZeRO-1 updates
+ * its segment and takes part in the all-gather as before (the same bytes on
+ * the network) but leaves params alone; replicated does nothing but end the
+ * step (no communication either way).  write 1 is par_dp_apply. */
+par_status PAR_FN(par_dp_apply_ext)(PAR_FN(par_zero_plan) *pl, par_comm *comm, par_real *params,
+                                    const par_config *cfg, int64_t step, double gscale, int write);
 
 /* A whole step over several plans (e.g. dense + expert): reduce each plan
  * over its comm, add the shares, all-reduce the sum over norm_comm, clip with

@@ -169,6 +169,7 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     mo.real_bytes = L->f32 ? 4 : 8;
     mo.recv_rows = s.ep_recv; /* one step: the forward's rows per rank */
     mo.samples = s.samples0;  /* the batch's samples (statistics windows) */
+    mo.shared_replicas = 1;   /* the run's dense copy is the process's, in no rank's peaks (replicas.h) */
     par_mm *mm = NULL;
     cr_assert_eq(par_mm_create(&mm, &o.cfg, &s.layout, &mo), PAR_OK, "%s: %s", L->name, par_last_error());
     for (int k = 0; k < NTAGS; k++)

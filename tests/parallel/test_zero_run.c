@@ -32,6 +32,7 @@ static void golden(const char *out)
 typedef struct {
     int64_t world, ep, zero;
     const char *backend;
+    int private_replicas; /* 1: every rank its own dense copy (parallel/replicas.h) */
 } lay;
 
 static par_status run(const char *dump, lay l, par_run_summary *sum)
@@ -45,6 +46,7 @@ static par_status run(const char *dump, lay l, par_run_summary *sum)
     o.layout.world = l.world;
     o.layout.ep = l.ep ? l.ep : 1;
     o.layout.distributed_optimizer = (int)l.zero;
+    o.private_replicas = l.private_replicas;
     o.dump_dir = dump;
     return par_run(&o, sum);
 }
@@ -118,12 +120,14 @@ Test(zero_run, world_of_one_zero1_is_bitwise_serial)
 }
 
 /* ZeRO-1 divides the optimizer state by the DP size (up to the AdamW
- * padding and one Muon matrix); replicated keeps it whole on every rank. */
+ * padding and one Muon matrix); replicated keeps it whole on every rank
+ * (each rank its own copy here: the shared copy is the process's, in no
+ * rank's account, tests/parallel/test_replicas.c). */
 Test(zero_run, memory_accounting_divides_the_state_by_dp)
 {
     par_run_summary rs, zs;
-    cr_assert_eq(run(NULL, (lay){.world = 8}, &rs), 0, "%s", par_last_error());
-    cr_assert_eq(run(NULL, (lay){.world = 8, .zero = 1}, &zs), 0, "%s", par_last_error());
+    cr_assert_eq(run(NULL, (lay){.world = 8, .private_replicas = 1}, &rs), 0, "%s", par_last_error());
+    cr_assert_eq(run(NULL, (lay){.world = 8, .zero = 1, .private_replicas = 1}, &zs), 0, "%s", par_last_error());
     cr_assert(rs.mem && zs.mem);
     int64_t full = rs.mem[PAR_RUN_MEM * 0 + 3], sum_z = 0;
     cr_expect_gt(full, 0);
