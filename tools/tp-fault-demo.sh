@@ -11,9 +11,9 @@
 #     whose root cause is the fault's first effect:
 #       tp_wkv_no_reduce  every TP cell: a gradient of step 0, attn.wkv.weight
 #                         (each TP rank keeps its heads' share of wkv's gradient)
-#       tp_ce_log_tp      every cell with the vocab-parallel CE (TP all-layers
-#                         or +SP): a loss of step 0 (out.*loss*), off by log(TP)
-#                         (the softmax denominator reduced twice)
+#       tp_ce_log_tp      every TP cell (the vocab-parallel CE is the default
+#                         under TP): a loss of step 0 (out.*loss*), off by
+#                         log(TP) (the softmax denominator reduced twice)
 #       tp_muon_shard     every TP cell: a TP-split matrix in params.1 (each
 #                         rank's shard orthogonalized by itself; step 0 is right)
 #   - every other cell passes (PASS, or WARN for the informational one).
@@ -42,9 +42,7 @@ fault = sys.argv[2]
 
 def reached(c):
     lay = c["layout"]
-    if not re.search(r"(?<!E)TP=", lay):  # TP, not ETP
-        return False
-    return fault != "tp_ce_log_tp" or "all-layers" in lay or "+SP" in lay
+    return re.search(r"(?<!E)TP=", lay) is not None  # TP, not ETP
 
 def first_effect(c):
     rc = c["root_cause"]

@@ -240,8 +240,8 @@ int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
         {"world-size", PAR_OPT_INT, &l->world_size, "N", "ranks (default: the smallest the folding allows)", PAR_CHK_POS, 1 << 20},
         {"ranks-per-process", PAR_OPT_INT, &l->ranks_per_process, "N", "ranks per MPI process (fibers or threads, --rank-host)", PAR_CHK_POS, 1 << 20},
         {"use-distributed-optimizer", PAR_OPT_FLAG, &l->distributed_optimizer, NULL, "ZeRO-1 optimizer sharding"},
-        {"sequence-parallel", PAR_OPT_FLAG, &l->sequence_parallel, NULL, "TP > 1: tokens between TP regions split over the TP group (implies --tp-all-layers)"},
-        {"tp-all-layers", PAR_OPT_FLAG, &l->tp_all_layers, NULL, "TP > 1: vocab-parallel embedding, head and cross-entropy and the shared expert split too (default: the attention only)"},
+        {"sequence-parallel", PAR_OPT_FLAG, &l->sequence_parallel, NULL, "TP > 1: tokens between TP regions split over the TP group"},
+        {"tp-all-layers", PAR_OPT_FLAG, &l->tp_all_layers, NULL, "deprecated no-op: TP > 1 always splits every layer (vocab-parallel embedding, head and cross-entropy, the shared expert), as Megatron-LM"},
     };
     int k = (int)(sizeof add / sizeof add[0]);
     if (n + k > cap)

@@ -282,7 +282,7 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
     l->global_batch = c->la.global_batch;
     l->distributed_optimizer = c->la.distributed_optimizer;
     l->sequence_parallel = c->la.sequence_parallel;
-    l->tp_all_layers = c->la.tp_all_layers || c->la.sequence_parallel;
+    l->tp_all_layers = c->la.tp_all_layers; /* a deprecated no-op */
     if (!s)
         s = par_layout_set_pp_layout(l, c->la.pp_layout);
     if (!s)
@@ -343,7 +343,7 @@ static void print_header(const run_cli *c, const par_run_opts *o, const par_run_
            "Da=%lld | ETP=%lld EP=%lld De=%lld; %lld parameters (largest rank holds %lld)\n",
            c->preset, c->precision, sum->backend, (long long)sum->steps, (long long)rl->global_batch,
            (long long)sum->seq_length, (long long)rl->world, (long long)rl->tp,
-           rl->sequence_parallel ? "+SP" : rl->tp_all_layers ? " (all layers)" : "", (long long)rl->cp,
+           rl->sequence_parallel ? "+SP" : "", (long long)rl->cp,
            (long long)rl->pp, (long long)rl->da, (long long)rl->etp, (long long)rl->ep, (long long)rl->de,
            (long long)sum->n_params, (long long)sum->max_rank_floats);
     if (c->dump)

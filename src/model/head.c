@@ -120,7 +120,8 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
     AREAL(h->x, T * d, 0);
     AREAL(h->xn, T * d, 0);
     AREAL(h->rstd, T, 0);
-    AREAL(h->logits, T * V, 0);
+    if (!M->vocab.head || M->vocab.logits) /* the vocabulary executor holds its own (vocab-parallel) logits */
+        AREAL(h->logits, T * V, 0);
     AREAL(h->lse, T, 0);
     AREAL(h->ce, T, 0);
     par_status s = PAR_FN(par_hc_head_forward)(h->x, &h->hs, X, P(id.fn), P(id.base), P(id.scale), T, n,

@@ -268,7 +268,8 @@ typedef struct {
  * weight pass): embed.weight's gradient += dh by ids.  head: ce and lse of
  * the logits xn head.weight^T (key names the head act that owns the call's
  * saved state); logits is filled only when the executor keeps them for a
- * dump, else left as it is.  head_bwd: dxn += d/dxn of scale * sum_t CE_t
+ * dump (`logits` = 1: the model then allocates them, else passes NULL and
+ * holds no [T, V] buffer), else left as it is.  head_bwd: dxn += d/dxn of scale * sum_t CE_t
  * (NULL: not wanted) and, with weights, head.weight's gradient +=.  All
  * collective over whatever group ctx uses. */
 typedef struct {
@@ -291,6 +292,7 @@ typedef struct {
                            par_real *dxn,       /* [T, d] += or NULL */
                            int weights, double scale);
     void *ctx;
+    int logits; /* 1: head() fills logits (a dump keeps them); 0: logits is NULL */
 } PAR_FN(par_vocab_exec);
 
 struct PAR_FN(par_model_s) {

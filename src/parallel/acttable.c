@@ -148,11 +148,22 @@ static double etp_rows_state(const par_act_ctx *c, double N, double nE)
  * g/u/h (ep_etp.c; etp_hook.c with EP 1: etp.c's rows of the serial
  * layer's gathering and the shared expert's tp_mlp state).  The ETP group
  * gathers P times the rows of one rank. */
+/* TP with EP = ETP = 1: tp_moe_hook.c runs the MoE layer (routed experts
+ * whole through etp.c's rows layer over a group of one, the shared expert
+ * column / row parallel). */
+static int tp_moe(const par_act_ctx *c) { return c->tp > 1 && c->ep <= 1 && c->etp <= 1; }
+
 static double moe_state(const par_act_ctx *c, double T)
 {
     const par_config *g = c->cfg;
     double es = c->es, E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
     double I = (double)g->moe_inter_dim, d = (double)g->dim, P = c->etp > 1 ? (double)c->etp : 1;
+    if (tp_moe(c)) { /* etp_moe_saved as below, the rows layer's P = 1 (no w2 copies); the shared expert's
+                      * I/TP state and the hook's w2 columns + their gradient [2, d, I/TP] */
+        double Is = I / (double)c->tp, N = T * K;
+        return 8 * (E + 1) + es * (N + 1) + 4 * (3 * N + 1) + 8 * (2 + E + N) + es * (N * d + N + 3 * N * I + 1) +
+               8 * 5 * E + 3 * es * (T + 1) * Is + es * (2 * d * Is + 1);
+    }
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, P * T * K, E) +
                3 * es * (T + 1) * I;
@@ -184,7 +195,7 @@ double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
 {
     if (c->recompute)
         return 0;
-    double T = (double)Ti, kept = c->ep <= 1 && c->etp > 1 ? moe_state(c, T) : 0; /* etp_hook.c */
+    double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || tp_moe(c) ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
     if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
@@ -198,7 +209,9 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
     double es = c->es, K = (double)g->n_activated_experts, d = (double)g->dim, NS = T * K;
     double P = c->etp > 1 ? (double)c->etp : 1;
     /* etp.c par_etp_rows_backward: dyg, dys, dxs [N, d], drs [N], out [N, d+1], mine [n, d+1] */
-    double rows = P > 1 ? es * (3 * P * NS * d + P * NS + P * NS * (d + 1)) : 0;
+    double rows = P > 1 || tp_moe(c) ? es * (3 * P * NS * d + P * NS + P * NS * (d + 1)) : 0;
+    if (tp_moe(c)) /* as etp_moe_backward below (rows over a group of one) */
+        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
     if (c->ep <= 1 && P > 1) /* etp.c par_etp_moe_backward: dyr, dxr [NR, d], drw [NR], slots [NR, d], dxs [T, d] */
         return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
     if (c->ep <= 1)
@@ -312,15 +325,29 @@ double par_act_head_saved(const par_act_ctx *c, int64_t Ti)
 {
     const par_config *g = c->cfg;
     double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
-    /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V] */
-    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + T * V);
+    /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V]
+     * (not with TP's vocabulary hook: it keeps [T, V/TP] of them itself; a dump's [T, V] is not modelled) */
+    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->tp > 1 ? 0 : T * V)) +
+           par_act_head_exec_kept(c, Ti);
+}
+
+double par_act_head_exec_kept(const par_act_ctx *c, int64_t Ti)
+{
+    double T = (double)Ti, d = (double)c->cfg->dim, V = (double)c->cfg->vocab_size;
+    if (c->tp <= 1)
+        return 0;
+    /* tp_vocab.c's saved forward (tp_vocab_hook.c's slot of the head act): xn [T, d], logits [T, V/TP],
+     * lse [T]; target [T] int32 */
+    return c->es * (T * d + T * V / (double)c->tp + T + 1) + 4 * (T + 1);
 }
 
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t Ti)
 {
     const par_config *g = c->cfg;
-    double T = (double)Ti;
-    return c->es * (T * (double)g->vocab_size + 2 * T * (double)g->dim); /* dlogits, dxn, dx */
+    double T = (double)Ti, d = (double)g->dim;
+    if (c->tp > 1) /* head.c dxn, dx; tp_vocab.c par_tp_head_backward: dz [T, V/TP], dxs, mine [T, d] */
+        return c->es * (T * (double)g->vocab_size / (double)c->tp + 4 * T * d + 1);
+    return c->es * (T * (double)g->vocab_size + 2 * T * d); /* dlogits, dxn, dx */
 }
 
 double par_act_mtp_input_saved(const par_act_ctx *c, int64_t Ti)

@@ -74,6 +74,10 @@ double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t T);
 double par_act_head_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_head_saved(const par_act_ctx *c, int64_t T);
+/* The part of par_act_head_saved the TP vocabulary hook keeps in its own
+ * slot of the head act until the next forward of the same head (as
+ * par_act_block_exec_kept): 0 without TP. */
+double par_act_head_exec_kept(const par_act_ctx *c, int64_t T);
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */
 double par_act_mtp_input_saved(const par_act_ctx *c, int64_t T);

@@ -65,14 +65,12 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                   "loaded its checkpoint"
 #define NOTE_CLIP "clip_grad 0.5 below the gradient norm (0.87-0.90 on this fixture): the clip scale is active " \
                   "every step, the global norm reduced across ranks; reference with the same clip"
-#define NOTE_TP "f64 policy: TP attention (heads, groups, index heads, sinks split; output and dx summed over TP); " \
-                "routing and selections exactly equal"
+#define NOTE_TP "f64 policy: every TP layer (attention heads split, vocab-parallel embedding / head / CE, " \
+                "TP shared expert with EP 1); routing, selections exact"
 #define NOTE_ETP "f64 policy: ETP 2 (moe_inter_dim split; rows all-gathered, outputs reduce-scattered over the " \
                  "ETP group of disjoint tokens, expert gradients summed over ETP); routing exactly equal"
 #define NOTE_ETP_EP "f64 policy: ETP 2 inside EP 4 (EP-dispatched rows all-gathered over ETP, I/2 slices, outputs " \
                     "reduce-scattered; expert gradients summed over ETP, then EDP); routing exact"
-#define NOTE_TPALL "f64 policy: TP of every layer: attention as tp2, vocab-parallel embedding / head / CE " \
-                   "(no gathered logits), shared expert column / row parallel; routing, selections exact"
 #define NOTE_TPSP "f64 policy: TP 2 + SP: mHC, norms, router, routed experts on the rank's columns; gathered " \
                   "before, reduce-scattered after each TP layer; routing, selections exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
@@ -216,18 +214,13 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .use_distributed_optimizer = 1},
      .load_layout = TPL(4, 4), .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},
      .note = NOTE_PAIR " (TP 2 x DP 2 x ZeRO-1 saved, loaded under TP 4)"},
-    /* -- issue 15, TP round 2: every TP layer (vocab-parallel embedding / head / CE, the TP shared
-     * expert), SP, the reshard chain -- */
-    {.name = "tp2-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
-     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .tp_all_layers = 1}, .note = NOTE_TPALL},
-    {.name = "tp4-all", .preset = TINY, .kind = LAYOUT, .tier = Q,
-     .layout = {.world_size = 4, .tensor_model_parallel_size = 4, .tp_all_layers = 1},
-     .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"}, .note = NOTE_TPALL "; heads widened to 4"},
+    /* -- issue 15, TP round 2: SP, the reshard chain; every TP layer is the default since round 3
+     * (tp2-all and tp4-all were tp2 and tp4 with --tp-all-layers: the same cells now) -- */
     {.name = "tp2-all-zero1-pp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
      .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .pipeline_model_parallel_size = 2,
-                .use_distributed_optimizer = 1, .tp_all_layers = 1, .pipeline_schedule = "1f1b",
+                .use_distributed_optimizer = 1, .pipeline_schedule = "1f1b",
                 .pipeline_model_parallel_layout = "Et*1|t*2mL"},
-     .note = NOTE_TPALL "; PP 2 (1F1B) x Da 2, ZeRO-1"},
+     .note = NOTE_TP "; PP 2 (1F1B) x Da 2, ZeRO-1"},
     {.name = "tp2-sp", .preset = TINY, .kind = LAYOUT, .tier = Q,
      .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .sequence_parallel = 1}, .note = NOTE_TPSP},
     {.name = "tp2-sp-pp2-dp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
@@ -539,7 +532,7 @@ par_status par_cell_layout_to(const par_cell_layout *cl, par_layout *out)
     l.global_batch = cl->global_batch_size;
     l.distributed_optimizer = cl->use_distributed_optimizer;
     l.sequence_parallel = cl->sequence_parallel;
-    l.tp_all_layers = cl->tp_all_layers || cl->sequence_parallel;
+    l.tp_all_layers = cl->tp_all_layers; /* a deprecated no-op */
     par_status s = PAR_OK;
     if (cl->pipeline_model_parallel_layout[0])
         s = par_layout_set_pp_layout(&l, cl->pipeline_model_parallel_layout);

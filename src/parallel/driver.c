@@ -512,10 +512,8 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
     };
     cJSON *lj = PAR_FN(par_golden_layout_json)(&gl);
-    if (lj && (l->sequence_parallel || l->tp_all_layers)) { /* only when given: other manifests unchanged */
+    if (lj && l->sequence_parallel) /* only when given: other manifests unchanged */
         cJSON_AddBoolToObject(lj, "sequence_parallel", l->sequence_parallel);
-        cJSON_AddBoolToObject(lj, "tp_all_layers", l->tp_all_layers || l->sequence_parallel);
-    }
     par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, lj,
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)

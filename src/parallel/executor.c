@@ -86,16 +86,15 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
     return PAR_OK;
 }
 
-/* TP with --tp-all-layers (or SP): the vocab-parallel embedding / head and
- * (EP = ETP = 1) the TP shared expert; what the step's TP sum covers. */
+/* Every TP layer under TP > 1, as Megatron-LM does (--tp-all-layers is a
+ * no-op): the vocab-parallel embedding / head / CE and (EP = ETP = 1) the TP
+ * shared expert; what the step's TP sum covers. */
 static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
 {
-    const int sp = ex->lay->sequence_parallel, all = ex->lay->tp_all_layers || sp;
+    const int sp = ex->lay->sequence_parallel;
     ex->tp_grads = (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) ? PAR_TPG_SKIP_WKV : 0;
     if (sp)
         ex->tp_grads |= PAR_TPG_ALL;
-    if (!all)
-        return PAR_OK;
     par_status s = PAR_FN(par_tp_vocab_hook_create)(&ex->tpvh, ex->tpc, M, 2 * ex->m * ex->n_local, sp,
                                                      ex->tp_faults, 0);
     if (s)
@@ -462,6 +461,8 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     PAR_FN(par__exec_setup_free)(ex);
     ex->keep = keep;
     PAR_FN(par_tp_vocab_hook_keep)(ex->tpvh, keep);
+    if (ex->tpvh) /* the model allocates [T, V] logits only for a dump */
+        M->vocab.logits = keep;
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;

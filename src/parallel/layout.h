@@ -54,9 +54,9 @@ typedef struct {
     int distributed_optimizer;                /* --use-distributed-optimizer */
     char schedule[16];     /* --pipeline-schedule; "": interleaved when VPP > 1, else 1f1b */
     char pp_layout[PAR_LAYOUT_STR_MAX];       /* --pipeline-model-parallel-layout; "": none */
-    int sequence_parallel; /* --sequence-parallel (TP > 1; implies tp_all_layers) */
-    int tp_all_layers;     /* --tp-all-layers: vocab-parallel embedding / head / CE and the TP shared
-                            * expert as well as the attention (parity's flag; Megatron always) */
+    int sequence_parallel; /* --sequence-parallel (TP > 1) */
+    int tp_all_layers;     /* --tp-all-layers: accepted, a deprecated no-op (TP > 1 always splits the
+                            * embedding / head / CE vocab-parallel and the shared expert, as Megatron) */
 
     /* ---- derived by par_layout_resolve ---- */
     int resolved;

@@ -479,7 +479,7 @@ static void describe_layout(const par_mx_cell *c, const par_cell_layout *cl, cha
             ADD("mbs=%lld ", (long long)cl->micro_batch_size);
     }
     if (l.tp > 1)
-        ADD("TP=%lld%s ", (long long)l.tp, l.sequence_parallel ? "+SP" : l.tp_all_layers ? " all-layers" : "");
+        ADD("TP=%lld%s ", (long long)l.tp, l.sequence_parallel ? "+SP" : "");
     if (l.cp > 1)
         ADD("CP=%lld ", (long long)l.cp);
     if (l.da > 1)

@@ -321,7 +321,8 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
         if (it == PAR_BLK_EMBED)
             r += x;
         else if (it == PAR_BLK_LOSS)
-            r += par_act_head_saved(c, T), wk += par_act_head_wkeep(c, T);
+            r += par_act_head_saved(c, T) - par_act_head_exec_kept(c, T), k += par_act_head_exec_kept(c, T),
+                wk += par_act_head_wkeep(c, T);
         if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
             double kb = par_act_block_exec_kept(c, b, T);
             r += par_act_block_saved(c, b, T) - kb;
@@ -329,8 +330,8 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
             wk += par_act_block_wkeep(c, b, T);
         }
         if (it == PAR_BLK_MTP)
-            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T),
-                wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
+            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T) - par_act_head_exec_kept(c, T),
+                k += par_act_head_exec_kept(c, T), wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
     }
     t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
     for (int i = last - 1; i >= first; i--) { /* the backward, in reverse */

@@ -35,10 +35,8 @@ static cJSON *layout_json(const par_layout *l)
     cJSON_AddNumberToObject(j, "micro_batch_size", (double)l->micro_batch);
     cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
     cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
-    if (l->sequence_parallel || l->tp_all_layers) { /* only when given: older summaries unchanged */
+    if (l->sequence_parallel) /* only when given: older summaries unchanged */
         cJSON_AddBoolToObject(j, "sequence_parallel", l->sequence_parallel);
-        cJSON_AddBoolToObject(j, "tp_all_layers", l->tp_all_layers || l->sequence_parallel);
-    }
     if (l->pp > 1) {
         char str[PAR_LAYOUT_STR_MAX];
         par_pplayout_format(&l->pipe, str, (int)sizeof str);

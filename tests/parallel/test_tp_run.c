@@ -40,7 +40,7 @@ static void golden(const char *out)
     cr_assert_eq(par_golden_run(&o, NULL), 0, "%s", par_last_error());
 }
 
-/* {TP, ETP, EP, CP, world[, moe_inter_dim[, --tp-all-layers[, --sequence-parallel]]]} */
+/* {TP, ETP, EP, CP, world[, moe_inter_dim[, --tp-all-layers (a deprecated no-op)[, --sequence-parallel]]]} */
 typedef struct {
     int64_t tp, etp, ep, cp, world, inter;
     int all, sp;
@@ -90,16 +90,30 @@ Test(tp_run, etp2_matches_the_serial_golden)
     free(t), free(g), free(d);
 }
 
-/* Every TP layer (vocab-parallel embedding / head / CE, the TP shared
- * expert) with TP 2 x DP 2: the serial golden. */
-Test(tp_run, tp2_all_layers_x_dp2_matches_the_serial_golden)
+/* --tp-all-layers is a deprecated no-op: every TP layer (vocab-parallel
+ * embedding / head / CE, the TP shared expert) is the default under TP.
+ * TP 2 x DP 2 with the flag matches the serial golden and is bitwise the
+ * run without it. */
+Test(tp_run, tp_all_layers_flag_is_a_no_op)
 {
-    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2");
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tp2"), *d0 = sub(t, "tp2-noflag");
     golden(g);
     cr_assert_eq(run(d, (lay){2, 1, 1, 1, 4, 0, 1, 0}, 0), 0, "%s", par_last_error());
     check_golden(g, d, 0);
+    cr_assert_eq(run(d0, (lay){2, 1, 1, 1, 4, 0, 0, 0}, 0), 0, "%s", par_last_error());
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    co.policy = PAR_POLICY_BITWISE;
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(d0, d, &co, &r), 0, "%s", par_last_error());
+    if (!par_compare_report_ok(r))
+        par_compare_report_print(r, stderr, 0);
+    cr_expect(par_compare_report_ok(r), "with and without --tp-all-layers: %d entries differ",
+              par_compare_report_failed(r));
+    cr_expect_gt(par_compare_report_count(r), 100);
+    par_compare_report_free(r);
     rmtree(t);
-    free(t), free(g), free(d);
+    free(t), free(g), free(d), free(d0);
 }
 
 /* Sequence parallelism, TP 2 + SP x DP 2: the TP ranks hold column slices
@@ -183,10 +197,12 @@ Test(tp_run, missing_wkv_all_reduce_is_caught)
 
 /* The vocab-parallel CE's softmax denominator reduced twice: every CE gains
  * log(TP); the logits are right, so the first divergence is the main loss,
- * off by log 2. */
+ * off by log 2.  A plain TP 2 run (no --tp-all-layers, a no-op now): the
+ * vocab-parallel CE is the default under TP, as in Megatron-LM, so an
+ * attention-only TP would pass and fail this test. */
 Test(tp_run, log_tp_added_by_the_vocab_parallel_ce_is_caught)
 {
-    fault_caught("log_tp_ce", (lay){2, 1, 1, 1, 2, 0, 1, 0}, PAR_TP_FAULT_CE_LOG_TP, "step.0.safetensors", "out.",
+    fault_caught("log_tp_ce", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_CE_LOG_TP, "step.0.safetensors", "out.",
                  "loss", log(2.0));
 }
 
