@@ -2,8 +2,8 @@
  * executor with the TP attention hook, parallel/tp_hook.h) against the
  * serial golden of the same data and seed, f64 policy (routing and indexer
  * selections exact); ETP 2 (parallel/etp_hook.h) the same; the deliberate
- * missing wkv all-reduce caught with its root cause; the layout rules
- * refused with the numbers. */
+ * missing wkv all-reduce caught with its root cause; SP x CP x ETP x EP and
+ * TP = ETP x EP; the layout rules refused with the numbers. */
 #include <criterion/criterion.h>
 
 #include "golden_check.h"
@@ -175,6 +175,23 @@ Test(tp_run, tp2_cp2_ep4_matches_the_serial_golden)
 
 /* Each TP rank keeps its own heads' share of wkv's gradient: the first
  * divergence in dataflow order is a wkv gradient of step 0. */
+/* The TP compositions (tpcomp15): TP 2 + SP x CP 2 x Da 2 = ETP 2 x EP 2 x
+ * De 2 (SP's column slices inside the CP slice, the router and the EP
+ * dispatch on the local tokens, the ETP rows gathered), and TP 2 = ETP 2
+ * without SP inside EP 2 (the ETP group is the TP group: same rows, the
+ * slices' outputs all-reduced): the serial golden. */
+Test(tp_run, tp2_sp_cp2_etp2_ep2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tpsp"), *e = sub(t, "tpetp");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 2, 2, 2, 8, 0, 1, 1}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    cr_assert_eq(run(e, (lay){2, 2, 2, 1, 4, 0, 0, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, e, 0);
+    rmtree(t);
+    free(t), free(g), free(d), free(e);
+}
+
 Test(tp_run, missing_wkv_all_reduce_is_caught)
 {
     fault_caught("missing_wkv_all_reduce", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_WKV_NO_REDUCE,
@@ -252,16 +269,15 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 2, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2 with tensor-model-parallel-size 2"), "%s",
-              par_last_error());
+    /* TP x ETP without SP: the ETP group must be the TP group */
+    cr_expect_eq(run(NULL, (lay){2, 4, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 4 with tensor-model-parallel-size 2 needs "
+                                       "--sequence-parallel"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 2, 4, 1, 12, 0, 0, 0}, 0), PAR_EINVAL); /* 12 = TP*CP*Da, not ETP*EP*De */
     cr_expect(strstr(par_last_error(), "12"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "--sequence-parallel needs tensor-model-parallel-size > 1 (got 1)"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 1, 2, 1, 4, 0, 1, 1}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "expert-model-parallel-size 2"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
