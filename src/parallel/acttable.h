@@ -35,6 +35,10 @@ typedef struct {
                          * of the microbatch's T tokens (0: 1)                    */
     int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
                          * the rows layer's state of the group's gathered rows (0: 1) */
+    int64_t sp;         /* sequence parallelism: the TP size (0, 1: none); T is then the
+                         * rank's tokens, the TP layers' state is of sp * T gathered */
+    int vocab;          /* 1: the vocab-parallel head / CE (tp_vocab_hook.c)        */
+    int tp_mlp;         /* 1: the TP shared expert (tp_moe_hook.c, EP = ETP = 1)    */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */
@@ -68,6 +72,9 @@ double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t T);
 double par_act_head_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_head_saved(const par_act_ctx *c, int64_t T);
+/* The vocab-parallel head's saved forward (tp_vocab_hook.c: one per
+ * microbatch and head, kept for the step; 0 without the hook). */
+double par_act_head_hook_kept(const par_act_ctx *c, int64_t T);
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */
 double par_act_mtp_input_saved(const par_act_ctx *c, int64_t T);
