@@ -80,17 +80,19 @@ Test(run, summary_of_a_pipeline_with_network, .timeout = 120)
 
 /* The TP flags in every command that takes the layout flags (docs/cli.md:
  * the shared CLI.md lacks --sequence-parallel, --tp-all-layers and
- * --rank-host), and no stale "TP / ETP not supported" line. */
+ * --rank-host): run, plan and ckpt reshard, and no stale "TP / ETP not
+ * supported" line. */
 Test(run, help_lists_the_tp_flags)
 {
     char dir[] = "/tmp/parity-help-test-XXXXXX";
     cr_assert(mkdtemp(dir));
     char log[PATH_MAX];
     snprintf(log, sizeof log, "%s/log", dir);
-    static const char *const cmds[][3] = {{"run", "--help", NULL}, {"plan", "--help", NULL}};
+    static const char *const cmds[][4] = {
+        {"run", "--help", NULL}, {"plan", "--help", NULL}, {"ckpt", "reshard", "--help", NULL}};
     static const char *const want[] = {"--tensor-model-parallel-size", "--expert-tensor-parallel-size",
                                        "--sequence-parallel", "--tp-all-layers"};
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         cr_assert_eq(parity_exec(log, cmds[c], NULL), 0, "parity %s --help", cmds[c][0]);
         FILE *f = fopen(log, "r");
         cr_assert(f);
