@@ -94,9 +94,11 @@ static int layout_of(par_layout *l, const par_layout_args *la, int64_t mb_group)
     l->global_batch = la->global_batch;
     l->mb_group = mb_group;
     l->distributed_optimizer = la->distributed_optimizer;
-    if (la->sequence_parallel) { /* --tp-all-layers: a deprecated no-op, accepted */
-        fprintf(stderr, "parity plan: --sequence-parallel: the memory model counts TP without sequence "
-                "parallelism (docs/planning.md); not modelled yet\n");
+    l->sequence_parallel = la->sequence_parallel;
+    l->tp_all_layers = la->tp_all_layers || la->sequence_parallel;
+    if ((la->sequence_parallel || la->tp_all_layers) && l->tp <= 1) { /* par_tp_layout_rules' first rule */
+        fprintf(stderr, "parity plan: --%s needs tensor-model-parallel-size > 1 (got %lld)\n",
+                la->sequence_parallel ? "sequence-parallel" : "tp-all-layers", (long long)l->tp);
         return 2;
     }
     if (par_layout_set_pp_layout(l, la->pp_layout) != PAR_OK || par_layout_set_schedule(l, la->pp_schedule) != PAR_OK)

@@ -141,8 +141,11 @@ static const char synopsis[] =
     "per destination node, then over NVLink (bitwise the same results as flat; the EP report gives\n"
     "bytes per tier and, with a network, the emulated dispatch / combine time).  --summary writes\n"
     "the run's metrics as JSON (losses, emulated step time, bubble, exposed communication, bytes\n"
-    "per tier, memory per rank, wall time; docs/matrix.md \"Run summary\").  TP and ETP are not\n"
-    "supported (sizes must be 1).  --cost-as PRESET (say v4-pro) charges the virtual clock with\n"
+    "per tier, memory per rank, wall time; docs/matrix.md \"Run summary\").  TP splits the\n"
+    "attention's heads (--tp-all-layers: also the vocab-parallel embedding, head and CE and the\n"
+    "shared expert; --sequence-parallel: the tokens between TP regions too, with CP, EP and ETP),\n"
+    "ETP the routed experts' hidden units (with TP > 1: ETP = TP, or any ETP under SP);\n"
+    "docs/cli.md.  --cost-as PRESET (say v4-pro) charges the virtual clock with\n"
     "that preset's compute and message sizes while the numerics stay those of --preset (the\n"
     "same dump bitwise): the emulated step time, bubble and exposed communication predict the\n"
     "target on the network (reference unless --topology); docs/planning.md \"--cost-as\".";

@@ -65,6 +65,12 @@ static double cp_halo(const par_act_ctx *c, int b)
 
 /* ---- tensor parallelism (tp_hook.c, tp_attn.c) ---------------------------- */
 
+/* The tokens a TP layer works on: the rank's T, gathered over TP under SP. */
+static double tp_tokens(const par_act_ctx *c, double T)
+{
+    return c->sp > 1 ? T * (double)c->sp : T;
+}
+
 /* The config whose attention dims are one TP rank's shard (tp_attn.c
  * par_tp_attn_dims: heads, output groups and index heads over TP). */
 static par_config tp_cfg(const par_act_ctx *c)
@@ -117,8 +123,9 @@ static double attn_state(const par_act_ctx *c, int b, double T)
         l.cfg = &g, l.tp = 1;
         return attn_state(&l, b, T) + c->es * (3 * tp_shard(c, b) + 1);
     }
-    if (c->tp > 1) /* + block.c's sel [T, topk] in the arena */
-        return tp_attn_state(c, b, T) + (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
+    if (c->tp > 1) /* the layer on the (SP: gathered) tokens, + block.c's sel [T, topk] in the arena */
+        return tp_attn_state(c, b, tp_tokens(c, T)) +
+               (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     if (c->cp <= 1)
         return par_act_attn_saved(c, b, (int64_t)T);
     const par_config *g = c->cfg;
@@ -134,12 +141,21 @@ static double attn_state(const par_act_ctx *c, int b, double T)
  * over an ETP group of P: counts [P], off [nE+1], order [N] (int64); xs
  * [N, d], rws [N], g/u/h [N, I/P]; and the nE held experts' slices (the
  * executors' w1/w2/w3 and gradient pointers, the w2 slices and their
- * gradients [2, nE, d, I/P]). */
-static double etp_rows_state(const par_act_ctx *c, double N, double nE)
+ * gradients [2, nE, d, I/P]; not with `whole`: tp_moe_hook.c's experts are
+ * whole, used in place). */
+static double etp_rows_state(const par_act_ctx *c, double N, double nE, int whole)
 {
     const par_config *g = c->cfg;
     double P = (double)c->etp, d = (double)g->dim, Il = (double)g->moe_inter_dim / P, es = c->es;
-    return 8 * (P + nE + 1 + N) + es * (N * d + N + 3 * N * Il + 1) + 8 * 5 * nE + es * (2 * nE * d * Il + 1);
+    return 8 * (P + nE + 1 + N) + es * (N * d + N + 3 * N * Il + 1) +
+           (whole ? 0 : 8 * 5 * nE + es * (2 * nE * d * Il + 1));
+}
+
+/* Rows the ETP group gathers per row of a rank: P, or 1 when its ranks hold
+ * the same rows (TP = ETP without SP: etp.h's rows layer without sp). */
+static double etp_gather(const par_act_ctx *c)
+{
+    return c->etp > 1 && (c->tp <= 1 || c->sp > 1) ? (double)c->etp : 1;
 }
 
 /* The routed experts' state: moe.c par_moe_saved_alloc (serial), ep.c's
@@ -148,30 +164,25 @@ static double etp_rows_state(const par_act_ctx *c, double N, double nE)
  * g/u/h (ep_etp.c; etp_hook.c with EP 1: etp.c's rows of the serial
  * layer's gathering and the shared expert's tp_mlp state).  The ETP group
  * gathers P times the rows of one rank. */
-/* TP with EP = ETP = 1: tp_moe_hook.c runs the MoE layer (routed experts
- * whole through etp.c's rows layer over a group of one, the shared expert
- * column / row parallel). */
-static int tp_moe(const par_act_ctx *c) { return c->tp > 1 && c->ep <= 1 && c->etp <= 1; }
-
 static double moe_state(const par_act_ctx *c, double T)
 {
     const par_config *g = c->cfg;
     double es = c->es, E = (double)g->n_routed_experts, K = (double)g->n_activated_experts;
     double I = (double)g->moe_inter_dim, d = (double)g->dim, P = c->etp > 1 ? (double)c->etp : 1;
-    if (tp_moe(c)) { /* etp_moe_saved as below, the rows layer's P = 1 (no w2 copies); the shared expert's
-                      * I/TP state and the hook's w2 columns + their gradient [2, d, I/TP] */
-        double Is = I / (double)c->tp, N = T * K;
-        return 8 * (E + 1) + es * (N + 1) + 4 * (3 * N + 1) + 8 * (2 + E + N) + es * (N * d + N + 3 * N * I + 1) +
-               8 * 5 * E + 3 * es * (T + 1) * Is + es * (2 * d * Is + 1);
-    }
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
-        return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, P * T * K, E) +
+        return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
                3 * es * (T + 1) * I;
+    if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
+                      * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the w2 shard + its gradient */
+        double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
+        return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, T * K, E, 1) +
+               es * (Tg * d + 3 * Tg * Il + 1) + es * (2 * d * Il + 1);
+    }
     if (c->ep <= 1)
         return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;
     double NS = T * K, NR = NS * c->recv_factor, El = E / (double)c->ep;
     double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) + 3 * es * T * I;
-    return base + (P > 1 ? etp_rows_state(c, P * NR, El) : es * 3 * NR * I);
+    return base + (P > 1 ? etp_rows_state(c, etp_gather(c) * NR, El, 0) : es * 3 * NR * I);
 }
 
 double par_act_block_saved(const par_act_ctx *c, int b, int64_t Ti)
@@ -195,7 +206,7 @@ double par_act_block_exec_kept(const par_act_ctx *c, int b, int64_t Ti)
 {
     if (c->recompute)
         return 0;
-    double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || tp_moe(c) ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
+    double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || c->tp_mlp ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
     if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
@@ -209,11 +220,15 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
     double es = c->es, K = (double)g->n_activated_experts, d = (double)g->dim, NS = T * K;
     double P = c->etp > 1 ? (double)c->etp : 1;
     /* etp.c par_etp_rows_backward: dyg, dys, dxs [N, d], drs [N], out [N, d+1], mine [n, d+1] */
-    double rows = P > 1 || tp_moe(c) ? es * (3 * P * NS * d + P * NS + P * NS * (d + 1)) : 0;
-    if (tp_moe(c)) /* as etp_moe_backward below (rows over a group of one) */
-        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
+    const double G = etp_gather(c);
+    double rows = P > 1 ? es * (3 * G * NS * d + G * NS + G * NS * (d + 1)) : 0;
     if (c->ep <= 1 && P > 1) /* etp.c par_etp_moe_backward: dyr, dxr [NR, d], drw [NR], slots [NR, d], dxs [T, d] */
         return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
+    if (c->tp_mlp) { /* the same with a rows layer of one rank; tp_mlp.c's dx [Tg, d] (+ SP: the gathered dy) */
+        double Tg = tp_tokens(c, T);
+        return es * (3 * NS * d + NS + T * d) + es * (3 * NS * d + NS + NS * (d + 1)) + es * NS * (d + 1) +
+               es * Tg * d * (c->sp > 1 ? 2 : 1);
+    }
     if (c->ep <= 1)
         return es * (3 * NS * d + 2 * NS + T * d);
     double NR = NS * c->recv_factor;
@@ -249,6 +264,10 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
         par_config l = tp_cfg(c);
         par_act_ctx lc = *c;
         lc.cfg = &l, lc.tp = 1;
+        if (c->sp > 1 && c->cp <= 1) /* on the gathered tokens; tp_hook.c sp_rows_backward: dy, dx [Tg, d], mine */
+            return attn_bwd_scratch(&lc, b, tp_tokens(c, T)) + es * (3 * tp_tokens(c, T) * d + T * d + 1);
+        if (c->sp > 1) /* cptp_hook.c sp_backward: dy of the CP slice (kept for W), dx [Tg, d] + mine */
+            return attn_bwd_scratch(&lc, b, T) + es * (3 * tp_tokens(c, T) * d + T * d + 1);
         return attn_bwd_scratch(&lc, b, T) + es * (T * d + 1);
     }
     if (c->cp <= 1)
@@ -326,27 +345,28 @@ double par_act_head_saved(const par_act_ctx *c, int64_t Ti)
     const par_config *g = c->cfg;
     double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
     /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V]
-     * (not with TP's vocabulary hook: it keeps [T, V/TP] of them itself; a dump's [T, V] is not modelled) */
-    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->tp > 1 ? 0 : T * V)) +
-           par_act_head_exec_kept(c, Ti);
+     * (not with the vocab-parallel hook: it keeps [T, V/TP] of them itself, par_act_head_hook_kept; a
+     * dump's [T, V] is not modelled) */
+    return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->vocab ? 0 : T * V));
 }
 
-double par_act_head_exec_kept(const par_act_ctx *c, int64_t Ti)
+double par_act_head_hook_kept(const par_act_ctx *c, int64_t Ti)
 {
-    double T = (double)Ti, d = (double)c->cfg->dim, V = (double)c->cfg->vocab_size;
-    if (c->tp <= 1)
+    if (!c->vocab)
         return 0;
-    /* tp_vocab.c's saved forward (tp_vocab_hook.c's slot of the head act): xn [T, d], logits [T, V/TP],
-     * lse [T]; target [T] int32 */
-    return c->es * (T * d + T * V / (double)c->tp + T + 1) + 4 * (T + 1);
+    /* tp_vocab.c head_setup: xn [Tg, d], logits [Tg, V/TP], lse [Tg]; target int32 [Tg] */
+    double Tg = tp_tokens(c, (double)Ti), d = (double)c->cfg->dim, Vl = (double)c->cfg->vocab_size / (double)c->tp;
+    return c->es * (Tg * d + Tg * Vl + Tg + 1) + 4 * (Tg + 1);
 }
 
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t Ti)
 {
     const par_config *g = c->cfg;
     double T = (double)Ti, d = (double)g->dim;
-    if (c->tp > 1) /* head.c dxn, dx; tp_vocab.c par_tp_head_backward: dz [T, V/TP], dxs, mine [T, d] */
-        return c->es * (T * (double)g->vocab_size / (double)c->tp + 4 * T * d + 1);
+    if (c->vocab) { /* tp_vocab.c par_tp_head_backward: dz [Tg, V/TP], dxs [Tg, d], mine [T, d]; dxn, dx */
+        double Tg = tp_tokens(c, T), Vl = (double)g->vocab_size / (double)c->tp;
+        return c->es * (Tg * Vl + Tg * d + T * d + 1) + c->es * 2 * T * d;
+    }
     return c->es * (T * (double)g->vocab_size + 2 * T * d); /* dlogits, dxn, dx */
 }
 

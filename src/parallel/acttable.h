@@ -38,6 +38,10 @@ typedef struct {
     int gate_logits;    /* 1: the router's logits [T, E] are saved (a GPU job); 0:
                          * parity's block.c recomputes them (and the scores) from
                          * the normed input in the backward                        */
+    int64_t sp;         /* sequence parallelism: the TP size (0, 1: none); T is then the
+                         * rank's tokens, the TP layers' state is of sp * T gathered */
+    int vocab;          /* 1: the vocab-parallel head / CE (tp_vocab_hook.c)        */
+    int tp_mlp;         /* 1: the TP shared expert (tp_moe_hook.c, EP = ETP = 1)    */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */
@@ -74,10 +78,9 @@ double par_act_block_wkeep(const par_act_ctx *c, int b, int64_t T);
 double par_act_head_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_mtp_input_wkeep(const par_act_ctx *c, int64_t T);
 double par_act_head_saved(const par_act_ctx *c, int64_t T);
-/* The part of par_act_head_saved the TP vocabulary hook keeps in its own
- * slot of the head act until the next forward of the same head (as
- * par_act_block_exec_kept): 0 without TP. */
-double par_act_head_exec_kept(const par_act_ctx *c, int64_t T);
+/* The vocab-parallel head's saved forward (tp_vocab_hook.c: one per
+ * microbatch and head, kept for the step; 0 without the hook). */
+double par_act_head_hook_kept(const par_act_ctx *c, int64_t T);
 double par_act_head_bwd_peak(const par_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */
 double par_act_mtp_input_saved(const par_act_ctx *c, int64_t T);

@@ -73,6 +73,8 @@ par_status par_cell_tier_parse(const char *s, par_cell_tier *out)
                     "reduce-scattered; expert gradients summed over ETP, then EDP); routing exact"
 #define NOTE_TPSP "f64 policy: TP 2 + SP: mHC, norms, router, routed experts on the rank's columns; gathered " \
                   "before, reduce-scattered after each TP layer; routing, selections exact"
+#define NOTE_TPCOMP "f64 policy: TP composed with SP / CP / EP / ETP (router and dispatch on the rank's tokens); " \
+                    "routing, selections exact"
 #define NOTE_SCALE "acceptance cell (minutes): the serial golden of the same config, data and steps, f64 policy"
 
 /* The layouts of the catalogue, by Megatron-LM's flag names. */
@@ -228,6 +230,33 @@ static const par_cell_spec builtin[] = {
                 .sequence_parallel = 1, .use_distributed_optimizer = 1, .pipeline_schedule = "interleaved",
                 .pipeline_model_parallel_layout = "E|t*1|t*1|t*1mL"},
      .note = NOTE_TPSP "; PP 2 interleaved (one row per microbatch: the layer's own SP) x Da 2, ZeRO-1"},
+    /* -- issue 15, TP compositions (tpcomp15): SP x CP / EP / ETP, TP x ETP (x EP) -- */
+    {.name = "tp2-sp-cp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .context_parallel_size = 2, .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x CP 2 (the CP slice gathered over TP for the attention)"},
+    {.name = "tp2-sp-ep4", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .expert_model_parallel_size = 4,
+                .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x Da 4 = EP 4 x De 2 (no TP copies dispatched)"},
+    {.name = "tp2-sp-cp2-ep4", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .context_parallel_size = 2,
+                .expert_model_parallel_size = 4, .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x CP 2 x Da 2 = EP 4 x De 2"},
+    {.name = "tp2-etp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 2, .tensor_model_parallel_size = 2, .expert_tensor_parallel_size = 2},
+     .note = NOTE_TPCOMP "; TP 2 = ETP 2 without SP (same tokens: slices' outputs all-reduced)"},
+    {.name = "tp2-etp2-ep2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .expert_tensor_parallel_size = 2,
+                .expert_model_parallel_size = 2},
+     .note = NOTE_TPCOMP "; TP 2 x Da 2 = ETP 2 x EP 2 without SP"},
+    {.name = "tp2-sp-etp2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .expert_tensor_parallel_size = 2,
+                .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x Da 2 = ETP 2 x De 2 (rows gathered over ETP)"},
+    {.name = "tp2-sp-etp2-ep2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .expert_tensor_parallel_size = 2,
+                .expert_model_parallel_size = 2, .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x Da 2 = ETP 2 x EP 2"},
     {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
      .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
      .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},

@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "parallel/cp.h"
 #include "parallel/tp_attn.h"
+#include "parallel/tp_reduce.h"
 
 typedef struct {
     PAR_FN(par_cp_attn_saved) sv;
@@ -14,11 +15,13 @@ typedef struct {
     PAR_FN(par_attn_weights) Wl, dWl; /* the shard of the weights and its gradients */
     par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch */
     int64_t shard;
+    par_real *dyf;                    /* SP: B's gathered dy [rows, S/CP, d], for W */
 } cptp_slot;
 
 struct PAR_FN(par_cptp_hook_s) {
     par_comm *cp;
-    par_tp tp;
+    par_tp tp, tsp; /* the TP group without / with sequence parallelism (gathers) */
+    int sp;         /* the TP ranks hold column slices of the CP slice */
     int64_t ncp;
     int nb, n_slots, rank, P;
     cptp_slot *sl; /* [n_slots, nb] */
@@ -30,15 +33,91 @@ static void slot_free(cptp_slot *q)
 {
     PAR_FN(par_cp_attn_saved_free)(&q->sv);
     par_free(q->buf);
+    par_free(q->dyf);
     memset(q, 0, sizeof *q);
 }
 
 static cptp_slot *slot_of(PAR_FN(par_cptp_hook) *h, const par_mbctx *x, int b, int64_t T)
 {
-    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows || x->S % h->ncp != 0 ||
-        T != x->rows * (x->S / h->ncp))
+    if (!x || x->slot < 0 || x->slot >= h->n_slots || b < 0 || b >= h->nb || !x->pos_rows ||
+        x->S % (h->ncp * (h->sp ? h->P : 1)) != 0 || T * (h->sp ? h->P : 1) != x->rows * (x->S / h->ncp))
         return NULL;
     return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
+}
+
+/* SP: the TP ranks' column slices [rows, L, w] gathered over TP (rank
+ * order) into the CP slice full [rows, W = L*P, w]; `sp_take` is the
+ * inverse for this rank (its columns of full). */
+static par_status sp_gather(const PAR_FN(par_cptp_hook) *h, par_real *full, const par_real *local, int64_t rows,
+                            int64_t W, int64_t w)
+{
+    const int64_t L = W / h->P, n = rows * L * w;
+    par_real *all = par_malloc((size_t)(n * h->P + 1) * sizeof *all, PAR_TAG_ACT);
+    if (!all)
+        return par_err(PAR_ENOMEM, "cp x tp attention (sp): out of memory for %lld rows", (long long)(rows * W));
+    par_status s = PAR_FN(par_tpr_gather_tokens)(&h->tsp, all, local, rows * L, w);
+    for (int r = 0; r < h->P && !s; r++)
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(full + (i * W + r * L) * w, all + r * n + i * L * w, (size_t)(L * w) * sizeof *all);
+    par_free(all);
+    return s;
+}
+
+static void sp_take(void *local, const void *full, int64_t rows, int64_t W, int64_t w, size_t es, int r, int P)
+{
+    const int64_t L = W / P;
+    for (int64_t i = 0; i < rows; i++)
+        memcpy((char *)local + (size_t)(i * L * w) * es, (const char *)full + (size_t)((i * W + r * L) * w) * es,
+               (size_t)(L * w) * es);
+}
+
+/* SP forward: x gathered into the CP slice, the CP x TP layer on it (y
+ * summed over TP), the rank's columns of y and of the picks kept. */
+static par_status sp_forward(PAR_FN(par_cptp_hook) *h, cptp_slot *q, const par_mbctx *x, const par_attn_dims *dm,
+                             par_real *y, int32_t *sel, const par_real *xin)
+{
+    const int64_t W = x->S / h->ncp, rows = x->rows, T = rows * W, d = dm->d, k = dm->topk;
+    par_real *b = par_malloc((size_t)(2 * T * d + 1) * sizeof *b, PAR_TAG_ACT);
+    int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
+    par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "cp x tp attention (sp): out of memory for %lld tokens",
+                                                (long long)T)
+                                      : sp_gather(h, b, xin, rows, W, d);
+    if (!s)
+        s = PAR_FN(par_cp_attn_forward_tp)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->Wl, &q->dl, dm->iH, rows, W,
+                                           h->cp, &h->tp, &h->ctr);
+    if (!s) {
+        sp_take(y, b + T * d, rows, W, d, sizeof *b, h->rank, h->P);
+        if (sel)
+            sp_take(sel, sf, rows, W, k, sizeof *sf, h->rank, h->P);
+    }
+    par_free(b);
+    par_free(sf);
+    return s;
+}
+
+/* SP input pass: dy gathered into the CP slice (kept in the slot for W),
+ * the CP input pass on it (dx summed over TP), the rank's columns added. */
+static par_status sp_backward(PAR_FN(par_cptp_hook) *h, cptp_slot *q, const par_mbctx *x, int64_t d, par_real *dx,
+                              const par_real *dy)
+{
+    const int64_t W = x->S / h->ncp, rows = x->rows, T = rows * W, Tl = T / h->P;
+    par_free(q->dyf);
+    q->dyf = par_malloc((size_t)(T * d + 1) * sizeof *q->dyf, PAR_TAG_ACT);
+    par_real *b = dx ? par_calloc((size_t)(T * d + Tl * d + 1), sizeof *b, PAR_TAG_ACT) : NULL;
+    par_status s = !q->dyf || (dx && !b) ? par_err(PAR_ENOMEM, "cp x tp attention backward (sp): out of memory "
+                                                   "for %lld tokens", (long long)T)
+                                         : sp_gather(h, q->dyf, dy, rows, W, d);
+    if (!s)
+        s = PAR_FN(par_cp_attn_backward_input)(dx ? b : NULL, q->dWl.attn_sink, q->dyf, &q->sv, &q->Wl, h->cp,
+                                               &h->ctr);
+    if (!s && dx) {
+        par_real *mine = b + T * d;
+        sp_take(mine, b, rows, W, d, sizeof *b, h->rank, h->P);
+        for (int64_t e = 0; e < Tl * d; e++)
+            dx[e] += mine[e];
+    }
+    par_free(b);
+    return s;
 }
 
 static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
@@ -58,6 +137,8 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "cp x tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
     PAR_FN(par_tp_attn_shard)(&q->Wl, q->buf, W, dm, h->rank, h->P);
+    if (h->sp)
+        return sp_forward(h, q, x, dm, y, sel, xin);
     return PAR_FN(par_cp_attn_forward_tp)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, &q->dl, dm->iH, x->rows,
                                           x->S / h->ncp, h->cp, &h->tp, &h->ctr);
 }
@@ -73,7 +154,8 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
                        (long long)T);
     PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
     memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
-    par_status s = PAR_FN(par_cp_attn_backward_input)(dx, q->dWl.attn_sink, dy, &q->sv, &q->Wl, h->cp, &h->ctr);
+    par_status s = h->sp ? sp_backward(h, q, x, M->d, dx, dy)
+                         : PAR_FN(par_cp_attn_backward_input)(dx, q->dWl.attn_sink, dy, &q->sv, &q->Wl, h->cp, &h->ctr);
     if (s || !dsink)
         return s;
     PAR_FN(par_attn_weights) sink, only = {.attn_sink = q->dWl.attn_sink};
@@ -95,7 +177,11 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
                        (long long)T);
     PAR_FN(par_attn_weights) gl = q->dWl;
     gl.attn_sink = NULL;
-    par_status s = PAR_FN(par_cp_attn_backward_weights)(&gl, dy, &q->sv, &q->Wl);
+    if (h->sp && !q->dyf)
+        return par_err(PAR_EINVAL, "cp x tp attention weights (sp): block %d has no gathered dy", b);
+    par_status s = PAR_FN(par_cp_attn_backward_weights)(&gl, h->sp ? q->dyf : dy, &q->sv, &q->Wl);
+    par_free(q->dyf);
+    q->dyf = NULL;
     if (s)
         return s;
     PAR_FN(par_attn_weights) g = *dW;
@@ -105,7 +191,7 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
 }
 
 par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *cp, par_comm *tp,
-                                        const PAR_FN(par_model) *M, int n_slots)
+                                        const PAR_FN(par_model) *M, int n_slots, int sp)
 {
     *out = NULL;
     if (!cp || !tp || n_slots < 1)
@@ -123,6 +209,8 @@ par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *c
     h->cp = cp;
     h->ncp = par_comm_size(cp);
     h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->ttr};
+    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->ttr};
+    h->sp = sp != 0;
     h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
     h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
     if (!h->sl) {

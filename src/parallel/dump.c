@@ -207,7 +207,7 @@ static par_status gather_kept(exec_t *ex, const par_pctx *P, const void *kept, i
         memcpy(buf, kept, n);
     par_field f = PAR_FIELD(buf, n, PAR_C_BYTE);
     /* SP: each TP rank kept its columns of the rows, zeros elsewhere (exact) */
-    if ((ex->spn > 1 && (s = par_reduce_fields(ex->tokc, &f, 1, NULL))) || (s = par_reduce_fields(ex->pc, &f, 1, NULL)))
+    if ((ex->spn > 1 && (s = par_reduce_fields(ex->tpc, &f, 1, NULL))) || (s = par_reduce_fields(ex->pc, &f, 1, NULL)))
         goto done;
     if (P->rank == 0) {
         for (int r = 0; r < P->N; r++) {

@@ -112,8 +112,10 @@ void PAR_FN(par_ep_set_cost)(PAR_FN(par_ep) *x, const par_costas *ca);
  * into this rank's block of the whole experts' gradients in the input pass
  * (B), zeros elsewhere: par_reduce_etp_grads sums them over ETP.  A group
  * of one (or NULL) turns it off.  PAR_EINVAL when its size does not divide
- * moe_inter_dim I.  Frees the per-block state. */
-par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I);
+ * moe_inter_dim I.  Frees the per-block state.  sp = 0 (TP = ETP without
+ * sequence parallelism: the ETP group is the TP group, whose ranks received
+ * the same rows): no gather, the partial outputs all-reduced (etp.h). */
+par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, int sp);
 /* TP copies (parallel/ep_tp.c): this rank's tensor-parallel rank (every
  * rank of the EP group calls it; collective).  Without sequence
  * parallelism the TP ranks of one (cp, dp) coordinate hold the same tokens;

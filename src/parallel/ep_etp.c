@@ -9,14 +9,14 @@
 #include "parallel/etp.h"
 #include "parallel/tp_split.h"
 
-par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I)
+par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, int sp)
 {
     const int P = etp ? par_comm_size(etp) : 1;
     if (P < 1 || I % P != 0)
         return par_err(PAR_EINVAL, "ep: expert-tensor-parallel-size %d must divide moe_inter_dim %lld", P,
                        (long long)I);
     memset(&x->etr, 0, sizeof x->etr);
-    x->etp = (par_tp){.comm = P > 1 ? etp : NULL, .sp = 1, .faults = 0, .traffic = &x->etr};
+    x->etp = (par_tp){.comm = P > 1 ? etp : NULL, .sp = sp != 0, .faults = 0, .traffic = &x->etr};
     for (int i = 0; i < x->n_slots * x->n_blocks; i++)
         PAR_FN(par__ep_blk_free)(&x->blk[i]);
     return PAR_OK;

@@ -144,7 +144,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 }
 
 par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots)
+                                       int n_slots, int sp)
 {
     *out = NULL;
     const int P = etp ? par_comm_size(etp) : 1;
@@ -154,7 +154,7 @@ par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp
     PAR_FN(par_etp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
     if (!h)
         return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory");
-    h->etp = (par_tp){.comm = etp, .sp = 1, .faults = 0, .traffic = &h->tr};
+    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
     h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
     h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);

@@ -26,9 +26,12 @@
 typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
 
 /* A hook for M's blocks over the ETP group `etp` (not owned) with n_slots
- * microbatch slots; M must hold every expert. */
+ * microbatch slots; M must hold every expert.  sp = 1: the group's ranks
+ * hold disjoint tokens (rows gathered, outputs reduce-scattered); sp = 0:
+ * the same tokens (TP = ETP without sequence parallelism: the ETP group is
+ * the TP group; outputs all-reduced). */
 par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots);
+                                       int n_slots, int sp);
 void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M);
 void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h); /* NULL is fine */
 

@@ -110,6 +110,30 @@ static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
     return PAR_OK;
 }
 
+/* ETP > 1: the rows layer inside EP (parallel/ep_etp.c) or the MoE hook;
+ * every ETP rank updates the whole experts alike: the norm counts etp = 0's.
+ * TP x ETP without SP: ETP = TP, the group's ranks hold the same tokens
+ * (the rows layer without sp; the TP sum leaves the experts alone). */
+static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
+{
+    par_status s;
+    ex->etpc = P->g.g[PAR_GROUP_ETP];
+    const int esp = ex->lay->tp <= 1 || ex->lay->sequence_parallel;
+    if (!esp)
+        ex->tp_grads |= PAR_TPG_KEEP_EXPERTS;
+    if (ex->ep) {
+        if ((s = PAR_FN(par_ep_set_etp)(ex->ep, ex->etpc, M->I, esp)))
+            return s;
+    } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m, esp)))
+        return s;
+    else
+        PAR_FN(par_etp_hook_install)(ex->etph, M);
+    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
+        if (M->tab.p[i].expert >= 0)
+            ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+    return PAR_OK;
+}
+
 /* The hooks: EP (one state slot per microbatch), CP (one saved forward per
  * microbatch and block), the DualPipe pair. */
 static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const par_exec_opts *o)
@@ -120,7 +144,8 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
             (s = PAR_FN(par_ep_set_dispatch)(ex->ep, o->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
                                              o->gpus_per_node > 0 ? o->gpus_per_node : 8)) ||
             (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)) ||
-            (ex->lay->tp > 1 && !ex->lay->sequence_parallel && (s = PAR_FN(par_ep_set_tp)(ex->ep, P->rc.tp))))
+            (ex->lay->tp > 1 && !ex->lay->sequence_parallel && ex->lay->etp <= 1 &&
+             (s = PAR_FN(par_ep_set_tp)(ex->ep, P->rc.tp))))
             return s;
         PAR_FN(par_ep_install)(ex->ep, M);
     }
@@ -138,7 +163,7 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
         ex->tpc = P->g.g[PAR_GROUP_TP];
         ex->tp_faults = o->tp_faults | PAR_TP_BUILD_FAULTS;
         if (ex->lay->cp > 1) { /* TP x CP: the CP attention on the TP shard (cptp_hook.c) */
-            if ((s = PAR_FN(par_cptp_hook_create)(&ex->cptph, ex->cpc, ex->tpc, M, ex->m)))
+            if ((s = PAR_FN(par_cptp_hook_create)(&ex->cptph, ex->cpc, ex->tpc, M, ex->m, ex->lay->sequence_parallel)))
                 return s;
             PAR_FN(par_cptp_hook_install)(ex->cptph, M);
         } else {
@@ -147,27 +172,16 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
             PAR_FN(par_tp_hook_set_sp)(ex->tph, ex->lay->sequence_parallel);
             PAR_FN(par_tp_hook_install)(ex->tph, M);
         }
-        if (ex->lay->sequence_parallel)
-            ex->tokc = ex->tpc;
+        if (ex->lay->sequence_parallel) /* SP x CP: the TP ranks split the CP slice's columns */
+            ex->tokc = ex->lay->cp > 1 ? P->g.g[PAR_GROUP_TP_CP] : ex->tpc;
         if ((s = tp_layer_hooks(ex, M)))
             return s;
         for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
             if (M->tab.p[i].expert < 0)
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     }
-    if (ex->lay->etp > 1) { /* every ETP rank updates the whole experts alike: the norm counts etp = 0's */
-        ex->etpc = P->g.g[PAR_GROUP_ETP];
-        if (ex->ep) { /* ETP inside EP: the EP executor runs the slices (parallel/ep_etp.c) */
-            if ((s = PAR_FN(par_ep_set_etp)(ex->ep, ex->etpc, M->I)))
-                return s;
-        } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m)))
-            return s;
-        else
-            PAR_FN(par_etp_hook_install)(ex->etph, M);
-        for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
-            if (M->tab.p[i].expert >= 0)
-                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
-    }
+    if (ex->lay->etp > 1 && (s = etp_hooks(ex, P, M)))
+        return s;
     if (ex->sch.n_dirs == 2) { /* DualPipe: the pair {r, p-1-r} holds the same two stages */
         int lo = ex->me < ex->p - 1 - ex->me ? ex->me : ex->p - 1 - ex->me;
         if ((s = par_comm_split(ex->pc, lo, ex->me, &ex->pair)))

@@ -1,5 +1,6 @@
 /* parallel/layout.c - layout defaults and validation (docs/layouts.md). */
 #include "parallel/layout.h"
+#include "parallel/tp_split.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -360,11 +361,6 @@ par_status par_layout_resolve(par_layout *l, const par_layout_model *m)
 
 par_status par_layout_run_rules(const par_layout *l)
 {
-    /* tensor parallelism is wired with every TP rank on the same tokens (no SP;
-     * docs/parallel.md): ETP's group must hold disjoint tokens */
-    if (l->etp > 1 && l->tp > 1)
-        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld: "
-                       "ETP is wired for TP = 1 only (the ETP group must hold disjoint tokens)",
-                       (long long)l->etp, (long long)l->tp);
-    return PAR_OK;
+    /* the TP / ETP / SP rules are the TP module's (parallel/tp_split.c) */
+    return par_tp_layout_rules(l);
 }

@@ -92,10 +92,10 @@ int64_t par_layout_d_window(const par_layout_model *m);
  * fields.  On failure *l keeps its given fields and resolved = 0. */
 par_status par_layout_resolve(par_layout *l, const par_layout_model *m);
 
-/* What `parity run` runs of a resolved layout's TP / ETP (docs/parallel.md
- * "Tensor parallelism in the step"): TP > 1 with CP, EP and PP (no SP), ETP > 1
- * with TP = 1 (inside EP or not); PAR_EUNSUPPORTED naming the sizes otherwise.  The step
- * executor and the planner's search (which marks such candidates
+/* What `parity run` runs of a resolved layout's TP / ETP / SP: the rules of
+ * parallel/tp_split.h par_tp_layout_rules (docs/parallel.md "Tensor
+ * parallelism in the step"); PAR_EUNSUPPORTED naming the sizes otherwise.
+ * The step executor and the planner's search (which marks such candidates
  * unsupported) both ask it. */
 par_status par_layout_run_rules(const par_layout *l);
 

@@ -18,7 +18,8 @@ typedef struct {
     int64_t floats;           /* held float parameters (dense + one EP slice) */
     int64_t dense;            /* of them dense (expert < 0): a shared copy's weights */
     int64_t n_moe;            /* MoE blocks held */
-    int64_t attn_grads;       /* held '.attn.' gradient floats (TP's per-step sum, reduce.c tp_sum) */
+    int64_t attn_grads;       /* held gradient floats of TP's per-step sum (reduce.c tp_wanted: '.attn.';
+                               * SP: every dense entry; all layers: embed / head, the TP shared expert) */
     int64_t expert_grads;     /* held routed-expert floats (ETP's per-step sum) */
     par_mm_zero zd, ze;       /* dense over dp-cp (CP * Da), experts over edp (De) */
     double act[2], ws_bwd[2], fixed[2]; /* cached activations for cp rank 0 / > 0 */
@@ -125,6 +126,19 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
     return si->final;
 }
 
+/* Dense entry i is in the TP gradient sum (reduce.c tp_wanted, the
+ * PAR_TPG_* bits executor.c sets). */
+static int tp_summed(const par_mm *mm, const par_param_table *t, int i)
+{
+    const par_layout *l = &mm->lay;
+    const int all = l->tp > 1 && (l->tp_all_layers || l->sequence_parallel);
+    if (strstr(t->p[i].name, ".attn.") || (l->tp > 1 && l->sequence_parallel))
+        return 1;
+    if (all && (i == t->top.embed || i == t->top.head))
+        return 1;
+    return all && l->ep <= 1 && l->etp <= 1 && strstr(t->p[i].name, ".shared_experts.") != NULL;
+}
+
 /* The held entries of stage si as the two plans' lists (dense: expert < 0;
  * experts: one EP slice; table order, like dp_step.c), and the held floats. */
 static par_status stage_plans(par_mm *mm, stage_info *si)
@@ -140,7 +154,7 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
         si->floats += t->p[i].numel;
         int k = t->p[i].expert >= 0;
         si->dense += k ? 0 : t->p[i].numel;
-        if (t->p[i].has_grad && (k || strstr(t->p[i].name, ".attn.")))
+        if (t->p[i].has_grad && (k || tp_summed(mm, t, i)))
             *(k ? &si->expert_grads : &si->attn_grads) += t->p[i].numel;
         lists[k * t->n + nl[k]++] = i;
     }
@@ -273,6 +287,12 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
      * not modelled here (its weights are not split either) */
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
+    /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and
+     * TP shared expert (executor.c tp_layer_hooks) */
+    const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (executor.c; --tp-all-layers is a no-op) */
+    c.sp = tp && mm->lay.sequence_parallel ? mm->lay.tp : 1;
+    c.vocab = mm->o.rt == PAR_MM_PARITY && all;
+    c.tp_mlp = c.vocab && mm->lay.ep <= 1 && mm->lay.etp <= 1;
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
     c.gate_logits = mm->o.rt == PAR_MM_MEGATRON;
     return c;
@@ -285,7 +305,8 @@ static void act_whole(const par_mm *mm, const par_act_ctx *c, int64_t T, double 
 {
     const par_config *g = &mm->cfg;
     int L = (int)g->n_layers, mtp = g->n_mtp_layers > 0;
-    double x = par_act_stream(c, T), s = 4.0 * (double)T + x + par_act_head_saved(c, T), blk = 0;
+    double x = par_act_stream(c, T), blk = 0;
+    double s = 4.0 * (double)T + x + par_act_head_saved(c, T) + par_act_head_hook_kept(c, T);
     for (int b = 0; b < L; b++) {
         s += par_act_block_saved(c, b, T);
         double w = par_act_block_bwd_peak(c, b, T);
@@ -293,7 +314,8 @@ static void act_whole(const par_mm *mm, const par_act_ctx *c, int64_t T, double 
     }
     double w = par_act_head_bwd_peak(c, T);
     if (mtp) {
-        s += par_act_mtp_input_saved(c, T) + par_act_block_saved(c, L, T) + par_act_head_saved(c, T);
+        s += par_act_mtp_input_saved(c, T) + par_act_block_saved(c, L, T) + par_act_head_saved(c, T) +
+             par_act_head_hook_kept(c, T);
         double wm = x + par_act_block_bwd_peak(c, L, T), wi = x + par_act_mtp_input_bwd_peak(c, T);
         w = w > wm ? w : wm;
         w = w > wi ? w : wi;
@@ -321,8 +343,7 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
         if (it == PAR_BLK_EMBED)
             r += x;
         else if (it == PAR_BLK_LOSS)
-            r += par_act_head_saved(c, T) - par_act_head_exec_kept(c, T), k += par_act_head_exec_kept(c, T),
-                wk += par_act_head_wkeep(c, T);
+            r += par_act_head_saved(c, T), k += par_act_head_hook_kept(c, T), wk += par_act_head_wkeep(c, T);
         if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
             double kb = par_act_block_exec_kept(c, b, T);
             r += par_act_block_saved(c, b, T) - kb;
@@ -330,8 +351,8 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
             wk += par_act_block_wkeep(c, b, T);
         }
         if (it == PAR_BLK_MTP)
-            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T) - par_act_head_exec_kept(c, T),
-                k += par_act_head_exec_kept(c, T), wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
+            r += par_act_mtp_input_saved(c, T) + par_act_head_saved(c, T), k += par_act_head_hook_kept(c, T),
+                wk += par_act_mtp_input_wkeep(c, T) + par_act_head_wkeep(c, T);
     }
     t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
     for (int i = last - 1; i >= first; i--) { /* the backward, in reverse */
@@ -441,17 +462,20 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     const int parity = mm->o.rt == PAR_MM_PARITY;
     const int64_t S = mm->cfg.seq_length, B = l->global_batch, mbs = l->micro_batch > 0 ? l->micro_batch : 1;
     const int64_t local = B / l->da; /* rows of this rank's attention-DP share */
-    int64_t rows = !mm->have_sch && parity ? local : mbs, T = rows * S / l->cp;
+    int64_t rows = !mm->have_sch && parity ? local : mbs;
     par_act_ctx c = act_ctx(mm, rows, cp_rank, recv);
+    const int64_t T = rows * S / (l->cp * c.sp); /* SP: the TP rank's slice of the CP slice */
+    const int tok = l->cp > 1 || c.sp > 1;     /* microbatch.c: rows derived whole, then sliced */
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     if (parity)
-        o->fixed = par_act_stats(&c, ns, mm->have_sch ? mm->st[r].n_moe : -1); /* rows: the stage's blocks */
+        o->fixed = par_act_stats(&c, ns, mm->have_sch ? mm->st[r].n_moe : -1) *
+                   (tok ? 2 : 1); /* rows: the stage's blocks; CP / SP: the backward's counts (ex->bst) too */
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
         o->inflight = 1;
         if (parity)
-            o->fixed += par_act_batch(T) + (l->cp > 1 ? par_act_batch(rows * S) + 4.0 * rows * S + 4.0 * T : 0);
+            o->fixed += par_act_batch(T) + (tok ? par_act_batch(rows * S) + 4.0 * rows * S + 4.0 * T : 0);
         return PAR_OK;
     }
     int ns_seg = mm->sch.n_stages;
@@ -474,7 +498,7 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     o->sends = w.sends;
     o->inflight = w.inflight;
     if (parity) /* microbatch.c par__exec_setup: every microbatch's batch and sample ids; CP: one executor each */
-        o->fixed += (double)l->n_micro * (par_act_batch(T) + 4.0 * T + (l->cp > 1 ? 4.0 * rows * S + 4.0 * T : 0));
+        o->fixed += (double)l->n_micro * (par_act_batch(T) + 4.0 * T + (tok ? 4.0 * rows * S + 4.0 * T : 0));
     return PAR_OK;
 }
 
@@ -488,8 +512,9 @@ static double recv_factor(const par_mm *mm, const stage_info *si, int r)
         return 1.0;
     if (!mm->o.recv_rows)
         return mm->o.skew;
+    const double sp = l->tp > 1 && l->sequence_parallel ? (double)l->tp : 1; /* SP: the rank's tokens only */
     double sent = (double)si->n_moe * (double)(l->global_batch / l->da) * (double)mm->cfg.seq_length /
-                  (double)l->cp * (double)mm->cfg.n_activated_experts;
+                  ((double)l->cp * sp) * (double)mm->cfg.n_activated_experts;
     return sent > 0 ? (double)mm->o.recv_rows[r] / sent : 1.0;
 }
 

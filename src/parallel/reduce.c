@@ -295,7 +295,7 @@ par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsig
     /* the routed experts' group (EDP) spans the TP ranks: count them once
      * (with ALL each TP rank holds its own tokens' share: the EDP sum adds them) */
     const int all_experts = M->e0 == 0 && M->e1 == M->E; /* EP > 1: ep_tp.c leaves the TP copies out instead */
-    for (int i = 0; !s && !(what & PAR_TPG_ALL) && all_experts && par_comm_rank(tp) != 0 && i < t->n; i++)
+    for (int i = 0; !s && !(what & (PAR_TPG_ALL | PAR_TPG_KEEP_EXPERTS)) && all_experts && par_comm_rank(tp) != 0 && i < t->n; i++)
         if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
             memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
     return s;

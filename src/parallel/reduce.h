@@ -87,8 +87,11 @@ par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, in
  * blocks meet zeros, exact; ALL (sequence parallelism: every rank saw its
  * own tokens) sums every dense entry, and the routed experts are left whole
  * for the EDP sum, which then adds the TP ranks' token shares.  Collective
- * over tp. */
-enum { PAR_TPG_SKIP_WKV = 1u << 0, PAR_TPG_VOCAB = 1u << 1, PAR_TPG_SHARED = 1u << 2, PAR_TPG_ALL = 1u << 3 };
+ * over tp.  KEEP_EXPERTS (ETP = TP without SP: the ETP group is the TP group,
+ * the experts' blocks are summed over it by par_reduce_etp_grads and their
+ * EDP group does not span TP) leaves the routed experts as they are. */
+enum { PAR_TPG_SKIP_WKV = 1u << 0, PAR_TPG_VOCAB = 1u << 1, PAR_TPG_SHARED = 1u << 2, PAR_TPG_ALL = 1u << 3,
+       PAR_TPG_KEEP_EXPERTS = 1u << 4 };
 par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsigned what);
 
 /* Expert tensor parallelism (parallel/etp_hook.h): every routed expert's

@@ -169,11 +169,14 @@ par_status par_tp_layout_rules(const par_layout *l)
     if ((l->sequence_parallel || l->tp_all_layers) && l->tp <= 1)
         return par_err(PAR_EINVAL, "--%s needs tensor-model-parallel-size > 1 (got %lld)",
                        l->sequence_parallel ? "sequence-parallel" : "tp-all-layers", LL(l->tp));
-    if (!l->sequence_parallel)
-        return PAR_OK;
-    if (l->cp > 1 || l->ep > 1 || l->etp > 1)
-        return par_err(PAR_EUNSUPPORTED, "--sequence-parallel with context-parallel-size %lld, "
-                       "expert-model-parallel-size %lld, expert-tensor-parallel-size %lld: parity run wires SP with "
-                       "TP alone (CP = EP = ETP = 1)", LL(l->cp), LL(l->ep), LL(l->etp));
+    /* TP x ETP: the ETP rows layer either gathers disjoint rows (SP: every
+     * rank holds its own tokens) or, without SP, runs on the rows the ETP
+     * group's ranks all hold; that group is the TP group only when ETP = TP
+     * (etp and tp are both the fastest coordinate, groups.c) */
+    if (l->tp > 1 && l->etp > 1 && !l->sequence_parallel && l->etp != l->tp)
+        return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld "
+                       "needs --sequence-parallel or expert-tensor-parallel-size = tensor-model-parallel-size "
+                       "(without SP the ETP group must be the TP group, whose ranks hold the same tokens)",
+                       LL(l->etp), LL(l->tp));
     return PAR_OK;
 }

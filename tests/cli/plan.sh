@@ -35,4 +35,15 @@ $P plan --preset v4-tiny --search --world-size 8 --memory-per-gpu 6MB --runtime 
 grep -q "candidates:" "$T/out" || fail "search table: $(cat "$T/out")"
 grep -q '"status":[[:space:]]*"kept"' "$T/s.json" || fail "search JSON has no kept candidate"
 grep -q '"status":[[:space:]]*"memory"' "$T/s.json" || fail "search JSON has no memory-dropped candidate"
+# issue 15 (tpcomp15): SP is modelled, not refused: TP 2 + SP holds fewer activation bytes than TP 2
+# alone (the tokens between TP regions at 1/TP); SP without TP is refused with the rule
+act() { sed -n 's/.*"activations":[[:space:]]*\([0-9]*\).*/\1/p' "$1" | head -1; }
+$P plan --preset v4-tiny --tensor-model-parallel-size 2 --world-size 2 --runtime parity --json "$T/tp.json" \
+    >/dev/null 2>"$T/err" || fail "TP 2 plan: $(cat "$T/err")"
+$P plan --preset v4-tiny --tensor-model-parallel-size 2 --world-size 2 --runtime parity --sequence-parallel \
+    --json "$T/sp.json" >/dev/null 2>"$T/err" || fail "TP 2 + SP plan: $(cat "$T/err")"
+a=$(act "$T/tp.json"); b=$(act "$T/sp.json")
+[ -n "$a" ] && [ -n "$b" ] && [ "$b" -lt "$a" ] || fail "SP activations $b not below TP's $a"
+$P plan --preset v4-tiny --sequence-parallel >/dev/null 2>"$T/err"
+[ $? -eq 2 ] && grep -q "needs tensor-model-parallel-size > 1" "$T/err" || fail "SP without TP: $(cat "$T/err")"
 echo ok

@@ -77,3 +77,36 @@ Test(run, summary_of_a_pipeline_with_network, .timeout = 120)
     cJSON_Delete(j);
     par_remove_tree(dir);
 }
+
+/* The TP flags in every command that takes the layout flags (docs/cli.md:
+ * the shared CLI.md lacks --sequence-parallel, --tp-all-layers and
+ * --rank-host): run, plan and ckpt reshard, and no stale "TP / ETP not
+ * supported" line. */
+Test(run, help_lists_the_tp_flags)
+{
+    char dir[] = "/tmp/parity-help-test-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%s/log", dir);
+    static const char *const cmds[][4] = {
+        {"run", "--help", NULL}, {"plan", "--help", NULL}, {"ckpt", "reshard", "--help", NULL}};
+    static const char *const want[] = {"--tensor-model-parallel-size", "--expert-tensor-parallel-size",
+                                       "--sequence-parallel", "--tp-all-layers"};
+    for (int c = 0; c < 3; c++) {
+        cr_assert_eq(parity_exec(log, cmds[c], NULL), 0, "parity %s --help", cmds[c][0]);
+        FILE *f = fopen(log, "r");
+        cr_assert(f);
+        static char text[1 << 16];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            cr_expect(strstr(text, want[k]), "parity %s --help lacks %s", cmds[c][0], want[k]);
+        cr_expect(!strstr(text, "not supported (sizes must be 1)") && !strstr(text, "TP = 1 with it") &&
+                      !strstr(text, "no SP, no ETP"),
+                  "parity %s --help: a stale TP line", cmds[c][0]);
+        if (c == 0)
+            cr_expect(strstr(text, "--rank-host"), "parity run --help lacks --rank-host");
+    }
+    par_remove_tree(dir);
+}

@@ -132,6 +132,7 @@ typedef struct {
     const char *schedule, *layout;
     int f32;
     int64_t tp, etp; /* 0: 1 */
+    int sp, all;     /* --sequence-parallel, --tp-all-layers */
 } lay;
 
 #define NTAGS 5
@@ -154,6 +155,8 @@ static void predict_vs_measure(const lay *L, double worst[NTAGS])
     o.layout.ep = L->ep ? L->ep : 1;
     o.layout.tp = L->tp ? L->tp : 1;
     o.layout.etp = L->etp ? L->etp : 1;
+    o.layout.sequence_parallel = L->sp;
+    o.layout.tp_all_layers = L->all || L->sp;
     o.layout.distributed_optimizer = (int)L->zero;
     o.layout.micro_batch = L->mbs;
     if (L->schedule)
@@ -222,28 +225,51 @@ static void run_set(const lay *set, int n)
 Test(memmodel, predicts_the_allocator_per_rank_v4_tiny, .timeout = 600)
 {
     static const lay set[] = {
-        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0},
-        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0},
-        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 0},
-        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL, 0, 0, 0},
-        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 0, 0, 0},
-        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0},
-        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0},
-        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL", 0, 0, 0},
-        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL", 0, 0, 0},
-        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL", 0, 0, 0},
-        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0},
-        {"f32 PP2 1f1b EP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 2, 1, 1, "1f1b", "Et*2|tmL", 1, 0, 0},
-        {"f32 CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 1, 0, 0},
-        {"TP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 0},
-        {"TP2 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0},
-        {"TP2 PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0},
-        {"TP2 EP4 (N8)", "v4-tiny", 8, 0, 0, 4, 0, 0, NULL, NULL, 0, 2, 0},
-        {"TP2 CP2 (N4)", "v4-tiny", 4, 0, 2, 0, 0, 0, NULL, NULL, 0, 2, 0},
-        {"TP2 CP2 EP4 ZeRO-1 (N8)", "v4-tiny", 8, 0, 2, 4, 1, 0, NULL, NULL, 0, 2, 0},
-        {"ETP2 (N2)", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 2},
-        {"ETP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 2},
-        {"ETP2 EP4 De2 CP2 ZeRO-1 (N16)", "v4-tiny", 16, 0, 2, 4, 1, 0, NULL, NULL, 0, 0, 2},
+        {"serial", "v4-tiny", 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"DP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"DP2 ZeRO-1", "v4-tiny", 2, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"EP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 2, 1, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"CP2 EP2 (N4)", "v4-tiny", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"PP2 1f1b", "v4-tiny", 2, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0, 0, 0},
+        {"PP2 interleaved VPP2", "v4-tiny", 2, 2, 0, 0, 0, 1, "interleaved", "Et|t|t|mL", 0, 0, 0, 0, 0},
+        {"PP2 zb-h1 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 0, 1, 1, "zb-h1", "Et*2|tmL", 0, 0, 0, 0, 0},
+        {"PP2 dualpipev EP2 (N4)", "v4-tiny", 4, 2, 0, 2, 0, 1, "dualpipev", "Et|t|t|mL", 0, 0, 0, 0, 0},
+        {"PP2 1f1b CP2 (N4)", "v4-tiny", 4, 2, 2, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 0, 0, 0, 0},
+        {"f32 PP2 1f1b EP2 ZeRO-1 (N4)", "v4-tiny", 4, 2, 0, 2, 1, 1, "1f1b", "Et*2|tmL", 1, 0, 0, 0, 0},
+        {"f32 CP2", "v4-tiny", 2, 0, 2, 0, 0, 0, NULL, NULL, 1, 0, 0, 0, 0},
+        {"TP2", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 0, 0, 0},
+        {"TP2 DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0, 0, 0},
+        {"TP2 PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0, 0, 0},
+        {"TP2 EP4 (N8)", "v4-tiny", 8, 0, 0, 4, 0, 0, NULL, NULL, 0, 2, 0, 0, 0},
+        {"TP2 CP2 (N4)", "v4-tiny", 4, 0, 2, 0, 0, 0, NULL, NULL, 0, 2, 0, 0, 0},
+        {"TP2 CP2 EP4 ZeRO-1 (N8)", "v4-tiny", 8, 0, 2, 4, 1, 0, NULL, NULL, 0, 2, 0, 0, 0},
+        {"ETP2 (N2)", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 2, 0, 0},
+        {"ETP2 De2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 0, 2, 0, 0},
+        {"ETP2 EP4 De2 CP2 ZeRO-1 (N16)", "v4-tiny", 16, 0, 2, 4, 1, 0, NULL, NULL, 0, 0, 2, 0, 0},
+    };
+    run_set(set, (int)(sizeof set / sizeof set[0]));
+}
+
+/* Sequence parallelism and every TP layer (tpcomp15): the vocab-parallel
+ * head / CE and the TP shared expert at 1/TP, the tokens between TP regions
+ * at 1/TP under SP. */
+Test(memmodel, predicts_the_allocator_per_rank_tp_all_layers_and_sp, .timeout = 600)
+{
+    static const lay set[] = {
+        {"TP2 all-layers", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 0, 0, 1},
+        {"TP2 all-layers DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0, 0, 1},
+        {"TP2 all-layers PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0, 0, 1},
+        {"TP2 SP", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 0, 1, 1},
+        {"TP2 SP DP2 ZeRO-1 (N4)", "v4-tiny", 4, 0, 0, 0, 1, 0, NULL, NULL, 0, 2, 0, 1, 1},
+        {"TP2 SP PP2 1f1b (N4)", "v4-tiny", 4, 2, 0, 0, 0, 1, "1f1b", "Et*2|tmL", 0, 2, 0, 1, 1},
+        {"TP2 SP CP2 (N4)", "v4-tiny", 4, 0, 2, 0, 0, 0, NULL, NULL, 0, 2, 0, 1, 1},
+        {"TP2 SP EP4 (N8)", "v4-tiny", 8, 0, 0, 4, 0, 0, NULL, NULL, 0, 2, 0, 1, 1},
+        {"TP2 SP ETP2 EP2 (N4)", "v4-tiny", 4, 0, 0, 2, 0, 0, NULL, NULL, 0, 2, 2, 1, 1},
+        {"TP2 SP CP2 EP2 (N8)", "v4-tiny", 8, 0, 2, 2, 0, 0, NULL, NULL, 0, 2, 0, 1, 1},
+        {"TP2 SP ETP2 (N4)", "v4-tiny", 4, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 2, 1, 1},
+        {"TP2 ETP2 (N2)", "v4-tiny", 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 2, 2, 0, 0},
+        {"TP2 ETP2 EP2 (N4)", "v4-tiny", 4, 0, 0, 2, 0, 0, NULL, NULL, 0, 2, 2, 0, 0},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }
@@ -254,11 +280,11 @@ Test(memmodel, predicts_the_allocator_per_rank_v4_mini, .timeout = 1800)
     if (!getenv("MEMMODEL_MINI"))
         cr_skip_test("v4-mini layouts run with -Dslow_tests=true (MEMMODEL_MINI=1)");
     static const lay set[] = {
-        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL, 0, 0, 0},
-        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0},
-        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL", 0, 0, 0},
-        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL", 0, 0, 0},
-        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL", 0, 0, 0},
+        {"EP4 De2 ZeRO-1 (N8)", "v4-mini", 8, 0, 0, 4, 1, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"CP2 EP2 (N4)", "v4-mini", 4, 0, 2, 2, 0, 0, NULL, NULL, 0, 0, 0, 0, 0},
+        {"PP2 1f1b EP2 (N4)", "v4-mini", 4, 2, 0, 2, 0, 1, "1f1b", "Et*4|t*4mL", 0, 0, 0, 0, 0},
+        {"PP2 interleaved VPP2 (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "interleaved", "Et*2|t*2|t*2|t*2mL", 0, 0, 0, 0, 0},
+        {"PP2 dualpipev (N4)", "v4-mini", 4, 2, 0, 0, 0, 1, "dualpipev", "Et*2|t*2|t*2|t*2mL", 0, 0, 0, 0, 0},
     };
     run_set(set, (int)(sizeof set / sizeof set[0]));
 }

@@ -2,8 +2,8 @@
  * executor with the TP attention hook, parallel/tp_hook.h) against the
  * serial golden of the same data and seed, f64 policy (routing and indexer
  * selections exact); ETP 2 (parallel/etp_hook.h) the same; the deliberate
- * missing wkv all-reduce caught with its root cause; the layout rules
- * refused with the numbers. */
+ * missing wkv all-reduce caught with its root cause; SP x CP x ETP x EP and
+ * TP = ETP x EP; the layout rules refused with the numbers. */
 #include <criterion/criterion.h>
 
 #include "golden_check.h"
@@ -189,6 +189,23 @@ Test(tp_run, tp2_cp2_ep4_matches_the_serial_golden)
 
 /* Each TP rank keeps its own heads' share of wkv's gradient: the first
  * divergence in dataflow order is a wkv gradient of step 0. */
+/* The TP compositions (tpcomp15): TP 2 + SP x CP 2 x Da 2 = ETP 2 x EP 2 x
+ * De 2 (SP's column slices inside the CP slice, the router and the EP
+ * dispatch on the local tokens, the ETP rows gathered), and TP 2 = ETP 2
+ * without SP inside EP 2 (the ETP group is the TP group: same rows, the
+ * slices' outputs all-reduced): the serial golden. */
+Test(tp_run, tp2_sp_cp2_etp2_ep2_matches_the_serial_golden)
+{
+    char *t = mktmp(), *g = sub(t, "golden"), *d = sub(t, "tpsp"), *e = sub(t, "tpetp");
+    golden(g);
+    cr_assert_eq(run(d, (lay){2, 2, 2, 2, 8, 0, 1, 1}, 0), 0, "%s", par_last_error());
+    check_golden(g, d, 0);
+    cr_assert_eq(run(e, (lay){2, 2, 2, 1, 4, 0, 0, 0}, 0), 0, "%s", par_last_error());
+    check_golden(g, e, 0);
+    rmtree(t);
+    free(t), free(g), free(d), free(e);
+}
+
 Test(tp_run, missing_wkv_all_reduce_is_caught)
 {
     fault_caught("missing_wkv_all_reduce", (lay){2, 1, 1, 1, 2, 0, 0, 0}, PAR_TP_FAULT_WKV_NO_REDUCE,
@@ -215,21 +232,20 @@ Test(tp_run, tp_shard_fed_to_muon_is_caught)
                  ".attn.", 0);
 }
 
-/* TP traffic on the emulated network: TP 2 + SP x DP 2 on nodes of 2 ranks
- * (world ranks tp fastest: every TP group inside a node).  Every
- * communication span of a "tp:N" group moves its bytes over NVLink, and the
- * DP groups (across the nodes) over InfiniBand, so the check would see TP
- * traffic leaving a node. */
-Test(tp_run, tp_traffic_stays_on_nvlink)
+/* One step of layout l on emulated nodes of 2 ranks with spans recorded:
+ * the bytes of every communication span whose group name starts with
+ * `in[k]` (then ':' and the group's index), per tier, into by[k][tier]. */
+static void traffic(lay l, const char *const *in, int n_in, uint64_t by[][PAR_TIER_COUNT])
 {
     par_run_opts o;
     par_run_opts_init(&o);
     tiny(&o.cfg);
     o.steps = 1;
     o.backend = par_backend_find("threads");
-    o.layout.tp = 2;
-    o.layout.world = 4;
-    o.layout.sequence_parallel = 1;
+    o.layout.tp = l.tp, o.layout.etp = l.etp, o.layout.ep = l.ep, o.layout.cp = l.cp;
+    o.layout.world = l.world;
+    o.layout.tp_all_layers = l.all;
+    o.layout.sequence_parallel = l.sp;
     par_netmodel net;
     cr_assert_eq(par_netmodel_preset("reference", &net), 0);
     net.gpus_per_node = 2;
@@ -240,27 +256,61 @@ Test(tp_run, tp_traffic_stays_on_nvlink)
     memset(&sum, 0, sizeof sum);
     cr_assert_eq(par_run(&o, &sum), 0, "%s", par_last_error());
     cr_assert(sum.net);
-    uint64_t tp_bytes[PAR_TIER_COUNT] = {0}, dp_ib = 0;
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < l.world; r++) {
         size_t n = 0, lost = 0;
         const par_span *sp = par_netrun_spans(sum.net, r, &n, &lost);
         cr_assert(sp && n > 0 && lost == 0, "rank %d: %zu spans, %zu lost", r, n, lost);
         for (size_t i = 0; i < n; i++) {
             if (!sp[i].bytes || (sp[i].kind != PAR_SPAN_COMM && sp[i].kind != PAR_SPAN_XFER))
                 continue;
-            if (!strncmp(sp[i].group, "tp:", 3)) /* the group's name and its index */
-                tp_bytes[sp[i].tier] += sp[i].bytes;
-            else if (!strncmp(sp[i].group, "dp", 2) && sp[i].tier == PAR_TIER_IB)
-                dp_ib += sp[i].bytes;
+            for (int k = 0; k < n_in; k++) {
+                size_t m = strlen(in[k]);
+                if (!strncmp(sp[i].group, in[k], m) && sp[i].group[m] == ':')
+                    by[k][sp[i].tier] += sp[i].bytes;
+            }
         }
     }
-    fprintf(stderr, "tp_run/tp_traffic: tp bytes nvlink %llu ib %llu; dp bytes over ib %llu\n",
-            (unsigned long long)tp_bytes[PAR_TIER_NVLINK], (unsigned long long)tp_bytes[PAR_TIER_IB],
-            (unsigned long long)dp_ib);
-    cr_expect_gt(tp_bytes[PAR_TIER_NVLINK], 0);
-    cr_expect_eq(tp_bytes[PAR_TIER_IB], 0);
-    cr_expect_gt(dp_ib, 0, "the DP groups cross the nodes: their bytes go over IB");
     par_run_summary_free(&sum);
+}
+
+/* TP traffic on the emulated network: TP 2 + SP x DP 2 on nodes of 2 ranks
+ * (world ranks tp fastest: every TP group inside a node).  Every
+ * communication span of a "tp:N" group moves its bytes over NVLink, and the
+ * DP groups (across the nodes) over InfiniBand, so the check would see TP
+ * traffic leaving a node. */
+Test(tp_run, tp_traffic_stays_on_nvlink)
+{
+    static const char *const in[] = {"tp", "dp", "dp-cp"};
+    uint64_t by[3][PAR_TIER_COUNT] = {{0}};
+    traffic((lay){2, 1, 1, 1, 4, 0, 1, 1}, in, 3, by);
+    const uint64_t dp_ib = by[1][PAR_TIER_IB] + by[2][PAR_TIER_IB];
+    fprintf(stderr, "tp_run/tp_traffic: tp bytes nvlink %llu ib %llu; dp bytes over ib %llu\n",
+            (unsigned long long)by[0][PAR_TIER_NVLINK], (unsigned long long)by[0][PAR_TIER_IB],
+            (unsigned long long)dp_ib);
+    cr_expect_gt(by[0][PAR_TIER_NVLINK], 0);
+    cr_expect_eq(by[0][PAR_TIER_IB], 0);
+    cr_expect_gt(dp_ib, 0, "the DP groups cross the nodes: their bytes go over IB");
+}
+
+/* SP composed (tpcomp15): TP 2 + SP x CP 2 x Da 2 = ETP 2 x EP 2 x De 2 on
+ * nodes of 2.  The TP group (SP's gathers of the CP slice, the vocab and
+ * shared-expert layers) and the ETP group (= the TP ranks: the rows'
+ * gather / reduce-scatter) stay on NVLink; the CP group, which crosses the
+ * nodes, moves its bytes over IB. */
+Test(tp_run, sp_composed_traffic_stays_on_nvlink)
+{
+    static const char *const in[] = {"tp", "etp", "cp"};
+    uint64_t by[3][PAR_TIER_COUNT] = {{0}};
+    traffic((lay){2, 2, 2, 2, 8, 0, 1, 1}, in, 3, by);
+    fprintf(stderr, "tp_run/sp_composed_traffic: tp nvlink %llu ib %llu; etp nvlink %llu ib %llu; cp ib %llu\n",
+            (unsigned long long)by[0][PAR_TIER_NVLINK], (unsigned long long)by[0][PAR_TIER_IB],
+            (unsigned long long)by[1][PAR_TIER_NVLINK], (unsigned long long)by[1][PAR_TIER_IB],
+            (unsigned long long)by[2][PAR_TIER_IB]);
+    cr_expect_gt(by[0][PAR_TIER_NVLINK], 0);
+    cr_expect_eq(by[0][PAR_TIER_IB], 0);
+    cr_expect_gt(by[1][PAR_TIER_NVLINK], 0);
+    cr_expect_eq(by[1][PAR_TIER_IB], 0);
+    cr_expect_gt(by[2][PAR_TIER_IB], 0, "the CP groups cross the nodes: their bytes go over IB");
 }
 
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
@@ -268,16 +318,15 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "tensor-model-parallel-size 4 does not divide n_heads 2"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 2, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 2 with tensor-model-parallel-size 2"), "%s",
-              par_last_error());
+    /* TP x ETP without SP: the ETP group must be the TP group */
+    cr_expect_eq(run(NULL, (lay){2, 4, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
+    cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 4 with tensor-model-parallel-size 2 needs "
+                                       "--sequence-parallel"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 2, 4, 1, 12, 0, 0, 0}, 0), PAR_EINVAL); /* 12 = TP*CP*Da, not ETP*EP*De */
     cr_expect(strstr(par_last_error(), "12"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "--sequence-parallel needs tensor-model-parallel-size > 1 (got 1)"), "%s",
               par_last_error());
-    cr_expect_eq(run(NULL, (lay){2, 1, 2, 1, 4, 0, 1, 1}, 0), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "expert-model-parallel-size 2"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
