@@ -64,6 +64,10 @@ par_status par_matrix_run_layout_in_process(const par_layout_job *job, void *ud,
     o.dump_dir = job->dump_dir;
     o.save_dir = job->save_dir;
     o.netmodel = &net;
+    /* worlds of thousands of ranks on two cores (the scale tier): one rank's wait on rank 0's dump
+     * writes or the slowest stage outlasts comm's 120 s default; PARITY_COMM_TIMEOUT still wins */
+    if (o.layout.world > 1024 && !getenv("PARITY_COMM_TIMEOUT"))
+        o.timeout_s = 3600;
     par_ckpt *ck = NULL;
     if (job->load_dir && (s = par_ckpt_open(job->load_dir, &ck)))
         return s;
