@@ -45,32 +45,6 @@ static cptp_slot *slot_of(PAR_FN(par_cptp_hook) *h, const par_mbctx *x, int b, i
     return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
 }
 
-/* SP: the TP ranks' column slices [rows, L, w] gathered over TP (rank
- * order) into the CP slice full [rows, W = L*P, w]; `sp_take` is the
- * inverse for this rank (its columns of full). */
-static par_status sp_gather(const PAR_FN(par_cptp_hook) *h, par_real *full, const par_real *local, int64_t rows,
-                            int64_t W, int64_t w)
-{
-    const int64_t L = W / h->P, n = rows * L * w;
-    par_real *all = par_malloc((size_t)(n * h->P + 1) * sizeof *all, PAR_TAG_ACT);
-    if (!all)
-        return par_err(PAR_ENOMEM, "cp x tp attention (sp): out of memory for %lld rows", (long long)(rows * W));
-    par_status s = PAR_FN(par_tpr_gather_tokens)(&h->tsp, all, local, rows * L, w);
-    for (int r = 0; r < h->P && !s; r++)
-        for (int64_t i = 0; i < rows; i++)
-            memcpy(full + (i * W + r * L) * w, all + r * n + i * L * w, (size_t)(L * w) * sizeof *all);
-    par_free(all);
-    return s;
-}
-
-static void sp_take(void *local, const void *full, int64_t rows, int64_t W, int64_t w, size_t es, int r, int P)
-{
-    const int64_t L = W / P;
-    for (int64_t i = 0; i < rows; i++)
-        memcpy((char *)local + (size_t)(i * L * w) * es, (const char *)full + (size_t)((i * W + r * L) * w) * es,
-               (size_t)(L * w) * es);
-}
-
 /* SP forward: x gathered into the CP slice, the CP x TP layer on it (y
  * summed over TP), the rank's columns of y and of the picks kept. */
 static par_status sp_forward(PAR_FN(par_cptp_hook) *h, cptp_slot *q, const par_mbctx *x, const par_attn_dims *dm,
@@ -81,14 +55,15 @@ static par_status sp_forward(PAR_FN(par_cptp_hook) *h, cptp_slot *q, const par_m
     int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
     par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "cp x tp attention (sp): out of memory for %lld tokens",
                                                 (long long)T)
-                                      : sp_gather(h, b, xin, rows, W, d);
+                                      : PAR_FN(par_tpr_gather_cols)(&h->tsp, h->P, b, xin, rows, W, d,
+                                                                          "cp x tp attention");
     if (!s)
         s = PAR_FN(par_cp_attn_forward_tp)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->Wl, &q->dl, dm->iH, rows, W,
                                            h->cp, &h->tp, &h->ctr);
     if (!s) {
-        sp_take(y, b + T * d, rows, W, d, sizeof *b, h->rank, h->P);
+        PAR_FN(par_tpr_take_cols)(y, b + T * d, rows, W, d, sizeof *b, h->rank, h->P);
         if (sel)
-            sp_take(sel, sf, rows, W, k, sizeof *sf, h->rank, h->P);
+            PAR_FN(par_tpr_take_cols)(sel, sf, rows, W, k, sizeof *sf, h->rank, h->P);
     }
     par_free(b);
     par_free(sf);
@@ -106,13 +81,14 @@ static par_status sp_backward(PAR_FN(par_cptp_hook) *h, cptp_slot *q, const par_
     par_real *b = dx ? par_calloc((size_t)(T * d + Tl * d + 1), sizeof *b, PAR_TAG_ACT) : NULL;
     par_status s = !q->dyf || (dx && !b) ? par_err(PAR_ENOMEM, "cp x tp attention backward (sp): out of memory "
                                                    "for %lld tokens", (long long)T)
-                                         : sp_gather(h, q->dyf, dy, rows, W, d);
+                                         : PAR_FN(par_tpr_gather_cols)(&h->tsp, h->P, q->dyf, dy, rows, W,
+                                                                             d, "cp x tp attention");
     if (!s)
         s = PAR_FN(par_cp_attn_backward_input)(dx ? b : NULL, q->dWl.attn_sink, q->dyf, &q->sv, &q->Wl, h->cp,
                                                &h->ctr);
     if (!s && dx) {
         par_real *mine = b + T * d;
-        sp_take(mine, b, rows, W, d, sizeof *b, h->rank, h->P);
+        PAR_FN(par_tpr_take_cols)(mine, b, rows, W, d, sizeof *b, h->rank, h->P);
         for (int64_t e = 0; e < Tl * d; e++)
             dx[e] += mine[e];
     }

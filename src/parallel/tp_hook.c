@@ -40,32 +40,6 @@ static tp_slot *slot_of(PAR_FN(par_tp_hook) *h, const par_mbctx *x, int b, int64
     return &h->sl[(size_t)x->slot * (size_t)h->nb + (size_t)b];
 }
 
-/* SP with several rows: the ranks' column slices [rows, L, w] of the rows
- * gathered over the group (rank order) and placed into whole rows full
- * [rows, S, w]; `take` is the inverse for one rank (its slice of full). */
-static par_status sp_gather(const PAR_FN(par_tp_hook) *h, par_real *full, const par_real *local, int64_t rows,
-                            int64_t S, int64_t w)
-{
-    const int64_t L = S / h->P, n = rows * L * w;
-    par_real *all = par_malloc((size_t)(n * h->P + 1) * sizeof *all, PAR_TAG_ACT);
-    if (!all)
-        return par_err(PAR_ENOMEM, "tp attention (sp): out of memory for %lld rows", (long long)(rows * S));
-    par_status s = PAR_FN(par_tpr_gather_tokens)(&h->tsp, all, local, rows * L, w);
-    for (int r = 0; r < h->P && !s; r++)
-        for (int64_t i = 0; i < rows; i++)
-            memcpy(full + (i * S + r * L) * w, all + r * n + i * L * w, (size_t)(L * w) * sizeof *all);
-    par_free(all);
-    return s;
-}
-
-static void sp_take(void *local, const void *full, int64_t rows, int64_t S, int64_t w, size_t es, int r, int P)
-{
-    const int64_t L = S / P;
-    for (int64_t i = 0; i < rows; i++)
-        memcpy((char *)local + (size_t)(i * L * w) * es, (const char *)full + (size_t)((i * S + r * L) * w) * es,
-               (size_t)(L * w) * es);
-}
-
 /* SP, several rows: the layer on the whole rows (x gathered, y all-reduced),
  * the rank's slice of y and of the picks taken. */
 static par_status sp_rows_forward(PAR_FN(par_tp_hook) *h, tp_slot *q, const par_mbctx *x, const par_attn_dims *dm,
@@ -76,13 +50,13 @@ static par_status sp_rows_forward(PAR_FN(par_tp_hook) *h, tp_slot *q, const par_
     int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
     par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "tp attention (sp): out of memory for %lld tokens",
                                                 (long long)T)
-                                      : sp_gather(h, b, xin, rows, S, d);
+                                      : PAR_FN(par_tpr_gather_cols)(&h->tsp, h->P, b, xin, rows, S, d, "tp attention");
     if (!s)
         s = PAR_FN(par_tp_attn_forward)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->Wl, dm, T, &h->tp);
     if (!s) {
-        sp_take(y, b + T * d, rows, S, d, sizeof *b, h->rank, h->P);
+        PAR_FN(par_tpr_take_cols)(y, b + T * d, rows, S, d, sizeof *b, h->rank, h->P);
         if (sel)
-            sp_take(sel, sf, rows, S, k, sizeof *sf, h->rank, h->P);
+            PAR_FN(par_tpr_take_cols)(sel, sf, rows, S, k, sizeof *sf, h->rank, h->P);
     }
     par_free(b);
     par_free(sf);
@@ -120,11 +94,11 @@ static par_status sp_rows_backward(PAR_FN(par_tp_hook) *h, tp_slot *q, const par
     if (!b)
         return par_err(PAR_ENOMEM, "tp attention backward (sp): out of memory for %lld tokens", (long long)T);
     par_real *dxf = b + T * d, *mine = dxf + T * d;
-    par_status s = sp_gather(h, b, dy, rows, S, d);
+    par_status s = PAR_FN(par_tpr_gather_cols)(&h->tsp, h->P, b, dy, rows, S, d, "tp attention");
     if (!s)
         s = PAR_FN(par_tp_attn_backward)(dx ? dxf : NULL, &q->dWl, b, &q->sv, &q->Wl, &h->tp);
     if (!s && dx) {
-        sp_take(mine, dxf, rows, S, d, sizeof *b, h->rank, h->P);
+        PAR_FN(par_tpr_take_cols)(mine, dxf, rows, S, d, sizeof *b, h->rank, h->P);
         for (int64_t e = 0; e < Tl * d; e++)
             dx[e] += mine[e];
     }

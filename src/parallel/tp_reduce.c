@@ -62,6 +62,30 @@ par_status PAR_FN(par_tpr_gather_tokens)(const par_tp *tp, par_real *full, const
     return par_allgather(tp->comm, local, full, n, PAR_TP_CREAL);
 }
 
+par_status PAR_FN(par_tpr_gather_cols)(const par_tp *tp, int P, par_real *full, const par_real *local,
+                                       int64_t rows, int64_t W, int64_t w, const char *what)
+{
+    const int64_t L = W / P, n = rows * L * w;
+    par_real *all = par_malloc((size_t)(n * P + 1) * sizeof *all, PAR_TAG_ACT);
+    if (!all)
+        return par_err(PAR_ENOMEM, "%s (sp): out of memory for %lld rows", what, (long long)(rows * W));
+    par_status s = PAR_FN(par_tpr_gather_tokens)(tp, all, local, rows * L, w);
+    for (int r = 0; r < P && !s; r++)
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(full + (i * W + r * L) * w, all + r * n + i * L * w, (size_t)(L * w) * sizeof *all);
+    par_free(all);
+    return s;
+}
+
+void PAR_FN(par_tpr_take_cols)(void *local, const void *full, int64_t rows, int64_t W, int64_t w, size_t es, int r,
+                               int P)
+{
+    const int64_t L = W / P;
+    for (int64_t i = 0; i < rows; i++)
+        memcpy((char *)local + (size_t)(i * L * w) * es, (const char *)full + (size_t)((i * W + r * L) * w) * es,
+               (size_t)(L * w) * es);
+}
+
 par_status PAR_FN(par_tpr_gather_i32)(const par_tp *tp, int32_t *full, const int32_t *local, int64_t Tl)
 {
     if (!multi(tp)) {

@@ -40,6 +40,16 @@ par_status PAR_FN(par_tpr_max_f64)(const par_tp *tp, double *buf, size_t n);
  * (every rank passes Tl = T/P rows). */
 par_status PAR_FN(par_tpr_gather_tokens)(const par_tp *tp, par_real *full, const par_real *local,
                                          int64_t Tl, int64_t w);
+/* SP with several rows (tp_hook.c, cptp_hook.c): the P ranks' column
+ * slices local [rows, W/P, w] of each row gathered (rank order) into whole
+ * rows full [rows, W, w]; `what` names the layer in the out-of-memory
+ * message. */
+par_status PAR_FN(par_tpr_gather_cols)(const par_tp *tp, int P, par_real *full, const par_real *local,
+                                       int64_t rows, int64_t W, int64_t w, const char *what);
+/* The inverse for rank r of P: local [rows, W/P, w] = its columns of full
+ * [rows, W, w] (es-byte elements: reals or int32 picks). */
+void PAR_FN(par_tpr_take_cols)(void *local, const void *full, int64_t rows, int64_t W, int64_t w, size_t es, int r,
+                               int P);
 /* SP entry of token ids: full[P*Tl] = the ranks' local[Tl] in rank order. */
 par_status PAR_FN(par_tpr_gather_i32)(const par_tp *tp, int32_t *full, const int32_t *local, int64_t Tl);
 /* SP exit: local[Tl, w] = block r of the group sum of full[P*Tl, w]. */
