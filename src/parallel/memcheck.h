@@ -47,7 +47,7 @@ par_status par_memcheck_golden_blocked(const par_config *cfg, int precision, int
 /* The serial golden's row blocks (model/facade.h rows_per_block), the rule
  * of `parity golden` and of the matrix's serial references when no
  * --rows-per-block is given: *rows = 0 (one shot) when the one-shot
- * estimate fits limit (or limit <= 0); else, of R = ceil(B/2), ceil(B/4),
+ * estimate is at most 80 % of limit (or limit <= 0); else, of R = ceil(B/2), ceil(B/4),
  * ..., 1, the first whose estimate is at most half the limit (a margin for
  * the estimate: smaller blocks cost little time), else the largest that
  * fits; R = 1 when none fits (its estimate in *out: the caller's

@@ -142,7 +142,7 @@ Test(golden_rows, one_block_is_the_one_shot_step_bitwise)
     par_model_free_f64(&B);
 }
 
-/* The automatic rule: one shot while it fits; else the largest halving
+/* The automatic rule: one shot while it fits with a fifth to spare; else the largest halving
  * whose estimate fits, and that estimate below the limit. */
 Test(golden_rows, automatic_rule_blocks_only_what_does_not_fit)
 {
@@ -155,6 +155,8 @@ Test(golden_rows, automatic_rule_blocks_only_what_does_not_fit)
     cr_assert_eq(par_memcheck_golden(&cfg, 64, 1, 0, &one), PAR_OK, "%s", par_last_error());
     cr_assert_eq(par_memcheck_golden_rows(&cfg, 64, 1, 2 * one.total, &rows, &e), PAR_OK);
     cr_expect_eq(rows, 0, "one shot fits: no blocks");
+    cr_assert_eq(par_memcheck_golden_rows(&cfg, 64, 1, 1.1 * one.total, &rows, &e), PAR_OK);
+    cr_expect(rows > 0, "one shot at 91 %% of the limit leaves no margin: blocks expected");
     cr_assert_eq(par_memcheck_golden_rows(&cfg, 64, 1, one.total / 4, &rows, &e), PAR_OK);
     cr_expect(rows > 0 && rows < 1024, "rows %lld", (long long)rows);
     cr_expect_leq(e.total, one.total / 4);
