@@ -112,9 +112,26 @@ static double tp_attn_state(const par_act_ctx *c, int b, double T)
            c->es * (3 * tp_shard(c, b) + 1);
 }
 
-/* The attention sub-layer's state: serial kernel, or cp.c's state of whole
- * rows (par_cp_attn_forward: saved struct of rows*S tokens, xw [rows, Dh+L,
- * d], pos [rows*S]) plus block.c's sel [T, topk] in the arena. */
+/* cp.c saved_alloc's saved struct: the window arrays of Tw working rows
+ * (window_layout: the kernel's pieces without cmp, icmp) and the whole
+ * rows' entries ebuf [Tt, hd (+ ihd with the indexer)], exact bytes. */
+static double cp_saved(const par_act_ctx *c, int b, double Tw, double Tt)
+{
+    const par_config *g = c->cfg;
+    double es = c->es, hd = (double)g->head_dim, ihd = (double)g->index_head_dim;
+    int64_t m = ratio_of(g, b);
+    double s = par_act_attn_saved(c, b, (int64_t)Tw);
+    if (m > 0)
+        s += es * Tt * hd - pc(Tw * hd, es);
+    if (m == 4)
+        s += es * Tt * ihd - pc(Tw * ihd, es);
+    return s;
+}
+
+/* The attention sub-layer's state: serial kernel, or cp.c's state of each
+ * row's working rows (par_cp_attn_forward: the saved struct of rows * (Dh +
+ * L) rows and the rows' entries, xw [rows, Dh+L, d], pos [rows*S]) plus
+ * block.c's sel [T, topk] in the arena. */
 static double attn_state(const par_act_ctx *c, int b, double T)
 {
     if (c->tp > 1 && c->cp > 1) { /* cptp_hook.c: cp.c's state in the shard's dims + the shard buffer */
@@ -130,8 +147,8 @@ static double attn_state(const par_act_ctx *c, int b, double T)
         return par_act_attn_saved(c, b, (int64_t)T);
     const par_config *g = c->cfg;
     double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp;
-    double Dh = c->cp_rank > 0 ? cp_halo(c, b) : 0, Tt = rows * S;
-    double s = par_act_attn_saved(c, b, (int64_t)Tt) + c->es * (rows * (Dh + L) * (double)g->dim + 1) + 4 * (Tt + 1);
+    double Dh = c->cp_rank > 0 ? cp_halo(c, b) : 0, Tt = rows * S, Tw = rows * (Dh + L);
+    double s = cp_saved(c, b, Tw, Tt) + c->es * (Tw * (double)g->dim + 1) + 4 * (Tt + 1);
     if (ratio_of(g, b) == 4)
         s += 4 * T * (double)g->index_topk;
     return s;
@@ -251,8 +268,8 @@ static double attn_core_scratch(const par_act_ctx *c, int b, double T)
 
 /* Scratch of the attention backward: attention.c par_attn_backward (dO,
  * dop, dq, Dd, dkv, dcmp, dca, dcz) with the nested proj_backward (dqb,
- * dqr, dqa, dkva), or cp.c's row-coordinate scratch plus one row's
- * proj_backward on Dh + L rows. */
+ * dqr, dqa, dkva), or cp.c's scratch (working rows; dcmp of the whole
+ * rows) plus one row's proj_backward on Dh + L rows. */
 static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
 {
     const par_config *g = c->cfg;
@@ -274,8 +291,8 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
         return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
                attn_core_scratch(c, b, T);
     double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp, Tt = rows * S;
-    double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L;
-    return es * (3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W * d + 1) +
+    double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L, Tw = rows * W;
+    return es * (3 * Tw * HD + Tw * H + Tw * hd + (m > 0 ? Tt * hd : 0) + 2 * Tw * nc + Tw * d + 1) +
            es * (W * HD + 2 * W * ql + W * hd) + attn_core_scratch(c, b, L);
 }
 

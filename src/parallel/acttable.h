@@ -28,7 +28,8 @@ typedef struct {
     int64_t ep;         /* EP size; 1: the serial MoE kernel (moe.c saved struct) */
     double recv_factor; /* EP: rows this rank receives per row it sends (1: balanced
                          * routing; measured: rows_recv / rows_sent of a run)      */
-    int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of whole rows */
+    int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of its halo +
+                         * local rows and the whole rows' compressed entries       */
     int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
     int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
     int64_t tp;         /* TP size; > 1: tp_hook.c keeps the shard's attention state

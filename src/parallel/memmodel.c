@@ -279,7 +279,8 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.es = mm->es_a;
     c.ep = mm->lay.ep;
     c.recv_factor = recv;
-    /* parity's cp.c keeps the attention state of whole rows; a GPU job keeps its local tokens' */
+    /* parity's cp.c keeps the attention state of its halo + local rows (and the rows' entries); a GPU
+     * job keeps its local tokens' */
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
