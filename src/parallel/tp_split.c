@@ -180,3 +180,8 @@ par_status par_tp_layout_rules(const par_layout *l)
                        LL(l->etp), LL(l->tp));
     return PAR_OK;
 }
+
+int par_tp_shared_expert_split(const par_layout *l)
+{
+    return l && l->tp > 1;
+}

@@ -69,4 +69,11 @@ par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp);
  * ETP.  docs/parallel.md, "Tensor parallelism in the step". */
 par_status par_tp_layout_rules(const par_layout *l);
 
+/* 1 when the layout runs the shared expert TP-split: column / row parallel
+ * over the TP group (w1 / w3 rows, w2 columns of parallel/tp_split.c's
+ * cuts), whatever EP and ETP are (Megatron-LM: the shared expert is a TP
+ * MLP); 0 when it runs whole (TP = 1).  The one predicate the executor's
+ * hooks (tp_moe_hook.c, ep.c, etp_hook.c) and a TP storage split key on. */
+int par_tp_shared_expert_split(const par_layout *l);
+
 #endif
