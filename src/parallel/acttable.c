@@ -175,6 +175,27 @@ static double etp_gather(const par_act_ctx *c)
     return c->etp > 1 && (c->tp <= 1 || c->sp > 1) ? (double)c->etp : 1;
 }
 
+/* The TP-split shared expert's state (c->tp_shared): tp_mlp.c's x [Tg, d]
+ * and g / u / h [Tg, I/TP] of the layer's tokens, and the shard (tp_mlp.c
+ * par_tp_mlp_shard: w2's columns and their gradient); `whole` otherwise. */
+static double shared_state(const par_act_ctx *c, double T, double whole)
+{
+    if (!c->tp_shared || c->tp <= 1)
+        return whole;
+    double es = c->es, d = (double)c->cfg->dim, Il = (double)c->cfg->moe_inter_dim / (double)c->tp;
+    double Tg = tp_tokens(c, T);
+    return es * (Tg * d + 3 * Tg * Il + 1) + es * (2 * d * Il + 1);
+}
+
+/* The TP-split shared expert's backward scratch (tp_mlp.c: the partial dx
+ * [Tg, d], with SP the gathered dy too); 0 otherwise. */
+static double shared_bwd_scratch(const par_act_ctx *c, double T)
+{
+    if (!c->tp_shared || c->tp <= 1)
+        return 0;
+    return c->es * tp_tokens(c, T) * (double)c->cfg->dim * (c->sp > 1 ? 2 : 1);
+}
+
 /* The routed experts' state: moe.c par_moe_saved_alloc (serial), ep.c's
  * blk_state (scnt/rcnt, stk, rpos, eoff, xg, rwg, g/u/h of the received
  * rows, sg/su/sh of the shared expert), with ETP the rows layer instead of
@@ -188,7 +209,7 @@ static double moe_state(const par_act_ctx *c, double T)
     double I = (double)g->moe_inter_dim, d = (double)g->dim, P = c->etp > 1 ? (double)c->etp : 1;
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
-               3 * es * (T + 1) * I;
+               shared_state(c, T, 3 * es * (T + 1) * I);
     if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
                       * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the w2 shard + its gradient */
         double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
@@ -198,7 +219,8 @@ static double moe_state(const par_act_ctx *c, double T)
     if (c->ep <= 1)
         return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;
     double NS = T * K, NR = NS * c->recv_factor, El = E / (double)c->ep;
-    double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) + 3 * es * T * I;
+    double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) +
+                  shared_state(c, T, 3 * es * T * I);
     return base + (P > 1 ? etp_rows_state(c, etp_gather(c) * NR, El, 0) : es * 3 * NR * I);
 }
 
@@ -240,7 +262,7 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
     const double G = etp_gather(c);
     double rows = P > 1 ? es * (3 * G * NS * d + G * NS + G * NS * (d + 1)) : 0;
     if (c->ep <= 1 && P > 1) /* etp.c par_etp_moe_backward: dyr, dxr [NR, d], drw [NR], slots [NR, d], dxs [T, d] */
-        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
+        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1) + shared_bwd_scratch(c, T);
     if (c->tp_mlp) { /* the same with a rows layer of one rank; tp_mlp.c's dx [Tg, d] (+ SP: the gathered dy) */
         double Tg = tp_tokens(c, T);
         return es * (3 * NS * d + NS + T * d) + es * (3 * NS * d + NS + NS * (d + 1)) + es * NS * (d + 1) +
@@ -250,7 +272,7 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
         return es * (3 * NS * d + 2 * NS + T * d);
     double NR = NS * c->recv_factor;
     return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d) +
-           (P > 1 ? rows * c->recv_factor + es * NR * (d + 1) : 0);
+           (P > 1 ? rows * c->recv_factor + es * NR * (d + 1) : 0) + shared_bwd_scratch(c, T);
 }
 
 /* attention.c's core scratch on one thread: the keys a query sees (max_keys:
