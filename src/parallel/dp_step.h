@@ -75,6 +75,11 @@ typedef struct {
      * its gradients at M->grads + n_shared). */
     PAR_FN(par_replica_ticket) *rt;
     int64_t base[2];
+    /* Entries the model holds as tensor-parallel shards (M->cut): the norm
+     * chains their squared sums over this group in rank order (rank r
+     * continues rank r-1's sums), so an entry inside one segment is summed
+     * in the serial element order; NULL: none. */
+    par_comm *tpc;
 } PAR_FN(par_dpw);
 
 /* Builds the local table and both plans (mode from P->lay->distributed_optimizer)

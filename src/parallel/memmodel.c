@@ -9,6 +9,7 @@
 #include "parallel/groups.h"
 #include "parallel/mm_zero.h"
 #include "parallel/schedule.h"
+#include "parallel/tp_split.h"
 #include "parallel/zero_plan.h"
 
 /* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
@@ -126,11 +127,23 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
     return si->final;
 }
 
+/* Elements of entry i a rank holds: a TP shard's (parity's runtime,
+ * parallel/tp_split.h par_tp_storage_cut), else the whole tensor. */
+static int64_t held_numel(const par_mm *mm, const par_param_table *t, int i)
+{
+    int64_t P = 1;
+    if (mm->o.rt == PAR_MM_PARITY)
+        par_tp_storage_cut(&mm->lay, t->p[i].name, &P);
+    return t->p[i].numel / P;
+}
+
 /* Dense entry i is in the TP gradient sum (reduce.c tp_wanted, the
- * PAR_TPG_* bits executor.c sets). */
+ * PAR_TPG_* bits executor.c sets; a held shard is not). */
 static int tp_summed(const par_mm *mm, const par_param_table *t, int i)
 {
     const par_layout *l = &mm->lay;
+    if (held_numel(mm, t, i) != t->p[i].numel)
+        return 0;
     const int all = l->tp > 1 && (l->tp_all_layers || l->sequence_parallel);
     if (strstr(t->p[i].name, ".attn.") || (l->tp > 1 && l->sequence_parallel))
         return 1;
@@ -145,26 +158,32 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
 {
     const par_param_table *t = mm->tab;
     int *lists = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *lists, PAR_TAG_MODEL);
-    if (!lists)
+    int64_t *numel = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *numel, PAR_TAG_MODEL);
+    if (!lists || !numel) {
+        par_free(lists);
+        par_free(numel);
         return par_err(PAR_ENOMEM, "memory model: no memory for %d table entries", t->n);
+    }
     int nl[2] = {0, 0};
     for (int i = 0; i < t->n; i++) {
+        numel[i] = held_numel(mm, t, i);
         if (!holds(mm, si, i))
             continue;
-        si->floats += t->p[i].numel;
+        si->floats += numel[i];
         int k = t->p[i].expert >= 0;
-        si->dense += k ? 0 : t->p[i].numel;
+        si->dense += k ? 0 : numel[i];
         if (t->p[i].has_grad && (k || tp_summed(mm, t, i)))
-            *(k ? &si->expert_grads : &si->attn_grads) += t->p[i].numel;
+            *(k ? &si->expert_grads : &si->attn_grads) += numel[i];
         lists[k * t->n + nl[k]++] = i;
     }
     for (int b = 0; b < t->n_blocks; b++)
         si->n_moe += si->blocks[b];
     const par_layout *l = &mm->lay;
-    par_status s = par_mm_zero_build(&si->zd, t, lists, nl[0], (int)(l->cp * l->da));
+    par_status s = par_mm_zero_build_sized(&si->zd, t, numel, lists, nl[0], (int)(l->cp * l->da));
     if (!s)
-        s = par_mm_zero_build(&si->ze, t, lists + t->n, nl[1], (int)l->de);
+        s = par_mm_zero_build_sized(&si->ze, t, numel, lists + t->n, nl[1], (int)l->de);
     par_free(lists);
+    par_free(numel);
     return s;
 }
 

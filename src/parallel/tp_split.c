@@ -132,6 +132,24 @@ void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par
     copy_block(full, (char *)(uintptr_t)src, rows, cols, cut, rank, P, es, 0);
 }
 
+int par_tp_shared_expert_split(const par_layout *l)
+{
+    return l->tp > 1 && l->ep <= 1 && l->etp <= 1;
+}
+
+par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P)
+{
+    *P = 1;
+    const par_tp_split s = par_tp_split_of(name);
+    if (s.cut == PAR_TP_REPLICATED || s.group != PAR_TP_GROUP_TP || l->tp <= 1)
+        return PAR_TP_REPLICATED;
+    /* held as shards: the vocab-parallel tables (the other cuts: next) */
+    if (strcmp(name, "embed.weight") != 0 && strcmp(name, "head.weight") != 0)
+        return PAR_TP_REPLICATED;
+    *P = l->tp;
+    return s.cut;
+}
+
 /* One divisibility rule: `flag` size v must divide the config key's n. */
 static par_status divides(const char *flag, int64_t v, const char *key, int64_t n,
                           const char *why)

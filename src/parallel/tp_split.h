@@ -56,6 +56,19 @@ void par_tp_slice(void *dst, const void *full, int64_t rows, int64_t cols, par_t
 void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par_tp_cut cut,
                     int rank, int P, size_t es);
 
+/* How a rank of layout l STORES entry `name` (its weights, gradients and
+ * optimizer state): the rule's cut when the entry is held as shards in this
+ * layout, PAR_TP_REPLICATED when every rank of the group holds it whole.
+ * *P: the group's size (TP or ETP; 1 when whole).  The entries held as
+ * shards today: embed.weight and head.weight under TP > 1 (vocab rows;
+ * docs/parallel.md "What each rank stores"); the other TP / ETP cuts are
+ * computed on shards cut from whole storage by their hooks. */
+par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P);
+/* 1 when the shared expert runs column / row parallel over TP in layout l
+ * (TP > 1 with EP = ETP = 1 today): the one predicate its hooks and its
+ * storage key off. */
+int par_tp_shared_expert_split(const par_layout *l);
+
 /* The model-wide TP / ETP rules (every message names the flag, the config
  * key and both numbers): TP divides n_heads, o_groups, index_n_heads,
  * vocab_size and moe_inter_dim (the shared expert); ETP divides

@@ -56,13 +56,20 @@ par_status PAR_FN(par_zero_plan_build_shared)(plan_t *pl, const par_param_table 
                                               int dp, int rank, par_dp_mode mode, PAR_FN(par_zero_state_fn) get,
                                               void *ctx)
 {
+    return PAR_FN(par_zero_plan_build_sized)(pl, t, NULL, idx, n_idx, dp, rank, mode, get, ctx);
+}
+
+par_status PAR_FN(par_zero_plan_build_sized)(plan_t *pl, const par_param_table *t, const int64_t *numel,
+                                             const int *idx, int n_idx, int dp, int rank, par_dp_mode mode,
+                                             PAR_FN(par_zero_state_fn) get, void *ctx)
+{
     if (!pl)
         return par_err(PAR_EINVAL, "zero plan: needs a plan to build");
     if (mode != PAR_DP_REPLICATED && mode != PAR_DP_ZERO1)
         return par_err(PAR_EINVAL, "zero plan: unknown mode %d", (int)mode);
     plan_t z;
     memset(&z, 0, sizeof z);
-    par_status st = par_zero_geom_build(&z.geom, t, idx, n_idx, dp, rank);
+    par_status st = par_zero_geom_build_sized(&z.geom, t, numel, idx, n_idx, dp, rank);
     if (st)
         return st;
     z.mode = mode;

@@ -86,6 +86,11 @@ typedef par_status (*PAR_FN(par_zero_state_fn))(void *ctx, size_t n_adamw_state,
 par_status PAR_FN(par_zero_plan_build_shared)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
                                               const int *idx, int n_idx, int dp, int rank, par_dp_mode mode,
                                               PAR_FN(par_zero_state_fn) get, void *ctx);
+/* The same over held sizes numel[tab.n] (NULL: the table's;
+ * par_zero_geom_build_sized). */
+par_status PAR_FN(par_zero_plan_build_sized)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
+                                             const int64_t *numel, const int *idx, int n_idx, int dp, int rank,
+                                             par_dp_mode mode, PAR_FN(par_zero_state_fn) get, void *ctx);
 
 /* This rank's memory (par_zero_geom_memory in the plan's mode and precision).
  * Owners and pieces: par_zero_geom_owner / _piece(&pl->geom, ...). */

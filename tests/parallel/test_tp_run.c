@@ -22,6 +22,7 @@
 #include "model/rootcause.h"
 #include "parallel/driver.h"
 #include "parallel/tp.h"
+#include "parallel/tp_split.h"
 
 static void tiny(par_config *c)
 {
@@ -330,4 +331,70 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
+}
+
+/* Rank r's allocator peaks (weights, gradients, optimizer state) after one
+ * step of TP P (heads widened to 4; every rank its own dense copy). */
+static void held_bytes(int64_t P, int64_t peak[][3])
+{
+    static const par_tag tags[3] = {PAR_TAG_PARAM, PAR_TAG_GRAD, PAR_TAG_OPTIM};
+    par_run_opts o;
+    par_run_opts_init(&o);
+    tiny(&o.cfg);
+    o.cfg.n_heads = o.cfg.o_groups = o.cfg.index_n_heads = 4;
+    o.steps = 1;
+    o.seed = 1234;
+    o.backend = par_backend_find("threads");
+    o.layout.tp = P;
+    o.layout.world = P;
+    o.private_replicas = 1;
+    par_run_summary s;
+    memset(&s, 0, sizeof s);
+    cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
+    cr_assert_not_null(s.alloc_peak);
+    for (int64_t r = 0; r < P; r++)
+        for (int k = 0; k < 3; k++)
+            peak[r][k] = s.alloc_peak[r * PAR_TAG_COUNT + tags[k]];
+    par_run_summary_free(&s);
+}
+
+/* The entries TP holds as shards (par_tp_storage_cut) are held at 1/TP: a
+ * TP rank's weights, gradients and AdamW state (two slots) are TP 1's minus
+ * (1 - 1/TP) of the split floats, within a few hundred bytes, on every rank;
+ * and the split entries are not empty (the check could fail). */
+Test(tp_run, split_entries_are_held_at_one_over_tp)
+{
+    par_config c;
+    tiny(&c);
+    c.n_heads = c.o_groups = c.index_n_heads = 4;
+    par_param_table t;
+    cr_assert_eq(par_param_table_build(&t, &c), PAR_OK, "%s", par_last_error());
+    par_layout l;
+    memset(&l, 0, sizeof l);
+    int64_t one[1][3], many[4][3];
+    held_bytes(1, one);
+    for (int64_t P = 2; P <= 4; P += 2) {
+        l.tp = P;
+        int64_t split = 0, np;
+        for (int i = 0; i < t.n; i++)
+            if (par_tp_storage_cut(&l, t.p[i].name, &np) != PAR_TP_REPLICATED) {
+                cr_assert_eq(np, P);
+                cr_assert_eq(t.p[i].opt, PAR_OPT_ADAMW, "%s: a split Muon matrix would need par_tp_muon_update",
+                             t.p[i].name);
+                split += t.p[i].numel;
+            }
+        cr_assert_gt(split, 0, "TP %lld holds nothing as shards", (long long)P);
+        held_bytes(P, many);
+        const int64_t saved = split - split / P, es = (int64_t)sizeof(double), slots[3] = {1, 1, 2};
+        for (int64_t r = 0; r < P; r++)
+            for (int k = 0; k < 3; k++) {
+                const int64_t want = one[0][k] - slots[k] * saved * es, got = many[r][k];
+                cr_expect_leq(llabs(got - want), 512,
+                              "TP %lld rank %lld tag %d: %lld bytes held, %lld expected (TP 1's %lld less %lld "
+                              "split floats x %lld slot(s) x (1 - 1/TP))", (long long)P, (long long)r, k,
+                              (long long)got, (long long)want, (long long)one[0][k], (long long)split,
+                              (long long)slots[k]);
+            }
+    }
+    par_param_table_free(&t);
 }
