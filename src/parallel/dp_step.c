@@ -74,7 +74,8 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
     }
     for (int i = 0; numel && i < t->n; i++) /* the plans over the held shards */
         numel[i] = PAR_FN(par_model_numel)(M, i);
-    w->tpc = M->cut ? P->g.g[PAR_GROUP_TP] : NULL;
+    w->chain[PAR_DPW_DENSE] = M->cut ? P->g.g[PAR_GROUP_TP] : NULL;
+    w->chain[PAR_DPW_EXPERT] = M->cut ? P->g.g[PAR_GROUP_ETP] : NULL;
     for (int k = 0; k < 2; k++) {
         par_comm *c = w->comm[k];
         const int shared = k == PAR_DPW_DENSE && w->rt;
@@ -84,6 +85,8 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
             goto fail_free;
         for (int j = 0; j < w->plan[k].n; j++)
             w->plan[k].e[j].off = M->loc[w->plan[k].e[j].idx] - w->base[k];
+        w->plan[k].tp_cut = M->cut; /* its shard-held Muon matrices meet on the TP group */
+        w->plan[k].tpc = w->chain[k];
     }
     par_free(lists);
     par_free(numel);
@@ -154,41 +157,50 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const doub
 
 enum { TAG_NORM_CHAIN = 6204 };
 
-/* Every entry's share of the squared norm on this rank (entry_shares of
- * both plans).  Entries held as TP shards: chained over w->tpc, rank r
- * starting from rank r-1's sums and handing its own on (only the last rank
- * keeps them for the world sum): rows blocks in rank order are the serial
- * element order, so a shard entry inside one segment gets exactly the whole
- * entry's par_sumsq order. */
-static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, double *per)
+/* Plan k's entries' shares of the squared norm on this rank (entry_shares).
+ * Entries held as shards: chained over the plan's group w->chain[k] (TP,
+ * ETP), rank r starting from rank r-1's sums and handing its own on (only
+ * the last rank keeps them for the world sum): rows blocks in rank order are
+ * the serial element order, so a shard entry inside one segment gets
+ * exactly the whole entry's par_sumsq order. */
+static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
 {
-    const int n = w->n_tab, r = w->tpc ? par_comm_rank(w->tpc) : 0, P = w->tpc ? par_comm_size(w->tpc) : 1;
+    const plan_t *pl = &w->plan[k];
+    par_comm *c = w->chain[k];
+    const int r = c ? par_comm_rank(c) : 0, P = c ? par_comm_size(c) : 1;
     int ns = 0;
-    for (int i = 0; P > 1 && i < n; i++)
-        ns += PAR_FN(par_model_cut_of)(M, i) != NULL;
+    for (int j = 0; P > 1 && j < pl->n; j++)
+        ns += PAR_FN(par_model_cut_of)(M, pl->e[j].idx) != NULL;
     if (ns == 0) {
-        for (int k = 0; k < 2; k++)
-            entry_shares(&w->plan[k], w->norm_skip, NULL, per);
+        entry_shares(pl, w->norm_skip, NULL, per);
         return PAR_OK;
     }
-    double *start = par_calloc((size_t)n + (size_t)ns, sizeof *start, PAR_TAG_COMM), *pk = start + n;
+    double *start = par_calloc((size_t)w->n_tab + (size_t)ns, sizeof *start, PAR_TAG_COMM), *pk = start + w->n_tab;
     if (!start)
         return par_err(PAR_ENOMEM, "dp step: out of memory for the norm chain of %d shards", ns);
-    par_status s = r > 0 ? par_recv(w->tpc, pk, (size_t)ns, PAR_C_F64, r - 1, TAG_NORM_CHAIN) : PAR_OK;
-    for (int i = 0, j = 0; !s && i < n; i++)
-        if (PAR_FN(par_model_cut_of)(M, i))
-            start[i] = pk[j++];
-    for (int k = 0; !s && k < 2; k++)
-        entry_shares(&w->plan[k], w->norm_skip, start, per);
-    for (int i = 0, j = 0; !s && r < P - 1 && i < n; i++)
+    par_status s = r > 0 ? par_recv(c, pk, (size_t)ns, PAR_C_F64, r - 1, TAG_NORM_CHAIN) : PAR_OK;
+    for (int j = 0, q = 0; !s && j < pl->n; j++)
+        if (PAR_FN(par_model_cut_of)(M, pl->e[j].idx))
+            start[pl->e[j].idx] = pk[q++];
+    if (!s)
+        entry_shares(pl, w->norm_skip, start, per);
+    for (int j = 0, q = 0; !s && r < P - 1 && j < pl->n; j++) {
+        const int i = pl->e[j].idx;
         if (PAR_FN(par_model_cut_of)(M, i)) {
-            pk[j++] = per[i] != 0.0 ? per[i] : start[i];
+            pk[q++] = per[i] != 0.0 ? per[i] : start[i];
             per[i] = 0.0; /* the last rank's sum counts */
         }
+    }
     if (!s && r < P - 1)
-        s = par_send(w->tpc, pk, (size_t)ns, PAR_C_F64, r + 1, TAG_NORM_CHAIN);
+        s = par_send(c, pk, (size_t)ns, PAR_C_F64, r + 1, TAG_NORM_CHAIN);
     par_free(start);
     return s;
+}
+
+static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, double *per)
+{
+    par_status s = plan_shares(w, M, PAR_DPW_DENSE, per);
+    return s ? s : plan_shares(w, M, PAR_DPW_EXPERT, per);
 }
 
 /* The balance update of gate.bias from the global loads (identical on

@@ -101,7 +101,7 @@ static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
         return s;
     PAR_FN(par_tp_vocab_hook_install)(ex->tpvh, M);
     ex->tp_grads |= PAR_TPG_VOCAB;
-    if (ex->lay->ep > 1 || ex->lay->etp > 1)
+    if (!par_tp_shared_expert_split(ex->lay)) /* the one predicate its storage keys off too (tp_split.h) */
         return PAR_OK;
     if ((s = PAR_FN(par_tp_moe_hook_create)(&ex->tpmh, ex->tpc, M, ex->m, sp)))
         return s;
@@ -128,8 +128,8 @@ static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
         return s;
     else
         PAR_FN(par_etp_hook_install)(ex->etph, M);
-    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
-        if (M->tab.p[i].expert >= 0)
+    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++) /* an ETP shard counts on every ETP rank */
+        if (M->tab.p[i].expert >= 0 && !PAR_FN(par_model_cut_of)(M, i))
             ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     return PAR_OK;
 }

@@ -172,7 +172,7 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
         si->floats += numel[i];
         int k = t->p[i].expert >= 0;
         si->dense += k ? 0 : numel[i];
-        if (t->p[i].has_grad && (k || tp_summed(mm, t, i)))
+        if (t->p[i].has_grad && ((k && numel[i] == t->p[i].numel) || (!k && tp_summed(mm, t, i))))
             *(k ? &si->expert_grads : &si->attn_grads) += numel[i];
         lists[k * t->n + nl[k]++] = i;
     }

@@ -39,6 +39,14 @@ static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
     return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
+/* 1 when M holds block b's shared w1 / w3 as this rank's row shards
+ * (parallel/tp_split.h par_tp_storage_cut, par_tp_shared_expert_split):
+ * the hook reads and accumulates them in place. */
+static int held_rows(const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].shared_w1) != NULL;
+}
+
 /* Block b's weights: every routed expert whole, the shared expert's shard. */
 static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
 {
@@ -48,7 +56,7 @@ static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_sl
     for (size_t e = 0; e < 3 * E; e++)
         if (!ew[e])
             return par_err(PAR_EINVAL, "tp shared expert: block %d does not hold every routed expert (EP = 1)", b);
-    const int64_t off = (int64_t)h->rank * h->Il * h->d;
+    const int64_t off = held_rows(M, b) ? 0 : (int64_t)h->rank * h->Il * h->d;
     *W = (PAR_FN(par_etp_weights)){.w1 = ew, .w2 = ew + E, .w3 = ew + 2 * E,
                                    .sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1) + off,
                                    .sw2 = q->w2,
@@ -95,7 +103,7 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         return par_err(PAR_EINVAL, "tp shared expert backward: block %d has no forward", b);
     const par_block_params *bp = &M->tab.blocks[b];
     const size_t E = (size_t)h->E;
-    const int64_t d = h->d, I = h->I, Il = h->Il, off = (int64_t)h->rank * Il * d;
+    const int64_t d = h->d, I = h->I, Il = h->Il, off = held_rows(M, b) ? 0 : (int64_t)h->rank * Il * d;
     PAR_FN(par_etp_weights) W;
     par_status s = weights_of(h, M, b, q, &W);
     if (s)

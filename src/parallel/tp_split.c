@@ -141,12 +141,16 @@ par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P)
 {
     *P = 1;
     const par_tp_split s = par_tp_split_of(name);
-    if (s.cut == PAR_TP_REPLICATED || s.group != PAR_TP_GROUP_TP || l->tp <= 1)
+    const int64_t g = s.group == PAR_TP_GROUP_ETP ? l->etp : l->tp;
+    if (s.cut == PAR_TP_REPLICATED || g <= 1)
         return PAR_TP_REPLICATED;
-    /* held as shards: the vocab-parallel tables (the other cuts: next) */
-    if (strcmp(name, "embed.weight") != 0 && strcmp(name, "head.weight") != 0)
+    /* held as shards: the row cuts (vocab rows, query / index heads, output
+     * groups of wo_a, the sinks, the shared expert's w1 / w3 where it runs
+     * TP-split, the routed experts' w1 / w3 ETP rows); the column cuts
+     * (wo_b, the shared and routed w2) stay whole: next */
+    if (s.cut != PAR_TP_ROWS || (strstr(name, ".shared_experts.") && !par_tp_shared_expert_split(l)))
         return PAR_TP_REPLICATED;
-    *P = l->tp;
+    *P = g;
     return s.cut;
 }
 

@@ -59,10 +59,13 @@ void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par
 /* How a rank of layout l STORES entry `name` (its weights, gradients and
  * optimizer state): the rule's cut when the entry is held as shards in this
  * layout, PAR_TP_REPLICATED when every rank of the group holds it whole.
- * *P: the group's size (TP or ETP; 1 when whole).  The entries held as
- * shards today: embed.weight and head.weight under TP > 1 (vocab rows;
- * docs/parallel.md "What each rank stores"); the other TP / ETP cuts are
- * computed on shards cut from whole storage by their hooks. */
+ * *P: the group's size (TP or ETP; 1 when whole).  Held as shards today:
+ * every TP row cut under TP > 1 (embed / head vocab rows, attn.wq_b,
+ * attn.attn_sink, attn.wo_a, the indexer's wq_b / weights_proj, and the
+ * shared expert's w1 / w3 where par_tp_shared_expert_split) and, under ETP
+ * > 1, the routed experts' w1 / w3 (their ETP rows); the column cuts
+ * (attn.wo_b, the shared and routed w2) stay whole, their hooks cut them
+ * per call (docs/parallel.md "What each rank stores"). */
 par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P);
 /* 1 when the shared expert runs column / row parallel over TP in layout l
  * (TP > 1 with EP = ETP = 1 today): the one predicate its hooks and its

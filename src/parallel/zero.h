@@ -40,6 +40,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/params.h"
 #include "parallel/zero_plan.h"
 
@@ -62,6 +63,12 @@ typedef struct {
     int state_ext;            /* 1: m, v, mom are the caller's (par_zero_plan_build_shared), not freed */
     int tp_muon_shard_fault;  /* P > 1: the TP-split Muon matrices updated per TP shard of P, the deliberate
                                * bug (parallel/tp_muon.h par_tp_muon_shard_fault); 0 in real runs */
+    /* Muon matrices the model holds as TP shards (tp_cut[idx].cut != 0; NULL:
+     * none): updated by par_tp_muon_update over tpc, the logical matrix
+     * orthogonalized on TP rank (idx mod TP), so the update is bitwise the
+     * whole matrix's; every rank of tpc updates the same segment */
+    const par_model_cut *tp_cut;
+    par_comm *tpc;
 } PAR_FN(par_zero_plan);
 
 /* Builds the plan of the tensors idx[0..n_idx) for rank `rank` of a group
