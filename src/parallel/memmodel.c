@@ -302,8 +302,8 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
-    /* parity's TP / ETP hooks (whole weights, the shard's compute state); the megatron runtime's TP is
-     * not modelled here (its weights are not split either) */
+    /* parity's TP / ETP hooks (the shard's compute state; the held shards: held_numel); the megatron runtime's TP is
+     * not modelled here (its weights count whole) */
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and
