@@ -23,6 +23,19 @@ int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx)
     return idx >= 0 && idx < M->tab.n && M->loc[idx] >= 0;
 }
 
+const par_model_cut *PAR_FN(par_model_cut_of)(const PAR_FN(par_model) *M, int idx)
+{
+    return M->cut && PAR_FN(par_model_holds)(M, idx) && M->cut[idx].cut != 0 ? &M->cut[idx] : NULL;
+}
+
+int64_t PAR_FN(par_model_numel)(const PAR_FN(par_model) *M, int idx)
+{
+    if (!PAR_FN(par_model_holds)(M, idx))
+        return 0;
+    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
+    return c ? M->tab.p[idx].numel / c->P : M->tab.p[idx].numel;
+}
+
 double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entry)
 {
     double s = 0.0;
@@ -30,7 +43,7 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
         const par_param *p = &M->tab.p[i];
         double v = 0.0;
         if (p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0) {
-            v = PAR_FN(par_sumsq)(M->grads + M->loc[i], p->numel);
+            v = PAR_FN(par_sumsq)(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i));
             s += v;
         }
         if (per_entry)
@@ -243,6 +256,7 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free((void *)M->ew);
     par_free(M->egw);
     par_free(M->loc);
+    par_free(M->cut);
     if (M->tab.p && !M->tab_borrowed)
         par_param_table_free(&M->tab);
     memset(M, 0, sizeof *M);
@@ -274,6 +288,30 @@ static int hold_has(const par_model_hold *h, const par_param_table *t, int idx)
     return h->final; /* norm.weight, hc_head_fn/base/scale */
 }
 
+/* M->cut from the hold's cut_of (NULL: every entry whole); a cut that does
+ * not divide its dimension is PAR_EINVAL naming the numbers. */
+static par_status cut_map(PAR_FN(par_model) *M, const par_model_hold *hold)
+{
+    if (!hold || !hold->cut_of)
+        return PAR_OK;
+    M->cut = par_calloc((size_t)(M->tab.n > 0 ? M->tab.n : 1), sizeof *M->cut, PAR_TAG_MODEL);
+    if (!M->cut)
+        return par_err(PAR_ENOMEM, "model: out of memory for the shard map");
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        int rank = 0, P = 1, c = p->dtype == PAR_PDT_REAL ? hold->cut_of(hold->cut_ctx, p->name, &rank, &P) : 0;
+        if (c == 0 || P <= 1)
+            continue;
+        const int64_t dim = c == 1 ? p->shape[0] : p->shape[1];
+        if ((c != 1 && c != 2) || dim % P != 0 || rank < 0 || rank >= P)
+            return par_err(PAR_EINVAL, "model: %s [%lld, %lld] cannot be held as block %d of %d of its %s",
+                           p->name, (long long)p->shape[0], (long long)p->shape[1], rank, P,
+                           c == 1 ? "rows" : "columns");
+        M->cut[i] = (par_model_cut){(int16_t)c, (int16_t)rank, (int16_t)P};
+    }
+    return PAR_OK;
+}
+
 /* M->loc: each table entry's offset in the local buffers (int32 tables:
  * in M->i32; -1: not held, another EP slice or not in `hold`), and
  * M->n_local, the held floats. */
@@ -297,7 +335,7 @@ static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
                 M->loc[i] = -1;
             else {
                 M->loc[i] = nf;
-                nf += p->numel;
+                nf += PAR_FN(par_model_numel)(M, i);
             }
         }
         if (pass == 0)
@@ -329,6 +367,27 @@ static par_status alloc_state(PAR_FN(par_model) *M)
     return PAR_OK;
 }
 
+/* Entry idx's held values from the serial init into out: the whole tensor,
+ * or its block (rows: one contiguous range; columns: a range per row). */
+static par_status init_held(const PAR_FN(par_model) *M, par_real *out, int idx, uint64_t seed)
+{
+    const par_param *p = &M->tab.p[idx];
+    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
+    if (!c)
+        return PAR_FN(par_init_param_slice)(out, &M->tab, idx, seed, 0, p->numel);
+    const int64_t n = p->numel / c->P;
+    if (c->cut == 1)
+        return PAR_FN(par_init_param_slice)(out, &M->tab, idx, seed, c->rank * n, (c->rank + 1) * n);
+    const int64_t cols = p->shape[1], sc = cols / c->P;
+    for (int64_t r = 0; r < p->shape[0]; r++) {
+        const int64_t a = r * cols + c->rank * sc;
+        par_status st = PAR_FN(par_init_param_slice)(out + r * sc, &M->tab, idx, seed, a, a + sc);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
 /* Every held tensor from its slice init: the serial model's values. */
 static par_status init_values(PAR_FN(par_model) *M, uint64_t seed)
 {
@@ -338,8 +397,7 @@ static par_status init_values(PAR_FN(par_model) *M, uint64_t seed)
         if (p->dtype == PAR_PDT_I32)
             st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
         else if (M->loc[i] >= 0 && !(M->shw && M->loc[i] < M->n_shared)) /* shared: filled once */
-            st = PAR_FN(par_init_param_slice)(PAR_FN(par_model_ptr)(M, M->params, i), &M->tab, i, seed, 0,
-                                              p->numel);
+            st = init_held(M, PAR_FN(par_model_ptr)(M, M->params, i), i, seed);
         if (st)
             return st;
     }
@@ -352,7 +410,7 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
         const par_param *p = &M->tab.p[i];
         if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0 || M->loc[i] >= M->n_shared)
             continue;
-        par_status st = PAR_FN(par_init_param_slice)(w + M->loc[i], &M->tab, i, M->seed, 0, p->numel);
+        par_status st = init_held(M, w + M->loc[i], i, M->seed);
         if (st)
             return st;
     }
@@ -436,7 +494,7 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
     }
     M->e0 = e0;
     M->e1 = e1;
-    if ((st = local_map(M, hold)) || (hold && hold->share && (st = hold->share(hold->share_ctx, M))))
+    if ((st = cut_map(M, hold)) || (st = local_map(M, hold)) || (hold && hold->share && (st = hold->share(hold->share_ctx, M))))
         goto fail_free_model;
     if (!M->shw)
         M->n_shared = 0; /* not shared: the local order stays as built, all of it the model's */

@@ -183,6 +183,13 @@ typedef struct {
 
 /* ------------------------------------------------------------------ model -- */
 
+/* How a model holds an entry cut over a tensor-parallel group: block `rank`
+ * of `P` of its rows (cut 1) or columns (cut 2), packed [rows/P, cols] or
+ * [rows, cols/P] (parallel/tp_split.h's PAR_TP_ROWS / PAR_TP_COLS). */
+typedef struct {
+    int16_t cut, rank, P;
+} par_model_cut;
+
 typedef struct PAR_FN(par_model_s) PAR_FN(par_model);
 
 /* Which piece of a step a model call computes: the step executor's
@@ -320,6 +327,9 @@ struct PAR_FN(par_model_s) {
      * par_model_ptr(M, M->params, idx), never params + loc. */
     par_real *shw;            /* [n_shared] or NULL */
     int64_t n_shared;
+    /* entries held as tensor-parallel shards: cut[idx].cut != 0 (NULL: none;
+     * par_model_numel is then the table's numel of every held entry) */
+    par_model_cut *cut;       /* [tab.n] or NULL */
     par_real *grads;          /* [n_local] */
     par_real *opt_m, *opt_v;  /* [n_local] optimizer state (model/optim.h) */
     int32_t *i32;             /* [n_i32] tid2eid tables */
@@ -374,7 +384,14 @@ typedef struct {
      * copy); a failure stops the build */
     par_status (*share)(void *ctx, void *model);
     void *share_ctx;
+    /* tensor-parallel storage (parallel/tp_split.h), or NULL: every entry
+     * whole.  Called once per float entry by the build: returns how the
+     * model holds it (0 whole; 1 rows, 2 cols: block *rank of *P equal
+     * blocks of that dimension, the values par_tp_slice of the serial init) */
+    int (*cut_of)(void *ctx, const char *name, int *rank, int *P);
+    void *cut_ctx;
 } par_model_hold;
+
 /* par_model_init_owned holding only what `hold` names (routed experts
  * [e0, e1) of the held blocks); unheld entries have loc = -1. */
 par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
@@ -390,6 +407,11 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
 par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int idx);
 /* 1 when M holds entry idx (float entries; int32 entries are always held). */
 int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx);
+/* Elements of entry idx M holds: its shard's when held cut (M->cut), the
+ * table's numel when whole, 0 when not held. */
+int64_t PAR_FN(par_model_numel)(const PAR_FN(par_model) *M, int idx);
+/* The cut M holds entry idx with, or NULL when it holds it whole (or not). */
+const par_model_cut *PAR_FN(par_model_cut_of)(const PAR_FN(par_model) *M, int idx);
 /* Sum of squares of the held gradients (par_grad_sumsq over held entries,
  * table order).  If per_entry is not NULL, per_entry[idx] = entry idx's sum
  * (0 where not held or without gradient). */

@@ -35,18 +35,30 @@ static int dpw_slot(par_ckpt_slot s)
     return s == PAR_CKPT_EXP_AVG_SQ;
 }
 
+/* The first element of the logical tensor entry idx's held block is (a
+ * vocab-rows shard: rank r of P holds [r n/P, (r+1) n/P), saved under the
+ * logical name at those offsets; whole: 0). */
+static int64_t held_lo(const PAR_FN(par_model) *M, int idx)
+{
+    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
+    return c ? (int64_t)c->rank * (M->tab.p[idx].numel / c->P) : 0;
+}
+
 /* Where this rank keeps elements [begin, ...) of entry i of the model's
- * list: NULL when not held here; *avail = contiguous elements from there. */
+ * list (logical offsets): NULL when not held here; *avail = contiguous
+ * elements from there. */
 static void *held_ptr(const PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par_ckpt_tensor *list, int i,
                       int64_t begin, int64_t *avail)
 {
     const int idx = table_index(&list[i], i);
     const par_param *p = &M->tab.p[idx];
-    if (begin < 0 || begin > p->numel)
+    const int64_t lo = held_lo(M, idx), n = PAR_FN(par_model_cut_of)(M, idx) ? PAR_FN(par_model_numel)(M, idx) : p->numel;
+    if (begin < lo || begin > lo + n)
         return NULL;
+    begin -= lo;
     if (list[i].slot != PAR_CKPT_PARAM)
         return PAR_FN(par_dpw_state_ptr)(w, idx, dpw_slot(list[i].slot), begin, avail);
-    *avail = p->numel - begin;
+    *avail = n - begin;
     if (p->dtype == PAR_PDT_I32)
         return M->i32 + p->offset + begin;
     par_real *d = PAR_FN(par_model_ptr)(M, M->params, idx);
@@ -242,9 +254,13 @@ static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par
 {
     int cap = 0;
     for (int i = 0; i < nt; i++) {
-        int64_t a = 0, b = M->tab.p[table_index(&list[i], i)].numel, avail = 0;
+        const int idx = table_index(&list[i], i);
+        int64_t a = 0, b = PAR_FN(par_model_cut_of)(M, idx) ? PAR_FN(par_model_numel)(M, idx) : M->tab.p[idx].numel;
+        int64_t avail = 0;
         if ((list[i].slot != PAR_CKPT_PARAM && !held_state(w, list[i].param, &a, &b)) || others_write(M, w, list, i))
             continue;
+        a += held_lo(M, idx); /* the held block's logical offsets */
+        b += held_lo(M, idx);
         void *d = held_ptr(M, w, list, i, a, &avail);
         if (!d)
             continue; /* a parameter of another stage */

@@ -10,6 +10,7 @@
 #include "model/params.h"
 #include "parallel/groups.h"
 #include "parallel/pplayout.h"
+#include "parallel/tp_split.h"
 #include "parallel/zero_plan.h"
 
 static int64_t numel_of(const par_ckpt_tensor *x)
@@ -67,6 +68,8 @@ typedef struct {
     par_param_table t;    /* synthetic: the list's parameters in list order (= table order) */
     int *entry;           /* [ntensors]: t's entry of each tensor (state: its parameter's)  */
     int *part;            /* [t.n]: pipeline part of each entry                             */
+    int64_t *lo;          /* [t.n]: logical offset of the block this rank holds (TP shards) */
+    uint8_t *cut;         /* [t.n]: 1 when the layout holds the entry as TP / ETP shards    */
     int n_layers, n_mtp;  /* blocks of the list                                             */
     int64_t e0, e1;       /* routed experts of this rank's EP slot: [e0, e1)               */
     int *low;             /* [nb + 3]: lowest pipeline rank holding each part (-1: none)    */
@@ -82,6 +85,8 @@ static void view_free(owner_view *v)
     par_free(v->t.p);
     par_free(v->entry);
     par_free(v->part);
+    par_free(v->lo);
+    par_free(v->cut);
     par_free(v->low);
     par_free(v->held);
     memset(v, 0, sizeof *v);
@@ -103,7 +108,7 @@ static par_status owner_layout(const par_layout *in, int nranks, par_layout *l)
     if (l->etp < 1)
         l->etp = 1;
     l->world = nranks;
-    /* TP and ETP ranks hold whole tensors (parallel/tp_hook.h, etp_hook.h): tp = 0 / etp = 0 write them */
+    /* TP and ETP ranks hold whole tensors but the shards of par_tp_storage_cut: tp = 0 / etp = 0 write them */
     int64_t a = l->pp * l->tp * l->cp, e = l->pp * l->etp * l->ep;
     if (nranks % a || nranks % e)
         return par_err(PAR_EINVAL, "checkpoint ownership: world %d does not fold: N/PP = TP*CP*Da = ETP*EP*De needs "
@@ -149,6 +154,17 @@ static par_status synth_params(owner_view *v, const par_ckpt_tensor *x, int n)
         p->shape[0] = x[i].ndim > 0 ? x[i].shape[0] : 1;
         p->shape[1] = x[i].ndim > 1 ? x[i].shape[1] : 1;
         p->numel = numel_of(&x[i]);
+        int64_t np = 1;
+        const par_tp_cut c = par_tp_storage_cut(&v->l, x[i].name, &np);
+        if (c == PAR_TP_COLS)
+            return par_err(PAR_EUNSUPPORTED, "checkpoint ownership: '%s' is held as column shards; only row shards "
+                           "are saved at offsets", x[i].name);
+        if (c == PAR_TP_ROWS) { /* the plan's sizes are the shards' (dp_step.c); rank r writes block r */
+            const int r = par_tp_split_of(x[i].name).group == PAR_TP_GROUP_ETP ? v->rc.etp : v->rc.tp;
+            p->numel /= np;
+            v->lo[v->t.n] = r * p->numel;
+            v->cut[v->t.n] = 1;
+        }
         p->expert = x[i].expert;
         p->layer = x[i].layer >= 0 ? x[i].layer : x[i].mtp >= 0 ? v->n_layers + x[i].mtp : -1;
         p->opt = PAR_OPT_NONE;
@@ -326,7 +342,9 @@ static par_status view_build(owner_view *v, const par_layout *layout, int nranks
     v->t.p = par_calloc(cap, sizeof *v->t.p, PAR_TAG_IO);
     v->entry = par_calloc(cap, sizeof *v->entry, PAR_TAG_IO);
     v->part = par_calloc(cap, sizeof *v->part, PAR_TAG_IO);
-    if (!v->t.p || !v->entry || !v->part)
+    v->lo = par_calloc(cap, sizeof *v->lo, PAR_TAG_IO);
+    v->cut = par_calloc(cap, sizeof *v->cut, PAR_TAG_IO);
+    if (!v->t.p || !v->entry || !v->part || !v->lo || !v->cut)
         return par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d tensors", n);
     if ((s = synth_params(v, x, n)) || (s = synth_state(v, x, n)))
         return s;
@@ -351,15 +369,21 @@ static int owned_range(const owner_view *v, const par_ckpt_tensor *x, int i, int
     *b = p->numel;
     if (!entry_held(v, e) || v->low[v->part[e]] != v->rc.pp) /* the lowest stage holding it writes it */
         return 0;
+    const int cut = v->cut[e]; /* a shard: every TP (ETP) rank writes its block at its offsets */
     if (x[i].slot != PAR_CKPT_PARAM && v->mode == PAR_DP_ZERO1) { /* its plan's piece on this rank */
-        if ((p->expert < 0 && v->rc.tp != 0) || (p->expert >= 0 && v->rc.etp != 0))
+        if (!cut && ((p->expert < 0 && v->rc.tp != 0) || (p->expert >= 0 && v->rc.etp != 0)))
             return 0; /* the TP (ETP) ranks of a dp-cp (edp) rank hold the same piece */
         const par_zero_geom *g = &v->g[p->expert >= 0];
-        return par_zero_geom_piece(g, e, g->rank, a, b);
+        const int has = par_zero_geom_piece(g, e, g->rank, a, b);
+        *a += v->lo[e];
+        *b += v->lo[e];
+        return has;
     }
-    const int designated = p->expert < 0 ? v->rc.tp == 0 && v->rc.cp == 0 && v->rc.dp == 0
-                                         : v->rc.etp == 0 && v->rc.edp == 0;
-    return designated && *b > 0;
+    const int designated = p->expert < 0 ? (v->rc.tp == 0 || cut) && v->rc.cp == 0 && v->rc.dp == 0
+                                         : (v->rc.etp == 0 || cut) && v->rc.edp == 0;
+    *a += v->lo[e];
+    *b += v->lo[e];
+    return designated && *b > *a;
 }
 
 par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank, const par_ckpt_tensor *tensors,

@@ -45,6 +45,7 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
     const par_param_table *t = &M->tab;
     par_status s = PAR_OK;
     int *lists = NULL;
+    int64_t *numel = NULL;
     w->mode = P->lay->distributed_optimizer ? PAR_DP_ZERO1 : PAR_DP_REPLICATED;
     w->comm[PAR_DPW_DENSE] = P->g.g[PAR_GROUP_DP_CP];
     w->comm[PAR_DPW_EXPERT] = P->g.g[PAR_GROUP_EDP];
@@ -67,17 +68,28 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
         int k = p->expert >= 0 ? PAR_DPW_EXPERT : PAR_DPW_DENSE;
         lists[k * t->n + nl[k]++] = i;
     }
+    if (M->cut && !(numel = par_malloc((size_t)t->n * sizeof *numel, PAR_TAG_MODEL))) {
+        s = par_err(PAR_ENOMEM, "dp wiring: out of memory for the held sizes of %d entries", t->n);
+        goto fail_free;
+    }
+    for (int i = 0; numel && i < t->n; i++) /* the plans over the held shards */
+        numel[i] = PAR_FN(par_model_numel)(M, i);
+    w->chain[PAR_DPW_DENSE] = M->cut ? P->g.g[PAR_GROUP_TP] : NULL;
+    w->chain[PAR_DPW_EXPERT] = M->cut ? P->g.g[PAR_GROUP_ETP] : NULL;
     for (int k = 0; k < 2; k++) {
         par_comm *c = w->comm[k];
         const int shared = k == PAR_DPW_DENSE && w->rt;
-        if ((s = PAR_FN(par_zero_plan_build_shared)(&w->plan[k], t, lists + k * t->n, nl[k], par_comm_size(c),
-                                                    par_comm_rank(c), w->mode,
-                                                    shared ? PAR_FN(par_replica_state) : NULL, w->rt)))
+        if ((s = PAR_FN(par_zero_plan_build_sized)(&w->plan[k], t, numel, lists + k * t->n, nl[k], par_comm_size(c),
+                                                   par_comm_rank(c), w->mode,
+                                                   shared ? PAR_FN(par_replica_state) : NULL, w->rt)))
             goto fail_free;
         for (int j = 0; j < w->plan[k].n; j++)
             w->plan[k].e[j].off = M->loc[w->plan[k].e[j].idx] - w->base[k];
+        w->plan[k].tp_cut = M->cut; /* its shard-held Muon matrices meet on the TP group */
+        w->plan[k].tpc = w->chain[k];
     }
     par_free(lists);
+    par_free(numel);
     /* the state lives in the plans now */
     par_free(M->opt_m);
     par_free(M->opt_v);
@@ -86,6 +98,7 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
 
 fail_free:
     par_free(lists);
+    par_free(numel);
     PAR_FN(par_dpw_free)(w);
     return s;
 }
@@ -113,7 +126,7 @@ par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
  * matrices), in element order, in double.  The segments of a group
  * partition its tensors, so over the world every element is counted once;
  * an entry inside one segment gets exactly par_sumsq of the entry. */
-static void entry_shares(const plan_t *pl, const unsigned char *skip, double *per)
+static void entry_shares(const plan_t *pl, const unsigned char *skip, const double *start, double *per)
 {
     const int64_t base = (int64_t)pl->rank * pl->shard;
     for (int i = 0; i < pl->n; i++) {
@@ -125,7 +138,7 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, double *pe
         if (a >= b || (skip && skip[e->idx]))
             continue;
         const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, a);
-        double s = 0.0;
+        double s = start ? start[e->idx] : 0.0;
         for (int64_t p = 0; p < b - a; p++)
             s += (double)g[p] * (double)g[p];
         per[e->idx] = s;
@@ -135,11 +148,59 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, double *pe
         if (skip && skip[e->idx])
             continue;
         const par_real *x = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
-        double s = 0.0;
+        double s = start ? start[e->idx] : 0.0;
         for (int64_t j = 0; j < e->numel; j++)
             s += (double)x[j] * (double)x[j];
         per[e->idx] = s;
     }
+}
+
+enum { TAG_NORM_CHAIN = 6204 };
+
+/* Plan k's entries' shares of the squared norm on this rank (entry_shares).
+ * Entries held as shards: chained over the plan's group w->chain[k] (TP,
+ * ETP), rank r starting from rank r-1's sums and handing its own on (only
+ * the last rank keeps them for the world sum): rows blocks in rank order are
+ * the serial element order, so a shard entry inside one segment gets
+ * exactly the whole entry's par_sumsq order. */
+static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
+{
+    const plan_t *pl = &w->plan[k];
+    par_comm *c = w->chain[k];
+    const int r = c ? par_comm_rank(c) : 0, P = c ? par_comm_size(c) : 1;
+    int ns = 0;
+    for (int j = 0; P > 1 && j < pl->n; j++)
+        ns += PAR_FN(par_model_cut_of)(M, pl->e[j].idx) != NULL;
+    if (ns == 0) {
+        entry_shares(pl, w->norm_skip, NULL, per);
+        return PAR_OK;
+    }
+    double *start = par_calloc((size_t)w->n_tab + (size_t)ns, sizeof *start, PAR_TAG_COMM), *pk = start + w->n_tab;
+    if (!start)
+        return par_err(PAR_ENOMEM, "dp step: out of memory for the norm chain of %d shards", ns);
+    par_status s = r > 0 ? par_recv(c, pk, (size_t)ns, PAR_C_F64, r - 1, TAG_NORM_CHAIN) : PAR_OK;
+    for (int j = 0, q = 0; !s && j < pl->n; j++)
+        if (PAR_FN(par_model_cut_of)(M, pl->e[j].idx))
+            start[pl->e[j].idx] = pk[q++];
+    if (!s)
+        entry_shares(pl, w->norm_skip, start, per);
+    for (int j = 0, q = 0; !s && r < P - 1 && j < pl->n; j++) {
+        const int i = pl->e[j].idx;
+        if (PAR_FN(par_model_cut_of)(M, i)) {
+            pk[q++] = per[i] != 0.0 ? per[i] : start[i];
+            per[i] = 0.0; /* the last rank's sum counts */
+        }
+    }
+    if (!s && r < P - 1)
+        s = par_send(c, pk, (size_t)ns, PAR_C_F64, r + 1, TAG_NORM_CHAIN);
+    par_free(start);
+    return s;
+}
+
+static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, double *per)
+{
+    par_status s = plan_shares(w, M, PAR_DPW_DENSE, per);
+    return s ? s : plan_shares(w, M, PAR_DPW_EXPERT, per);
 }
 
 /* The balance update of gate.bias from the global loads (identical on
@@ -202,8 +263,10 @@ par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *
     double *per = par_calloc((size_t)(t->n > 0 ? t->n : 1), sizeof *per, PAR_TAG_COMM);
     if (!per)
         return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
-    for (int k = 0; k < 2; k++)
-        entry_shares(&w->plan[k], w->norm_skip, per);
+    if ((s = norm_shares(w, M, per))) {
+        par_free(per);
+        return s;
+    }
     par_field pf = PAR_FIELD(per, t->n, PAR_C_F64);
     if ((s = par_reduce_fields(P->world, &pf, 1, NULL))) {
         par_free(per);

@@ -75,6 +75,12 @@ typedef struct {
      * its gradients at M->grads + n_shared). */
     PAR_FN(par_replica_ticket) *rt;
     int64_t base[2];
+    /* Entries the model holds as tensor-parallel shards (M->cut): the norm
+     * chains their squared sums over their group in rank order (rank r
+     * continues rank r-1's sums), so an entry inside one segment is summed
+     * in the serial element order; Muon meets on it.  chain[k]: plan k's
+     * group (dense: TP, experts: ETP); NULL: no shards. */
+    par_comm *chain[2];
 } PAR_FN(par_dpw);
 
 /* Builds the local table and both plans (mode from P->lay->distributed_optimizer)

@@ -9,6 +9,7 @@
 
 #include "model/golden.h"
 #include "parallel/executor-impl.h"
+#include "parallel/tp_split.h"
 
 void PAR_FN(par__exec_keep_free)(exec_t *ex)
 {
@@ -122,11 +123,37 @@ static int supplies(const exec_t *ex, const par_pctx *P, const PAR_FN(par_model)
     const par_param *p = &M->tab.p[idx];
     if (p->dtype != PAR_PDT_REAL || ex->holder_pp[idx] != rc->pp)
         return 0;
+    int64_t np;
+    const int cut = par_tp_storage_cut(P->lay, p->name, &np) != PAR_TP_REPLICATED; /* a shard: each supplies its own */
+    const int etp = par_tp_split_of(p->name).group == PAR_TP_GROUP_ETP;
     if (p->expert >= 0) {
         int64_t El = M->E / P->lay->ep, e0 = (int64_t)rc->ep * El;
-        return rc->edp == 0 && rc->etp == 0 && p->expert >= e0 && p->expert < e0 + El;
+        return rc->edp == 0 && (rc->etp == 0 || (cut && etp)) && p->expert >= e0 && p->expert < e0 + El;
     }
-    return rc->dp == 0 && rc->cp == 0 && rc->tp == 0;
+    return rc->dp == 0 && rc->cp == 0 && (rc->tp == 0 || cut);
+}
+
+/* Elements of entry p a rank of the layout holds (parallel/tp_split.h). */
+static size_t held_numel(const par_pctx *P, const par_param *p)
+{
+    int64_t np;
+    par_tp_storage_cut(P->lay, p->name, &np);
+    return (size_t)(p->numel / np);
+}
+
+/* Entry p's piece from world rank rc into the full flat buffer: whole, or
+ * (a shard) unsliced into its block. */
+static void place(const par_pctx *P, const par_rank_coords *rc, const par_param *p, par_real *full,
+                  const par_real *src)
+{
+    int64_t np;
+    const par_tp_cut c = par_tp_storage_cut(P->lay, p->name, &np);
+    if (c == PAR_TP_REPLICATED) {
+        memcpy(full + p->offset, src, (size_t)p->numel * sizeof *full);
+        return;
+    }
+    const int r = par_tp_split_of(p->name).group == PAR_TP_GROUP_ETP ? rc->etp : rc->tp;
+    par_tp_unslice(full + p->offset, src, p->shape[0], p->shape[1], c, r, (int)np, sizeof *full);
 }
 
 par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR_FN(par_model) *M,
@@ -138,7 +165,7 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
     size_t mine = 0;
     for (int i = 0; i < t->n; i++)
         if (supplies(ex, P, M, &P->rc, i))
-            mine += (size_t)t->p[i].numel;
+            mine += held_numel(P, &t->p[i]);
     par_real *pack = par_malloc((mine ? mine : 1) * sizeof *pack, PAR_TAG_COMM), *recv = NULL;
     /* the world's counts and coordinates: rank 0's alone (O(N) on one rank, not on every rank) */
     size_t *cnt = P->rank == 0 ? par_calloc((size_t)N, sizeof *cnt, PAR_TAG_COMM) : NULL;
@@ -148,8 +175,8 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
     size_t o = 0;
     for (int i = 0; i < t->n; i++)
         if (supplies(ex, P, M, &P->rc, i)) {
-            memcpy(pack + o, PAR_FN(par_model_ptr)(M, (par_real *)loc, i), (size_t)t->p[i].numel * sizeof *pack);
-            o += (size_t)t->p[i].numel;
+            memcpy(pack + o, PAR_FN(par_model_ptr)(M, (par_real *)loc, i), held_numel(P, &t->p[i]) * sizeof *pack);
+            o += held_numel(P, &t->p[i]);
         }
     size_t total = 0;
     if (P->rank == 0) {
@@ -158,7 +185,7 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
                 goto done;
             for (int i = 0; i < t->n; i++)
                 if (supplies(ex, P, M, &rcs[r], i))
-                    cnt[r] += (size_t)t->p[i].numel;
+                    cnt[r] += held_numel(P, &t->p[i]);
             total += cnt[r];
         }
         if (!(recv = par_malloc((total ? total : 1) * sizeof *recv, PAR_TAG_COMM)))
@@ -171,8 +198,8 @@ par_status PAR_FN(par_exec_gather_full)(exec_t *ex, const par_pctx *P, const PAR
         for (int r = 0; r < N; r++)
             for (int i = 0; i < t->n; i++)
                 if (supplies(ex, P, M, &rcs[r], i)) {
-                    memcpy(full + t->p[i].offset, recv + at, (size_t)t->p[i].numel * sizeof *full);
-                    at += (size_t)t->p[i].numel;
+                    place(P, &rcs[r], &t->p[i], full, recv + at);
+                    at += held_numel(P, &t->p[i]);
                 }
     }
     goto done;

@@ -30,8 +30,9 @@ static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int 
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), Il = I / P;
     const int r = par_tp_rank(&x->etp);
-    const int64_t off = (int64_t)r * Il * d;
     const size_t E = (size_t)M->E;
+    /* w1 / w3: the model's held ETP rows (parallel/tp_split.h), or rank r's rows of whole ones */
+    const int64_t off = PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0 + 3 * (int)x->e0) ? 0 : (int64_t)r * Il * d;
     S->esw = xcalloc((size_t)(3 * El), sizeof *S->esw);
     S->esg = xcalloc((size_t)(2 * El), sizeof *S->esg);
     S->ew2 = xalloc((size_t)(2 * El * d * Il), sizeof *S->ew2);

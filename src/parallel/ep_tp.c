@@ -91,7 +91,7 @@ par_status PAR_FN(par__ep_shared_forward)(ep_t *x, blk_state *S, const PAR_FN(pa
     par_status s = PAR_FN(par_tp_mlp_shard_make)(&S->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), M->d, M->I,
-                                                 &x->shtp);
+                                                 &x->shtp, PAR_FN(par_model_cut_of)(M, bp->shared_w1) != NULL);
     if (s)
         return s;
     x->sh_units += Tl * S->shw.Il;

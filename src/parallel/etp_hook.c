@@ -52,7 +52,9 @@ static etp_slot *slot_of(PAR_FN(par_etp_hook) *h, const par_mbctx *x, int b)
 static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_slot *q)
 {
     const int E = h->E;
-    const int64_t d = h->d, Il = h->Il, off = (int64_t)h->rank * Il * d;
+    const int64_t d = h->d, Il = h->Il;
+    /* w1 / w3: the model's held ETP rows (parallel/tp_split.h), or rank r's rows of whole ones */
+    const int64_t off = PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0) ? 0 : (int64_t)h->rank * Il * d;
     q->w = par_calloc((size_t)(6 * E), sizeof *q->w, PAR_TAG_ACT);
     q->w2 = par_malloc((size_t)(2 * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
     if (!q->w || !q->w2)
@@ -100,7 +102,8 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     const par_tp *shtp = h->shtp.comm ? &h->shtp : NULL;
     PAR_FN(par_etp_weights) W;
     weights_of(q, M, b, h->E, &W);
-    if (shtp && (s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, W.sw1, W.sw2, W.sw3, h->d, h->I, shtp)))
+    if (shtp && (s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, W.sw1, W.sw2, W.sw3, h->d, h->I, shtp,
+                                                        PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].shared_w1) != NULL)))
         return s;
     weights_of(q, M, b, h->E, &W);
     h->sh_units += (shtp && shtp->sp ? T * par_tp_size(shtp) : T) * (shtp ? q->shw.Il : h->I);

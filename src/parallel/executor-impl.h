@@ -65,6 +65,7 @@ struct PAR_FN(par_exec_s) {
     PAR_FN(par_tp_hook) *tph; /* TP > 1: the attention hook (M->attn) */
     PAR_FN(par_cptp_hook) *cptph; /* TP > 1 with CP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
+    int tp_rank, etp_rank;    /* this rank's TP and ETP coordinates (the shards it stores) */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
     PAR_FN(par_tp_vocab_hook) *tpvh; /* TP > 1 with tp_all_layers: the embedding / head hook (M->vocab) */
     PAR_FN(par_tp_moe_hook) *tpmh;   /* the same with EP = ETP = 1: the shared expert's hook (M->moe) */

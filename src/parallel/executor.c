@@ -137,8 +137,8 @@ static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
         if (par_tp_shared_expert_split(ex->lay))
             PAR_FN(par_etp_hook_set_shared_tp)(ex->etph, ex->tpc, ex->lay->sequence_parallel, ex->tp_faults);
     }
-    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
-        if (M->tab.p[i].expert >= 0)
+    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++) /* an ETP shard counts on every ETP rank */
+        if (M->tab.p[i].expert >= 0 && !PAR_FN(par_model_cut_of)(M, i))
             ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     return PAR_OK;
 }
@@ -185,8 +185,8 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
             ex->tokc = ex->lay->cp > 1 ? P->g.g[PAR_GROUP_TP_CP] : ex->tpc;
         if ((s = tp_layer_hooks(ex, M)))
             return s;
-        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++)
-            if (M->tab.p[i].expert < 0)
+        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++) /* a shard counts on every TP rank (dp_step.c chains it) */
+            if (M->tab.p[i].expert < 0 && !PAR_FN(par_model_cut_of)(M, i))
                 ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
     }
     if (ex->lay->etp > 1 && (s = etp_hooks(ex, P, M)))
@@ -245,6 +245,8 @@ par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PA
     ex->cfg = *cfg;
     ex->p = (int)l->pp;
     ex->me = P->rc.pp;
+    ex->tp_rank = P->rc.tp;
+    ex->etp_rank = P->rc.etp;
     ex->pc = P->g.g[PAR_GROUP_PP];
     ex->net = o->net;
     ex->n_blocks = (int)par_config_n_blocks(cfg);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "parallel/executor-impl.h"
+#include "parallel/tp_split.h"
 
 /* Blocks and top-level parts of segment `seg` into hold / blocks. */
 static void seg_hold(const par_layout *l, const par_config *c, int seg, uint8_t *blocks, par_model_hold *h)
@@ -126,6 +127,21 @@ static par_status lowest_holders(exec_t *ex, const PAR_FN(par_model) *M)
     return PAR_OK;
 }
 
+/* The model's cut_of (model.h): how this rank stores entry `name`
+ * (parallel/tp_split.h's par_tp_storage_cut; its enum values are the
+ * model's: 1 rows, 2 cols). */
+static int storage_cut(void *ctx, const char *name, int *rank, int *P)
+{
+    const exec_t *ex = ctx;
+    int64_t p = 1;
+    const par_tp_cut c = par_tp_storage_cut(ex->lay, name, &p);
+    if (c == PAR_TP_REPLICATED)
+        return 0;
+    *P = (int)p;
+    *rank = par_tp_split_of(name).group == PAR_TP_GROUP_ETP ? ex->etp_rank : ex->tp_rank;
+    return c == PAR_TP_ROWS ? 1 : 2;
+}
+
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
                                   const par_exec_opts *o)
 {
@@ -137,6 +153,10 @@ par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t see
     hold.tab = o->tab;
     hold.share = o->share;
     hold.share_ctx = o->share_ctx;
+    if (ex->lay->tp > 1 || ex->lay->etp > 1) {
+        hold.cut_of = storage_cut;
+        hold.cut_ctx = ex;
+    }
     if ((s = PAR_FN(par_model_init_held)(M, &ex->cfg, seed, e0, e1, &hold)))
         return s;
     if ((s = lowest_holders(ex, M)))

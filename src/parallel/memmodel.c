@@ -127,11 +127,23 @@ static int holds(const par_mm *mm, const stage_info *si, int idx)
     return si->final;
 }
 
+/* Elements of entry i a rank holds: a TP shard's (parity's runtime,
+ * parallel/tp_split.h par_tp_storage_cut), else the whole tensor. */
+static int64_t held_numel(const par_mm *mm, const par_param_table *t, int i)
+{
+    int64_t P = 1;
+    if (mm->o.rt == PAR_MM_PARITY)
+        par_tp_storage_cut(&mm->lay, t->p[i].name, &P);
+    return t->p[i].numel / P;
+}
+
 /* Dense entry i is in the TP gradient sum (reduce.c tp_wanted, the
- * PAR_TPG_* bits executor.c sets). */
+ * PAR_TPG_* bits executor.c sets; a held shard is not). */
 static int tp_summed(const par_mm *mm, const par_param_table *t, int i)
 {
     const par_layout *l = &mm->lay;
+    if (held_numel(mm, t, i) != t->p[i].numel)
+        return 0;
     const int all = l->tp > 1 && (l->tp_all_layers || l->sequence_parallel);
     if (strstr(t->p[i].name, ".attn.") || (l->tp > 1 && l->sequence_parallel))
         return 1;
@@ -146,26 +158,32 @@ static par_status stage_plans(par_mm *mm, stage_info *si)
 {
     const par_param_table *t = mm->tab;
     int *lists = par_malloc((size_t)(t->n > 0 ? t->n : 1) * 2 * sizeof *lists, PAR_TAG_MODEL);
-    if (!lists)
+    int64_t *numel = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *numel, PAR_TAG_MODEL);
+    if (!lists || !numel) {
+        par_free(lists);
+        par_free(numel);
         return par_err(PAR_ENOMEM, "memory model: no memory for %d table entries", t->n);
+    }
     int nl[2] = {0, 0};
     for (int i = 0; i < t->n; i++) {
+        numel[i] = held_numel(mm, t, i);
         if (!holds(mm, si, i))
             continue;
-        si->floats += t->p[i].numel;
+        si->floats += numel[i];
         int k = t->p[i].expert >= 0;
-        si->dense += k ? 0 : t->p[i].numel;
-        if (t->p[i].has_grad && (k || tp_summed(mm, t, i)))
-            *(k ? &si->expert_grads : &si->attn_grads) += t->p[i].numel;
+        si->dense += k ? 0 : numel[i];
+        if (t->p[i].has_grad && ((k && numel[i] == t->p[i].numel) || (!k && tp_summed(mm, t, i))))
+            *(k ? &si->expert_grads : &si->attn_grads) += numel[i];
         lists[k * t->n + nl[k]++] = i;
     }
     for (int b = 0; b < t->n_blocks; b++)
         si->n_moe += si->blocks[b];
     const par_layout *l = &mm->lay;
-    par_status s = par_mm_zero_build(&si->zd, t, lists, nl[0], (int)(l->cp * l->da));
+    par_status s = par_mm_zero_build_sized(&si->zd, t, numel, lists, nl[0], (int)(l->cp * l->da));
     if (!s)
-        s = par_mm_zero_build(&si->ze, t, lists + t->n, nl[1], (int)l->de);
+        s = par_mm_zero_build_sized(&si->ze, t, numel, lists + t->n, nl[1], (int)l->de);
     par_free(lists);
+    par_free(numel);
     return s;
 }
 
@@ -285,8 +303,8 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
-    /* parity's TP / ETP hooks (whole weights, the shard's compute state); the megatron runtime's TP is
-     * not modelled here (its weights are not split either) */
+    /* parity's TP / ETP hooks (the shard's compute state; the held shards: held_numel); the megatron runtime's TP is
+     * not modelled here (its weights count whole) */
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and

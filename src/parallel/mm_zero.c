@@ -27,10 +27,16 @@ static int64_t muon_scratch(const par_param *p)
 
 par_status par_mm_zero_build(par_mm_zero *out, const par_param_table *t, const int *idx, int n, int dp)
 {
+    return par_mm_zero_build_sized(out, t, NULL, idx, n, dp);
+}
+
+par_status par_mm_zero_build_sized(par_mm_zero *out, const par_param_table *t, const int64_t *numel, const int *idx,
+                                   int n, int dp)
+{
     if (!t || dp < 1 || n < 0 || (n > 0 && !idx))
         return par_err(PAR_EINVAL, "zero geometry: group of %d ranks, %d entries", dp, n);
     par_zero_geom z;
-    par_status s = par_zero_geom_build(&z, t, idx, n, dp, 0);
+    par_status s = par_zero_geom_build_sized(&z, t, numel, idx, n, dp, 0);
     if (s)
         return s;
     par_mm_zero g;

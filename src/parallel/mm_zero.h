@@ -33,6 +33,9 @@ typedef struct {
  * optimizer or not float are ignored, as zero.h does) over a group of dp
  * ranks.  *g is set only on success; free it with par_mm_zero_free. */
 par_status par_mm_zero_build(par_mm_zero *g, const par_param_table *t, const int *idx, int n, int dp);
+/* The same over held sizes numel[t->n] (TP shards; NULL: the table's). */
+par_status par_mm_zero_build_sized(par_mm_zero *g, const par_param_table *t, const int64_t *numel, const int *idx,
+                                   int n, int dp);
 void par_mm_zero_free(par_mm_zero *g);
 
 #endif

@@ -251,6 +251,8 @@ static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i
     const par_param *p = &t->p[i];
     if (p->dtype != PAR_PDT_REAL || !p->has_grad || M->loc[i] < 0)
         return 0;
+    if (PAR_FN(par_model_cut_of)(M, i)) /* held as this rank's shard: its gradient is complete here */
+        return 0;
     if (kind & TP_KIND_ETP)
         return p->expert >= 0;
     const char *a = strstr(p->name, ".attn.");
@@ -275,7 +277,7 @@ static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, unsigned kind)
         return par_err(PAR_ENOMEM, "reduce: out of memory for %d tensor-parallel gradients", n);
     for (int i = 0, k = 0; i < t->n; i++)
         if (tp_wanted(t, M, i, kind))
-            f[k++] = PAR_FIELD(M->grads + M->loc[i], t->p[i].numel, PAR_C_REAL);
+            f[k++] = PAR_FIELD(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
     par_status s = par_reduce_fields(c, f, n, NULL);
     par_free(f);
     return s;
@@ -316,7 +318,7 @@ par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, in
         return par_err(PAR_ENOMEM, "reduce: out of memory for %d shared gradients", n);
     for (int i = 0, k = 0; i < t->n; i++)
         if (shared_wanted(t, M, i, which))
-            f[k++] = PAR_FIELD(M->grads + M->loc[i], t->p[i].numel, PAR_C_REAL);
+            f[k++] = PAR_FIELD(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
     par_status s = par_reduce_fields(c, f, n, NULL);
     par_free(f);
     return s;

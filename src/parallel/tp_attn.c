@@ -128,6 +128,13 @@ void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                int rank, int P)
 {
+    PAR_FN(par_tp_attn_shard_held)(Wl, buf, W, dm, rank, P, 0);
+}
+
+void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
+                                    const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
+                                    int rank, int P, int held)
+{
     memset(Wl, 0, sizeof *Wl);
     int64_t off = 0;
     for (int k = 0; k < NSLOT; k++) {
@@ -136,6 +143,10 @@ void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
         const par_real *src = slot_get(W, k);
         if (r == 0 || !src)
             continue;
+        if (held && slot_cut(k) != PAR_TP_COLS) { /* the held shard, or a replicated weight: W's own */
+            *slot(Wl, k) = (par_real *)(uintptr_t)src;
+            continue;
+        }
         *slot(Wl, k) = buf + off;
         par_tp_slice(buf + off, src, r, c, slot_cut(k), rank, P, sizeof(par_real));
         off += shard_numel(dm, k, P);
@@ -158,6 +169,12 @@ void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_a
 void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                    const par_attn_dims *dm, int rank, int P, par_real *scratch)
 {
+    PAR_FN(par_tp_attn_grads_add_held)(dW, dWl, dm, rank, P, scratch, 0);
+}
+
+void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
+                                        const par_attn_dims *dm, int rank, int P, par_real *scratch, int held)
+{
     for (int k = 0; k < NSLOT; k++) {
         int64_t r, c;
         slot_shape(dm, k, &r, &c);
@@ -166,6 +183,11 @@ void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(pa
         if (r == 0 || !dst || !src)
             continue;
         const int64_t n = shard_numel(dm, k, P);
+        if (held && slot_cut(k) != PAR_TP_COLS) { /* dst is the held shard (or whole): the same adds in place */
+            for (int64_t e = 0; e < n; e++)
+                dst[e] += src[e];
+            continue;
+        }
         par_tp_slice(scratch, dst, r, c, slot_cut(k), rank, P, sizeof(par_real));
         for (int64_t e = 0; e < n; e++)
             scratch[e] += src[e];

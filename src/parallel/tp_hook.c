@@ -8,6 +8,13 @@
 #include "parallel/tp_attn.h"
 #include "parallel/tp_reduce.h"
 
+/* 1 when M holds block b's attention row cuts as this rank's shards
+ * (parallel/tp_split.h par_tp_storage_cut): the hook reads them in place. */
+static int held_rows(const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].wq_b) != NULL;
+}
+
 /* What (slot, block) keeps from its forward to its W pass. */
 typedef struct {
     PAR_FN(par_tp_attn_saved) sv;
@@ -76,7 +83,7 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
     if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
-    PAR_FN(par_tp_attn_shard)(&q->Wl, q->buf, W, dm, h->rank, h->P);
+    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, held_rows(M, b));
     if (h->sp && x->rows > 1)
         return sp_rows_forward(h, q, x, dm, y, sel, xin);
     if (h->sp) /* one row: the rank's columns are its contiguous tokens, the layer's own SP */
@@ -126,7 +133,8 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         memset(&sink, 0, sizeof sink);
         sink.attn_sink = dsink;
         PAR_FN(par_attn_weights) only = {.attn_sink = q->dWl.attn_sink};
-        PAR_FN(par_tp_attn_grads_add)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+        PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
+                                      held_rows(M, b));
     }
     return PAR_OK;
 }
@@ -143,7 +151,8 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         return par_err(PAR_EINVAL, "tp attention weights: block %d has no backward on %lld tokens", b, (long long)T);
     PAR_FN(par_attn_weights) g = *dW;
     g.attn_sink = NULL; /* B's */
-    PAR_FN(par_tp_attn_grads_add)(&g, &q->dWl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard);
+    PAR_FN(par_tp_attn_grads_add_held)(&g, &q->dWl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
+                                      held_rows(M, b));
     return PAR_OK;
 }
 

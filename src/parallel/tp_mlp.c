@@ -139,7 +139,7 @@ void PAR_FN(par_tp_mlp_shard_free)(PAR_FN(par_tp_mlp_shard) *s)
 }
 
 par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_real *w1, const par_real *w2,
-                                         const par_real *w3, int64_t d, int64_t I, const par_tp *tp)
+                                         const par_real *w3, int64_t d, int64_t I, const par_tp *tp, int held)
 {
     const int P = par_tp_size(tp), r = par_tp_rank(tp);
     PAR_FN(par_tp_mlp_shard_free)(s);
@@ -151,15 +151,16 @@ par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_
         return par_err(PAR_ENOMEM, "tensor parallel MLP: a shard of %lld reals", LL(n));
     par_real *w2s = s->buf;
     par_tp_slice(w2s, w2, d, I, PAR_TP_COLS, r, P, sizeof(par_real));
-    s->w1 = w1 + (int64_t)r * n, s->w2 = w2s, s->w3 = w3 + (int64_t)r * n, s->dw2 = w2s + n;
-    s->d = d, s->I = I, s->Il = Il, s->rank = r, s->P = P;
+    const int64_t off = held ? 0 : (int64_t)r * n;
+    s->w1 = w1 + off, s->w2 = w2s, s->w3 = w3 + off, s->dw2 = w2s + n;
+    s->d = d, s->I = I, s->Il = Il, s->rank = r, s->P = P, s->held = held;
     return PAR_OK;
 }
 
 void PAR_FN(par_tp_mlp_shard_grads)(PAR_FN(par_tp_mlp_shard) *s, par_real *g1, par_real *g3, par_real **o1,
                                     par_real **o3)
 {
-    const int64_t off = (int64_t)s->rank * s->Il * s->d;
+    const int64_t off = s->held ? 0 : (int64_t)s->rank * s->Il * s->d;
     *o1 = g1 ? g1 + off : NULL;
     *o3 = g3 ? g3 + off : NULL;
     memset(s->dw2, 0, (size_t)(s->d * s->Il) * sizeof(par_real));

@@ -70,12 +70,16 @@ typedef struct {
     par_real *dw2;                /* [d, I/P] */
     int64_t d, I, Il;
     int rank, P;
+    int held; /* w1 / w3 (and their gradients) are the held row shards themselves */
     void *buf;
 } PAR_FN(par_tp_mlp_shard);
 
-/* PAR_EINVAL when P does not divide I; PAR_ENOMEM.  `s` zeroed or freed. */
+/* PAR_EINVAL when P does not divide I; PAR_ENOMEM.  `s` zeroed or freed.
+ * held: w1 / w3 are already this rank's row shards ([I/P, d], the storage
+ * of parallel/tp_split.h par_tp_shared_expert_held), read and accumulated
+ * in place; else rank r's rows of the whole tensors. */
 par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_real *w1, const par_real *w2,
-                                         const par_real *w3, int64_t d, int64_t I, const par_tp *tp);
+                                         const par_real *w3, int64_t d, int64_t I, const par_tp *tp, int held);
 void PAR_FN(par_tp_mlp_shard_free)(PAR_FN(par_tp_mlp_shard) *s); /* zeroed/freed: fine */
 
 /* The shard's gradients: o1 / o3 = rank r's rows of the whole g1 / g3

@@ -40,6 +40,14 @@ static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
     return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
+/* 1 when M holds block b's shared w1 / w3 as this rank's row shards
+ * (parallel/tp_split.h par_tp_storage_cut, par_tp_shared_expert_held):
+ * the hook reads and accumulates them in place. */
+static int held_rows(const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].shared_w1) != NULL;
+}
+
 /* Block b's weights: every routed expert whole, the shared expert's shard. */
 static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
 {
@@ -68,7 +76,7 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     par_status s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), h->d, h->I,
-                                                 &h->tp);
+                                                 &h->tp, held_rows(M, b));
     PAR_FN(par_etp_weights) W;
     if (s || (s = weights_of(h, M, b, q, &W)))
         return s;

@@ -132,6 +132,28 @@ void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par
     copy_block(full, (char *)(uintptr_t)src, rows, cols, cut, rank, P, es, 0);
 }
 
+int par_tp_shared_expert_held(const par_layout *l)
+{
+    return l->tp > 1 && l->ep <= 1 && l->etp <= 1;
+}
+
+par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P)
+{
+    *P = 1;
+    const par_tp_split s = par_tp_split_of(name);
+    const int64_t g = s.group == PAR_TP_GROUP_ETP ? l->etp : l->tp;
+    if (s.cut == PAR_TP_REPLICATED || g <= 1)
+        return PAR_TP_REPLICATED;
+    /* held as shards: the row cuts (vocab rows, query / index heads, output
+     * groups of wo_a, the sinks, the shared expert's w1 / w3 where it runs
+     * TP-split, the routed experts' w1 / w3 ETP rows); the column cuts
+     * (wo_b, the shared and routed w2) stay whole: next */
+    if (s.cut != PAR_TP_ROWS || (strstr(name, ".shared_experts.") && !par_tp_shared_expert_held(l)))
+        return PAR_TP_REPLICATED;
+    *P = g;
+    return s.cut;
+}
+
 /* One divisibility rule: `flag` size v must divide the config key's n. */
 static par_status divides(const char *flag, int64_t v, const char *key, int64_t n,
                           const char *why)

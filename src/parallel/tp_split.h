@@ -56,6 +56,23 @@ void par_tp_slice(void *dst, const void *full, int64_t rows, int64_t cols, par_t
 void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par_tp_cut cut,
                     int rank, int P, size_t es);
 
+/* How a rank of layout l STORES entry `name` (its weights, gradients and
+ * optimizer state): the rule's cut when the entry is held as shards in this
+ * layout, PAR_TP_REPLICATED when every rank of the group holds it whole.
+ * *P: the group's size (TP or ETP; 1 when whole).  Held as shards today:
+ * every TP row cut under TP > 1 (embed / head vocab rows, attn.wq_b,
+ * attn.attn_sink, attn.wo_a, the indexer's wq_b / weights_proj, and the
+ * shared expert's w1 / w3 where par_tp_shared_expert_held) and, under ETP
+ * > 1, the routed experts' w1 / w3 (their ETP rows); the column cuts
+ * (attn.wo_b, the shared and routed w2) stay whole, their hooks cut them
+ * per call (docs/parallel.md "What each rank stores"). */
+par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P);
+/* 1 when the shared expert's w1 / w3 are HELD as TP row shards in layout l
+ * (TP > 1 with EP = ETP = 1 today, its own hook tp_moe_hook.c); elsewhere
+ * under TP it runs split (par_tp_shared_expert_split below) on shards cut
+ * from the whole storage per call (tp_mlp.h par_tp_mlp_shard_make). */
+int par_tp_shared_expert_held(const par_layout *l);
+
 /* The model-wide TP / ETP rules (every message names the flag, the config
  * key and both numbers): TP divides n_heads, o_groups, index_n_heads,
  * vocab_size and moe_inter_dim (the shared expert); ETP divides

@@ -24,10 +24,14 @@ struct PAR_FN(par_tp_vocab_hook_s) {
 
 typedef PAR_FN(par_tp_vocab_hook) vhook;
 
-/* The rank's rows of a [V, d] table of M's flat buffer `flat`. */
+/* The rank's rows of a [V, d] table of M's flat buffer `flat`: the held
+ * shard itself (the model stores the table as vocab rows,
+ * parallel/tp_split.h), or its block of a whole table. */
 static par_real *rows_of(const vhook *h, PAR_FN(par_model) *M, par_real *flat, int idx)
 {
     par_real *p = PAR_FN(par_model_ptr)(M, flat, idx);
+    if (p && PAR_FN(par_model_cut_of)(M, idx))
+        return p;
     return p ? p + (int64_t)h->rank * h->Vl * h->d : NULL;
 }
 

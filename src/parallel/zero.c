@@ -56,13 +56,20 @@ par_status PAR_FN(par_zero_plan_build_shared)(plan_t *pl, const par_param_table 
                                               int dp, int rank, par_dp_mode mode, PAR_FN(par_zero_state_fn) get,
                                               void *ctx)
 {
+    return PAR_FN(par_zero_plan_build_sized)(pl, t, NULL, idx, n_idx, dp, rank, mode, get, ctx);
+}
+
+par_status PAR_FN(par_zero_plan_build_sized)(plan_t *pl, const par_param_table *t, const int64_t *numel,
+                                             const int *idx, int n_idx, int dp, int rank, par_dp_mode mode,
+                                             PAR_FN(par_zero_state_fn) get, void *ctx)
+{
     if (!pl)
         return par_err(PAR_EINVAL, "zero plan: needs a plan to build");
     if (mode != PAR_DP_REPLICATED && mode != PAR_DP_ZERO1)
         return par_err(PAR_EINVAL, "zero plan: unknown mode %d", (int)mode);
     plan_t z;
     memset(&z, 0, sizeof z);
-    par_status st = par_zero_geom_build(&z.geom, t, idx, n_idx, dp, rank);
+    par_status st = par_zero_geom_build_sized(&z.geom, t, numel, idx, n_idx, dp, rank);
     if (st)
         return st;
     z.mode = mode;
@@ -193,6 +200,22 @@ static const par_real *grad_of(const plan_t *pl, const par_zero_entry *e, int q,
     return e->opt == PAR_OPT_MUON ? g + pl->shard + e->pos : g + (a - (int64_t)q * pl->shard);
 }
 
+/* Muon of a matrix held as TP shards (c): the logical [rows, cols] matrix
+ * through par_tp_muon_update, orthogonalized on TP rank idx mod TP (the
+ * deliberate shard-fed bug under tp_muon_shard_fault). */
+static par_status held_muon(const plan_t *pl, const par_model_cut *c, const par_zero_entry *e, const par_param *p,
+                            par_real *w, par_real *mom, const par_real *g, const par_config *cfg, double gscale)
+{
+    const par_tp tp = {.comm = pl->tpc, .sp = 0,
+                       .faults = pl->tp_muon_shard_fault > 1 ? (unsigned)PAR_TP_FAULT_MUON_SHARD : 0u,
+                       .traffic = NULL};
+    if (!pl->tpc || par_comm_size(pl->tpc) != c->P)
+        return par_err(PAR_EINTERNAL, "zero: %s is held as a shard of %d but the plan has no TP group of that size",
+                       p->name, c->P);
+    return PAR_FN(par_tp_muon_update)(w, mom, g, p->shape[0], p->shape[1], c->cut == 1 ? PAR_TP_ROWS : PAR_TP_COLS,
+                                      e->idx % c->P, gscale, cfg->lr, p->weight_decay ? cfg->wd : 0.0, cfg->mu, &tp);
+}
+
 /* Updates segment q: its AdamW shard and the Muon matrices q owns.
  * g: the reduced gradients of the segment [seg], or NULL: those of the flat
  * buffer pl->rg (replicated); m, v: the shard's AdamW state [shard]; mom:
@@ -228,8 +251,10 @@ static par_status update_segment(const plan_t *pl, int q, par_real *params, par_
             dst = w + pl->shard + e->pos;
             memcpy(dst, params + e->off, (size_t)e->numel * sizeof *dst);
         }
+        const par_model_cut *c = pl->tp_cut && pl->tp_cut[e->idx].cut ? &pl->tp_cut[e->idx] : NULL;
         par_status st =
-            pl->tp_muon_shard_fault > 1
+            c ? held_muon(pl, c, e, p, dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), cfg, gscale)
+            : pl->tp_muon_shard_fault > 1
                 ? PAR_FN(par_tp_muon_shard_fault)(dst, mom + e->pos, grad_of(pl, e, q, g, e->pos), p->name,
                                                   p->shape[0], p->shape[1], pl->tp_muon_shard_fault, gscale, cfg->lr,
                                                   p->weight_decay ? cfg->wd : 0.0, cfg->mu)

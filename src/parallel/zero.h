@@ -40,6 +40,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/params.h"
 #include "parallel/zero_plan.h"
 
@@ -62,6 +63,12 @@ typedef struct {
     int state_ext;            /* 1: m, v, mom are the caller's (par_zero_plan_build_shared), not freed */
     int tp_muon_shard_fault;  /* P > 1: the TP-split Muon matrices updated per TP shard of P, the deliberate
                                * bug (parallel/tp_muon.h par_tp_muon_shard_fault); 0 in real runs */
+    /* Muon matrices the model holds as TP shards (tp_cut[idx].cut != 0; NULL:
+     * none): updated by par_tp_muon_update over tpc, the logical matrix
+     * orthogonalized on TP rank (idx mod TP), so the update is bitwise the
+     * whole matrix's; every rank of tpc updates the same segment */
+    const par_model_cut *tp_cut;
+    par_comm *tpc;
 } PAR_FN(par_zero_plan);
 
 /* Builds the plan of the tensors idx[0..n_idx) for rank `rank` of a group
@@ -86,6 +93,11 @@ typedef par_status (*PAR_FN(par_zero_state_fn))(void *ctx, size_t n_adamw_state,
 par_status PAR_FN(par_zero_plan_build_shared)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
                                               const int *idx, int n_idx, int dp, int rank, par_dp_mode mode,
                                               PAR_FN(par_zero_state_fn) get, void *ctx);
+/* The same over held sizes numel[tab.n] (NULL: the table's;
+ * par_zero_geom_build_sized). */
+par_status PAR_FN(par_zero_plan_build_sized)(PAR_FN(par_zero_plan) *pl, const par_param_table *t,
+                                             const int64_t *numel, const int *idx, int n_idx, int dp, int rank,
+                                             par_dp_mode mode, PAR_FN(par_zero_state_fn) get, void *ctx);
 
 /* This rank's memory (par_zero_geom_memory in the plan's mode and precision).
  * Owners and pieces: par_zero_geom_owner / _piece(&pl->geom, ...). */

@@ -42,7 +42,7 @@ static par_status mark_list(par_zero_geom *g, const int *idx, int n_idx)
 
 /* The entries of the marked tensors with an optimizer, in table order;
  * AdamW laid out flat.  Returns the number of Muon entries. */
-static int lay_out_entries(par_zero_geom *g)
+static int lay_out_entries(par_zero_geom *g, const int64_t *numel)
 {
     const par_param_table *t = g->t;
     int n_mu = 0;
@@ -56,16 +56,16 @@ static int lay_out_entries(par_zero_geom *g)
         e->idx = i;
         e->off = p->offset;
         e->opt = p->opt;
-        e->numel = p->numel;
+        e->numel = numel ? numel[i] : p->numel;
         if (p->opt == PAR_OPT_ADAMW) {
             e->owner = PAR_ZERO_SHARDED;
             e->pos = g->n_adamw;
-            g->n_adamw += p->numel;
+            g->n_adamw += e->numel;
         } else {
             e->owner = 0;
             e->pos = 0;
-            g->n_muon += p->numel;
-            g->largest = max64(g->largest, p->numel);
+            g->n_muon += e->numel;
+            g->largest = max64(g->largest, e->numel);
             n_mu++;
         }
         g->entry_of[i] = g->n++;
@@ -145,6 +145,12 @@ static par_status owned_lists(par_zero_geom *g, int n_mu)
 par_status par_zero_geom_build(par_zero_geom *g, const par_param_table *t, const int *idx, int n_idx, int dp,
                                int rank)
 {
+    return par_zero_geom_build_sized(g, t, NULL, idx, n_idx, dp, rank);
+}
+
+par_status par_zero_geom_build_sized(par_zero_geom *g, const par_param_table *t, const int64_t *numel,
+                                     const int *idx, int n_idx, int dp, int rank)
+{
     if (!g || !t || n_idx < 0 || (n_idx > 0 && !idx))
         return par_err(PAR_EINVAL, "zero plan: needs a plan, a table and a list (n_idx = %d)", n_idx);
     if (dp < 1)
@@ -168,7 +174,7 @@ par_status par_zero_geom_build(par_zero_geom *g, const par_param_table *t, const
     }
     if ((st = mark_list(&z, idx, n_idx)))
         goto fail_free_geom;
-    int n_mu = lay_out_entries(&z);
+    int n_mu = lay_out_entries(&z, numel);
     if ((st = assign_muon(&z, n_mu)) || (st = owned_lists(&z, n_mu)))
         goto fail_free_geom;
     *g = z;

@@ -112,6 +112,12 @@ typedef struct {
  * outside [0, dp)).  The table must outlive the geometry. */
 par_status par_zero_geom_build(par_zero_geom *g, const par_param_table *t, const int *idx, int n_idx, int dp,
                                int rank);
+/* The same with each entry's held size numel[idx] (a tensor-parallel
+ * shard's; parallel/tp_split.h) instead of the table's; numel NULL: the
+ * table's.  The plan is a pure function of (table, sizes, list, dp): every
+ * TP rank builds the same one over its same-shaped shards. */
+par_status par_zero_geom_build_sized(par_zero_geom *g, const par_param_table *t, const int64_t *numel,
+                                     const int *idx, int n_idx, int dp, int rank);
 void par_zero_geom_free(par_zero_geom *g); /* zeroes *g; NULL is fine */
 
 /* Owner of table entry idx: the rank owning a Muon matrix, PAR_ZERO_SHARDED

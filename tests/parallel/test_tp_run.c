@@ -22,6 +22,7 @@
 #include "model/rootcause.h"
 #include "parallel/driver.h"
 #include "parallel/tp.h"
+#include "parallel/tp_split.h"
 
 static void tiny(par_config *c)
 {
@@ -394,4 +395,81 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     cr_expect_eq(run(NULL, (lay){1, 8, 1, 1, 8, 20, 0, 0}, 0), PAR_EINVAL);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 8") && strstr(par_last_error(), "20"), "%s",
               par_last_error());
+}
+
+/* Rank r's allocator peaks of its weights and gradients, and its held
+ * optimizer state (the plans' accounting: the allocator's optimizer peak
+ * also holds Muon's transient scratch), after one step of TP P (heads
+ * widened to 4; every rank its own dense copy). */
+static void held_bytes(int64_t P, int64_t etp, int64_t peak[][3])
+{
+    static const par_tag tags[2] = {PAR_TAG_PARAM, PAR_TAG_GRAD};
+    par_run_opts o;
+    par_run_opts_init(&o);
+    tiny(&o.cfg);
+    o.cfg.n_heads = o.cfg.o_groups = o.cfg.index_n_heads = 4;
+    o.steps = 1;
+    o.seed = 1234;
+    o.backend = par_backend_find("threads");
+    o.layout.tp = etp > 1 ? 1 : P;
+    o.layout.etp = etp;
+    o.layout.world = P;
+    o.private_replicas = 1;
+    par_run_summary s;
+    memset(&s, 0, sizeof s);
+    cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
+    cr_assert_not_null(s.alloc_peak);
+    cr_assert_not_null(s.mem);
+    for (int64_t r = 0; r < P; r++) {
+        for (int k = 0; k < 2; k++)
+            peak[r][k] = s.alloc_peak[r * PAR_TAG_COUNT + tags[k]];
+        peak[r][2] = s.mem[r * PAR_RUN_MEM + 2];
+    }
+    par_run_summary_free(&s);
+}
+
+/* The entries TP / ETP holds as shards (par_tp_storage_cut) are held at
+ * 1/P: a rank's weights, gradients and optimizer state (AdamW two slots,
+ * Muon one) are TP 1's minus (1 - 1/P) of the split floats, within a few
+ * hundred bytes, on every rank, at TP 2, TP 4 and ETP 2; and the split
+ * entries are not empty (the check could fail). */
+Test(tp_run, split_entries_are_held_at_one_over_tp)
+{
+    par_config c;
+    tiny(&c);
+    c.n_heads = c.o_groups = c.index_n_heads = 4;
+    par_param_table t;
+    cr_assert_eq(par_param_table_build(&t, &c), PAR_OK, "%s", par_last_error());
+    par_layout l;
+    memset(&l, 0, sizeof l);
+    int64_t one[1][3], many[4][3];
+    held_bytes(1, 1, one);
+    for (int run = 0; run < 3; run++) { /* TP 2, TP 4, ETP 2 */
+        const int64_t P = run == 1 ? 4 : 2;
+        l.tp = run < 2 ? P : 1;
+        l.etp = run < 2 ? 1 : P;
+        int64_t split = 0, state = 0, np;
+        for (int i = 0; i < t.n; i++)
+            if (par_tp_storage_cut(&l, t.p[i].name, &np) != PAR_TP_REPLICATED) {
+                cr_assert_eq(np, P);
+                split += t.p[i].numel;
+                state += (t.p[i].opt == PAR_OPT_ADAMW ? 2 : t.p[i].opt == PAR_OPT_MUON) * t.p[i].numel;
+            }
+        cr_assert_gt(split, 0, "TP %lld ETP %lld holds nothing as shards", (long long)l.tp, (long long)l.etp);
+        held_bytes(P, l.etp, many);
+        const int64_t es = (int64_t)sizeof(double), floats[3] = {split, split, state};
+        for (int64_t r = 0; r < P; r++)
+            for (int k = 0; k < 3; k++) {
+                const int64_t want = one[0][k] - (floats[k] - floats[k] / P) * es, got = many[r][k];
+                if (r == 0)
+                    cr_log_info("TP %lld ETP %lld rank 0 (weights, grads, optimizer: %d): %lld bytes (TP 1: %lld)",
+                                (long long)l.tp, (long long)l.etp, k, (long long)got, (long long)one[0][k]);
+                cr_expect_leq(llabs(got - want), 512,
+                              "TP %lld ETP %lld rank %lld (weights, grads, optimizer: %d): %lld bytes held, %lld "
+                              "expected (TP 1's %lld less (1 - 1/P) of %lld split floats)", (long long)l.tp,
+                              (long long)l.etp, (long long)r, k, (long long)got, (long long)want,
+                              (long long)one[0][k], (long long)floats[k]);
+            }
+    }
+    par_param_table_free(&t);
 }
