@@ -118,30 +118,6 @@ par_status par__wait_poll(par__waiter *wt, const par__world *w)
     return PAR_OK;
 }
 
-/* Nothing wakes a rank for a process-local word: look again this often. */
-#define LOCAL_WAIT_SLICE_S 0.002
-
-par_status par_comm_wait_local(par_comm *c, const _Atomic int64_t *word, int64_t want, const char *what)
-{
-    if (!c || !word)
-        return par_err(PAR_EINVAL, "wait local: needs a comm and a word");
-    par__world *w = c->world;
-    par__waiter wt;
-    par__wait_start(&wt, w, 0);
-    const double end = wt.deadline;
-    while (atomic_load_explicit(word, memory_order_acquire) < want) {
-        double now = par__now();
-        if (now > end)
-            return par__wait_failed(c, PAR_ETIMEOUT, what, NULL, 0);
-        /* a fiber parks for one slice at most; a thread spins, yields, sleeps */
-        wt.deadline = now + LOCAL_WAIT_SLICE_S < end ? now + LOCAL_WAIT_SLICE_S : end;
-        par_status st = par__wait_poll(&wt, w);
-        if (st == PAR_ECOMM)
-            return par__wait_failed(c, st, what, NULL, 0);
-    }
-    return PAR_OK;
-}
-
 /* ---- the failure state -------------------------------------------------- */
 
 par_status par__world_failed(const par__world *w)
