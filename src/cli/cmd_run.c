@@ -495,6 +495,18 @@ static int write_summary(const run_cli *c, const par_run_opts *o, const par_run_
     return 0;
 }
 
+/* The process's high-water per tag, all its ranks together (core/alloc.h:
+ * each tag's own peak, not one moment's sum): what the per-rank table above
+ * cannot show when ranks hold their working buffers at the same time. */
+static void print_process_peaks(void)
+{
+    printf("process peaks by tag (all ranks of this process, each tag's own high-water):");
+    for (int t = 0; t < PAR_TAG_COUNT; t++)
+        if (par_alloc_peak((par_tag)t) > 0)
+            printf(" %s %.1f MiB", par_tag_name((par_tag)t), (double)par_alloc_peak((par_tag)t) / (1024.0 * 1024.0));
+    printf("\n");
+}
+
 int par_cmd_run(int argc, char **argv)
 {
     run_cli c;
@@ -556,6 +568,7 @@ int par_cmd_run(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     printf("wall time %.3f s (launch and dump included); peak RSS %.1f MiB\n", sum.wall_s,
            (double)ru.ru_maxrss / 1024.0);
+    print_process_peaks();
     par_cli_device_report(stdout);
     par_run_summary_free(&sum);
     return rc;
