@@ -16,6 +16,10 @@
 #                         log(TP) (the softmax denominator reduced twice)
 #       tp_muon_shard     every TP cell: a TP-split matrix in params.1 (each
 #                         rank's shard orthogonalized by itself; step 0 is right)
+#       tp_shared_no_reduce every TP cell (the shared expert is TP-split
+#                         whatever EP and ETP are): step 0's output of block 0,
+#                         act.layers.0 (each TP rank keeps its hidden units'
+#                         share of the shared expert's output)
 #   - every other cell passes (PASS, or WARN for the informational one).
 # Usage: tools/tp-fault-demo.sh FAULT [BUILD_DIR]   (default build-fault-FAULT)
 #        PARITY_FAULT_CELLS="tp2 tp2-sp etp2 ..." runs only those cells
@@ -26,8 +30,8 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 fault=${1:-}
 case $fault in
-tp_ce_log_tp | tp_wkv_no_reduce | tp_muon_shard) ;;
-*) echo "usage: tools/tp-fault-demo.sh tp_ce_log_tp|tp_wkv_no_reduce|tp_muon_shard [BUILD_DIR]" >&2; exit 2 ;;
+tp_ce_log_tp | tp_wkv_no_reduce | tp_muon_shard | tp_shared_no_reduce) ;;
+*) echo "usage: tools/tp-fault-demo.sh tp_ce_log_tp|tp_wkv_no_reduce|tp_muon_shard|tp_shared_no_reduce [BUILD_DIR]" >&2; exit 2 ;;
 esac
 bdir=${2:-$root/build-fault-$fault}
 . "$root/tools/fault-lib.sh"
@@ -51,6 +55,8 @@ def first_effect(c):
         return f == "step.0" and t.startswith("grad.") and t.endswith(".attn.wkv.weight")
     if fault == "tp_ce_log_tp":
         return f == "step.0" and t.startswith("out.") and "loss" in t
+    if fault == "tp_shared_no_reduce":
+        return f == "step.0" and t == "act.layers.0"
     return f == "params.1" and (".attn." in t or ".shared_experts." in t)
 
 bad, n_hit = [], 0

@@ -227,14 +227,14 @@ void par_layout_args_init(par_layout_args *l)
 int par_layout_opts(par_opt *opts, int n, int cap, par_layout_args *l)
 {
     const par_opt add[] = {
-        {"tensor-model-parallel-size", PAR_OPT_INT, &l->tp, "N", "TP size (attention heads split; the rest with --tp-all-layers / --sequence-parallel)", PAR_CHK_POS, 1 << 20},
+        {"tensor-model-parallel-size", PAR_OPT_INT, &l->tp, "N", "TP size (attention heads, vocab-parallel embedding / head / CE and the shared expert split)", PAR_CHK_POS, 1 << 20},
         {"pipeline-model-parallel-size", PAR_OPT_INT, &l->pp, "N", "pipeline stages", PAR_CHK_POS, 1 << 20},
         {"virtual-pipeline-model-parallel-size", PAR_OPT_INT, &l->vpp, "N", "virtual stages per rank", PAR_CHK_POS, 1 << 20},
         {"pipeline-model-parallel-layout", PAR_OPT_STR, &l->pp_layout, "STR", "Megatron layout string, e.g. 'Et*3|t*2|t*3mL'", PAR_CHK_NONEMPTY, 0},
         {"pipeline-schedule", PAR_OPT_STR, &l->pp_schedule, "NAME", "gpipe|1f1b|interleaved|zb-h1|dualpipe|dualpipev", PAR_CHK_NONEMPTY, 0},
         {"context-parallel-size", PAR_OPT_INT, &l->cp, "N", "CP size (contiguous split of each row)", PAR_CHK_POS, 1 << 20},
         {"expert-model-parallel-size", PAR_OPT_INT, &l->ep, "N", "EP size", PAR_CHK_POS, 1 << 20},
-        {"expert-tensor-parallel-size", PAR_OPT_INT, &l->etp, "N", "ETP size (routed experts' hidden units split; with TP > 1: ETP = TP, or --sequence-parallel)", PAR_CHK_POS, 1 << 20},
+        {"expert-tensor-parallel-size", PAR_OPT_INT, &l->etp, "N", "ETP size (routed experts' hidden units split; with TP > 1: ETP 1 or = TP, any ETP with --sequence-parallel)", PAR_CHK_POS, 1 << 20},
         {"micro-batch-size", PAR_OPT_INT, &l->micro_batch, "ROWS", "rows per microbatch", PAR_CHK_POS, 0},
         {"global-batch-size", PAR_OPT_INT, &l->global_batch, "ROWS", "rows per step (default: the preset's)", PAR_CHK_POS, 0},
         {"world-size", PAR_OPT_INT, &l->world_size, "N", "ranks (default: the smallest the folding allows)", PAR_CHK_POS, 1 << 20},

@@ -112,9 +112,26 @@ static double tp_attn_state(const par_act_ctx *c, int b, double T)
            c->es * (3 * tp_shard(c, b) + 1);
 }
 
-/* The attention sub-layer's state: serial kernel, or cp.c's state of whole
- * rows (par_cp_attn_forward: saved struct of rows*S tokens, xw [rows, Dh+L,
- * d], pos [rows*S]) plus block.c's sel [T, topk] in the arena. */
+/* cp.c saved_alloc's saved struct: the window arrays of Tw working rows
+ * (window_layout: the kernel's pieces without cmp, icmp) and the whole
+ * rows' entries ebuf [Tt, hd (+ ihd with the indexer)], exact bytes. */
+static double cp_saved(const par_act_ctx *c, int b, double Tw, double Tt)
+{
+    const par_config *g = c->cfg;
+    double es = c->es, hd = (double)g->head_dim, ihd = (double)g->index_head_dim;
+    int64_t m = ratio_of(g, b);
+    double s = par_act_attn_saved(c, b, (int64_t)Tw);
+    if (m > 0)
+        s += es * Tt * hd - pc(Tw * hd, es);
+    if (m == 4)
+        s += es * Tt * ihd - pc(Tw * ihd, es);
+    return s;
+}
+
+/* The attention sub-layer's state: serial kernel, or cp.c's state of each
+ * row's working rows (par_cp_attn_forward: the saved struct of rows * (Dh +
+ * L) rows and the rows' entries, xw [rows, Dh+L, d], pos [rows*S]) plus
+ * block.c's sel [T, topk] in the arena. */
 static double attn_state(const par_act_ctx *c, int b, double T)
 {
     if (c->tp > 1 && c->cp > 1) { /* cptp_hook.c: cp.c's state in the shard's dims + the shard buffer */
@@ -130,8 +147,8 @@ static double attn_state(const par_act_ctx *c, int b, double T)
         return par_act_attn_saved(c, b, (int64_t)T);
     const par_config *g = c->cfg;
     double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp;
-    double Dh = c->cp_rank > 0 ? cp_halo(c, b) : 0, Tt = rows * S;
-    double s = par_act_attn_saved(c, b, (int64_t)Tt) + c->es * (rows * (Dh + L) * (double)g->dim + 1) + 4 * (Tt + 1);
+    double Dh = c->cp_rank > 0 ? cp_halo(c, b) : 0, Tt = rows * S, Tw = rows * (Dh + L);
+    double s = cp_saved(c, b, Tw, Tt) + c->es * (Tw * (double)g->dim + 1) + 4 * (Tt + 1);
     if (ratio_of(g, b) == 4)
         s += 4 * T * (double)g->index_topk;
     return s;
@@ -158,6 +175,27 @@ static double etp_gather(const par_act_ctx *c)
     return c->etp > 1 && (c->tp <= 1 || c->sp > 1) ? (double)c->etp : 1;
 }
 
+/* The TP-split shared expert's state (c->tp_shared): tp_mlp.c's x [Tg, d]
+ * and g / u / h [Tg, I/TP] of the layer's tokens, and the shard (tp_mlp.c
+ * par_tp_mlp_shard: w2's columns and their gradient); `whole` otherwise. */
+static double shared_state(const par_act_ctx *c, double T, double whole)
+{
+    if (!c->tp_shared || c->tp <= 1)
+        return whole;
+    double es = c->es, d = (double)c->cfg->dim, Il = (double)c->cfg->moe_inter_dim / (double)c->tp;
+    double Tg = tp_tokens(c, T);
+    return es * (Tg * d + 3 * Tg * Il + 1) + es * (2 * d * Il + 1);
+}
+
+/* The TP-split shared expert's backward scratch (tp_mlp.c: the partial dx
+ * [Tg, d], with SP the gathered dy too); 0 otherwise. */
+static double shared_bwd_scratch(const par_act_ctx *c, double T)
+{
+    if (!c->tp_shared || c->tp <= 1)
+        return 0;
+    return c->es * tp_tokens(c, T) * (double)c->cfg->dim * (c->sp > 1 ? 2 : 1);
+}
+
 /* The routed experts' state: moe.c par_moe_saved_alloc (serial), ep.c's
  * blk_state (scnt/rcnt, stk, rpos, eoff, xg, rwg, g/u/h of the received
  * rows, sg/su/sh of the shared expert), with ETP the rows layer instead of
@@ -171,7 +209,7 @@ static double moe_state(const par_act_ctx *c, double T)
     double I = (double)g->moe_inter_dim, d = (double)g->dim, P = c->etp > 1 ? (double)c->etp : 1;
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
-               3 * es * (T + 1) * I;
+               shared_state(c, T, 3 * es * (T + 1) * I);
     if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
                       * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the w2 shard + its gradient */
         double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
@@ -181,7 +219,8 @@ static double moe_state(const par_act_ctx *c, double T)
     if (c->ep <= 1)
         return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;
     double NS = T * K, NR = NS * c->recv_factor, El = E / (double)c->ep;
-    double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) + 3 * es * T * I;
+    double base = 2 * 8 * (double)c->ep + 4 * NS + 4 * NR + 8 * (El + 1) + es * (NR * d + NR) +
+                  shared_state(c, T, 3 * es * T * I);
     return base + (P > 1 ? etp_rows_state(c, etp_gather(c) * NR, El, 0) : es * 3 * NR * I);
 }
 
@@ -223,7 +262,7 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
     const double G = etp_gather(c);
     double rows = P > 1 ? es * (3 * G * NS * d + G * NS + G * NS * (d + 1)) : 0;
     if (c->ep <= 1 && P > 1) /* etp.c par_etp_moe_backward: dyr, dxr [NR, d], drw [NR], slots [NR, d], dxs [T, d] */
-        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1);
+        return es * (3 * NS * d + NS + T * d) + rows + es * NS * (d + 1) + shared_bwd_scratch(c, T);
     if (c->tp_mlp) { /* the same with a rows layer of one rank; tp_mlp.c's dx [Tg, d] (+ SP: the gathered dy) */
         double Tg = tp_tokens(c, T);
         return es * (3 * NS * d + NS + T * d) + es * (3 * NS * d + NS + NS * (d + 1)) + es * NS * (d + 1) +
@@ -233,7 +272,7 @@ static double moe_bwd_scratch(const par_act_ctx *c, double T)
         return es * (3 * NS * d + 2 * NS + T * d);
     double NR = NS * c->recv_factor;
     return es * (NR * (d + 1) + NR * d + NR * (d + 1) + NS * (d + 1) + NS * d + T * d) +
-           (P > 1 ? rows * c->recv_factor + es * NR * (d + 1) : 0);
+           (P > 1 ? rows * c->recv_factor + es * NR * (d + 1) : 0) + shared_bwd_scratch(c, T);
 }
 
 /* attention.c's core scratch on one thread: the keys a query sees (max_keys:
@@ -251,8 +290,8 @@ static double attn_core_scratch(const par_act_ctx *c, int b, double T)
 
 /* Scratch of the attention backward: attention.c par_attn_backward (dO,
  * dop, dq, Dd, dkv, dcmp, dca, dcz) with the nested proj_backward (dqb,
- * dqr, dqa, dkva), or cp.c's row-coordinate scratch plus one row's
- * proj_backward on Dh + L rows. */
+ * dqr, dqa, dkva), or cp.c's scratch (working rows; dcmp of the whole
+ * rows) plus one row's proj_backward on Dh + L rows. */
 static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
 {
     const par_config *g = c->cfg;
@@ -274,8 +313,8 @@ static double attn_bwd_scratch(const par_act_ctx *c, int b, double T)
         return es * (3 * T * HD + T * H + 2 * T * hd + 2 * T * nc) + es * (T * HD + 2 * T * ql + T * hd) +
                attn_core_scratch(c, b, T);
     double rows = (double)c->rows, S = (double)g->seq_length, L = S / (double)c->cp, Tt = rows * S;
-    double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L;
-    return es * (3 * Tt * HD + Tt * H + 2 * Tt * hd + 2 * Tt * nc + rows * W * d + 1) +
+    double W = (c->cp_rank > 0 ? cp_halo(c, b) : 0) + L, Tw = rows * W;
+    return es * (3 * Tw * HD + Tw * H + Tw * hd + (m > 0 ? Tt * hd : 0) + 2 * Tw * nc + Tw * d + 1) +
            es * (W * HD + 2 * W * ql + W * hd) + attn_core_scratch(c, b, L);
 }
 

@@ -28,7 +28,8 @@ typedef struct {
     int64_t ep;         /* EP size; 1: the serial MoE kernel (moe.c saved struct) */
     double recv_factor; /* EP: rows this rank receives per row it sends (1: balanced
                          * routing; measured: rows_recv / rows_sent of a run)      */
-    int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of whole rows */
+    int64_t cp;         /* CP size; > 1: cp.c keeps the attention state of its halo +
+                         * local rows and the whole rows' compressed entries       */
     int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
     int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
     int64_t tp;         /* TP size; > 1: tp_hook.c keeps the shard's attention state
@@ -41,7 +42,11 @@ typedef struct {
     int64_t sp;         /* sequence parallelism: the TP size (0, 1: none); T is then the
                          * rank's tokens, the TP layers' state is of sp * T gathered */
     int vocab;          /* 1: the vocab-parallel head / CE (tp_vocab_hook.c)        */
-    int tp_mlp;         /* 1: the TP shared expert (tp_moe_hook.c, EP = ETP = 1)    */
+    int tp_mlp;         /* 1: the TP shared expert's own hook (tp_moe_hook.c, EP = ETP = 1) */
+    int tp_shared;      /* 1: the shared expert runs TP-split, whatever EP and ETP are
+                         * (parallel/tp_split.h par_tp_shared_expert_split; inside ep.c
+                         * and etp_hook.c with EP or ETP > 1): tp_mlp.c's state of
+                         * tp_tokens and I/TP hidden units, and the w2 shard     */
     int recompute;      /* 1: full recomputation (Megatron --recompute-granularity
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */

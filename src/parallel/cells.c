@@ -257,6 +257,15 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .expert_tensor_parallel_size = 2,
                 .expert_model_parallel_size = 2, .sequence_parallel = 1},
      .note = NOTE_TPCOMP "; TP 2 + SP x Da 2 = ETP 2 x EP 2"},
+    /* -- issue 15, the TP shared expert under EP / ETP (shexp15): column / row parallel over TP
+     * whatever EP and ETP are; the cells above with EP or ETP > 1 run it split too -- */
+    {.name = "tp2-ep2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 4, .tensor_model_parallel_size = 2, .expert_model_parallel_size = 2},
+     .note = NOTE_TP "; TP 2 x Da 2 = EP 2 x De 2 (the shared expert TP-split inside the EP executor)"},
+    {.name = "tp2-sp-cp2-etp2-ep2", .preset = TINY, .kind = LAYOUT, .tier = Q,
+     .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .context_parallel_size = 2,
+                .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 2, .sequence_parallel = 1},
+     .note = NOTE_TPCOMP "; TP 2 + SP x CP 2 x Da 2 = ETP 2 x EP 2 x De 2 (the shared expert TP-split)"},
     {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
      .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
      .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},

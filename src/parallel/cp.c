@@ -1,13 +1,17 @@
 /* parallel/cp.c - context parallelism for the V4 hybrid attention layer
  * (see parallel/cp.h and docs/parallel.md, "Context parallelism").
  *
- * Coordinates.  A rank works on rows*S tokens in ROW coordinates (token
- * b*S + t is position t of row b), so the kernels' phase functions run with
- * query/key ranges exactly as in the serial layer.  For row b, this rank's
- * local rows are [l0, l1) = [r*L, (r+1)*L) and its halo [h0, l0),
- * h0 = l0 - Dh.  Per-token saved arrays are filled on [h0, l1) (q only on
- * [l0, l1): halo queries are not this rank's); entries (cmp, icmp) on the
- * whole row after the all-gather; everything else stays zero (sel: -1).
+ * Coordinates.  For row b, this rank's local rows are [l0, l1) = [r*L,
+ * (r+1)*L) and its halo [h0, l0), h0 = l0 - Dh; [h0, l1) are its W_ = Dh + L
+ * working rows.  Per-token saved arrays and the backward's scratch hold the
+ * working rows only, in WINDOW coordinates (window row t' is row position
+ * h0 + t'); q is zero on the halo (halo queries are not this rank's), o,
+ * lse, r are written on the local rows, sel is -1 elsewhere.  The entries
+ * (ecmp, eicmp; the backward's dcmp) are token-indexed over the whole row
+ * (ROW coordinates), filled by the all-gather.  The kernels run on one row
+ * at a time through row_view: window arrays at the row's window, entry
+ * arrays at row position h0 of the row, so a query's entries back to its
+ * sample start (window index down to -h0) lie inside the entry array.
  */
 #include "parallel/cp.h"
 
@@ -66,6 +70,7 @@ void PAR_FN(par_cp_attn_saved_free)(PAR_FN(par_cp_attn_saved) *sv)
     if (!sv)
         return;
     par_free(sv->buf);
+    par_free(sv->ebuf);
     par_free(sv->xw);
     par_free(sv->pos);
     par_free(sv->kbuf);
@@ -75,44 +80,73 @@ void PAR_FN(par_cp_attn_saved_free)(PAR_FN(par_cp_attn_saved) *sv)
 /* ------------------------------------------------------------------------ */
 /* helpers                                                                   */
 
+/* The saved struct's arrays (kernels/attention.h): X(field, type, width,
+ * present, window): window 0 for the entries, which live in ebuf. */
+#define CP_SAVED_FIELDS(X)                                           \
+    X(qa, par_real, ql, 1, 1) X(qa_rstd, par_real, 1, 1, 1)          \
+    X(qr, par_real, ql, 1, 1) X(qb, par_real, H * hd, 1, 1)          \
+    X(q_rstd, par_real, H, 1, 1) X(q, par_real, H * hd, 1, 1)        \
+    X(kva, par_real, hd, 1, 1) X(kv_rstd, par_real, 1, 1, 1)         \
+    X(kv, par_real, hd, 1, 1) X(ca, par_real, coff * hd, m > 0, 1)   \
+    X(cz, par_real, coff * hd, m > 0, 1)                             \
+    X(cmp_raw, par_real, hd, m > 0, 1) X(cmp_rstd, par_real, 1, m > 0, 1) \
+    X(cmp, par_real, hd, m > 0, 0) X(iq, par_real, iH * ihd, m == 4, 1) \
+    X(iw, par_real, iH, m == 4, 1) X(ica, par_real, 2 * ihd, m == 4, 1) \
+    X(icz, par_real, 2 * ihd, m == 4, 1)                             \
+    X(icmp_raw, par_real, ihd, m == 4, 1) X(icmp_rstd, par_real, 1, m == 4, 1) \
+    X(icmp, par_real, ihd, m == 4, 0) X(sel, int32_t, dm->topk, m == 4, 1) \
+    X(o, par_real, H * hd, 1, 1) X(lse, par_real, H, 1, 1) X(r, par_real, GL, 1, 1)
+
+#define CP_SAVED_DIMS(dm)                                                                           \
+    const int64_t H = (dm)->H, hd = (dm)->hd, ql = (dm)->q_lora, m = (dm)->m, coff = m == 4 ? 2 : 1; \
+    const int64_t iH = (dm)->iH, ihd = (dm)->ihd, GL = (dm)->o_groups * (dm)->o_lora;              \
+    (void)H, (void)hd, (void)ql, (void)coff, (void)iH, (void)ihd, (void)GL
+
+/* The window arrays of a saved struct for T working rows, 64-byte aligned
+ * pieces as attention.c's saved_layout (cmp, icmp left NULL); with buf NULL
+ * it only counts bytes. */
+static size_t window_layout(PAR_FN(par_attn_saved) *s, char *buf, const par_attn_dims *dm, int64_t T)
+{
+    CP_SAVED_DIMS(dm);
+    size_t off = 0;
+    if (buf)
+        memset(s, 0, sizeof *s);
+#define CARVE(field, type, width, present, window)                                   \
+    if ((present) && (window)) {                                                      \
+        if (buf)                                                                      \
+            s->field = (type *)(void *)(buf + off);                                   \
+        off += ((size_t)(T * (int64_t)(width)) * sizeof(type) + 63) & ~(size_t)63;    \
+    }
+    CP_SAVED_FIELDS(CARVE)
+#undef CARVE
+    return off;
+}
+
 /* dst = src with every array advanced by `off` tokens. */
 static void saved_shift(PAR_FN(par_attn_saved) *dst, const PAR_FN(par_attn_saved) *src,
                         int64_t off, const par_attn_dims *dm)
 {
-    const int64_t H = dm->H, hd = dm->hd, ql = dm->q_lora, coff = dm->m == 4 ? 2 : 1;
-    const int64_t iH = dm->iH, ihd = dm->ihd, GL = dm->o_groups * dm->o_lora;
+    CP_SAVED_DIMS(dm);
     *dst = *src;
-#define SHIFT(field, width)                                 \
-    do {                                                    \
-        if (src->field)                                     \
-            dst->field = src->field + off * (int64_t)(width); \
-    } while (0)
-    SHIFT(qa, ql);
-    SHIFT(qa_rstd, 1);
-    SHIFT(qr, ql);
-    SHIFT(qb, H * hd);
-    SHIFT(q_rstd, H);
-    SHIFT(q, H * hd);
-    SHIFT(kva, hd);
-    SHIFT(kv_rstd, 1);
-    SHIFT(kv, hd);
-    SHIFT(ca, coff * hd);
-    SHIFT(cz, coff * hd);
-    SHIFT(cmp_raw, hd);
-    SHIFT(cmp_rstd, 1);
-    SHIFT(cmp, hd);
-    SHIFT(iq, iH * ihd);
-    SHIFT(iw, iH);
-    SHIFT(ica, 2 * ihd);
-    SHIFT(icz, 2 * ihd);
-    SHIFT(icmp_raw, ihd);
-    SHIFT(icmp_rstd, 1);
-    SHIFT(icmp, ihd);
-    SHIFT(sel, dm->topk);
-    SHIFT(o, H * hd);
-    SHIFT(lse, H);
-    SHIFT(r, GL);
+#define SHIFT(field, type, width, present, window)            \
+    if (src->field)                                           \
+        dst->field = src->field + off * (int64_t)(width);
+    CP_SAVED_FIELDS(SHIFT)
 #undef SHIFT
+}
+
+/* Row b's view for the kernels (window coordinates): the window arrays at
+ * the row's working rows, the entries at row position h0 of the row (inside
+ * ecmp / eicmp); returns the positions from h0. */
+static const int32_t *row_view(PAR_FN(par_attn_saved) *sh, const PAR_FN(par_cp_attn_saved) *sv, int64_t b)
+{
+    const int64_t W_ = sv->Dh + sv->L, at = b * sv->S + sv->rank * sv->L - sv->Dh;
+    saved_shift(sh, &sv->s, b * W_, &sv->dm);
+    if (sv->ecmp)
+        sh->cmp = sv->ecmp + at * sv->dm.hd;
+    if (sv->eicmp)
+        sh->icmp = sv->eicmp + at * sv->dm.ihd;
+    return sv->pos + at;
 }
 
 static int is_entry(int32_t p, int64_t m)
@@ -168,27 +202,33 @@ fail_wait:
 /* ------------------------------------------------------------------------ */
 /* forward                                                                   */
 
-/* The saved state of a forward over rows whole rows: its buffers (sel -1),
- * the positions, each row's local x at its working rows' offset Dh. */
+/* The saved state of a forward over `rows` rows: the window arrays (sel -1)
+ * and the rows' entries, the positions, each row's local x at its working
+ * rows' offset Dh. */
 static par_status saved_alloc(PAR_FN(par_cp_attn_saved) *sv, const par_real *x_local, /* [rows, L, d] */
                               const int32_t *pos_rows, /* [rows, S] */
                               const par_attn_dims *dm, int64_t rows, int64_t L, int64_t ncp, int64_t r,
                               int64_t D)
 {
-    const int64_t S = L * ncp, Dh = r > 0 ? D : 0, W_ = Dh + L, Tt = rows * S, d = dm->d;
+    const int64_t S = L * ncp, Dh = r > 0 ? D : 0, W_ = Dh + L, Tw = rows * W_, Tt = rows * S, d = dm->d;
+    const int64_t ne = dm->m > 0 ? dm->hd + (dm->m == 4 ? dm->ihd : 0) : 0; /* entry reals per token */
     memset(sv, 0, sizeof *sv);
     sv->rows = rows, sv->L = L, sv->S = S, sv->cp = ncp, sv->rank = r, sv->D = D, sv->Dh = Dh;
     sv->dm = *dm;
-    size_t sb = PAR_FN(par_attn_saved_bytes)(dm, Tt);
+    size_t sb = window_layout(NULL, NULL, dm, Tw);
     sv->buf = par_calloc(1, sb ? sb : 1, PAR_TAG_ACT);
-    sv->xw = par_malloc((size_t)(rows * W_ * d + 1) * sizeof(par_real), PAR_TAG_ACT);
+    sv->ebuf = ne ? par_calloc((size_t)(Tt * ne), sizeof(par_real), PAR_TAG_ACT) : NULL;
+    sv->xw = par_malloc((size_t)(Tw * d + 1) * sizeof(par_real), PAR_TAG_ACT);
     sv->pos = par_malloc((size_t)(Tt + 1) * sizeof(int32_t), PAR_TAG_ACT);
-    if (!sv->buf || !sv->xw || !sv->pos)
-        return par_err(PAR_ENOMEM, "context parallel attention: saved state of %zu bytes", sb);
-    PAR_FN(par_attn_saved_carve)(&sv->s, sv->buf, dm, Tt);
+    if (!sv->buf || (ne && !sv->ebuf) || !sv->xw || !sv->pos)
+        return par_err(PAR_ENOMEM, "context parallel attention: saved state of %zu + %zu bytes", sb,
+                       (size_t)(Tt * ne) * sizeof(par_real));
+    window_layout(&sv->s, sv->buf, dm, Tw);
+    sv->ecmp = ne ? sv->ebuf : NULL;
+    sv->eicmp = dm->m == 4 ? sv->ecmp + Tt * dm->hd : NULL;
     memcpy(sv->pos, pos_rows, (size_t)Tt * sizeof(int32_t));
     if (dm->m == 4)
-        memset(sv->s.sel, 0xff, (size_t)(Tt * dm->topk) * sizeof(int32_t)); /* -1 */
+        memset(sv->s.sel, 0xff, (size_t)(Tw * dm->topk) * sizeof(int32_t)); /* -1 */
     for (int64_t b = 0; b < rows; b++)
         memcpy(sv->xw + (b * W_ + Dh) * d, x_local + b * L * d, (size_t)(L * d) * sizeof(par_real));
     return PAR_OK;
@@ -234,13 +274,12 @@ static par_status halo_forward(PAR_FN(par_cp_attn_saved) *sv, const par_real *x_
 static void local_projections(PAR_FN(par_cp_attn_saved) *sv, const PAR_FN(par_attn_weights) *W)
 {
     const par_attn_dims *dm = &sv->dm;
-    const int64_t rows = sv->rows, S = sv->S, Dh = sv->Dh, W_ = Dh + sv->L, d = dm->d, m = dm->m;
-    const int64_t l0 = sv->rank * sv->L, l1 = l0 + sv->L, h0 = l0 - Dh, HD = dm->H * dm->hd;
-    const int64_t ihd = m == 4 ? dm->ihd : 0;
+    const int64_t rows = sv->rows, Dh = sv->Dh, W_ = Dh + sv->L, d = dm->d, m = dm->m;
+    const int64_t HD = dm->H * dm->hd, ihd = m == 4 ? dm->ihd : 0;
     for (int64_t b = 0; b < rows; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * S + h0, dm);
-        PAR_FN(par_attn_proj_forward)(&sh, sv->xw + b * W_ * d, sv->pos + b * S + h0, W, dm, W_);
+        const int32_t *pb = row_view(&sh, sv, b);
+        PAR_FN(par_attn_proj_forward)(&sh, sv->xw + b * W_ * d, pb, W, dm, W_);
         memset(sh.q, 0, (size_t)(Dh * HD) * sizeof(par_real));
         if (sv->tp.comm && m == 4) { /* TP: the indexer weights with the layer's scale (tp_attn.c project) */
             PAR_FN(par_linear_forward)(sh.iw, sv->xw + b * W_ * d, W->idx_weights_proj, W_, d, dm->iH);
@@ -251,13 +290,12 @@ static void local_projections(PAR_FN(par_cp_attn_saved) *sv, const PAR_FN(par_at
     }
     for (int64_t b = 0; b < rows && m > 0; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * S, dm);
-        const int32_t *pb = sv->pos + b * S;
+        const int32_t *pb = row_view(&sh, sv, b);
         PAR_FN(par_compress_forward)(sh.cmp, sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, pb, W->cmp_norm, dm->rope,
-                                     l0, l1, dm->hd, m, dm->norm_eps);
+                                     Dh, W_, dm->hd, m, dm->norm_eps);
         if (m == 4)
             PAR_FN(par_compress_forward)(sh.icmp, sh.icmp_raw, sh.icmp_rstd, sh.ica, sh.icz, pb,
-                                         W->idx_cmp_norm, dm->rope, l0, l1, ihd, 4, dm->norm_eps);
+                                         W->idx_cmp_norm, dm->rope, Dh, W_, ihd, 4, dm->norm_eps);
     }
 }
 
@@ -272,13 +310,13 @@ static void entries_copy(PAR_FN(par_cp_attn_saved) *sv, par_real *buf, int64_t q
             if (!is_entry(sv->pos[t], m))
                 continue;
             if (to_buf) {
-                memcpy(buf, sv->s.cmp + t * hd, (size_t)hd * sizeof(par_real));
+                memcpy(buf, sv->ecmp + t * hd, (size_t)hd * sizeof(par_real));
                 if (ihd)
-                    memcpy(buf + hd, sv->s.icmp + t * ihd, (size_t)ihd * sizeof(par_real));
+                    memcpy(buf + hd, sv->eicmp + t * ihd, (size_t)ihd * sizeof(par_real));
             } else {
-                memcpy(sv->s.cmp + t * hd, buf, (size_t)hd * sizeof(par_real));
+                memcpy(sv->ecmp + t * hd, buf, (size_t)hd * sizeof(par_real));
                 if (ihd)
-                    memcpy(sv->s.icmp + t * ihd, buf + hd, (size_t)ihd * sizeof(par_real));
+                    memcpy(sv->eicmp + t * ihd, buf + hd, (size_t)ihd * sizeof(par_real));
             }
             buf += ew;
         }
@@ -358,25 +396,24 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
                                 const PAR_FN(par_attn_weights) *W)
 {
     const par_attn_dims *dm = &sv->dm;
-    const int64_t S = sv->S, L = sv->L, d = dm->d, HD = dm->H * dm->hd, GL = dm->o_groups * dm->o_lora;
-    const int64_t l0 = sv->rank * L, l1 = l0 + L;
+    const int64_t L = sv->L, d = dm->d, HD = dm->H * dm->hd, GL = dm->o_groups * dm->o_lora;
+    const int64_t Dh = sv->Dh, W_ = Dh + L; /* the local queries: window rows [Dh, W_) */
     par_status st;
     for (int64_t b = 0; b < sv->rows; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * S, dm);
-        const int32_t *pb = sv->pos + b * S;
+        const int32_t *pb = row_view(&sh, sv, b);
         if (dm->m == 4) {
-            if ((st = sv->tp.comm ? tp_select(sv, &sh, pb, l0, l1)
-                                  : PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, l0, l1)))
+            if ((st = sv->tp.comm ? tp_select(sv, &sh, pb, Dh, W_)
+                                  : PAR_FN(par_indexer_select)(sh.sel, sh.iq, sh.iw, sh.icmp, pb, dm, Dh, W_)))
                 return st;
             if (selected_local)
-                memcpy(selected_local + b * L * dm->topk, sh.sel + l0 * dm->topk,
+                memcpy(selected_local + b * L * dm->topk, sh.sel + Dh * dm->topk,
                        (size_t)(L * dm->topk) * sizeof(int32_t));
         }
         if ((st = PAR_FN(par_attn_core_forward)(sh.o, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, W->attn_sink, dm,
-                                                l0, l1)))
+                                                Dh, W_)))
             return st;
-        PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + l0 * GL, sh.o + l0 * HD, W->wo_a, W->wo_b, dm,
+        PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, W->wo_b, dm,
                                      L);
     }
     return sv->tp.comm ? PAR_FN(par_tpr_sum)(&sv->tp, y_local, (size_t)(sv->rows * L * d)) : PAR_OK;
@@ -451,17 +488,18 @@ fail_free_saved:
 /* ------------------------------------------------------------------------ */
 /* backward                                                                  */
 
-/* The backward's scratch in row coordinates (docs/parallel.md): dO, dop,
- * dq [Tt, HD]; Dd [Tt, H]; dkv, dcmp [Tt, hd]; dca, dcz [Tt, nc]; dxw
- * [rows, W_, d]. */
+/* The backward's scratch (docs/parallel.md): dO, dop, dq [rows, W_, HD];
+ * Dd [rows, W_, H]; dkv [rows, W_, hd]; dca, dcz [rows, W_, nc]; dxw
+ * [rows, W_, d] in window coordinates; dcmp [rows, S, hd] in row
+ * coordinates (the entries of the whole row; m > 0). */
 typedef struct {
     void *buf;
     par_real *dO, *dop, *dq, *Dd, *dkv, *dcmp, *dca, *dcz, *dxw;
 } bwd_scratch;
 
-/* Sizes of one saved forward. */
+/* Sizes of one saved forward (Tw = rows * W_ working rows, Tt = rows * S). */
 typedef struct {
-    int64_t rows, L, S, D, Dh, d, m, H, hd, HD, nc, GL, W_, l0, l1, h0, Tt, r, ncp;
+    int64_t rows, L, S, D, Dh, d, m, H, hd, HD, nc, GL, W_, l0, l1, h0, Tw, Tt, r, ncp;
 } cp_geom;
 
 static cp_geom geom_of(const PAR_FN(par_cp_attn_saved) *sv)
@@ -476,57 +514,90 @@ static cp_geom geom_of(const PAR_FN(par_cp_attn_saved) *sv)
     g.l0 = g.r * g.L;
     g.l1 = g.l0 + g.L;
     g.h0 = g.l0 - g.Dh;
+    g.Tw = g.rows * g.W_;
     g.Tt = g.rows * g.S;
     return g;
 }
 
 static par_status scratch_alloc(bwd_scratch *x, const cp_geom *g)
 {
-    size_t n = (size_t)(3 * g->Tt * g->HD + g->Tt * g->H + 2 * g->Tt * g->hd + 2 * g->Tt * g->nc +
-                        g->rows * g->W_ * g->d);
+    const int64_t Tw = g->Tw, Te = g->m > 0 ? g->Tt : 0;
+    size_t n = (size_t)(3 * Tw * g->HD + Tw * g->H + Tw * g->hd + Te * g->hd + 2 * Tw * g->nc + Tw * g->d);
     x->buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
     if (!x->buf)
         return par_err(PAR_ENOMEM, "context parallel attention backward: scratch of %zu reals", n);
     x->dO = x->buf;
-    x->dop = x->dO + g->Tt * g->HD;
-    x->dq = x->dop + g->Tt * g->HD;
-    x->Dd = x->dq + g->Tt * g->HD;
-    x->dkv = x->Dd + g->Tt * g->H;
-    x->dcmp = x->dkv + g->Tt * g->hd;
-    x->dca = x->dcmp + g->Tt * g->hd;
-    x->dcz = x->dca + g->Tt * g->nc;
-    x->dxw = x->dcz + g->Tt * g->nc;
+    x->dop = x->dO + Tw * g->HD;
+    x->dq = x->dop + Tw * g->HD;
+    x->Dd = x->dq + Tw * g->HD;
+    x->dkv = x->Dd + Tw * g->H;
+    x->dcmp = x->dkv + Tw * g->hd;
+    x->dca = x->dcmp + Te * g->hd;
+    x->dcz = x->dca + Tw * g->nc;
+    x->dxw = x->dcz + Tw * g->nc;
     return PAR_OK;
 }
 
-/* (5), (4): local queries; key gradients of halo + local kv rows and of the
+/* Key side of the entries of row b that lie before its working rows (rank
+ * r > 0, row positions j < h0): only the local queries of j's sample see
+ * them (every earlier query is zero and adds exact zeros).  The kernel runs
+ * a key's queries from the key's own row on, so each such entry gets a
+ * view of L + 1 rows: the entry, then the last halo row (a zero query, sel
+ * -1) and the local queries, with the positions of j's sample continued
+ * through the skipped rows; the additions are the serial ones in order. */
+static void entries_before_window(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x,
+                                  const PAR_FN(par_attn_saved) *sh, int64_t b, int32_t *pv /* [L + 1] */)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int32_t *pr = sv->pos + b * g->S;
+    const int64_t z = g->Dh - 1, w = b * g->W_; /* the view's first query row: the last halo row */
+    for (int64_t j = 0; j < g->h0; j++) {
+        const int32_t pj = pr[j];
+        if (!is_entry(pj, g->m) || pr[g->l0] != pj + (g->l0 - j)) /* no local query in j's sample */
+            continue;
+        pv[0] = pj;
+        for (int64_t k = 1; k <= g->L; k++)
+            pv[k] = (int32_t)(pr[g->l0 + k - 1] - (g->l0 - 1 - j));
+        const int64_t t = b * g->S + j;
+        PAR_FN(par_attn_core_backward_kv)(NULL, x->dcmp + t * g->hd, x->dop + (w + z) * g->HD,
+                                          x->Dd + (w + z) * g->H, sh->lse + z * g->H, sh->q + z * g->HD,
+                                          sh->kv + z * g->hd, sv->ecmp + t * g->hd,
+                                          sh->sel ? sh->sel + z * dm->topk : NULL, pv, dm, 0, 1, g->L + 1);
+    }
+}
+
+/* (5), (4): local queries; key gradients of the working kv rows and of the
  * entries of the row up to l1 (queries outside [l0, l1) have zero q, dop,
  * D, lse: they add exact zeros). */
 static par_status query_side(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x,
                              par_real *dsink, const par_real *dy_local, const PAR_FN(par_attn_weights) *W)
 {
     const par_attn_dims *dm = &sv->dm;
-    for (int64_t b = 0; b < g->rows; b++) {
+    int32_t *pv = g->m > 0 && g->h0 > 0 ? par_malloc((size_t)(g->L + 1) * sizeof(int32_t), PAR_TAG_ACT) : NULL;
+    if (g->m > 0 && g->h0 > 0 && !pv)
+        return par_err(PAR_ENOMEM, "context parallel attention backward: %lld positions", LL(g->L + 1));
+    par_status st = PAR_OK;
+    for (int64_t b = 0; b < g->rows && !st; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * g->S, dm);
-        const int32_t *pb = sv->pos + b * g->S;
-        const int64_t o = b * g->S;
-        par_status st;
-        if ((st = PAR_FN(par_attn_out_backward)(x->dO + (o + g->l0) * g->HD, NULL, NULL, dy_local + b * g->L * g->d,
-                                                sh.r + g->l0 * g->GL, sh.o + g->l0 * g->HD, W->wo_a, W->wo_b, dm,
-                                                g->L)))
-            return st;
-        if ((st = PAR_FN(par_attn_core_backward_q)(x->dq + o * g->HD, dsink, x->dop + o * g->HD, x->Dd + o * g->H,
-                                                   x->dO + o * g->HD, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb,
-                                                   W->attn_sink, dm, g->l0, g->l1)))
-            return st;
-        PAR_FN(par_attn_core_backward_kv)(x->dkv + o * g->hd, NULL, x->dop + o * g->HD, x->Dd + o * g->H, sh.lse,
-                                          sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, g->h0, g->l1, g->l1);
-        if (g->m > 0)
-            PAR_FN(par_attn_core_backward_kv)(NULL, x->dcmp + o * g->hd, x->dop + o * g->HD, x->Dd + o * g->H,
-                                              sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, g->l1, g->l1);
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_, Dh = g->Dh, W_ = g->W_;
+        if ((st = PAR_FN(par_attn_out_backward)(x->dO + (w + Dh) * g->HD, NULL, NULL, dy_local + b * g->L * g->d,
+                                                sh.r + Dh * g->GL, sh.o + Dh * g->HD, W->wo_a, W->wo_b, dm, g->L)) ||
+            (st = PAR_FN(par_attn_core_backward_q)(x->dq + w * g->HD, dsink, x->dop + w * g->HD, x->Dd + w * g->H,
+                                                   x->dO + w * g->HD, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb,
+                                                   W->attn_sink, dm, Dh, W_)))
+            break;
+        PAR_FN(par_attn_core_backward_kv)(x->dkv + w * g->hd, NULL, x->dop + w * g->HD, x->Dd + w * g->H, sh.lse,
+                                          sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, W_, W_);
+        if (g->m > 0) {
+            PAR_FN(par_attn_core_backward_kv)(NULL, x->dcmp + (b * g->S + g->h0) * g->hd, x->dop + w * g->HD,
+                                              x->Dd + w * g->H, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, dm, 0, W_,
+                                              W_);
+            entries_before_window(sv, g, x, &sh, b, pv);
+        }
     }
-    return PAR_OK;
+    par_free(pv);
+    return st;
 }
 
 /* Entry gradients to their owners: block q of the reduce-scatter holds the
@@ -574,12 +645,12 @@ static par_status entries_to_owners(const PAR_FN(par_cp_attn_saved) *sv, const c
     return st;
 }
 
-/* Copies rows [o+h0, o+l1) of the row-coordinate array a (width w) of every
- * row into k ([rows, W_, w]). */
-static void keep_window(par_real *k, const par_real *a, int64_t w, const cp_geom *g)
+/* Copies the working rows of every row of a (width w; rows of `stride`
+ * tokens, the working rows from `first`) into k ([rows, W_, w]). */
+static void keep_window(par_real *k, const par_real *a, int64_t w, int64_t stride, int64_t first, const cp_geom *g)
 {
     for (int64_t b = 0; b < g->rows; b++)
-        memcpy(k + b * g->W_ * w, a + (b * g->S + g->h0) * w, (size_t)(g->W_ * w) * sizeof(par_real));
+        memcpy(k + b * g->W_ * w, a + (b * stride + first) * w, (size_t)(g->W_ * w) * sizeof(par_real));
 }
 
 static par_status keep_alloc(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g)
@@ -606,30 +677,30 @@ static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd
     par_status st;
     for (int64_t b = 0; b < g->rows && g->m > 0; b++) {
         PAR_FN(par_attn_saved) sh;
-        const int64_t o = b * g->S;
-        saved_shift(&sh, &sv->s, o, dm);
-        if ((st = PAR_FN(par_compress_backward)(x->dca + o * g->nc, x->dcz + o * g->nc, NULL, x->dcmp + o * g->hd,
-                                                sh.cmp_raw, sh.cmp_rstd, sh.ca, sh.cz, sv->pos + o, W->cmp_norm,
-                                                dm->rope, g->l0, g->l1, g->hd, g->m)))
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_;
+        if ((st = PAR_FN(par_compress_backward)(x->dca + w * g->nc, x->dcz + w * g->nc, NULL,
+                                                x->dcmp + (b * g->S + g->h0) * g->hd, sh.cmp_raw, sh.cmp_rstd, sh.ca,
+                                                sh.cz, pb, W->cmp_norm, dm->rope, g->Dh, g->W_, g->hd, g->m)))
             return st;
     }
     if ((st = keep_alloc(sv, g)))
         return st;
-    keep_window(sv->kq, x->dq, g->HD, g);
-    keep_window(sv->kkv, x->dkv, g->hd, g);
+    keep_window(sv->kq, x->dq, g->HD, g->W_, 0, g);
+    keep_window(sv->kkv, x->dkv, g->hd, g->W_, 0, g);
     if (g->m > 0) {
-        keep_window(sv->kcmp, x->dcmp, g->hd, g);
-        keep_window(sv->kca, x->dca, g->nc, g);
-        keep_window(sv->kcz, x->dcz, g->nc, g);
+        keep_window(sv->kcmp, x->dcmp, g->hd, g->S, g->h0, g);
+        keep_window(sv->kca, x->dca, g->nc, g->W_, 0, g);
+        keep_window(sv->kcz, x->dcz, g->nc, g->W_, 0, g);
     }
     for (int64_t b = 0; b < g->rows && want_dx; b++) {
         PAR_FN(par_attn_saved) sh;
-        const int64_t o = b * g->S + g->h0;
-        saved_shift(&sh, &sv->s, o, dm);
-        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + b * g->W_ * g->d, NULL, x->dq + o * g->HD,
-                                                 x->dkv + o * g->hd, g->m > 0 ? x->dca + o * g->nc : NULL,
-                                                 g->m > 0 ? x->dcz + o * g->nc : NULL, &sh, sv->xw + b * g->W_ * g->d,
-                                                 sv->pos + o, W, dm, g->W_)))
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_;
+        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + w * g->d, NULL, x->dq + w * g->HD, x->dkv + w * g->hd,
+                                                 g->m > 0 ? x->dca + w * g->nc : NULL,
+                                                 g->m > 0 ? x->dcz + w * g->nc : NULL, &sh, sv->xw + w * g->d, pb, W,
+                                                 dm, g->W_)))
             return st;
     }
     return PAR_OK;
@@ -727,22 +798,21 @@ par_status PAR_FN(par_cp_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, co
     gw.attn_sink = NULL; /* the input half's */
     for (int64_t b = 0; b < g.rows && !st; b++) {
         PAR_FN(par_attn_saved) sh;
-        saved_shift(&sh, &sv->s, b * g.S, dm);
-        st = PAR_FN(par_attn_out_backward)(NULL, gw.wo_a, gw.wo_b, dy_local + b * g.L * g.d, sh.r + g.l0 * g.GL,
-                                           sh.o + g.l0 * g.HD, W->wo_a, W->wo_b, dm, g.L);
+        row_view(&sh, sv, b);
+        st = PAR_FN(par_attn_out_backward)(NULL, gw.wo_a, gw.wo_b, dy_local + b * g.L * g.d, sh.r + g.Dh * g.GL,
+                                           sh.o + g.Dh * g.HD, W->wo_a, W->wo_b, dm, g.L);
     }
     for (int64_t b = 0; b < g.rows && !st; b++) {
         PAR_FN(par_attn_saved) sh;
-        const int64_t o = b * g.S + g.h0, k = b * g.W_;
-        saved_shift(&sh, &sv->s, o, dm);
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t k = b * g.W_;
         if (g.m > 0 && gw.cmp_norm &&
             (st = PAR_FN(par_compress_backward)(NULL, NULL, gw.cmp_norm, sv->kcmp + k * g.hd, sh.cmp_raw, sh.cmp_rstd,
-                                                sh.ca, sh.cz, sv->pos + o, W->cmp_norm, dm->rope, g.Dh, g.W_, g.hd,
-                                                g.m)))
+                                                sh.ca, sh.cz, pb, W->cmp_norm, dm->rope, g.Dh, g.W_, g.hd, g.m)))
             break;
         st = PAR_FN(par_attn_proj_backward)(NULL, &gw, sv->kq + k * g.HD, sv->kkv + k * g.hd,
                                             g.m > 0 ? sv->kca + k * g.nc : NULL, g.m > 0 ? sv->kcz + k * g.nc : NULL,
-                                            &sh, sv->xw + b * g.W_ * g.d, sv->pos + o, W, dm, g.W_);
+                                            &sh, sv->xw + k * g.d, pb, W, dm, g.W_);
     }
     par_free(sv->kbuf);
     sv->kbuf = NULL;

@@ -62,16 +62,26 @@ int64_t PAR_FN(par_cp_layer_halo)(const par_attn_dims *dm);
  * model's (par_layout_d_window) or one layer's (par_cp_layer_halo). */
 par_status PAR_FN(par_cp_check)(int64_t S, int64_t cp, int64_t d_window);
 
-/* What the forward keeps for the backward.  Everything lives in ROW
- * coordinates (token b*S + t of row b) so that the kernels' phase functions
- * run unchanged on query ranges; per-token arrays are filled only on halo +
- * local rows, entries on the whole row. */
+/* What the forward keeps for the backward, sized by what this rank works
+ * on (docs/parallel.md, "Context parallelism: the rank's state").  Row b's
+ * working rows are [h0, l1) = halo + local (W_ = Dh + L of them, h0 =
+ * r*L - Dh): every per-token array of `s` holds them, WINDOW coordinates
+ * ([rows, W_, ...], window row 0 = row position h0; q, o, lse, r, sel are
+ * written on the local rows only, zero / -1 on the halo).  The compressed
+ * entries (cmp, icmp) are the whole row's after the all-gather and stay in
+ * ROW coordinates ([rows, S, c], entry i of a sample at its block's last
+ * token, as kernels/attention.h): s.cmp and s.icmp are NULL; a row's view
+ * for the kernels points them at row position h0 of ecmp / eicmp, so the
+ * kernels' window indices reach back to the row's start inside the array. */
 typedef struct {
     int64_t rows, L, S, cp, rank;
     int64_t D;         /* layer halo (par_cp_layer_halo)                    */
     int64_t Dh;        /* halo rows this rank holds: D for rank > 0, else 0 */
     par_attn_dims dm;  /* copy (dm.rope is the caller's, must outlive this) */
-    PAR_FN(par_attn_saved) s; /* [rows*S] tokens, row coordinates          */
+    PAR_FN(par_attn_saved) s; /* [rows, W_] tokens, window coordinates      */
+    par_real *ecmp;    /* [rows, S, hd] entries (m > 0, else NULL)           */
+    par_real *eicmp;   /* [rows, S, ihd] indexer entries (m == 4, else NULL) */
+    void *ebuf;        /* owns ecmp, eicmp                                  */
     par_real *xw;      /* [rows, Dh+L, d]: halo then local x of each row    */
     int32_t *pos;      /* [rows*S]: positions of the whole rows             */
     void *buf;         /* owns s's arrays                                   */

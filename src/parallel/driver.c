@@ -44,6 +44,7 @@ typedef struct {
     int64_t *load_acc;        /* [n_blocks, E] global loads summed over steps */
     int64_t *rank_ctr;        /* [N, 6] ep counters + local floats of each rank */
     int64_t *cp_ctr;          /* [N, 4] cp attention bytes of each rank (par_cp_traffic) */
+    int64_t sh_ctr[2];        /* the shared expert's units and TP bytes, summed over ranks */
     int64_t *ep_tier;         /* [N, 4] ep bytes: dispatch nvlink, ib, combine nvlink, ib */
     double *ep_time;          /* [N, 2] ep emulated dispatch, combine seconds */
     int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dp_step.h) */
@@ -226,7 +227,7 @@ static par_status rank_step(shared *R, rank_state *S, int64_t k)
 
 /* One rank's report record: the counters, memory and allocator peaks of
  * rank_report, as 64-bit words (the two timings are doubles). */
-#define REPORT_WORDS (6 + 4 + 2 + 4 + PAR_RUN_MEM + 2 * PAR_TAG_COUNT)
+#define REPORT_WORDS (6 + 4 + 2 + 4 + PAR_RUN_MEM + 2 * PAR_TAG_COUNT + 2)
 #define REPORT_TAG 7401
 
 /* Rank 0 unpacks world rank r's record into the shared tables. */
@@ -238,6 +239,8 @@ static void report_put(shared *R, int r, const int64_t *w)
     memcpy(R->cp_ctr + (size_t)r * 4, w + 12, 4 * sizeof *w);
     memcpy(R->mem + (size_t)r * PAR_RUN_MEM, w + 16, PAR_RUN_MEM * sizeof *w);
     memcpy(R->apeak + (size_t)r * 2 * PAR_TAG_COUNT, w + 16 + PAR_RUN_MEM, 2 * PAR_TAG_COUNT * sizeof *w);
+    R->sh_ctr[0] += w[REPORT_WORDS - 2];
+    R->sh_ctr[1] += w[REPORT_WORDS - 1];
 }
 
 /* Every rank's record to rank 0, point to point: rank 0 receives them in
@@ -282,6 +285,10 @@ static par_status rank_report(shared *R, rank_state *S)
     par_alloc_scope_stats(S->ascope, &ast);
     memcpy(w + 16 + PAR_RUN_MEM, ast.peak, sizeof ast.peak);
     memcpy(w + 16 + PAR_RUN_MEM + PAR_TAG_COUNT, ast.res_peak, sizeof ast.res_peak);
+    par_tp_shared_stats sh;
+    PAR_FN(par_exec_shared_stats)(S->ex, &sh);
+    w[REPORT_WORDS - 2] = sh.units;
+    w[REPORT_WORDS - 1] = sh.bytes;
     return records_to_rank0(R, S->P.world, w);
 }
 
@@ -358,6 +365,8 @@ static void summarize_comm(const shared *R, par_run_summary *sum, int N)
         }
     }
     sum->a2a_calls = R->rank_ctr[4];
+    sum->shared_units = R->sh_ctr[0];
+    sum->shared_tp_bytes = R->sh_ctr[1];
     sum->recv_mean = N > 0 ? (double)rt / N : 0;
     sum->moe_dispatch = R->o->moe_dispatch;
     sum->ep_gpn = R->o->netmodel ? R->o->netmodel->gpus_per_node : 8;

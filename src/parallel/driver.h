@@ -118,6 +118,11 @@ typedef struct {
     int64_t cp_halo_bytes;    /* halo rows forward + their gradients backward */
     int64_t cp_gather_bytes;  /* compressed entries contributed to the all-gathers */
     int64_t cp_rs_bytes;      /* entry gradients put into the reduce-scatters */
+    /* the shared expert (parallel/tp.h par_tp_shared_stats), summed over
+     * ranks and steps: forward tokens x hidden units (TP-split: the step's
+     * tokens x moe_inter_dim per MoE block; whole on every TP rank: TP times
+     * that) and the bytes of its TP collectives */
+    int64_t shared_units, shared_tp_bytes;
     /* pipeline parallelism (PP > 1, parallel/executor.h): the schedule, its
      * microbatches, the dry run's bubble (F = 1, B = 2, W = 1) and, with an
      * emulated network, the bubble of world rank 0's pipeline measured on the

@@ -25,7 +25,9 @@ typedef struct {
     int64_t *eoff;         /* [El+1] first expert-major row of local expert l */
     par_real *xg, *rwg;    /* [nrecv, d], [nrecv] expert-major */
     par_real *g, *u, *h;   /* [nrecv, I] saved by the routed experts */
-    par_real *sg, *su, *sh; /* [T, I] saved by the shared expert */
+    par_real *sg, *su, *sh; /* [T, I] saved by the shared expert (run whole) */
+    PAR_FN(par_tp_mlp_saved) shs; /* the shared expert TP-split (par_ep_set_shared_tp): its saved forward */
+    PAR_FN(par_tp_mlp_shard) shw; /* and this TP rank's shard of it */
     /* hierarchical, sender side */
     int64_t n1s;           /* stage-1 records sent */
     size_t *h1cnt;         /* [EP] records to each relay */
@@ -65,6 +67,9 @@ struct PAR_FN(par_ep_s) {
     par_tp etp;            /* ETP inside EP (comm NULL: off; par_ep_set_etp) */
     par_tp_traffic etr;
     uint8_t *tpdup;        /* [EP] EP rank j has tp > 0: its rows are TP copies (NULL: none; par_ep_set_tp) */
+    par_tp shtp;           /* the shared expert's TP group (comm NULL: whole; par_ep_set_shared_tp) */
+    par_tp_traffic shtr;
+    int64_t sh_units;      /* the shared expert's forward tokens x hidden units (par_tp_shared_stats) */
 };
 
 
@@ -112,6 +117,13 @@ par_status PAR_FN(par__ep_etp_backward)(ep_t *x, blk_state *S, PAR_FN(par_model)
  * > 0 (rids as the dispatch returned them, S->rpos set); zero their dy rows
  * in S->dyg before the weight pass. */
 par_status PAR_FN(par__ep_tp_mark)(ep_t *x, blk_state *S, const int32_t *rids);
+/* The TP shared expert (ep_tp.c, par_ep_set_shared_tp): ysh [T, d] for the
+ * rank's T tokens (x_in [T, d]); backward dxs [T, d] += its input gradient
+ * and the shard's weight gradients into this TP rank's block of M->grads. */
+par_status PAR_FN(par__ep_shared_forward)(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b, par_real *ysh,
+                                          const par_real *x_in, int64_t T);
+par_status PAR_FN(par__ep_shared_backward)(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b, par_real *dxs,
+                                           const par_real *dy);
 void PAR_FN(par__ep_tp_mask_dy)(blk_state *S, int64_t d);
 
 #endif

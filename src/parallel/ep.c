@@ -147,7 +147,10 @@ static par_status combine_forward(ep_t *x, blk_state *S, const PAR_FN(par_model)
         x->cnt.combine_s += par_comm_vclock(x->c) - t2;
     const par_real *sw[3];
     int shared = shared_of(M, b, sw);
-    if (!s && shared) {
+    if (!s && shared && x->shtp.comm) /* the TP shared expert (ep_tp.c) */
+        s = PAR_FN(par__ep_shared_forward)(x, S, M, b, ysh, x_in, T);
+    else if (!s && shared) {
+        x->sh_units += T * I;
         S->sg = xalloc((size_t)(T * I), sizeof *S->sg);
         S->su = xalloc((size_t)(T * I), sizeof *S->su);
         S->sh = xalloc((size_t)(T * I), sizeof *S->sh);
@@ -273,7 +276,9 @@ static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
         x->cnt.combine_s += par_comm_vclock(x->c) - t2;
     const par_real *sw[3];
     int shared = shared_of(M, b, sw);
-    if (!s && shared)
+    if (!s && shared && x->shtp.comm) /* dx and the shard's weight gradients (ep_tp.c) */
+        s = PAR_FN(par__ep_shared_backward)(x, S, M, b, dxs, dy);
+    else if (!s && shared)
         s = PAR_FN(par_moe_expert_backward)(dxs, NULL, NULL, NULL, NULL, dy, x_in, NULL, sw[0], sw[1], sw[2], S->sg,
                                             S->su, S->sh, T, d, M->I, M->cfg.swiglu_limit);
     if (!s) {
@@ -320,7 +325,7 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     S->dyg = NULL;
     const par_block_params *bp = &M->tab.blocks[b];
     const par_real *sw[3];
-    if (!s && shared_of(M, b, sw))
+    if (!s && !x->shtp.comm && shared_of(M, b, sw)) /* the TP shared expert's: done in B */
         s = PAR_FN(par_moe_expert_backward)(NULL, PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1),
                                             PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2),
                                             PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3), NULL, dy, x_in, NULL,

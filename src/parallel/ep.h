@@ -51,6 +51,7 @@
 #include "kernels/real.h"
 #include "model/model.h"
 #include "parallel/costas.h"
+#include "parallel/tp.h"
 
 typedef struct PAR_FN(par_ep_s) PAR_FN(par_ep);
 
@@ -124,6 +125,20 @@ par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, i
  * weight pass leaves the rows of TP ranks > 0 out (dy zeroed), so the held
  * experts' gradients count every token once. */
 par_status PAR_FN(par_ep_set_tp)(PAR_FN(par_ep) *x, int tp_rank);
+/* The TP shared expert (parallel/ep_tp.c; Megatron-LM's shared expert is a
+ * TP MLP whatever EP is): the shared expert of every block runs column /
+ * row parallel over the TP group `tp` (not owned; parallel/tp_mlp.h) on
+ * this rank's tokens: without sp the TP ranks hold the same tokens and the
+ * partial output is all-reduced, with sp (--sequence-parallel) the rank's
+ * tokens are all-gathered over TP first and the output reduce-scattered.
+ * Its input pass (B) also writes the shard's weight gradients into this TP
+ * rank's block of the whole gradients (zeros elsewhere; the weight pass
+ * leaves it alone): par_reduce_tp_grads (PAR_TPG_SHARED) sums them over
+ * TP.  faults: parallel/tp.h's bits (PAR_TP_FAULT_SHARED_NO_REDUCE).  A
+ * group of one (or NULL) runs it whole.  Frees the per-block state. */
+par_status PAR_FN(par_ep_set_shared_tp)(PAR_FN(par_ep) *x, par_comm *tp, int sp, unsigned faults);
+/* The shared expert's work on this rank so far (parallel/tp.h). */
+void PAR_FN(par_ep_shared_stats)(const PAR_FN(par_ep) *x, par_tp_shared_stats *out);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
 
 #endif

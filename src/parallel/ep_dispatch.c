@@ -25,6 +25,8 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     par_free(S->sg);
     par_free(S->su);
     par_free(S->sh);
+    PAR_FN(par_tp_mlp_saved_free)(&S->shs);
+    PAR_FN(par_tp_mlp_shard_free)(&S->shw);
     par_free(S->h1cnt);
     par_free(S->h1back);
     par_free(S->h1t);

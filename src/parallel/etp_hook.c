@@ -16,6 +16,7 @@ typedef struct {
     const par_real **w;  /* [3, E] the slices */
     par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
     par_real *w2, *dw2;  /* [E, d, Il] each */
+    PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
     int used;
 } etp_slot;
 
@@ -25,6 +26,9 @@ struct PAR_FN(par_etp_hook_s) {
     int64_t d, I, Il;
     etp_slot *sl; /* [n_slots, nb] */
     par_tp_traffic tr;
+    par_tp shtp;          /* the shared expert's TP group (comm NULL: whole) */
+    par_tp_traffic shtr;
+    int64_t sh_units;
 };
 
 static void slot_free(etp_slot *q)
@@ -32,6 +36,7 @@ static void slot_free(etp_slot *q)
     PAR_FN(par_etp_moe_saved_free)(&q->sv);
     par_free(q->w);
     par_free(q->w2);
+    PAR_FN(par_tp_mlp_shard_free)(&q->shw);
     memset(q, 0, sizeof *q);
 }
 
@@ -67,6 +72,7 @@ static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, e
     return PAR_OK;
 }
 
+/* The routed slices and the shared expert: its TP shard (q->shw) or whole. */
 static void weights_of(const etp_slot *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
 {
     const par_block_params *bp = &M->tab.blocks[b];
@@ -74,6 +80,8 @@ static void weights_of(const etp_slot *q, PAR_FN(par_model) *M, int b, int E, PA
                                    .sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
                                    .sw2 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
                                    .sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3)};
+    if (q->shw.buf)
+        W->sw1 = q->shw.w1, W->sw2 = q->shw.w2, W->sw3 = q->shw.w3;
 }
 
 static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y,
@@ -89,11 +97,16 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     par_status s = slices(h, M, b, q);
     if (s)
         return s;
+    const par_tp *shtp = h->shtp.comm ? &h->shtp : NULL;
     PAR_FN(par_etp_weights) W;
     weights_of(q, M, b, h->E, &W);
+    if (shtp && (s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, W.sw1, W.sw2, W.sw3, h->d, h->I, shtp)))
+        return s;
+    weights_of(q, M, b, h->E, &W);
+    h->sh_units += (shtp && shtp->sp ? T * par_tp_size(shtp) : T) * (shtp ? q->shw.Il : h->I);
     q->used = 1;
     return PAR_FN(par_etp_moe_forward)(y, &q->sv, xin, idx, w, &W, T, h->d, h->E, (int)M->K, h->I,
-                                       M->cfg.swiglu_limit, &h->etp, NULL);
+                                       M->cfg.swiglu_limit, &h->etp, shtp);
 }
 
 /* B: dx, dw and every weight gradient in one pass (the w2 slices' wait for
@@ -115,7 +128,16 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                                .sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1),
                                .sw2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2),
                                .sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3)};
-    return PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->etp, NULL);
+    par_real *g2 = G.sw2;
+    const par_tp *shtp = q->shw.buf ? &h->shtp : NULL;
+    if (shtp) { /* the shard's gradients into this TP rank's block */
+        PAR_FN(par_tp_mlp_shard_grads)(&q->shw, G.sw1, G.sw3, &G.sw1, &G.sw3);
+        G.sw2 = q->shw.dw2;
+    }
+    par_status s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->etp, shtp);
+    if (!s && shtp)
+        PAR_FN(par_tp_mlp_shard_add_dw2)(&q->shw, g2);
+    return s;
 }
 
 /* W: the w2 slices' gradients into rank r's columns of the whole ones. */
@@ -164,6 +186,20 @@ par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp
     }
     *out = h;
     return PAR_OK;
+}
+
+void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults)
+{
+    const int P = tp ? par_comm_size(tp) : 1;
+    memset(&h->shtr, 0, sizeof h->shtr);
+    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+}
+
+void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out)
+{
+    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->shtr) : 0};
 }
 
 void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M)

@@ -9,7 +9,8 @@
  * I/ETP slice r of every routed expert (w1 / w3 rows, w2 columns), cut from
  * the whole weights it holds: the rows all-gathered over the group, every
  * slice on all of them, the partial outputs reduce-scattered back; the
- * shared expert whole on the rank's tokens.  The slices' gradients (complete
+ * shared expert on the rank's tokens, whole (TP = 1) or TP-split
+ * (par_etp_hook_set_shared_tp).  The slices' gradients (complete
  * for the group's rows) go into rank r's block of the experts' gradients,
  * zeros elsewhere; par_reduce_etp_grads (parallel/reduce.h) sums them over
  * the group once per step.  Every ETP rank holds and updates the whole
@@ -22,6 +23,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/tp.h"
 
 typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
 
@@ -32,6 +34,15 @@ typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
  * the TP group; outputs all-reduced). */
 par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
                                        int n_slots, int sp);
+/* The TP shared expert (TP > 1; parallel/tp_split.h par_tp_shared_expert_split):
+ * the shared expert column / row parallel over the TP group `tp` (not owned;
+ * parallel/tp_mlp.h) on the rank's tokens (sp: all-gathered over TP, the
+ * output reduce-scattered; else the output all-reduced), the shard's
+ * gradients into this TP rank's block of the whole ones (par_reduce_tp_grads,
+ * PAR_TPG_SHARED).  A group of one (or NULL) runs it whole (the default).
+ * faults: parallel/tp.h's bits.  Frees the kept state. */
+void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults);
+void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out);
 void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M);
 void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h); /* NULL is fine */
 

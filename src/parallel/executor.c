@@ -87,8 +87,10 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
 }
 
 /* Every TP layer under TP > 1, as Megatron-LM does (--tp-all-layers is a
- * no-op): the vocab-parallel embedding / head / CE and (EP = ETP = 1) the TP
- * shared expert; what the step's TP sum covers. */
+ * no-op): the vocab-parallel embedding / head / CE and the TP shared expert
+ * (par_tp_shared_expert_split: its own hook with EP = ETP = 1, inside the EP
+ * executor with EP > 1, inside the ETP hook with ETP > 1: etp_hooks); what
+ * the step's TP sum covers. */
 static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
 {
     const int sp = ex->lay->sequence_parallel;
@@ -101,12 +103,16 @@ static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
         return s;
     PAR_FN(par_tp_vocab_hook_install)(ex->tpvh, M);
     ex->tp_grads |= PAR_TPG_VOCAB;
-    if (ex->lay->ep > 1 || ex->lay->etp > 1)
+    if (!par_tp_shared_expert_split(ex->lay))
         return PAR_OK;
-    if ((s = PAR_FN(par_tp_moe_hook_create)(&ex->tpmh, ex->tpc, M, ex->m, sp)))
+    ex->tp_grads |= PAR_TPG_SHARED; /* the shard's blocks meet zeros over TP */
+    if (ex->ep)
+        return PAR_FN(par_ep_set_shared_tp)(ex->ep, ex->tpc, sp, ex->tp_faults);
+    if (ex->lay->etp > 1)
+        return PAR_OK; /* etp_hooks: the ETP hook runs it */
+    if ((s = PAR_FN(par_tp_moe_hook_create)(&ex->tpmh, ex->tpc, M, ex->m, sp, ex->tp_faults)))
         return s;
     PAR_FN(par_tp_moe_hook_install)(ex->tpmh, M);
-    ex->tp_grads |= PAR_TPG_SHARED;
     return PAR_OK;
 }
 
@@ -126,8 +132,11 @@ static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
             return s;
     } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m, esp)))
         return s;
-    else
+    else {
         PAR_FN(par_etp_hook_install)(ex->etph, M);
+        if (par_tp_shared_expert_split(ex->lay))
+            PAR_FN(par_etp_hook_set_shared_tp)(ex->etph, ex->tpc, ex->lay->sequence_parallel, ex->tp_faults);
+    }
     for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++)
         if (M->tab.p[i].expert >= 0)
             ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
@@ -551,6 +560,15 @@ void PAR_FN(par_exec_counters)(const PAR_FN(par_exec) *ex, par_ep_counters *ep, 
 {
     PAR_FN(par_ep_counters_get)(ex ? ex->ep : NULL, ep);
     PAR_FN(par_cp_hook_traffic)(ex ? ex->cph : NULL, cp);
+}
+
+void PAR_FN(par_exec_shared_stats)(const PAR_FN(par_exec) *ex, par_tp_shared_stats *out)
+{
+    par_tp_shared_stats a, b, c;
+    PAR_FN(par_tp_moe_hook_shared_stats)(ex ? ex->tpmh : NULL, &a);
+    PAR_FN(par_ep_shared_stats)(ex ? ex->ep : NULL, &b);
+    PAR_FN(par_etp_hook_shared_stats)(ex ? ex->etph : NULL, &c);
+    *out = (par_tp_shared_stats){.units = a.units + b.units + c.units, .bytes = a.bytes + b.bytes + c.bytes};
 }
 
 void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)

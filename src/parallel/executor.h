@@ -152,6 +152,10 @@ typedef struct {
 void PAR_FN(par_exec_info_get)(const PAR_FN(par_exec) *ex, par_exec_info *out);
 /* The hooks' counters (zeros without EP / CP). */
 void PAR_FN(par_exec_counters)(const PAR_FN(par_exec) *ex, par_ep_counters *ep, par_cp_traffic *cp);
+/* The shared expert's work on this rank (parallel/tp.h; TP-split when
+ * parallel/tp_split.h par_tp_shared_expert_split; zeros without a MoE hook
+ * that runs it: EP = ETP = TP = 1). */
+void PAR_FN(par_exec_shared_stats)(const PAR_FN(par_exec) *ex, par_tp_shared_stats *out);
 void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex); /* NULL is fine */
 
 #endif

@@ -9,6 +9,7 @@
 #include "parallel/groups.h"
 #include "parallel/mm_zero.h"
 #include "parallel/schedule.h"
+#include "parallel/tp_split.h"
 #include "parallel/zero_plan.h"
 
 /* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
@@ -136,7 +137,7 @@ static int tp_summed(const par_mm *mm, const par_param_table *t, int i)
         return 1;
     if (all && (i == t->top.embed || i == t->top.head))
         return 1;
-    return all && l->ep <= 1 && l->etp <= 1 && strstr(t->p[i].name, ".shared_experts.") != NULL;
+    return par_tp_shared_expert_split(l) && strstr(t->p[i].name, ".shared_experts.") != NULL; /* any EP, ETP */
 }
 
 /* The held entries of stage si as the two plans' lists (dense: expert < 0;
@@ -279,7 +280,8 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.es = mm->es_a;
     c.ep = mm->lay.ep;
     c.recv_factor = recv;
-    /* parity's cp.c keeps the attention state of whole rows; a GPU job keeps its local tokens' */
+    /* parity's cp.c keeps the attention state of its halo + local rows (and the rows' entries); a GPU
+     * job keeps its local tokens' */
     c.cp = mm->o.rt == PAR_MM_PARITY ? mm->lay.cp : 1;
     c.cp_rank = cp_rank;
     c.rows = rows;
@@ -293,6 +295,7 @@ static par_act_ctx act_ctx(const par_mm *mm, int64_t rows, int cp_rank, double r
     c.sp = tp && mm->lay.sequence_parallel ? mm->lay.tp : 1;
     c.vocab = mm->o.rt == PAR_MM_PARITY && all;
     c.tp_mlp = c.vocab && mm->lay.ep <= 1 && mm->lay.etp <= 1;
+    c.tp_shared = mm->o.rt == PAR_MM_PARITY && par_tp_shared_expert_split(&mm->lay);
     c.recompute = mm->o.rt == PAR_MM_MEGATRON && mm->o.recompute;
     c.gate_logits = mm->o.rt == PAR_MM_MEGATRON;
     return c;

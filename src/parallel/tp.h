@@ -32,6 +32,16 @@ typedef struct {
     int64_t muon;           /* Muon gather to the owner and scatter back            */
 } par_tp_traffic;
 
+/* The shared expert's work on one rank (accumulated over blocks, steps):
+ * units = tokens x hidden units of its forward (T x I/TP when it runs
+ * TP-split, T x I when whole), bytes = what its TP collectives handed to
+ * src/comm (forward and backward).  Summed over the ranks of a step, the
+ * split gives units = tokens x I per block, whatever the layout. */
+typedef struct {
+    int64_t units;
+    int64_t bytes;
+} par_tp_shared_stats;
+
 /* Deliberate bugs, for the fault demonstrations of tests and matrix cells
  * only (never set in a real run).  Each is the known bug class named. */
 enum {
@@ -44,6 +54,9 @@ enum {
     /* par_tp_muon_update orthogonalizes each rank's shard instead of the
      * whole logical matrix */
     PAR_TP_FAULT_MUON_SHARD = 1u << 2,
+    /* the TP shared expert's partial output is not summed over TP (each
+     * rank keeps its hidden units' share of y) */
+    PAR_TP_FAULT_SHARED_NO_REDUCE = 1u << 3,
 };
 
 /* A -Dfault=NAME build (tools/fault-demo.sh, docs/matrix.md) compiles one
@@ -55,6 +68,8 @@ enum {
 #define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_WKV_NO_REDUCE)
 #elif defined(PAR_FAULT_TP_MUON_SHARD)
 #define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_MUON_SHARD)
+#elif defined(PAR_FAULT_TP_SHARED_NO_REDUCE)
+#define PAR_TP_BUILD_FAULTS ((unsigned)PAR_TP_FAULT_SHARED_NO_REDUCE)
 #else
 #define PAR_TP_BUILD_FAULTS 0u
 #endif

@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "kernels/moe.h"
 #include "parallel/tp_reduce.h"
+#include "parallel/tp_split.h"
 
 #define LL(x) ((long long)(x))
 
@@ -68,8 +69,12 @@ par_status PAR_FN(par_tp_mlp_forward)(par_real *y,              /* [Tx, d] */
         goto fail_free_saved;
     }
     PAR_FN(par_moe_expert_forward)(yp, sv.g, sv.u, sv.h, sv.x, NULL, w1, w2, w3, T, d, sv.Il, L);
-    st = sv.sp ? PAR_FN(par_tpr_scatter_tokens)(tp, y, yp, sv.Tx, d)
-               : PAR_FN(par_tpr_sum)(tp, y, (size_t)(T * d));
+    if (tp && (tp->faults & PAR_TP_FAULT_SHARED_NO_REDUCE)) { /* the deliberate bug: y keeps the rank's share */
+        if (sv.sp)
+            memcpy(y, yp + (int64_t)sv.rank * sv.Tx * d, (size_t)(sv.Tx * d) * sizeof(par_real));
+    } else
+        st = sv.sp ? PAR_FN(par_tpr_scatter_tokens)(tp, y, yp, sv.Tx, d)
+                   : PAR_FN(par_tpr_sum)(tp, y, (size_t)(T * d));
     if (st)
         goto fail_free_saved;
     if (yp != y)
@@ -122,5 +127,69 @@ par_status PAR_FN(par_tp_mlp_backward)(par_real *dx,            /* [Tx, d] or NU
     }
 free_scratch:
     par_free(buf);
+    return st;
+}
+
+void PAR_FN(par_tp_mlp_shard_free)(PAR_FN(par_tp_mlp_shard) *s)
+{
+    if (!s)
+        return;
+    par_free(s->buf);
+    memset(s, 0, sizeof *s);
+}
+
+par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_real *w1, const par_real *w2,
+                                         const par_real *w3, int64_t d, int64_t I, const par_tp *tp)
+{
+    const int P = par_tp_size(tp), r = par_tp_rank(tp);
+    PAR_FN(par_tp_mlp_shard_free)(s);
+    if (d < 1 || I < 1 || I % P != 0)
+        return par_err(PAR_EINVAL, "tensor parallel MLP: the group size %d must divide moe_inter_dim %lld", P,
+                       LL(I));
+    const int64_t Il = I / P, n = d * Il;
+    if (!(s->buf = par_calloc((size_t)(2 * n + 1), sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "tensor parallel MLP: a shard of %lld reals", LL(n));
+    par_real *w2s = s->buf;
+    par_tp_slice(w2s, w2, d, I, PAR_TP_COLS, r, P, sizeof(par_real));
+    s->w1 = w1 + (int64_t)r * n, s->w2 = w2s, s->w3 = w3 + (int64_t)r * n, s->dw2 = w2s + n;
+    s->d = d, s->I = I, s->Il = Il, s->rank = r, s->P = P;
+    return PAR_OK;
+}
+
+void PAR_FN(par_tp_mlp_shard_grads)(PAR_FN(par_tp_mlp_shard) *s, par_real *g1, par_real *g3, par_real **o1,
+                                    par_real **o3)
+{
+    const int64_t off = (int64_t)s->rank * s->Il * s->d;
+    *o1 = g1 ? g1 + off : NULL;
+    *o3 = g3 ? g3 + off : NULL;
+    memset(s->dw2, 0, (size_t)(s->d * s->Il) * sizeof(par_real));
+}
+
+void PAR_FN(par_tp_mlp_shard_add_dw2)(const PAR_FN(par_tp_mlp_shard) *s, par_real *g2 /* [d, I] */)
+{
+    const int64_t Il = s->Il;
+    for (int64_t i = 0; g2 && i < s->d; i++) {
+        par_real *o = g2 + i * s->I + (int64_t)s->rank * Il;
+        const par_real *gi = s->dw2 + i * Il;
+        for (int64_t j = 0; j < Il; j++)
+            o[j] += gi[j];
+    }
+}
+
+par_status PAR_FN(par_tp_mlp_backward_whole)(par_real *dx,      /* [Tx, d] or NULL */
+                                             par_real *g1,      /* [I, d] or NULL */
+                                             par_real *g2,      /* [d, I] or NULL */
+                                             par_real *g3,      /* [I, d] or NULL */
+                                             const par_real *dy, /* [Tx, d] */
+                                             const PAR_FN(par_tp_mlp_saved) *saved,
+                                             PAR_FN(par_tp_mlp_shard) *s, const par_tp *tp)
+{
+    if (!s || !s->buf)
+        return par_err(PAR_EINVAL, "tensor parallel MLP backward: no shard");
+    par_real *o1, *o3;
+    PAR_FN(par_tp_mlp_shard_grads)(s, g1, g3, &o1, &o3);
+    par_status st = PAR_FN(par_tp_mlp_backward)(dx, o1, g2 ? s->dw2 : NULL, o3, dy, saved, s->w1, s->w2, s->w3, tp);
+    if (!st)
+        PAR_FN(par_tp_mlp_shard_add_dw2)(s, g2);
     return st;
 }

@@ -10,7 +10,7 @@
 
 typedef struct {
     PAR_FN(par_etp_moe_saved) sv;
-    par_real *w2, *dw2; /* [d, I/P] the shared w2's columns and their gradient */
+    PAR_FN(par_tp_mlp_shard) shw; /* the shared expert's shard (w2's columns copied, their gradient) */
     int used;
 } moe_slot;
 
@@ -20,6 +20,7 @@ struct PAR_FN(par_tp_moe_hook_s) {
     int64_t d, I, Il;
     moe_slot *sl; /* [n_slots, nb] */
     par_tp_traffic tr;
+    int64_t sh_units;
 };
 
 typedef PAR_FN(par_tp_moe_hook) mhook;
@@ -27,7 +28,7 @@ typedef PAR_FN(par_tp_moe_hook) mhook;
 static void slot_free(moe_slot *q)
 {
     PAR_FN(par_etp_moe_saved_free)(&q->sv);
-    par_free(q->w2);
+    PAR_FN(par_tp_mlp_shard_free)(&q->shw);
     memset(q, 0, sizeof *q);
 }
 
@@ -42,17 +43,13 @@ static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
 /* Block b's weights: every routed expert whole, the shared expert's shard. */
 static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
 {
-    const par_block_params *bp = &M->tab.blocks[b];
     const size_t E = (size_t)h->E;
     const par_real *const *ew = M->ew + (size_t)b * 3 * E;
     for (size_t e = 0; e < 3 * E; e++)
         if (!ew[e])
             return par_err(PAR_EINVAL, "tp shared expert: block %d does not hold every routed expert (EP = 1)", b);
-    const int64_t off = (int64_t)h->rank * h->Il * h->d;
     *W = (PAR_FN(par_etp_weights)){.w1 = ew, .w2 = ew + E, .w3 = ew + 2 * E,
-                                   .sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1) + off,
-                                   .sw2 = q->w2,
-                                   .sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3) + off};
+                                   .sw1 = q->shw.w1, .sw2 = q->shw.w2, .sw3 = q->shw.w3};
     return PAR_OK;
 }
 
@@ -67,17 +64,15 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         return par_err(PAR_EINVAL, "tp shared expert: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb,
                        h->n_slots);
     slot_free(q);
-    const int64_t n = h->d * h->Il;
-    if (!(q->w2 = par_malloc((size_t)(2 * n + 1) * sizeof(par_real), PAR_TAG_ACT)))
-        return par_err(PAR_ENOMEM, "tp shared expert: out of memory for a shard of %lld reals", (long long)n);
-    q->dw2 = q->w2 + n;
     const par_block_params *bp = &M->tab.blocks[b];
-    par_tp_slice(q->w2, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2), h->d, h->I, PAR_TP_COLS, h->rank, h->P,
-                 sizeof(par_real));
+    par_status s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
+                                                 PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
+                                                 PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), h->d, h->I,
+                                                 &h->tp);
     PAR_FN(par_etp_weights) W;
-    par_status s = weights_of(h, M, b, q, &W);
-    if (s)
+    if (s || (s = weights_of(h, M, b, q, &W)))
         return s;
+    h->sh_units += (h->tp.sp ? T * h->P : T) * h->Il;
     q->used = 1;
     return PAR_FN(par_etp_moe_forward)(y, &q->sv, xin, idx, w, &W, T, h->d, h->E, (int)M->K, h->I,
                                        M->cfg.swiglu_limit, &h->one, &h->tp);
@@ -95,26 +90,17 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         return par_err(PAR_EINVAL, "tp shared expert backward: block %d has no forward", b);
     const par_block_params *bp = &M->tab.blocks[b];
     const size_t E = (size_t)h->E;
-    const int64_t d = h->d, I = h->I, Il = h->Il, off = (int64_t)h->rank * Il * d;
     PAR_FN(par_etp_weights) W;
     par_status s = weights_of(h, M, b, q, &W);
     if (s)
         return s;
-    memset(q->dw2, 0, (size_t)(d * Il) * sizeof(par_real));
     par_real **egw = M->egw + (size_t)b * 3 * E;
-    par_real *g2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2);
-    PAR_FN(par_etp_grads) G = {.w1 = egw, .w2 = egw + E, .w3 = egw + 2 * E,
-                               .sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1) + off,
-                               .sw2 = q->dw2,
-                               .sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3) + off};
+    PAR_FN(par_etp_grads) G = {.w1 = egw, .w2 = egw + E, .w3 = egw + 2 * E, .sw2 = q->shw.dw2};
+    PAR_FN(par_tp_mlp_shard_grads)(&q->shw, PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1),
+                                   PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3), &G.sw1, &G.sw3);
     if ((s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->one, &h->tp)))
         return s;
-    for (int64_t i = 0; i < d; i++) {
-        par_real *o = g2 + i * I + (int64_t)h->rank * Il;
-        const par_real *gi = q->dw2 + i * Il;
-        for (int64_t j = 0; j < Il; j++)
-            o[j] += gi[j];
-    }
+    PAR_FN(par_tp_mlp_shard_add_dw2)(&q->shw, PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2));
     q->used = 0;
     return PAR_OK;
 }
@@ -127,7 +113,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 }
 
 par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_slots, int sp)
+                                          int n_slots, int sp, unsigned faults)
 {
     *out = NULL;
     const int P = tp ? par_comm_size(tp) : 1;
@@ -140,7 +126,7 @@ par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_com
     mhook *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
     if (!h)
         return par_err(PAR_ENOMEM, "tp shared expert: out of memory");
-    h->tp = (par_tp){.comm = tp, .sp = sp, .faults = 0, .traffic = &h->tr};
+    h->tp = (par_tp){.comm = tp, .sp = sp, .faults = faults, .traffic = &h->tr};
     h->one = (par_tp){.comm = NULL};
     h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
@@ -167,6 +153,11 @@ void PAR_FN(par_tp_moe_hook_traffic)(const PAR_FN(par_tp_moe_hook) *h, par_tp_tr
         *out = h->tr;
     else
         memset(out, 0, sizeof *out);
+}
+
+void PAR_FN(par_tp_moe_hook_shared_stats)(const PAR_FN(par_tp_moe_hook) *h, par_tp_shared_stats *out)
+{
+    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->tr) : 0};
 }
 
 void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h)

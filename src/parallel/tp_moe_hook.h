@@ -1,7 +1,9 @@
 /* parallel/tp_moe_hook.h - the tensor-parallel shared expert in the MoE
  * sub-layer: the model's routed-expert executor (model/model.h
  * par_moe_exec) for TP > 1 with EP = ETP = 1 (templated: see
- * kernels/real.h).  docs/parallel.md, "Tensor parallelism in the step".
+ * kernels/real.h; with EP > 1 the EP executor, parallel/ep.h
+ * par_ep_set_shared_tp, and with ETP > 1 parallel/etp_hook.h run the same
+ * TP shared expert).  docs/parallel.md, "Tensor parallelism in the step".
  *
  * The routed experts run whole on the rank's tokens (every expert held, as
  * the serial model; parallel/etp.h's rows layer over a group of one), the
@@ -25,13 +27,16 @@
 typedef struct PAR_FN(par_tp_moe_hook_s) PAR_FN(par_tp_moe_hook);
 
 /* A hook over the TP group `tp` (not owned) with n_slots microbatch slots;
- * sp as parallel/tp.h.  PAR_EINVAL naming the numbers when the group's size
- * does not divide moe_inter_dim. */
+ * sp as parallel/tp.h, faults its PAR_TP_FAULT_* bits (0 in real runs).
+ * PAR_EINVAL naming the numbers when the group's size does not divide
+ * moe_inter_dim. */
 par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_slots, int sp);
+                                          int n_slots, int sp, unsigned faults);
 /* M->moe = this hook (once, before the first step). */
 void PAR_FN(par_tp_moe_hook_install)(PAR_FN(par_tp_moe_hook) *h, PAR_FN(par_model) *M);
 void PAR_FN(par_tp_moe_hook_traffic)(const PAR_FN(par_tp_moe_hook) *h, par_tp_traffic *out);
+/* The shared expert's work on this rank so far (parallel/tp.h). */
+void PAR_FN(par_tp_moe_hook_shared_stats)(const PAR_FN(par_tp_moe_hook) *h, par_tp_shared_stats *out);
 void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h); /* NULL is fine */
 
 #endif

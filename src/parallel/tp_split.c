@@ -169,14 +169,25 @@ par_status par_tp_layout_rules(const par_layout *l)
     if ((l->sequence_parallel || l->tp_all_layers) && l->tp <= 1)
         return par_err(PAR_EINVAL, "--%s needs tensor-model-parallel-size > 1 (got %lld)",
                        l->sequence_parallel ? "sequence-parallel" : "tp-all-layers", LL(l->tp));
-    /* TP x ETP: the ETP rows layer either gathers disjoint rows (SP: every
-     * rank holds its own tokens) or, without SP, runs on the rows the ETP
-     * group's ranks all hold; that group is the TP group only when ETP = TP
-     * (etp and tp are both the fastest coordinate, groups.c) */
+    /* MoE under TP > 1 without SP.  Megatron-LM trains it only with SP
+     * (MoELayer.forward raises during training when the attention's TP group
+     * is larger than 1 without sequence parallelism; yaml_arguments.py
+     * asserts it; ModelParallelConfig warns for EP > 1 and TP > 1).  parity
+     * also runs TP without SP where every expert group counts each token once:
+     * ETP = 1 (EP's TP copies left out of the weight pass, ep_tp.c) and ETP =
+     * TP (the ETP group is the TP group, etp and tp both the fastest
+     * coordinate, groups.c).  Any other ETP would put a TP group's duplicated
+     * tokens into one ETP group: refused, with Megatron's rule named. */
     if (l->tp > 1 && l->etp > 1 && !l->sequence_parallel && l->etp != l->tp)
         return par_err(PAR_EUNSUPPORTED, "expert-tensor-parallel-size %lld with tensor-model-parallel-size %lld "
-                       "needs --sequence-parallel or expert-tensor-parallel-size = tensor-model-parallel-size "
-                       "(without SP the ETP group must be the TP group, whose ranks hold the same tokens)",
-                       LL(l->etp), LL(l->tp));
+                       "needs --sequence-parallel (Megatron-LM's rule: MoE with tensor-model-parallel-size > 1 "
+                       "trains only with sequence parallelism; parity also runs without it when "
+                       "expert-tensor-parallel-size is 1 or %lld = tensor-model-parallel-size, where no expert "
+                       "group holds a token twice)", LL(l->etp), LL(l->tp), LL(l->tp));
     return PAR_OK;
+}
+
+int par_tp_shared_expert_split(const par_layout *l)
+{
+    return l && l->tp > 1;
 }

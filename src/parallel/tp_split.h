@@ -64,9 +64,18 @@ par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp);
 
 /* The run rules of the TP flags (parity run, exit 2 with the numbers):
  * --sequence-parallel and --tp-all-layers need tensor-model-parallel-size
- * > 1 (PAR_EINVAL); TP > 1 with ETP > 1 needs --sequence-parallel or ETP =
- * TP (PAR_EUNSUPPORTED, the numbers named).  SP composes with CP, EP and
- * ETP.  docs/parallel.md, "Tensor parallelism in the step". */
+ * > 1 (PAR_EINVAL); TP > 1 with ETP > 1 needs --sequence-parallel unless
+ * ETP = TP (PAR_EUNSUPPORTED, the numbers and Megatron-LM's rule named: MoE
+ * under TP > 1 trains only with SP there; parity runs ETP = 1 and ETP = TP
+ * without it too).  SP composes with CP, EP and ETP.  docs/parallel.md,
+ * "Tensor parallelism in the step" and "MoE under TP without SP". */
 par_status par_tp_layout_rules(const par_layout *l);
+
+/* 1 when the layout runs the shared expert TP-split: column / row parallel
+ * over the TP group (w1 / w3 rows, w2 columns of parallel/tp_split.c's
+ * cuts), whatever EP and ETP are (Megatron-LM: the shared expert is a TP
+ * MLP); 0 when it runs whole (TP = 1).  The one predicate the executor's
+ * hooks (tp_moe_hook.c, ep.c, etp_hook.c) and a TP storage split key on. */
+int par_tp_shared_expert_split(const par_layout *l);
 
 #endif

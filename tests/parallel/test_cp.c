@@ -8,7 +8,11 @@
  * - dx (per rank) and dW (summed over ranks in rank order) within 1e-12 of
  *   the serial values (relative to the tensor's largest magnitude); indexer
  *   gradient slots untouched;
- * - the bytes handed to src/comm (halo rows, entries, entry gradients).
+ * - the bytes handed to src/comm (halo rows, entries, entry gradients);
+ * - each rank's memory (its allocation scope): the saved forward is exactly
+ *   its working rows' state (halo + local rows, window layout) plus the
+ *   whole rows' entries, never the whole rows' per-token state; the
+ *   backward's extra peak is bounded by the working rows' scratch.
  * Packings put a sample start exactly at a split, inside a halo, a sample
  * across all ranks, samples shorter than the window and lengths that are not
  * multiples of m.  m = 0, 4, 8, 16; CP = 1, 2, 3, 4; a DP x CP world whose CP
@@ -32,6 +36,7 @@
 #include "parallel/cp.h"
 
 void openblas_set_num_threads(int num_threads);
+int omp_get_max_threads(void);
 
 typedef par_attn_weights_f64 wts;
 typedef par_cp_attn_saved_f64 cpsaved;
@@ -145,6 +150,8 @@ typedef struct {
     double *dw;           /* [world, nw]: each rank's dW */
     par_cp_traffic *tr;   /* [world] */
     int use_null_comm;    /* cp == 1 without a communicator */
+    int64_t *fwd_act;     /* [world]: activation bytes live after the forward (the saved state) */
+    int64_t *bwd_act;     /* [world]: activation peak of the backward above that */
 } run_ctx;
 
 #define RCHECK(cond, ...)                                                                    \
@@ -189,10 +196,18 @@ static par_status rank_fn(par_comm *world, void *arg)
             *wslot(&dW, k) = dwb + (*wslot((wts *)&Ly->dW, k) - Ly->dwbuf);
     cpsaved sv;
     memset(&sv, 0, sizeof sv);
+    const int scope = par_alloc_scope_open(); /* this rank's own memory (test buffers are malloc's) */
+    par_alloc_stats as;
     st = par_cp_attn_forward_f64(y, &sv, dm->m == 4 ? sel : NULL, x, Ly->pos + row0 * S, &Ly->W,
                                  dm, rows, L, cp, &c->tr[wr]);
+    par_alloc_scope_stats(scope, &as);
+    c->fwd_act[wr] = as.live[PAR_TAG_ACT];
+    par_alloc_scope_reset_peaks(scope);
     if (!st)
         st = par_cp_attn_backward_f64(dx, &dW, dyl, &sv, &Ly->W, cp, &c->tr[wr]);
+    par_alloc_scope_stats(scope, &as);
+    c->bwd_act[wr] = as.peak[PAR_TAG_ACT] - c->fwd_act[wr];
+    par_alloc_scope_close(scope);
     if (!st)
         for (int64_t b = 0; b < rows; b++) {
             const int64_t t0 = (row0 + b) * S + r * L;
@@ -249,6 +264,44 @@ static int64_t entries_on(const layer *Ly, int64_t row0, int64_t rows, int64_t L
     return n;
 }
 
+/* one 64-byte aligned piece of n bytes (attention.c CARVE) */
+static int64_t piece(int64_t n) { return (n + 63) / 64 * 64; }
+
+/* The rank's memory: the saved forward is exactly cp.c's working-row state
+ * (window arrays of rows * (Dh + L) tokens without the entries, the entries
+ * [rows, S] of the whole rows, xw, pos), and the backward's extra peak stays
+ * within the working rows' scratch (cp.c scratch_alloc and keep_alloc, one
+ * row's proj_backward, the core's per-thread key scratch) plus a little. */
+static void check_memory(const layer *Ly, const run_ctx *c, int64_t nworld, const char *what)
+{
+    const par_attn_dims *dm = &Ly->dm;
+    const int64_t m = dm->m, hd = dm->hd, ihd = dm->ihd, H = dm->H, HD = H * hd, d = dm->d, ql = dm->q_lora;
+    const int64_t S = Ly->S, L = S / c->cp, D = par_cp_layer_halo_f64(dm), rows = Ly->rows / c->dp;
+    const int64_t nc = m > 0 ? (m == 4 ? 2 : 1) * hd : 0, ne = m > 0 ? hd + (m == 4 ? ihd : 0) : 0;
+    for (int64_t w = 0; w < nworld; w++) {
+        const int64_t r = c->use_null_comm ? 0 : w % c->cp, W_ = (r > 0 ? D : 0) + L, Tw = rows * W_;
+        const int64_t Tt = rows * S;
+        int64_t win = (int64_t)par_attn_saved_bytes_f64(dm, Tw);
+        if (m > 0)
+            win -= piece(Tw * hd * 8);
+        if (m == 4)
+            win -= piece(Tw * ihd * 8);
+        const int64_t want = win + Tt * ne * 8 + (Tw * d + 1) * 8 + (Tt + 1) * 4;
+        cr_assert_eq(c->fwd_act[w], want, "%s: rank %lld keeps %lld bytes after the forward, want %lld (its %lld "
+                     "working rows)", what, (long long)w, (long long)c->fwd_act[w], (long long)want, (long long)Tw);
+        if (W_ < S)
+            cr_assert_lt(c->fwd_act[w], (int64_t)par_attn_saved_bytes_f64(dm, Tt), "%s: rank %lld keeps more than "
+                         "the whole rows' saved struct", what, (long long)w);
+        const int64_t scratch = 8 * (3 * Tw * HD + Tw * H + Tw * hd + (m > 0 ? Tt * hd : 0) + 2 * Tw * nc + Tw * d + 1);
+        const int64_t keep = 8 * Tw * (HD + 2 * hd + 2 * nc) + 1, proj = 8 * W_ * (HD + 2 * ql + hd);
+        const int64_t core = 24 * (int64_t)omp_get_max_threads() * (dm->window + S) + 8 * (L * H + 1);
+        const int64_t bound = scratch + keep + proj + core + 4096;
+        cr_assert_leq(c->bwd_act[w], bound, "%s: rank %lld's backward peaks %lld bytes above its saved state, "
+                      "more than its working rows' %lld", what, (long long)w, (long long)c->bwd_act[w],
+                      (long long)bound);
+    }
+}
+
 /* Runs one case and checks everything against the serial layer. */
 static void check_case(int64_t m, int64_t window, int64_t S, const int *const *rows,
                        int64_t nrows, int cp, int dp, int null_comm, const char *what)
@@ -264,9 +317,12 @@ static void check_case(int64_t m, int64_t window, int64_t S, const int *const *r
     c.sel = calloc((size_t)(T * K), sizeof(int32_t));
     c.dw = calloc((size_t)(nworld * Ly.nw), sizeof(double));
     c.tr = calloc((size_t)nworld, sizeof(par_cp_traffic));
+    c.fwd_act = calloc((size_t)nworld, sizeof(int64_t));
+    c.bwd_act = calloc((size_t)nworld, sizeof(int64_t));
     par_status st = run_cp(&c);
     cr_assert_eq(st, PAR_OK, "%s: CP world failed: %s", what, par_last_error());
     cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "%s: comm memory left", what);
+    check_memory(&Ly, &c, nworld, what);
 
     /* forward: bitwise */
     for (int64_t t = 0; t < T; t++)
@@ -334,6 +390,8 @@ static void check_case(int64_t m, int64_t window, int64_t S, const int *const *r
     free(c.sel);
     free(c.dw);
     free(c.tr);
+    free(c.fwd_act);
+    free(c.bwd_act);
     layer_free(&Ly);
     cr_assert_eq(par_alloc_live(PAR_TAG_ACT), 0, "%s: activation memory left", what);
 }
@@ -354,6 +412,12 @@ static const int *const rows32[] = {p32a, p32b, p32c, p32d};
 /* S = 24 (CP = 3): starts at 8 (split), 17 (inside rank 2's halo), 3, 13 */
 static const int p24a[] = {8, 9, 7, 0}, p24b[] = {24, 0}, p24c[] = {3, 10, 11, 0};
 static const int *const rows24[] = {p24a, p24b, p24c};
+/* S = 64 (CP = 4, L = 16, D = 8 for m = 4 and w = 4: working rows 24 of
+ * 64): one sample over the row (entries of rank 3's row before its halo),
+ * starts at 20 (rank 1's local rows), 40 (inside rank 2's local rows just
+ * before rank 3's halo), 50 (inside rank 3's halo) */
+static const int p64a[] = {64, 0}, p64b[] = {20, 20, 10, 14, 0};
+static const int *const rows64[] = {p64a, p64b};
 
 Test(cp, m0_window_only)
 {
@@ -368,6 +432,7 @@ Test(cp, m4_indexer)
     check_case(4, 4, 32, rows32, 4, 4, 1, 0, "m=4 w=4 S=32 CP=4");
     check_case(4, 3, 32, rows32, 4, 2, 1, 0, "m=4 w=3 S=32 CP=2");
     check_case(4, 4, 24, rows24, 3, 3, 1, 0, "m=4 w=4 S=24 CP=3");
+    check_case(4, 4, 64, rows64, 2, 4, 1, 0, "m=4 w=4 S=64 CP=4 (working rows 24 of 64)");
 }
 
 Test(cp, m8_compressed)
@@ -380,6 +445,7 @@ Test(cp, m8_compressed)
 Test(cp, m16_compressed)
 {
     check_case(16, 4, 32, rows32, 4, 2, 1, 0, "m=16 w=4 S=32 CP=2");
+    check_case(16, 4, 64, rows64, 2, 4, 1, 0, "m=16 w=4 S=64 CP=4 (entries before the halo)");
 }
 
 Test(cp, one_rank)

@@ -313,6 +313,68 @@ Test(tp_run, sp_composed_traffic_stays_on_nvlink)
     cr_expect_gt(by[2][PAR_TIER_IB], 0, "the CP groups cross the nodes: their bytes go over IB");
 }
 
+/* The shared expert's work summed over the ranks of a one-step run of
+ * layout l (parallel/tp.h par_tp_shared_stats): forward tokens x hidden
+ * units, and the bytes of its TP collectives. */
+static int64_t shared_work(lay l, int64_t *tp_bytes)
+{
+    par_run_opts o;
+    par_run_opts_init(&o);
+    tiny(&o.cfg);
+    o.backend = par_backend_find("threads");
+    o.layout.tp = l.tp, o.layout.etp = l.etp, o.layout.ep = l.ep, o.layout.cp = l.cp;
+    o.layout.world = l.world;
+    o.layout.sequence_parallel = l.sp;
+    par_run_summary sum;
+    memset(&sum, 0, sizeof sum);
+    cr_assert_eq(par_run(&o, &sum), 0, "%s", par_last_error());
+    int64_t u = sum.shared_units;
+    *tp_bytes = sum.shared_tp_bytes;
+    par_run_summary_free(&sum);
+    return u;
+}
+
+/* The shared expert runs TP-split (column / row parallel over TP) under
+ * TP x EP, TP x ETP and TP x ETP x EP, with and without SP and with CP: over
+ * the ranks it computes each token's I hidden units once (the units of EP 2
+ * without TP, where each rank runs it whole on its own tokens), and its TP
+ * collectives move bytes.  Run whole on every TP rank it would count TP
+ * times the units and no TP bytes. */
+Test(tp_run, shared_expert_is_tp_split_under_ep_and_etp)
+{
+    int64_t b0 = -1, b;
+    const int64_t whole = shared_work((lay){1, 1, 2, 1, 2, 0, 0, 0}, &b0);
+    cr_assert_gt(whole, 0);
+    cr_expect_eq(b0, 0, "EP 2 without TP: no TP bytes (got %lld)", (long long)b0);
+    static const lay tps[] = {
+        {2, 1, 2, 1, 4, 0, 0, 0}, /* TP 2 x EP 2 */
+        {2, 1, 4, 1, 8, 0, 0, 1}, /* TP 2 + SP x EP 4 */
+        {2, 1, 4, 2, 8, 0, 0, 0}, /* TP 2 x CP 2 x EP 4 */
+        {2, 2, 1, 1, 2, 0, 0, 0}, /* TP 2 = ETP 2 */
+        {2, 2, 2, 1, 4, 0, 0, 1}, /* TP 2 + SP x ETP 2 x EP 2 */
+        {2, 1, 1, 1, 2, 0, 0, 0}, /* TP 2, EP = ETP = 1 (tp_moe_hook.c) */
+    };
+    for (size_t i = 0; i < sizeof tps / sizeof *tps; i++) {
+        const lay l = tps[i];
+        const int64_t u = shared_work(l, &b);
+        fprintf(stderr, "tp_run/shared_split: TP %lld ETP %lld EP %lld CP %lld sp %d: units %lld (whole %lld), "
+                "TP bytes %lld\n", (long long)l.tp, (long long)l.etp, (long long)l.ep, (long long)l.cp, l.sp,
+                (long long)u, (long long)whole, (long long)b);
+        cr_expect_eq(u, whole, "layout %zu: the shared expert's units %lld, split would be %lld (whole on every "
+                     "TP rank: %lld)", i, (long long)u, (long long)whole, (long long)(whole * l.tp));
+        cr_expect_gt(b, 0, "layout %zu: the shared expert's TP collectives moved no bytes", i);
+    }
+}
+
+/* The TP shared expert's partial output not summed over TP (each rank keeps
+ * its hidden units' share of y): TP 2 x EP 2 fails at the first MoE
+ * output. */
+Test(tp_run, shared_expert_output_not_reduced_is_caught)
+{
+    fault_caught("shared_no_reduce", (lay){2, 1, 2, 1, 4, 0, 0, 0}, PAR_TP_FAULT_SHARED_NO_REDUCE,
+                 "step.0.safetensors", "act.layers.0", "", 0);
+}
+
 Test(tp_run, layout_rules_are_refused_with_the_numbers)
 {
     cr_expect_eq(run(NULL, (lay){4, 1, 1, 1, 4, 0, 0, 0}, 0), PAR_EINVAL);
@@ -321,7 +383,9 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
     /* TP x ETP without SP: the ETP group must be the TP group */
     cr_expect_eq(run(NULL, (lay){2, 4, 1, 1, 4, 0, 0, 0}, 0), PAR_EUNSUPPORTED);
     cr_expect(strstr(par_last_error(), "expert-tensor-parallel-size 4 with tensor-model-parallel-size 2 needs "
-                                       "--sequence-parallel"), "%s", par_last_error());
+                                       "--sequence-parallel (Megatron-LM's rule") &&
+                  strstr(par_last_error(), "expert-tensor-parallel-size is 1 or 2 = tensor-model-parallel-size"),
+              "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 2, 4, 1, 12, 0, 0, 0}, 0), PAR_EINVAL); /* 12 = TP*CP*Da, not ETP*EP*De */
     cr_expect(strstr(par_last_error(), "12"), "%s", par_last_error());
     cr_expect_eq(run(NULL, (lay){1, 1, 1, 1, 1, 0, 1, 1}, 0), PAR_EINVAL);
