@@ -308,6 +308,13 @@ static int f_rank_wait(par__world *w, double deadline)
     return 1;
 }
 
+/* par_comm_store_local's wake: every rank of this world is a fiber here. */
+static void f_rank_wake(par__world *w, void *bworld, int wrank)
+{
+    (void)w;
+    fsched_wake(((fworld *)bworld)->s, wrank);
+}
+
 /* ---- the world ---------------------------------------------------------------- */
 
 static int world_failed(void *ud) { return par__world_failed(ud) != 0; }
@@ -399,4 +406,5 @@ const par_backend par_backend_fiber = {
     .exchange = f_exchange,
     .p2p_post = f_p2p_post,
     .rank_wait = f_rank_wait,
+    .rank_wake = f_rank_wake,
 };

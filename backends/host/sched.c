@@ -25,11 +25,16 @@ enum { FIB_READY = 0, FIB_RUNNING, FIB_PARKED, FIB_DONE };
 #define IDLE_SPIN 1000     /* polls of an idle worker before it yields      */
 #define IDLE_YIELD_S 200e-6 /* then sched_yield this long before it sleeps  */
 /* With a poll hook (sched.h): an idle worker polls POLL_SPIN times back to
- * back, then with a sched_yield between polls up to POLL_YIELD, then naps
+ * back, then with a sched_yield between polls until POLL_YIELD_S has passed
+ * since it went idle or a poll last moved anything, then naps
  * IDLE_NAP_STEP_US longer at every poll that found nothing, up to
- * IDLE_NAP_MAX_US; a busy worker polls every POLL_EVERY fibers it ran. */
+ * IDLE_NAP_MAX_US; a busy worker polls every POLL_EVERY fibers it ran.
+ * The yield window is what a reply from another process usually takes (a
+ * ping-pong's round trip is tens of us): MPI cannot wake a napping worker,
+ * so a nap there would set the latency (docs/comm.md "Fiber-hosted ranks");
+ * a worker idle for longer naps as before. */
 #define POLL_SPIN 4
-#define POLL_YIELD 32
+#define POLL_YIELD_S 1e-3
 #define IDLE_NAP_STEP_US 20
 #define IDLE_NAP_MAX_US 500
 #define POLL_EVERY 16u
@@ -312,21 +317,24 @@ static void idle_poll(fworker *wk)
 {
     fsched *s = wk->s;
     unsigned seen = atomic_load_explicit(&wk->pushes, memory_order_acquire);
-    for (unsigned k = 0;; k++) {
+    double moved = par__now();
+    for (unsigned k = 0, naps = 0;; k++) {
         double now = par__now();
         if (now >= wk->next_sweep)
             sweep(wk, now);
         wk->polls++;
-        if (s->o.poll(s->o.user))
-            k = 0;
+        if (s->o.poll(s->o.user)) {
+            k = naps = 0;
+            moved = now;
+        }
         if (atomic_load_explicit(&wk->pushes, memory_order_acquire) != seen)
             return;
         if (k < POLL_SPIN) {
             cpu_relax();
-        } else if (k < POLL_YIELD) {
+        } else if (now - moved < POLL_YIELD_S) {
             sched_yield();
         } else {
-            long us = (long)(k - POLL_YIELD + 1) * IDLE_NAP_STEP_US;
+            long us = (long)++naps * IDLE_NAP_STEP_US;
             struct timespec ts = {0, (us < IDLE_NAP_MAX_US ? us : IDLE_NAP_MAX_US) * 1000L};
             wk->naps++;
             nanosleep(&ts, NULL);

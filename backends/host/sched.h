@@ -19,7 +19,8 @@
  * What a fiber waits for may lie outside the process (an MPI request): then
  * the owner gives a poll() hook, which tests what the parked fibers wait for
  * and wakes exactly those whose wait can end.  A worker with nothing to run
- * calls it in a loop (spinning a few times, then sched_yield, then naps that
+ * calls it in a loop (spinning a few times, then sched_yield for up to 1 ms
+ * after it went idle or last saw progress, then naps that
  * grow to IDLE_NAP_MAX_US: MPI cannot wake a sleeping thread), and one with
  * fibers to run calls it every POLL_EVERY fibers it ran.
  *

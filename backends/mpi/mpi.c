@@ -783,6 +783,15 @@ static int m_rank_wait(par__world *w, double deadline)
     return 1;
 }
 
+/* par_comm_store_local's wake: world rank wrank's fiber, if it is one here. */
+static void m_rank_wake(par__world *w, void *bworld, int wrank)
+{
+    (void)w;
+    mworld *e = bworld;
+    if (e->fs && wrank / e->R == e->proc)
+        fsched_wake(e->fs, wrank - e->proc * e->R);
+}
+
 /* One step of a backend wait whose requests are pending (and, for a fiber,
  * registered by test_reqs): a fiber parks, a thread backs off. */
 static void wait_step(mworld *e, int fib, par__waiter *wt, double deadline)
@@ -2544,4 +2553,5 @@ const par_backend par_backend_mpi = {
     .p2p_poll = m_p2p_poll,
     .p2p_cancel = m_p2p_cancel,
     .rank_wait = m_rank_wait,
+    .rank_wake = m_rank_wake,
 };

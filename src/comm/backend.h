@@ -187,6 +187,10 @@ struct par_backend {
      * calling rank is an OS thread after all (a backend that hosts ranks
      * either way, mpi): then, as with NULL, comm spins, sched_yields, blocks. */
     int (*rank_wait)(par__world *w, double deadline);
+    /* Optional, with rank_wait: wakes world rank `wrank` if this process
+     * hosts it as a fiber that waits in rank_wait (par_comm_store_local's
+     * wake of par_comm_wait_local; any thread; an early wake is fine). */
+    void (*rank_wake)(par__world *w, void *bworld, int wrank);
 };
 
 /* ---- services of src/comm for backends ---------------------------------- */

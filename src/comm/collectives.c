@@ -96,7 +96,8 @@ static par_status begin(par_comm *c, par__op op, par_ctype t, uint64_t count, in
                        (int)t);
     if (redop >= PAR_OP_COUNT)
         return par_err(PAR_EINVAL, "%s in group %s: invalid reduction %d", name, c->name, redop);
-    if ((st = par__scratch_take(c)) != PAR_OK)
+    /* a barrier moves no bytes: no count arrays (32 p bytes on every rank) */
+    if (op != PAR__OP_BARRIER && (st = par__scratch_take(c)) != PAR_OK)
         return st;
     *m = (par__callmeta){.group_id = c->id, .seq = ++c->seq, .count = count, .shape = shape,
                          .op = op, .dtype = t, .redop = redop, .root = root, .rank = c->rank};

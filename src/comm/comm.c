@@ -118,30 +118,6 @@ par_status par__wait_poll(par__waiter *wt, const par__world *w)
     return PAR_OK;
 }
 
-/* Nothing wakes a rank for a process-local word: look again this often. */
-#define LOCAL_WAIT_SLICE_S 0.002
-
-par_status par_comm_wait_local(par_comm *c, const _Atomic int64_t *word, int64_t want, const char *what)
-{
-    if (!c || !word)
-        return par_err(PAR_EINVAL, "wait local: needs a comm and a word");
-    par__world *w = c->world;
-    par__waiter wt;
-    par__wait_start(&wt, w, 0);
-    const double end = wt.deadline;
-    while (atomic_load_explicit(word, memory_order_acquire) < want) {
-        double now = par__now();
-        if (now > end)
-            return par__wait_failed(c, PAR_ETIMEOUT, what, NULL, 0);
-        /* a fiber parks for one slice at most; a thread spins, yields, sleeps */
-        wt.deadline = now + LOCAL_WAIT_SLICE_S < end ? now + LOCAL_WAIT_SLICE_S : end;
-        par_status st = par__wait_poll(&wt, w);
-        if (st == PAR_ECOMM)
-            return par__wait_failed(c, st, what, NULL, 0);
-    }
-    return PAR_OK;
-}
-
 /* ---- the failure state -------------------------------------------------- */
 
 par_status par__world_failed(const par__world *w)
@@ -354,7 +330,8 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
     w->ranks = par_calloc((size_t)nranks, sizeof *w->ranks, PAR_TAG_COMM);
     w->mb = par_calloc((size_t)nranks, sizeof *w->mb, PAR_TAG_COMM);
     w->ident = par_malloc((size_t)nranks * sizeof *w->ident, PAR_TAG_COMM);
-    if (!w->ranks || !w->mb || !w->ident) {
+    w->split_x = par_malloc((size_t)nranks * 3 * sizeof *w->split_x, PAR_TAG_COMM);
+    if (!w->ranks || !w->mb || !w->ident || !w->split_x) {
         st = par_err(PAR_ENOMEM, "par_world_run: no memory for %d ranks", nranks);
         goto fail_free_world;
     }
@@ -363,6 +340,7 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
         pthread_mutex_init(&w->mb[r].mu, NULL);
         w->ident[r] = r;
     }
+    par__split_tables(w);
 
     st = backend->world_init(w, &w->bworld);
     if (st != PAR_OK)
@@ -388,6 +366,7 @@ fail_free_world:
     par_free(w->ranks);
     par_free(w->mb);
     par_free(w->ident);
+    par_free(w->split_x);
     par_free(w);
     return st;
 }

@@ -189,13 +189,18 @@ par_status par_test(par_request **req, int *done);
 /* ---- ranks of one process --------------------------------------------- */
 
 /* Waits until *word >= want, where word is memory of THIS process that
- * another rank hosted by the same process advances (the replicated state
- * its ranks hold once, parallel/replicas.h).  The calling rank waits the way
- * it waits in a collective (a fiber rank lets the others run; it looks again
- * every few milliseconds, since nothing wakes it for this word), moves no
- * bytes and leaves the virtual clock alone.  `what` names the wait in the
- * error: PAR_ECOMM when the world failed meanwhile, PAR_ETIMEOUT past the
- * world's timeout (the world is marked failed). */
+ * another rank hosted by the same process advances with
+ * par_comm_store_local (the replicated state its ranks hold once,
+ * parallel/replicas.h).  The calling rank waits the way it waits in a
+ * collective (a fiber rank parks and lets the others run; a thread spins,
+ * yields, blocks) until that store wakes it: nothing polls the word
+ * (comm/local.c).  It moves no bytes and leaves the virtual clock alone.
+ * `what` names the wait in the error: PAR_ECOMM when the world failed
+ * meanwhile, PAR_ETIMEOUT past the world's timeout (the world is marked
+ * failed). */
 par_status par_comm_wait_local(par_comm *c, const _Atomic int64_t *word, int64_t want, const char *what);
+/* Stores value in *word and wakes the ranks of this process (of any world)
+ * waiting on it in par_comm_wait_local. */
+void par_comm_store_local(_Atomic int64_t *word, int64_t value);
 
 #endif

@@ -128,6 +128,93 @@ static int cmp_keyrank(const void *a, const void *b)
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
+void par__split_tables(par__world *w)
+{
+    size_t n = (size_t)w->n, *bytes = w->split_x, *roff = bytes + n, *soff = roff + n;
+    for (size_t j = 0; j < n; j++) {
+        bytes[j] = PAR__SPLIT_REC;
+        roff[j] = j * PAR__SPLIT_REC;
+        soff[j] = 0;
+    }
+}
+
+/* Every member's (color, key) into all[2 * j], all[2 * j + 1]: one
+ * exchange, every peer getting the same 8 bytes from offset 0.  The ranges
+ * are the world's shared tables (no per-rank arrays of the group's size but
+ * `all` itself). */
+static par_status split_gather(par_comm *c, par__callmeta *m, const int32_t mine[2], int32_t *all)
+{
+    size_t n = (size_t)c->world->n;
+    const size_t *bytes = c->world->split_x, *roff = bytes + n, *soff = roff + n;
+    par__xfer x = {.sbase = (const char *)mine, .soff = soff, .sbytes = bytes,
+                   .rbase = (char *)all, .roff = roff, .rbytes = bytes};
+    par__comm_account(c, m, &x);
+    par__call_enter(c, m, -1);
+    par_status st = c->world->be->exchange(c, m, &x);
+    par__call_leave(c);
+    par__comm_settle(c, m, st);
+    return st;
+}
+
+/* The plan of this rank's color from every member's (color, key): members
+ * ordered by key, ties by parent rank; parent_ranks / wranks are allocated
+ * with the group's size (*parent_ranks NULL for no color).  Frees nothing
+ * of its outputs on failure: the caller does. */
+static par_status split_plan(par_comm *c, const int32_t *all, par__splitplan *plan,
+                             int **parent_ranks, int **wranks)
+{
+    int p = c->size, nm = 0;
+    if (plan->color < 0)
+        return PAR_OK;
+    for (int j = 0; j < p; j++)
+        nm += all[2 * j] == plan->color;
+    keyrank *members = par_malloc((size_t)nm * sizeof *members, PAR_TAG_COMM);
+    *parent_ranks = par_malloc((size_t)nm * sizeof **parent_ranks, PAR_TAG_COMM);
+    *wranks = par_malloc((size_t)nm * sizeof **wranks, PAR_TAG_COMM);
+    if (!members || !*parent_ranks || !*wranks) {
+        par_free(members);
+        return par_err(PAR_ENOMEM, "par_comm_split: no memory for a group of %d of %d ranks",
+                       nm, p);
+    }
+    for (int j = 0, k = 0; j < p; j++)
+        if (all[2 * j] == plan->color)
+            members[k++] = (keyrank){all[2 * j + 1], j};
+    qsort(members, (size_t)nm, sizeof *members, cmp_keyrank);
+    plan->leader = p;
+    for (int i = 0; i < nm; i++) {
+        (*parent_ranks)[i] = members[i].rank;
+        (*wranks)[i] = c->world_ranks[members[i].rank];
+        if (members[i].rank == c->rank)
+            plan->rank = i;
+        if (members[i].rank < plan->leader)
+            plan->leader = members[i].rank;
+    }
+    plan->size = nm;
+    plan->parent_ranks = *parent_ranks;
+    par_free(members);
+    return PAR_OK;
+}
+
+/* The new handle of a member; its id and name derive from the parent's. */
+static par_status split_handle(par_comm *c, const par__splitplan *plan, const int *wranks,
+                               void *bg, par_comm **out)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%.40s/s%lluc%d", c->name, (unsigned long long)c->nsplit,
+             plan->color);
+    uint64_t id = mix(c->id ^ mix(c->nsplit * 0x100000001ull + (uint64_t)(uint32_t)plan->color));
+    if (id == 0x77u)
+        id++;
+    par_status st = par__comm_new(c->world, c->wrank, plan->rank, plan->size, wranks, id, name,
+                                  bg, out);
+    if (st != PAR_OK)
+        c->world->be->group_free(NULL, bg);
+    return st;
+}
+
+/* Per rank: 8 bytes per parent member (the gathered colors and keys, freed
+ * before the group is made) and O(new group) for the plan; the exchange's
+ * ranges are the world's shared tables (docs/comm.md "Groups"). */
 par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
 {
     if (!c || !out)
@@ -137,60 +224,25 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
         return st;
     if (color < 0)
         color = PAR_UNDEFINED;
-    int p = c->size, me = c->rank;
     par__callmeta m = {.group_id = c->id, .seq = ++c->seq, .count = 2, .op = PAR__OP_SPLIT,
-                       .dtype = PAR_C_I32, .redop = -1, .root = -1, .rank = me};
+                       .dtype = PAR_C_I32, .redop = -1, .root = -1, .rank = c->rank};
     c->nsplit++;
 
     int32_t mine[2] = {color, key};
-    if ((st = par__scratch_take(c)) != PAR_OK)
-        return st;
-    int32_t *all = par_malloc((size_t)p * sizeof mine, PAR_TAG_COMM);
-    keyrank *members = par_malloc((size_t)p * sizeof *members, PAR_TAG_COMM);
-    int *parent_ranks = par_malloc((size_t)p * sizeof *parent_ranks, PAR_TAG_COMM);
-    int *wranks = par_malloc((size_t)p * sizeof *wranks, PAR_TAG_COMM);
-    if (!all || !members || !parent_ranks || !wranks) {
-        st = par_err(PAR_ENOMEM, "par_comm_split: no memory for %d ranks", p);
+    int *parent_ranks = NULL, *wranks = NULL;
+    par__splitplan plan = {.color = color, .key = key};
+    int32_t *all = par_malloc((size_t)c->size * sizeof mine, PAR_TAG_COMM);
+    if (!all) {
+        st = par_err(PAR_ENOMEM, "par_comm_split: no memory for %d ranks", c->size);
         goto fail_free;
     }
-    size_t *sbytes = c->scratch, *roff = c->scratch + p, *rbytes = c->scratch + 2 * (size_t)p;
-    for (int j = 0; j < p; j++) {
-        sbytes[j] = sizeof mine;
-        roff[j] = (size_t)j * sizeof mine;
-        rbytes[j] = sizeof mine;
-    }
-    par__xfer x = {.sbase = (const char *)mine, .soff = NULL, .sbytes = sbytes,
-                   .rbase = (char *)all, .roff = roff, .rbytes = rbytes};
-    /* soff NULL: every peer gets the same 8 bytes at offset 0 */
-    size_t *soff = c->scratch + 3 * (size_t)p;
-    memset(soff, 0, (size_t)p * sizeof *soff);
-    x.soff = soff;
-    par__comm_account(c, &m, &x);
-    par__call_enter(c, &m, -1);
-    st = c->world->be->exchange(c, &m, &x);
-    par__call_leave(c);
-    par__comm_settle(c, &m, st);
+    if ((st = split_gather(c, &m, mine, all)) != PAR_OK)
+        goto fail_free;
+    st = split_plan(c, all, &plan, &parent_ranks, &wranks);
+    par_free(all);
+    all = NULL;
     if (st != PAR_OK)
         goto fail_free;
-
-    par__splitplan plan = {.color = color, .key = key, .parent_ranks = parent_ranks};
-    int nm = 0;
-    if (color >= 0) {
-        for (int j = 0; j < p; j++)
-            if (all[2 * j] == color)
-                members[nm++] = (keyrank){all[2 * j + 1], j};
-        qsort(members, (size_t)nm, sizeof *members, cmp_keyrank);
-        plan.leader = p;
-        for (int i = 0; i < nm; i++) {
-            parent_ranks[i] = members[i].rank;
-            wranks[i] = c->world_ranks[members[i].rank];
-            if (members[i].rank == me)
-                plan.rank = i;
-            if (members[i].rank < plan.leader)
-                plan.leader = members[i].rank;
-        }
-        plan.size = nm;
-    }
     void *bg = NULL;
     par__call_enter(c, &m, -1);
     st = c->world->be->group_split(c, &plan, &bg);
@@ -198,25 +250,12 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
     if (st != PAR_OK)
         goto fail_free;
     par_comm *nc = NULL;
-    if (color >= 0) {
-        char name[64];
-        snprintf(name, sizeof name, "%.40s/s%lluc%d", c->name, (unsigned long long)c->nsplit,
-                 color);
-        uint64_t id = mix(c->id ^ mix(c->nsplit * 0x100000001ull + (uint64_t)(uint32_t)color));
-        if (id == 0x77u)
-            id++;
-        st = par__comm_new(c->world, c->wrank, plan.rank, nm, wranks, id, name, bg, &nc);
-        if (st != PAR_OK) {
-            c->world->be->group_free(NULL, bg);
-            goto fail_free;
-        }
-    }
+    if (color >= 0 && (st = split_handle(c, &plan, wranks, bg, &nc)) != PAR_OK)
+        goto fail_free;
     *out = nc;
 
 fail_free:
-    par__scratch_drop(c);
     par_free(all);
-    par_free(members);
     par_free(parent_ranks);
     par_free(wranks);
     return st;

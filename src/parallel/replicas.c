@@ -194,7 +194,7 @@ void PAR_FN(par_replica_publish)(ticket_t *t, par_counts work)
 {
     atomic_fetch_add(&phases, 1);
     t->rep->work = work;
-    atomic_store_explicit(&t->rep->gen, ++t->gen, memory_order_release);
+    par_comm_store_local(&t->rep->gen, ++t->gen);
 }
 
 par_status PAR_FN(par_replica_wait)(ticket_t *t, par_comm *c, const char *what)

@@ -2,8 +2,10 @@
  * rank's thread-local state must travel with it; its stack is small, sized
  * by an option and guarded; comm's waits yield to the other ranks. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm_test.h"
@@ -219,4 +221,57 @@ static par_status test_loop_fn(par_comm *c, void *arg)
 Test(fiber, test_loops_yield)
 {
     cr_assert_eq(run_fiber(2, test_loop_fn, NULL, 1, 0), PAR_OK, "%s", par_last_error());
+}
+
+/* ---- waits on a word of this process ------------------------------------------ */
+
+/* Rank 1 stores the word after 200 ms on its own worker; rank 0 waits on it
+ * in par_comm_wait_local, parked.  The store wakes it: rank 0 is switched
+ * into twice (its start and the wake), so the world's switches stay at a
+ * handful.  A waiter that looked again on a timer (every 2-10 ms, the old
+ * wait) was switched into about 20 times or more meanwhile. */
+static par_status wait_local_fn(par_comm *c, void *arg)
+{
+    _Atomic int64_t *word = arg;
+    if (par_comm_rank(c) == 1) {
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        par_comm_store_local(word, 1);
+        return PAR_OK;
+    }
+    TRY(par_comm_wait_local(c, word, 1, "the test's word"));
+    CHECK(atomic_load(word) == 1, "woke with word %lld", (long long)atomic_load(word));
+    return PAR_OK;
+}
+
+Test(fiber, wait_local_is_woken_by_the_store)
+{
+    _Atomic int64_t word;
+    atomic_init(&word, 0);
+    logbuf[0] = '\0';
+    par_log_set_sink(sink, NULL);
+    par_log_level lv = par_log_get_level();
+    par_log_set_level(PAR_LOG_INFO);
+    par_status st = run_fiber(2, wait_local_fn, (void *)&word, 2, 0);
+    par_log_set_level(lv);
+    par_log_set_sink(NULL, NULL);
+    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
+    const char *s = strstr(logbuf, "switches into ranks");
+    cr_assert_not_null(s, "%s", logbuf);
+    while (s > logbuf && s[-1] == ' ')
+        s--;
+    while (s > logbuf && s[-1] >= '0' && s[-1] <= '9')
+        s--;
+    long switches = atol(s);
+    cr_assert(switches >= 3 && switches <= 6, "%ld switches into 2 ranks:\n%s", switches, logbuf);
+}
+
+/* The same wait on OS threads: the store wakes the blocked thread. */
+Test(fiber, wait_local_on_threads)
+{
+    _Atomic int64_t word;
+    atomic_init(&word, 0);
+    par_world_opts o = {.timeout_s = 20};
+    par_status st = par_world_run(par_backend_find("threads"), 2, wait_local_fn, (void *)&word, &o);
+    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
 }

@@ -14,7 +14,11 @@
  *      R - 1 wake-ups per barrier, no MPI;
  *   3. barriers of the world: the members here meet, their leader swaps one
  *      metadata message with each other process, R - 1 wake-ups;
- *   4. an all-to-all of one f64 per pair over the world.
+ *   4. an all-to-all of one f64 per pair over the world;
+ *   5. idle: world rank R sleeps IDLE_S, then sends 8 bytes to rank 0, which
+ *      waits in par_recv meanwhile (the other ranks return at once): the CPU
+ *      time (getrusage, all threads) process 0 spends per second of that
+ *      wait, its idle workers' polls and naps.
  * For each: µs per round (process 0's rank 0, best of 3 worlds for 1, mean
  * over reps for 2-4), and from the fiber host's counters (its info line at
  * the end of each world: switches into ranks, wake-ups, parks, polls, naps)
@@ -27,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "backends/mpi/procs.h"
@@ -85,6 +90,34 @@ static par_status pingpong(par_comm *c, void *arg)
     }
     if (me == 0)
         a->t = (now() - t0) / (a->reps * 10);
+    return st;
+}
+
+#define IDLE_S 1.0
+
+static double cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
+}
+
+static par_status idle_wait(par_comm *c, void *arg)
+{
+    args *a = arg;
+    int me = par_comm_rank(c), R = a->R;
+    double x = 0;
+    if (me == R) {
+        struct timespec ts = {(time_t)IDLE_S, (long)((IDLE_S - (double)(time_t)IDLE_S) * 1e9)};
+        nanosleep(&ts, NULL);
+        return par_send(c, &x, 1, PAR_C_F64, 0, 1);
+    }
+    if (me != 0)
+        return PAR_OK;
+    double c0 = cpu_s(), t0 = now();
+    par_status st = par_recv(c, &x, 1, PAR_C_F64, R, 1);
+    a->t = (cpu_s() - c0) / (now() - t0);
     return st;
 }
 
@@ -152,6 +185,12 @@ static void row(const char *what, int host, int R, int rounds, par_world_fn fn, 
                par_last_error());
         return;
     }
+    if (fn == idle_wait) { /* a.t: CPU seconds per second */
+        printf("%-34s %-7s %9.1f%% %9.2f  (process 0's CPU per wall second of the wait)\n", what,
+               host == PAR_RANK_HOST_FIBER ? "fiber" : "threads", a.t * 100, wall);
+        fflush(stdout);
+        return;
+    }
     printf("%-34s %-7s %10.1f %9.2f", what, host == PAR_RANK_HOST_FIBER ? "fiber" : "threads",
            a.t * 1e6, wall);
     if (g_have)
@@ -186,6 +225,7 @@ int main(int argc, char **argv)
         row("2. barrier of a process's ranks", host, R, reps, local_barriers, proc, P);
         row("3. barrier of the world", host, R, reps, world_barriers, proc, P);
         row("4. all-to-all, 1 f64 per pair", host, R, reps, alltoall, proc, P);
+        row("5. idle 1 s, CPU of process 0", host, R, 1, idle_wait, proc, P);
     }
     return 0;
 }
