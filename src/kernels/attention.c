@@ -99,46 +99,17 @@ static par_status check_pos(const int32_t *pos, int64_t T)
 static size_t saved_layout(PAR_FN(par_attn_saved) *s, char *buf, const par_attn_dims *dm,
                            int64_t T)
 {
+    PAR_ATTN_SAVED_DIMS(dm);
     size_t off = 0;
-    const int64_t H = dm->H, hd = dm->hd, ql = dm->q_lora, coff = coff_of(dm);
-#define CARVE(field, type, count)                                                  \
-    do {                                                                           \
-        size_t nb_ = ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63;          \
-        if (buf)                                                                   \
-            s->field = (type *)(void *)(buf + off);                                \
-        off += nb_;                                                                \
-    } while (0)
     if (buf)
         memset(s, 0, sizeof *s);
-    CARVE(qa, par_real, T * ql);
-    CARVE(qa_rstd, par_real, T);
-    CARVE(qr, par_real, T * ql);
-    CARVE(qb, par_real, T * H * hd);
-    CARVE(q_rstd, par_real, T * H);
-    CARVE(q, par_real, T * H * hd);
-    CARVE(kva, par_real, T * hd);
-    CARVE(kv_rstd, par_real, T);
-    CARVE(kv, par_real, T * hd);
-    if (dm->m > 0) {
-        CARVE(ca, par_real, T * coff * hd);
-        CARVE(cz, par_real, T * coff * hd);
-        CARVE(cmp_raw, par_real, T * hd);
-        CARVE(cmp_rstd, par_real, T);
-        CARVE(cmp, par_real, T * hd);
+#define CARVE(field, type, width, present, tok)                                   \
+    if (present) {                                                                \
+        if (buf)                                                                  \
+            s->field = (type *)(void *)(buf + off);                               \
+        off += ((size_t)(T * (int64_t)(width)) * sizeof(type) + 63) & ~(size_t)63; \
     }
-    if (dm->m == 4) {
-        CARVE(iq, par_real, T * dm->iH * dm->ihd);
-        CARVE(iw, par_real, T * dm->iH);
-        CARVE(ica, par_real, T * 2 * dm->ihd);
-        CARVE(icz, par_real, T * 2 * dm->ihd);
-        CARVE(icmp_raw, par_real, T * dm->ihd);
-        CARVE(icmp_rstd, par_real, T);
-        CARVE(icmp, par_real, T * dm->ihd);
-        CARVE(sel, int32_t, T * dm->topk);
-    }
-    CARVE(o, par_real, T * H * hd);
-    CARVE(lse, par_real, T * H);
-    CARVE(r, par_real, T * dm->o_groups * dm->o_lora);
+    PAR_ATTN_SAVED_FIELDS(CARVE)
 #undef CARVE
     return off;
 }

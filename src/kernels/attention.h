@@ -114,6 +114,30 @@ typedef struct {
     par_real *r;        /* [T, o_groups*o_lora] grouped wo_a output        */
 } PAR_FN(par_attn_saved);
 
+/* The saved struct's arrays in layout order, X(field, type, width, present,
+ * tok): `width` elements per token, `present` whether the dims have the
+ * array, `tok` 1 for a per-token array and 0 for the compressed entries
+ * (cmp, icmp: rows at their block's last token).  The widths name the
+ * constants PAR_ATTN_SAVED_DIMS(dm) declares.  saved_bytes / saved_carve
+ * walk it; so does parallel/cp.c for its window layout. */
+#define PAR_ATTN_SAVED_FIELDS(X)                                                                    \
+    X(qa, par_real, ql, 1, 1) X(qa_rstd, par_real, 1, 1, 1) X(qr, par_real, ql, 1, 1)              \
+    X(qb, par_real, H * hd, 1, 1) X(q_rstd, par_real, H, 1, 1) X(q, par_real, H * hd, 1, 1)        \
+    X(kva, par_real, hd, 1, 1) X(kv_rstd, par_real, 1, 1, 1) X(kv, par_real, hd, 1, 1)             \
+    X(ca, par_real, coff * hd, m > 0, 1) X(cz, par_real, coff * hd, m > 0, 1)                      \
+    X(cmp_raw, par_real, hd, m > 0, 1) X(cmp_rstd, par_real, 1, m > 0, 1)                          \
+    X(cmp, par_real, hd, m > 0, 0) X(iq, par_real, iH * ihd, m == 4, 1)                            \
+    X(iw, par_real, iH, m == 4, 1) X(ica, par_real, 2 * ihd, m == 4, 1)                            \
+    X(icz, par_real, 2 * ihd, m == 4, 1) X(icmp_raw, par_real, ihd, m == 4, 1)                     \
+    X(icmp_rstd, par_real, 1, m == 4, 1) X(icmp, par_real, ihd, m == 4, 0)                         \
+    X(sel, int32_t, topk, m == 4, 1) X(o, par_real, H * hd, 1, 1) X(lse, par_real, H, 1, 1)        \
+    X(r, par_real, GL, 1, 1)
+
+#define PAR_ATTN_SAVED_DIMS(dm)                                                                     \
+    const int64_t H = (dm)->H, hd = (dm)->hd, ql = (dm)->q_lora, m = (dm)->m, coff = m == 4 ? 2 : 1; \
+    const int64_t iH = (dm)->iH, ihd = (dm)->ihd, topk = (dm)->topk, GL = (dm)->o_groups * (dm)->o_lora; \
+    (void)H, (void)hd, (void)ql, (void)m, (void)coff, (void)iH, (void)ihd, (void)topk, (void)GL
+
 /* Checks the dims (divisibility, rd <= hd, m in {0, 4, > 4}, ...). */
 par_status PAR_FN(par_attn_check_dims)(const par_attn_dims *dm);
 /* Bytes of a saved struct for T tokens (every array 64-byte aligned). */

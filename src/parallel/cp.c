@@ -80,44 +80,22 @@ void PAR_FN(par_cp_attn_saved_free)(PAR_FN(par_cp_attn_saved) *sv)
 /* ------------------------------------------------------------------------ */
 /* helpers                                                                   */
 
-/* The saved struct's arrays (kernels/attention.h): X(field, type, width,
- * present, window): window 0 for the entries, which live in ebuf. */
-#define CP_SAVED_FIELDS(X)                                           \
-    X(qa, par_real, ql, 1, 1) X(qa_rstd, par_real, 1, 1, 1)          \
-    X(qr, par_real, ql, 1, 1) X(qb, par_real, H * hd, 1, 1)          \
-    X(q_rstd, par_real, H, 1, 1) X(q, par_real, H * hd, 1, 1)        \
-    X(kva, par_real, hd, 1, 1) X(kv_rstd, par_real, 1, 1, 1)         \
-    X(kv, par_real, hd, 1, 1) X(ca, par_real, coff * hd, m > 0, 1)   \
-    X(cz, par_real, coff * hd, m > 0, 1)                             \
-    X(cmp_raw, par_real, hd, m > 0, 1) X(cmp_rstd, par_real, 1, m > 0, 1) \
-    X(cmp, par_real, hd, m > 0, 0) X(iq, par_real, iH * ihd, m == 4, 1) \
-    X(iw, par_real, iH, m == 4, 1) X(ica, par_real, 2 * ihd, m == 4, 1) \
-    X(icz, par_real, 2 * ihd, m == 4, 1)                             \
-    X(icmp_raw, par_real, ihd, m == 4, 1) X(icmp_rstd, par_real, 1, m == 4, 1) \
-    X(icmp, par_real, ihd, m == 4, 0) X(sel, int32_t, dm->topk, m == 4, 1) \
-    X(o, par_real, H * hd, 1, 1) X(lse, par_real, H, 1, 1) X(r, par_real, GL, 1, 1)
-
-#define CP_SAVED_DIMS(dm)                                                                           \
-    const int64_t H = (dm)->H, hd = (dm)->hd, ql = (dm)->q_lora, m = (dm)->m, coff = m == 4 ? 2 : 1; \
-    const int64_t iH = (dm)->iH, ihd = (dm)->ihd, GL = (dm)->o_groups * (dm)->o_lora;              \
-    (void)H, (void)hd, (void)ql, (void)coff, (void)iH, (void)ihd, (void)GL
-
 /* The window arrays of a saved struct for T working rows, 64-byte aligned
  * pieces as attention.c's saved_layout (cmp, icmp left NULL); with buf NULL
  * it only counts bytes. */
 static size_t window_layout(PAR_FN(par_attn_saved) *s, char *buf, const par_attn_dims *dm, int64_t T)
 {
-    CP_SAVED_DIMS(dm);
+    PAR_ATTN_SAVED_DIMS(dm);
     size_t off = 0;
     if (buf)
         memset(s, 0, sizeof *s);
-#define CARVE(field, type, width, present, window)                                   \
-    if ((present) && (window)) {                                                      \
+#define CARVE(field, type, width, present, tok)                                   \
+    if ((present) && (tok)) {                                                      \
         if (buf)                                                                      \
             s->field = (type *)(void *)(buf + off);                                   \
         off += ((size_t)(T * (int64_t)(width)) * sizeof(type) + 63) & ~(size_t)63;    \
     }
-    CP_SAVED_FIELDS(CARVE)
+    PAR_ATTN_SAVED_FIELDS(CARVE)
 #undef CARVE
     return off;
 }
@@ -126,12 +104,12 @@ static size_t window_layout(PAR_FN(par_attn_saved) *s, char *buf, const par_attn
 static void saved_shift(PAR_FN(par_attn_saved) *dst, const PAR_FN(par_attn_saved) *src,
                         int64_t off, const par_attn_dims *dm)
 {
-    CP_SAVED_DIMS(dm);
+    PAR_ATTN_SAVED_DIMS(dm);
     *dst = *src;
-#define SHIFT(field, type, width, present, window)            \
+#define SHIFT(field, type, width, present, tok)            \
     if (src->field)                                           \
         dst->field = src->field + off * (int64_t)(width);
-    CP_SAVED_FIELDS(SHIFT)
+    PAR_ATTN_SAVED_FIELDS(SHIFT)
 #undef SHIFT
 }
 
