@@ -133,6 +133,49 @@ Test(cells, default_tier_ep_sizes_and_backends)
     cr_expect(ep[0] && ep[1] && ep[2], "default tier: EP32 %d, EP64 %d, EP128 %d cells", ep[0], ep[1], ep[2]);
 }
 
+/* Issue 15's list of TP / ETP / SP cells runs on v4-mini in the default tier
+ * (quick has them on v4-tiny): each name present with the layout it claims. */
+Test(cells, default_tier_tp_cells)
+{
+    static const struct {
+        const char *name;
+        int64_t tp, etp, cp, ep, pp;
+        int sp, zero;
+        par_cell_kind kind;
+    } want[] = {
+        {"tp2", 2, 1, 1, 1, 1, 0, 0, PAR_KIND_LAYOUT},          {"tp2-sp", 2, 1, 1, 1, 1, 1, 0, PAR_KIND_LAYOUT},
+        {"tp4", 4, 1, 1, 1, 1, 0, 0, PAR_KIND_LAYOUT},          {"etp2", 1, 2, 1, 1, 1, 0, 0, PAR_KIND_LAYOUT},
+        {"tp2-cp2-ep4", 2, 1, 2, 4, 1, 0, 0, PAR_KIND_LAYOUT},  {"tp2-pp2-1f1b", 2, 1, 1, 1, 2, 0, 0, PAR_KIND_LAYOUT},
+        {"tp2-pp2-interleaved", 2, 1, 1, 1, 2, 0, 0, PAR_KIND_LAYOUT},
+        {"tp2-zero1", 2, 1, 1, 1, 1, 0, 1, PAR_KIND_LAYOUT},    {"etp2-ep4-de2", 1, 2, 1, 4, 1, 0, 0, PAR_KIND_LAYOUT},
+        {"tp2-to-tp1-to-tp4", 2, 1, 1, 1, 1, 0, 0, PAR_KIND_RESUME},
+    };
+    int n = 0;
+    const par_cell_spec *rows = par_cells_builtin(&n);
+    for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+        const par_cell_spec *r = NULL;
+        for (int i = 0; i < n && !r; i++)
+            if (!strcmp(rows[i].name, want[w].name) && !strcmp(rows[i].preset, "v4-mini") &&
+                rows[i].tier <= PAR_CELL_TIER_DEFAULT)
+                r = &rows[i];
+        cr_assert(r, "%s: no v4-mini row in the default tier", want[w].name);
+        cr_expect_eq(r->kind, want[w].kind, "%s: kind", r->name);
+        par_config cfg;
+        par_layout l;
+        cr_assert_eq(par_cell_config(r, &cfg), 0, "%s: %s", r->name, par_last_error());
+        cr_assert_eq(par_cell_layout_resolve(&r->layout, &cfg, &l), 0, "%s: %s", r->name, par_last_error());
+        cr_expect(l.tp == want[w].tp && l.etp == want[w].etp && l.cp == want[w].cp && l.ep == want[w].ep &&
+                      l.pp == want[w].pp && !!l.sequence_parallel == want[w].sp &&
+                      !!l.distributed_optimizer == want[w].zero,
+                  "%s: TP %lld ETP %lld CP %lld EP %lld PP %lld SP %d ZeRO %d", r->name, (long long)l.tp,
+                  (long long)l.etp, (long long)l.cp, (long long)l.ep, (long long)l.pp, l.sequence_parallel,
+                  l.distributed_optimizer);
+        if (want[w].kind == PAR_KIND_RESUME)
+            cr_expect(r->load_layout.world_size == 1 && r->chain_layout.tensor_model_parallel_size == 4,
+                      "%s: the chain is TP 2 -> serial -> TP 4", r->name);
+    }
+}
+
 /* config-a, -b, -c: the tuning guide's table (../shared/reference/001_*):
  * world, CP, and the Da, De and microbatches per replica m that follow. */
 Test(cells, guide_configs)
