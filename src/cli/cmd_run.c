@@ -73,6 +73,32 @@ static void human_bytes(char *buf, size_t n, double b)
     snprintf(buf, n, "%.2f %s", b, u[i]);
 }
 
+/* The table's last row: each rank's model structure (its tables: ownership
+ * map, expert pointers, holders, plans' entry lists, schedule), the
+ * allocator's `model` tag peak of the rank; the memory model's estimate
+ * counts the same term (parallel/memmodel.h). */
+static void print_model_row(const par_run_summary *sum)
+{
+    int64_t N = sum->layout.world, lo = INT64_MAX, hi = 0;
+    if (!sum->alloc_peak)
+        return;
+    char b0[32], b1[32];
+    printf("  %-30s", "model structure (tag model)");
+    for (int64_t r = 0; r < N; r++) {
+        int64_t v = sum->alloc_peak[r * PAR_TAG_COUNT + PAR_TAG_MODEL];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        human_bytes(b0, sizeof b0, (double)v);
+        if (N <= 8)
+            printf("  r%lld %s", (long long)r, b0);
+    }
+    human_bytes(b0, sizeof b0, (double)lo);
+    human_bytes(b1, sizeof b1, (double)hi);
+    if (N > 8)
+        printf(" min %s  max %s", b0, b1);
+    printf("\n");
+}
+
 /* Per-rank memory accounting (parallel/dp_step.h): every rank for N <= 8,
  * else min / max over ranks. */
 static void print_memory(const par_run_summary *sum)
@@ -106,6 +132,7 @@ static void print_memory(const par_run_summary *sum)
             printf("  %-30s min %s  max %s\n", kind[k], b0, b1);
         }
     }
+    print_model_row(sum);
 }
 
 /* What the command line gave. */

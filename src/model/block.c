@@ -39,17 +39,17 @@ static void attn_weights(const PAR_FN(par_model) *M, int b, par_real *flat,
 static void moe_weights(const PAR_FN(par_model) *M, int b, par_moe_weights *W, par_moe_grads *dW)
 {
     const par_block_params *bp = &M->tab.blocks[b];
-    size_t E = (size_t)M->E, base = (size_t)b * 3 * E;
-    W->w1 = M->ew + base;
-    W->w2 = M->ew + base + E;
-    W->w3 = M->ew + base + 2 * E;
+    /* the serial kernels index experts globally: every expert held here */
+    W->w1 = PAR_FN(par_model_ew_row)(M, b, 0);
+    W->w2 = PAR_FN(par_model_ew_row)(M, b, 1);
+    W->w3 = PAR_FN(par_model_ew_row)(M, b, 2);
     W->sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1);
     W->sw2 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2);
     W->sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3);
     if (dW) {
-        dW->w1 = M->egw + base;
-        dW->w2 = M->egw + base + E;
-        dW->w3 = M->egw + base + 2 * E;
+        dW->w1 = PAR_FN(par_model_egw_row)(M, b, 0);
+        dW->w2 = PAR_FN(par_model_egw_row)(M, b, 1);
+        dW->w3 = PAR_FN(par_model_egw_row)(M, b, 2);
         dW->sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1);
         dW->sw2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2);
         dW->sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3);

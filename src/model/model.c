@@ -11,16 +11,17 @@
 
 par_real *PAR_FN(par_model_ptr)(const PAR_FN(par_model) *M, par_real *flat, int idx)
 {
-    if (idx < 0 || idx >= M->tab.n || !flat || M->loc[idx] < 0)
+    const int64_t o = idx < 0 || idx >= M->tab.n || !flat ? -1 : PAR_FN(par_model_loc)(M, idx);
+    if (o < 0)
         return NULL;
     if (flat == M->params && M->shw) /* the weights: shared entries first */
-        return M->loc[idx] < M->n_shared ? M->shw + M->loc[idx] : flat + (M->loc[idx] - M->n_shared);
-    return flat + M->loc[idx];
+        return o < M->n_shared ? M->shw + o : flat + (o - M->n_shared);
+    return flat + o;
 }
 
 int PAR_FN(par_model_holds)(const PAR_FN(par_model) *M, int idx)
 {
-    return idx >= 0 && idx < M->tab.n && M->loc[idx] >= 0;
+    return idx >= 0 && idx < M->tab.n && PAR_FN(par_model_loc)(M, idx) >= 0;
 }
 
 const par_model_cut *PAR_FN(par_model_cut_of)(const PAR_FN(par_model) *M, int idx)
@@ -42,8 +43,8 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
     for (int i = 0; i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
         double v = 0.0;
-        if (p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0) {
-            v = PAR_FN(par_sumsq)(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i));
+        if (p->dtype == PAR_PDT_REAL && p->has_grad && PAR_FN(par_model_loc)(M, i) >= 0) {
+            v = PAR_FN(par_sumsq)(M->grads + PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i));
             s += v;
         }
         if (per_entry)
@@ -317,9 +318,18 @@ static par_status cut_map(PAR_FN(par_model) *M, const par_model_hold *hold)
  * M->n_local, the held floats. */
 static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
 {
-    M->loc = par_malloc((size_t)M->tab.n * sizeof *M->loc, PAR_TAG_MODEL);
+    int64_t n_exp = 0;
+    for (int i = 0; i < M->tab.n; i++)
+        n_exp += M->tab.p[i].expert >= 0;
+    if (n_exp != (int64_t)M->n_blocks * 3 * M->E)
+        return par_err(PAR_EINVAL, "model: the table has %lld routed-expert entries, not n_blocks %d x 3 x E %lld",
+                       (long long)n_exp, M->n_blocks, (long long)M->E);
+    M->n_dense = M->tab.n - (int)n_exp;
+    const int64_t n_held = (int64_t)M->n_blocks * 3 * (M->e1 - M->e0);
+    M->loc = par_malloc((size_t)(M->n_dense + n_held + 1) * sizeof *M->loc, PAR_TAG_MODEL);
     if (!M->loc)
         return par_err(PAR_ENOMEM, "model: out of memory for the ownership map");
+    M->loc_exp = M->loc + M->n_dense;
     /* with a share hook two passes: the dense entries first (the shareable
      * prefix), then the routed experts; else one pass in table order */
     const int dense_first = hold && hold->share;
@@ -329,12 +339,15 @@ static par_status local_map(PAR_FN(par_model) *M, const par_model_hold *hold)
             const par_param *p = &M->tab.p[i];
             if (pass < 2 && (p->expert >= 0) != (pass == 1))
                 continue;
+            int64_t *at = PAR_FN(par__model_loc_at)(M, i);
+            if (!at) /* a routed expert of another EP slice: nothing stored */
+                continue;
             if (p->dtype == PAR_PDT_I32)
-                M->loc[i] = p->offset;
-            else if ((p->expert >= 0 && (p->expert < M->e0 || p->expert >= M->e1)) || !hold_has(hold, &M->tab, i))
-                M->loc[i] = -1;
+                *at = p->offset;
+            else if (!hold_has(hold, &M->tab, i))
+                *at = -1;
             else {
-                M->loc[i] = nf;
+                *at = nf;
                 nf += PAR_FN(par_model_numel)(M, i);
             }
         }
@@ -355,10 +368,11 @@ static par_status alloc_state(PAR_FN(par_model) *M)
     M->opt_m = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
     M->opt_v = par_calloc((size_t)(nf > 0 ? nf : 1), sizeof(par_real), PAR_TAG_OPTIM);
     M->i32 = par_calloc((size_t)(M->tab.n_i32 > 0 ? M->tab.n_i32 : 1), sizeof(int32_t), PAR_TAG_PARAM);
-    M->rope = par_calloc((size_t)M->n_blocks, sizeof(par_rope), PAR_TAG_MODEL);
+    M->rope = par_calloc(2, sizeof(par_rope), PAR_TAG_MODEL); /* [0] plain, [1] YaRN: the blocks point at them */
     M->adims = par_calloc((size_t)M->n_blocks, sizeof(par_attn_dims), PAR_TAG_MODEL);
-    M->ew = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
-    M->egw = par_calloc((size_t)M->n_blocks * 3 * (size_t)M->E, sizeof(par_real *), PAR_TAG_MODEL);
+    const size_t El = (size_t)(M->e1 - M->e0); /* held experts only */
+    M->ew = par_calloc((size_t)M->n_blocks * 3 * El, sizeof(par_real *), PAR_TAG_MODEL);
+    M->egw = par_calloc((size_t)M->n_blocks * 3 * El, sizeof(par_real *), PAR_TAG_MODEL);
     M->blk = par_calloc((size_t)M->n_blocks, sizeof(PAR_FN(par_block_act)), PAR_TAG_MODEL);
     M->X = par_calloc((size_t)M->cfg.n_layers + 1, sizeof(par_real *), PAR_TAG_MODEL);
     if (!M->params || !M->grads || !M->opt_m || !M->opt_v || !M->i32 || !M->rope || !M->adims || !M->ew ||
@@ -395,8 +409,8 @@ static par_status init_values(PAR_FN(par_model) *M, uint64_t seed)
         const par_param *p = &M->tab.p[i];
         par_status st = PAR_OK;
         if (p->dtype == PAR_PDT_I32)
-            st = PAR_FN(par_init_param_slice_i32)(M->i32 + M->loc[i], &M->tab, i, 0, p->numel);
-        else if (M->loc[i] >= 0 && !(M->shw && M->loc[i] < M->n_shared)) /* shared: filled once */
+            st = PAR_FN(par_init_param_slice_i32)(M->i32 + PAR_FN(par_model_loc)(M, i), &M->tab, i, 0, p->numel);
+        else if (PAR_FN(par_model_loc)(M, i) >= 0 && !(M->shw && PAR_FN(par_model_loc)(M, i) < M->n_shared)) /* shared: filled once */
             st = init_held(M, PAR_FN(par_model_ptr)(M, M->params, i), i, seed);
         if (st)
             return st;
@@ -408,9 +422,9 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
 {
     for (int i = 0; i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
-        if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0 || M->loc[i] >= M->n_shared)
+        if (p->dtype != PAR_PDT_REAL || PAR_FN(par_model_loc)(M, i) < 0 || PAR_FN(par_model_loc)(M, i) >= M->n_shared)
             continue;
-        par_status st = init_held(M, w + M->loc[i], i, M->seed);
+        par_status st = init_held(M, w + PAR_FN(par_model_loc)(M, i), i, M->seed);
         if (st)
             return st;
     }
@@ -423,11 +437,11 @@ static par_status block_setup(PAR_FN(par_model) *M, int b)
 {
     const par_config *cfg = &M->cfg;
     int64_t m = par_config_ratio(cfg, b);
-    if (m > 0)
-        par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->compress_rope_theta, 1, cfg->rope_factor,
+    if (m > 0) /* the same table for every m > 0 block (filled again: the same values) */
+        par_rope_init(&M->rope[1], (int)cfg->rope_head_dim, cfg->compress_rope_theta, 1, cfg->rope_factor,
                       cfg->original_seq_len, cfg->beta_fast, cfg->beta_slow);
     else
-        par_rope_init(&M->rope[b], (int)cfg->rope_head_dim, cfg->rope_theta, 0, cfg->rope_factor, 0,
+        par_rope_init(&M->rope[0], (int)cfg->rope_head_dim, cfg->rope_theta, 0, cfg->rope_factor, 0,
                       cfg->beta_fast, cfg->beta_slow);
     par_attn_dims *dm = &M->adims[b];
     dm->d = cfg->dim;
@@ -443,17 +457,16 @@ static par_status block_setup(PAR_FN(par_model) *M, int b)
     dm->ihd = cfg->index_head_dim;
     dm->topk = cfg->index_topk;
     dm->norm_eps = cfg->norm_eps;
-    dm->rope = &M->rope[b];
+    dm->rope = &M->rope[m > 0];
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;
     const par_block_params *bp = &M->tab.blocks[b];
-    for (int64_t e = 0; e < M->E; e++)
+    for (int64_t e = M->e0; e < M->e1; e++)
         for (int k = 0; k < 3; k++) {
             int idx = bp->expert0 + 3 * (int)e + k;
-            size_t slot = ((size_t)b * 3 + (size_t)k) * (size_t)M->E + (size_t)e;
-            M->ew[slot] = PAR_FN(par_model_ptr)(M, M->params, idx);
-            M->egw[slot] = PAR_FN(par_model_ptr)(M, M->grads, idx);
+            PAR_FN(par_model_ew_row)(M, b, k)[e - M->e0] = PAR_FN(par_model_ptr)(M, M->params, idx);
+            PAR_FN(par_model_egw_row)(M, b, k)[e - M->e0] = PAR_FN(par_model_ptr)(M, M->grads, idx);
         }
     return PAR_OK;
 }

@@ -4,7 +4,7 @@
  *
  * A model holds the config, the parameter table (model/params.h), ONE flat
  * parameter buffer, ONE flat gradient buffer and the optimizer state (same
- * offsets), the int32 tid2eid tables, per-block RoPE tables and attention
+ * offsets), the int32 tid2eid tables, two RoPE tables (plain, YaRN), the attention
  * sizes, and an arena (tag ACT) for a step's activations.
  *
  * The step is decomposed so that a parallel driver can call the same pieces
@@ -312,11 +312,16 @@ struct PAR_FN(par_model_s) {
     /* Ownership: the model holds the dense parameters and the routed experts
      * [e0, e1) of every block (the serial model: [0, E)).  Held float
      * entries are packed in table order into LOCAL flat buffers of n_local
-     * elements; loc[idx] is entry idx's offset there (-1 when not held; for
-     * the int32 entries, the offset into i32, which always holds all).
-     * Owning everything, loc[idx] == tab.p[idx].offset. */
+     * elements; par_model_loc(M, idx) is entry idx's offset there (-1 when
+     * not held; for the int32 entries, the offset into i32, which always
+     * holds all).  Owning everything, it is tab.p[idx].offset.  Stored for
+     * the table's dense entries (every entry but the routed experts', in
+     * table order) and the HELD experts' only: loc_exp is [n_blocks, El, 3]
+     * (El = e1 - e0), not [tab.n] per rank. */
     int64_t e0, e1;
-    int64_t *loc;             /* [tab.n] */
+    int64_t *loc;             /* [n_dense] dense entries, then loc_exp (one block) */
+    int64_t *loc_exp;         /* [n_blocks, El, 3] held experts' w1, w2, w3 */
+    int n_dense;              /* tab.n - n_blocks * 3 * E */
     int64_t n_local;
     par_real *params;         /* [n_local - n_shared] the model's own weights (par_model_ptr) */
     /* Replicated dense state held once per process (parallel/replicas.h):
@@ -336,10 +341,13 @@ struct PAR_FN(par_model_s) {
     PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial), installed once */
     PAR_FN(par_attn_exec) attn; /* attention executor (zeroed: serial), installed once */
     PAR_FN(par_vocab_exec) vocab; /* embedding / head executor (zeroed: serial), installed once */
-    par_rope *rope;           /* [n_blocks] */
+    par_rope *rope;           /* [2]: m == 0 blocks' table, m > 0 blocks' (YaRN); adims[b].rope points at one */
     par_attn_dims *adims;     /* [n_blocks] */
-    const par_real **ew;      /* [n_blocks, 3, E] expert weights w1,w2,w3 (NULL: not held) */
-    par_real **egw;           /* [n_blocks, 3, E] their gradients (NULL: not held) */
+    /* the held experts' weights w1, w2, w3 and their gradients, by held
+     * expert l = e - e0 (El = e1 - e0 of them; NULL: a block not held):
+     * read them through par_model_ew_row / par_model_egw_row */
+    const par_real **ew;      /* [n_blocks, 3, El] */
+    par_real **egw;           /* [n_blocks, 3, El] */
     int64_t step;             /* updates applied so far */
 
     /* the current step (valid after par_model_forward until the next one) */
@@ -355,6 +363,42 @@ struct PAR_FN(par_model_s) {
     par_step_scalars last;
     int have_fwd;
 };
+
+/* Where entry idx's offset is stored (par_model_loc), NULL for a routed
+ * expert outside [e0, e1).  Internal: the build writes through it. */
+static inline int64_t *PAR_FN(par__model_loc_at)(const PAR_FN(par_model) *M, int idx)
+{
+    const par_param *p = &M->tab.p[idx];
+    if (p->expert >= 0) {
+        if (p->expert < M->e0 || p->expert >= M->e1)
+            return NULL;
+        const int64_t k = idx - M->tab.blocks[p->layer].expert0 - 3 * (int64_t)p->expert;
+        return M->loc_exp + ((int64_t)p->layer * (M->e1 - M->e0) + (p->expert - M->e0)) * 3 + k;
+    }
+    int64_t before = 0; /* routed-expert entries ahead of idx in the table */
+    for (int b = 0; b < M->n_blocks; b++)
+        before += M->tab.blocks[b].expert0 < idx ? 3 * M->E : 0;
+    return M->loc + (idx - before);
+}
+/* Entry idx's offset in the local buffers (int32 entries: in i32), -1 when
+ * not held (idx must be inside the table). */
+static inline int64_t PAR_FN(par_model_loc)(const PAR_FN(par_model) *M, int idx)
+{
+    const int64_t *at = PAR_FN(par__model_loc_at)(M, idx);
+    return at ? *at : -1;
+}
+
+/* Block b's held-expert pointers of kind k (0 w1, 1 w2, 2 w3): [El], entry
+ * l is expert e0 + l's tensor (NULL: block b not held).  A model holding
+ * every expert (e0 = 0, e1 = E) indexes them by expert. */
+static inline const par_real **PAR_FN(par_model_ew_row)(const PAR_FN(par_model) *M, int b, int k)
+{
+    return M->ew + ((size_t)b * 3 + (size_t)k) * (size_t)(M->e1 - M->e0);
+}
+static inline par_real **PAR_FN(par_model_egw_row)(const PAR_FN(par_model) *M, int b, int k)
+{
+    return M->egw + ((size_t)b * 3 + (size_t)k) * (size_t)(M->e1 - M->e0);
+}
 
 /* Builds the table of a validated config (refuses n_mtp_layers > 1),
  * allocates and initialises the parameters from `seed` (model/init.h).

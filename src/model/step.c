@@ -264,9 +264,9 @@ par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)
      * per-entry calls in table order) */
     for (int i = 0; i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
-        if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0)
+        if (p->dtype != PAR_PDT_REAL || PAR_FN(par_model_loc)(M, i) < 0)
             continue;
-        int64_t o = M->loc[i];
+        int64_t o = PAR_FN(par_model_loc)(M, i);
         par_status s = PAR_FN(par_optim_apply_param)(M->params + o, M->opt_m + o, M->opt_v + o, M->grads + o,
                                                      &M->tab, i, &M->cfg, M->step + 1, f);
         if (s)

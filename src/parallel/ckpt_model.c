@@ -227,7 +227,7 @@ static int held_state(PAR_FN(par_dpw) *w, int idx, int64_t *a, int64_t *b)
         if (pl->mode == PAR_DP_ZERO1)
             return par_zero_geom_piece(&pl->geom, idx, pl->rank, a, b);
         *a = 0;
-        *b = pl->e[pl->entry_of[idx]].numel;
+        *b = pl->e[par_zero_geom_entry(&pl->geom, idx)].numel;
         return *b > 0;
     }
     return 0;
@@ -242,8 +242,8 @@ static int others_write(const PAR_FN(par_model) *M, const PAR_FN(par_dpw) *w, co
         return 0;
     const int idx = table_index(&list[i], i);
     if (list[i].slot != PAR_CKPT_PARAM)
-        return w->plan[PAR_DPW_DENSE].state_ext && w->plan[PAR_DPW_DENSE].entry_of[idx] >= 0;
-    return M->tab.p[idx].dtype == PAR_PDT_REAL && M->loc[idx] >= 0 && M->loc[idx] < M->n_shared;
+        return w->plan[PAR_DPW_DENSE].state_ext && par_zero_geom_entry(&w->plan[PAR_DPW_DENSE].geom, idx) >= 0;
+    return M->tab.p[idx].dtype == PAR_PDT_REAL && PAR_FN(par_model_loc)(M, idx) >= 0 && PAR_FN(par_model_loc)(M, idx) < M->n_shared;
 }
 
 /* The load items of this rank: every parameter it holds, whole, and the

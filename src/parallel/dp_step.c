@@ -63,7 +63,7 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
     int nl[2] = {0, 0};
     for (int i = 0; i < t->n; i++) {
         const par_param *p = &t->p[i];
-        if (p->dtype != PAR_PDT_REAL || M->loc[i] < 0)
+        if (p->dtype != PAR_PDT_REAL || PAR_FN(par_model_loc)(M, i) < 0)
             continue;
         int k = p->expert >= 0 ? PAR_DPW_EXPERT : PAR_DPW_DENSE;
         lists[k * t->n + nl[k]++] = i;
@@ -84,7 +84,7 @@ par_status PAR_FN(par_dpw_init_shared)(dpw_t *w, const par_pctx *P, PAR_FN(par_m
                                                    shared ? PAR_FN(par_replica_state) : NULL, w->rt)))
             goto fail_free;
         for (int j = 0; j < w->plan[k].n; j++)
-            w->plan[k].e[j].off = M->loc[w->plan[k].e[j].idx] - w->base[k];
+            w->plan[k].e[j].off = PAR_FN(par_model_loc)(M, w->plan[k].e[j].idx) - w->base[k];
         w->plan[k].tp_cut = M->cut; /* its shard-held Muon matrices meet on the TP group */
         w->plan[k].tpc = w->chain[k];
     }
@@ -113,11 +113,11 @@ par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
     if (idx < 0 || idx >= w->n_tab)
         return par_err(PAR_EINVAL, "dp wiring: norm skip of entry %d outside the table [0, %d)", idx, w->n_tab);
     if (!w->norm_skip) {
-        w->norm_skip = par_calloc((size_t)w->n_tab, 1, PAR_TAG_MODEL);
+        w->norm_skip = par_calloc((size_t)w->n_tab / 8 + 1, 1, PAR_TAG_MODEL); /* bits */
         if (!w->norm_skip)
             return par_err(PAR_ENOMEM, "dp wiring: out of memory for the norm mask");
     }
-    w->norm_skip[idx] = 1;
+    w->norm_skip[idx >> 3] |= (unsigned char)(1u << (idx & 7));
     return PAR_OK;
 }
 
@@ -135,7 +135,7 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const doub
             continue;
         int64_t a = e->pos > base ? e->pos : base;
         int64_t b = e->pos + e->numel < base + pl->shard ? e->pos + e->numel : base + pl->shard;
-        if (a >= b || (skip && skip[e->idx]))
+        if (a >= b || (skip && skip[e->idx >> 3] >> (e->idx & 7) & 1))
             continue;
         const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, a);
         double s = start ? start[e->idx] : 0.0;
@@ -145,7 +145,7 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const doub
     }
     for (int k = pl->owned_begin[pl->rank]; k < pl->owned_begin[pl->rank + 1]; k++) {
         const par_zero_entry *e = &pl->e[pl->owned[k]];
-        if (skip && skip[e->idx])
+        if (skip && skip[e->idx >> 3] >> (e->idx & 7) & 1)
             continue;
         const par_real *x = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
         double s = start ? start[e->idx] : 0.0;
@@ -342,9 +342,10 @@ par_real *PAR_FN(par_dpw_state_ptr)(dpw_t *w, int idx, int slot, int64_t begin, 
 {
     for (int k = 0; k < 2; k++) {
         plan_t *pl = &w->plan[k];
-        if (idx < 0 || idx >= w->n_tab || pl->entry_of[idx] < 0)
+        const int j = par_zero_geom_entry(&pl->geom, idx);
+        if (j < 0)
             continue;
-        const par_zero_entry *e = &pl->e[pl->entry_of[idx]];
+        const par_zero_entry *e = &pl->e[j];
         if (begin < 0 || begin >= e->numel)
             return NULL;
         const int zero1 = pl->mode == PAR_DP_ZERO1;

@@ -4,9 +4,9 @@
  * onto the model").  docs/parallel.md, "The optimizer step of a rank".
  *
  * A rank's model keeps its held entries packed in LOCAL flat buffers
- * (M->loc, model/model.h).  zero.h's plans work on flat buffers addressed by
+ * (par_model_loc, model/model.h).  zero.h's plans work on flat buffers addressed by
  * a table's offsets, so the wiring builds a LOCAL TABLE: a copy of the
- * parameter entries whose offsets are M->loc (held entries only listed in
+ * parameter entries whose offsets are par_model_loc (held entries only listed in
  * the plans), and hands the model's params / grads to the plans directly.
  *
  * Two plans per rank:
@@ -63,14 +63,14 @@ typedef struct {
 #define PAR_DPW_MEM_FIELDS 6
 
 typedef struct {
-    int n_tab;                /* entries of M->tab (the plans map them to M->loc: par_zero_entry.off) */
+    int n_tab;                /* entries of M->tab (the plans map them to par_model_loc: par_zero_entry.off) */
     par_dp_mode mode;
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];
-    unsigned char *norm_skip; /* [tab.n] 1: held but counted in the norm by another stage (PP); NULL: none */
+    unsigned char *norm_skip; /* [tab.n / 8 + 1] bits, entry i's bit 1: held but counted in the norm by another stage (PP); NULL: none */
     /* The dense plan's weights (and replicated state) in the process's shared
      * copy (parallel/replicas.h), NULL: the rank's own.  The plans address
-     * flat buffers from base[k]: a plan entry's off is M->loc - base[k] (the
+     * flat buffers from base[k]: a plan entry's off is par_model_loc - base[k] (the
      * expert plan with a shared copy: base n_shared, its weights in M->params,
      * its gradients at M->grads + n_shared). */
     PAR_FN(par_replica_ticket) *rt;

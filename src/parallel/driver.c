@@ -161,9 +161,8 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
         return s;
     if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
         PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
-    const uint8_t *skip = PAR_FN(par_exec_norm_skip)(S->ex);
     for (int i = 0; i < S->M.tab.n; i++)
-        if (skip[i] && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
+        if (PAR_FN(par_exec_skips_norm)(S->ex, i) && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
             return s;
     if (o->load && (s = PAR_FN(par_ckpt_model_load)(P, &S->M, &S->dpw, o->load)))
         return s;

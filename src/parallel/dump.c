@@ -121,7 +121,7 @@ static int supplies(const exec_t *ex, const par_pctx *P, const PAR_FN(par_model)
                     int idx)
 {
     const par_param *p = &M->tab.p[idx];
-    if (p->dtype != PAR_PDT_REAL || ex->holder_pp[idx] != rc->pp)
+    if (p->dtype != PAR_PDT_REAL || PAR_FN(par__exec_holder_pp)(ex, &M->tab, idx) != rc->pp)
         return 0;
     int64_t np;
     const int cut = par_tp_storage_cut(P->lay, p->name, &np) != PAR_TP_REPLICATED; /* a shard: each supplies its own */

@@ -54,8 +54,10 @@ struct PAR_FN(par_ep_s) {
     int EP, me;
     int64_t E, El, e0;
     int n_blocks;
+    int n_rows;            /* the blocks whose experts the model holds (a pipeline rank: its stages') */
+    int *row;              /* [n_blocks] block b's row of blk, -1: not held here */
     int n_slots;           /* sets of per-block state: one per microbatch slot (par_mbctx.slot) */
-    blk_state *blk;        /* [n_slots, n_blocks] */
+    blk_state *blk;        /* [n_slots, n_rows]: held blocks only */
     par_ep_dispatch mode;
     int gpn;               /* ranks per node */
     int *node;             /* [EP] node of each EP rank (world rank / gpn) */

@@ -32,15 +32,15 @@ static int hkey_cmp(const void *a, const void *b)
 static blk_state *state_of(ep_t *x, const par_mbctx *c, int b)
 {
     int slot = c ? c->slot : 0;
-    if (slot < 0 || slot >= x->n_slots || b < 0 || b >= x->n_blocks)
+    if (slot < 0 || slot >= x->n_slots || b < 0 || b >= x->n_blocks || x->row[b] < 0)
         return NULL;
-    return &x->blk[(size_t)slot * (size_t)x->n_blocks + (size_t)b];
+    return &x->blk[(size_t)slot * (size_t)x->n_rows + (size_t)x->row[b]];
 }
 
 static par_status no_state(const ep_t *x, const par_mbctx *c, int b)
 {
-    return par_err(PAR_EINVAL, "ep: block %d of slot %d: the executor has %d blocks x %d slots", b, c ? c->slot : 0,
-                   x->n_blocks, x->n_slots);
+    return par_err(PAR_EINVAL, "ep: block %d of slot %d: the executor has %d slots of %d held blocks (of %d)", b,
+                   c ? c->slot : 0, x->n_slots, x->n_rows, x->n_blocks);
 }
 
 /* The shared expert's weights of block b (NULL when there is none). */
@@ -122,10 +122,10 @@ static par_status run_experts(ep_t *x, blk_state *S, const PAR_FN(par_model) *M,
     charge_experts(x, NR);
     for (int64_t l = 0; l < x->El; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
-        size_t base = (size_t)b * 3 * (size_t)M->E + (size_t)(x->e0 + l);
         PAR_FN(par_moe_expert_forward)(yg + o * d, S->g + o * I, S->u + o * I, S->h + o * I, S->xg + o * d,
-                                       S->rwg + o, M->ew[base], M->ew[base + (size_t)M->E],
-                                       M->ew[base + 2 * (size_t)M->E], n, d, I, M->cfg.swiglu_limit);
+                                       S->rwg + o, PAR_FN(par_model_ew_row)(M, b, 0)[l],
+                                       PAR_FN(par_model_ew_row)(M, b, 1)[l], PAR_FN(par_model_ew_row)(M, b, 2)[l],
+                                       n, d, I, M->cfg.swiglu_limit);
     }
     return PAR_OK;
 }
@@ -216,7 +216,6 @@ static par_status experts_input(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int
 {
     const int K = (int)M->K;
     const int64_t d = M->d, I = M->I, NR = S->nrecv;
-    const size_t E = (size_t)M->E;
     par_free(S->dyg);
     S->dyg = xalloc((size_t)(NR * d), sizeof *S->dyg);
     par_real *dxg = xcalloc((size_t)(NR * (d + 1)), sizeof *dxg);
@@ -236,9 +235,9 @@ static par_status experts_input(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int
         s = PAR_FN(par__ep_etp_backward)(x, S, M, b, dxg, drwg);
     for (int64_t l = 0; l < x->El && !s && !x->etp.comm; l++) {
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
-        size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
         s = PAR_FN(par_moe_expert_backward)(dxg + o * d, NULL, NULL, NULL, drwg + o, S->dyg + o * d, S->xg + o * d,
-                                            S->rwg + o, M->ew[base], M->ew[base + E], M->ew[base + 2 * E],
+                                            S->rwg + o, PAR_FN(par_model_ew_row)(M, b, 0)[l],
+                                            PAR_FN(par_model_ew_row)(M, b, 1)[l], PAR_FN(par_model_ew_row)(M, b, 2)[l],
                                             S->g + o * I, S->u + o * I, S->h + o * I, n, d, I, M->cfg.swiglu_limit);
     }
     for (int64_t r = 0; r < NR && !s; r++) {
@@ -309,17 +308,18 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
         return par_err(PAR_EINVAL, "ep: block %d weight pass without its input pass", b);
     const int64_t d = M->d, I = M->I;
     const double L = M->cfg.swiglu_limit;
-    const size_t E = (size_t)M->E;
     par_status s = PAR_OK;
     x->cur_b = b;
     PAR_FN(par__ep_tp_mask_dy)(S, d);
     charge_experts(x, S->nrecv);
     for (int64_t l = 0; l < x->El && !s && !x->etp.comm; l++) { /* ETP: done in B */
         int64_t o = S->eoff[l], n = S->eoff[l + 1] - o;
-        size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
-        s = PAR_FN(par_moe_expert_backward)(NULL, M->egw[base], M->egw[base + E], M->egw[base + 2 * E], NULL,
-                                            S->dyg + o * d, S->xg + o * d, S->rwg + o, M->ew[base], M->ew[base + E],
-                                            M->ew[base + 2 * E], S->g + o * I, S->u + o * I, S->h + o * I, n, d, I, L);
+        s = PAR_FN(par_moe_expert_backward)(NULL, PAR_FN(par_model_egw_row)(M, b, 0)[l],
+                                            PAR_FN(par_model_egw_row)(M, b, 1)[l], PAR_FN(par_model_egw_row)(M, b, 2)[l],
+                                            NULL, S->dyg + o * d, S->xg + o * d, S->rwg + o,
+                                            PAR_FN(par_model_ew_row)(M, b, 0)[l], PAR_FN(par_model_ew_row)(M, b, 1)[l],
+                                            PAR_FN(par_model_ew_row)(M, b, 2)[l], S->g + o * I, S->u + o * I,
+                                            S->h + o * I, n, d, I, L);
     }
     par_free(S->dyg);
     S->dyg = NULL;
@@ -425,7 +425,10 @@ par_status PAR_FN(par_ep_create)(PAR_FN(par_ep) **out, par_comm *ep, PAR_FN(par_
     x->n_blocks = M->n_blocks;
     x->n_slots = 1;
     x->mode = PAR_EP_FLAT;
-    x->blk = par_calloc((size_t)M->n_blocks, sizeof *x->blk, PAR_TAG_MODEL);
+    x->row = par_malloc((size_t)M->n_blocks * sizeof *x->row, PAR_TAG_MODEL);
+    for (int b = 0; x->row && b < M->n_blocks; b++) /* state for the blocks whose experts are held only */
+        x->row[b] = PAR_FN(par_model_holds)(M, M->tab.blocks[b].expert0 + 3 * (int)M->e0) ? x->n_rows++ : -1;
+    x->blk = x->row ? par_calloc((size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *x->blk, PAR_TAG_MODEL) : NULL;
     par_status s = x->blk ? build_nodes(x, 8) : par_err(PAR_ENOMEM, "ep: out of memory");
     if (s) {
         PAR_FN(par_ep_free)(x);
@@ -452,7 +455,7 @@ par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, 
     par_status s = build_nodes(x, gpus_per_node);
     if (s)
         return s;
-    for (int i = 0; i < x->n_slots * x->n_blocks; i++)
+    for (int i = 0; i < x->n_slots * x->n_rows; i++)
         PAR_FN(par__ep_blk_free)(&x->blk[i]);
     x->mode = mode;
     return PAR_OK;
@@ -462,10 +465,10 @@ par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n)
 {
     if (n < 1)
         return par_err(PAR_EINVAL, "ep: the number of state slots must be >= 1 (got %d)", n);
-    blk_state *nb = par_calloc((size_t)n * (size_t)x->n_blocks, sizeof *nb, PAR_TAG_MODEL);
+    blk_state *nb = par_calloc((size_t)n * (size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *nb, PAR_TAG_MODEL);
     if (!nb)
         return par_err(PAR_ENOMEM, "ep: out of memory for %d state slots", n);
-    for (int i = 0; i < x->n_slots * x->n_blocks; i++)
+    for (int i = 0; i < x->n_slots * x->n_rows; i++)
         PAR_FN(par__ep_blk_free)(&x->blk[i]);
     par_free(x->blk);
     x->blk = nb;
@@ -490,9 +493,10 @@ void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
 {
     if (!x)
         return;
-    for (int b = 0; x->blk && b < x->n_slots * x->n_blocks; b++)
+    for (int b = 0; x->blk && b < x->n_slots * x->n_rows; b++)
         PAR_FN(par__ep_blk_free)(&x->blk[b]);
     par_free(x->blk);
+    par_free(x->row);
     par_free(x->node);
     par_free(x->rel);
     par_free(x->tpdup);

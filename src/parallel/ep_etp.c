@@ -17,7 +17,7 @@ par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, i
                        (long long)I);
     memset(&x->etr, 0, sizeof x->etr);
     x->etp = (par_tp){.comm = P > 1 ? etp : NULL, .sp = sp != 0, .faults = 0, .traffic = &x->etr};
-    for (int i = 0; i < x->n_slots * x->n_blocks; i++)
+    for (int i = 0; i < x->n_slots * x->n_rows; i++)
         PAR_FN(par__ep_blk_free)(&x->blk[i]);
     return PAR_OK;
 }
@@ -30,7 +30,6 @@ static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int 
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), Il = I / P;
     const int r = par_tp_rank(&x->etp);
-    const size_t E = (size_t)M->E;
     /* w1 / w3: the model's held ETP rows (parallel/tp_split.h), or rank r's rows of whole ones */
     const int64_t off = PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0 + 3 * (int)x->e0) ? 0 : (int64_t)r * Il * d;
     S->esw = xcalloc((size_t)(3 * El), sizeof *S->esw);
@@ -40,14 +39,13 @@ static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int 
         return par_err(PAR_ENOMEM, "ep: block %d: out of memory for the ETP slices of %lld experts", b,
                        (long long)El);
     for (int64_t l = 0; l < El; l++) {
-        size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
         par_real *w2 = S->ew2 + l * d * Il;
-        par_tp_slice(w2, M->ew[base + E], d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
-        S->esw[l] = M->ew[base] + off;
+        par_tp_slice(w2, PAR_FN(par_model_ew_row)(M, b, 1)[l], d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
+        S->esw[l] = PAR_FN(par_model_ew_row)(M, b, 0)[l] + off;
         S->esw[El + l] = w2;
-        S->esw[2 * El + l] = M->ew[base + 2 * E] + off;
-        S->esg[l] = M->egw[base] + off;
-        S->esg[El + l] = M->egw[base + 2 * E] + off;
+        S->esw[2 * El + l] = PAR_FN(par_model_ew_row)(M, b, 2)[l] + off;
+        S->esg[l] = PAR_FN(par_model_egw_row)(M, b, 0)[l] + off;
+        S->esg[El + l] = PAR_FN(par_model_egw_row)(M, b, 2)[l] + off;
     }
     return PAR_OK;
 }
@@ -83,10 +81,9 @@ static void add_w2_grads(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b)
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), n = d * (I / P);
     const int r = par_tp_rank(&x->etp);
-    const size_t E = (size_t)M->E;
     par_real *tmp = S->ew2, *g = S->ew2 + El * n; /* the w2 slices are no longer needed */
     for (int64_t l = 0; l < El; l++) {
-        par_real *full = M->egw[(size_t)b * 3 * E + E + (size_t)(x->e0 + l)], *t = tmp + l * n;
+        par_real *full = PAR_FN(par_model_egw_row)(M, b, 1)[l], *t = tmp + l * n;
         par_tp_slice(t, full, d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
         for (int64_t i = 0; i < n; i++)
             t[i] += g[l * n + i];

@@ -61,8 +61,11 @@ static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, e
         return par_err(PAR_ENOMEM, "etp: out of memory for the slices of %d experts", E);
     q->g = (par_real **)(q->w + 3 * E);
     q->dw2 = q->w2 + E * d * Il;
-    const par_real **ew = M->ew + (size_t)b * 3 * (size_t)E;
-    par_real **egw = M->egw + (size_t)b * 3 * (size_t)E;
+    if (M->e0 != 0 || M->e1 != E)
+        return par_err(PAR_EINVAL, "etp: the model holds experts [%lld, %lld) of %d (ETP needs EP = 1)",
+                       (long long)M->e0, (long long)M->e1, E);
+    const par_real **ew = PAR_FN(par_model_ew_row)(M, b, 0); /* [3, E]: every expert held */
+    par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0);
     for (int e = 0; e < E; e++) {
         if (!ew[e] || !ew[E + e] || !ew[2 * E + e])
             return par_err(PAR_EINVAL, "etp: block %d does not hold expert %d (ETP needs EP = 1)", b, e);
@@ -155,7 +158,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     const int E = h->E;
     const int64_t n = h->d * h->Il;
     par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
-    par_real **egw = M->egw + (size_t)b * 3 * (size_t)E;
+    par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
     for (int e = 0; e < E; e++) {
         par_real *t = tmp + (int64_t)e * n;
         const par_real *g = q->dw2 + (int64_t)e * n;

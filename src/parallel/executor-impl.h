@@ -84,8 +84,10 @@ struct PAR_FN(par_exec_s) {
     int *stage_local;         /* [n_stages * n_dirs]: local index of (dir, stage) or -1 */
     int n_blocks, L;
     uint8_t *blocks;          /* [n_blocks] held */
-    int *holder_pp;           /* [tab.n] lowest pipeline rank holding entry (float), -1 none */
-    uint8_t *norm_skip;       /* [tab.n] */
+    /* the lowest pipeline rank holding each block's entries, then embed,
+     * head and the final norm's (par__exec_holder_pp: per entry), -1 none */
+    int *holder_pp;           /* [n_blocks + 3] */
+    uint8_t *norm_skip;       /* [(tab.n + 7) / 8] bits (par__exec_skip_set / par_exec_skips_norm) */
     int64_t n, d, nd;
     /* the step */
     int64_t B, S, Bl, mbs, Tm;
@@ -126,6 +128,13 @@ typedef PAR_FN(par_exec) exec_t;
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
                                   const par_exec_opts *o);
 void PAR_FN(par__exec_hold_free)(exec_t *ex);
+/* The lowest pipeline rank holding float entry idx of table t (-1: none). */
+int PAR_FN(par__exec_holder_pp)(const exec_t *ex, const par_param_table *t, int idx);
+/* Sets entry idx's norm-skip bit to v. */
+static inline void par__exec_skip_set(uint8_t *bits, int idx, int v)
+{
+    bits[idx >> 3] = (uint8_t)((bits[idx >> 3] & ~(1u << (idx & 7))) | ((unsigned)(v != 0) << (idx & 7)));
+}
 
 /* stage.c: slots and the compute of one (mb, stage). */
 par_status PAR_FN(par__exec_slot)(exec_t *ex, int mb, int stage, slot **out, lstage **lso);

@@ -139,7 +139,7 @@ static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
     }
     for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++) /* an ETP shard counts on every ETP rank */
         if (M->tab.p[i].expert >= 0 && !PAR_FN(par_model_cut_of)(M, i))
-            ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+            par__exec_skip_set(ex->norm_skip, i, PAR_FN(par_model_holds)(M, i));
     return PAR_OK;
 }
 
@@ -187,7 +187,7 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
             return s;
         for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++) /* a shard counts on every TP rank (dp_step.c chains it) */
             if (M->tab.p[i].expert < 0 && !PAR_FN(par_model_cut_of)(M, i))
-                ex->norm_skip[i] = (uint8_t)PAR_FN(par_model_holds)(M, i);
+                par__exec_skip_set(ex->norm_skip, i, PAR_FN(par_model_holds)(M, i));
     }
     if (ex->lay->etp > 1 && (s = etp_hooks(ex, P, M)))
         return s;
@@ -511,9 +511,9 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
 
 /* ---------------------------------------------------------------- info -- */
 
-const uint8_t *PAR_FN(par_exec_norm_skip)(const PAR_FN(par_exec) *ex)
+int PAR_FN(par_exec_skips_norm)(const PAR_FN(par_exec) *ex, int idx)
 {
-    return ex ? ex->norm_skip : NULL;
+    return ex && ex->norm_skip && idx >= 0 && ex->norm_skip[idx >> 3] >> (idx & 7) & 1;
 }
 
 /* The mean virtual time of each kind of compute action over the steps. */

@@ -47,7 +47,7 @@
  * par_reduce_stats), embed/head gradients summed over the embd / mtp groups
  * (DualPipe: every gradient over the pair of ranks holding the two copies);
  * the DP reduction, the norm (each entry counted on its lowest pipeline
- * holder, par_exec_norm_skip) and the update follow (parallel/dp_step.h).
+ * holder, par_exec_skips_norm) and the update follow (parallel/dp_step.h).
  */
 #ifndef PAR_PARALLEL_EXECUTOR_H
 #define PAR_PARALLEL_EXECUTOR_H
@@ -101,7 +101,7 @@ par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PA
  * the layout's global batch) in the schedule's order; then M->stats and
  * M->last's losses combined (par_reduce_stats) and M->grads with the
  * pipeline's shared gradients summed: ready for the DP reduction and update
- * (parallel/dp_step.h, with the entries of par_exec_norm_skip marked).
+ * (parallel/dp_step.h, with the entries of par_exec_skips_norm marked).
  * keep: 1 keeps the step's activations, routing and logits for
  * par_exec_dump_step.  Collective over the world. */
 par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN(par_model) *M,
@@ -109,10 +109,10 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
                                  const int32_t *segments, /* [B, S] */
                                  int keep);
 
-/* [tab.n]: 1 for the entries this rank holds but a lower pipeline rank
- * counts in the global norm (embed / head on several stages, DualPipe's
- * copies). */
-const uint8_t *PAR_FN(par_exec_norm_skip)(const PAR_FN(par_exec) *ex);
+/* 1 for table entry idx when this rank holds it but a lower pipeline rank
+ * counts it in the global norm (embed / head on several stages, DualPipe's
+ * copies; a TP / ETP copy another rank counts). */
+int PAR_FN(par_exec_skips_norm)(const PAR_FN(par_exec) *ex, int idx);
 
 /* Rank 0 assembles the table-layout buffer full [n_float] from every rank's
  * local buffer loc (M->params, grads, or a gathered optimizer state): each

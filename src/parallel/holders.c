@@ -45,16 +45,21 @@ static void rank_hold(const exec_t *ex, int r, uint8_t *blocks, par_model_hold *
     h->blocks = blocks;
 }
 
-static int hold_has(const par_param_table *t, const par_model_hold *h, int idx)
+/* Entry idx's slot in ex->holder_pp: its block, else n_blocks + 0 embed,
+ * + 1 head, + 2 the final norm's. */
+static int holder_slot(const exec_t *ex, const par_param_table *t, int idx)
 {
     const par_param *p = &t->p[idx];
     if (p->layer >= 0)
-        return h->blocks[p->layer];
-    if (idx == t->top.embed)
-        return h->embed;
-    if (idx == t->top.head)
-        return h->head;
-    return h->final;
+        return p->layer;
+    return ex->n_blocks + (idx == t->top.embed ? 0 : idx == t->top.head ? 1 : 2);
+}
+
+int PAR_FN(par__exec_holder_pp)(const exec_t *ex, const par_param_table *t, int idx)
+{
+    if (idx < 0 || idx >= t->n || t->p[idx].dtype != PAR_PDT_REAL)
+        return -1;
+    return ex->holder_pp[holder_slot(ex, t, idx)];
 }
 
 static par_status build_lstage(exec_t *ex, lstage *ls, int dir, int stage)
@@ -100,29 +105,35 @@ static par_status local_stages(exec_t *ex)
     return PAR_OK;
 }
 
-/* The lowest pipeline holder of every float entry; norm_skip marks what
- * this rank holds but a lower one counts. */
+/* The lowest pipeline holder of every block and top-level part (per part,
+ * not per entry: the table's entries of a part share it); norm_skip marks
+ * what this rank holds but a lower one counts. */
 static par_status lowest_holders(exec_t *ex, const PAR_FN(par_model) *M)
 {
-    int ntab = M->tab.n;
+    int ntab = M->tab.n, nh = ex->n_blocks + 3;
     uint8_t *rb = par_calloc((size_t)ex->n_blocks, 1, PAR_TAG_MODEL);
-    ex->holder_pp = par_malloc((size_t)ntab * sizeof *ex->holder_pp, PAR_TAG_MODEL);
-    ex->norm_skip = par_calloc((size_t)ntab, 1, PAR_TAG_MODEL);
+    ex->holder_pp = par_malloc((size_t)nh * sizeof *ex->holder_pp, PAR_TAG_MODEL);
+    ex->norm_skip = par_calloc((size_t)ntab / 8 + 1, 1, PAR_TAG_MODEL);
     if (!rb || !ex->holder_pp || !ex->norm_skip) {
         par_free(rb);
         return par_err(PAR_ENOMEM, "pipeline: out of memory for the holders of %d entries", ntab);
     }
-    for (int i = 0; i < ntab; i++)
+    for (int i = 0; i < nh; i++)
         ex->holder_pp[i] = -1;
     for (int r = ex->p - 1; r >= 0; r--) {
         par_model_hold h;
         rank_hold(ex, r, rb, &h);
-        for (int i = 0; i < ntab; i++)
-            if (M->tab.p[i].dtype == PAR_PDT_REAL && hold_has(&M->tab, &h, i))
-                ex->holder_pp[i] = r;
+        for (int b = 0; b < ex->n_blocks; b++)
+            if (rb[b])
+                ex->holder_pp[b] = r;
+        const int top[3] = {h.embed, h.head, h.final};
+        for (int k = 0; k < 3; k++)
+            if (top[k])
+                ex->holder_pp[ex->n_blocks + k] = r;
     }
     for (int i = 0; i < ntab; i++)
-        ex->norm_skip[i] = PAR_FN(par_model_holds)(M, i) && ex->holder_pp[i] != ex->me;
+        par__exec_skip_set(ex->norm_skip, i,
+                           PAR_FN(par_model_holds)(M, i) && PAR_FN(par__exec_holder_pp)(ex, &M->tab, i) != ex->me);
     par_free(rb);
     return PAR_OK;
 }

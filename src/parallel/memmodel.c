@@ -64,6 +64,8 @@ double par_mm_tag(const par_mm_rank *r, par_tag tag)
         return r->act + r->ws_bwd;
     case PAR_TAG_COMM:
         return r->comm + r->ws_staging;
+    case PAR_TAG_MODEL:
+        return r->model;
     default:
         return 0;
     }
@@ -659,6 +661,42 @@ static par_status act_of(par_mm *mm, stage_info *si, int stage, int cp_rank, dou
     return PAR_OK;
 }
 
+/* Bytes of the structures parity's runtime builds per rank (model/model.c,
+ * parallel/holders.c, executor.c, ep.c, zero_plan.c, schedule.c), the
+ * templated records at their x86-64 sizes (a block record 760 B, the EP
+ * block state 560 B, the executor 3,192 B, a RoPE table 4,104 B; f32 alike:
+ * pointers): what the allocator's `model` tag holds for the rank. */
+#define MM_BLOCK_ACT 760.0
+#define MM_EP_STATE 560.0
+#define MM_EXEC 3192.0
+#define MM_ROPE 4104.0
+#define MM_ATTN_DIMS 112.0
+#define MM_COST_KINDS 3 /* executor-impl.h COST_KINDS (F, B, W) */
+static double model_struct(const par_mm *mm, const stage_info *si)
+{
+    const par_param_table *t = mm->tab;
+    const par_layout *l = &mm->lay;
+    const double nb = t->n_blocks, E = (double)mm->cfg.n_routed_experts, El = E / (double)l->ep;
+    const double n_dense = t->n - nb * 3 * E, ntab = t->n;
+    double b = 8 * (n_dense + nb * 3 * El + 1) + 2 * 8 * nb * 3 * El; /* loc, ew, egw */
+    b += 2 * MM_ROPE + nb * (MM_ATTN_DIMS + MM_BLOCK_ACT) + 8.0 * (double)(mm->cfg.n_layers + 1);
+    if (l->tp > 1 || l->etp > 1)
+        b += 6 * ntab; /* the shard map */
+    b += 4 * (nb + 3) + 2 * (ntab / 8 + 1) + nb; /* holders, two norm-skip bitsets, the block map */
+    const par_mm_zero *z[2] = {&si->zd, &si->ze};
+    for (int k = 0; k < 2; k++) /* each plan: its entries, the owned lists, three [dp + 1] tables */
+        b += 40.0 * z[k]->n_ent + 4.0 * z[k]->n_ent + 3 * 8.0 * (z[k]->dp + 1);
+    const double m = l->n_micro > 0 ? (double)l->n_micro : 1;
+    if (l->ep > 1) /* block state per microbatch slot and held MoE block; the node tables */
+        b += m * (double)si->n_moe * MM_EP_STATE + 8 * nb + 36.0 * (double)l->ep;
+    if (mm->have_sch) { /* every pipeline rank's action list (par_action: 20 B); the executor's costs */
+        for (int r = 0; r < mm->sch.params.pp; r++)
+            b += 20.0 * (double)mm->sch.cap_actions[r] + 12;
+        b += 8.0 * (4 * MM_COST_KINDS + 3 * m) * (double)mm->sch.n_stages;
+    }
+    return b + MM_EXEC;
+}
+
 par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
 {
     par_rank_coords rc;
@@ -699,7 +737,8 @@ par_status par_mm_rank_of(par_mm *mm, int r, par_mm_rank *o)
     }
     out.comm = out.comm_dp + out.comm_pp + out.comm_dispatch;
     out.workspace = out.ws_bwd + out.ws_muon + out.ws_staging + (mm->o.rt == PAR_MM_MEGATRON ? mm->o.workspace : 0);
-    out.total = out.weights + out.grads + out.optim + out.act + out.comm + out.workspace;
+    out.model = mm->o.rt == PAR_MM_PARITY ? model_struct(mm, si) : 0;
+    out.total = out.weights + out.grads + out.optim + out.act + out.comm + out.workspace + out.model;
     *o = out;
     return PAR_OK;
 }

@@ -1,6 +1,12 @@
 /* parallel/memmodel.h - the per-rank memory model (untemplated):
  *
- *   M_peak = weights + grads + optimizer + activations + communication + workspace
+ *   M_peak = weights + grads + optimizer + activations + communication + workspace + model
+ *
+ * (model: PARITY's per-rank structure, the allocator's `model` tag: the
+ * model's ownership map and expert pointers, its RoPE tables and block
+ * records, the executor's holders and stage lists, the plans' entry lists,
+ * the EP block state, the schedule's action lists; O(the rank's share), not
+ * O(table) or O(world): docs/planning.md "Model structure")
  *
  * for every rank of a resolved layout (uneven '|' layouts, embedding, head
  * and MTP placement as parallel/holders.c holds them), with the optimizer state
@@ -79,6 +85,7 @@ typedef struct {
     double ws_bwd;            /* workspace: the backward's scratch at the peak */
     double ws_muon;           /* workspace: Muon's Newton-Schulz scratch */
     double ws_staging;        /* workspace: the collectives' staging (PARITY) */
+    double model;             /* PARITY: model structure (tag `model`), in total; MEGATRON: 0 */
     int64_t held_floats;      /* parameters this rank holds */
     int inflight;             /* most (microbatch, chunk) pairs alive at once */
     double recv_factor;       /* EP rows received per row sent (skew) */
@@ -86,7 +93,8 @@ typedef struct {
 
 /* The tag-aligned view of parity's allocator (core/alloc.h): param =
  * weights, grad = grads, optim = optimizer + Muon scratch, act =
- * activations + backward scratch, comm = communication + staging. */
+ * activations + backward scratch, comm = communication + staging, model =
+ * the model structure. */
 double par_mm_tag(const par_mm_rank *r, par_tag tag);
 
 typedef struct par_mm par_mm;

@@ -237,7 +237,7 @@ static int shared_wanted(const par_param_table *t, const PAR_FN(par_model) *M, i
 {
     const par_param *p = &t->p[i];
     int want = which == 2 ? 1 : i == (which == 0 ? t->top.embed : t->top.head);
-    return want && p->dtype == PAR_PDT_REAL && p->has_grad && M->loc[i] >= 0;
+    return want && p->dtype == PAR_PDT_REAL && p->has_grad && PAR_FN(par_model_loc)(M, i) >= 0;
 }
 
 /* The entries of a tensor-parallel sum: kind 2 the routed experts' (ETP),
@@ -249,7 +249,7 @@ enum { TP_KIND_ETP = 1u << 30 };
 static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i, unsigned kind)
 {
     const par_param *p = &t->p[i];
-    if (p->dtype != PAR_PDT_REAL || !p->has_grad || M->loc[i] < 0)
+    if (p->dtype != PAR_PDT_REAL || !p->has_grad || PAR_FN(par_model_loc)(M, i) < 0)
         return 0;
     if (PAR_FN(par_model_cut_of)(M, i)) /* held as this rank's shard: its gradient is complete here */
         return 0;
@@ -277,7 +277,7 @@ static par_status tp_sum(PAR_FN(par_model) *M, par_comm *c, unsigned kind)
         return par_err(PAR_ENOMEM, "reduce: out of memory for %d tensor-parallel gradients", n);
     for (int i = 0, k = 0; i < t->n; i++)
         if (tp_wanted(t, M, i, kind))
-            f[k++] = PAR_FIELD(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
+            f[k++] = PAR_FIELD(M->grads + PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
     par_status s = par_reduce_fields(c, f, n, NULL);
     par_free(f);
     return s;
@@ -298,8 +298,8 @@ par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsig
      * (with ALL each TP rank holds its own tokens' share: the EDP sum adds them) */
     const int all_experts = M->e0 == 0 && M->e1 == M->E; /* EP > 1: ep_tp.c leaves the TP copies out instead */
     for (int i = 0; !s && !(what & (PAR_TPG_ALL | PAR_TPG_KEEP_EXPERTS)) && all_experts && par_comm_rank(tp) != 0 && i < t->n; i++)
-        if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && M->loc[i] >= 0)
-            memset(M->grads + M->loc[i], 0, (size_t)t->p[i].numel * sizeof *M->grads);
+        if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && PAR_FN(par_model_loc)(M, i) >= 0)
+            memset(M->grads + PAR_FN(par_model_loc)(M, i), 0, (size_t)t->p[i].numel * sizeof *M->grads);
     return s;
 }
 
@@ -318,7 +318,7 @@ par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, in
         return par_err(PAR_ENOMEM, "reduce: out of memory for %d shared gradients", n);
     for (int i = 0, k = 0; i < t->n; i++)
         if (shared_wanted(t, M, i, which))
-            f[k++] = PAR_FIELD(M->grads + M->loc[i], PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
+            f[k++] = PAR_FIELD(M->grads + PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i), PAR_C_REAL);
     par_status s = par_reduce_fields(c, f, n, NULL);
     par_free(f);
     return s;

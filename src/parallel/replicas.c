@@ -71,9 +71,9 @@ static uint64_t layout_sig(const PAR_FN(par_model) *M)
 {
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < M->tab.n; i++) {
-        if (M->tab.p[i].dtype != PAR_PDT_REAL || M->loc[i] < 0 || M->loc[i] >= M->n_shared)
+        if (M->tab.p[i].dtype != PAR_PDT_REAL || PAR_FN(par_model_loc)(M, i) < 0 || PAR_FN(par_model_loc)(M, i) >= M->n_shared)
             continue;
-        const int64_t v[3] = {i, M->loc[i], PAR_FN(par_model_numel)(M, i)};
+        const int64_t v[3] = {i, PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i)};
         const unsigned char *b = (const unsigned char *)v;
         for (size_t k = 0; k < sizeof v; k++)
             h = (h ^ b[k]) * 1099511628211ull;

@@ -277,6 +277,8 @@ static cJSON *memory_json(const par_run_summary *sum)
         cJSON_AddNumberToObject(o, "rank", (double)r);
         for (int k = 0; k < PAR_RUN_MEM; k++)
             cJSON_AddNumberToObject(o, kind[k], (double)sum->mem[r * PAR_RUN_MEM + k]);
+        if (sum->alloc_peak) /* the rank's model structure (tag model; memmodel.h counts it) */
+            cJSON_AddNumberToObject(o, "model_structure", (double)sum->alloc_peak[r * PAR_TAG_COUNT + PAR_TAG_MODEL]);
         if (sum->alloc_res_peak) /* the allocator's measured truth (core/alloc.h scope), reserved view */
             cJSON_AddItemToObject(o, "allocator_reserved_peak", tag_bytes_json(sum->alloc_res_peak + r * PAR_TAG_COUNT));
     }

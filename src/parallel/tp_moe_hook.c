@@ -52,7 +52,10 @@ static int held_rows(const PAR_FN(par_model) *M, int b)
 static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
 {
     const size_t E = (size_t)h->E;
-    const par_real *const *ew = M->ew + (size_t)b * 3 * E;
+    if (M->e0 != 0 || M->e1 != (int64_t)E)
+        return par_err(PAR_EINVAL, "tp shared expert: block %d: the model holds experts [%lld, %lld) of %zu (EP = 1)",
+                       b, (long long)M->e0, (long long)M->e1, E);
+    const par_real *const *ew = PAR_FN(par_model_ew_row)(M, b, 0); /* [3, E]: every expert held */
     for (size_t e = 0; e < 3 * E; e++)
         if (!ew[e])
             return par_err(PAR_EINVAL, "tp shared expert: block %d does not hold every routed expert (EP = 1)", b);
@@ -102,7 +105,7 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     par_status s = weights_of(h, M, b, q, &W);
     if (s)
         return s;
-    par_real **egw = M->egw + (size_t)b * 3 * E;
+    par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E] (weights_of checked) */
     PAR_FN(par_etp_grads) G = {.w1 = egw, .w2 = egw + E, .w3 = egw + 2 * E, .sw2 = q->shw.dw2};
     PAR_FN(par_tp_mlp_shard_grads)(&q->shw, PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1),
                                    PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3), &G.sw1, &G.sw3);

@@ -15,7 +15,6 @@ void par_zero_geom_free(par_zero_geom *g)
     if (!g)
         return;
     par_free(g->e);
-    par_free(g->entry_of);
     par_free(g->owned);
     par_free(g->owned_begin);
     par_free(g->load);
@@ -23,34 +22,30 @@ void par_zero_geom_free(par_zero_geom *g)
     memset(g, 0, sizeof *g);
 }
 
-/* Marks the listed entries in g->entry_of (-2 listed, -1 not). */
-static par_status mark_list(par_zero_geom *g, const int *idx, int n_idx)
+/* Marks the listed entries in listed [t->n] (1 listed, 0 not). */
+static par_status mark_list(const par_zero_geom *g, uint8_t *listed, const int *idx, int n_idx)
 {
     const par_param_table *t = g->t;
-    for (int i = 0; i < t->n; i++)
-        g->entry_of[i] = -1;
     for (int k = 0; k < n_idx; k++) {
         if (idx[k] < 0 || idx[k] >= t->n)
             return par_err(PAR_ERANGE, "zero plan: list item %d is table index %d, outside [0, %d)", k, idx[k], t->n);
-        if (g->entry_of[idx[k]] == -2)
+        if (listed[idx[k]])
             return par_err(PAR_EINVAL, "zero plan: tensor '%s' (index %d) is listed twice; each tensor is reduced "
                            "exactly once per group", t->p[idx[k]].name, idx[k]);
-        g->entry_of[idx[k]] = -2;
+        listed[idx[k]] = 1;
     }
     return PAR_OK;
 }
 
 /* The entries of the marked tensors with an optimizer, in table order;
  * AdamW laid out flat.  Returns the number of Muon entries. */
-static int lay_out_entries(par_zero_geom *g, const int64_t *numel)
+static int lay_out_entries(par_zero_geom *g, const uint8_t *listed, const int64_t *numel)
 {
     const par_param_table *t = g->t;
     int n_mu = 0;
     for (int i = 0; i < t->n; i++) {
         const par_param *p = &t->p[i];
-        int listed = g->entry_of[i] == -2;
-        g->entry_of[i] = -1;
-        if (!listed || p->dtype != PAR_PDT_REAL || p->opt == PAR_OPT_NONE)
+        if (!listed[i] || p->dtype != PAR_PDT_REAL || p->opt == PAR_OPT_NONE)
             continue;
         par_zero_entry *e = &g->e[g->n];
         e->idx = i;
@@ -68,7 +63,7 @@ static int lay_out_entries(par_zero_geom *g, const int64_t *numel)
             g->largest = max64(g->largest, e->numel);
             n_mu++;
         }
-        g->entry_of[i] = g->n++;
+        g->n++;
     }
     g->shard = (g->n_adamw + g->dp - 1) / g->dp;
     return n_mu;
@@ -163,33 +158,50 @@ par_status par_zero_geom_build_sized(par_zero_geom *g, const par_param_table *t,
     z.dp = dp;
     z.rank = rank;
     par_status st;
-    z.entry_of = par_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *z.entry_of, PAR_TAG_MODEL);
+    uint8_t *listed = par_calloc((size_t)(t->n > 0 ? t->n : 1), 1, PAR_TAG_MODEL); /* freed here */
     z.e = par_malloc((size_t)(n_idx > 0 ? n_idx : 1) * sizeof *z.e, PAR_TAG_MODEL);
     z.load = par_calloc((size_t)dp, sizeof *z.load, PAR_TAG_MODEL);
     z.muon_base = par_calloc((size_t)dp + 1, sizeof *z.muon_base, PAR_TAG_MODEL);
     z.owned_begin = par_calloc((size_t)dp + 1, sizeof *z.owned_begin, PAR_TAG_MODEL);
-    if (!z.entry_of || !z.e || !z.load || !z.muon_base || !z.owned_begin) {
+    if (!listed || !z.e || !z.load || !z.muon_base || !z.owned_begin) {
         st = par_err(PAR_ENOMEM, "zero plan: no memory for the tables of %d tensors", n_idx);
         goto fail_free_geom;
     }
-    if ((st = mark_list(&z, idx, n_idx)))
+    if ((st = mark_list(&z, listed, idx, n_idx)))
         goto fail_free_geom;
-    int n_mu = lay_out_entries(&z, numel);
+    int n_mu = lay_out_entries(&z, listed, numel);
+    par_free(listed);
+    listed = NULL;
     if ((st = assign_muon(&z, n_mu)) || (st = owned_lists(&z, n_mu)))
         goto fail_free_geom;
     *g = z;
     return PAR_OK;
 
 fail_free_geom:
+    par_free(listed);
     par_zero_geom_free(&z);
     return st;
 }
 
+int par_zero_geom_entry(const par_zero_geom *g, int idx)
+{
+    if (!g || !g->t || idx < 0 || idx >= g->t->n)
+        return -1;
+    int lo = 0, hi = g->n; /* g->e ascending by table index */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (g->e[mid].idx < idx)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < g->n && g->e[lo].idx == idx ? lo : -1;
+}
+
 int par_zero_geom_owner(const par_zero_geom *g, int idx)
 {
-    if (!g || !g->t || idx < 0 || idx >= g->t->n || g->entry_of[idx] < 0)
-        return PAR_ZERO_ABSENT;
-    return g->e[g->entry_of[idx]].owner;
+    const int j = par_zero_geom_entry(g, idx);
+    return j < 0 ? PAR_ZERO_ABSENT : g->e[j].owner;
 }
 
 int par_zero_geom_piece(const par_zero_geom *g, int idx, int q, int64_t *begin, int64_t *end)
@@ -197,7 +209,7 @@ int par_zero_geom_piece(const par_zero_geom *g, int idx, int q, int64_t *begin, 
     *begin = *end = 0;
     if (par_zero_geom_owner(g, idx) == PAR_ZERO_ABSENT || q < 0 || q >= g->dp)
         return 0;
-    const par_zero_entry *e = &g->e[g->entry_of[idx]];
+    const par_zero_entry *e = &g->e[par_zero_geom_entry(g, idx)];
     if (e->opt == PAR_OPT_MUON) {
         if (e->owner != q)
             return 0;

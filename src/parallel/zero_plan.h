@@ -89,7 +89,6 @@ typedef struct {
     int dp, rank;             /* group size; the rank it was built for              */                       \
     int n;                    /* optimized tensors                                  */                       \
     par_zero_entry *e;        /* [n], table order                                   */                       \
-    int *entry_of;            /* [t->n]: entry index, -1 if absent                  */                       \
     int *owned;               /* [Muon entries] by (owner, table order)             */                       \
     int *owned_begin;         /* [dp+1]: rank q owns owned[owned_begin[q] .. [q+1]) */                       \
     int64_t n_adamw;          /* AdamW elements (unpadded)                          */                       \
@@ -123,6 +122,10 @@ void par_zero_geom_free(par_zero_geom *g); /* zeroes *g; NULL is fine */
 /* Owner of table entry idx: the rank owning a Muon matrix, PAR_ZERO_SHARDED
  * for an AdamW tensor, PAR_ZERO_ABSENT otherwise. */
 int par_zero_geom_owner(const par_zero_geom *g, int idx);
+/* The index in g->e of table entry idx, -1 when the plan does not optimize
+ * it (a binary search of e, which is in table order: no [t->n] map per
+ * rank). */
+int par_zero_geom_entry(const par_zero_geom *g, int idx);
 
 /* The elements [*begin, *end) of table entry idx (element indices of the
  * tensor) whose optimizer state segment q holds: AdamW, the part of the

@@ -40,7 +40,7 @@ Test(model, init_sizes_and_free)
     cr_expect_eq(M.n_blocks, 9);
     /* RoPE: m == 0 blocks without YaRN, m > 0 with (frequencies differ) */
     cr_expect_eq(M.adims[8].m, 0);
-    cr_expect_neq(M.rope[0].freq[3], M.rope[8].freq[3]);
+    cr_expect_neq(M.adims[0].rope->freq[3], M.adims[8].rope->freq[3]);
     par_model_free_f64(&M);
     cr_expect_eq(par_alloc_live_total(), 0);
 }

@@ -141,7 +141,7 @@ Test(dp, owned_model_holds_the_serial_values)
         const par_param *p = &A.tab.p[i];
         if (p->dtype != PAR_PDT_REAL)
             continue;
-        cr_expect_eq(A.loc[i], p->offset);
+        cr_expect_eq(par_model_loc_f64(&A, i), p->offset);
         double *a = par_model_ptr_f64(&A, A.params, i), *o = par_model_ptr_f64(&O, O.params, i);
         if (p->expert >= 0 && (p->expert < 2 || p->expert >= 4)) {
             cr_expect_null(o, "%s must not be held", p->name);

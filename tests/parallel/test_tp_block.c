@@ -115,7 +115,7 @@ static void attn_of(const bcase *A, double *flat, wts *W)
                       &W->cmp_ape,  &W->cmp_norm,  &W->idx_wq_b,  &W->idx_weights_proj,
                       &W->idx_cmp_wkv, &W->idx_cmp_wgate, &W->idx_cmp_ape, &W->idx_cmp_norm};
     for (int k = 0; k < 18; k++)
-        *f[k] = ids[k] >= 0 ? flat + A->M.loc[ids[k]] : NULL;
+        *f[k] = ids[k] >= 0 ? flat + par_model_loc_f64(&A->M, ids[k]) : NULL;
 }
 
 /* The rank's expert / shared shards (slices of the model's weights) and
@@ -147,7 +147,7 @@ static void shards_make(shards *S, const bcase *A, int re, int P, int rt, int Q)
             S->w[k][e] = dst, S->g[k][e] = S->gbuf + (k * A->E + e) * n;
         }
         double *sd = S->buf + 3 * A->E * n + k * ns;
-        par_tp_slice(sd, A->M.params + A->M.loc[sidx[k]], wrows(A, k), wcols(A, k), wcut(k), rt, Q,
+        par_tp_slice(sd, A->M.params + par_model_loc_f64(&A->M, sidx[k]), wrows(A, k), wcols(A, k), wcut(k), rt, Q,
                      8);
         S->s[k] = sd, S->sg[k] = S->gbuf + 3 * A->E * n + k * ns;
     }
@@ -160,9 +160,9 @@ static void shards_unslice(const shards *S, const bcase *A, int re, int P, int r
     const int sidx[3] = {bp->shared_w1, bp->shared_w2, bp->shared_w3};
     for (int k = 0; k < 3; k++) {
         for (int e = 0; e < A->E; e++)
-            par_tp_unslice(flat + A->M.loc[bp->expert0 + 3 * e + k], S->g[k][e], wrows(A, k),
+            par_tp_unslice(flat + par_model_loc_f64(&A->M, bp->expert0 + 3 * e + k), S->g[k][e], wrows(A, k),
                            wcols(A, k), wcut(k), re, P, 8);
-        par_tp_unslice(flat + A->M.loc[sidx[k]], S->sg[k], wrows(A, k), wcols(A, k), wcut(k), rt,
+        par_tp_unslice(flat + par_model_loc_f64(&A->M, sidx[k]), S->sg[k], wrows(A, k), wcols(A, k), wcut(k), rt,
                        Q, 8);
     }
 }
@@ -258,7 +258,7 @@ static par_status block_fwd(acts *a, const rank_in *in)
     return PAR_OK;
 }
 
-#define GG(idx) (g + A->M.loc[(idx)])
+#define GG(idx) (g + par_model_loc_f64(&A->M, (idx)))
 
 /* block.c's backward on the rank's tokens; replicated gradients (this
  * rank's share) into g (a flat buffer laid out like M.grads). */
@@ -319,7 +319,7 @@ static par_status reduce_replicated(const bcase *A, double *g, par_comm *tpc)
         if (p->layer != A->b || !p->has_grad || strstr(p->name, ".attn.") ||
             par_tp_split_of(p->name).cut != PAR_TP_REPLICATED)
             continue;
-        double *x = g + A->M.loc[i];
+        double *x = g + par_model_loc_f64(&A->M, i);
         par_status st = par_allreduce(tpc, x, x, (size_t)p->numel, PAR_C_F64, PAR_OP_SUM);
         if (st)
             return st;
@@ -420,16 +420,16 @@ static void check_block(const char *const *sets, int b, int tp, int dp, int sp, 
         if (p->layer != b || !p->has_grad)
             continue;
         const int split = par_tp_split_of(p->name).cut != PAR_TP_REPLICATED;
-        double *t = tot + A.M.loc[i];
+        double *t = tot + par_model_loc_f64(&A.M, i);
         for (int64_t r = 0; r < N && !split; r++) /* replicas agree bit for bit */
-            cr_assert(tpw_bitwise(c.g + (r - r % tp) * nl + A.M.loc[i], c.g + r * nl + A.M.loc[i],
+            cr_assert(tpw_bitwise(c.g + (r - r % tp) * nl + par_model_loc_f64(&A.M, i), c.g + r * nl + par_model_loc_f64(&A.M, i),
                                   p->numel), "%s: d%s differs between TP ranks", what, p->name);
         for (int64_t r = 0; r < N; r++)
             if (split || r % tp == 0) /* replicated: one copy per DP group */
                 for (int64_t e = 0; e < p->numel; e++)
-                    t[e] += c.g[r * nl + A.M.loc[i] + e];
+                    t[e] += c.g[r * nl + par_model_loc_f64(&A.M, i) + e];
         double rel;
-        cr_assert(tpw_policy_f64(A.M.grads + A.M.loc[i], t, p->numel, &rel),
+        cr_assert(tpw_policy_f64(A.M.grads + par_model_loc_f64(&A.M, i), t, p->numel, &rel),
                   "%s: d%s outside the f64 policy (rel %.3g)", what, p->name, rel);
         if (rel > worst)
             worst = rel, wn = p->name;

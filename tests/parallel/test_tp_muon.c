@@ -98,7 +98,7 @@ static mat model_mat(const par_model_f64 *M, const char *name, uint64_t seed)
     cr_assert_not_null(p, "%s", name);
     mat m = {.name = p->name, .rows = p->shape[0], .cols = p->shape[1],
              .cut = par_tp_split_of(p->name).cut};
-    m.w0 = M->params + M->loc[par_param_find(&M->tab, name)];
+    m.w0 = M->params + par_model_loc_f64(M, par_param_find(&M->tab, name));
     m.g[0] = tpw_random(m.rows * m.cols, seed, "g0", 1);
     m.g[1] = tpw_random(m.rows * m.cols, seed, "g1", 1);
     serial(&m);
