@@ -9,9 +9,9 @@
 #include "parallel/tp_attn.h"
 #include "parallel/tp_reduce.h"
 
-/* 1 when M holds block b's attention row cuts as this rank's shards
+/* 1 when M holds block b's attention cuts (the row cuts, wo_b's columns) as this rank's shards
  * (parallel/tp_split.h par_tp_storage_cut): the hook reads them in place. */
-static int held_rows(const PAR_FN(par_model) *M, int b)
+static int held_cuts(const PAR_FN(par_model) *M, int b)
 {
     return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].wq_b) != NULL;
 }
@@ -119,7 +119,7 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
     if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "cp x tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
-    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, held_rows(M, b));
+    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, held_cuts(M, b));
     if (h->sp)
         return sp_forward(h, q, x, dm, y, sel, xin);
     return PAR_FN(par_cp_attn_forward_tp)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, &q->dl, dm->iH, x->rows,
@@ -145,7 +145,7 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     memset(&sink, 0, sizeof sink);
     sink.attn_sink = dsink;
     PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+                                      held_cuts(M, b));
     return PAR_OK;
 }
 
@@ -171,7 +171,7 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     PAR_FN(par_attn_weights) g = *dW;
     g.attn_sink = NULL; /* B's */
     PAR_FN(par_tp_attn_grads_add_held)(&g, &gl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+                                      held_cuts(M, b));
     return PAR_OK;
 }
 

@@ -22,17 +22,25 @@ par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, i
     return PAR_OK;
 }
 
-/* Block b's held experts as this ETP rank's slices: w1 / w3 rows point into
- * the whole weights (and their gradients), w2's columns are copied
- * (S->esw [3, El] the slices, S->esg [2, El] the w1 / w3 gradients' rows;
- * S->ew2 [El, d, Il] the w2 slices, then [El, d, Il] their gradients). */
+/* 1 when M holds block b's routed experts as this rank's ETP shards (w1 /
+ * w3 rows, w2 columns: parallel/tp_split.h par_tp_storage_cut): the slices
+ * are the storage itself. */
+static int held_shards(const ep_t *x, const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0 + 3 * (int)x->e0) != NULL;
+}
+
+/* Block b's held experts as this ETP rank's slices: the held shards in
+ * place, or w1 / w3 rows pointing into whole weights (and their gradients)
+ * and w2's columns copied (S->esw [3, El] the slices, S->esg [2, El] the w1
+ * / w3 gradients' rows; S->ew2 [El, d, Il] the w2 slices (whole storage
+ * only), then [El, d, Il] their gradients). */
 static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b)
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), Il = I / P;
-    const int r = par_tp_rank(&x->etp);
+    const int r = par_tp_rank(&x->etp), held = held_shards(x, M, b);
     const size_t E = (size_t)M->E;
-    /* w1 / w3: the model's held ETP rows (parallel/tp_split.h), or rank r's rows of whole ones */
-    const int64_t off = PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0 + 3 * (int)x->e0) ? 0 : (int64_t)r * Il * d;
+    const int64_t off = held ? 0 : (int64_t)r * Il * d;
     S->esw = xcalloc((size_t)(3 * El), sizeof *S->esw);
     S->esg = xcalloc((size_t)(2 * El), sizeof *S->esg);
     S->ew2 = xalloc((size_t)(2 * El * d * Il), sizeof *S->ew2);
@@ -41,8 +49,12 @@ static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int 
                        (long long)El);
     for (int64_t l = 0; l < El; l++) {
         size_t base = (size_t)b * 3 * E + (size_t)(x->e0 + l);
-        par_real *w2 = S->ew2 + l * d * Il;
-        par_tp_slice(w2, M->ew[base + E], d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
+        const par_real *w2 = M->ew[base + E];
+        if (!held) {
+            par_real *c = S->ew2 + l * d * Il;
+            par_tp_slice(c, M->ew[base + E], d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
+            w2 = c;
+        }
         S->esw[l] = M->ew[base] + off;
         S->esw[El + l] = w2;
         S->esw[2 * El + l] = M->ew[base + 2 * E] + off;
@@ -78,19 +90,22 @@ par_status PAR_FN(par__ep_etp_forward)(ep_t *x, blk_state *S, const PAR_FN(par_m
     return s;
 }
 
-/* The w2 slices' gradients into this rank's columns of the whole ones. */
+/* The w2 slices' gradients into the held shards, or this rank's columns
+ * of whole ones (the same adds). */
 static void add_w2_grads(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b)
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), n = d * (I / P);
-    const int r = par_tp_rank(&x->etp);
+    const int r = par_tp_rank(&x->etp), held = held_shards(x, M, b);
     const size_t E = (size_t)M->E;
     par_real *tmp = S->ew2, *g = S->ew2 + El * n; /* the w2 slices are no longer needed */
     for (int64_t l = 0; l < El; l++) {
-        par_real *full = M->egw[(size_t)b * 3 * E + E + (size_t)(x->e0 + l)], *t = tmp + l * n;
-        par_tp_slice(t, full, d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
+        par_real *full = M->egw[(size_t)b * 3 * E + E + (size_t)(x->e0 + l)], *t = held ? full : tmp + l * n;
+        if (!held)
+            par_tp_slice(t, full, d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
         for (int64_t i = 0; i < n; i++)
             t[i] += g[l * n + i];
-        par_tp_unslice(full, t, d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
+        if (!held)
+            par_tp_unslice(full, t, d, I, PAR_TP_COLS, r, (int)P, sizeof(par_real));
     }
 }
 
