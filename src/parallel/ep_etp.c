@@ -34,7 +34,7 @@ static int held_shards(const ep_t *x, const PAR_FN(par_model) *M, int b)
  * place, or w1 / w3 rows pointing into whole weights (and their gradients)
  * and w2's columns copied (S->esw [3, El] the slices, S->esg [2, El] the w1
  * / w3 gradients' rows; S->ew2 [El, d, Il] the w2 slices (whole storage
- * only), then [El, d, Il] their gradients). */
+ * only), then [El, d, Il] their gradients: w2_grads). */
 static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b)
 {
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), Il = I / P;
@@ -43,7 +43,7 @@ static par_status slices(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int 
     const int64_t off = held ? 0 : (int64_t)r * Il * d;
     S->esw = xcalloc((size_t)(3 * El), sizeof *S->esw);
     S->esg = xcalloc((size_t)(2 * El), sizeof *S->esg);
-    S->ew2 = xalloc((size_t)(2 * El * d * Il), sizeof *S->ew2);
+    S->ew2 = xalloc((size_t)((held ? 1 : 2) * El * d * Il), sizeof *S->ew2);
     if (!S->esw || !S->esg || !S->ew2)
         return par_err(PAR_ENOMEM, "ep: block %d: out of memory for the ETP slices of %lld experts", b,
                        (long long)El);
@@ -90,6 +90,13 @@ par_status PAR_FN(par__ep_etp_forward)(ep_t *x, blk_state *S, const PAR_FN(par_m
     return s;
 }
 
+/* The w2 slices' gradients [El, d, Il] in S->ew2 (after the slices' copies
+ * unless held). */
+static par_real *w2_grads(ep_t *x, blk_state *S, const PAR_FN(par_model) *M, int b)
+{
+    return S->ew2 + (held_shards(x, M, b) ? 0 : x->El * M->d * (M->I / par_tp_size(&x->etp)));
+}
+
 /* The w2 slices' gradients into the held shards, or this rank's columns
  * of whole ones (the same adds). */
 static void add_w2_grads(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b)
@@ -97,7 +104,7 @@ static void add_w2_grads(ep_t *x, blk_state *S, PAR_FN(par_model) *M, int b)
     const int64_t El = x->El, d = M->d, I = M->I, P = par_tp_size(&x->etp), n = d * (I / P);
     const int r = par_tp_rank(&x->etp), held = held_shards(x, M, b);
     const size_t E = (size_t)M->E;
-    par_real *tmp = S->ew2, *g = S->ew2 + El * n; /* the w2 slices are no longer needed */
+    par_real *tmp = S->ew2, *g = w2_grads(x, S, M, b); /* the w2 slices are no longer needed */
     for (int64_t l = 0; l < El; l++) {
         par_real *full = M->egw[(size_t)b * 3 * E + E + (size_t)(x->e0 + l)], *t = held ? full : tmp + l * n;
         if (!held)
@@ -115,7 +122,7 @@ par_status PAR_FN(par__ep_etp_backward)(ep_t *x, blk_state *S, PAR_FN(par_model)
     if (!S->esw || !S->ers.buf)
         return par_err(PAR_EINVAL, "ep: block %d ETP backward without its forward", b);
     const int64_t El = x->El, n = M->d * (M->I / par_tp_size(&x->etp));
-    par_real *dw2 = S->ew2 + El * n;
+    par_real *dw2 = w2_grads(x, S, M, b);
     par_real **dw2p = xalloc((size_t)El, sizeof *dw2p);
     if (!dw2p)
         return par_err(PAR_ENOMEM, "ep: block %d: out of memory for %lld slice gradients", b, (long long)El);
