@@ -102,14 +102,15 @@ static double tp_shard(const par_act_ctx *c, int b)
 
 /* tp_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
  * saved struct on all T tokens, x [T, d], pos [T]) and the shard buffer
- * [3 * shard] (weights, gradients, scratch). */
+ * [shard]: the gradients alone (the weights are the held shards, read in
+ * place, and their gradients added in place: no copy, no scratch). */
 static double tp_attn_state(const par_act_ctx *c, int b, double T)
 {
     par_config g = tp_cfg(c);
     par_act_ctx l = *c;
     l.cfg = &g, l.tp = 1;
     return par_act_attn_saved(&l, b, (int64_t)T) + c->es * (T * (double)g.dim + 1) + 4 * (T + 1) +
-           c->es * (3 * tp_shard(c, b) + 1);
+           c->es * (tp_shard(c, b) + 1);
 }
 
 /* cp.c saved_alloc's saved struct: the window arrays of Tw working rows
@@ -138,7 +139,7 @@ static double attn_state(const par_act_ctx *c, int b, double T)
         par_config g = tp_cfg(c);
         par_act_ctx l = *c;
         l.cfg = &g, l.tp = 1;
-        return attn_state(&l, b, T) + c->es * (3 * tp_shard(c, b) + 1);
+        return attn_state(&l, b, T) + c->es * (tp_shard(c, b) + 1);
     }
     if (c->tp > 1) /* the layer on the (SP: gathered) tokens, + block.c's sel [T, topk] in the arena */
         return tp_attn_state(c, b, tp_tokens(c, T)) +
@@ -157,15 +158,15 @@ static double attn_state(const par_act_ctx *c, int b, double T)
 /* etp.c's rows layer (par_etp_rows_saved) on N gathered rows of nE experts
  * over an ETP group of P: counts [P], off [nE+1], order [N] (int64); xs
  * [N, d], rws [N], g/u/h [N, I/P]; and the nE held experts' slices (the
- * executors' w1/w2/w3 and gradient pointers, the w2 slices and their
- * gradients [2, nE, d, I/P]; not with `whole`: tp_moe_hook.c's experts are
- * whole, used in place). */
+ * executors' w1/w2/w3 and gradient pointers, the w2 slices' gradients [nE,
+ * d, I/P]: the slices are the held ETP shards, read in place; not with
+ * `whole`: tp_moe_hook.c's experts are whole, used in place). */
 static double etp_rows_state(const par_act_ctx *c, double N, double nE, int whole)
 {
     const par_config *g = c->cfg;
     double P = (double)c->etp, d = (double)g->dim, Il = (double)g->moe_inter_dim / P, es = c->es;
     return 8 * (P + nE + 1 + N) + es * (N * d + N + 3 * N * Il + 1) +
-           (whole ? 0 : 8 * 5 * nE + es * (2 * nE * d * Il + 1));
+           (whole ? 0 : 8 * 5 * nE + es * (nE * d * Il + 1));
 }
 
 /* Rows the ETP group gathers per row of a rank: P, or 1 when its ranks hold
@@ -176,15 +177,16 @@ static double etp_gather(const par_act_ctx *c)
 }
 
 /* The TP-split shared expert's state (c->tp_shared): tp_mlp.c's x [Tg, d]
- * and g / u / h [Tg, I/TP] of the layer's tokens, and the shard (tp_mlp.c
- * par_tp_mlp_shard: w2's columns and their gradient); `whole` otherwise. */
+ * and g / u / h [Tg, I/TP] of the layer's tokens, and the shard's w2
+ * gradient (tp_mlp.c par_tp_mlp_shard; w2 itself is the held shard);
+ * `whole` otherwise. */
 static double shared_state(const par_act_ctx *c, double T, double whole)
 {
     if (!c->tp_shared || c->tp <= 1)
         return whole;
     double es = c->es, d = (double)c->cfg->dim, Il = (double)c->cfg->moe_inter_dim / (double)c->tp;
     double Tg = tp_tokens(c, T);
-    return es * (Tg * d + 3 * Tg * Il + 1) + es * (2 * d * Il + 1);
+    return es * (Tg * d + 3 * Tg * Il + 1) + es * (d * Il + 1);
 }
 
 /* The TP-split shared expert's backward scratch (tp_mlp.c: the partial dx
@@ -211,10 +213,10 @@ static double moe_state(const par_act_ctx *c, double T)
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
                shared_state(c, T, 3 * es * (T + 1) * I);
     if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
-                      * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the w2 shard + its gradient */
+                      * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the held w2 shard's gradient */
         double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, T * K, E, 1) +
-               es * (Tg * d + 3 * Tg * Il + 1) + es * (2 * d * Il + 1);
+               es * (Tg * d + 3 * Tg * Il + 1) + es * (d * Il + 1);
     }
     if (c->ep <= 1)
         return 8 * (E + 1) + 2 * 4 * (T * K + 1) + 3 * es * (T * K + 1) * I + 3 * es * (T + 1) * I;

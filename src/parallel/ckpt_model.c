@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/tensor.h"
 #include "parallel/ckpt_owner.h"
+#include "parallel/tp_split.h"
 
 #if PAR_REAL_BITS == 64
 #define CK_BITS 64
@@ -35,34 +36,58 @@ static int dpw_slot(par_ckpt_slot s)
     return s == PAR_CKPT_EXP_AVG_SQ;
 }
 
-/* The first element of the logical tensor entry idx's held block is (a
- * vocab-rows shard: rank r of P holds [r n/P, (r+1) n/P), saved under the
- * logical name at those offsets; whole: 0). */
-static int64_t held_lo(const PAR_FN(par_model) *M, int idx)
+/* The logical element g of entry idx as an offset of the block this rank
+ * holds (whole: g itself; a row shard: g less the block's first element; a
+ * column shard: its row's slice of the rank's columns), -1 when g is not
+ * in the block; *run: the elements from there contiguous in both
+ * (parallel/tp_split.h par_tp_logical_run). */
+static int64_t held_off(const PAR_FN(par_model) *M, int idx, int64_t g, int64_t *run)
 {
     const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
-    return c ? (int64_t)c->rank * (M->tab.p[idx].numel / c->P) : 0;
+    const par_param *p = &M->tab.p[idx];
+    if (!c) {
+        *run = p->numel - g;
+        return g;
+    }
+    return par_tp_logical_run(p->shape[0], p->shape[1], (par_tp_cut)c->cut, c->rank, c->P, g, run);
 }
 
-/* Where this rank keeps elements [begin, ...) of entry i of the model's
- * list (logical offsets): NULL when not held here; *avail = contiguous
- * elements from there. */
+/* The inverse: the logical element of offset j of the held block, *run as
+ * above (par_tp_shard_run). */
+static int64_t logical_of(const PAR_FN(par_model) *M, int idx, int64_t j, int64_t *run)
+{
+    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
+    const par_param *p = &M->tab.p[idx];
+    if (!c) {
+        *run = p->numel - j;
+        return j;
+    }
+    return par_tp_shard_run(p->shape[0], p->shape[1], (par_tp_cut)c->cut, c->rank, c->P, j, run);
+}
+
+/* Where this rank keeps logical element `begin` of entry i of the model's
+ * list: NULL when not held here; *avail = elements from there contiguous
+ * in both the held block and the logical tensor. */
 static void *held_ptr(const PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par_ckpt_tensor *list, int i,
                       int64_t begin, int64_t *avail)
 {
     const int idx = table_index(&list[i], i);
     const par_param *p = &M->tab.p[idx];
-    const int64_t lo = held_lo(M, idx), n = PAR_FN(par_model_cut_of)(M, idx) ? PAR_FN(par_model_numel)(M, idx) : p->numel;
-    if (begin < lo || begin > lo + n)
+    int64_t run = 0;
+    const int64_t j = begin >= 0 && begin < p->numel ? held_off(M, idx, begin, &run) : -1;
+    if (j < 0)
         return NULL;
-    begin -= lo;
-    if (list[i].slot != PAR_CKPT_PARAM)
-        return PAR_FN(par_dpw_state_ptr)(w, idx, dpw_slot(list[i].slot), begin, avail);
-    *avail = n - begin;
+    if (list[i].slot != PAR_CKPT_PARAM) {
+        void *d = PAR_FN(par_dpw_state_ptr)(w, idx, dpw_slot(list[i].slot), j, avail);
+        if (d && *avail > run)
+            *avail = run;
+        return d;
+    }
+    *avail = run;
     if (p->dtype == PAR_PDT_I32)
-        return M->i32 + p->offset + begin;
+        return M->i32 + p->offset + j;
     par_real *d = PAR_FN(par_model_ptr)(M, M->params, idx);
-    return d ? d + begin : NULL;
+    return d ? d + j : NULL;
 }
 
 /* Index of tensor `name` in list[n], searching from *cur (the owner's
@@ -246,9 +271,9 @@ static int others_write(const PAR_FN(par_model) *M, const PAR_FN(par_dpw) *w, co
     return M->tab.p[idx].dtype == PAR_PDT_REAL && PAR_FN(par_model_loc)(M, idx) >= 0 && PAR_FN(par_model_loc)(M, idx) < M->n_shared;
 }
 
-/* The load items of this rank: every parameter it holds, whole, and the
- * optimizer state its plans hold (what lives in a shared copy: by its
- * writer alone). */
+/* The load items of this rank: every parameter it holds (whole, or its
+ * shard's logical pieces), and the optimizer state its plans hold (what
+ * lives in a shared copy: by its writer alone). */
 static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par_ckpt_tensor *list, int nt,
                              par_ckpt_item **it, int *n)
 {
@@ -256,20 +281,22 @@ static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par
     for (int i = 0; i < nt; i++) {
         const int idx = table_index(&list[i], i);
         int64_t a = 0, b = PAR_FN(par_model_cut_of)(M, idx) ? PAR_FN(par_model_numel)(M, idx) : M->tab.p[idx].numel;
-        int64_t avail = 0;
         if ((list[i].slot != PAR_CKPT_PARAM && !held_state(w, list[i].param, &a, &b)) || others_write(M, w, list, i))
             continue;
-        a += held_lo(M, idx); /* the held block's logical offsets */
-        b += held_lo(M, idx);
-        void *d = held_ptr(M, w, list, i, a, &avail);
-        if (!d)
-            continue; /* a parameter of another stage */
-        if (avail < b - a)
-            return par_err(PAR_EINTERNAL, "checkpoint load: '%s' [%lld, %lld) is held in pieces", list[i].name,
-                           (long long)a, (long long)b);
-        par_status s = add_item(it, n, &cap, list[i].name, a, b, d);
-        if (s)
-            return s;
+        for (int64_t j = a; j < b;) { /* the held block [a, b) as logical pieces (a column shard: one per row) */
+            int64_t run, avail = 0;
+            const int64_t g = logical_of(M, idx, j, &run), len = run < b - j ? run : b - j;
+            void *d = held_ptr(M, w, list, i, g, &avail);
+            if (!d)
+                break; /* a parameter of another stage */
+            if (avail < len)
+                return par_err(PAR_EINTERNAL, "checkpoint load: '%s' [%lld, %lld) is held in pieces", list[i].name,
+                               (long long)g, (long long)(g + len));
+            par_status s = add_item(it, n, &cap, list[i].name, g, g + len, d);
+            if (s)
+                return s;
+            j += len;
+        }
     }
     return PAR_OK;
 }

@@ -68,8 +68,9 @@ typedef struct {
     par_param_table t;    /* synthetic: the list's parameters in list order (= table order) */
     int *entry;           /* [ntensors]: t's entry of each tensor (state: its parameter's)  */
     int *part;            /* [t.n]: pipeline part of each entry                             */
-    int64_t *lo;          /* [t.n]: logical offset of the block this rank holds (TP shards) */
-    uint8_t *cut;         /* [t.n]: 1 when the layout holds the entry as TP / ETP shards    */
+    int64_t *full;        /* [2 t.n]: logical [rows, cols] of each entry (its shard: t.p's)  */
+    uint8_t *cut;         /* [t.n]: how the layout holds the entry (par_tp_cut: 0 whole)    */
+    int16_t *crank, *cP;  /* [t.n]: this rank's block of cP (TP / ETP shards)               */
     int n_layers, n_mtp;  /* blocks of the list                                             */
     int64_t e0, e1;       /* routed experts of this rank's EP slot: [e0, e1)               */
     int *low;             /* [nb + 3]: lowest pipeline rank holding each part (-1: none)    */
@@ -85,8 +86,10 @@ static void view_free(owner_view *v)
     par_free(v->t.p);
     par_free(v->entry);
     par_free(v->part);
-    par_free(v->lo);
+    par_free(v->full);
     par_free(v->cut);
+    par_free(v->crank);
+    par_free(v->cP);
     par_free(v->low);
     par_free(v->held);
     memset(v, 0, sizeof *v);
@@ -156,14 +159,20 @@ static par_status synth_params(owner_view *v, const par_ckpt_tensor *x, int n)
         p->numel = numel_of(&x[i]);
         int64_t np = 1;
         const par_tp_cut c = par_tp_storage_cut(&v->l, x[i].name, &np);
-        if (c == PAR_TP_COLS)
-            return par_err(PAR_EUNSUPPORTED, "checkpoint ownership: '%s' is held as column shards; only row shards "
-                           "are saved at offsets", x[i].name);
-        if (c == PAR_TP_ROWS) { /* the plan's sizes are the shards' (dp_step.c); rank r writes block r */
+        v->full[2 * v->t.n] = p->numel; /* whole: one run */
+        v->full[2 * v->t.n + 1] = 1;
+        if (c != PAR_TP_REPLICATED) { /* the plan's sizes are the shards' (dp_step.c); rank r writes block r */
             const int r = par_tp_split_of(x[i].name).group == PAR_TP_GROUP_ETP ? v->rc.etp : v->rc.tp;
-            p->numel /= np;
-            v->lo[v->t.n] = r * p->numel;
-            v->cut[v->t.n] = 1;
+            int64_t sr, sc;
+            par_status st = par_tp_shard_shape(x[i].name, p->shape[0], p->shape[1], c, np, &sr, &sc);
+            if (st)
+                return st;
+            v->full[2 * v->t.n] = p->shape[0];
+            v->full[2 * v->t.n + 1] = p->shape[1];
+            p->numel = sr * sc;
+            v->cut[v->t.n] = (uint8_t)c;
+            v->crank[v->t.n] = (int16_t)r;
+            v->cP[v->t.n] = (int16_t)np;
         }
         p->expert = x[i].expert;
         p->layer = x[i].layer >= 0 ? x[i].layer : x[i].mtp >= 0 ? v->n_layers + x[i].mtp : -1;
@@ -342,9 +351,11 @@ static par_status view_build(owner_view *v, const par_layout *layout, int nranks
     v->t.p = par_calloc(cap, sizeof *v->t.p, PAR_TAG_IO);
     v->entry = par_calloc(cap, sizeof *v->entry, PAR_TAG_IO);
     v->part = par_calloc(cap, sizeof *v->part, PAR_TAG_IO);
-    v->lo = par_calloc(cap, sizeof *v->lo, PAR_TAG_IO);
+    v->full = par_calloc(2 * cap, sizeof *v->full, PAR_TAG_IO);
     v->cut = par_calloc(cap, sizeof *v->cut, PAR_TAG_IO);
-    if (!v->t.p || !v->entry || !v->part || !v->lo || !v->cut)
+    v->crank = par_calloc(cap, sizeof *v->crank, PAR_TAG_IO);
+    v->cP = par_calloc(cap, sizeof *v->cP, PAR_TAG_IO);
+    if (!v->t.p || !v->entry || !v->part || !v->full || !v->cut || !v->crank || !v->cP)
         return par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d tensors", n);
     if ((s = synth_params(v, x, n)) || (s = synth_state(v, x, n)))
         return s;
@@ -360,7 +371,8 @@ static par_status view_build(owner_view *v, const par_layout *layout, int nranks
 
 /* ---- the training driver's rule: what this rank writes ---------------------- */
 
-/* The range [*a, *b) of tensor i this rank writes; 0 when none. */
+/* The range [*a, *b) of tensor i this rank writes, in the offsets of the
+ * block it holds (a TP / ETP shard's packed offsets); 0 when none. */
 static int owned_range(const owner_view *v, const par_ckpt_tensor *x, int i, int64_t *a, int64_t *b)
 {
     const int e = v->entry[i];
@@ -369,21 +381,47 @@ static int owned_range(const owner_view *v, const par_ckpt_tensor *x, int i, int
     *b = p->numel;
     if (!entry_held(v, e) || v->low[v->part[e]] != v->rc.pp) /* the lowest stage holding it writes it */
         return 0;
-    const int cut = v->cut[e]; /* a shard: every TP (ETP) rank writes its block at its offsets */
+    const int cut = v->cut[e] != 0; /* a shard: every TP (ETP) rank writes its block */
     if (x[i].slot != PAR_CKPT_PARAM && v->mode == PAR_DP_ZERO1) { /* its plan's piece on this rank */
         if (!cut && ((p->expert < 0 && v->rc.tp != 0) || (p->expert >= 0 && v->rc.etp != 0)))
             return 0; /* the TP (ETP) ranks of a dp-cp (edp) rank hold the same piece */
         const par_zero_geom *g = &v->g[p->expert >= 0];
-        const int has = par_zero_geom_piece(g, e, g->rank, a, b);
-        *a += v->lo[e];
-        *b += v->lo[e];
-        return has;
+        return par_zero_geom_piece(g, e, g->rank, a, b);
     }
     const int designated = p->expert < 0 ? (v->rc.tp == 0 || cut) && v->rc.cp == 0 && v->rc.dp == 0
                                          : (v->rc.etp == 0 || cut) && v->rc.edp == 0;
-    *a += v->lo[e];
-    *b += v->lo[e];
     return designated && *b > *a;
+}
+
+/* Appends the logical slices of block range [a, b) of tensor i to *sl: one
+ * slice (whole or a row shard: at the block's offset), or one per row of a
+ * column shard (each row's slice of the rank's columns;
+ * parallel/tp_split.h par_tp_shard_run). */
+static par_status add_slices(const owner_view *v, const par_ckpt_tensor *x, int i, int64_t a, int64_t b,
+                             par_ckpt_slice **sl, int *n, int *cap)
+{
+    const int e = v->entry[i];
+    while (a < b) {
+        int64_t run;
+        const int64_t g = par_tp_shard_run(v->full[2 * e], v->full[2 * e + 1], (par_tp_cut)v->cut[e], v->crank[e],
+                                           v->cP[e] > 0 ? v->cP[e] : 1, a, &run);
+        const int64_t len = run < b - a ? run : b - a;
+        if (*n == *cap) {
+            const int nc = *cap * 2;
+            par_ckpt_slice *t = par_realloc(*sl, (size_t)nc * sizeof *t, PAR_TAG_IO);
+            if (!t)
+                return par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d slices", nc);
+            *sl = t;
+            *cap = nc;
+        }
+        par_ckpt_slice *o = &(*sl)[(*n)++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->name, sizeof o->name, "%s", x[i].name);
+        o->begin = g;
+        o->end = g + len;
+        a += len;
+    }
+    return PAR_OK;
 }
 
 par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank, const par_ckpt_tensor *tensors,
@@ -394,18 +432,14 @@ par_status par_ckpt_owner_driver(const par_layout *layout, int nranks, int rank,
         return par_err(PAR_EINVAL, "checkpoint ownership: needs a layout, a rank in [0, %d) and tensors", nranks);
     owner_view v;
     par_status s = view_build(&v, layout, nranks, rank, tensors, ntensors);
+    int n = 0, cap = ntensors > 0 ? ntensors : 1;
     par_ckpt_slice *sl = NULL;
-    if (!s && !(sl = par_calloc((size_t)(ntensors > 0 ? ntensors : 1), sizeof *sl, PAR_TAG_IO)))
+    if (!s && !(sl = par_calloc((size_t)cap, sizeof *sl, PAR_TAG_IO)))
         s = par_err(PAR_ENOMEM, "checkpoint ownership: out of memory for %d slices", ntensors);
-    int n = 0;
     for (int i = 0; !s && i < ntensors; i++) {
         int64_t a, b;
-        if (!owned_range(&v, tensors, i, &a, &b))
-            continue;
-        snprintf(sl[n].name, sizeof sl[n].name, "%s", tensors[i].name);
-        sl[n].begin = a;
-        sl[n].end = b;
-        n++;
+        if (owned_range(&v, tensors, i, &a, &b))
+            s = add_slices(&v, tensors, i, a, b, &sl, &n, &cap);
     }
     view_free(&v);
     if (s) {

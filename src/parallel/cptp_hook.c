@@ -9,9 +9,9 @@
 #include "parallel/tp_attn.h"
 #include "parallel/tp_reduce.h"
 
-/* 1 when M holds block b's attention row cuts as this rank's shards
+/* 1 when M holds block b's attention cuts (the row cuts, wo_b's columns) as this rank's shards
  * (parallel/tp_split.h par_tp_storage_cut): the hook reads them in place. */
-static int held_rows(const PAR_FN(par_model) *M, int b)
+static int held_cuts(const PAR_FN(par_model) *M, int b)
 {
     return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].wq_b) != NULL;
 }
@@ -20,10 +20,23 @@ typedef struct {
     PAR_FN(par_cp_attn_saved) sv;
     par_attn_dims dl;                 /* the shard's dims */
     PAR_FN(par_attn_weights) Wl, dWl; /* the shard of the weights and its gradients */
-    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch */
+    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch; held: [shard], dWl alone */
     int64_t shard;
+    int held;                         /* the model holds the block's cuts as shards (held_cuts) */
     par_real *dyf;                    /* SP: B's gathered dy [rows, S/CP, d], for W */
 } cptp_slot;
+
+/* The slot's gradient shard (after Wl's copy unless held) and the add's
+ * scratch (NULL when held: par_tp_attn_grads_add_held adds in place). */
+static par_real *dwl_buf(const cptp_slot *q)
+{
+    return q->buf + (q->held ? 0 : q->shard);
+}
+
+static par_real *scratch_of(const cptp_slot *q)
+{
+    return q->held ? NULL : q->buf + 2 * q->shard;
+}
 
 struct PAR_FN(par_cptp_hook_s) {
     par_comm *cp;
@@ -117,9 +130,10 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     if (s)
         return s;
     q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
-    if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+    q->held = held_cuts(M, b); /* the weights read in place, the gradients added in place: dWl alone */
+    if (!(q->buf = par_malloc((size_t)((q->held ? 1 : 3) * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "cp x tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
-    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, held_rows(M, b));
+    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, q->held);
     if (h->sp)
         return sp_forward(h, q, x, dm, y, sel, xin);
     return PAR_FN(par_cp_attn_forward_tp)(y, &q->sv, sel, xin, x->pos_rows, &q->Wl, &q->dl, dm->iH, x->rows,
@@ -135,8 +149,8 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     if (!q || !q->sv.buf)
         return par_err(PAR_EINVAL, "cp x tp attention backward: block %d has no forward on %lld tokens", b,
                        (long long)T);
-    PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
-    memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
+    PAR_FN(par_tp_attn_shard)(&q->dWl, dwl_buf(q), W, &M->adims[b], h->rank, h->P);
+    memset(dwl_buf(q), 0, (size_t)q->shard * sizeof(par_real));
     par_status s = h->sp ? sp_backward(h, q, x, M->d, dx, dy)
                          : PAR_FN(par_cp_attn_backward_input)(dx, q->dWl.attn_sink, dy, &q->sv, &q->Wl, h->cp, &h->ctr);
     if (s || !dsink)
@@ -144,8 +158,7 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     PAR_FN(par_attn_weights) sink, only = {.attn_sink = q->dWl.attn_sink};
     memset(&sink, 0, sizeof sink);
     sink.attn_sink = dsink;
-    PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+    PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, scratch_of(q), q->held);
     return PAR_OK;
 }
 
@@ -170,8 +183,7 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         return s;
     PAR_FN(par_attn_weights) g = *dW;
     g.attn_sink = NULL; /* B's */
-    PAR_FN(par_tp_attn_grads_add_held)(&g, &gl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+    PAR_FN(par_tp_attn_grads_add_held)(&g, &gl, &M->adims[b], h->rank, h->P, scratch_of(q), q->held);
     return PAR_OK;
 }
 

@@ -9,6 +9,8 @@
 #include "core/alloc.h"
 #include "core/counters.h"
 #include "model/optim.h"
+#include "parallel/tp_reduce.h"
+#include "parallel/tp_split.h"
 
 #if PAR_REAL_BITS == 64
 #define DC PAR_C_F64
@@ -121,21 +123,33 @@ par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
     return PAR_OK;
 }
 
+/* Whether the norm mask (bits, NULL: none) skips entry idx. */
+static int skips(const unsigned char *skip, int idx) { return skip && skip[idx >> 3] >> (idx & 7) & 1; }
+
+/* Entry idx's cut when M holds it by columns (their element order is not
+ * the shards' rank order: counted gathered, col_shares), else NULL. */
+static const par_model_cut *col_cut(const par_model_cut *cut, int idx)
+{
+    return cut && cut[idx].cut == 2 ? &cut[idx] : NULL;
+}
+
 /* Adds this rank's share of every entry's squared norm to per[idx]: the
  * reduced elements of ITS segment (AdamW pieces in its shard, its Muon
  * matrices), in element order, in double.  The segments of a group
  * partition its tensors, so over the world every element is counted once;
- * an entry inside one segment gets exactly par_sumsq of the entry. */
-static void entry_shares(const plan_t *pl, const unsigned char *skip, const double *start, double *per)
+ * an entry inside one segment gets exactly par_sumsq of the entry.
+ * Column shards (cut) are left to col_shares. */
+static void entry_shares(const plan_t *pl, const unsigned char *skip, const par_model_cut *cut, const double *start,
+                         double *per)
 {
     const int64_t base = (int64_t)pl->rank * pl->shard;
     for (int i = 0; i < pl->n; i++) {
         const par_zero_entry *e = &pl->e[i];
-        if (e->opt != PAR_OPT_ADAMW)
+        if (e->opt != PAR_OPT_ADAMW || col_cut(cut, e->idx))
             continue;
         int64_t a = e->pos > base ? e->pos : base;
         int64_t b = e->pos + e->numel < base + pl->shard ? e->pos + e->numel : base + pl->shard;
-        if (a >= b || (skip && skip[e->idx >> 3] >> (e->idx & 7) & 1))
+        if (a >= b || skips(skip, e->idx))
             continue;
         const par_real *g = PAR_FN(par_zero_grad_at)(pl, e, a);
         double s = start ? start[e->idx] : 0.0;
@@ -145,7 +159,7 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const doub
     }
     for (int k = pl->owned_begin[pl->rank]; k < pl->owned_begin[pl->rank + 1]; k++) {
         const par_zero_entry *e = &pl->e[pl->owned[k]];
-        if (skip && skip[e->idx >> 3] >> (e->idx & 7) & 1)
+        if (skips(skip, e->idx) || col_cut(cut, e->idx))
             continue;
         const par_real *x = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
         double s = start ? start[e->idx] : 0.0;
@@ -155,14 +169,73 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const doub
     }
 }
 
+/* The squared norms of the Muon matrices this rank's segment owns that M
+ * holds as column shards (wo_b, the shared / routed w2): the shards
+ * gathered over the plan's group w->chain[k] on its rank idx mod P, the
+ * logical matrix rebuilt there and summed in its element order (exactly
+ * the whole entry's par_sumsq; the shards' rank order would interleave the
+ * rows).  Collective over the group, every rank in plan order; only the
+ * gathering rank sets per[idx].  A column-cut AdamW entry has no element
+ * order of its own in a ZeRO-1 segment: PAR_EINTERNAL (tp_split.c cuts
+ * none). */
+static par_status col_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
+{
+    const plan_t *pl = &w->plan[k];
+    const par_tp tp = {.comm = w->chain[k], .sp = 0, .faults = 0, .traffic = NULL};
+    const int P = w->chain[k] ? par_comm_size(w->chain[k]) : 1, r = w->chain[k] ? par_comm_rank(w->chain[k]) : 0;
+    par_real *all = NULL;
+    par_status s = PAR_OK;
+    for (int j = 0; !s && P > 1 && j < pl->n; j++) {
+        const par_zero_entry *e = &pl->e[j];
+        const par_model_cut *c = col_cut(M->cut, e->idx);
+        if (!c)
+            continue;
+        if (e->opt != PAR_OPT_MUON) {
+            s = par_err(PAR_EINTERNAL, "dp step: %s is held as column shards but is not a Muon matrix (its norm "
+                        "would not follow its element order)", M->tab.p[e->idx].name);
+            break;
+        }
+        if (e->owner != pl->rank || skips(w->norm_skip, e->idx))
+            continue;
+        const par_param *p = &M->tab.p[e->idx];
+        const int owner = e->idx % P;
+        const size_t n = (size_t)e->numel;
+        par_free(all);
+        all = r == owner ? par_malloc(2 * n * (size_t)P * sizeof *all, PAR_TAG_COMM) : NULL;
+        if (r == owner && !all) {
+            s = par_err(PAR_ENOMEM, "dp step: out of memory for the gathered norm of %s", p->name);
+            break;
+        }
+        if ((s = PAR_FN(par_tpr_to_owner)(&tp, owner, all, PAR_FN(par_zero_grad_at)(pl, e, e->pos), n)) || r != owner)
+            continue;
+        par_real *full = all + n * (size_t)P;
+        for (int q = 0; q < P; q++)
+            par_tp_unslice(full, all + (size_t)q * n, p->shape[0], p->shape[1], PAR_TP_COLS, q, P, sizeof *full);
+        double sq = 0.0;
+        for (int64_t i = 0; i < p->numel; i++)
+            sq += (double)full[i] * (double)full[i];
+        per[e->idx] = sq;
+    }
+    par_free(all);
+    return s;
+}
+
 enum { TAG_NORM_CHAIN = 6204 };
 
+/* 1 when M holds entry idx as row shards (chained in rank order). */
+static int row_cut(const PAR_FN(par_model) *M, int idx)
+{
+    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
+    return c && c->cut == 1;
+}
+
 /* Plan k's entries' shares of the squared norm on this rank (entry_shares).
- * Entries held as shards: chained over the plan's group w->chain[k] (TP,
- * ETP), rank r starting from rank r-1's sums and handing its own on (only
- * the last rank keeps them for the world sum): rows blocks in rank order are
- * the serial element order, so a shard entry inside one segment gets
- * exactly the whole entry's par_sumsq order. */
+ * Entries held as row shards: chained over the plan's group w->chain[k]
+ * (TP, ETP), rank r starting from rank r-1's sums and handing its own on
+ * (only the last rank keeps them for the world sum): rows blocks in rank
+ * order are the serial element order, so a shard entry inside one segment
+ * gets exactly the whole entry's par_sumsq order.  Column shards: gathered
+ * (col_shares). */
 static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
 {
     const plan_t *pl = &w->plan[k];
@@ -170,23 +243,23 @@ static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, doubl
     const int r = c ? par_comm_rank(c) : 0, P = c ? par_comm_size(c) : 1;
     int ns = 0;
     for (int j = 0; P > 1 && j < pl->n; j++)
-        ns += PAR_FN(par_model_cut_of)(M, pl->e[j].idx) != NULL;
+        ns += row_cut(M, pl->e[j].idx);
     if (ns == 0) {
-        entry_shares(pl, w->norm_skip, NULL, per);
-        return PAR_OK;
+        entry_shares(pl, w->norm_skip, M->cut, NULL, per);
+        return col_shares(w, M, k, per);
     }
     double *start = par_calloc((size_t)w->n_tab + (size_t)ns, sizeof *start, PAR_TAG_COMM), *pk = start + w->n_tab;
     if (!start)
         return par_err(PAR_ENOMEM, "dp step: out of memory for the norm chain of %d shards", ns);
     par_status s = r > 0 ? par_recv(c, pk, (size_t)ns, PAR_C_F64, r - 1, TAG_NORM_CHAIN) : PAR_OK;
     for (int j = 0, q = 0; !s && j < pl->n; j++)
-        if (PAR_FN(par_model_cut_of)(M, pl->e[j].idx))
+        if (row_cut(M, pl->e[j].idx))
             start[pl->e[j].idx] = pk[q++];
     if (!s)
-        entry_shares(pl, w->norm_skip, start, per);
+        entry_shares(pl, w->norm_skip, M->cut, start, per);
     for (int j = 0, q = 0; !s && r < P - 1 && j < pl->n; j++) {
         const int i = pl->e[j].idx;
-        if (PAR_FN(par_model_cut_of)(M, i)) {
+        if (row_cut(M, i)) {
             pk[q++] = per[i] != 0.0 ? per[i] : start[i];
             per[i] = 0.0; /* the last rank's sum counts */
         }
@@ -194,7 +267,7 @@ static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, doubl
     if (!s && r < P - 1)
         s = par_send(c, pk, (size_t)ns, PAR_C_F64, r + 1, TAG_NORM_CHAIN);
     par_free(start);
-    return s;
+    return s ? s : col_shares(w, M, k, per);
 }
 
 static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, double *per)

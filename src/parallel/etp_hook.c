@@ -9,13 +9,14 @@
 #include "parallel/tp_split.h"
 
 /* What (slot, block) keeps from its forward to its W pass: the slices'
- * pointers (w1 / w3 rows point into the whole weights; w2's columns are
- * copied) and the w2 slices' gradients until W adds them. */
+ * pointers (the held ETP shards; with whole storage w1 / w3 rows point into
+ * the whole weights, w2's columns are copied) and the w2 slices' gradients
+ * until W adds them. */
 typedef struct {
     PAR_FN(par_etp_moe_saved) sv;
     const par_real **w;  /* [3, E] the slices */
     par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
-    par_real *w2, *dw2;  /* [E, d, Il] each */
+    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone) */
     PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
     int used;
 } etp_slot;
@@ -48,19 +49,27 @@ static etp_slot *slot_of(PAR_FN(par_etp_hook) *h, const par_mbctx *x, int b)
     return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
-/* The slices of block b's experts (and the pointers of their gradients). */
+/* 1 when M holds block b's routed experts as this rank's ETP shards (w1 /
+ * w3 rows, w2 columns: parallel/tp_split.h par_tp_storage_cut): read and
+ * accumulated in place. */
+static int held_shards(const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0) != NULL;
+}
+
+/* The slices of block b's experts (and the pointers of their gradients):
+ * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
 static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_slot *q)
 {
-    const int E = h->E;
+    const int E = h->E, held = held_shards(M, b);
     const int64_t d = h->d, Il = h->Il;
-    /* w1 / w3: the model's held ETP rows (parallel/tp_split.h), or rank r's rows of whole ones */
-    const int64_t off = PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0) ? 0 : (int64_t)h->rank * Il * d;
+    const int64_t off = held ? 0 : (int64_t)h->rank * Il * d;
     q->w = par_calloc((size_t)(6 * E), sizeof *q->w, PAR_TAG_ACT);
-    q->w2 = par_malloc((size_t)(2 * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
+    q->w2 = par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
     if (!q->w || !q->w2)
         return par_err(PAR_ENOMEM, "etp: out of memory for the slices of %d experts", E);
     q->g = (par_real **)(q->w + 3 * E);
-    q->dw2 = q->w2 + E * d * Il;
+    q->dw2 = held ? q->w2 : q->w2 + E * d * Il;
     if (M->e0 != 0 || M->e1 != E)
         return par_err(PAR_EINVAL, "etp: the model holds experts [%lld, %lld) of %d (ETP needs EP = 1)",
                        (long long)M->e0, (long long)M->e1, E);
@@ -69,8 +78,12 @@ static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, e
     for (int e = 0; e < E; e++) {
         if (!ew[e] || !ew[E + e] || !ew[2 * E + e])
             return par_err(PAR_EINVAL, "etp: block %d does not hold expert %d (ETP needs EP = 1)", b, e);
-        par_real *w2 = q->w2 + (int64_t)e * d * Il;
-        par_tp_slice(w2, ew[E + e], d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+        const par_real *w2 = ew[E + e];
+        if (!held) {
+            par_real *c = q->w2 + (int64_t)e * d * Il;
+            par_tp_slice(c, ew[E + e], d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+            w2 = c;
+        }
         q->w[e] = ew[e] + off, q->w[E + e] = w2, q->w[2 * E + e] = ew[2 * E + e] + off;
         q->g[e] = egw[e] + off, q->g[E + e] = q->dw2 + (int64_t)e * d * Il, q->g[2 * E + e] = egw[2 * E + e] + off;
     }
@@ -146,7 +159,8 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     return s;
 }
 
-/* W: the w2 slices' gradients into rank r's columns of the whole ones. */
+/* W: the w2 slices' gradients into the held shards, or rank r's columns
+ * of the whole ones (the same adds). */
 static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, const par_real *dy,
                           const par_real *xin, int64_t T)
 {
@@ -155,17 +169,19 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     (void)dy, (void)xin, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "etp weights: block %d has no backward", b);
-    const int E = h->E;
+    const int E = h->E, held = held_shards(M, b);
     const int64_t n = h->d * h->Il;
     par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
     par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
     for (int e = 0; e < E; e++) {
-        par_real *t = tmp + (int64_t)e * n;
+        par_real *t = held ? egw[E + e] : tmp + (int64_t)e * n;
         const par_real *g = q->dw2 + (int64_t)e * n;
-        par_tp_slice(t, egw[E + e], h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+        if (!held)
+            par_tp_slice(t, egw[E + e], h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
         for (int64_t i = 0; i < n; i++)
             t[i] += g[i];
-        par_tp_unslice(egw[E + e], t, h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+        if (!held)
+            par_tp_unslice(egw[E + e], t, h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
     }
     q->used = 0;
     return PAR_OK;

@@ -143,7 +143,7 @@ void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
         const par_real *src = slot_get(W, k);
         if (r == 0 || !src)
             continue;
-        if (held && slot_cut(k) != PAR_TP_COLS) { /* the held shard, or a replicated weight: W's own */
+        if (held) { /* the held shard (rows or wo_b's columns), or a replicated weight: W's own */
             *slot(Wl, k) = (par_real *)(uintptr_t)src;
             continue;
         }
@@ -183,7 +183,7 @@ void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_
         if (r == 0 || !dst || !src)
             continue;
         const int64_t n = shard_numel(dm, k, P);
-        if (held && slot_cut(k) != PAR_TP_COLS) { /* dst is the held shard (or whole): the same adds in place */
+        if (held) { /* dst is the held shard (or whole): the same adds in place */
             for (int64_t e = 0; e < n; e++)
                 dst[e] += src[e];
             continue;

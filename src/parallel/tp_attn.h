@@ -68,15 +68,15 @@ void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                int rank, int P);
 /* The inverse: writes rank r's block of every non-NULL slot of Wl into the
  * full W (replicated slots whole). */
-/* The same when the model holds the row cuts as the rank's shards (held !=
- * 0, parallel/tp_split.h par_tp_storage_cut): those slots and the
- * replicated ones point into W itself; only the column cut (wo_b) is
- * copied into buf.  held 0: par_tp_attn_shard. */
+/* The same when the model holds the cuts as the rank's shards (held != 0,
+ * parallel/tp_split.h par_tp_storage_cut: the row cuts and wo_b's
+ * columns): every slot points into W itself (the shards and the replicated
+ * weights), buf is not touched.  held 0: par_tp_attn_shard. */
 void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                     const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                     int rank, int P, int held);
-/* par_tp_attn_grads_add when dW's row cuts are the rank's held shards
- * (held != 0): those added in place, the bits of the whole-storage add. */
+/* par_tp_attn_grads_add when dW's cuts are the rank's held shards (held !=
+ * 0): every slot added in place, the bits of the whole-storage add. */
 void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                         const par_attn_dims *dm, int rank, int P, par_real *scratch, int held);
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,

@@ -8,9 +8,9 @@
 #include "parallel/tp_attn.h"
 #include "parallel/tp_reduce.h"
 
-/* 1 when M holds block b's attention row cuts as this rank's shards
+/* 1 when M holds block b's attention cuts (the row cuts, wo_b's columns) as this rank's shards
  * (parallel/tp_split.h par_tp_storage_cut): the hook reads them in place. */
-static int held_rows(const PAR_FN(par_model) *M, int b)
+static int held_cuts(const PAR_FN(par_model) *M, int b)
 {
     return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].wq_b) != NULL;
 }
@@ -19,9 +19,22 @@ static int held_rows(const PAR_FN(par_model) *M, int b)
 typedef struct {
     PAR_FN(par_tp_attn_saved) sv;
     PAR_FN(par_attn_weights) Wl, dWl; /* the shard of the weights and its gradients */
-    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch */
+    par_real *buf;                    /* [3 * shard]: Wl, dWl, scratch; held: [shard], dWl alone */
     int64_t shard;
+    int held;                         /* the model holds the block's cuts as shards (held_cuts) */
 } tp_slot;
+
+/* The slot's gradient shard (after Wl's copy unless held) and the add's
+ * scratch (NULL when held: par_tp_attn_grads_add_held adds in place). */
+static par_real *dwl_buf(const tp_slot *q)
+{
+    return q->buf + (q->held ? 0 : q->shard);
+}
+
+static par_real *scratch_of(const tp_slot *q)
+{
+    return q->held ? NULL : q->buf + 2 * q->shard;
+}
 
 struct PAR_FN(par_tp_hook_s) {
     par_tp tp, tsp;  /* the group without / with sequence parallelism */
@@ -81,9 +94,10 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     slot_free(q);
     const par_attn_dims *dm = &M->adims[b];
     q->shard = PAR_FN(par_tp_attn_shard_count)(dm, h->P);
-    if (!(q->buf = par_malloc((size_t)(3 * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+    q->held = held_cuts(M, b); /* the weights read in place, the gradients added in place: dWl alone */
+    if (!(q->buf = par_malloc((size_t)((q->held ? 1 : 3) * q->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "tp attention: out of memory for a shard of %lld reals", (long long)q->shard);
-    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, held_rows(M, b));
+    PAR_FN(par_tp_attn_shard_held)(&q->Wl, q->buf, W, dm, h->rank, h->P, q->held);
     if (h->sp && x->rows > 1)
         return sp_rows_forward(h, q, x, dm, y, sel, xin);
     if (h->sp) /* one row: the rank's columns are its contiguous tokens, the layer's own SP */
@@ -122,8 +136,8 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     tp_slot *q = slot_of(h, x, b, T);
     if (!q || !q->sv.buf)
         return par_err(PAR_EINVAL, "tp attention backward: block %d has no forward on %lld tokens", b, (long long)T);
-    PAR_FN(par_tp_attn_shard)(&q->dWl, q->buf + q->shard, W, &M->adims[b], h->rank, h->P);
-    memset(q->buf + q->shard, 0, (size_t)q->shard * sizeof(par_real));
+    PAR_FN(par_tp_attn_shard)(&q->dWl, dwl_buf(q), W, &M->adims[b], h->rank, h->P);
+    memset(dwl_buf(q), 0, (size_t)q->shard * sizeof(par_real));
     par_status s = h->sp && x->rows > 1 ? sp_rows_backward(h, q, x, M->d, dx, dy)
                    : PAR_FN(par_tp_attn_backward)(dx, &q->dWl, dy, &q->sv, &q->Wl, h->sp ? &h->tsp : &h->tp);
     if (s)
@@ -133,8 +147,7 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         memset(&sink, 0, sizeof sink);
         sink.attn_sink = dsink;
         PAR_FN(par_attn_weights) only = {.attn_sink = q->dWl.attn_sink};
-        PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+        PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, &M->adims[b], h->rank, h->P, scratch_of(q), q->held);
     }
     return PAR_OK;
 }
@@ -151,8 +164,7 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
         return par_err(PAR_EINVAL, "tp attention weights: block %d has no backward on %lld tokens", b, (long long)T);
     PAR_FN(par_attn_weights) g = *dW;
     g.attn_sink = NULL; /* B's */
-    PAR_FN(par_tp_attn_grads_add_held)(&g, &q->dWl, &M->adims[b], h->rank, h->P, q->buf + 2 * q->shard,
-                                      held_rows(M, b));
+    PAR_FN(par_tp_attn_grads_add_held)(&g, &q->dWl, &M->adims[b], h->rank, h->P, scratch_of(q), q->held);
     return PAR_OK;
 }
 

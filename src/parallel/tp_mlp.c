@@ -147,12 +147,14 @@ par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_
         return par_err(PAR_EINVAL, "tensor parallel MLP: the group size %d must divide moe_inter_dim %lld", P,
                        LL(I));
     const int64_t Il = I / P, n = d * Il;
-    if (!(s->buf = par_calloc((size_t)(2 * n + 1), sizeof(par_real), PAR_TAG_ACT)))
+    /* held: w2 is read in place, the buffer only collects its gradient */
+    if (!(s->buf = par_calloc((size_t)((held ? 1 : 2) * n + 1), sizeof(par_real), PAR_TAG_ACT)))
         return par_err(PAR_ENOMEM, "tensor parallel MLP: a shard of %lld reals", LL(n));
     par_real *w2s = s->buf;
-    par_tp_slice(w2s, w2, d, I, PAR_TP_COLS, r, P, sizeof(par_real));
+    if (!held)
+        par_tp_slice(w2s, w2, d, I, PAR_TP_COLS, r, P, sizeof(par_real));
     const int64_t off = held ? 0 : (int64_t)r * n;
-    s->w1 = w1 + off, s->w2 = w2s, s->w3 = w3 + off, s->dw2 = w2s + n;
+    s->w1 = w1 + off, s->w2 = held ? w2 : w2s, s->w3 = w3 + off, s->dw2 = held ? w2s : w2s + n;
     s->d = d, s->I = I, s->Il = Il, s->rank = r, s->P = P, s->held = held;
     return PAR_OK;
 }
@@ -166,11 +168,11 @@ void PAR_FN(par_tp_mlp_shard_grads)(PAR_FN(par_tp_mlp_shard) *s, par_real *g1, p
     memset(s->dw2, 0, (size_t)(s->d * s->Il) * sizeof(par_real));
 }
 
-void PAR_FN(par_tp_mlp_shard_add_dw2)(const PAR_FN(par_tp_mlp_shard) *s, par_real *g2 /* [d, I] */)
+void PAR_FN(par_tp_mlp_shard_add_dw2)(const PAR_FN(par_tp_mlp_shard) *s, par_real *g2 /* [d, I] or [d, I/P] */)
 {
-    const int64_t Il = s->Il;
+    const int64_t Il = s->Il, ld = s->held ? Il : s->I, c0 = s->held ? 0 : (int64_t)s->rank * Il;
     for (int64_t i = 0; g2 && i < s->d; i++) {
-        par_real *o = g2 + i * s->I + (int64_t)s->rank * Il;
+        par_real *o = g2 + i * ld + c0;
         const par_real *gi = s->dw2 + i * Il;
         for (int64_t j = 0; j < Il; j++)
             o[j] += gi[j];

@@ -57,42 +57,44 @@ par_status PAR_FN(par_tp_mlp_backward)(par_real *dx,            /* [Tx, d] or NU
                                        const par_real *w1, const par_real *w2, const par_real *w3,
                                        const par_tp *tp);
 
-/* ---- the shared expert held whole, run as the rank's shard ----------- */
+/* ---- the shared expert's shard, from held shards or whole storage ---- */
 
-/* Rank r's shard of an MLP whose storage holds the whole w1, w2, w3 ([I, d],
- * [d, I], [I, d]): w1 / w3 rows point into the whole weights, w2's columns
- * are copied; dw2 collects the w2 shard's gradient until
- * par_tp_mlp_backward_whole adds it into rank r's columns.  (With split
- * storage the shard is the storage itself: parallel/tp_split.h
- * par_tp_shared_expert_split names the layouts.) */
+/* Rank r's shard of an MLP.  held: the storage holds the rank's shards
+ * themselves (parallel/tp_split.h par_tp_storage_cut under
+ * par_tp_shared_expert_split: w1 / w3 rows [I/P, d], w2 columns [d, I/P]),
+ * read in place.  Else the storage holds the whole w1, w2, w3 ([I, d], [d,
+ * I], [I, d]): w1 / w3 rows point into them, w2's columns are copied.
+ * dw2 collects the w2 shard's gradient (zeroed per backward) until
+ * par_tp_mlp_shard_add_dw2 adds it into the held shard (or rank r's columns
+ * of the whole gradient): the same adds either way. */
 typedef struct {
     const par_real *w1, *w2, *w3; /* [I/P, d], [d, I/P], [I/P, d] */
     par_real *dw2;                /* [d, I/P] */
     int64_t d, I, Il;
     int rank, P;
-    int held; /* w1 / w3 (and their gradients) are the held row shards themselves */
+    int held; /* w1 / w2 / w3 (and their gradients) are the held shards themselves */
     void *buf;
 } PAR_FN(par_tp_mlp_shard);
 
 /* PAR_EINVAL when P does not divide I; PAR_ENOMEM.  `s` zeroed or freed.
- * held: w1 / w3 are already this rank's row shards ([I/P, d], the storage
- * of parallel/tp_split.h par_tp_shared_expert_held), read and accumulated
- * in place; else rank r's rows of the whole tensors. */
+ * held: w1, w2, w3 are already this rank's shards (above), read and
+ * accumulated in place; else the whole tensors. */
 par_status PAR_FN(par_tp_mlp_shard_make)(PAR_FN(par_tp_mlp_shard) *s, const par_real *w1, const par_real *w2,
                                          const par_real *w3, int64_t d, int64_t I, const par_tp *tp, int held);
 void PAR_FN(par_tp_mlp_shard_free)(PAR_FN(par_tp_mlp_shard) *s); /* zeroed/freed: fine */
 
-/* The shard's gradients: o1 / o3 = rank r's rows of the whole g1 / g3
- * ([I, d]; NULL stays NULL), dw2 zeroed; par_tp_mlp_shard_add_dw2 then adds
- * dw2 into rank r's columns of the whole g2 [d, I]. */
+/* The shard's gradients: o1 / o3 = the held g1 / g3 rows (or rank r's rows
+ * of the whole [I, d] ones; NULL stays NULL), dw2 zeroed;
+ * par_tp_mlp_shard_add_dw2 then adds dw2 into g2: the held [d, I/P] shard,
+ * or rank r's columns of the whole [d, I]. */
 void PAR_FN(par_tp_mlp_shard_grads)(PAR_FN(par_tp_mlp_shard) *s, par_real *g1, par_real *g3, par_real **o1,
                                     par_real **o3);
-void PAR_FN(par_tp_mlp_shard_add_dw2)(const PAR_FN(par_tp_mlp_shard) *s, par_real *g2 /* [d, I] */);
+void PAR_FN(par_tp_mlp_shard_add_dw2)(const PAR_FN(par_tp_mlp_shard) *s, par_real *g2 /* [d, I] or [d, I/P] */);
 
-/* par_tp_mlp_backward on the shard, its weight gradients added into rank
- * r's blocks of the whole gradients g1 [I, d], g2 [d, I], g3 [I, d] (each
- * may be NULL; the other ranks' blocks untouched, so the TP sum of
- * parallel/reduce.h meets zeros there). */
+/* par_tp_mlp_backward on the shard, its weight gradients added into the
+ * held shards (held) or rank r's blocks of the whole gradients g1 [I, d],
+ * g2 [d, I], g3 [I, d] (each may be NULL; the other ranks' blocks
+ * untouched, so the TP sum of parallel/reduce.h meets zeros there). */
 par_status PAR_FN(par_tp_mlp_backward_whole)(par_real *dx,      /* [Tx, d] or NULL */
                                              par_real *g1,      /* [I, d] or NULL */
                                              par_real *g2,      /* [d, I] or NULL */

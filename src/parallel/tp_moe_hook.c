@@ -40,10 +40,11 @@ static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
     return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
-/* 1 when M holds block b's shared w1 / w3 as this rank's row shards
- * (parallel/tp_split.h par_tp_storage_cut, par_tp_shared_expert_held):
- * the hook reads and accumulates them in place. */
-static int held_rows(const PAR_FN(par_model) *M, int b)
+/* 1 when M holds block b's shared expert as this rank's shards (w1 / w3
+ * rows, w2 columns: parallel/tp_split.h par_tp_storage_cut under
+ * par_tp_shared_expert_split): the hook reads and accumulates them in
+ * place. */
+static int held_shards(const PAR_FN(par_model) *M, int b)
 {
     return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].shared_w1) != NULL;
 }
@@ -79,7 +80,7 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     par_status s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
                                                  PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), h->d, h->I,
-                                                 &h->tp, held_rows(M, b));
+                                                 &h->tp, held_shards(M, b));
     PAR_FN(par_etp_weights) W;
     if (s || (s = weights_of(h, M, b, q, &W)))
         return s;
@@ -89,8 +90,8 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                                        M->cfg.swiglu_limit, &h->one, &h->tp);
 }
 
-/* B: dx, dw and every weight gradient (the w2 shard's added into rank r's
- * columns of the whole gradient). */
+/* B: dx, dw and every weight gradient (the w2 shard's added into the held
+ * shard, or rank r's columns of a whole gradient). */
 static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
                           const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
 {

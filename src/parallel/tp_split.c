@@ -132,9 +132,40 @@ void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par
     copy_block(full, (char *)(uintptr_t)src, rows, cols, cut, rank, P, es, 0);
 }
 
-int par_tp_shared_expert_held(const par_layout *l)
+int64_t par_tp_shard_run(int64_t rows, int64_t cols, par_tp_cut cut, int rank, int P, int64_t j, int64_t *run)
 {
-    return l->tp > 1 && l->ep <= 1 && l->etp <= 1;
+    if (cut == PAR_TP_REPLICATED || P <= 1) {
+        *run = rows * cols - j;
+        return j;
+    }
+    if (cut == PAR_TP_ROWS) {
+        const int64_t n = rows / P * cols;
+        *run = n - j;
+        return (int64_t)rank * n + j;
+    }
+    const int64_t sc = cols / P, i = j / sc, c = j % sc;
+    *run = sc - c;
+    return i * cols + (int64_t)rank * sc + c;
+}
+
+int64_t par_tp_logical_run(int64_t rows, int64_t cols, par_tp_cut cut, int rank, int P, int64_t g, int64_t *run)
+{
+    if (cut == PAR_TP_REPLICATED || P <= 1) {
+        *run = rows * cols - g;
+        return g;
+    }
+    if (cut == PAR_TP_ROWS) {
+        const int64_t n = rows / P * cols, lo = (int64_t)rank * n;
+        if (g < lo || g >= lo + n)
+            return -1;
+        *run = lo + n - g;
+        return g - lo;
+    }
+    const int64_t sc = cols / P, i = g / cols, c = g % cols - (int64_t)rank * sc;
+    if (c < 0 || c >= sc)
+        return -1;
+    *run = sc - c;
+    return i * sc + c;
 }
 
 par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P)
@@ -142,13 +173,15 @@ par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P)
     *P = 1;
     const par_tp_split s = par_tp_split_of(name);
     const int64_t g = s.group == PAR_TP_GROUP_ETP ? l->etp : l->tp;
-    if (s.cut == PAR_TP_REPLICATED || g <= 1)
-        return PAR_TP_REPLICATED;
-    /* held as shards: the row cuts (vocab rows, query / index heads, output
-     * groups of wo_a, the sinks, the shared expert's w1 / w3 where it runs
-     * TP-split, the routed experts' w1 / w3 ETP rows); the column cuts
-     * (wo_b, the shared and routed w2) stay whole: next */
-    if (s.cut != PAR_TP_ROWS || (strstr(name, ".shared_experts.") && !par_tp_shared_expert_held(l)))
+    /* every cut of the table is held as shards once its group is larger
+     * than 1: the row cuts (vocab rows, query / index heads, output groups
+     * of wo_a, the sinks, the shared w1 / w3, the routed w1 / w3 ETP rows)
+     * and the column cuts (wo_b's group columns, the shared w2's TP
+     * columns, the routed w2's ETP columns); the shared expert with TP > 1
+     * whatever EP and ETP are (it runs TP-split there:
+     * par_tp_shared_expert_split) */
+    if (s.cut == PAR_TP_REPLICATED || g <= 1 ||
+        (strstr(name, ".shared_experts.") && !par_tp_shared_expert_split(l)))
         return PAR_TP_REPLICATED;
     *P = g;
     return s.cut;

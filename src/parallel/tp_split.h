@@ -14,7 +14,7 @@
  *                norms, the gate, MTP projections, hc_head)
  * Routed experts are cut over the expert-TP group (ETP), everything else
  * over the TP group.  The checkpoint reshard, the Muon owner rule and the
- * gradient norm of the driver read the same table (next round).
+ * gradient norm of the driver read the same table (par_tp_storage_cut).
  */
 #ifndef PAR_PARALLEL_TP_SPLIT_H
 #define PAR_PARALLEL_TP_SPLIT_H
@@ -56,22 +56,30 @@ void par_tp_slice(void *dst, const void *full, int64_t rows, int64_t cols, par_t
 void par_tp_unslice(void *full, const void *src, int64_t rows, int64_t cols, par_tp_cut cut,
                     int rank, int P, size_t es);
 
+/* Rank r's packed shard (above) against the logical tensor, for pieces that
+ * are contiguous in both (checkpoint slices, parallel/ckpt_owner.c and
+ * ckpt_model.c): par_tp_shard_run gives the logical offset of shard element
+ * j (0 <= j < rows*cols/P) and *run, the elements from there contiguous in
+ * both (a row cut: to the shard's end; a column cut: to the end of the
+ * shard's row, so a range of a column shard is one piece per row);
+ * par_tp_logical_run is the inverse: the shard offset of logical element g
+ * and *run, or -1 when g is not in rank r's block. */
+int64_t par_tp_shard_run(int64_t rows, int64_t cols, par_tp_cut cut, int rank, int P, int64_t j, int64_t *run);
+int64_t par_tp_logical_run(int64_t rows, int64_t cols, par_tp_cut cut, int rank, int P, int64_t g, int64_t *run);
+
 /* How a rank of layout l STORES entry `name` (its weights, gradients and
  * optimizer state): the rule's cut when the entry is held as shards in this
  * layout, PAR_TP_REPLICATED when every rank of the group holds it whole.
- * *P: the group's size (TP or ETP; 1 when whole).  Held as shards today:
- * every TP row cut under TP > 1 (embed / head vocab rows, attn.wq_b,
- * attn.attn_sink, attn.wo_a, the indexer's wq_b / weights_proj, and the
- * shared expert's w1 / w3 where par_tp_shared_expert_held) and, under ETP
- * > 1, the routed experts' w1 / w3 (their ETP rows); the column cuts
- * (attn.wo_b, the shared and routed w2) stay whole, their hooks cut them
- * per call (docs/parallel.md "What each rank stores"). */
+ * *P: the group's size (TP or ETP; 1 when whole).  Every cut of the rule
+ * table is held as shards once its group is larger than 1: under TP > 1
+ * the row cuts (embed / head vocab rows, attn.wq_b, attn.attn_sink,
+ * attn.wo_a, the indexer's wq_b / weights_proj, the shared expert's w1 /
+ * w3) and the column cuts (attn.wo_b, the shared expert's w2; the shared
+ * expert whatever EP and ETP are: par_tp_shared_expert_split), under ETP
+ * > 1 the routed experts' w1 / w3 rows and w2 columns.  The hooks read and
+ * accumulate the shards in place (docs/parallel.md "What each rank
+ * stores"). */
 par_tp_cut par_tp_storage_cut(const par_layout *l, const char *name, int64_t *P);
-/* 1 when the shared expert's w1 / w3 are HELD as TP row shards in layout l
- * (TP > 1 with EP = ETP = 1 today, its own hook tp_moe_hook.c); elsewhere
- * under TP it runs split (par_tp_shared_expert_split below) on shards cut
- * from the whole storage per call (tp_mlp.h par_tp_mlp_shard_make). */
-int par_tp_shared_expert_held(const par_layout *l);
 
 /* The model-wide TP / ETP rules (every message names the flag, the config
  * key and both numbers): TP divides n_heads, o_groups, index_n_heads,
@@ -92,7 +100,8 @@ par_status par_tp_layout_rules(const par_layout *l);
  * over the TP group (w1 / w3 rows, w2 columns of parallel/tp_split.c's
  * cuts), whatever EP and ETP are (Megatron-LM: the shared expert is a TP
  * MLP); 0 when it runs whole (TP = 1).  The one predicate the executor's
- * hooks (tp_moe_hook.c, ep.c, etp_hook.c) and a TP storage split key on. */
+ * hooks (tp_moe_hook.c, ep.c, etp_hook.c) and the shared expert's storage
+ * (par_tp_storage_cut) key on. */
 int par_tp_shared_expert_split(const par_layout *l);
 
 #endif

@@ -123,6 +123,62 @@ Test(ckpt_run, owner_covers_every_element_once)
     par_param_table_free(&t);
 }
 
+/* Under TP / ETP every element is still owned once (TP 2, TP 4 with
+ * ZeRO-1 and DP 2, ETP 2, TP 2 x ETP 2 x EP 2), and a column shard
+ * (attn.wo_b, the shared and routed w2) is written by every TP (ETP) rank
+ * as one slice per row: the row's slice of its columns. */
+Test(ckpt_run, tp_owner_writes_column_shards_by_row)
+{
+    par_config c;
+    cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
+    c.n_heads = c.o_groups = c.index_n_heads = 4;
+    par_param_table t;
+    cr_assert_eq(par_param_table_build(&t, &c), 0);
+    par_ckpt_tensor *tens;
+    int nt;
+    cr_assert_eq(par_ckpt_tensors_of_params(&t, 64, &tens, &nt), 0);
+    static const int64_t L[][6] = {{2, 2, 1, 1, 0}, {8, 4, 1, 1, 1}, {2, 1, 2, 1, 0}, {4, 2, 2, 2, 1}};
+    for (size_t li = 0; li < sizeof L / sizeof L[0]; li++) { /* world, TP, ETP, EP, ZeRO-1 */
+        par_layout l = layout_of((lay){L[li][0], L[li][3], L[li][4], 1});
+        l.tp = L[li][1];
+        l.etp = L[li][2];
+        int64_t *cnt = calloc((size_t)nt, sizeof *cnt), rows = 0;
+        for (int r = 0; r < L[li][0]; r++) {
+            par_ckpt_slice *sl;
+            int n;
+            cr_assert_eq(par_ckpt_owner_driver(&l, (int)L[li][0], r, tens, nt, &sl, &n, NULL), 0, "%s",
+                         par_last_error());
+            for (int i = 0; i < n; i++) {
+                int j = 0;
+                while (strcmp(tens[j].name, sl[i].name))
+                    j++;
+                cnt[j] += sl[i].end - sl[i].begin;
+                const int expert = strstr(sl[i].name, ".ffn.experts.") != NULL;
+                const int64_t P = expert ? l.etp : l.tp, cols = tens[j].ndim > 1 ? tens[j].shape[1] : 1;
+                if (tens[j].slot == PAR_CKPT_PARAM && P > 1 &&
+                    (strstr(sl[i].name, ".attn.wo_b.") || strstr(sl[i].name, "w2.weight"))) {
+                    cr_assert_eq(sl[i].end - sl[i].begin, cols / P, "layout %zu: %s [%lld, %lld) is one row's "
+                                 "slice of %lld columns over %lld", li, sl[i].name, (long long)sl[i].begin,
+                                 (long long)sl[i].end, (long long)cols, (long long)P);
+                    rows++;
+                }
+            }
+            par_free(sl);
+        }
+        for (int j = 0; j < nt; j++) {
+            int64_t numel = 1;
+            for (int d = 0; d < tens[j].ndim; d++)
+                numel *= tens[j].shape[d];
+            cr_expect_eq(cnt[j], numel, "layout %zu: %s covered %lld of %lld", li, tens[j].name, (long long)cnt[j],
+                         (long long)numel);
+        }
+        cr_expect_gt(rows, 0, "layout %zu: no column shard was written by rows", li);
+        free(cnt);
+    }
+    par_free(tens);
+    par_param_table_free(&t);
+}
+
 /* A (DP8, ZeRO-1) -> B (DP2 replicated; EP8 ZeRO-1; EP4 x De2; N = 1; DP2 x CP2) -> export
  * equals A -> export byte for byte; the reshard uses the driver's owner rule. */
 Test(ckpt_run, reshard_then_export_is_bitwise)

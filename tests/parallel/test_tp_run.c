@@ -399,9 +399,9 @@ Test(tp_run, layout_rules_are_refused_with_the_numbers)
 
 /* Rank r's allocator peaks of its weights and gradients, and its held
  * optimizer state (the plans' accounting: the allocator's optimizer peak
- * also holds Muon's transient scratch), after one step of TP P (heads
+ * also holds Muon's transient scratch), after one step of layout l (heads
  * widened to 4; every rank its own dense copy). */
-static void held_bytes(int64_t P, int64_t etp, int64_t peak[][3])
+static void held_bytes(lay l, int64_t peak[][3])
 {
     static const par_tag tags[2] = {PAR_TAG_PARAM, PAR_TAG_GRAD};
     par_run_opts o;
@@ -411,16 +411,17 @@ static void held_bytes(int64_t P, int64_t etp, int64_t peak[][3])
     o.steps = 1;
     o.seed = 1234;
     o.backend = par_backend_find("threads");
-    o.layout.tp = etp > 1 ? 1 : P;
-    o.layout.etp = etp;
-    o.layout.world = P;
+    o.layout.tp = l.tp;
+    o.layout.etp = l.etp;
+    o.layout.ep = l.ep;
+    o.layout.world = l.world;
     o.private_replicas = 1;
     par_run_summary s;
     memset(&s, 0, sizeof s);
     cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
     cr_assert_not_null(s.alloc_peak);
     cr_assert_not_null(s.mem);
-    for (int64_t r = 0; r < P; r++) {
+    for (int64_t r = 0; r < l.world; r++) {
         for (int k = 0; k < 2; k++)
             peak[r][k] = s.alloc_peak[r * PAR_TAG_COUNT + tags[k]];
         peak[r][2] = s.mem[r * PAR_RUN_MEM + 2];
@@ -428,11 +429,15 @@ static void held_bytes(int64_t P, int64_t etp, int64_t peak[][3])
     par_run_summary_free(&s);
 }
 
-/* The entries TP / ETP holds as shards (par_tp_storage_cut) are held at
+/* The entries TP / ETP holds as shards (par_tp_storage_cut: the row and
+ * the column cuts, the shared expert under EP and ETP too) are held at
  * 1/P: a rank's weights, gradients and optimizer state (AdamW two slots,
- * Muon one) are TP 1's minus (1 - 1/P) of the split floats, within a few
- * hundred bytes, on every rank, at TP 2, TP 4 and ETP 2; and the split
- * entries are not empty (the check could fail). */
+ * Muon one) are TP 1's minus (1 - 1/P) of the split floats (and, with EP,
+ * minus (1 - 1/EP) of the routed experts it does not hold), within a few
+ * hundred bytes, on every rank, at TP 2, TP 4, ETP 2, TP 2 x EP 2 and TP 2
+ * x ETP 2; the split entries are not empty (the check could fail); and the
+ * sum of the three on rank 0 is the measured share of TP 1's (cols15:
+ * below the row-cuts-only build's 90.5 / 85.7 / 86.0 %). */
 Test(tp_run, split_entries_are_held_at_one_over_tp)
 {
     par_config c;
@@ -440,36 +445,57 @@ Test(tp_run, split_entries_are_held_at_one_over_tp)
     c.n_heads = c.o_groups = c.index_n_heads = 4;
     par_param_table t;
     cr_assert_eq(par_param_table_build(&t, &c), PAR_OK, "%s", par_last_error());
-    par_layout l;
-    memset(&l, 0, sizeof l);
+    static const struct {
+        lay l;
+        double share, before; /* rank 0's three sums over TP 1's: now, and with the column cuts whole */
+    } runs[] = {
+        {{2, 1, 1, 1, 2, 0, 0, 0}, 0.8786, 0.905}, {{4, 1, 1, 1, 4, 0, 0, 0}, 0.8179, 0.857},
+        {{1, 2, 1, 1, 2, 0, 0, 0}, 0.7905, 0.860}, {{2, 1, 2, 1, 2, 0, 0, 0}, 0, 0},
+        {{2, 2, 1, 1, 2, 0, 0, 0}, 0, 0},
+    };
     int64_t one[1][3], many[4][3];
-    held_bytes(1, 1, one);
-    for (int run = 0; run < 3; run++) { /* TP 2, TP 4, ETP 2 */
-        const int64_t P = run == 1 ? 4 : 2;
-        l.tp = run < 2 ? P : 1;
-        l.etp = run < 2 ? 1 : P;
-        int64_t split = 0, state = 0, np;
-        for (int i = 0; i < t.n; i++)
-            if (par_tp_storage_cut(&l, t.p[i].name, &np) != PAR_TP_REPLICATED) {
-                cr_assert_eq(np, P);
-                split += t.p[i].numel;
-                state += (t.p[i].opt == PAR_OPT_ADAMW ? 2 : t.p[i].opt == PAR_OPT_MUON) * t.p[i].numel;
-            }
-        cr_assert_gt(split, 0, "TP %lld ETP %lld holds nothing as shards", (long long)l.tp, (long long)l.etp);
-        held_bytes(P, l.etp, many);
-        const int64_t es = (int64_t)sizeof(double), floats[3] = {split, split, state};
-        for (int64_t r = 0; r < P; r++)
+    held_bytes((lay){1, 1, 1, 1, 1, 0, 0, 0}, one);
+    for (size_t run = 0; run < sizeof runs / sizeof runs[0]; run++) {
+        const lay L = runs[run].l;
+        par_layout l;
+        memset(&l, 0, sizeof l);
+        l.tp = L.tp;
+        l.etp = L.etp;
+        int64_t split[3] = {0, 0, 0}, routed[3] = {0, 0, 0}, np;
+        for (int i = 0; i < t.n; i++) {
+            const int64_t w = t.p[i].opt == PAR_OPT_ADAMW ? 2 : t.p[i].opt == PAR_OPT_MUON;
+            const int cut = par_tp_storage_cut(&l, t.p[i].name, &np) != PAR_TP_REPLICATED;
+            const int64_t n = cut ? t.p[i].numel - t.p[i].numel / np : 0; /* what the cut leaves out */
+            const int64_t e = t.p[i].expert >= 0 ? (t.p[i].numel - n) - (t.p[i].numel - n) / L.ep : 0;
+            cr_assert(!cut || np == (t.p[i].expert >= 0 ? L.etp : L.tp), "%s", t.p[i].name);
+            split[0] += n, split[1] += n, split[2] += w * n;
+            routed[0] += e, routed[1] += e, routed[2] += w * e;
+        }
+        cr_assert_gt(split[0], 0, "TP %lld ETP %lld holds nothing as shards", (long long)L.tp, (long long)L.etp);
+        held_bytes(L, many);
+        const int64_t es = (int64_t)sizeof(double);
+        for (int64_t r = 0; r < L.world; r++)
             for (int k = 0; k < 3; k++) {
-                const int64_t want = one[0][k] - (floats[k] - floats[k] / P) * es, got = many[r][k];
+                const int64_t want = one[0][k] - (split[k] + routed[k]) * es, got = many[r][k];
                 if (r == 0)
-                    cr_log_info("TP %lld ETP %lld rank 0 (weights, grads, optimizer: %d): %lld bytes (TP 1: %lld)",
-                                (long long)l.tp, (long long)l.etp, k, (long long)got, (long long)one[0][k]);
+                    cr_log_info("TP %lld ETP %lld EP %lld rank 0 (weights, grads, optimizer: %d): %lld bytes (TP 1: "
+                                "%lld)", (long long)L.tp, (long long)L.etp, (long long)L.ep, k, (long long)got,
+                                (long long)one[0][k]);
                 cr_expect_leq(llabs(got - want), 512,
-                              "TP %lld ETP %lld rank %lld (weights, grads, optimizer: %d): %lld bytes held, %lld "
-                              "expected (TP 1's %lld less (1 - 1/P) of %lld split floats)", (long long)l.tp,
-                              (long long)l.etp, (long long)r, k, (long long)got, (long long)want,
-                              (long long)one[0][k], (long long)floats[k]);
+                              "TP %lld ETP %lld EP %lld rank %lld (weights, grads, optimizer: %d): %lld bytes held, "
+                              "%lld expected (TP 1's %lld less %lld cut and %lld routed floats)", (long long)L.tp,
+                              (long long)L.etp, (long long)L.ep, (long long)r, k, (long long)got, (long long)want,
+                              (long long)one[0][k], (long long)split[k], (long long)routed[k]);
             }
+        if (runs[run].share > 0) {
+            const double share = (double)(many[0][0] + many[0][1] + many[0][2]) /
+                                 (double)(one[0][0] + one[0][1] + one[0][2]);
+            cr_log_info("TP %lld ETP %lld: rank 0 holds %.2f %% of TP 1's bytes", (long long)L.tp, (long long)L.etp,
+                        100 * share);
+            cr_expect(fabs(share - runs[run].share) < 5e-4 && share < runs[run].before,
+                      "TP %lld ETP %lld: rank 0 holds %.4f of TP 1's bytes, expected %.4f (below %.3f)",
+                      (long long)L.tp, (long long)L.etp, share, runs[run].share, runs[run].before);
+        }
     }
     par_param_table_free(&t);
 }

@@ -102,6 +102,38 @@ Test(tp_split, slice_and_unslice)
     cr_assert(r == 6 && c == 1);
 }
 
+/* The shard / logical maps of checkpoint slices: every element of rank r's
+ * packed block maps to where par_tp_slice took it from, each run stays
+ * contiguous in both (a column shard: to its row's end), and the inverse
+ * gives back the shard offset (-1 outside the block). */
+Test(tp_split, shard_runs_match_the_slice)
+{
+    double full[6 * 4], shard[6 * 4];
+    for (int i = 0; i < 24; i++)
+        full[i] = i;
+    const par_tp_cut cuts[3] = {PAR_TP_REPLICATED, PAR_TP_ROWS, PAR_TP_COLS};
+    for (int k = 0; k < 3; k++)
+        for (int r = 0; r < (k == 0 ? 1 : 2); r++) {
+            const int P = k == 0 ? 1 : 2;
+            par_tp_slice(shard, full, 6, 4, cuts[k], r, P, 8);
+            const int64_t n = 24 / P;
+            for (int64_t j = 0; j < n; j++) {
+                int64_t run, back;
+                const int64_t g = par_tp_shard_run(6, 4, cuts[k], r, P, j, &run);
+                cr_assert_eq(full[g], shard[j], "cut %d rank %d element %lld", k, r, (long long)j);
+                cr_assert(run >= 1 && j + run <= n && full[g + run - 1] == shard[j + run - 1]);
+                cr_assert_eq(run, k == 2 ? 2 - j % 2 : n - j, "cut %d: a column run ends with its row", k);
+                cr_assert_eq(par_tp_logical_run(6, 4, cuts[k], r, P, g, &back), j);
+                cr_assert_eq(back, run);
+            }
+            int64_t run;
+            if (k == 1)
+                cr_assert_eq(par_tp_logical_run(6, 4, cuts[k], r, P, r ? 0 : 12, &run), -1, "another rank's rows");
+            if (k == 2)
+                cr_assert_eq(par_tp_logical_run(6, 4, cuts[k], r, P, r ? 4 : 6, &run), -1, "another rank's columns");
+        }
+}
+
 Test(tp_split, config_rules)
 {
     par_config c;
