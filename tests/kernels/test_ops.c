@@ -122,6 +122,47 @@ Test(ops, gemm_row_alone_equals_row_in_batch, .init = blas_one_thread)
     cr_assert_eq(checked, 4 * 4 * 2 * 2 * 2 * (1 + 2 + 3 + 5 + 7 + 15 + 16 + 17 + 31 + 33));
 }
 
+/* A column's bits must not depend on how many columns it is batched with
+ * (a TP shard of a layer's outputs against the whole layer): every column of
+ * a sub-GEMM of N columns from column `off` equals, bitwise, the same column
+ * of one 48-column GEMM.  (OpenBLAS's SkylakeX-family cores take another
+ * kernel for small M N K: this failed there before par_gemm tiled columns.) */
+Test(ops, gemm_col_alone_equals_col_in_batch, .init = blas_one_thread)
+{
+    const int64_t NB = 48, Ms[] = {1, 5, 16, 130}, Ks[] = {3, 64, 300};
+    const int64_t Ns[] = {1, 2, 3, 7, 15, 16, 17, 33};
+    int checked = 0;
+    for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++)
+        for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int64_t M = Ms[im], K = Ks[ik], ldc = NB + 1;
+                    int64_t lda = ta ? M : K, ldb = tb ? K + 2 : NB;
+                    double *A = dalloc(M * K), *B = dalloc(tb ? NB * ldb : K * ldb);
+                    double *Cb = dalloc(M * ldc), *Cn = dalloc(M * ldc);
+                    fill_normal(A, M * K, "gemm.A", 2);
+                    fill_normal(B, tb ? NB * ldb : K * ldb, "gemm.B", 2);
+                    par_gemm_f64(ta, tb, M, NB, K, 1.0, A, lda, B, ldb, 0.0, Cb, ldc);
+                    for (size_t in = 0; in < sizeof Ns / sizeof *Ns; in++) {
+                        int64_t N = Ns[in], off = (int64_t)(in * 5) % (NB - N + 1);
+                        const double *Bo = tb ? B + off * ldb : B + off;
+                        par_gemm_f64(ta, tb, M, N, K, 1.0, A, lda, Bo, ldb, 0.0, Cn, ldc);
+                        for (int64_t i = 0; i < M; i++)
+                            for (int64_t j = 0; j < N; j++, checked++)
+                                cr_assert(!memcmp(&Cn[i * ldc + j], &Cb[i * ldc + off + j], sizeof(double)),
+                                          "column %lld of a %lld-column GEMM at %lld differs from the same "
+                                          "column of the 48-column one (M=%lld K=%lld ta=%d tb=%d)",
+                                          (long long)j, (long long)N, (long long)off, (long long)M,
+                                          (long long)K, ta, tb);
+                    }
+                    free(A);
+                    free(B);
+                    free(Cb);
+                    free(Cn);
+                }
+    cr_assert_eq(checked, (1 + 5 + 16 + 130) * 3 * 4 * (1 + 2 + 3 + 7 + 15 + 16 + 17 + 33));
+}
+
 Test(ops, gemm_beta_zero_ignores_nan_in_c)
 {
     double A[2 * 3], B[3 * 4], C[2 * 4];
