@@ -77,9 +77,10 @@ typedef enum {
     PAR__COL_ZERO = 0,  /* 0 for every j (a zeroed column)                     */
     PAR__COL_CONST,     /* a                                                   */
     PAR__COL_STEP,      /* a * j                                               */
-    PAR__COL_BLKOFF,    /* b * (offset of block j when a elements are cut into
-                         * k near-equal blocks, the first a % k one longer)    */
-    PAR__COL_BLKLEN,    /* b * (length of that block j)                        */
+    PAR__COL_BLKOFF,    /* b * (d + offset of block j when a elements are cut
+                         * into k near-equal blocks, the first a % k longer)   */
+    PAR__COL_BLKLEN,    /* b * (length of that block j past its first d
+                         * elements, at most w of them; w 0: no limit)         */
     PAR__COL_AT,        /* a at j == k, 0 elsewhere                            */
     PAR__COL_BUT,       /* a at j != k, 0 at k                                 */
     PAR__COL_ARRAY,     /* b * v[j]                                            */
@@ -90,6 +91,7 @@ typedef struct {
     int k;
     size_t a, b;
     const size_t *v;
+    size_t d, w;        /* BLKOFF / BLKLEN: a window of the blocks (chunks) */
 } par__col;
 
 #define PAR__COL_C(n) ((par__col){.kind = PAR__COL_CONST, .a = (n)})
@@ -98,14 +100,17 @@ typedef struct {
 
 static inline size_t par__col_at(const par__col *c, int j)
 {
-    size_t q, rem, uj = (size_t)j;
+    size_t q, rem, uj = (size_t)j, len;
     switch (c->kind) {
     case PAR__COL_CONST: return c->a;
     case PAR__COL_STEP: return c->a * uj;
     case PAR__COL_BLKOFF:
         q = c->a / (size_t)c->k, rem = c->a % (size_t)c->k;
-        return c->b * (uj * q + (uj < rem ? uj : rem));
-    case PAR__COL_BLKLEN: return c->b * (c->a / (size_t)c->k + (uj < c->a % (size_t)c->k));
+        return c->b * (c->d + uj * q + (uj < rem ? uj : rem));
+    case PAR__COL_BLKLEN:
+        len = c->a / (size_t)c->k + (uj < c->a % (size_t)c->k);
+        len = len > c->d ? len - c->d : 0;
+        return c->b * (c->w && len > c->w ? c->w : len);
     case PAR__COL_AT: return j == c->k ? c->a : 0;
     case PAR__COL_BUT: return j != c->k ? c->a : 0;
     case PAR__COL_ARRAY: return c->b * c->v[j];

@@ -12,6 +12,10 @@
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 
+/* The most bytes of received rows an all-reduce holds at once (per rank):
+ * its reduce-scatter goes in chunks past that. */
+#define PAR__ROWS_CAP ((size_t)16 << 10)
+
 /* ---- the rank-order reduction ------------------------------------------- */
 
 #define REDUCE_FLOAT(T)                                                                      \
@@ -112,6 +116,16 @@ static par_status xchg(par_comm *c, par__callmeta *m, int phase, const par__xfer
     return st;
 }
 
+/* A further step of a phase the clock already charged (an all-reduce's
+ * later chunks): the exchange alone, no clock event. */
+static par_status xchg_more(par_comm *c, par__callmeta *m, int phase, const par__xfer *x)
+{
+    m->phase = phase;
+    m->vclock = 0;
+    m->vcost = 0;
+    return c->world->be->exchange(c, m, x);
+}
+
 static par_status end(par_comm *c, par_status st)
 {
     par__call_leave(c);
@@ -184,20 +198,35 @@ par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, p
     int p = c->size, me = c->rank;
     size_t es = par_ctype_size(t);
     size_t bc = blk_count(count, p, me), bo = blk_off(count, p, me);
+    /* The reduce-scatter in chunks of w elements of every block, so that
+     * the rows held at once stay near PAR__ROWS_CAP bytes whatever the count
+     * (one chunk when they fit: the rows of the whole block). */
+    size_t big = count / (size_t)p + (count % (size_t)p != 0);
+    size_t w = PAR__ROWS_CAP / ((size_t)p * es);
+    w = w < 1 ? 1 : w > big ? big : w;
+    size_t nw = big ? (big + w - 1) / w : 1, mine = bc < w ? bc : w;
     char *rows = NULL;
-    if (bc) {
-        rows = par_malloc((size_t)p * bc * es, PAR_TAG_COMM);
+    if (mine) {
+        rows = par_malloc((size_t)p * mine * es, PAR_TAG_COMM);
         if (!rows)
             return end(c, par_err(PAR_ENOMEM, "allreduce in group %s: no memory for %d x %zu",
-                                  c->name, p, bc));
+                                  c->name, p, mine));
     }
     /* block j of the input to rank j; my block of every rank, in rank order */
     par__col boff = {.kind = PAR__COL_BLKOFF, .k = p, .a = count, .b = es};
     par__col blen = {.kind = PAR__COL_BLKLEN, .k = p, .a = count, .b = es};
-    par__xfer x1 = {in, boff, blen, rows, PAR__COL_S(bc * es), PAR__COL_C(bc * es), 1};
-    st = xchg(c, &m, 0, &x1);
+    for (size_t k = 0; k < nw && st == PAR_OK; k++) {
+        size_t d = k * w, n = bc > d ? (bc - d < w ? bc - d : w) : 0;
+        par__col soff = boff, sbytes = blen;
+        soff.d = sbytes.d = d;
+        sbytes.w = w;
+        par__xfer x1 = {in, soff, sbytes, rows, PAR__COL_S(n * es), PAR__COL_C(n * es), 1};
+        /* the first chunk is the step the clock charges for the whole phase */
+        st = k == 0 ? xchg(c, &m, 0, &x1) : xchg_more(c, &m, (int)(1 + k), &x1);
+        if (st == PAR_OK)
+            reduce_rows((char *)out + (bo + d) * es, rows, (size_t)p, n, t, op);
+    }
     if (st == PAR_OK) {
-        reduce_rows((char *)out + bo * es, rows, (size_t)p, bc, t, op);
         /* my reduced block to everyone, everyone's block in place */
         par__xfer x2 = {(char *)out + bo * es, {0}, PAR__COL_C(bc * es), out, boff, blen, 1};
         st = xchg(c, &m, 1, &x2);
