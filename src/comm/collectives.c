@@ -15,6 +15,7 @@
 /* The most bytes of received rows an all-reduce holds at once (per rank):
  * its reduce-scatter goes in chunks past that. */
 #define PAR__ROWS_CAP ((size_t)16 << 10)
+#define PAR__ROWS_CHUNK_MIN 64
 
 /* ---- the rank-order reduction ------------------------------------------- */
 
@@ -186,6 +187,23 @@ par_status par_barrier(par_comm *c)
     return end(c, xchg(c, &m, 0, NULL));
 }
 
+/* Elements of each block per chunk of an all-reduce's reduce-scatter: the
+ * whole block on groups of up to PAR__ROWS_CHUNK_MIN ranks (TP, CP, EP,
+ * ETP: their rows are the rank's own count), else what fits the cap. */
+static size_t rows_chunk(size_t count, int p, size_t es)
+{
+    size_t big = count / (size_t)p + (count % (size_t)p != 0);
+    if (p <= PAR__ROWS_CHUNK_MIN)
+        return big;
+    size_t w = PAR__ROWS_CAP / ((size_t)p * es);
+    return w < 1 ? 1 : w > big ? big : w;
+}
+
+size_t par_allreduce_rows(size_t count, int p, size_t es)
+{
+    return p < 1 || es == 0 ? 0 : (size_t)p * rows_chunk(count, p, es);
+}
+
 par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, par_ctype t,
                          par_redop op)
 {
@@ -201,9 +219,7 @@ par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, p
     /* The reduce-scatter in chunks of w elements of every block, so that
      * the rows held at once stay near PAR__ROWS_CAP bytes whatever the count
      * (one chunk when they fit: the rows of the whole block). */
-    size_t big = count / (size_t)p + (count % (size_t)p != 0);
-    size_t w = PAR__ROWS_CAP / ((size_t)p * es);
-    w = w < 1 ? 1 : w > big ? big : w;
+    size_t big = count / (size_t)p + (count % (size_t)p != 0), w = rows_chunk(count, p, es);
     size_t nw = big ? (big + w - 1) / w : 1, mine = bc < w ? bc : w;
     char *rows = NULL;
     if (mine) {
