@@ -1332,7 +1332,7 @@ static int test_reqs(mworld *e, mreqs *q, int fib, int *scratch)
 
 /* ---- the metadata of an exchange, per process pair ------------------------- */
 
-static size_t xb(const size_t *v, int j) { return v ? v[j] : 0; }
+static size_t xb(const par__col *v, int j) { return par__col_at(v, j); }
 
 
 /* The message to each other process from what the members here published
@@ -1349,7 +1349,7 @@ static void meta_pack(const mcomm *mc, const par__callmeta *m, const par__xfer *
             char *pairs = o + (size_t)pm->nl * META_B + (size_t)s * pm->qn[k] * PAIR_B;
             for (int t = 0; t < pm->qn[k]; t++) {
                 int j = pm->mem[pm->qfirst[k] + t];
-                uint64_t v[2] = {xb(xs->sbytes, j), xb(xs->rbytes, j)};
+                uint64_t v[2] = {xb(&xs->sbytes, j), xb(&xs->rbytes, j)};
                 memcpy(pairs + (size_t)t * PAIR_B, v, PAIR_B);
             }
         }
@@ -1538,15 +1538,15 @@ static int check_pairs(par_comm *c, mcomm *mc, const par__callmeta *m, const par
         size_t to_me, from_me_expected;
         if (mc->lslot[j] >= 0) {
             const par__xfer *xj = j == me ? x : mc->g->slots[mc->lslot[j]].x;
-            to_me = xb(xj->sbytes, me);
-            from_me_expected = xb(xj->rbytes, me);
+            to_me = xb(&xj->sbytes, me);
+            from_me_expected = xb(&xj->rbytes, me);
         } else {
             uint64_t v[2];
             meta_of(mc->pm, j, me, NULL, v);
             to_me = (size_t)v[0];
             from_me_expected = (size_t)v[1];
         }
-        size_t want = xb(x->rbytes, j), give = xb(x->sbytes, j);
+        size_t want = xb(&x->rbytes, j), give = xb(&x->sbytes, j);
         mc->bad[j] = to_me != want || give != from_me_expected;
         if (mc->bad[j] && bad_peer < 0) {
             bad_peer = j;
@@ -1563,12 +1563,12 @@ static void move_local(mcomm *mc, const par__xfer *x)
     int p = mc->p, me = mc->me;
     for (int k = 0; k < p; k++) {
         int j = (me + k) % p; /* spread the readers over the senders */
-        size_t rb = xb(x->rbytes, j);
+        size_t rb = xb(&x->rbytes, j);
         if (mc->lslot[j] < 0 || mc->bad[j] || !rb)
             continue;
         const par__xfer *xj = j == me ? x : mc->g->slots[mc->lslot[j]].x;
-        const char *src = xj->sbase + xb(xj->soff, me);
-        char *dst = x->rbase + xb(x->roff, j);
+        const char *src = xj->sbase + xb(&xj->soff, me);
+        char *dst = x->rbase + xb(&x->roff, j);
         if (src != dst)
             memcpy(dst, src, rb);
     }
@@ -1590,7 +1590,7 @@ static void pair_bytes(const mcomm *mc, const par__xfer *xs, int s, int j, size_
 {
     uint64_t v[2];
     meta_of(mc->pm, j, mc->pm->mem[s], NULL, v);
-    size_t g = xb(xs->sbytes, j), w = xb(xs->rbytes, j);
+    size_t g = xb(&xs->sbytes, j), w = xb(&xs->rbytes, j);
     int bad = v[0] != w || g != v[1];
     *give = bad ? 0 : g;
     *take = bad ? 0 : w;
@@ -1641,7 +1641,7 @@ static int data_pack(mcomm *mc, const par__xfer *x)
                 int j = pm->mem[pm->qfirst[k] + t];
                 pair_bytes(mc, xs, s, j, &give, &take);
                 if (give)
-                    memcpy(pm->dsend + at, xs->sbase + xb(xs->soff, j), give);
+                    memcpy(pm->dsend + at, xs->sbase + xb(&xs->soff, j), give);
                 at += give;
             }
         }
@@ -1660,7 +1660,7 @@ static void data_unpack(mcomm *mc, const par__xfer *x)
                 const par__xfer *xs = slot_x(mc, s, x);
                 pair_bytes(mc, xs, s, j, &give, &take);
                 if (take)
-                    memcpy(xs->rbase + xb(xs->roff, j), pm->drecv + at, take);
+                    memcpy(xs->rbase + xb(&xs->roff, j), pm->drecv + at, take);
                 at += take;
             }
         }
@@ -1832,7 +1832,7 @@ static par_status m_exchange(par_comm *c, const par__callmeta *m, const par__xfe
         notify_except(e, c, mc, -1);
         return st;
     }
-    if (!x->rbytes && !x->sbytes)
+    if (par__xfer_empty(x))
         return PAR_OK;
     int bad_peer = check_pairs(c, mc, m, x, &st); /* 4. pairs */
     move_local(mc, x);                            /* 5. data here, then between processes */

@@ -38,12 +38,12 @@ static void s_group_free(par_comm *c, void *bgroup) { (void)c, (void)bgroup; }
 
 static par_status s_exchange(par_comm *c, const par__callmeta *m, const par__xfer *x)
 {
-    size_t sent = x->sbytes ? x->sbytes[0] : 0, want = x->rbytes ? x->rbytes[0] : 0;
+    size_t sent = par__col_at(&x->sbytes, 0), want = par__col_at(&x->rbytes, 0);
     if (sent != want)
         return par__pair_mismatch(c, m, 0, 0, sent, want);
     if (want) {
-        const char *src = x->sbase + (x->soff ? x->soff[0] : 0);
-        char *dst = x->rbase + (x->roff ? x->roff[0] : 0);
+        const char *src = x->sbase + par__col_at(&x->soff, 0);
+        char *dst = x->rbase + par__col_at(&x->roff, 0);
         if (src != dst)
             memcpy(dst, src, want);
     }

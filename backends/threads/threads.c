@@ -53,27 +53,27 @@ static par_status t_exchange(par_comm *c, const par__callmeta *m, const par__xfe
     st = par__check_metas(c, &g->slots[0].meta[target & 1], sizeof(tslot));
     if (st != PAR_OK)
         return st; /* every member saw the same metas: nobody copies */
-    if (!x->rbytes && !x->sbytes)
+    if (par__xfer_empty(x))
         return PAR_OK; /* no data anywhere (the metas agree on that) */
 
     /* Pairs first: what each peer sends me against what I expect. */
-    for (int j = 0; j < p && st == PAR_OK; j++) {
-        const par__xfer *xj = g->slots[j].x;
-        size_t sent = xj->sbytes ? xj->sbytes[me] : 0;
-        size_t want = x->rbytes ? x->rbytes[j] : 0;
+    for (int j = 0; j < p && st == PAR_OK && !x->fixed; j++) {
+        size_t sent = par__col_at(&g->slots[j].x->sbytes, me);
+        size_t want = par__col_at(&x->rbytes, j);
         if (sent != want)
             st = par__pair_mismatch(c, m, j, me, sent, want);
     }
-    if (st == PAR_OK && x->rbytes) {
+    if (st == PAR_OK && x->rbytes.kind != PAR__COL_ZERO) {
         for (int k = 0; k < p; k++) {
             int j = (me + k) % p; /* spread the readers over the senders */
-            if (!x->rbytes[j])
+            size_t rb = par__col_at(&x->rbytes, j);
+            if (!rb)
                 continue;
             const par__xfer *xj = g->slots[j].x;
-            const char *src = xj->sbase + (xj->soff ? xj->soff[me] : 0);
-            char *dst = x->rbase + (x->roff ? x->roff[j] : 0);
+            const char *src = xj->sbase + par__col_at(&xj->soff, me);
+            char *dst = x->rbase + par__col_at(&x->roff, j);
             if (src != dst)
-                memcpy(dst, src, x->rbytes[j]);
+                memcpy(dst, src, rb);
         }
     }
     /* Nobody leaves before all copies are done, even if the world failed. */

@@ -69,17 +69,88 @@ typedef struct {
     double vcost;
 } par__callmeta;
 
-/* One exchange: per peer j (group rank), send sbytes[j] bytes at
- * sbase + soff[j] and receive rbytes[j] bytes at rbase + roff[j].  NULL
- * arrays mean all zero.  src/comm guarantees a rank's receive ranges do not
- * overlap its send ranges, except that the range to itself may be the very
- * same bytes (then nothing needs copying). */
+/* One per-peer column of an exchange (an offset or a byte count for each
+ * group rank j), given as a rule instead of a p-long array: a collective
+ * over a group of p ranks then costs each rank O(1) bytes of description,
+ * not 32 p (docs/comm.md "Exchange columns").  Read with par__col_at. */
+typedef enum {
+    PAR__COL_ZERO = 0,  /* 0 for every j (a zeroed column)                     */
+    PAR__COL_CONST,     /* a                                                   */
+    PAR__COL_STEP,      /* a * j                                               */
+    PAR__COL_BLKOFF,    /* b * (d + offset of block j when a elements are cut
+                         * into k near-equal blocks, the first a % k longer)   */
+    PAR__COL_BLKLEN,    /* b * (length of that block j past its first d
+                         * elements, at most w of them; w 0: no limit)         */
+    PAR__COL_AT,        /* a at j == k, 0 elsewhere                            */
+    PAR__COL_BUT,       /* a at j != k, 0 at k                                 */
+    PAR__COL_ARRAY,     /* b * v[j]                                            */
+} par__colkind;
+
+typedef struct {
+    par__colkind kind;
+    int k;
+    size_t a, b;
+    const size_t *v;
+    size_t d, w;        /* BLKOFF / BLKLEN: a window of the blocks (chunks) */
+} par__col;
+
+#define PAR__COL_C(n) ((par__col){.kind = PAR__COL_CONST, .a = (n)})
+#define PAR__COL_S(n) ((par__col){.kind = PAR__COL_STEP, .a = (n)})
+#define PAR__COL_AT1(j, n) ((par__col){.kind = PAR__COL_AT, .k = (j), .a = (n)})
+
+static inline size_t par__col_at(const par__col *c, int j)
+{
+    size_t q, rem, uj = (size_t)j, len;
+    switch (c->kind) {
+    case PAR__COL_CONST: return c->a;
+    case PAR__COL_STEP: return c->a * uj;
+    case PAR__COL_BLKOFF:
+        q = c->a / (size_t)c->k, rem = c->a % (size_t)c->k;
+        return c->b * (c->d + uj * q + (uj < rem ? uj : rem));
+    case PAR__COL_BLKLEN:
+        len = c->a / (size_t)c->k + (uj < c->a % (size_t)c->k);
+        len = len > c->d ? len - c->d : 0;
+        return c->b * (c->w && len > c->w ? c->w : len);
+    case PAR__COL_AT: return j == c->k ? c->a : 0;
+    case PAR__COL_BUT: return j != c->k ? c->a : 0;
+    case PAR__COL_ARRAY: return c->b * c->v[j];
+    default: return 0;
+    }
+}
+
+/* One exchange: per peer j (group rank), send sbytes(j) bytes at
+ * sbase + soff(j) and receive rbytes(j) bytes at rbase + roff(j) (the
+ * columns read with par__col_at; zeroed columns are all zero).  src/comm
+ * guarantees a rank's receive ranges do not overlap its send ranges, except
+ * that the range to itself may be the very same bytes (then nothing needs
+ * copying). */
 typedef struct {
     const char *sbase;
-    const size_t *soff, *sbytes;
+    par__col soff, sbytes;
     char *rbase;
-    const size_t *roff, *rbytes;
+    par__col roff, rbytes;
+    /* 1: every member's byte columns follow from the agreed call metadata
+     * alone (op, count, type, root, phase: the collectives without per-rank
+     * counts), so once par__check_metas passed every pair agrees and an
+     * in-process backend may skip the pair checks; the same on every member.
+     * 0 (v-collectives, a split's plan): check every pair. */
+    int fixed;
 } par__xfer;
+
+/* The group ranks j in [*lo, *hi) where column c may be nonzero (an AT
+ * column: its one peer; zeroed: none; else all p). */
+static inline void par__col_span(const par__col *c, int p, int *lo, int *hi)
+{
+    *lo = c->kind == PAR__COL_AT ? c->k : 0;
+    *hi = c->kind == PAR__COL_AT ? c->k + 1 : c->kind == PAR__COL_ZERO ? 0 : p;
+}
+
+/* 1 when the exchange moves no bytes anywhere (both byte columns zeroed):
+ * the same verdict on every member, whose metas agree. */
+static inline int par__xfer_empty(const par__xfer *x)
+{
+    return x->sbytes.kind == PAR__COL_ZERO && x->rbytes.kind == PAR__COL_ZERO;
+}
 
 /* ---- handles ------------------------------------------------------------ */
 
@@ -94,11 +165,6 @@ struct par_comm {
     uint64_t nsplit;         /* splits called so far                       */
     char name[64];
     void *bgroup;            /* the backend's state of this group          */
-    size_t *scratch;         /* [4*size] v-arrays of collectives: kept with
-                              * the handle up to PAR__SCRATCH_KEEP members,
-                              * above that allocated for each call (else a
-                              * world of N ranks holds 32 N^2 bytes)       */
-    int scratch_call;        /* 1: scratch is the running call's           */
     struct par_comm *live_next, *live_prev;   /* per-rank list of handles  */
 };
 

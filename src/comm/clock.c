@@ -214,14 +214,16 @@ double par_comm_vclock(par_comm *c)
 
 /* ---- collectives ---------------------------------------------------------- */
 
-static size_t max_of(const size_t *v, int p)
+static size_t max_of(const par__col *v, int p)
 {
     size_t m = 0;
-    for (int j = 0; v && j < p; j++)
-        if (v[j] > m)
-            m = v[j];
+    for (int j = 0; j < p; j++)
+        if (par__col_at(v, j) > m)
+            m = par__col_at(v, j);
     return m;
 }
+
+static size_t col_at(const void *ctx, int j) { return par__col_at(ctx, j); }
 
 static size_t B(double bytes) { return (size_t)(bytes + 0.5); }
 
@@ -242,12 +244,13 @@ static par_netcost step_cost(const par_netmodel *nm, par_comm *c, const par__cal
     case PAR__OP_ALLGATHER:
         return par_net_ring(nm, wr, p, me, p - 1, B((double)count * es));
     case PAR__OP_ALLGATHERV:
-        return par_net_ring(nm, wr, p, me, p - 1, x ? B((double)max_of(x->rbytes, p) * scale) : 0);
+        return par_net_ring(nm, wr, p, me, p - 1, x ? B((double)max_of(&x->rbytes, p) * scale) : 0);
     case PAR__OP_SPLIT: /* an all-gather of (color, key) */
         return par_net_ring(nm, wr, p, me, p - 1, 2 * sizeof(int32_t));
     case PAR__OP_ALLTOALL:
     case PAR__OP_ALLTOALLV:
-        return par_net_alltoall(nm, wr, p, me, x ? x->sbytes : NULL, x ? x->rbytes : NULL);
+        return x ? par_net_alltoall_by(nm, wr, p, me, col_at, &x->sbytes, col_at, &x->rbytes)
+                 : par_net_alltoall(nm, wr, p, me, NULL, NULL);
     case PAR__OP_BCAST:
         return par_net_chain(nm, wr, p, me, m->root, B((double)count * es));
     case PAR__OP_BARRIER:

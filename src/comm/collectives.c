@@ -12,6 +12,11 @@
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 
+/* The most bytes of received rows an all-reduce holds at once (per rank):
+ * its reduce-scatter goes in chunks past that. */
+#define PAR__ROWS_CAP ((size_t)16 << 10)
+#define PAR__ROWS_CHUNK_MIN 64
+
 /* ---- the rank-order reduction ------------------------------------------- */
 
 #define REDUCE_FLOAT(T)                                                                      \
@@ -96,9 +101,6 @@ static par_status begin(par_comm *c, par__op op, par_ctype t, uint64_t count, in
                        (int)t);
     if (redop >= PAR_OP_COUNT)
         return par_err(PAR_EINVAL, "%s in group %s: invalid reduction %d", name, c->name, redop);
-    /* a barrier moves no bytes: no count arrays (32 p bytes on every rank) */
-    if (op != PAR__OP_BARRIER && (st = par__scratch_take(c)) != PAR_OK)
-        return st;
     *m = (par__callmeta){.group_id = c->id, .seq = ++c->seq, .count = count, .shape = shape,
                          .op = op, .dtype = t, .redop = redop, .root = root, .rank = c->rank};
     par__call_enter(c, m, -1);
@@ -107,7 +109,7 @@ static par_status begin(par_comm *c, par__op op, par_ctype t, uint64_t count, in
 
 static par_status xchg(par_comm *c, par__callmeta *m, int phase, const par__xfer *x)
 {
-    static const par__xfer none = {0};
+    static const par__xfer none; /* zeroed columns: no bytes */
     m->phase = phase;
     par__comm_account(c, m, x);
     par_status st = c->world->be->exchange(c, m, x ? x : &none);
@@ -115,10 +117,19 @@ static par_status xchg(par_comm *c, par__callmeta *m, int phase, const par__xfer
     return st;
 }
 
+/* A further step of a phase the clock already charged (an all-reduce's
+ * later chunks): the exchange alone, no clock event. */
+static par_status xchg_more(par_comm *c, par__callmeta *m, int phase, const par__xfer *x)
+{
+    m->phase = phase;
+    m->vclock = 0;
+    m->vcost = 0;
+    return c->world->be->exchange(c, m, x);
+}
+
 static par_status end(par_comm *c, par_status st)
 {
     par__call_leave(c);
-    par__scratch_drop(c);
     return st;
 }
 
@@ -140,6 +151,24 @@ static size_t blk_off(size_t count, int p, int r)
     return (size_t)r * q + ((size_t)r < rem ? (size_t)r : rem);
 }
 
+/* The packed displacements of counts (running sums, elements): the one
+ * per-peer table a v-collective allocates, and only when the caller gave
+ * no displacements of its own (it holds the group-sized counts anyway). */
+static par_status packed_displs(par_comm *c, const par__callmeta *m, const size_t *counts,
+                                size_t **out)
+{
+    size_t *d = par_malloc((size_t)c->size * sizeof *d, PAR_TAG_COMM), run = 0;
+    if (!d)
+        return par_err(PAR_ENOMEM, "%s in group %s: no memory for %d displacements",
+                       par__op_name((par__op)m->op), c->name, c->size);
+    for (int j = 0; j < c->size; j++) {
+        d[j] = run;
+        run += counts[j];
+    }
+    *out = d;
+    return PAR_OK;
+}
+
 #define NEED(ptr, n, what)                                                                   \
     do {                                                                                     \
         if (!(ptr) && (n) != 0)                                                              \
@@ -158,6 +187,23 @@ par_status par_barrier(par_comm *c)
     return end(c, xchg(c, &m, 0, NULL));
 }
 
+/* Elements of each block per chunk of an all-reduce's reduce-scatter: the
+ * whole block on groups of up to PAR__ROWS_CHUNK_MIN ranks (TP, CP, EP,
+ * ETP: their rows are the rank's own count), else what fits the cap. */
+static size_t rows_chunk(size_t count, int p, size_t es)
+{
+    size_t big = count / (size_t)p + (count % (size_t)p != 0);
+    if (p <= PAR__ROWS_CHUNK_MIN)
+        return big;
+    size_t w = PAR__ROWS_CAP / ((size_t)p * es);
+    return w < 1 ? 1 : w > big ? big : w;
+}
+
+size_t par_allreduce_rows(size_t count, int p, size_t es)
+{
+    return p < 1 || es == 0 ? 0 : (size_t)p * rows_chunk(count, p, es);
+}
+
 par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, par_ctype t,
                          par_redop op)
 {
@@ -170,31 +216,35 @@ par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, p
     int p = c->size, me = c->rank;
     size_t es = par_ctype_size(t);
     size_t bc = blk_count(count, p, me), bo = blk_off(count, p, me);
+    /* The reduce-scatter in chunks of w elements of every block, so that
+     * the rows held at once stay near PAR__ROWS_CAP bytes whatever the count
+     * (one chunk when they fit: the rows of the whole block). */
+    size_t big = count / (size_t)p + (count % (size_t)p != 0), w = rows_chunk(count, p, es);
+    size_t nw = big ? (big + w - 1) / w : 1, mine = bc < w ? bc : w;
     char *rows = NULL;
-    if (bc) {
-        rows = par_malloc((size_t)p * bc * es, PAR_TAG_COMM);
+    if (mine) {
+        rows = par_malloc((size_t)p * mine * es, PAR_TAG_COMM);
         if (!rows)
             return end(c, par_err(PAR_ENOMEM, "allreduce in group %s: no memory for %d x %zu",
-                                  c->name, p, bc));
+                                  c->name, p, mine));
     }
-    size_t *s1 = c->scratch, *s2 = s1 + p, *s3 = s2 + p, *s4 = s3 + p;
-    for (int j = 0; j < p; j++) {
-        s1[j] = blk_off(count, p, j) * es;   /* soff   */
-        s2[j] = blk_count(count, p, j) * es; /* sbytes */
-        s3[j] = (size_t)j * bc * es;         /* roff   */
-        s4[j] = bc * es;                     /* rbytes */
+    /* block j of the input to rank j; my block of every rank, in rank order */
+    par__col boff = {.kind = PAR__COL_BLKOFF, .k = p, .a = count, .b = es};
+    par__col blen = {.kind = PAR__COL_BLKLEN, .k = p, .a = count, .b = es};
+    for (size_t k = 0; k < nw && st == PAR_OK; k++) {
+        size_t d = k * w, n = bc > d ? (bc - d < w ? bc - d : w) : 0;
+        par__col soff = boff, sbytes = blen;
+        soff.d = sbytes.d = d;
+        sbytes.w = w;
+        par__xfer x1 = {in, soff, sbytes, rows, PAR__COL_S(n * es), PAR__COL_C(n * es), 1};
+        /* the first chunk is the step the clock charges for the whole phase */
+        st = k == 0 ? xchg(c, &m, 0, &x1) : xchg_more(c, &m, (int)(1 + k), &x1);
+        if (st == PAR_OK)
+            reduce_rows((char *)out + (bo + d) * es, rows, (size_t)p, n, t, op);
     }
-    par__xfer x1 = {in, s1, s2, rows, s3, s4};
-    st = xchg(c, &m, 0, &x1);
     if (st == PAR_OK) {
-        reduce_rows((char *)out + bo * es, rows, (size_t)p, bc, t, op);
-        for (int j = 0; j < p; j++) {
-            s3[j] = s1[j]; /* roff = block offsets    */
-            s4[j] = s2[j]; /* rbytes = block sizes    */
-            s1[j] = 0;     /* soff: my reduced block  */
-            s2[j] = bc * es;
-        }
-        par__xfer x2 = {(char *)out + bo * es, s1, s2, out, s3, s4};
+        /* my reduced block to everyone, everyone's block in place */
+        par__xfer x2 = {(char *)out + bo * es, {0}, PAR__COL_C(bc * es), out, boff, blen, 1};
         st = xchg(c, &m, 1, &x2);
     }
     par_free(rows);
@@ -218,13 +268,8 @@ par_status par_reduce_scatter(par_comm *c, const void *in, void *out, size_t cou
         if (!rows)
             return end(c, par_err(PAR_ENOMEM, "reduce_scatter in group %s: no memory", c->name));
     }
-    size_t *soff = c->scratch, *n = soff + p, *roff = n + p;
-    for (int j = 0; j < p; j++) {
-        soff[j] = (size_t)j * bytes;
-        roff[j] = (size_t)j * bytes;
-        n[j] = bytes;
-    }
-    par__xfer x = {in, soff, n, rows, roff, n};
+    par__xfer x = {in, PAR__COL_S(bytes), PAR__COL_C(bytes), rows, PAR__COL_S(bytes),
+                   PAR__COL_C(bytes), 1};
     st = xchg(c, &m, 0, &x);
     if (st == PAR_OK)
         reduce_rows(out, rows, (size_t)p, count, t, op);
@@ -236,13 +281,13 @@ par_status par_reduce_scatter(par_comm *c, const void *in, void *out, size_t cou
  * input is staged when it overlaps out anywhere but at this rank's own
  * landing place. */
 static par_status gather_common(par_comm *c, par__callmeta *m, const void *in, size_t bytes,
-                                void *out, const size_t *roff, const size_t *rbytes,
-                                size_t out_bytes)
+                                void *out, par__col roff, par__col rbytes, size_t out_bytes)
 {
-    int p = c->size, me = c->rank;
+    int me = c->rank;
     const char *src = in;
     char *staged = NULL;
-    if (bytes && src != (char *)out + roff[me] && overlaps(in, bytes, out, out_bytes)) {
+    if (bytes && src != (char *)out + par__col_at(&roff, me) &&
+        overlaps(in, bytes, out, out_bytes)) {
         staged = par_malloc(bytes, PAR_TAG_COMM);
         if (!staged)
             return par_err(PAR_ENOMEM, "%s in group %s: no memory to stage %zu bytes",
@@ -250,12 +295,8 @@ static par_status gather_common(par_comm *c, par__callmeta *m, const void *in, s
         memcpy(staged, in, bytes);
         src = staged;
     }
-    size_t *soff = c->scratch + 2 * (size_t)p, *sbytes = soff + p;
-    for (int j = 0; j < p; j++) {
-        soff[j] = 0;
-        sbytes[j] = bytes;
-    }
-    par__xfer x = {src, soff, sbytes, out, roff, rbytes};
+    par__xfer x = {src, {0}, PAR__COL_C(bytes), out, roff, rbytes,
+                   rbytes.kind != PAR__COL_ARRAY};
     par_status st = xchg(c, m, 0, &x);
     par_free(staged);
     return st;
@@ -271,12 +312,8 @@ par_status par_allgather(par_comm *c, const void *in, void *out, size_t count, p
     NEED(in, count, "in");
     NEED(out, count * (size_t)p, "out");
     size_t bytes = count * par_ctype_size(t);
-    size_t *roff = c->scratch, *rbytes = roff + p;
-    for (int j = 0; j < p; j++) {
-        roff[j] = (size_t)j * bytes;
-        rbytes[j] = bytes;
-    }
-    return end(c, gather_common(c, &m, in, bytes, out, roff, rbytes, bytes * (size_t)p));
+    return end(c, gather_common(c, &m, in, bytes, out, PAR__COL_S(bytes), PAR__COL_C(bytes),
+                                bytes * (size_t)p));
 }
 
 par_status par_allgatherv(par_comm *c, const void *in, size_t count, void *out,
@@ -303,32 +340,32 @@ par_status par_allgatherv(par_comm *c, const void *in, size_t count, void *out,
                               c->name, c->rank, count, c->rank, counts[c->rank]));
     NEED(in, count, "in");
     NEED(out, extent, "out");
-    size_t es = par_ctype_size(t);
-    size_t *roff = c->scratch, *rbytes = roff + p, run = 0;
-    for (int j = 0; j < p; j++) {
-        roff[j] = (displs ? displs[j] : run) * es;
-        rbytes[j] = counts[j] * es;
-        run += counts[j];
-    }
-    return end(c, gather_common(c, &m, in, count * es, out, roff, rbytes, extent * es));
+    size_t es = par_ctype_size(t), *packed = NULL;
+    if (!displs && (st = packed_displs(c, &m, counts, &packed)) != PAR_OK)
+        return end(c, st);
+    par__col roff = {.kind = PAR__COL_ARRAY, .b = es, .v = displs ? displs : packed};
+    par__col rbytes = {.kind = PAR__COL_ARRAY, .b = es, .v = counts};
+    st = gather_common(c, &m, in, count * es, out, roff, rbytes, extent * es);
+    par_free(packed);
+    return end(c, st);
 }
 
-/* Extent in bytes of ranges off[j], n[j] (NULL off: packed). */
-static size_t extent_of(const size_t *cnt, const size_t *displs, int p, size_t es, size_t *offs)
+/* Extent in bytes of ranges displs[j], cnt[j] (NULL displs: packed). */
+static size_t extent_of(const size_t *cnt, const size_t *displs, int p, size_t es)
 {
     size_t run = 0, ext = 0;
     for (int j = 0; j < p; j++) {
-        offs[j] = (displs ? displs[j] : run) * es;
+        size_t off = (displs ? displs[j] : run) * es;
         run += cnt[j];
-        if (cnt[j] && offs[j] + cnt[j] * es > ext)
-            ext = offs[j] + cnt[j] * es;
+        if (cnt[j] && off + cnt[j] * es > ext)
+            ext = off + cnt[j] * es;
     }
     return ext;
 }
 
 static par_status alltoall_common(par_comm *c, par__callmeta *m, const void *in, size_t in_ext,
-                                  void *out, size_t out_ext, const size_t *soff,
-                                  const size_t *sbytes, const size_t *roff, const size_t *rbytes)
+                                  void *out, size_t out_ext, par__col soff, par__col sbytes,
+                                  par__col roff, par__col rbytes)
 {
     char *staged = NULL;
     const char *src = in;
@@ -340,7 +377,8 @@ static par_status alltoall_common(par_comm *c, par__callmeta *m, const void *in,
         memcpy(staged, in, in_ext);
         src = staged;
     }
-    par__xfer x = {src, soff, sbytes, out, roff, rbytes};
+    par__xfer x = {src, soff, sbytes, out, roff, rbytes,
+                   sbytes.kind != PAR__COL_ARRAY && rbytes.kind != PAR__COL_ARRAY};
     par_status st = xchg(c, m, 0, &x);
     par_free(staged);
     return st;
@@ -356,11 +394,7 @@ par_status par_alltoall(par_comm *c, const void *in, void *out, size_t count, pa
     NEED(in, count * (size_t)p, "in");
     NEED(out, count * (size_t)p, "out");
     size_t bytes = count * par_ctype_size(t);
-    size_t *off = c->scratch, *n = off + p;
-    for (int j = 0; j < p; j++) {
-        off[j] = (size_t)j * bytes;
-        n[j] = bytes;
-    }
+    par__col off = PAR__COL_S(bytes), n = PAR__COL_C(bytes);
     return end(c, alltoall_common(c, &m, in, bytes * (size_t)p, out, bytes * (size_t)p, off, n,
                                   off, n));
 }
@@ -377,16 +411,24 @@ par_status par_alltoallv(par_comm *c, const void *in, const size_t *sendcounts,
         return st;
     int p = c->size;
     size_t es = par_ctype_size(t);
-    size_t *soff = c->scratch, *sbytes = soff + p, *roff = sbytes + p, *rbytes = roff + p;
-    size_t sext = extent_of(sendcounts, sdispls, p, es, soff);
-    size_t rext = extent_of(recvcounts, rdispls, p, es, roff);
-    for (int j = 0; j < p; j++) {
-        sbytes[j] = sendcounts[j] * es;
-        rbytes[j] = recvcounts[j] * es;
-    }
+    size_t sext = extent_of(sendcounts, sdispls, p, es);
+    size_t rext = extent_of(recvcounts, rdispls, p, es);
     NEED(in, sext, "in");
     NEED(out, rext, "out");
-    return end(c, alltoall_common(c, &m, in, sext, out, rext, soff, sbytes, roff, rbytes));
+    size_t *spack = NULL, *rpack = NULL;
+    if ((!sdispls && (st = packed_displs(c, &m, sendcounts, &spack)) != PAR_OK) ||
+        (!rdispls && (st = packed_displs(c, &m, recvcounts, &rpack)) != PAR_OK)) {
+        par_free(spack);
+        return end(c, st);
+    }
+    par__col soff = {.kind = PAR__COL_ARRAY, .b = es, .v = sdispls ? sdispls : spack};
+    par__col roff = {.kind = PAR__COL_ARRAY, .b = es, .v = rdispls ? rdispls : rpack};
+    par__col sbytes = {.kind = PAR__COL_ARRAY, .b = es, .v = sendcounts};
+    par__col rbytes = {.kind = PAR__COL_ARRAY, .b = es, .v = recvcounts};
+    st = alltoall_common(c, &m, in, sext, out, rext, soff, sbytes, roff, rbytes);
+    par_free(spack);
+    par_free(rpack);
+    return end(c, st);
 }
 
 par_status par_bcast(par_comm *c, void *buf, size_t count, par_ctype t, int root)
@@ -401,12 +443,12 @@ par_status par_bcast(par_comm *c, void *buf, size_t count, par_ctype t, int root
                               c->name, root, p));
     NEED(buf, count, "buf");
     size_t bytes = count * par_ctype_size(t);
-    size_t *off = c->scratch, *sb = off + p, *rb = sb + p;
-    for (int j = 0; j < p; j++) {
-        off[j] = 0;
-        sb[j] = me == root && j != root ? bytes : 0;
-        rb[j] = me != root && j == root ? bytes : 0;
-    }
-    par__xfer x = {buf, off, sb, buf, off, rb};
+    /* the root sends to every other rank; the others receive from the root */
+    par__col sb = {0}, rb = {0};
+    if (me == root)
+        sb = (par__col){.kind = PAR__COL_BUT, .k = root, .a = bytes};
+    else
+        rb = PAR__COL_AT1(root, bytes);
+    par__xfer x = {buf, {0}, sb, buf, {0}, rb, 1};
     return end(c, xchg(c, &m, 0, &x));
 }

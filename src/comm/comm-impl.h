@@ -51,11 +51,6 @@ struct par__world {
     par__rankstate *ranks;   /* [n] */
     par__mailbox *mb;        /* [n] */
     int *ident;              /* [n] 0..n-1: world_ranks of every rank's world handle */
-    /* [3n] the byte ranges of a split's exchange, the same on every rank of
-     * every group (a prefix of p serves a group of p): PAR__SPLIT_REC bytes
-     * to and from each peer (n), receive offsets j * PAR__SPLIT_REC (n), send
-     * offsets 0 (n).  Once per process instead of 32 p bytes on every rank. */
-    size_t *split_x;
 };
 
 /* comm.c: activity of the calling rank, for reports. */
@@ -65,16 +60,7 @@ void par__call_leave(par_comm *c);
  * failure was a timeout) with a message naming the failed rank. */
 par_status par__check_world(par_comm *c, const char *what);
 
-/* group.c: what each rank gives a split (color, key as int32). */
-#define PAR__SPLIT_REC 8
-/* Fills w->split_x. */
-void par__split_tables(par__world *w);
 /* group.c.  world_ranks NULL: the world's identity (w->ident, shared). */
-#define PAR__SCRATCH_KEEP 64
-/* A large group's scratch for one call (PAR_ENOMEM naming the group), and
- * its release; no-ops for a group that keeps its scratch. */
-par_status par__scratch_take(par_comm *c);
-void par__scratch_drop(par_comm *c);
 par_status par__comm_new(par__world *w, int wrank, int rank, int size, const int *world_ranks,
                          uint64_t id, const char *name, void *bgroup, par_comm **out);
 void par__comm_destroy(par_comm *c);

@@ -330,8 +330,7 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
     w->ranks = par_calloc((size_t)nranks, sizeof *w->ranks, PAR_TAG_COMM);
     w->mb = par_calloc((size_t)nranks, sizeof *w->mb, PAR_TAG_COMM);
     w->ident = par_malloc((size_t)nranks * sizeof *w->ident, PAR_TAG_COMM);
-    w->split_x = par_malloc((size_t)nranks * 3 * sizeof *w->split_x, PAR_TAG_COMM);
-    if (!w->ranks || !w->mb || !w->ident || !w->split_x) {
+    if (!w->ranks || !w->mb || !w->ident) {
         st = par_err(PAR_ENOMEM, "par_world_run: no memory for %d ranks", nranks);
         goto fail_free_world;
     }
@@ -340,7 +339,6 @@ par_status par_world_run(const par_backend *backend, int nranks, par_world_fn fn
         pthread_mutex_init(&w->mb[r].mu, NULL);
         w->ident[r] = r;
     }
-    par__split_tables(w);
 
     st = backend->world_init(w, &w->bworld);
     if (st != PAR_OK)
@@ -366,7 +364,6 @@ fail_free_world:
     par_free(w->ranks);
     par_free(w->mb);
     par_free(w->ident);
-    par_free(w->split_x);
     par_free(w);
     return st;
 }

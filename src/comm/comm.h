@@ -144,6 +144,11 @@ void par_comm_free(par_comm *c);
 
 /* ---- collectives (blocking; every rank of the group calls them) -------- */
 
+/* Elements of received rows the rank with the largest block holds at once
+ * in par_allreduce of count elements of es bytes over p ranks: p x its
+ * block, on groups over 64 ranks in chunks of the block past 16 KiB of rows
+ * (for memory models). */
+size_t par_allreduce_rows(size_t count, int p, size_t es);
 /* out[i] = op over ranks of in[i], i < count. */
 par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, par_ctype t,
                          par_redop op);

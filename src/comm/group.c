@@ -36,8 +36,6 @@ par_status par__comm_new(par__world *w, int wrank, int rank, int size, const int
     } else {
         c->world_ranks = w->ident;
     }
-    if (size <= PAR__SCRATCH_KEEP && !(c->scratch = par_malloc((size_t)size * 4 * sizeof *c->scratch, PAR_TAG_COMM)))
-        goto fail_free_comm;
     c->world = w;
     c->rank = rank;
     c->size = size;
@@ -56,7 +54,6 @@ par_status par__comm_new(par__world *w, int wrank, int rank, int size, const int
 fail_free_comm:
     if (c->world_ranks != w->ident)
         par_free(c->world_ranks);
-    par_free(c->scratch);
     par_free(c);
 fail_nomem:
     return par_err(PAR_ENOMEM, "comm: no memory for a handle on group %s of %d ranks", name, size);
@@ -74,29 +71,7 @@ void par__comm_destroy(par_comm *c)
     c->world->be->group_free(c, c->bgroup);
     if (c->world_ranks != c->world->ident)
         par_free(c->world_ranks);
-    par_free(c->scratch);
     par_free(c);
-}
-
-par_status par__scratch_take(par_comm *c)
-{
-    if (c->scratch)
-        return PAR_OK;
-    c->scratch = par_malloc((size_t)c->size * 4 * sizeof *c->scratch, PAR_TAG_COMM);
-    if (!c->scratch)
-        return par_err(PAR_ENOMEM, "comm: no memory for the count arrays of group %s (%d ranks)", c->name,
-                       c->size);
-    c->scratch_call = 1;
-    return PAR_OK;
-}
-
-void par__scratch_drop(par_comm *c)
-{
-    if (!c->scratch_call)
-        return;
-    par_free(c->scratch);
-    c->scratch = NULL;
-    c->scratch_call = 0;
 }
 
 void par_comm_free(par_comm *c)
@@ -115,83 +90,151 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* A member's entry at the leader of the split: (color, key, parent rank). */
 typedef struct {
-    int32_t key;
-    int32_t rank;
-} keyrank;
+    int32_t color, key, rank;
+} split_ent;
 
-static int cmp_keyrank(const void *a, const void *b)
+static int cmp_ent(const void *a, const void *b)
 {
-    const keyrank *x = a, *y = b;
+    const split_ent *x = a, *y = b;
+    if (x->color != y->color)
+        return x->color < y->color ? -1 : 1;
     if (x->key != y->key)
         return x->key < y->key ? -1 : 1;
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-void par__split_tables(par__world *w)
+/* What parent rank 0 tells each member of its new group. */
+typedef struct {
+    int32_t size, rank, leader, pad;
+} split_head;
+
+/* Parent rank 0's tables: heads [p], and the parent ranks of every new
+ * group packed by color (list [p]), member j's at list + at[j], n[j] long. */
+typedef struct {
+    split_head *heads;
+    int *list;
+    size_t *at, *n;
+} split_tables;
+
+static void split_tables_free(split_tables *t)
 {
-    size_t n = (size_t)w->n, *bytes = w->split_x, *roff = bytes + n, *soff = roff + n;
-    for (size_t j = 0; j < n; j++) {
-        bytes[j] = PAR__SPLIT_REC;
-        roff[j] = j * PAR__SPLIT_REC;
-        soff[j] = 0;
-    }
+    par_free(t->heads);
+    par_free(t->list);
+    par_free(t->at);
+    par_free(t->n);
 }
 
-/* Every member's (color, key) into all[2 * j], all[2 * j + 1]: one
- * exchange, every peer getting the same 8 bytes from offset 0.  The ranges
- * are the world's shared tables (no per-rank arrays of the group's size but
- * `all` itself). */
-static par_status split_gather(par_comm *c, par__callmeta *m, const int32_t mine[2], int32_t *all)
+/* On parent rank 0 only, from every member's (color, key) in all[2 j],
+ * all[2 j + 1]: members of a color ordered by key, ties by parent rank (one
+ * sort of p entries instead of a scan of p on every member). */
+static par_status split_solve(int p, const int32_t *all, split_tables *t)
 {
-    size_t n = (size_t)c->world->n;
-    const size_t *bytes = c->world->split_x, *roff = bytes + n, *soff = roff + n;
-    par__xfer x = {.sbase = (const char *)mine, .soff = soff, .sbytes = bytes,
-                   .rbase = (char *)all, .roff = roff, .rbytes = bytes};
-    par__comm_account(c, m, &x);
+    split_ent *e = par_malloc((size_t)p * sizeof *e, PAR_TAG_COMM);
+    t->heads = par_calloc((size_t)p, sizeof *t->heads, PAR_TAG_COMM);
+    t->list = par_malloc((size_t)p * sizeof *t->list, PAR_TAG_COMM);
+    t->at = par_calloc((size_t)p, sizeof *t->at, PAR_TAG_COMM);
+    t->n = par_calloc((size_t)p, sizeof *t->n, PAR_TAG_COMM);
+    if (!e || !t->heads || !t->list || !t->at || !t->n) {
+        par_free(e);
+        return par_err(PAR_ENOMEM, "par_comm_split: no memory for the plan of %d ranks", p);
+    }
+    int ne = 0;
+    for (int j = 0; j < p; j++)
+        if (all[2 * j] >= 0)
+            e[ne++] = (split_ent){all[2 * j], all[2 * j + 1], j};
+    qsort(e, (size_t)ne, sizeof *e, cmp_ent);
+    for (int i = 0; i < ne;) {
+        int k = i, leader = e[i].rank;
+        while (k < ne && e[k].color == e[i].color) {
+            leader = e[k].rank < leader ? e[k].rank : leader;
+            t->list[k] = e[k].rank;
+            k++;
+        }
+        for (int q = i; q < k; q++) {
+            int j = e[q].rank;
+            t->heads[j] = (split_head){k - i, q - i, leader, 0};
+            t->at[j] = (size_t)i;
+            t->n[j] = (size_t)(k - i);
+        }
+        i = k;
+    }
+    par_free(e);
+    return PAR_OK;
+}
+
+/* One step of the split's exchange.  Only step 0 is charged on the virtual
+ * clock (the split is modeled as the all-gather of (color, key) it stands
+ * for, clock.c); steps 1 and 2 move the plan without a clock event. */
+static par_status split_step(par_comm *c, par__callmeta *m, int phase, const par__xfer *x)
+{
+    m->phase = phase;
+    if (phase == 0) {
+        par__comm_account(c, m, x);
+    } else {
+        m->vclock = 0;
+        m->vcost = 0;
+    }
     par__call_enter(c, m, -1);
-    par_status st = c->world->be->exchange(c, m, &x);
+    par_status st = c->world->be->exchange(c, m, x);
     par__call_leave(c);
-    par__comm_settle(c, m, st);
+    if (phase == 0)
+        par__comm_settle(c, m, st);
     return st;
 }
 
-/* The plan of this rank's color from every member's (color, key): members
- * ordered by key, ties by parent rank; parent_ranks / wranks are allocated
- * with the group's size (*parent_ranks NULL for no color).  Frees nothing
- * of its outputs on failure: the caller does. */
-static par_status split_plan(par_comm *c, const int32_t *all, par__splitplan *plan,
+/* The plan of this rank's color: every member sends (color, key) to parent
+ * rank 0, which sorts them and sends each member its place (size, rank,
+ * leader) and then the parent ranks of its group.  Per rank O(new group)
+ * (parent rank 0: O(parent) for one split); *parent_ranks and *wranks are
+ * allocated with the group's size (NULL for no color).  Frees nothing of
+ * its outputs on failure: the caller does. */
+static par_status split_plan(par_comm *c, par__callmeta *m, par__splitplan *plan,
                              int **parent_ranks, int **wranks)
 {
-    int p = c->size, nm = 0;
-    if (plan->color < 0)
-        return PAR_OK;
-    for (int j = 0; j < p; j++)
-        nm += all[2 * j] == plan->color;
-    keyrank *members = par_malloc((size_t)nm * sizeof *members, PAR_TAG_COMM);
-    *parent_ranks = par_malloc((size_t)nm * sizeof **parent_ranks, PAR_TAG_COMM);
-    *wranks = par_malloc((size_t)nm * sizeof **wranks, PAR_TAG_COMM);
-    if (!members || !*parent_ranks || !*wranks) {
-        par_free(members);
-        return par_err(PAR_ENOMEM, "par_comm_split: no memory for a group of %d of %d ranks",
-                       nm, p);
+    int p = c->size, root = c->rank == 0;
+    int32_t mine[2] = {plan->color, plan->key}, *all = NULL;
+    split_tables t = {0};
+    split_head head = {0};
+    par_status st = PAR_OK;
+    if (root && !(all = par_malloc((size_t)p * sizeof mine, PAR_TAG_COMM)))
+        return par_err(PAR_ENOMEM, "par_comm_split: no memory for %d ranks", p);
+    par__xfer x0 = {(const char *)mine, {0}, PAR__COL_AT1(0, sizeof mine), (char *)all,
+                    PAR__COL_S(sizeof mine), root ? PAR__COL_C(sizeof mine) : (par__col){0}, 1};
+    if ((st = split_step(c, m, 0, &x0)) == PAR_OK && root && (st = split_solve(p, all, &t)) != PAR_OK)
+        par__world_fail(c->world, c->wrank, st, par_last_error()); /* the members wait in step 1 */
+    par_free(all);
+    par__xfer x1 = {(const char *)t.heads, PAR__COL_S(sizeof head),
+                    root ? PAR__COL_C(sizeof head) : (par__col){0}, (char *)&head, {0},
+                    PAR__COL_AT1(0, sizeof head), 1};
+    if (st == PAR_OK && (st = split_step(c, m, 1, &x1)) == PAR_OK && plan->color >= 0) {
+        *parent_ranks = par_malloc((size_t)head.size * sizeof **parent_ranks, PAR_TAG_COMM);
+        *wranks = par_malloc((size_t)head.size * sizeof **wranks, PAR_TAG_COMM);
+        if (!*parent_ranks || !*wranks) {
+            st = par_err(PAR_ENOMEM, "par_comm_split: no memory for a group of %d of %d ranks",
+                         (int)head.size, p);
+            par__world_fail(c->world, c->wrank, st, par_last_error()); /* rank 0 waits in step 2 */
+        }
     }
-    for (int j = 0, k = 0; j < p; j++)
-        if (all[2 * j] == plan->color)
-            members[k++] = (keyrank){all[2 * j + 1], j};
-    qsort(members, (size_t)nm, sizeof *members, cmp_keyrank);
-    plan->leader = p;
-    for (int i = 0; i < nm; i++) {
-        (*parent_ranks)[i] = members[i].rank;
-        (*wranks)[i] = c->world_ranks[members[i].rank];
-        if (members[i].rank == c->rank)
-            plan->rank = i;
-        if (members[i].rank < plan->leader)
-            plan->leader = members[i].rank;
+    par__xfer x2 = {.rbase = (char *)*parent_ranks,
+                    .rbytes = PAR__COL_AT1(0, (size_t)head.size * sizeof(int))};
+    if (root) {
+        x2.sbase = (const char *)t.list;
+        x2.soff = (par__col){.kind = PAR__COL_ARRAY, .b = sizeof(int), .v = t.at};
+        x2.sbytes = (par__col){.kind = PAR__COL_ARRAY, .b = sizeof(int), .v = t.n};
     }
-    plan->size = nm;
+    if (st == PAR_OK)
+        st = split_step(c, m, 2, &x2);
+    split_tables_free(&t);
+    if (st != PAR_OK || plan->color < 0)
+        return st;
+    for (int i = 0; i < head.size; i++)
+        (*wranks)[i] = c->world_ranks[(*parent_ranks)[i]];
+    plan->size = head.size;
+    plan->rank = head.rank;
+    plan->leader = head.leader;
     plan->parent_ranks = *parent_ranks;
-    par_free(members);
     return PAR_OK;
 }
 
@@ -212,9 +255,8 @@ static par_status split_handle(par_comm *c, const par__splitplan *plan, const in
     return st;
 }
 
-/* Per rank: 8 bytes per parent member (the gathered colors and keys, freed
- * before the group is made) and O(new group) for the plan; the exchange's
- * ranges are the world's shared tables (docs/comm.md "Groups"). */
+/* Per rank O(new group): the plan comes from parent rank 0, which alone
+ * holds O(parent) for the call (docs/comm.md "Groups"). */
 par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
 {
     if (!c || !out)
@@ -228,20 +270,9 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
                        .dtype = PAR_C_I32, .redop = -1, .root = -1, .rank = c->rank};
     c->nsplit++;
 
-    int32_t mine[2] = {color, key};
     int *parent_ranks = NULL, *wranks = NULL;
     par__splitplan plan = {.color = color, .key = key};
-    int32_t *all = par_malloc((size_t)c->size * sizeof mine, PAR_TAG_COMM);
-    if (!all) {
-        st = par_err(PAR_ENOMEM, "par_comm_split: no memory for %d ranks", c->size);
-        goto fail_free;
-    }
-    if ((st = split_gather(c, &m, mine, all)) != PAR_OK)
-        goto fail_free;
-    st = split_plan(c, all, &plan, &parent_ranks, &wranks);
-    par_free(all);
-    all = NULL;
-    if (st != PAR_OK)
+    if ((st = split_plan(c, &m, &plan, &parent_ranks, &wranks)) != PAR_OK)
         goto fail_free;
     void *bg = NULL;
     par__call_enter(c, &m, -1);
@@ -255,7 +286,6 @@ par_status par_comm_split(par_comm *c, int color, int key, par_comm **out)
     *out = nc;
 
 fail_free:
-    par_free(all);
     par_free(parent_ranks);
     par_free(wranks);
     return st;

@@ -243,18 +243,20 @@ par_netcost par_net_ring(const par_netmodel *m, const int *wranks, int p, int me
     return c;
 }
 
-/* One side (sending or receiving) of a direct all-to-all. */
-static double a2a_side(const par_netmodel *m, const int *wranks, int p, int me, const size_t *b,
-                       par_netcost *acc)
+/* One side (sending or receiving) of a direct all-to-all: b(ctx, j) bytes
+ * with group rank j (b NULL: none). */
+static double a2a_side(const par_netmodel *m, const int *wranks, int p, int me, par_net_bytes_fn b,
+                       const void *ctx, par_netcost *acc)
 {
     uint64_t bytes[PAR_TIER_COUNT] = {0}, msgs[PAR_TIER_COUNT] = {0};
     for (int j = 0; b && j < p; j++) {
-        if (j == me || !b[j])
+        size_t bj = j == me ? 0 : b(ctx, j);
+        if (!bj)
             continue;
         par_tier t = par_net_tier(m, wranks[me], wranks[j]);
         if (t == PAR_TIER_SELF)
             continue;
-        bytes[t] += b[j];
+        bytes[t] += bj;
         msgs[t]++;
     }
     if (acc) {
@@ -270,18 +272,28 @@ static double a2a_side(const par_netmodel *m, const int *wranks, int p, int me, 
     return tn > ti ? tn : ti;
 }
 
-par_netcost par_net_alltoall(const par_netmodel *m, const int *wranks, int p, int me,
-                             const size_t *bytes_to, const size_t *bytes_from)
+par_netcost par_net_alltoall_by(const par_netmodel *m, const int *wranks, int p, int me,
+                                par_net_bytes_fn to, const void *to_ctx, par_net_bytes_fn from,
+                                const void *from_ctx)
 {
     par_netcost c = {0}, rc = {0};
-    double ts = a2a_side(m, wranks, p, me, bytes_to, &c);
-    double tr = a2a_side(m, wranks, p, me, bytes_from, &rc);
+    double ts = a2a_side(m, wranks, p, me, to, to_ctx, &c);
+    double tr = a2a_side(m, wranks, p, me, from, from_ctx, &rc);
     c.time = ts > tr ? ts : tr;
     c.tier = PAR_TIER_SELF;
     for (int t = 0; t < PAR_TIER_COUNT; t++)
         if (c.msgs[t] || rc.msgs[t])
             c.tier = slower(c.tier, (par_tier)t);
     return c;
+}
+
+static size_t array_at(const void *ctx, int j) { return ((const size_t *)ctx)[j]; }
+
+par_netcost par_net_alltoall(const par_netmodel *m, const int *wranks, int p, int me,
+                             const size_t *bytes_to, const size_t *bytes_from)
+{
+    return par_net_alltoall_by(m, wranks, p, me, bytes_to ? array_at : NULL, bytes_to,
+                               bytes_from ? array_at : NULL, bytes_from);
 }
 
 par_netcost par_net_chain(const par_netmodel *m, const int *wranks, int p, int me, int root,

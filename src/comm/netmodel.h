@@ -97,6 +97,12 @@ par_netcost par_net_ring(const par_netmodel *m, const int *wranks, int p, int me
  * side. */
 par_netcost par_net_alltoall(const par_netmodel *m, const int *wranks, int p, int me,
                              const size_t *bytes_to, const size_t *bytes_from);
+/* The same with the bytes of group rank j given as fn(ctx, j) (NULL fn:
+ * none): for callers that describe them by a rule, not an array. */
+typedef size_t (*par_net_bytes_fn)(const void *ctx, int j);
+par_netcost par_net_alltoall_by(const par_netmodel *m, const int *wranks, int p, int me,
+                                par_net_bytes_fn to, const void *to_ctx, par_net_bytes_fn from,
+                                const void *from_ctx);
 /* Broadcast as a pipelined chain from root through the group in rank
  * order: (p-1) alpha + bytes / beta of the slowest chain link. */
 par_netcost par_net_chain(const par_netmodel *m, const int *wranks, int p, int me, int root,

@@ -204,22 +204,25 @@ par_status par_groups_build(par_comm *world, const par_layout *l, par_groups *ou
     if (par_comm_size(world) != l->world)
         return par_err(PAR_EMISMATCH, "process groups: the world has %d ranks but the layout needs N = %lld",
                        par_comm_size(world), (long long)l->world);
-    int *members = NULL;
-    int cap = (int)l->world;
+    /* The member list of one group at a time, sized by that group (not by
+     * the world: 4 N bytes on every rank of a world of N). */
+    int stack_buf[256], *members = stack_buf, cap = (int)(sizeof stack_buf / sizeof stack_buf[0]);
     par_groups g;
     memset(&g, 0, sizeof g);
-    /* The member list is at most the world (any group) or PP (EMBED/MTP). */
-    int stack_buf[256];
-    if (cap <= (int)(sizeof stack_buf / sizeof stack_buf[0])) {
-        members = stack_buf;
-    } else {
-        members = par_malloc((size_t)cap * sizeof *members, PAR_TAG_COMM);
-        if (!members)
-            return par_err(PAR_ENOMEM, "process groups: out of memory for %d ranks", cap);
-    }
     par_status st = PAR_OK;
     for (int k = 0; k < PAR_GROUP_COUNT; k++) {
-        int n = 0;
+        int n = par_group_size(l, (par_group_kind)k, rank);
+        if (n > cap) {
+            if (members != stack_buf)
+                par_free(members);
+            if (!(members = par_malloc((size_t)n * sizeof *members, PAR_TAG_COMM))) {
+                members = stack_buf;
+                st = par_err(PAR_ENOMEM, "process groups: out of memory for a %s group of %d ranks",
+                             group_names[k], n);
+                break;
+            }
+            cap = n;
+        }
         st = par_group_members(l, (par_group_kind)k, rank, members, cap, &n);
         if (st != PAR_OK)
             break;

@@ -541,11 +541,12 @@ static double recv_factor(const par_mm *mm, const stage_info *si, int r)
     return sent > 0 ? (double)mm->o.recv_rows[r] / sent : 1.0;
 }
 
-/* reduce_sum.c's pack of n floats and comm/collectives.c par_allreduce's
- * rows [P, ceil(n/P)] over a group of P. */
-static double sum_staging(int64_t n, int64_t P)
+/* reduce_sum.c's pack of n floats of es bytes and comm/collectives.c
+ * par_allreduce's rows over a group of P (par_allreduce_rows: P x the
+ * largest block, in chunks past 16 KiB). */
+static double sum_staging(int64_t n, int64_t P, double es)
 {
-    return (double)n + (double)(P * ((n + P - 1) / P));
+    return (double)n + (double)par_allreduce_rows((size_t)n, (int)P, (size_t)es);
 }
 
 /* 1 when the ranks of a process share the dense copy (replicas.h). */
@@ -624,7 +625,7 @@ static void optim_of(const par_mm *mm, const stage_info *si, int writes, const p
             stage = dpseg > stage ? dpseg : stage; /* reduce-scatter rows */
         } else { /* zero.c reduce_in_place, per chunk: the fields packed (more than one) + the all-reduce rows */
             int64_t n = g->n_adamw + g->n_muon, ch = n < PAR_ZERO_REDUCE_CHUNK ? n : PAR_ZERO_REDUCE_CHUNK;
-            int64_t rows = (int64_t)g->dp * ((ch + g->dp - 1) / g->dp);
+            int64_t rows = (int64_t)par_allreduce_rows((size_t)ch, (int)g->dp, (size_t)mm->es_o);
             double st = (double)((g->n_ent > 1 ? ch : 0) + rows);
             stage = st > stage ? st : stage;
         }
@@ -634,8 +635,8 @@ static void optim_of(const par_mm *mm, const stage_info *si, int writes, const p
     o->optim = o->optim_state + o->optim_master;
     o->ws_muon = ws * mm->es_o;
     if (mm->o.rt == PAR_MM_PARITY) { /* the TP / ETP gradient sums: packed fields + the all-reduce's rows */
-        double tp = mm->lay.tp > 1 ? sum_staging(si->attn_grads, mm->lay.tp) : 0;
-        double etp = mm->lay.etp > 1 ? sum_staging(si->expert_grads, mm->lay.etp) : 0;
+        double tp = mm->lay.tp > 1 ? sum_staging(si->attn_grads, mm->lay.tp, mm->es_o) : 0;
+        double etp = mm->lay.etp > 1 ? sum_staging(si->expert_grads, mm->lay.etp, mm->es_o) : 0;
         stage = tp > stage ? tp : stage;
         stage = etp > stage ? etp : stage;
         o->comm_dp = buf * mm->es_o;

@@ -112,6 +112,45 @@ Test(collectives, allreduce_all_types_sizes_against_serial)
     RUN_ALL_WORLDS(allreduce_fn, NULL);
 }
 
+/* Counts whose received rows pass collectives.c's PAR__ROWS_CAP (16 KiB per
+ * rank): on a group over 64 ranks the reduce-scatter goes in chunks of
+ * every block (the 1,024-rank world below), and the bits must still be the
+ * serial rank-order ones, in place or not; smaller groups take the whole
+ * block at once. */
+static par_status allreduce_chunks_fn(par_comm *c, void *arg)
+{
+    (void)arg;
+    static const size_t big[] = {4099, 20011};
+    size_t nbig = par_comm_size(c) > 64 ? 1 : 2;
+    static const par_ctype types[] = {PAR_C_F64, PAR_C_BYTE};
+    int r = par_comm_rank(c), p = par_comm_size(c);
+    for (size_t ti = 0; ti < 2; ti++) {
+        par_ctype t = types[ti];
+        size_t es = par_ctype_size(t);
+        for (size_t k = 0; k < nbig; k++) {
+            size_t n = big[k];
+            char *in = malloc(n * es), *out = malloc(n * es), *ref = malloc(n * es);
+            fill(in, t, r, n, 0);
+            reference(ref, t, PAR_OP_SUM, p, n, 0);
+            TRY(par_allreduce(c, in, out, n, t, PAR_OP_SUM));
+            CHECK(!memcmp(out, ref, n * es), "%s n=%zu p=%d", par_ctype_name(t), n, p);
+            TRY(par_allreduce(c, in, in, n, t, PAR_OP_SUM));
+            CHECK(!memcmp(in, ref, n * es), "in place %s n=%zu p=%d", par_ctype_name(t), n, p);
+            free(in), free(out), free(ref);
+        }
+    }
+    return PAR_OK;
+}
+
+Test(collectives, allreduce_in_chunks_against_serial)
+{
+    RUN_ALL_WORLDS(allreduce_chunks_fn, NULL);
+    /* 128 ranks: 4,099 f64 go in chunks of 16 elements of every block */
+    par_status st = run_world("fiber", 128, allreduce_chunks_fn, NULL, 120.0);
+    cr_assert_eq(st, PAR_OK, "fiber x 128: %s (%s)", par_status_str(st), par_last_error());
+    cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "comm memory leaked");
+}
+
 static par_status reduce_scatter_fn(par_comm *c, void *arg)
 {
     (void)arg;

@@ -11,8 +11,12 @@
  * Prints the wall time of the builds, the comm tag's high-water over them
  * (core/alloc accounting, measured by rank 0 between barriers, above what
  * was live before) and the process's peak RSS (getrusage: stacks of the
- * ranks included).  Run each N in its own process: the RSS is a lifetime
- * maximum.
+ * ranks included).  Then the same high-water, per rank, of a few world
+ * collectives of a handful of elements on the built world (all-reduce of 3
+ * f64, all-gather of 1 i64, broadcast of 1 i64, barrier): what a rank pays
+ * for a collective over the whole world, which must not grow with it
+ * (docs/comm.md "Memory per rank").  Run each N in its own process: the RSS
+ * is a lifetime maximum.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +39,39 @@ static double now(void)
 typedef struct {
     par_layout l;
     int64_t base, peak;
-    double wall;
+    int64_t cbase, cpeak; /* the world collectives' */
+    double wall, cwall;
 } bench;
+
+/* The world collectives of a handful of elements (see the top). */
+static par_status world_collectives(par_comm *c, bench *b)
+{
+    int r = par_comm_rank(c), p = par_comm_size(c);
+    int64_t *all = malloc((size_t)p * sizeof *all), me = r, x = r == 0 ? 7 : 0;
+    double v[3] = {1, r, -r}, s[3];
+    par_status st = all ? par_barrier(c) : PAR_ENOMEM;
+    if (st == PAR_OK && r == 0) {
+        par_alloc_reset_peaks();
+        b->cbase = par_alloc_live(PAR_TAG_COMM);
+        b->cwall = now();
+    }
+    if (st == PAR_OK)
+        st = par_barrier(c);
+    if (st == PAR_OK)
+        st = par_allreduce(c, v, s, 3, PAR_C_F64, PAR_OP_SUM);
+    if (st == PAR_OK)
+        st = par_allgather(c, &me, all, 1, PAR_C_I64);
+    if (st == PAR_OK)
+        st = par_bcast(c, &x, 1, PAR_C_I64, 0);
+    if (st == PAR_OK)
+        st = par_barrier(c);
+    if (st == PAR_OK && r == 0) {
+        b->cpeak = par_alloc_peak(PAR_TAG_COMM);
+        b->cwall = now() - b->cwall;
+    }
+    free(all);
+    return st;
+}
 
 static par_status build_fn(par_comm *c, void *arg)
 {
@@ -59,8 +94,10 @@ static par_status build_fn(par_comm *c, void *arg)
         b->peak = par_alloc_peak(PAR_TAG_COMM);
         b->wall = now() - b->wall;
     }
-    if (st == PAR_OK)
+    if (st == PAR_OK) {
+        st = world_collectives(c, b);
         par_groups_free(&g);
+    }
     return st;
 }
 
@@ -96,5 +133,8 @@ int main(int argc, char **argv)
            n, pp, ep, (long long)b.l.de, (long long)b.l.da, b.wall, world,
            (double)(b.peak - b.base) / 1048576.0, (double)(b.peak - b.base) / n,
            (double)u.ru_maxrss / 1024.0);
+    printf("bench_groups: N %d: world all-reduce (3 f64) + all-gather (1 i64) + bcast + 2 barriers "
+           "in %.2f s; comm high-water %.1f KiB (%.0f B per rank)\n", n, b.cwall,
+           (double)(b.cpeak - b.cbase) / 1024.0, (double)(b.cpeak - b.cbase) / n);
     return 0;
 }
