@@ -36,33 +36,23 @@ static int dpw_slot(par_ckpt_slot s)
     return s == PAR_CKPT_EXP_AVG_SQ;
 }
 
-/* The logical element g of entry idx as an offset of the block this rank
- * holds (whole: g itself; a row shard: g less the block's first element; a
- * column shard: its row's slice of the rank's columns), -1 when g is not
- * in the block; *run: the elements from there contiguous in both
- * (parallel/tp_split.h par_tp_logical_run). */
-static int64_t held_off(const PAR_FN(par_model) *M, int idx, int64_t g, int64_t *run)
+/* Offset `at` of entry idx mapped by `map` between the logical entry and the
+ * block this rank holds (parallel/tp_split.h): par_tp_logical_run takes a
+ * logical element to its offset in the block (whole: itself; a row shard:
+ * less the block's first element; a column shard: its row's slice of the
+ * rank's columns; -1 when not in the block), par_tp_shard_run is the
+ * inverse; *run: the elements from there contiguous in both. */
+typedef int64_t (*tp_run_map)(int64_t rows, int64_t cols, par_tp_cut cut, int rank, int P, int64_t at,
+                              int64_t *run);
+static int64_t map_run(const PAR_FN(par_model) *M, int idx, int64_t at, tp_run_map map, int64_t *run)
 {
     const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
     const par_param *p = &M->tab.p[idx];
     if (!c) {
-        *run = p->numel - g;
-        return g;
+        *run = p->numel - at;
+        return at;
     }
-    return par_tp_logical_run(p->shape[0], p->shape[1], (par_tp_cut)c->cut, c->rank, c->P, g, run);
-}
-
-/* The inverse: the logical element of offset j of the held block, *run as
- * above (par_tp_shard_run). */
-static int64_t logical_of(const PAR_FN(par_model) *M, int idx, int64_t j, int64_t *run)
-{
-    const par_model_cut *c = PAR_FN(par_model_cut_of)(M, idx);
-    const par_param *p = &M->tab.p[idx];
-    if (!c) {
-        *run = p->numel - j;
-        return j;
-    }
-    return par_tp_shard_run(p->shape[0], p->shape[1], (par_tp_cut)c->cut, c->rank, c->P, j, run);
+    return map(p->shape[0], p->shape[1], (par_tp_cut)c->cut, c->rank, c->P, at, run);
 }
 
 /* Where this rank keeps logical element `begin` of entry i of the model's
@@ -74,7 +64,7 @@ static void *held_ptr(const PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par_
     const int idx = table_index(&list[i], i);
     const par_param *p = &M->tab.p[idx];
     int64_t run = 0;
-    const int64_t j = begin >= 0 && begin < p->numel ? held_off(M, idx, begin, &run) : -1;
+    const int64_t j = begin >= 0 && begin < p->numel ? map_run(M, idx, begin, par_tp_logical_run, &run) : -1;
     if (j < 0)
         return NULL;
     if (list[i].slot != PAR_CKPT_PARAM) {
@@ -285,7 +275,7 @@ static par_status load_items(PAR_FN(par_model) *M, PAR_FN(par_dpw) *w, const par
             continue;
         for (int64_t j = a; j < b;) { /* the held block [a, b) as logical pieces (a column shard: one per row) */
             int64_t run, avail = 0;
-            const int64_t g = logical_of(M, idx, j, &run), len = run < b - j ? run : b - j;
+            const int64_t g = map_run(M, idx, j, par_tp_shard_run, &run), len = run < b - j ? run : b - j;
             void *d = held_ptr(M, w, list, i, g, &avail);
             if (!d)
                 break; /* a parameter of another stage */
