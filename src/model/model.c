@@ -75,8 +75,9 @@ static par_status stats_rows(PAR_FN(par_stats) *st, const uint8_t *held)
     return PAR_OK;
 }
 
-par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
-                                        int64_t Ns)
+/* The window's arrays; rows: cnt, psum and ntok too (else NULL). */
+static par_status stats_alloc(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E, int64_t Ns,
+                              int rows)
 {
     memset(st, 0, sizeof *st);
     if (n_blocks < 0 || E < 1 || Ns < 0)
@@ -95,15 +96,61 @@ par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks,
     st->ce_main = par_calloc(ns, sizeof(double), PAR_TAG_ACT);
     st->ce_mtp = par_calloc(ns, sizeof(double), PAR_TAG_ACT);
     st->loads = par_calloc(nb * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
-    st->cnt = par_calloc(nr * ns * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
-    st->psum = par_calloc(nr * ns * (size_t)E, sizeof(par_real), PAR_TAG_ACT);
-    st->ntok = par_calloc(nr * ns, sizeof(int64_t), PAR_TAG_ACT);
     st->aux = par_calloc(nb * ns, sizeof(par_real), PAR_TAG_ACT);
-    if (!st->ce_main || !st->ce_mtp || !st->loads || !st->cnt || !st->psum || !st->ntok || !st->aux) {
+    if (rows) {
+        st->cnt = par_calloc(nr * ns * (size_t)E, sizeof(int64_t), PAR_TAG_ACT);
+        st->psum = par_calloc(nr * ns * (size_t)E, sizeof(par_real), PAR_TAG_ACT);
+        st->ntok = par_calloc(nr * ns, sizeof(int64_t), PAR_TAG_ACT);
+    }
+    if (!st->ce_main || !st->ce_mtp || !st->loads || !st->aux || (rows && (!st->cnt || !st->psum || !st->ntok))) {
         PAR_FN(par_stats_free)(st);
         return par_err(PAR_ENOMEM, "stats: out of memory (n_blocks=%lld E=%lld Ns=%lld)",
                        (long long)n_blocks, (long long)E, (long long)Ns);
     }
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
+                                        int64_t Ns)
+{
+    return stats_alloc(st, n_blocks, held, E, Ns, 1);
+}
+
+par_status PAR_FN(par_stats_alloc_terms)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
+                                         int64_t Ns)
+{
+    return stats_alloc(st, n_blocks, held, E, Ns, 0);
+}
+
+par_status PAR_FN(par_stats_view)(PAR_FN(par_stats) *v, const PAR_FN(par_stats) *win, par_arena *ar, int64_t q,
+                                  int64_t nq)
+{
+    if (q < 0 || nq < 0 || q + nq > win->Ns)
+        return par_err(PAR_EINVAL, "stats view: samples %lld + %lld outside the window's %lld", (long long)q,
+                       (long long)nq, (long long)win->Ns);
+    const size_t nr = (size_t)(win->n_rows > 0 ? win->n_rows : 1), n = (size_t)(nq > 0 ? nq : 1);
+    const size_t E = (size_t)win->E, bc = nr * n * E * sizeof(int64_t), bp = nr * n * E * sizeof(par_real),
+                 bt = nr * n * sizeof(int64_t);
+    int64_t *cnt = par_arena_alloc(ar, bc, 64), *ntok = par_arena_alloc(ar, bt, 64);
+    par_real *psum = par_arena_alloc(ar, bp, 64);
+    if (!cnt || !ntok || !psum)
+        return par_err(PAR_ENOMEM, "stats view: out of memory for %lld samples x %lld experts", (long long)nq,
+                       (long long)E);
+    /* kernels read cnt / ntok (the aux backward): the host owns them, zeroed */
+    par_dev_host_set(cnt, bc);
+    par_dev_host_set(ntok, bt);
+    par_dev_host_set(psum, bp);
+    memset(cnt, 0, bc);
+    memset(ntok, 0, bt);
+    memset(psum, 0, bp);
+    *v = *win;
+    v->Ns = nq;
+    v->q0 = win->q0 + q;
+    v->ce_main = v->ce_mtp = NULL;
+    v->aux = NULL;
+    v->cnt = cnt;
+    v->psum = psum;
+    v->ntok = ntok;
     return PAR_OK;
 }
 
@@ -115,15 +162,17 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
     st->n_main = st->n_mtp = st->n_tokens = 0;
     st->grad_sumsq = 0;
     /* kernels read cnt/ntok (the aux backward): the host owns them again */
-    par_dev_host_set(st->cnt, nr * ns * E * sizeof(int64_t));
-    par_dev_host_set(st->ntok, nr * ns * sizeof(int64_t));
     memset(st->ce_main, 0, ns * sizeof(double));
     memset(st->ce_mtp, 0, ns * sizeof(double));
     memset(st->loads, 0, nb * E * sizeof(int64_t));
+    memset(st->aux, 0, nb * ns * sizeof(par_real));
+    if (!st->cnt) /* a window of terms only (par_stats_alloc_terms) */
+        return;
+    par_dev_host_set(st->cnt, nr * ns * E * sizeof(int64_t));
+    par_dev_host_set(st->ntok, nr * ns * sizeof(int64_t));
     memset(st->cnt, 0, nr * ns * E * sizeof(int64_t));
     memset(st->psum, 0, nr * ns * E * sizeof(par_real));
     memset(st->ntok, 0, nr * ns * sizeof(int64_t));
-    memset(st->aux, 0, nb * ns * sizeof(par_real));
 }
 
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st)
@@ -176,9 +225,20 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
     return PAR_OK;
 }
 
+/* dst[q] = the aux-loss term of src's sample q in its row r (a
+ * score-routed block): par_moe_aux_loss of that sample alone. */
+static void aux_block(par_real *dst, const PAR_FN(par_stats) *src, int64_t r, int K)
+{
+    const int64_t Ns = src->Ns, E = src->E;
+    /* one sample alone: (0 + inner) / 1 == inner, bit for bit */
+    for (int64_t q = 0; q < Ns; q++)
+        dst[q] = PAR_FN(par_moe_aux_loss)(src->cnt + (r * Ns + q) * E, src->psum + (r * Ns + q) * E,
+                                          src->ntok + r * Ns + q, 1, 1, (int)E, K);
+}
+
 void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K)
 {
-    int64_t Ns = st->Ns, E = st->E;
+    int64_t Ns = st->Ns;
     for (int64_t b = 0; b < st->n_blocks; b++) {
         par_real *a = st->aux + b * Ns;
         int64_t r = PAR_FN(par_stats_row)(st, b);
@@ -186,10 +246,20 @@ void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *t
             memset(a, 0, (size_t)Ns * sizeof *a);
             continue;
         }
-        /* one sample alone: (0 + inner) / 1 == inner, bit for bit */
-        for (int64_t q = 0; q < Ns; q++)
-            a[q] = PAR_FN(par_moe_aux_loss)(st->cnt + (r * Ns + q) * E, st->psum + (r * Ns + q) * E,
-                                            st->ntok + r * Ns + q, 1, 1, (int)E, K);
+        aux_block(a, st, r, K);
+    }
+}
+
+void PAR_FN(par_stats_aux_view)(PAR_FN(par_stats) *win, const PAR_FN(par_stats) *v, const int *blocks, int n,
+                                const par_param_table *tab, int K)
+{
+    const int64_t qd = v->q0 - win->q0;
+    for (int j = 0; j < n; j++) {
+        int b = blocks[j];
+        int64_t r = PAR_FN(par_stats_row)(v, b);
+        if (b < 0 || b >= win->n_blocks || tab->blocks[b].gate_bias < 0 || r < 0)
+            continue; /* hash-routed: its terms stay the step's zeros */
+        aux_block(win->aux + b * win->Ns + qd, v, r, K);
     }
 }
 

@@ -94,6 +94,19 @@ par_status PAR_FN(par_stats_alloc)(PAR_FN(par_stats) *st, int64_t n_blocks, int6
  * block): a pipeline rank's statistics are sized by its stages' blocks. */
 par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
                                         int64_t Ns);
+/* The window's per-sample terms only (ce_main, ce_mtp, loads, aux, the row
+ * map): cnt, psum and ntok are NULL.  A pipeline executor keeps those per
+ * microbatch in its slots (par_stats_view), for the microbatches in flight
+ * instead of every sample of the step. */
+par_status PAR_FN(par_stats_alloc_terms)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
+                                         int64_t Ns);
+/* *v = samples [q, q + nq) of win's window (window samples: the view's
+ * sample 0 is win's q): cnt, psum and ntok zeroed in ar (the view's rows are
+ * win's), loads and the row map win's own (shared, not copied), no
+ * per-sample CE or aux arrays.  A view is never par_stats_free'd: ar owns
+ * its arrays, win the rest. */
+par_status PAR_FN(par_stats_view)(PAR_FN(par_stats) *v, const PAR_FN(par_stats) *win, par_arena *ar, int64_t q,
+                                  int64_t nq);
 void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st);
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st);
 /* dst += src, field by field, for two partial statistics of the same window
@@ -106,6 +119,12 @@ par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_st
  * without rows here and empty samples).  The layer's loss is (sum over global samples ascending of
  * its terms) / Ns_global, bit for bit par_moe_aux_loss over all samples. */
 void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K);
+/* The same for the samples of view v (par_stats_view of win) in the listed
+ * blocks: win->aux's terms of v's samples, bit for bit what
+ * par_stats_aux_terms computes from whole-window statistics with the same
+ * counts; the other blocks' terms are left as they are. */
+void PAR_FN(par_stats_aux_view)(PAR_FN(par_stats) *win, const PAR_FN(par_stats) *v, const int *blocks, int n,
+                                const par_param_table *tab, int K);
 
 /* The scalars of a step (GOLDEN.md out.*), in double. */
 typedef struct {

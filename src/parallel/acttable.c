@@ -433,13 +433,30 @@ double par_act_stream(const par_act_ctx *c, int64_t T)
 
 double par_act_batch(int64_t T) { return 6.0 * 4.0 * (double)T; }
 
+/* The blocks of the statistics and their rows (rows < 0: every block). */
+static void stats_dims(const par_act_ctx *c, int64_t rows, double *nb, double *nr)
+{
+    *nb = (double)(c->cfg->n_layers + c->cfg->n_mtp_layers);
+    *nr = rows >= 0 && rows < *nb ? (double)rows : *nb;
+}
+
+double par_act_stats_terms(const par_act_ctx *c, int64_t Nsi, int64_t rows)
+{
+    double nb, nr, E = (double)c->cfg->n_routed_experts, Ns = (double)Nsi;
+    stats_dims(c, rows, &nb, &nr);
+    /* ce_main, ce_mtp [Ns] f64; loads [nb, E] i64, row [nb] i32 (nr < nb); aux [nb, Ns] */
+    return 16 * Ns + 8 * nb * E + (nr < nb ? 4 * nb : 0) + c->es * nb * Ns;
+}
+
+double par_act_stats_rows(const par_act_ctx *c, int64_t Nsi, int64_t rows)
+{
+    double nb, nr, E = (double)c->cfg->n_routed_experts, Ns = (double)Nsi;
+    stats_dims(c, rows, &nb, &nr);
+    /* cnt [nr, Ns, E], ntok [nr, Ns] i64; psum [nr, Ns, E] */
+    return 8 * nr * Ns * E + 8 * nr * Ns + c->es * nr * Ns * E;
+}
+
 double par_act_stats(const par_act_ctx *c, int64_t Nsi, int64_t rows)
 {
-    const par_config *g = c->cfg;
-    double nb = (double)(g->n_layers + g->n_mtp_layers), E = (double)g->n_routed_experts, Ns = (double)Nsi;
-    double nr = rows >= 0 && rows < nb ? (double)rows : nb;
-    /* ce_main, ce_mtp [Ns] f64; loads [nb, E], cnt [nr, Ns, E], ntok [nr, Ns] i64, row [nb] i32 (nr < nb);
-     * psum [nr, Ns, E], aux [nb, Ns] */
-    return 16 * Ns + 8 * nb * E + 8 * nr * Ns * E + 8 * nr * Ns + (nr < nb ? 4 * nb : 0) +
-           c->es * (nr * Ns * E + nb * Ns);
+    return par_act_stats_terms(c, Nsi, rows) + par_act_stats_rows(c, Nsi, rows);
 }

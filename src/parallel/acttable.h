@@ -99,5 +99,10 @@ double par_act_batch(int64_t T);
  * pipeline rank's stages' blocks; < 0: every block) (model.c
  * par_stats_alloc_held). */
 double par_act_stats(const par_act_ctx *c, int64_t Ns, int64_t rows);
+/* Its two parts: the window's per-sample terms (par_stats_alloc_terms: what
+ * a pipeline rank keeps for the step) and the aux counts of its rows (what
+ * each slot's par_stats_view holds for one microbatch's Ns samples). */
+double par_act_stats_terms(const par_act_ctx *c, int64_t Ns, int64_t rows);
+double par_act_stats_rows(const par_act_ctx *c, int64_t Ns, int64_t rows);
 
 #endif

@@ -41,6 +41,7 @@ typedef struct {
     PAR_FN(par_block_act) *blk; /* [n_items] */
     PAR_FN(par_head_act) head, mtp_head;
     PAR_FN(par_mtp_act) mtp;
+    PAR_FN(par_stats) st; /* the microbatch's aux counts (par_stats_view of the model's window, in ar) */
 } slot;
 
 /* A pending isend and the heap copy it sends from. */
@@ -95,12 +96,11 @@ struct PAR_FN(par_exec_s) {
     par_batch *mb;            /* [m] this rank's part of each microbatch */
     par_mbctx *mbx;           /* [m] the context each model call passes to the hooks */
     int32_t *pos_rows;        /* CP: [Bl, S] positions of the rank's whole rows */
-    int32_t **msample;        /* [m][Tm] window sample of each token */
+    int32_t **msample;        /* [m][Tm] sample of each token in its microbatch (0: the window's mq0[mb]) */
     slot *slots;              /* [m * n_local] */
     par_real **out_act, **out_grad; /* [m * n_stages] outboxes (heap copies) */
     sendrec *sends;
     int n_sends, cap_sends;
-    PAR_FN(par_stats) bst;    /* CP > 1: the backward's per-sample counts, summed over CP per microbatch */
     int64_t *mq0, *mqn;       /* [m] first window sample of each microbatch, its samples */
     /* kept rows for a dump, [Bl*S*...] per held block / head (NULL: not held) */
     int keep;

@@ -589,7 +589,6 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     par_free(ex->out_act);
     par_free(ex->out_grad);
     par_free(ex->slots);
-    PAR_FN(par_stats_free)(&ex->bst);
     PAR_FN(par__exec_hold_free)(ex);
     if (ex->pair)
         par_comm_free(ex->pair);

@@ -491,16 +491,18 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
     const int tok = l->cp > 1 || c.sp > 1;     /* microbatch.c: rows derived whole, then sliced */
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
-    if (parity)
-        o->fixed = par_act_stats(&c, ns, mm->have_sch ? mm->st[r].n_moe : -1) *
-                   (tok ? 2 : 1); /* rows: the stage's blocks; CP / SP: the backward's counts (ex->bst) too */
+    const int64_t nrow = mm->have_sch ? mm->st[r].n_moe : -1; /* rows: the rank's stages' blocks */
+    if (parity) /* the window's terms; the aux counts are per microbatch in its slot (stage.c) */
+        o->fixed = par_act_stats_terms(&c, ns, nrow);
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
         o->inflight = 1;
         if (parity)
-            o->fixed += par_act_batch(T) + (tok ? par_act_batch(rows * S) + 4.0 * rows * S + 4.0 * T : 0);
+            o->fixed += par_act_batch(T) + (tok ? par_act_batch(rows * S) + 4.0 * rows * S + 4.0 * T : 0) +
+                        par_act_stats_rows(&c, ns, nrow);
         return PAR_OK;
     }
+    const int64_t nm = l->n_micro > 0 ? l->n_micro : 1, ns_mb = (ns + nm - 1) / nm;
     int ns_seg = mm->sch.n_stages;
     double *v = par_calloc((size_t)ns_seg * 4, sizeof *v, PAR_TAG_MODEL);
     if (!v)
@@ -510,6 +512,8 @@ static par_status stage_act(const par_mm *mm, int r, int cp_rank, double recv, a
         if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's ep.c and
                       * cp_hook.c do too; its TP / ETP hooks keep theirs for the step) */
             v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
+        else /* the slot's aux counts (par_stats_view) */
+            v[s] += par_act_stats_rows(&c, ns_mb, nrow);
     }
     walk_out w;
     par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, v + 3 * ns_seg, par_act_stream(&c, T), &w);

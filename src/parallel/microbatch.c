@@ -34,8 +34,9 @@ static void slice_columns(par_batch *local, const par_batch *full, int64_t c0)
 
 /* Microbatch k: its rows r0 + k*mbs.. as a batch (CP: derived on the whole
  * rows into `full`, then sliced; their positions into ex->pos_rows), the
- * window sample of each local token (samples of the earlier rows + the
- * row's segment) from *q on, and its hooks' context. */
+ * sample of each local token in the microbatch (samples of its earlier
+ * rows + the row's segment; the window's samples from *q on), and its
+ * hooks' context. */
 static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *tok, const int32_t *seg,
                                  par_batch *full, int64_t *q, int64_t c0)
 {
@@ -59,7 +60,7 @@ static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *t
     for (int64_t r = 0; r < ex->mbs; r++) {
         const int32_t *sg = seg + (rk + r) * S;
         for (int64_t j = 0; j < Lc; j++)
-            sm[r * Lc + j] = (int32_t)(*q + sg[c0 + j]);
+            sm[r * Lc + j] = (int32_t)(*q - ex->mq0[k] + sg[c0 + j]);
         *q += (int64_t)sg[S - 1] + 1;
     }
     ex->mqn[k] = *q - ex->mq0[k];
@@ -96,8 +97,10 @@ static par_status microbatches(exec_t *ex, const par_pctx *P, const int32_t *tok
     return s;
 }
 
-/* Statistics of Nl samples with rows for the blocks of this rank's stages
- * only (a pipeline rank used to hold [every block, Nl, E] twice). */
+/* The window of Nl samples: its per-sample terms, with the row map of the
+ * blocks of this rank's stages.  The aux counts (cnt, psum, ntok) live in
+ * the slots, per microbatch in flight (stage.c; a rank used to hold
+ * [its blocks, Nl, E] of each for the whole step, twice under CP). */
 static par_status stats_held(const exec_t *ex, const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, int64_t Nl)
 {
     uint8_t *held = par_calloc((size_t)(M->n_blocks > 0 ? M->n_blocks : 1), 1, PAR_TAG_ACT);
@@ -108,7 +111,7 @@ static par_status stats_held(const exec_t *ex, const PAR_FN(par_model) *M, PAR_F
             if (ex->ls[j].block[i] >= 0 && ex->ls[j].block[i] < M->n_blocks)
                 held[ex->ls[j].block[i]] = 1;
     PAR_FN(par_stats_free)(st);
-    par_status s = PAR_FN(par_stats_alloc_held)(st, M->n_blocks, held, M->E, Nl);
+    par_status s = PAR_FN(par_stats_alloc_terms)(st, M->n_blocks, held, M->E, Nl);
     par_free(held);
     return s;
 }
@@ -169,12 +172,6 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
     }
     if ((s = microbatches(ex, P, tok, seg, Nl)) || (s = stats_window(ex, M, &M->stats, q0, Nl, Ng)))
         return s;
-    if (ex->tokc) { /* the backward's counts summed over the CP (SP: TP) group */
-        if ((!ex->bst.cnt || ex->bst.Ns != Nl) && (s = stats_held(ex, M, &ex->bst, Nl)))
-            return s;
-        ex->bst.q0 = q0;
-        ex->bst.Ns_global = Ng;
-    }
     /* outboxes and slots */
     size_t no = (size_t)ex->m * (size_t)ex->n_stages;
     if (!ex->out_act) {

@@ -9,21 +9,18 @@
 
 /* ------------------------------------------------------------ statistics -- */
 
-/* The partial statistics of one rank as fields: loads, cnt, ntok (int64),
- * the per-sample CE sums (double), psum (working precision) over its own
- * blocks' rows: summed over the ranks of one stage that hold parts of the
- * same rows (CP, SP).  The counts n_main / n_mtp / n_tokens are the
- * executor's global ones: not summed. */
+/* The partial statistics of one rank as fields: loads (int64) and the
+ * per-sample CE sums (double) over its own blocks' rows: summed over the
+ * ranks of one stage that hold parts of the same rows (CP, SP).  The aux
+ * counts were summed per microbatch (par_reduce_mb_stats); the counts
+ * n_main / n_mtp / n_tokens are the executor's global ones: not summed. */
 static int stats_fields(PAR_FN(par_stats) *st, par_field *f)
 {
-    const int64_t nb = st->n_blocks, nr = st->n_rows, E = st->E, Ns = st->Ns;
+    const int64_t nb = st->n_blocks, E = st->E, Ns = st->Ns;
     f[0] = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
-    f[1] = PAR_FIELD(st->cnt, nr * Ns * E, PAR_C_I64);
-    f[2] = PAR_FIELD(st->ntok, nr * Ns, PAR_C_I64);
-    f[3] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
-    f[4] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
-    f[5] = PAR_FIELD(st->psum, nr * Ns * E, PAR_C_REAL);
-    return 6;
+    f[1] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
+    f[2] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
+    return 3;
 }
 
 /* What the pipeline sums once every stage has its own blocks' aux terms:
@@ -180,15 +177,16 @@ static par_status dp_losses(par_comm *dp, PAR_FN(par_model) *M)
     return s;
 }
 
-/* The order: the per-block counts over CP (SP) first, each stage's aux
- * terms of its own blocks, then the pipeline.  The pipeline used to sum the
- * whole [blocks, samples, E] arrays first, every rank holding every block's:
- * its sums only added exact zeros (a block lives on one pipeline rank, the
- * CE sums on the heads' ranks), so the values are the same bits either way. */
+/* The order: loads and CE sums over CP (SP) first (each stage's aux terms
+ * of its own blocks are there since its forwards), then the pipeline.  The
+ * pipeline used to sum the whole [blocks, samples, E] arrays first, every
+ * rank holding every block's: its sums only added exact zeros (a block lives
+ * on one pipeline rank, the CE sums on the heads' ranks), so the values are
+ * the same bits either way. */
 par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
 {
     PAR_FN(par_stats) *st = &M->stats;
-    par_field f[6];
+    par_field f[4];
     int nf = stats_fields(st, f);
     par_comm *pp = P->g.g[PAR_GROUP_PP], *cp = P->g.g[PAR_GROUP_CP];
     /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
@@ -197,7 +195,6 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     if ((cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
         (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
         return s;
-    PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
     nf = pipeline_fields(st, f);
     if (pp && par_comm_size(pp) > 1 && (s = par_reduce_fields(pp, f, nf, NULL)))
         return s;
@@ -209,26 +206,23 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
 
 /* ------------------------------------------------ CP counts, shared grads -- */
 
-par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *st, PAR_FN(par_stats) *bst,
-                                        const int *blocks, int n_blocks, int64_t q0, int64_t nq)
+par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const int *blocks, int n_blocks)
 {
-    const int64_t E = st->E, Ns = st->Ns;
-    par_field *f = par_malloc((size_t)(2 * n_blocks + 1) * sizeof *f, PAR_TAG_COMM);
+    const int64_t E = v->E, Ns = v->Ns;
+    par_field *f = par_malloc((size_t)(3 * n_blocks + 1) * sizeof *f, PAR_TAG_COMM);
     if (!f)
         return par_err(PAR_ENOMEM, "reduce: out of memory for the counts of %d blocks", n_blocks);
     for (int j = 0; j < n_blocks; j++) {
-        int64_t r = PAR_FN(par_stats_row)(st, blocks[j]), rb = PAR_FN(par_stats_row)(bst, blocks[j]);
-        if (r < 0 || rb < 0) {
+        int64_t r = PAR_FN(par_stats_row)(v, blocks[j]);
+        if (r < 0) {
             par_free(f);
             return par_err(PAR_EINTERNAL, "reduce: block %d has no statistics rows on this rank", blocks[j]);
         }
-        int64_t *c = bst->cnt + (rb * Ns + q0) * E, *t = bst->ntok + rb * Ns + q0;
-        memcpy(c, st->cnt + (r * Ns + q0) * E, (size_t)(nq * E) * sizeof *c);
-        memcpy(t, st->ntok + r * Ns + q0, (size_t)nq * sizeof *t);
-        f[2 * j] = PAR_FIELD(c, nq * E, PAR_C_I64);
-        f[2 * j + 1] = PAR_FIELD(t, nq, PAR_C_I64);
+        f[3 * j] = PAR_FIELD(v->cnt + r * Ns * E, Ns * E, PAR_C_I64);
+        f[3 * j + 1] = PAR_FIELD(v->ntok + r * Ns, Ns, PAR_C_I64);
+        f[3 * j + 2] = PAR_FIELD(v->psum + r * Ns * E, Ns * E, PAR_C_REAL);
     }
-    par_status s = par_reduce_fields(cp, f, 2 * n_blocks, NULL);
+    par_status s = par_reduce_fields(c, f, 3 * n_blocks, NULL);
     par_free(f);
     return s;
 }

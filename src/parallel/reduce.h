@@ -46,11 +46,14 @@
 
 /* Combines M->stats of this rank (its window of samples: st->q0,
  * st->Ns_global and the GLOBAL counts n_main, n_mtp, n_tokens set by the
- * executor) into the step's statistics and sets M->last's losses:
- *   1. over the pipeline (P->g PP): every per-sample and per-block entry was
+ * executor; the aux terms of its blocks' samples already computed, per
+ * microbatch, from counts summed over CP / SP: par_reduce_mb_stats) into the
+ * step's statistics and sets M->last's losses:
+ *   1. over the CP group, and the TP group under sequence parallelism (the
+ *      ranks of a DP group share one window): loads and CE sums summed in
+ *      rank order;
+ *   2. over the pipeline (P->g PP): every per-sample and per-block entry was
  *      produced on one stage, zeros elsewhere: exact;
- *   2. over the CP group (the CP ranks of a DP group share one window):
- *      loads, cnt, ntok, CE sums and psum summed in rank order;
  *   3. over attention DP (the DP group): loads summed; the per-sample CE sums
  *      and aux terms gathered in global sample order and summed exactly as
  *      the serial reference does (bitwise equal).
@@ -58,13 +61,12 @@
  * the world (through those groups). */
 par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M);
 
-/* Context parallelism: the aux-loss backward of a token needs its sample's
- * counts over the WHOLE row, whose slices live on the CP ranks.  Sums
- * st's cnt / ntok of window samples [q0, q0 + nq) of the n_blocks blocks
- * listed in blocks (ascending) over the CP group into bst (st keeps this
- * rank's parts for par_reduce_stats).  Collective over cp. */
-par_status PAR_FN(par_reduce_mb_counts)(par_comm *cp, const PAR_FN(par_stats) *st, PAR_FN(par_stats) *bst,
-                                        const int *blocks, int n_blocks, int64_t q0, int64_t nq);
+/* Context (and sequence) parallelism: a sample's aux-loss term and the
+ * aux backward of its tokens need its counts over the WHOLE row, whose
+ * slices live on the ranks of c.  Sums, in place, the view v's cnt, ntok
+ * and psum (par_stats_view: one microbatch's samples) of the n_blocks
+ * blocks listed in blocks over c.  Collective over c. */
+par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const int *blocks, int n_blocks);
 
 /* Gradients of weights held by several pipeline ranks, summed over group c
  * so every holder updates identically: which 0 embed.weight, 1 head.weight,

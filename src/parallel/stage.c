@@ -106,8 +106,9 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
 {
     const par_batch *bt = &ex->mb[mb];
     const par_mbctx *x = &ex->mbx[mb];
-    const int32_t *sample = ex->msample[mb];
-    PAR_FN(par_stats) *st = &M->stats;
+    const int32_t *sample = ex->msample[mb]; /* the microbatch's samples: 0 is the window's mq0[mb] */
+    PAR_FN(par_stats) *st = &sl->st;
+    double *ce_main = M->stats.ce_main + ex->mq0[mb], *ce_mtp = M->stats.ce_mtp + ex->mq0[mb];
     int64_t T = ex->Tm;
     int b = ls->block[j];
     par_status s = PAR_OK;
@@ -130,13 +131,13 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
             (s = PAR_FN(par_block_forward)(M, x, b, &sl->blk[j], &sl->ar, sl->mtp.X0, bt->mtp_inputs, bt->pos, sample,
                                            st, T)) ||
             (s = PAR_FN(par_head_forward)(M, 1, &sl->mtp_head, &sl->ar, sl->blk[j].Xout, bt->mtp_labels, sample,
-                                          st->ce_mtp, T)))
+                                          ce_mtp, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_mtp_logits, sl->mtp_head.logits, mb, M->V, sizeof(par_real));
         return PAR_OK;
     case PAR_BLK_LOSS:
-        if ((s = PAR_FN(par_head_forward)(M, 0, &sl->head, &sl->ar, *X, bt->labels, sample, st->ce_main, T)))
+        if ((s = PAR_FN(par_head_forward)(M, 0, &sl->head, &sl->ar, *X, bt->labels, sample, ce_main, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_logits, sl->head.logits, mb, M->V, sizeof(par_real));
@@ -154,21 +155,23 @@ static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_
         keep_rows(ex, ex->k_sel[b], a->as.sel, mb, ex->cfg.index_topk, sizeof(int32_t));
 }
 
-/* CP: the microbatch's aux counts of the stage's blocks over the CP group. */
-static par_status cp_counts(exec_t *ex, PAR_FN(par_model) *M, const lstage *ls, int mb)
+/* The microbatch's aux-loss terms of the stage's blocks, from its counts
+ * (CP, SP: first summed over the ranks that hold its other columns, in
+ * place: the backward reads the sums). */
+static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls)
 {
-    if (!ex->tokc)
-        return PAR_OK;
     int nb = 0;
     for (int j = 0; j < ls->n_items; j++)
         nb += ls->block[j] >= 0;
-    int *bl = par_malloc((size_t)(nb + 1) * sizeof *bl, PAR_TAG_COMM);
+    int *bl = par_malloc((size_t)(nb + 1) * sizeof *bl, PAR_TAG_ACT);
     if (!bl)
-        return par_err(PAR_ENOMEM, "pipeline: out of memory for CP counts");
+        return par_err(PAR_ENOMEM, "pipeline: out of memory for the aux terms of %d blocks", nb);
     for (int j = 0, k = 0; j < ls->n_items; j++)
         if (ls->block[j] >= 0)
             bl[k++] = ls->block[j];
-    par_status s = PAR_FN(par_reduce_mb_counts)(ex->tokc, &M->stats, &ex->bst, bl, nb, ex->mq0[mb], ex->mqn[mb]);
+    par_status s = ex->tokc ? PAR_FN(par_reduce_mb_stats)(ex->tokc, &sl->st, bl, nb) : PAR_OK;
+    if (!s)
+        PAR_FN(par_stats_aux_view)(&M->stats, &sl->st, bl, nb, &M->tab, (int)M->K);
     par_free(bl);
     return s;
 }
@@ -182,7 +185,8 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
         return s;
     if (sl->fwd_done)
         return par_err(PAR_EINTERNAL, "pipeline: forward of microbatch %d stage %d runs twice", mb, stage);
-    if ((s = stage_input(ex, sl, mb, stage)))
+    if ((s = stage_input(ex, sl, mb, stage)) ||
+        (s = PAR_FN(par_stats_view)(&sl->st, &M->stats, &sl->ar, ex->mq0[mb], ex->mqn[mb])))
         return s;
     const par_real *X = sl->xin;
     for (int j = 0; j < ls->n_items; j++) {
@@ -193,7 +197,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
     }
     sl->xout = (par_real *)X;
     sl->fwd_done = 1;
-    if ((s = cp_counts(ex, M, ls, mb)))
+    if ((s = mb_aux_terms(ex, M, sl, ls)))
         return s;
     if (!X && stage > 0)
         return par_err(PAR_EINTERNAL, "pipeline: stage %d produced no output", stage);
@@ -235,7 +239,7 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
     const par_batch *bt = &ex->mb[mb];
     const par_mbctx *x = &ex->mbx[mb];
     const int32_t *sample = ex->msample[mb];
-    const PAR_FN(par_stats) *st = &M->stats, *bst = ex->tokc ? &ex->bst : st;
+    const PAR_FN(par_stats) *st = &M->stats, *bst = &sl->st; /* CP, SP: its counts summed (mb_aux_terms) */
     const double ls_main = st->n_main > 0 ? 1.0 / (double)st->n_main : 0.0;
     const double ls_mtp = st->n_mtp > 0 ? c->mtp_lambda / (double)st->n_mtp : 0.0;
     int64_t T = ex->Tm;

@@ -40,6 +40,7 @@ typedef struct {
     const char *layout, *schedule;
     int zero, precision;
     const par_netmodel *net;
+    int64_t experts; /* routed experts (0: the preset's) */
 } lay;
 
 static par_status run(const char *dump, lay l, par_run_summary *sum)
@@ -47,6 +48,8 @@ static par_status run(const char *dump, lay l, par_run_summary *sum)
     par_run_opts o;
     par_run_opts_init(&o);
     cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), 0);
+    if (l.experts)
+        o.cfg.n_routed_experts = l.experts;
     o.precision = l.precision ? l.precision : 64;
     o.steps = 2;
     o.seed = 1234;
@@ -254,6 +257,31 @@ Test(pp, nothing_left_allocated)
                  par_last_error());
     cr_expect_eq(par_alloc_live_total(), before, "live bytes %lld -> %lld", (long long)before,
                  (long long)par_alloc_live_total());
+}
+
+/* The aux-loss counts (cnt, psum, ntok: [blocks, samples, E] of a rank's
+ * blocks) live in the slot of a microbatch in flight (parallel/stage.c),
+ * not for the whole step: the last stage of 1F1B holds one microbatch at a
+ * time, so its activation peak must not grow by a microbatch's counts for
+ * each microbatch more in the step (it did: the window held every sample's
+ * counts, twice under CP).  E = 1024 makes one sample's counts of the
+ * stage's two blocks (t, m) 2 x 1024 x 16 = 32 KiB. */
+Test(pp, aux_counts_live_per_microbatch_in_flight)
+{
+    par_run_summary a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = "Et*2|tmL", .mbs = 1, .gb = 4, .experts = 1024}, &a), 0, "%s",
+                 par_last_error());
+    cr_assert_eq(run(NULL, (lay){.pp = 2, .layout = "Et*2|tmL", .mbs = 1, .gb = 16, .experts = 1024}, &b), 0, "%s",
+                 par_last_error());
+    const int64_t pa = a.alloc_peak[PAR_TAG_COUNT + PAR_TAG_ACT], pb = b.alloc_peak[PAR_TAG_COUNT + PAR_TAG_ACT];
+    const int64_t one = 2 * 1024 * 16; /* one sample's counts of the two blocks; a row holds one or more samples */
+    cr_expect_lt(pb - pa, 12 * one / 2, "last stage's activation peak %lld (m 4) -> %lld (m 16): +%lld bytes, "
+                 "the counts of 12 microbatches are >= %lld", (long long)pa, (long long)pb, (long long)(pb - pa),
+                 (long long)(12 * one));
+    par_run_summary_free(&a);
+    par_run_summary_free(&b);
 }
 
 /* ---- errors parity run surfaces (the layout's and the schedule's) ---- */
