@@ -99,8 +99,10 @@ par_status PAR_FN(par_cp_hook_create)(PAR_FN(par_cp_hook) **out, par_comm *cp, c
                                 PAR_TAG_MODEL)
                    : NULL;
     if (!h->sv) {
+        par_status s = par_err(PAR_ENOMEM, "context parallelism: out of memory for %d x %d saved states", n_slots,
+                               h->nb);
         PAR_FN(par_cp_hook_free)(h);
-        return par_err(PAR_ENOMEM, "context parallelism: out of memory for %d x %d saved states", n_slots, h->nb);
+        return s;
     }
     *out = h;
     return PAR_OK;
