@@ -360,11 +360,12 @@ static void report(fworld *fw)
     size_t kib = fw->stack >> 10, used = (ss.stack_max + 1023) >> 10;
     size_t heap = ss.heap + atomic_load(&fw->heap) + sizeof *fw;
     PAR_LOG_I("fiber: %d ranks on %d workers, %zu KiB stacks: deepest use %zu KiB (rank %d); "
-              "stacks committed %.1f MiB (%.1f KiB per rank), backend heap %.1f MiB (%.0f B per "
-              "rank); %llu switches into ranks, %llu wake-ups", n, ss.workers, kib, used,
-              ss.stack_max_rank, (double)ss.stack_sum / 1048576.0,
-              (double)ss.stack_sum / 1024.0 / n, (double)heap / 1048576.0, (double)heap / n,
-              (unsigned long long)ss.switches, (unsigned long long)ss.wakes);
+              "stacks committed %.1f MiB (%.1f KiB per rank; high-water marks %.1f KiB per rank), "
+              "backend heap %.1f MiB (%.0f B per rank); %llu switches into ranks, %llu wake-ups", n,
+              ss.workers, kib, used, ss.stack_max_rank, (double)ss.stack_res / 1048576.0,
+              (double)ss.stack_res / 1024.0 / n, (double)ss.stack_sum / 1024.0 / n,
+              (double)heap / 1048576.0, (double)heap / n, (unsigned long long)ss.switches,
+              (unsigned long long)ss.wakes);
     if (ss.stack_max > fw->stack / 4 * 3)
         PAR_LOG_W("fiber: rank %d used %zu of its %zu KiB stack; give the ranks more "
                   "(PARITY_FIBER_STACK=%zuK) before it overflows", ss.stack_max_rank, used, kib,

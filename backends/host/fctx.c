@@ -240,6 +240,22 @@ size_t fctx_used(const fctx *c)
     return 0;
 }
 
+size_t fctx_resident(const fctx *c)
+{
+    if (!c->map)
+        return 0;
+    size_t pg = page_size(), n = (size_t)(c->hi - c->lo) / pg, res = 0;
+    unsigned char vec[256];
+    for (size_t i = 0; i < n; i += sizeof vec) {
+        size_t k = n - i < sizeof vec ? n - i : sizeof vec;
+        if (mincore(c->lo + i * pg, k * pg, vec) != 0)
+            return 0;
+        for (size_t j = 0; j < k; j++)
+            res += vec[j] & 1;
+    }
+    return res * pg;
+}
+
 int fctx_in_guard(const fctx *c, const void *addr)
 {
     const char *a = addr;

@@ -64,6 +64,11 @@ void fctx_started(fctx *from);
 /* Bytes of the stack the kernel has committed (pages touched), from the
  * top: the stack's high-water mark to a page. */
 size_t fctx_used(const fctx *c);
+/* Bytes of the stack resident now (pages touched and kept), anywhere in it:
+ * what the stack costs in RSS, at most fctx_used (a deep frame that touches
+ * only its bottom page, e.g. an assembly GEMM kernel's aligned scratch,
+ * raises the high-water mark but not this). */
+size_t fctx_resident(const fctx *c);
 /* Whether addr lies in c's guard (a stack overflow hit it). */
 int fctx_in_guard(const fctx *c, const void *addr);
 

@@ -55,6 +55,7 @@ typedef struct fib {
     char tag[48];
     char *err;               /* last error ([ERR_CAP], allocated when used)  */
     size_t used;             /* stack high-water, measured when it returned  */
+    size_t resident;         /* stack pages resident then (bytes)            */
 } fib;
 
 struct fworker {
@@ -263,6 +264,7 @@ static void run_fib(fworker *wk, fib *f)
     tls_save(f);
     if (atomic_load(&f->state) == FIB_DONE) {
         f->used = fctx_used(&f->ctx);
+        f->resident = fctx_resident(&f->ctx);
         fctx_free(&f->ctx); /* a returned rank gives its stack back at once */
         wk->live--;
     }
@@ -596,6 +598,7 @@ void fsched_get_stats(const fsched *s, fsched_stats *out)
                 (size_t)s->o.workers * (sizeof *s->wk + ALTSTACK);
     for (int r = 0; r < s->n; r++) {
         out->stack_sum += s->fibs[r].used;
+        out->stack_res += s->fibs[r].resident;
         if (s->fibs[r].err)
             out->heap += ERR_CAP;
         if (s->o.kind == FCTX_UCONTEXT)

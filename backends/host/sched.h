@@ -77,7 +77,8 @@ typedef struct {
     uint64_t naps;        /* idle naps of the workers (poll hook only)   */
     size_t stack_max;     /* deepest stack use of any fiber (bytes)      */
     int stack_max_rank;
-    size_t stack_sum;     /* stack pages committed, all fibers (bytes)   */
+    size_t stack_sum;     /* stack high-water marks, all fibers (bytes)  */
+    size_t stack_res;     /* stack pages resident, all fibers (bytes)    */
     size_t heap;          /* the scheduler's own allocations (bytes)     */
 } fsched_stats;
 

@@ -854,9 +854,10 @@ static void fibers_report(const mworld *e)
     fsched_stats ss;
     fsched_get_stats(e->fs, &ss);
     PAR_LOG_I("mpi: process %d: %d fiber ranks on %d workers: deepest stack use %zu KiB (rank "
-              "%d), stacks committed %.1f MiB, scheduler heap %.1f MiB; %llu switches into "
-              "ranks, %llu wake-ups, %llu parks, %llu yields, %llu polls, %llu naps", e->proc,
-              e->R, ss.workers, (ss.stack_max + 1023) >> 10, e->proc * e->R + ss.stack_max_rank,
+              "%d), stacks committed %.1f MiB (high-water marks %.1f MiB), scheduler heap %.1f "
+              "MiB; %llu switches into ranks, %llu wake-ups, %llu parks, %llu yields, %llu polls, "
+              "%llu naps", e->proc, e->R, ss.workers, (ss.stack_max + 1023) >> 10,
+              e->proc * e->R + ss.stack_max_rank, (double)ss.stack_res / 1048576.0,
               (double)ss.stack_sum / 1048576.0, (double)ss.heap / 1048576.0,
               (unsigned long long)ss.switches, (unsigned long long)ss.wakes,
               (unsigned long long)ss.parks, (unsigned long long)ss.yields,

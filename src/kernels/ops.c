@@ -56,8 +56,14 @@ PAR_END_DECLARE_TARGET
 #define GEMM_ROW_BLOCK 16
 #define GEMM_COL_BLOCK 16
 _Static_assert(GEMM_ROW_BLOCK == GEMM_COL_BLOCK, "opnd_pad pads both operands to 16 K reals");
-/* Scratch for the padded tails kept on the stack up to this many reals. */
-#define GEMM_PAD_STACK 4096
+/* Scratch for the padded tails kept on the stack up to this many reals: the
+ * 16 x 16 output tile and both tails up to K = 16 (6 KiB in f64); more comes
+ * from the heap.  A rank's stack is small (the fiber backend runs thousands
+ * of them) and the BLAS kernel below this frame takes its own ~32 KiB
+ * (OpenBLAS's Haswell dgemm kernel, page-aligned), so a large array here
+ * (it was 4,096 reals, 32 KiB) deepens every rank's stack by its size:
+ * measured at config-c's shape, 512 fiber ranks, 76 -> 48 KiB deepest use. */
+#define GEMM_PAD_STACK 768
 
 static void gemm_raw(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,

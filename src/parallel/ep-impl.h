@@ -57,7 +57,8 @@ struct PAR_FN(par_ep_s) {
     int n_rows;            /* the blocks whose experts the model holds (a pipeline rank: its stages') */
     int *row;              /* [n_blocks] block b's row of blk, -1: not held here */
     int n_slots;           /* sets of per-block state: one per microbatch slot (par_mbctx.slot) */
-    blk_state *blk;        /* [n_slots, n_rows]: held blocks only */
+    blk_state **blk;       /* [n_slots, n_rows]: held blocks only; a state exists from its forward to its
+                            * weight pass (the microbatches in flight), NULL otherwise */
     par_ep_dispatch mode;
     int gpn;               /* ranks per node */
     int *node;             /* [EP] node of each EP rank (world rank / gpn) */
@@ -88,6 +89,8 @@ static inline void *xcalloc(size_t n, size_t sz)
 }
 
 void PAR_FN(par__ep_blk_free)(blk_state *S);
+/* Every slot's state freed (a mode change drops the states in flight). */
+void PAR_FN(par__ep_blk_drop_all)(ep_t *x);
 
 /* Forward dispatch of the T tokens' (x row, routing weight) to the owners
  * of their K experts; out: *rbuf [NR, d+1], *rids [NR, 3] in received

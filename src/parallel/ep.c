@@ -28,13 +28,21 @@ static int hkey_cmp(const void *a, const void *b)
     return (p->r > q->r) - (p->r < q->r);
 }
 
-/* The state of (microbatch slot, block), NULL out of range. */
-static blk_state *state_of(ep_t *x, const par_mbctx *c, int b)
+/* Where the state of (microbatch slot, block) lives, NULL out of range. */
+static blk_state **slot_of(ep_t *x, const par_mbctx *c, int b)
 {
     int slot = c ? c->slot : 0;
     if (slot < 0 || slot >= x->n_slots || b < 0 || b >= x->n_blocks || x->row[b] < 0)
         return NULL;
     return &x->blk[(size_t)slot * (size_t)x->n_rows + (size_t)x->row[b]];
+}
+
+/* The state of (slot, block) between its forward and its weight pass, NULL
+ * out of range or when there is none. */
+static blk_state *state_of(ep_t *x, const par_mbctx *c, int b)
+{
+    blk_state **sp = slot_of(x, c, b);
+    return sp ? *sp : NULL;
 }
 
 static par_status no_state(const ep_t *x, const par_mbctx *c, int b)
@@ -171,14 +179,18 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                          const par_real *x_in, const int32_t *idx, const par_real *w, const int32_t *tokens, int64_t T)
 {
     ep_t *x = ctx;
-    blk_state *S = state_of(x, c, b);
-    if (!S)
+    blk_state **sp = slot_of(x, c, b);
+    if (!sp)
         return no_state(x, c, b);
+    if (*sp) /* a forward again without its weight pass (a failed step): the old state goes */
+        PAR_FN(par__ep_blk_free)(*sp);
+    else if (!(*sp = xcalloc(1, sizeof **sp)))
+        return par_err(PAR_ENOMEM, "ep: block %d forward: out of memory for its state", b);
+    blk_state *S = *sp;
     const int K = (int)M->K;
     const int64_t d = M->d;
     par_real *rbuf = NULL, *yg = NULL;
     int32_t *rids = NULL;
-    PAR_FN(par__ep_blk_free)(S);
     S->T = T;
     S->nsend = T * K;
     x->cur_b = b;
@@ -258,7 +270,8 @@ static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     blk_state *S = state_of(x, c, b);
     (void)w;
     if (!S)
-        return no_state(x, c, b);
+        return slot_of(x, c, b) ? par_err(PAR_EINVAL, "ep: block %d backward without its forward", b)
+                                : no_state(x, c, b);
     const int K = (int)M->K;
     const int64_t d = M->d, NS = S->nsend, NR = S->nrecv;
     if (S->T != T)
@@ -301,10 +314,10 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                          const par_real *x_in, int64_t T)
 {
     ep_t *x = ctx;
-    blk_state *S = state_of(x, c, b);
-    if (!S)
+    blk_state **sp = slot_of(x, c, b), *S = sp ? *sp : NULL;
+    if (!sp)
         return no_state(x, c, b);
-    if (!S->dyg || S->T != T)
+    if (!S || !S->dyg || S->T != T)
         return par_err(PAR_EINVAL, "ep: block %d weight pass without its input pass", b);
     const int64_t d = M->d, I = M->I;
     const double L = M->cfg.swiglu_limit;
@@ -334,6 +347,8 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
      * not at the slot's next forward (a step holds at most the microbatches
      * in flight, not all of them) */
     PAR_FN(par__ep_blk_free)(S);
+    par_free(S);
+    *sp = NULL;
     return s;
 }
 
@@ -429,6 +444,7 @@ par_status PAR_FN(par_ep_create)(PAR_FN(par_ep) **out, par_comm *ep, PAR_FN(par_
     for (int b = 0; x->row && b < M->n_blocks; b++) /* state for the blocks whose experts are held only */
         x->row[b] = PAR_FN(par_model_holds)(M, M->tab.blocks[b].expert0 + 3 * (int)M->e0) ? x->n_rows++ : -1;
     x->blk = x->row ? par_calloc((size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *x->blk, PAR_TAG_MODEL) : NULL;
+    /* (one pointer per held block and slot: the states come and go with the microbatches) */
     par_status s = x->blk ? build_nodes(x, 8) : par_err(PAR_ENOMEM, "ep: out of memory");
     if (s) {
         PAR_FN(par_ep_free)(x);
@@ -455,8 +471,7 @@ par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, 
     par_status s = build_nodes(x, gpus_per_node);
     if (s)
         return s;
-    for (int i = 0; i < x->n_slots * x->n_rows; i++)
-        PAR_FN(par__ep_blk_free)(&x->blk[i]);
+    PAR_FN(par__ep_blk_drop_all)(x);
     x->mode = mode;
     return PAR_OK;
 }
@@ -465,11 +480,10 @@ par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n)
 {
     if (n < 1)
         return par_err(PAR_EINVAL, "ep: the number of state slots must be >= 1 (got %d)", n);
-    blk_state *nb = par_calloc((size_t)n * (size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *nb, PAR_TAG_MODEL);
+    blk_state **nb = par_calloc((size_t)n * (size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *nb, PAR_TAG_MODEL);
     if (!nb)
         return par_err(PAR_ENOMEM, "ep: out of memory for %d state slots", n);
-    for (int i = 0; i < x->n_slots * x->n_rows; i++)
-        PAR_FN(par__ep_blk_free)(&x->blk[i]);
+    PAR_FN(par__ep_blk_drop_all)(x);
     par_free(x->blk);
     x->blk = nb;
     x->n_slots = n;
@@ -493,8 +507,7 @@ void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
 {
     if (!x)
         return;
-    for (int b = 0; x->blk && b < x->n_slots * x->n_rows; b++)
-        PAR_FN(par__ep_blk_free)(&x->blk[b]);
+    PAR_FN(par__ep_blk_drop_all)(x);
     par_free(x->blk);
     par_free(x->row);
     par_free(x->node);

@@ -44,6 +44,16 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     memset(S, 0, sizeof *S);
 }
 
+void PAR_FN(par__ep_blk_drop_all)(ep_t *x)
+{
+    for (int i = 0; x->blk && i < x->n_slots * x->n_rows; i++) {
+        if (x->blk[i])
+            PAR_FN(par__ep_blk_free)(x->blk[i]);
+        par_free(x->blk[i]);
+        x->blk[i] = NULL;
+    }
+}
+
 /* Counts the bytes this rank sends to OTHER ranks, by tier: counts[j] units
  * of `unit` bytes to EP rank j. */
 static void count_bytes(ep_t *x, const size_t *counts, double unit, int phase)

@@ -668,11 +668,12 @@ static par_status act_of(par_mm *mm, stage_info *si, int stage, int cp_rank, dou
 
 /* Bytes of the structures parity's runtime builds per rank (model/model.c,
  * parallel/holders.c, executor.c, ep.c, zero_plan.c, schedule.c), the
- * templated records at their x86-64 sizes (a block record 760 B, the EP
- * block state 560 B, the executor 3,192 B, a RoPE table 4,104 B; f32 alike:
- * pointers): what the allocator's `model` tag holds for the rank. */
+ * templated records at their x86-64 sizes (a block record 760 B, the
+ * executor 3,192 B, a RoPE table 4,104 B; f32 alike: pointers): what the
+ * allocator's `model` tag holds for the rank.  The EP and CP hooks' states
+ * (560 and 496 B) are allocated per microbatch in flight (tag act); their
+ * tables are a pointer per slot and held block. */
 #define MM_BLOCK_ACT 760.0
-#define MM_EP_STATE 560.0
 #define MM_EXEC 3192.0
 #define MM_ROPE 4104.0
 #define MM_ATTN_DIMS 112.0
@@ -692,8 +693,10 @@ static double model_struct(const par_mm *mm, const stage_info *si)
     for (int k = 0; k < 2; k++) /* each plan: its entries, the owned lists, three [dp + 1] tables */
         b += 40.0 * z[k]->n_ent + 4.0 * z[k]->n_ent + 3 * 8.0 * (z[k]->dp + 1);
     const double m = l->n_micro > 0 ? (double)l->n_micro : 1;
-    if (l->ep > 1) /* block state per microbatch slot and held MoE block; the node tables */
-        b += m * (double)si->n_moe * MM_EP_STATE + 8 * nb + 36.0 * (double)l->ep;
+    if (l->ep > 1) /* a state pointer per microbatch slot and held MoE block; the node tables */
+        b += m * (double)si->n_moe * 8 + 8 * nb + 36.0 * (double)l->ep;
+    if (l->cp > 1 && l->tp <= 1) /* cp_hook.c: a saved-state pointer per slot and held block, the block map */
+        b += m * (double)si->n_moe * 8 + 4 * nb + 64;
     if (mm->have_sch) { /* every pipeline rank's action list (par_action: 20 B); the executor's costs */
         for (int r = 0; r < mm->sch.params.pp; r++)
             b += 20.0 * (double)mm->sch.cap_actions[r] + 12;

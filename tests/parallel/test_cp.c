@@ -9,6 +9,9 @@
  *   the serial values (relative to the tensor's largest magnitude); indexer
  *   gradient slots untouched;
  * - the bytes handed to src/comm (halo rows, entries, entry gradients);
+ * - the attention hook's own memory (parallel/cp_hook.h): a table of one
+ *   pointer per (slot, HELD block), the saved states allocated per forward
+ *   (64 slots of a model or of one held block stay a few KiB);
  * - each rank's memory (its allocation scope): the saved forward is exactly
  *   its working rows' state (halo + local rows, window layout) plus the
  *   whole rows' entries, never the whole rows' per-token state; the
@@ -33,7 +36,10 @@
 #include "core/rng.h"
 #include "core/status.h"
 #include "kernels/attention.h"
+#include "model/config.h"
+#include "model/model.h"
 #include "parallel/cp.h"
+#include "parallel/cp_hook.h"
 
 void openblas_set_num_threads(int num_threads);
 int omp_get_max_threads(void);
@@ -544,4 +550,60 @@ Test(cp, check_rules)
     cr_assert_eq(par_cp_layer_halo_f64(&dm), 12);
     dm.m = 16;
     cr_assert_eq(par_cp_layer_halo_f64(&dm), 16);
+}
+
+/* ---- the hook's fixed memory ---- */
+
+typedef struct {
+    par_model_f64 *M[2];
+    int64_t bytes[2]; /* live bytes of the hook with 64 slots on M[k], every tag */
+} hook_ctx;
+
+static par_status hook_fn(par_comm *world, void *ud)
+{
+    hook_ctx *h = ud;
+    for (int k = 0; k < 2; k++) {
+        const int scope = par_alloc_scope_open();
+        par_cp_hook_f64 *hk = NULL;
+        par_status st = par_cp_hook_create_f64(&hk, world, h->M[k], 64);
+        par_alloc_stats as;
+        par_alloc_scope_stats(scope, &as);
+        for (int t = 0; t < PAR_TAG_COUNT; t++)
+            h->bytes[k] += as.live[t];
+        par_cp_hook_free_f64(hk);
+        par_alloc_scope_close(scope);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
+/* m = 64 slots (config-c has m = 16 at 8,192 ranks): the hook's table was
+ * [m, n_blocks] saved-state structs (~500 B each, every block of the model
+ * on every rank); now one pointer per (slot, held block). */
+Test(cp, hook_memory_is_a_pointer_per_slot_and_held_block)
+{
+    par_config c;
+    cr_assert_eq(par_config_preset(&c, "v4-tiny"), 0);
+    par_model_f64 A, H;
+    cr_assert_eq(par_model_init_f64(&A, &c, 5), 0, "%s", par_last_error());
+    cr_assert_geq(A.n_blocks, 3);
+    uint8_t blocks[16] = {0};
+    cr_assert_leq(A.n_blocks, 16);
+    blocks[1] = 1;
+    par_model_hold hold = {.blocks = blocks, .embed = 1, .head = 1, .final = 1};
+    cr_assert_eq(par_model_init_held_f64(&H, &c, 5, 0, c.n_routed_experts, &hold), 0, "%s", par_last_error());
+    hook_ctx h = {.M = {&A, &H}};
+    const par_backend *be = NULL;
+    cr_assert_eq(par_backend_get("self", &be), PAR_OK);
+    par_world_opts o = {.timeout_s = 20.0};
+    cr_assert_eq(par_world_run(be, 1, hook_fn, &h, &o), PAR_OK, "%s", par_last_error());
+    const int64_t fixed = 256 + 16 * A.n_blocks; /* the struct, the block -> row map */
+    cr_expect_gt(h.bytes[0], 64 * A.n_blocks * (int64_t)sizeof(void *));
+    cr_expect_leq(h.bytes[0], 64 * A.n_blocks * (int64_t)sizeof(void *) + fixed, "all blocks: %lld B",
+                  (long long)h.bytes[0]);
+    cr_expect_leq(h.bytes[1], 64 * (int64_t)sizeof(void *) + fixed, "one held block: %lld B",
+                  (long long)h.bytes[1]);
+    par_model_free_f64(&A);
+    par_model_free_f64(&H);
 }

@@ -6,7 +6,11 @@
  * norms, bitwise.  On one worker the ranks share a
  * thread, so this holds only if the fiber scheduler carries each rank's
  * allocation scope (a thread-local) across its switches
- * (backends/host/sched.c tls_save / tls_load).  v4-tiny, f64, one step. */
+ * (backends/host/sched.c tls_save / tls_load).  v4-tiny, f64, one step.
+ * And a rank's stack under par_gemm: the padded tiles' scratch is not a
+ * large array below every rank's frames (the fiber report's deepest use of
+ * a rank doing tail GEMMs against one calling the BLAS directly). */
+#include <cblas.h>
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +18,9 @@
 
 #include "backends/registry.h"
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/status.h"
+#include "kernels/ops.h"
 #include "model/config.h"
 #include "parallel/driver.h"
 
@@ -105,4 +111,75 @@ Test(fiber_run, per_rank_alloc_peaks_equal_threads_on_one_worker, .timeout = 300
     };
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
         same_peaks(&set[i]);
+}
+
+/* ---- a rank's stack under par_gemm ---- */
+
+static char logbuf[1 << 14];
+static void sink(par_log_level l, const char *msg, void *ud)
+{
+    (void)l, (void)ud;
+    size_t k = strlen(logbuf), n = strlen(msg);
+    if (k + n + 2 < sizeof logbuf) {
+        memcpy(logbuf + k, msg, n);
+        logbuf[k + n] = '\n';
+        logbuf[k + n + 1] = '\0';
+    }
+}
+
+enum { GK = 100, GMN = 20 };
+
+/* C [20, 20] = A [20, K] B [20, K]^T for K = 16 (the tails' scratch on the
+ * stack) and K = 100 (on the heap) through par_gemm, or (direct) the one
+ * [16, 16, K] tile par_gemm hands the BLAS, called directly. */
+static void gemms(int direct)
+{
+    double *A = malloc(sizeof(double) * GMN * GK), *B = malloc(sizeof(double) * GMN * GK);
+    double *C = calloc(GMN * GMN, sizeof(double));
+    cr_assert(A && B && C);
+    for (int i = 0; i < GMN * GK; i++)
+        A[i] = 1.0 / (i + 1), B[i] = 1.0 / (i + 2);
+    for (int K = 16; K <= GK; K += GK - 16)
+        if (direct)
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 16, 16, K, 1.0, A, K, B, K, 0.0, C, GMN);
+        else
+            par_gemm_f64(0, 1, GMN, GMN, K, 1.0, A, K, B, K, 0.0, C, GMN);
+    free(A);
+    free(B);
+    free(C);
+}
+
+static par_status gemm_fn(par_comm *c, void *arg)
+{
+    gemms(*(const int *)arg);
+    return par_barrier(c);
+}
+
+/* The deepest stack use of 2 fiber ranks doing gemms(direct), in KiB. */
+static int deepest_kib(int direct)
+{
+    logbuf[0] = '\0';
+    par_log_set_sink(sink, NULL);
+    par_log_level lv = par_log_get_level();
+    par_log_set_level(PAR_LOG_INFO);
+    par_world_opts o = {.timeout_s = 20, .workers = 1, .stack_bytes = 256 << 10};
+    par_status st = par_world_run(par_backend_find("fiber"), 2, gemm_fn, &direct, &o);
+    par_log_set_level(lv);
+    par_log_set_sink(NULL, NULL);
+    cr_assert_eq(st, PAR_OK, "%s", par_last_error());
+    const char *d = strstr(logbuf, "deepest use ");
+    cr_assert_not_null(d, "no fiber report:\n%s", logbuf);
+    return atoi(d + strlen("deepest use "));
+}
+
+/* par_gemm's tiling over the BLAS call it makes: a few KiB of frames, not
+ * the 32 KiB scratch array it had (every rank of config-c's 8,192 paid it:
+ * the BLAS kernel's own ~32 KiB frame lies below whatever par_gemm holds). */
+Test(fiber_run, par_gemm_adds_little_stack_over_the_blas)
+{
+    gemms(0); /* the lazy bindings of both paths, resolved off the fibers */
+    gemms(1);
+    int direct = deepest_kib(1), tiled = deepest_kib(0);
+    cr_expect_gt(direct, 4, "the BLAS call alone: %d KiB", direct);
+    cr_expect_leq(tiled, direct + 12, "par_gemm %d KiB deep, the BLAS call alone %d KiB", tiled, direct);
 }
