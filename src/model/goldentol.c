@@ -13,7 +13,7 @@
 
 /* B_t: by Cauchy-Schwarz over m_t = (1-b1) sum_j b1^j g_{t-j} and
  * v_t = (1-b2) sum_j b2^j g_{t-j}^2, |m^_t| / sqrt(v^_t) <= B_t for any
- * gradients (B_1 = 1, B_2 = 1.0003); eps only makes the ratio smaller. */
+ * gradients (B_1 = 1, B_2 = 1.0004); eps only makes the ratio smaller. */
 static double adamw_ratio_bound(int64_t t)
 {
     const double b1 = PAR_ADAM_BETA1, b2 = PAR_ADAM_BETA2;
