@@ -25,17 +25,16 @@ static double adamw_ratio_bound(int64_t t)
 
 par_status PAR_FN(par_golden_amp_init)(PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M)
 {
-    a->on = PAR_REAL_BITS == 32;
-    a->mask = NULL;
-    a->max_g = NULL;
-    if (!a->on)
-        return PAR_OK;
-    a->mask = par_calloc((size_t)M->tab.n_float, 1, PAR_TAG_MISC);
-    a->max_g = par_calloc((size_t)M->tab.n, sizeof *a->max_g, PAR_TAG_MISC);
-    if (!a->mask || !a->max_g) {
-        PAR_FN(par_golden_amp_free)(a);
-        return par_err(PAR_ENOMEM, "golden: out of memory for the AdamW entry marks");
+    PAR_FN(par_golden_amp) n = {PAR_REAL_BITS == 32, NULL, NULL};
+    if (n.on) {
+        n.mask = par_calloc((size_t)M->tab.n_float, 1, PAR_TAG_MISC);
+        n.max_g = par_calloc((size_t)M->tab.n, sizeof *n.max_g, PAR_TAG_MISC);
+        if (!n.mask || !n.max_g) {
+            PAR_FN(par_golden_amp_free)(&n);
+            return par_err(PAR_ENOMEM, "golden: out of memory for the AdamW entry marks");
+        }
     }
+    *a = n;
     return PAR_OK;
 }
 
