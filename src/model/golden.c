@@ -443,8 +443,11 @@ cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
     return j;
 }
 
-par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
-                                             int64_t first_step, cJSON *layout, cJSON *data)
+/* par_golden_write_manifest, with the f32 golden's AdamW tolerances from
+ * amp (NULL: none). */
+static par_status write_manifest(const char *dir, const par_config *cfg, int64_t steps, int64_t first_step,
+                                 cJSON *layout, cJSON *data, const PAR_FN(par_golden_amp) *amp,
+                                 const PAR_FN(par_model) *M)
 {
     par_manifest man;
     par_manifest_init(&man);
@@ -452,7 +455,8 @@ par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *
     man.data = data;
     par_status s;
     if ((s = par_manifest_set_generator(&man, "parity", PARITY_VERSION)) ||
-        (s = par_manifest_set_precision(&man, PREC_NAME)))
+        (s = par_manifest_set_precision(&man, PREC_NAME)) ||
+        (amp && (s = PAR_FN(par_golden_amp_overrides)(amp, M, steps, &man))))
         goto done;
     man.steps = steps;
     man.first_step = first_step;
@@ -470,6 +474,12 @@ par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *
 done:
     par_manifest_free(&man);
     return s;
+}
+
+par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
+                                             int64_t first_step, cJSON *layout, cJSON *data)
+{
+    return write_manifest(dir, cfg, steps, first_step, layout, data, NULL, NULL);
 }
 
 /* ----------------------------------------------------------------- run -- */
@@ -537,7 +547,8 @@ static par_status write_blocked_step(const PAR_FN(par_model) *M, const par_batch
 /* Step k: forward and backward (one shot, or over row blocks), its file,
  * the update; info[k] (wall time without the writing). */
 static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, const par_batch *batch,
-                              blocked_keep *bk, const char *dir, int64_t k, par_golden_step_info *info)
+                              blocked_keep *bk, PAR_FN(par_golden_amp) *amp, const char *dir, int64_t k,
+                              par_golden_step_info *info)
 {
     const int blocked = o->rows_per_block > 0 && o->rows_per_block < batch->B;
     double t0 = now_s(), t1, t2;
@@ -557,6 +568,7 @@ static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, co
             return s;
     }
     t2 = now_s();
+    PAR_FN(par_golden_amp_mark)(amp, M);
     if ((s = PAR_FN(par_model_update)(M)))
         return s;
     double t3 = now_s();
@@ -590,6 +602,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     char *tmp = NULL;
     blocked_keep bk;
     memset(&bk, 0, sizeof bk);
+    PAR_FN(par_golden_amp) amp = {0, NULL, NULL};
     par_golden_step_info *info = par_calloc((size_t)o->steps, sizeof *info, PAR_TAG_MISC);
     if (!info) {
         PAR_FN(par_golden_data_close)(&ds);
@@ -597,8 +610,10 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     }
     if ((s = PAR_FN(par_model_init)(&M, &cfg, o->seed)))
         goto fail_data;
-    if ((s = par_batch_alloc(&batch, cfg.global_batch_size, cfg.seq_length)))
+    if ((s = PAR_FN(par_golden_amp_init)(&amp, &M)))
         goto fail_model;
+    if ((s = par_batch_alloc(&batch, cfg.global_batch_size, cfg.seq_length)))
+        goto fail_amp;
     if ((s = par_adir_begin(o->out_dir, &tmp)))
         goto fail_batch;
     if ((s = PAR_FN(par_golden_write_params)(&M, tmp, 0, 0)))
@@ -606,7 +621,7 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     for (int64_t k = 0; k < o->steps; k++) {
         if ((s = PAR_FN(par_golden_data_next)(&ds, o, &cfg, k, &batch)))
             goto fail_tmp;
-        if ((s = golden_step(o, &M, &batch, &bk, tmp, k, &info[k])))
+        if ((s = golden_step(o, &M, &batch, &bk, &amp, tmp, k, &info[k])))
             goto fail_tmp;
         if ((s = PAR_FN(par_golden_write_params)(&M, tmp, k + 1, 1)))
             goto fail_tmp;
@@ -623,8 +638,8 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     par_golden_layout_serial(&lay, cfg.global_batch_size);
     if (o->rows_per_block > 0 && o->rows_per_block < cfg.global_batch_size)
         lay.micro_batch = o->rows_per_block; /* the row blocks: the gradients' summation order */
-    if ((s = PAR_FN(par_golden_write_manifest)(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
-                                               PAR_FN(par_golden_data_json)(&ds, o, &cfg))))
+    if ((s = write_manifest(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
+                            PAR_FN(par_golden_data_json)(&ds, o, &cfg), &amp, &M)))
         goto fail_tmp;
     s = par_adir_commit(tmp, o->out_dir);
     tmp = NULL;
@@ -647,6 +662,8 @@ fail_tmp:
 fail_batch:
     keep_free(&bk);
     par_batch_free(&batch);
+fail_amp:
+    PAR_FN(par_golden_amp_free)(&amp);
 fail_model:
     PAR_FN(par_model_free)(&M);
 fail_data:

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/manifest.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 #include "core/status.h"
@@ -84,6 +85,24 @@ par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char 
  * objects (NULL: out of memory). */
 par_status PAR_FN(par_golden_write_manifest)(const char *dir, const par_config *cfg, int64_t steps,
                                              int64_t first_step, cJSON *layout, cJSON *data);
+/* AdamW entries whose update amplifies the gradient's rounding (f32 only;
+ * docs/golden.md "AdamW's eps regime in f32"): _mark after each step's
+ * backward (before the update) marks every AdamW entry with
+ * atol_f32 eps / lr < |clip factor * grad| < eps; _overrides adds to man,
+ * for each AdamW parameter with k marked entries, a written-reason tolerance
+ * of the f32 policy plus 2 lr sqrt(k) sum_t B_t (t = 1..steps, B_t the
+ * bound of |m^|/sqrt(v^)).  In f64 all of it does nothing (on = 0). */
+typedef struct {
+    int on;
+    uint8_t *mask;  /* [tab.n_float] marked entries */
+    double *max_g;  /* [tab.n] largest marked |grad| per parameter */
+} PAR_FN(par_golden_amp);
+par_status PAR_FN(par_golden_amp_init)(PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M);
+void PAR_FN(par_golden_amp_mark)(PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M);
+par_status PAR_FN(par_golden_amp_overrides)(const PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M,
+                                            int64_t steps, par_manifest *man);
+void PAR_FN(par_golden_amp_free)(PAR_FN(par_golden_amp) *a);
+
 /* The manifest's "layout" object. */
 cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l);
 
