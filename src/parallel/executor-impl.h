@@ -43,7 +43,8 @@ typedef struct {
     PAR_FN(par_mtp_act) mtp;
 } slot;
 
-/* A pending isend and the heap copy it sends from. */
+/* A send in flight and the heap copy it sends from (reap_sends frees both
+ * once it is due, wait_sends the rest at the step's end). */
 typedef struct {
     par_request *req;
     par_real *buf;
