@@ -352,6 +352,36 @@ void par__net_p2p_post(par_request *r)
     r->vpost = rc->now;
 }
 
+/* One message's virtual times on this rank: the transfer [xs, xe] leaves
+ * with the send; the request is complete at `done` (a receive: not before
+ * it was posted). */
+typedef struct {
+    par_netcost k;
+    size_t bytes;
+    double xs, xe, done;
+} p2p_times;
+
+static void p2p_times_of(par_netrun *run, const rankclock *rc, const par_request *r, p2p_times *t)
+{
+    int send = r->kind == PAR__REQ_SEND;
+    t->bytes = (size_t)((double)(r->count * par_ctype_size(r->dtype)) * scale_of(rc, r->comm, 1) + 0.5);
+    t->k = send ? par_net_p2p(&run->m, r->wrank, r->peer_wrank, t->bytes)
+                : par_net_p2p(&run->m, r->peer_wrank, r->wrank, t->bytes);
+    t->xs = send ? r->vpost : r->vpeer; /* the transfer leaves with the send */
+    t->xe = t->xs + t->k.time;
+    t->done = send ? t->xe : (r->vpost > t->xe ? r->vpost : t->xe);
+}
+
+/* What every completed message counts, whether or not it moved the clock. */
+static void p2p_count(par_netrun *run, rankclock *rc, const par_request *r, const p2p_times *t)
+{
+    span(run, rc, PAR_SPAN_XFER, r->kind == PAR__REQ_SEND ? "send" : "recv", t->xs, t->xe, t->bytes, t->k.tier, 0,
+         r->comm->name);
+    rc->st.p2p++;
+    if (r->kind == PAR__REQ_SEND)
+        add_cost(rc, &t->k);
+}
+
 void par__net_p2p_done(par_request *r)
 {
     rankclock *rc = clock_of(r->comm);
@@ -360,29 +390,40 @@ void par__net_p2p_done(par_request *r)
     par_netrun *run = run_of(r->comm->world);
     charge(run, rc);
     int send = r->kind == PAR__REQ_SEND;
-    size_t bytes = (size_t)((double)(r->count * par_ctype_size(r->dtype)) * scale_of(rc, r->comm, 1) + 0.5);
-    par_netcost k = send ? par_net_p2p(&run->m, r->wrank, r->peer_wrank, bytes)
-                         : par_net_p2p(&run->m, r->peer_wrank, r->wrank, bytes);
-    double xs = send ? r->vpost : r->vpeer; /* the transfer leaves with the send */
-    double xe = xs + k.time;
-    double done = send ? xe : (r->vpost > xe ? r->vpost : xe);
-    double t = rc->now;
+    p2p_times x;
+    p2p_times_of(run, rc, r, &x);
+    double done = x.done, t = rc->now;
     const char *op = send ? "send" : "recv";
-    span(run, rc, PAR_SPAN_XFER, op, xs, xe, bytes, k.tier, 0, r->comm->name);
+    p2p_count(run, rc, r, &x);
     if (done > t) {
         /* a receive blocked before the send was posted is idle; the rest is exposed */
         double idle = 0;
         if (!send && r->vpeer > t)
             idle = (r->vpeer < done ? r->vpeer : done) - t;
-        span(run, rc, PAR_SPAN_IDLE, op, t, t + idle, 0, k.tier, 0, r->comm->name);
-        span(run, rc, PAR_SPAN_COMM, op, t + idle, done, bytes, k.tier, 0, r->comm->name);
+        span(run, rc, PAR_SPAN_IDLE, op, t, t + idle, 0, x.k.tier, 0, r->comm->name);
+        span(run, rc, PAR_SPAN_COMM, op, t + idle, done, x.bytes, x.k.tier, 0, r->comm->name);
         rc->st.idle_s += idle;
         rc->st.comm_s += done - t - idle;
         rc->now = done;
     }
-    rc->st.p2p++;
-    if (send)
-        add_cost(rc, &k);
+}
+
+/* Charges nothing: a charge here would split the compute between two
+ * events into two roofline terms (max(flops, bytes) of each part), which is
+ * not the one term of the wait that would otherwise come later.  The
+ * uncharged clock is no later than the charged one, so `due` is never early. */
+int par__net_p2p_settle(par_request *r)
+{
+    rankclock *rc = clock_of(r->comm);
+    if (!rc)
+        return 1;
+    par_netrun *run = run_of(r->comm->world);
+    p2p_times x;
+    p2p_times_of(run, rc, r, &x);
+    if (x.done > rc->now)
+        return 0;
+    p2p_count(run, rc, r, &x);
+    return 1;
 }
 
 /* ---- charging a target's sizes (clock.h) ---------------------------------- */

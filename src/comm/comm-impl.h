@@ -85,5 +85,10 @@ void par__comm_settle(par_comm *c, const par__callmeta *m, par_status st);
  * (advances the clock to max(now, completion)). */
 void par__net_p2p_post(par_request *r);
 void par__net_p2p_done(par_request *r);
+/* p2p: r completed successfully; when its virtual completion is not later
+ * than the rank's clock now (nothing charged), counts it as
+ * par__net_p2p_done would, which would not move the clock, and returns 1;
+ * else 0 (1 without a network). */
+int par__net_p2p_settle(par_request *r);
 
 #endif

@@ -190,6 +190,14 @@ par_status par_waitall(size_t n, par_request **reqs);
 /* *done = 1 (and *req released, NULL) when complete, else 0.  A failed
  * request is released too and its status returned. */
 par_status par_test(par_request **req, int *done);
+/* par_test at the rank's virtual time (comm/clock.h), for releasing a send
+ * early: *done = 1 (and *req released, NULL) only when complete and, on an
+ * emulated network, complete by the rank's clock now: it then leaves the
+ * clock as a par_wait here, or any later, would (the wait would not have
+ * advanced it).  Else *done = 0 and the request stays as it was: it neither
+ * waits, yields nor times out, and charges no compute to the clock.  A failed
+ * request is released and its status returned, as par_test does. */
+par_status par_test_due(par_request **req, int *done);
 
 /* ---- ranks of one process --------------------------------------------- */
 

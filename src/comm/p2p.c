@@ -286,6 +286,29 @@ par_status par_test(par_request **req, int *done)
     return st;
 }
 
+par_status par_test_due(par_request **req, int *done)
+{
+    if (!done)
+        return par_err(PAR_EINVAL, "par_test_due: done is required");
+    if (!req || !*req) {
+        *done = 1;
+        return PAR_OK;
+    }
+    par_request *r = *req;
+    if (!is_done(r) || (r->status == PAR_OK && !par__net_p2p_settle(r))) {
+        *done = 0;
+        return PAR_OK;
+    }
+    par_status st = r->status;
+    if (st != PAR_OK)
+        par_err(st, "%s", r->msg);
+    release(r);
+    *req = NULL;
+    if (st == PAR_OK)
+        *done = 1;
+    return st;
+}
+
 par_status par_send(par_comm *c, const void *buf, size_t count, par_ctype t, int dst, int tag)
 {
     par_request *r = NULL;

@@ -44,7 +44,8 @@ typedef struct {
     PAR_FN(par_stats) st; /* the microbatch's aux counts (par_stats_view of the model's window, in ar) */
 } slot;
 
-/* A pending isend and the heap copy it sends from. */
+/* A send in flight and the heap copy it sends from (reap_sends frees both
+ * once it is due, wait_sends the rest at the step's end). */
 typedef struct {
     par_request *req;
     par_real *buf;

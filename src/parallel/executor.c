@@ -291,6 +291,32 @@ fail_exec:
 
 /* ------------------------------------------------------------ messages -- */
 
+/* Frees the sends that are due (par_test_due: complete, and by the rank's
+ * virtual clock now), keeping the others in order for wait_sends: a rank
+ * holds the sends still in flight, not every send of the step (issue 18).
+ * The clock stays as wait_sends would leave it (a due send would not move
+ * it there). */
+static par_status reap_sends(exec_t *ex)
+{
+    par_status s = PAR_OK;
+    int k = 0;
+    for (int i = 0; i < ex->n_sends; i++) {
+        sendrec r = ex->sends[i];
+        int done = 0;
+        par_status t = s ? PAR_OK : par_test_due(&r.req, &done);
+        if (t) { /* the request is released: its buffer goes, the error stays */
+            s = t;
+            done = 1;
+        }
+        if (done)
+            par_free(r.buf);
+        else
+            ex->sends[k++] = r;
+    }
+    ex->n_sends = k;
+    return s;
+}
+
 static par_status post_send(exec_t *ex, const par_action *a, int grad)
 {
     int o = a->mb * ex->n_stages + a->stage;
@@ -310,7 +336,8 @@ static par_status post_send(exec_t *ex, const par_action *a, int grad)
     r->buf = *box;
     r->req = NULL;
     *box = NULL;
-    return par_isend(ex->pc, r->buf, (size_t)(ex->Tm * ex->nd), PAR_C_REAL, a->peer, a->tag, &r->req);
+    par_status s = par_isend(ex->pc, r->buf, (size_t)(ex->Tm * ex->nd), PAR_C_REAL, a->peer, a->tag, &r->req);
+    return s ? s : reap_sends(ex);
 }
 
 static par_status recv_into(exec_t *ex, const par_action *a, int grad)
@@ -329,7 +356,7 @@ static par_status recv_into(exec_t *ex, const par_action *a, int grad)
         sl->gout = buf;
     else
         sl->xin = buf;
-    return PAR_OK;
+    return reap_sends(ex); /* the peer moved on: sends to it may be done */
 }
 
 static par_status wait_sends(exec_t *ex)

@@ -403,7 +403,7 @@ static void seg_act(const par_mm *mm, const par_act_ctx *c, int seg, int64_t T, 
 }
 
 typedef struct {
-    double saved, ws, sends; /* saved at the peak, the backward's scratch then, the step's sends */
+    double saved, ws, sends; /* saved at the peak, the backward's scratch then, the sends in flight (peak) */
     int inflight;
 } walk_out;
 
@@ -413,7 +413,9 @@ typedef struct {
  * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
  * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
- * stage's slot (stage.c). */
+ * stage's slot (stage.c).  A send's heap copy lives from its post to the
+ * rank's next message, where it is done (executor.c reap_sends: the peer
+ * has matched it by then): two at once where two sends follow each other. */
 static par_status act_walk(const par_mm *mm, int r, const double *rel, const double *kept, const double *bwd,
                            const double *wkeep, double x, walk_out *o)
 {
@@ -424,7 +426,7 @@ static par_status act_walk(const par_mm *mm, int r, const double *rel, const dou
     if (!slot)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d slots", m, S);
     const int at_w = s->split_bw; /* parity runs real W actions too (docs/parallel.md "The backward in two passes") */
-    double live = 0, best = -1, top = 0;
+    double live = 0, best = -1, top = 0, held = 0;
     int alive = 0;
     for (int i = 0; i < s->n_actions[r]; i++) {
         const par_action *a = &s->actions[r][i];
@@ -433,10 +435,14 @@ static par_status act_walk(const par_mm *mm, int r, const double *rel, const dou
         case PAR_ACT_RECV_ACT:
         case PAR_ACT_RECV_GRAD:
             slot[k] += x, live += x;
+            held = 0;
             break;
         case PAR_ACT_SEND_ACT:
         case PAR_ACT_SEND_GRAD:
-            o->sends += x;
+            held += x;
+            if (held > o->sends)
+                o->sends = held;
+            held = x;
             break;
         case PAR_ACT_F:
             slot[k] += rel[a->stage], live += rel[a->stage] + kept[a->stage];
@@ -473,7 +479,7 @@ static par_status act_walk(const par_mm *mm, int r, const double *rel, const dou
 
 /* Activations of pipeline rank r: saved at the peak, the backward scratch
  * then, the per-step fixed buffers (batches, statistics), the pipeline
- * sends of the step and the microbatches in flight. */
+ * sends in flight and the microbatches in flight. */
 typedef struct {
     double saved, ws, fixed, sends;
     int inflight;

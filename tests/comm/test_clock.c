@@ -245,6 +245,73 @@ Test(clock, p2p_async_overlaps_compute)
     par_netrun_free(net);
 }
 
+/* par_test_due: a send that is complete (its receive was posted first) but
+ * not by the sender's clock stays pending; the work counted since the last
+ * event is not charged by the test; once due, releasing it leaves every
+ * figure of the rank as the par_wait of async_pair would (bit for bit). */
+typedef struct {
+    uint64_t work;
+    _Atomic int64_t posted;
+    int due[3]; /* after the post, after the work, after the clock was read */
+} due_arg;
+
+static par_status due_send(par_comm *w, due_arg *a, double *buf, par_request **req)
+{
+    TRY(par_comm_wait_local(w, &a->posted, 1, "the receive's post"));
+    TRY(par_isend(w, buf, MSG, PAR_C_F64, 1, 0, req)); /* matched at once */
+    TRY(par_test_due(req, &a->due[0]));
+    par_count_flops(a->work);
+    TRY(par_test_due(req, &a->due[1]));
+    (void)par_comm_vclock(w); /* charges the work */
+    return par_test_due(req, &a->due[2]);
+}
+
+static par_status due_pair(par_comm *w, void *arg)
+{
+    due_arg *a = arg;
+    double *buf = par_calloc(MSG, sizeof *buf, PAR_TAG_ACT);
+    CHECK(buf, "no memory");
+    par_request *req = NULL;
+    par_status st;
+    if (par_comm_rank(w) == 1) {
+        st = par_irecv(w, buf, MSG, PAR_C_F64, 0, 0, &req);
+        par_comm_store_local(&a->posted, 1);
+        par_count_flops(a->work);
+    } else {
+        st = due_send(w, a, buf, &req);
+    }
+    if (st == PAR_OK)
+        st = par_wait(&req); /* NULL once due: nothing to wait for */
+    par_free(buf);
+    return st;
+}
+
+static void due_case(uint64_t work, int due_at_end)
+{
+    par_netmodel m = model(1, 1);
+    async_arg w = {work};
+    due_arg d = {.work = work};
+    par_netrun *a = run_net("threads", 2, &m, async_pair, &w);
+    par_netrun *b = run_net("threads", 2, &m, due_pair, &d);
+    cr_assert_eq(d.due[0], 0, "due at its post clock");
+    cr_assert_eq(d.due[1], 0, "due by work the clock was not charged");
+    cr_assert_eq(d.due[2], due_at_end);
+    for (int r = 0; r < 2; r++) {
+        const par_rankstats *s = par_netrun_stats(a, r), *t = par_netrun_stats(b, r);
+        cr_assert_eq(memcmp(s, t, sizeof *s), 0, "rank %d: %.17g vs %.17g, comm %.17g vs %.17g", r,
+                     s->total_s, t->total_s, s->comm_s, t->comm_s);
+    }
+    check_sums(b);
+    par_netrun_free(a);
+    par_netrun_free(b);
+}
+
+Test(clock, p2p_test_due_leaves_the_clock)
+{
+    due_case(5000000000u, 1); /* 5 ms of work: due, released early */
+    due_case(100000000u, 0);  /* 100 us of 210: the wait exposes the rest */
+}
+
 /* ---- determinism ------------------------------------------------------------- */
 
 static par_status mixed(par_comm *w, void *arg)
