@@ -299,8 +299,13 @@ Test(pp, sends_freed_when_done)
     const int64_t msg = cfg.seq_length * cfg.hc_mult * cfg.dim * (int64_t)sizeof(double); /* mbs 1, f64 */
     static const struct {
         const char *schedule, *layout;
-    } c[] = {{"1f1b", "Et*2|tmL"}, {"zb-h1", "Et*2|tmL"}, {"gpipe", "Et*2|tmL"},
-             {"dualpipev", "Et|t|t|mL"}, {"interleaved", "Et|t|t|mL"}};
+    } c[] = {{"1f1b", "Et*2|tmL"}, {"zb-h1", "Et*2|tmL"}, {"dualpipev", "Et|t|t|mL"}, {"interleaved", "Et|t|t|mL"}};
+    /* Not gpipe: its phases send every microbatch back to back with no
+     * receive from the peer between them, so how many sends the peer has
+     * matched depends on the threads' timing alone (seen under load: rank
+     * 1's gradients, 4 messages over the bound).  The schedules above
+     * receive from the peer between sends, and a receive means the peer is
+     * past the matching receives of the earlier sends. */
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
         for (int net = 0; net < 2; net++) {
             int64_t peak[2][2];
