@@ -69,12 +69,29 @@ typedef struct {
     PAR_FN(par_exec) *ex;     /* the step executor (it builds M and owns the EP / CP hooks) */
     PAR_FN(par_dpw) dpw;      /* the optimizer step (dp_step.h) */
     par_real *params, *m, *v, *grads; /* [n_float] dump buffers on rank 0 */
-    par_real *lm, *lv;        /* [n_local] optimizer state gathered to the group roots */
     PAR_FN(par_replica_ticket) rt; /* this rank's share of the process's dense copy (replicas.h) */
     int ascope;               /* this rank's allocator scope (core/alloc.h): its memory truth */
 } rank_state;
 
 /* ---------------------------------------------------------------- dumps -- */
+
+/* The optimizer state into rank 0's m, v: each rank's local part in two
+ * buffers of its n_local floats for the time of the gather only (they used
+ * to live for the run: config-c's 8,192 ranks held 2.5 GB of them through
+ * every step's pipeline). */
+static par_status dump_state(rank_state *S)
+{
+    PAR_FN(par_model) *M = &S->M;
+    size_t nl = (size_t)(M->n_local > 0 ? M->n_local : 1);
+    par_real *lm = par_calloc(nl, sizeof *lm, PAR_TAG_IO), *lv = par_calloc(nl, sizeof *lv, PAR_TAG_IO);
+    par_status s = !lm || !lv ? par_err(PAR_ENOMEM, "dump: out of memory for %zu-float state buffers", nl) : PAR_OK;
+    if (!s && !(s = PAR_FN(par_dpw_state_gather)(&S->dpw, M, lm, lv)) &&
+        !(s = PAR_FN(par_exec_gather_full)(S->ex, &S->P, M, lm, S->m)))
+        s = PAR_FN(par_exec_gather_full)(S->ex, &S->P, M, lv, S->v);
+    par_free(lm);
+    par_free(lv);
+    return s;
+}
 
 static par_status dump_params(const shared *R, rank_state *S, int64_t k)
 {
@@ -83,9 +100,7 @@ static par_status dump_params(const shared *R, rank_state *S, int64_t k)
     PAR_FN(par_model) *M = &S->M;
     if ((s = PAR_FN(par_exec_gather_full)(S->ex, P, M, M->params, S->params)))
         return s;
-    if (k > 0 && ((s = PAR_FN(par_dpw_state_gather)(&S->dpw, M, S->lm, S->lv)) ||
-                  (s = PAR_FN(par_exec_gather_full)(S->ex, P, M, S->lm, S->m)) ||
-                  (s = PAR_FN(par_exec_gather_full)(S->ex, P, M, S->lv, S->v))))
+    if (k > 0 && (s = dump_state(S)))
         return s;
     if (P->rank != 0)
         return PAR_OK;
@@ -94,11 +109,7 @@ static par_status dump_params(const shared *R, rank_state *S, int64_t k)
 
 static par_status dump_alloc(const shared *R, rank_state *S)
 {
-    size_t nl = (size_t)(S->M.n_local > 0 ? S->M.n_local : 1), nf = (size_t)R->n_float;
-    S->lm = par_calloc(nl, sizeof(par_real), PAR_TAG_IO);
-    S->lv = par_calloc(nl, sizeof(par_real), PAR_TAG_IO);
-    if (!S->lm || !S->lv)
-        return par_err(PAR_ENOMEM, "dump: out of memory for %zu-float state buffers", nl);
+    size_t nf = (size_t)R->n_float;
     if (S->P.rank != 0)
         return PAR_OK;
     S->params = par_malloc(nf * sizeof(par_real), PAR_TAG_IO);
@@ -114,8 +125,6 @@ static par_status dump_alloc(const shared *R, rank_state *S)
 
 static void rank_free(rank_state *S)
 {
-    par_free(S->lm);
-    par_free(S->lv);
     par_free(S->params);
     par_free(S->m);
     par_free(S->v);

@@ -65,31 +65,6 @@ fail_oom:
     return par_err(PAR_ENOMEM, "pipeline: out of memory keeping %zu rows for the dump", R);
 }
 
-/* Context parallelism: pieces of [Bl, L, w] elements (esz bytes each; n =
- * Bl*L*w per piece) of the stage-0, tp = 0 ranks (in rank order, packed)
- * at `in` are placed at rows dp*Bl.. and columns cp*L.. of `out`
- * [Da*Bl, CP*L, w]. */
-static par_status cp_place(void *out, const void *in, size_t n, size_t esz, const par_layout *l, int64_t Bl)
-{
-    if (Bl < 1 || n % (size_t)Bl != 0)
-        return par_err(PAR_EINVAL, "cp gather: %zu elements per rank are not %lld rows", n, (long long)Bl);
-    size_t chunk = n / (size_t)Bl * esz, k = 0; /* one row's slice, bytes; pieces packed (tp = pp = 0 ranks) */
-    for (int r = 0; r < (int)l->world; r++) {
-        par_rank_coords rc;
-        par_status s = par_rank_coords_of(l, r, &rc);
-        if (s)
-            return s;
-        if (rc.tp != 0 || rc.pp != 0)
-            continue;
-        const char *piece = (const char *)in + k++ * n * esz;
-        for (int64_t i = 0; i < Bl; i++) {
-            size_t g = (size_t)((int64_t)rc.dp * Bl + i);
-            memcpy((char *)out + (g * (size_t)l->cp + (size_t)rc.cp) * chunk, piece + (size_t)i * chunk, chunk);
-        }
-    }
-    return PAR_OK;
-}
-
 #define GATHER_TAG 7402
 
 /* Rank 0 receives n[r] elements from every rank r of c, in rank order, into
@@ -213,57 +188,102 @@ done:
     return s;
 }
 
-/* One kept tensor of rows [Bl*S, per] (elements of esz bytes, NULL where
- * this rank computed none of it) to rank 0 as [B*S, per]: first summed
- * bytewise over the pipeline (each row was computed on exactly one stage,
- * the others contribute zero bytes: exact), then the dp ranks' rows (pp = cp
- * = 0) gathered in order. */
+/* Rank 0: a sender's piece [Bl, S/CP, per] (chunk bytes per row) added
+ * bytewise into rows dp*Bl.. and columns cp*S/CP.. of full [B, S, per]. */
+static void add_piece(unsigned char *full, const unsigned char *piece, const par_rank_coords *rc, int64_t Bl,
+                      int64_t CP, size_t chunk)
+{
+    for (int64_t i = 0; i < Bl; i++) {
+        unsigned char *d = full + ((size_t)((int64_t)rc->dp * Bl + i) * (size_t)CP + (size_t)rc->cp) * chunk;
+        const unsigned char *x = piece + (size_t)i * chunk;
+        for (size_t j = 0; j < chunk; j++)
+            d[j] = (unsigned char)(d[j] + x[j]);
+    }
+}
+
+/* Rank 0: who sends (flags[r] = 1), one byte from every rank. */
+static par_status senders_to_root(const par_pctx *P, unsigned char mine, unsigned char *flags)
+{
+    size_t *ones = P->rank == 0 ? par_malloc((size_t)P->N * sizeof *ones, PAR_TAG_COMM) : NULL;
+    if (P->rank == 0 && !ones)
+        return par_err(PAR_ENOMEM, "pipeline dump: out of memory for %d ranks' flags", P->N);
+    for (int r = 0; ones && r < P->N; r++)
+        ones[r] = 1;
+    par_status s = gather0(P->world, &mine, 1, flags, ones, PAR_C_BYTE);
+    par_free(ones);
+    return s;
+}
+
+/* Rank 0 receives every sender's piece in rank order and adds it into
+ * place (*out, zeroed first). */
+static par_status root_collect(exec_t *ex, const par_pctx *P, const unsigned char *mine, size_t n,
+                               const unsigned char *flags, void **out)
+{
+    const size_t chunk = n / (size_t)(ex->Bl > 0 ? ex->Bl : 1);
+    unsigned char *full = par_calloc(n * (size_t)(P->lay->da * ex->CP) + 1, 1, PAR_TAG_IO);
+    unsigned char *piece = par_malloc(n ? n : 1, PAR_TAG_IO);
+    par_status s = PAR_OK;
+    if (!full || !piece)
+        s = par_err(PAR_ENOMEM, "pipeline dump: out of memory for a tensor of %zu bytes",
+                    n * (size_t)(P->lay->da * ex->CP));
+    for (int r = 0; r < P->N && !s; r++) {
+        par_rank_coords rc;
+        if (!flags[r] || (s = par_rank_coords_of(P->lay, r, &rc)))
+            continue;
+        if (r != 0 && (s = par_recv(P->world, piece, n, PAR_C_BYTE, r, GATHER_TAG)))
+            break;
+        add_piece(full, r == 0 ? mine : piece, &rc, ex->Bl, ex->CP, chunk);
+    }
+    par_free(piece);
+    if (s) {
+        par_free(full);
+        return s;
+    }
+    *out = full;
+    return PAR_OK;
+}
+
+/* One kept tensor of rows [Bl*S/CP, per] (elements of esz bytes, NULL where
+ * this rank computed none of it) to rank 0 as [B*S, per].  The ranks that
+ * computed rows of it (the stage that holds it; DualPipe: two stages, each
+ * its microbatches' rows and zero bytes elsewhere) send them, TP rank 0
+ * (SP: first summed bytewise over TP, each TP rank kept its columns), and
+ * rank 0 adds them bytewise into place, in rank order (exact: every byte
+ * has one nonzero contributor at most).  The ranks without the tensor hold
+ * nothing: they used to take part in a bytewise all-reduce over the
+ * pipeline with a zeroed copy each (config-c: 8,192 ranks x 1 MiB of the
+ * logits at once). */
 static par_status gather_kept(exec_t *ex, const par_pctx *P, const void *kept, int64_t per, size_t esz,
                               void **out)
 {
     *out = NULL;
-    size_t n = (size_t)(ex->Bl * (ex->S / ex->CP) * per) * esz;
-    par_status s;
-    unsigned char *buf = par_calloc(n ? n : 1, 1, PAR_TAG_IO);
-    size_t *cnt = P->rank == 0 ? par_calloc((size_t)P->N, sizeof *cnt, PAR_TAG_COMM) : NULL;
-    if (!buf || (P->rank == 0 && !cnt)) {
-        s = par_err(PAR_ENOMEM, "pipeline dump: out of memory for %zu bytes", n);
-        goto done;
-    }
-    if (kept)
+    const size_t n = (size_t)(ex->Bl * (ex->S / ex->CP) * per) * esz;
+    unsigned char *buf = NULL, *flags = NULL;
+    const unsigned char *mine = kept;
+    par_status s = PAR_OK;
+    if (kept && ex->spn > 1) { /* SP: every TP rank of the holding stage kept its columns */
+        if (!(buf = par_malloc(n ? n : 1, PAR_TAG_IO)))
+            return par_err(PAR_ENOMEM, "pipeline dump: out of memory for %zu bytes", n);
         memcpy(buf, kept, n);
-    par_field f = PAR_FIELD(buf, n, PAR_C_BYTE);
-    /* SP: each TP rank kept its columns of the rows, zeros elsewhere (exact) */
-    if ((ex->spn > 1 && (s = par_reduce_fields(ex->tpc, &f, 1, NULL))) || (s = par_reduce_fields(ex->pc, &f, 1, NULL)))
-        goto done;
-    if (P->rank == 0) {
-        for (int r = 0; r < P->N; r++) {
-            par_rank_coords rc;
-            if ((s = par_rank_coords_of(P->lay, r, &rc)))
-                goto done;
-            cnt[r] = rc.pp == 0 && rc.tp == 0 ? n : 0;
-        }
-        if (!(*out = par_malloc(n * (size_t)(P->lay->da * ex->CP) + 1, PAR_TAG_IO))) {
-            s = par_err(PAR_ENOMEM, "pipeline dump: out of memory");
+        par_field f = PAR_FIELD(buf, n, PAR_C_BYTE);
+        if ((s = par_reduce_fields(ex->tpc, &f, 1, NULL)))
             goto done;
-        }
+        mine = buf;
     }
-    int send = P->rc.pp == 0 && P->rc.tp == 0;
-    s = gather0(P->world, buf, send ? n : 0, *out, cnt, PAR_C_BYTE);
-    if (!s && P->rank == 0 && ex->CP > 1) {
-        /* pieces [Bl, S/CP, per] of the stage-0 ranks (the first world
-         * ranks, in order) to rows dp*Bl.. and columns cp*S/CP.. */
-        void *placed = par_malloc(n * (size_t)(P->lay->da * ex->CP) + 1, PAR_TAG_IO);
-        if (!placed)
-            s = par_err(PAR_ENOMEM, "pipeline dump: out of memory");
-        else
-            s = cp_place(placed, *out, n / esz, esz, P->lay, ex->Bl);
-        par_free(*out);
-        *out = placed;
+    const int send = kept && P->rc.tp == 0;
+    if (P->rank == 0 && !(flags = par_malloc((size_t)P->N, PAR_TAG_COMM))) {
+        s = par_err(PAR_ENOMEM, "pipeline dump: out of memory for %d ranks' flags", P->N);
+        goto done;
     }
+    if ((s = senders_to_root(P, (unsigned char)send, flags)))
+        goto done;
+    if (P->rank == 0)
+        s = root_collect(ex, P, send ? mine : NULL, n, flags, out);
+    else if (send)
+        s = par_send(P->world, mine, n, PAR_C_BYTE, 0, GATHER_TAG);
 done:
     par_free(buf);
-    par_free(cnt);
+    par_free(flags);
     return s;
 }
 

@@ -68,7 +68,7 @@ Test(dump_stream, writer_holds_one_gathered_tensor_at_a_time)
 
     double largest;
     const double all = batch_tensors(&o.cfg, 64 * o.cfg.seq_length, &largest);
-    const double kept = all / 4, tables = 6.0 * nf * 8.0; /* driver.c dump_alloc: 4 full + 2 local buffers */
+    const double kept = all / 4, tables = 6.0 * nf * 8.0; /* driver.c: 4 full buffers (dump_alloc), 2 local ones while the state is gathered (dump_state) */
     const double streamed = kept + tables + 2.0 * largest + (1 << 20), whole = kept + tables + all;
     fprintf(stderr, "dump_stream: rank 0 io peak %.0f bytes; streamed bound %.0f, a whole-step gather %.0f\n", io0,
             streamed, whole);
@@ -91,5 +91,50 @@ Test(dump_stream, writer_holds_one_gathered_tensor_at_a_time)
     cr_expect(par_compare_report_ok(r), "the streamed dump differs from the serial golden");
     cr_expect_gt(par_compare_report_count(r), 500);
     par_compare_report_free(r);
+    par_remove_tree(root);
+}
+
+/* A rank whose stage does not hold a kept tensor holds nothing for it at
+ * the dump (parallel/dump.c gather_kept: the holders send their rows to
+ * rank 0).  It used to take part in a bytewise all-reduce over the pipeline
+ * with a zeroed copy of its share of every tensor (the logits: config-c's
+ * 8,192 ranks x 1 MiB at once).  PP 2 x DP 2: world rank 1 is stage 0 of
+ * DP rank 1 (blocks 0 and 1, no head); its io peak is its own kept rows
+ * (two blocks' outputs, routing and selections), not those plus a share of
+ * the logits (and, at the end, its optimizer state's two gather buffers). */
+Test(dump_stream, stage_without_a_tensor_holds_none_of_it)
+{
+    char root[] = "/tmp/parity-dump-stage-XXXXXX";
+    cr_assert(mkdtemp(root));
+    char dump[PATH_MAX];
+    snprintf(dump, sizeof dump, "%s/dump", root);
+    par_run_opts o;
+    par_run_opts_init(&o);
+    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), PAR_OK);
+    o.cfg.global_batch_size = 64;
+    cr_assert_eq(par_config_validate(&o.cfg), PAR_OK);
+    o.backend = par_backend_find("threads");
+    cr_assert(o.backend);
+    o.layout.world = 4;
+    o.layout.pp = 2;
+    o.layout.global_batch = 64;
+    o.layout.micro_batch = 8;
+    cr_assert_eq(par_layout_set_pp_layout(&o.layout, "Et*2|tmL"), PAR_OK);
+    o.dump_dir = dump;
+    par_run_summary s;
+    cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
+    const double io1 = (double)s.alloc_peak[1 * PAR_TAG_COUNT + PAR_TAG_IO];
+    const double state = 2.0 * 8.0 * (double)s.max_rank_floats; /* driver.c dump_state: its optimizer state, after */
+    par_run_summary_free(&s);
+    const par_config *c = &o.cfg;
+    const double T = 32.0 * (double)c->seq_length; /* DP rank 1's rows */
+    const double kept = T * (2.0 * (double)(c->hc_mult * c->dim) * 8.0 + 2.0 * (double)c->n_activated_experts * 4.0 +
+                             2.0 * (double)c->index_topk * 4.0);
+    const double logits = T * (double)c->vocab_size * 8.0, bound = kept + state + logits / 2;
+    fprintf(stderr, "dump_stream: stage-0 rank io peak %.0f bytes; its kept rows <= %.0f, state <= %.0f, a logits "
+            "share %.0f\n", io1, kept, state, logits);
+    cr_expect_lt(io1, bound, "world rank 1 (stage 0, no head) held %.0f io bytes at the dump: more than its kept rows "
+                 "(<= %.0f) + its optimizer state (<= %.0f) + half a share of the logits (%.0f)", io1, kept, state,
+                 logits);
     par_remove_tree(root);
 }
