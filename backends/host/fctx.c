@@ -221,39 +221,41 @@ void fctx_started(fctx *from)
 
 /* ---- inspection ------------------------------------------------------------- */
 
-size_t fctx_used(const fctx *c)
+/* mincore over the stack from its low end: *deep = the bytes from the
+ * first resident page to the top (the deepest the stack went), *res = the
+ * resident bytes; 0 on success. */
+static int stack_scan(const fctx *c, size_t *deep, size_t *res)
 {
+    *deep = *res = 0;
     if (!c->map)
         return 0;
-    size_t pg = page_size(), n = (size_t)(c->hi - c->lo) / pg;
+    size_t pg = page_size(), n = (size_t)(c->hi - c->lo) / pg, first = n, cnt = 0;
     unsigned char vec[256];
-    /* scan up from the low end in chunks; the first resident page is the
-     * deepest the stack went */
     for (size_t i = 0; i < n; i += sizeof vec) {
         size_t k = n - i < sizeof vec ? n - i : sizeof vec;
         if (mincore(c->lo + i * pg, k * pg, vec) != 0)
-            return 0;
+            return -1;
         for (size_t j = 0; j < k; j++)
-            if (vec[j] & 1)
-                return (size_t)(c->hi - (c->lo + (i + j) * pg));
+            if (vec[j] & 1) {
+                first = first < n ? first : i + j;
+                cnt++;
+            }
     }
+    *deep = first < n ? (size_t)(c->hi - (c->lo + first * pg)) : 0;
+    *res = cnt * pg;
     return 0;
+}
+
+size_t fctx_used(const fctx *c)
+{
+    size_t deep, res;
+    return stack_scan(c, &deep, &res) ? 0 : deep;
 }
 
 size_t fctx_resident(const fctx *c)
 {
-    if (!c->map)
-        return 0;
-    size_t pg = page_size(), n = (size_t)(c->hi - c->lo) / pg, res = 0;
-    unsigned char vec[256];
-    for (size_t i = 0; i < n; i += sizeof vec) {
-        size_t k = n - i < sizeof vec ? n - i : sizeof vec;
-        if (mincore(c->lo + i * pg, k * pg, vec) != 0)
-            return 0;
-        for (size_t j = 0; j < k; j++)
-            res += vec[j] & 1;
-    }
-    return res * pg;
+    size_t deep, res;
+    return stack_scan(c, &deep, &res) ? 0 : res;
 }
 
 int fctx_in_guard(const fctx *c, const void *addr)

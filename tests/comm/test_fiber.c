@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/counters.h"
 #include "core/log.h"
+#include "log_capture.h"
 
 static par_status run_fiber(int n, par_world_fn fn, void *arg, int workers, size_t stack)
 {
@@ -68,18 +69,6 @@ Test(fiber, rank_state_stays_with_the_rank)
 
 /* ---- stacks ------------------------------------------------------------------ */
 
-static char logbuf[1 << 14];
-static void sink(par_log_level l, const char *msg, void *ud)
-{
-    (void)l, (void)ud;
-    size_t k = strlen(logbuf), n = strlen(msg);
-    if (k + n + 2 < sizeof logbuf) {
-        memcpy(logbuf + k, msg, n);
-        logbuf[k + n] = '\n';
-        logbuf[k + n + 1] = '\0';
-    }
-}
-
 /* Touches 100 KiB of its stack, then meets the others. */
 static par_status deep_fn(par_comm *c, void *arg)
 {
@@ -92,23 +81,22 @@ static par_status deep_fn(par_comm *c, void *arg)
 
 Test(fiber, stack_size_is_an_option_and_use_is_reported)
 {
-    logbuf[0] = '\0';
-    par_log_set_sink(sink, NULL);
+    logcap_start();
     par_log_level lv = par_log_get_level();
     par_log_set_level(PAR_LOG_INFO);
     par_status st = run_fiber(8, deep_fn, NULL, 2, 128 << 10);
     par_log_set_level(lv);
-    par_log_set_sink(NULL, NULL);
+    logcap_stop();
     cr_assert_eq(st, PAR_OK, "%s", par_last_error());
-    cr_assert(strstr(logbuf, "fiber: 8 ranks on 2 workers, 128 KiB stacks: deepest use"), "%s",
-              logbuf);
+    cr_assert(strstr(logcap, "fiber: 8 ranks on 2 workers, 128 KiB stacks: deepest use"), "%s",
+              logcap);
     /* the array and the frames around it: at least 100 KiB, less than all */
-    const char *d = strstr(logbuf, "deepest use ");
+    const char *d = strstr(logcap, "deepest use ");
     cr_assert_not_null(d);
     int used = atoi(d + strlen("deepest use "));
-    cr_assert(used >= 100 && used < 128, "deepest use %d KiB\n%s", used, logbuf);
-    cr_assert(strstr(logbuf, "of its 128 KiB stack; give the ranks more"),
-              "more than 3/4 used warns:\n%s", logbuf);
+    cr_assert(used >= 100 && used < 128, "deepest use %d KiB\n%s", used, logcap);
+    cr_assert(strstr(logcap, "of its 128 KiB stack; give the ranks more"),
+              "more than 3/4 used warns:\n%s", logcap);
 }
 
 /* Recurses far deeper than any stack here; each frame holds 1 KiB. */
@@ -248,22 +236,21 @@ Test(fiber, wait_local_is_woken_by_the_store)
 {
     _Atomic int64_t word;
     atomic_init(&word, 0);
-    logbuf[0] = '\0';
-    par_log_set_sink(sink, NULL);
+    logcap_start();
     par_log_level lv = par_log_get_level();
     par_log_set_level(PAR_LOG_INFO);
     par_status st = run_fiber(2, wait_local_fn, (void *)&word, 2, 0);
     par_log_set_level(lv);
-    par_log_set_sink(NULL, NULL);
+    logcap_stop();
     cr_assert_eq(st, PAR_OK, "%s", par_last_error());
-    const char *s = strstr(logbuf, "switches into ranks");
-    cr_assert_not_null(s, "%s", logbuf);
-    while (s > logbuf && s[-1] == ' ')
+    const char *s = strstr(logcap, "switches into ranks");
+    cr_assert_not_null(s, "%s", logcap);
+    while (s > logcap && s[-1] == ' ')
         s--;
-    while (s > logbuf && s[-1] >= '0' && s[-1] <= '9')
+    while (s > logcap && s[-1] >= '0' && s[-1] <= '9')
         s--;
     long switches = atol(s);
-    cr_assert(switches >= 3 && switches <= 6, "%ld switches into 2 ranks:\n%s", switches, logbuf);
+    cr_assert(switches >= 3 && switches <= 6, "%ld switches into 2 ranks:\n%s", switches, logcap);
 }
 
 /* The same wait on OS threads: the store wakes the blocked thread. */

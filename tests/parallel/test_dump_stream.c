@@ -42,6 +42,26 @@ static double batch_tensors(const par_config *c, int64_t T, double *largest)
                         4.0 * (nb * (double)c->n_activated_experts + sel));
 }
 
+/* v4-tiny, B = 64 rows over world 4 (pp > 1: PP pp x DP, layout
+ * 'Et*2|tmL', microbatches of 8 rows), dumping into dump. */
+static void dump_opts(par_run_opts *o, const char *dump, int64_t pp)
+{
+    par_run_opts_init(o);
+    cr_assert_eq(par_config_preset(&o->cfg, "v4-tiny"), PAR_OK);
+    o->cfg.global_batch_size = 64;
+    cr_assert_eq(par_config_validate(&o->cfg), PAR_OK);
+    o->backend = par_backend_find("threads");
+    cr_assert(o->backend);
+    o->layout.world = 4;
+    o->layout.global_batch = 64;
+    if (pp > 1) {
+        o->layout.pp = pp;
+        o->layout.micro_batch = 8;
+        cr_assert_eq(par_layout_set_pp_layout(&o->layout, "Et*2|tmL"), PAR_OK);
+    }
+    o->dump_dir = dump;
+}
+
 Test(dump_stream, writer_holds_one_gathered_tensor_at_a_time)
 {
     char root[] = "/tmp/parity-dump-stream-XXXXXX";
@@ -50,15 +70,7 @@ Test(dump_stream, writer_holds_one_gathered_tensor_at_a_time)
     snprintf(dump, sizeof dump, "%s/dump", root);
     snprintf(gold, sizeof gold, "%s/golden", root);
     par_run_opts o;
-    par_run_opts_init(&o);
-    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), PAR_OK);
-    o.cfg.global_batch_size = 64;
-    cr_assert_eq(par_config_validate(&o.cfg), PAR_OK);
-    o.backend = par_backend_find("threads");
-    cr_assert(o.backend);
-    o.layout.world = 4;
-    o.layout.global_batch = 64;
-    o.dump_dir = dump;
+    dump_opts(&o, dump, 1);
     par_run_summary s;
     cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
     cr_assert_not_null(s.alloc_peak);
@@ -109,18 +121,7 @@ Test(dump_stream, stage_without_a_tensor_holds_none_of_it)
     char dump[PATH_MAX];
     snprintf(dump, sizeof dump, "%s/dump", root);
     par_run_opts o;
-    par_run_opts_init(&o);
-    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), PAR_OK);
-    o.cfg.global_batch_size = 64;
-    cr_assert_eq(par_config_validate(&o.cfg), PAR_OK);
-    o.backend = par_backend_find("threads");
-    cr_assert(o.backend);
-    o.layout.world = 4;
-    o.layout.pp = 2;
-    o.layout.global_batch = 64;
-    o.layout.micro_batch = 8;
-    cr_assert_eq(par_layout_set_pp_layout(&o.layout, "Et*2|tmL"), PAR_OK);
-    o.dump_dir = dump;
+    dump_opts(&o, dump, 2);
     par_run_summary s;
     cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
     const double io1 = (double)s.alloc_peak[1 * PAR_TAG_COUNT + PAR_TAG_IO];

@@ -12,6 +12,8 @@
  * a rank doing tail GEMMs against one calling the BLAS directly). */
 #include <cblas.h>
 #include <criterion/criterion.h>
+
+#include "log_capture.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,18 +117,6 @@ Test(fiber_run, per_rank_alloc_peaks_equal_threads_on_one_worker, .timeout = 300
 
 /* ---- a rank's stack under par_gemm ---- */
 
-static char logbuf[1 << 14];
-static void sink(par_log_level l, const char *msg, void *ud)
-{
-    (void)l, (void)ud;
-    size_t k = strlen(logbuf), n = strlen(msg);
-    if (k + n + 2 < sizeof logbuf) {
-        memcpy(logbuf + k, msg, n);
-        logbuf[k + n] = '\n';
-        logbuf[k + n + 1] = '\0';
-    }
-}
-
 enum { GK = 100, GMN = 20 };
 
 /* C [20, 20] = A [20, K] B [20, K]^T for K = 16 (the tails' scratch on the
@@ -158,17 +148,16 @@ static par_status gemm_fn(par_comm *c, void *arg)
 /* The deepest stack use of 2 fiber ranks doing gemms(direct), in KiB. */
 static int deepest_kib(int direct)
 {
-    logbuf[0] = '\0';
-    par_log_set_sink(sink, NULL);
+    logcap_start();
     par_log_level lv = par_log_get_level();
     par_log_set_level(PAR_LOG_INFO);
     par_world_opts o = {.timeout_s = 20, .workers = 1, .stack_bytes = 256 << 10};
     par_status st = par_world_run(par_backend_find("fiber"), 2, gemm_fn, &direct, &o);
     par_log_set_level(lv);
-    par_log_set_sink(NULL, NULL);
+    logcap_stop();
     cr_assert_eq(st, PAR_OK, "%s", par_last_error());
-    const char *d = strstr(logbuf, "deepest use ");
-    cr_assert_not_null(d, "no fiber report:\n%s", logbuf);
+    const char *d = strstr(logcap, "deepest use ");
+    cr_assert_not_null(d, "no fiber report:\n%s", logcap);
     return atoi(d + strlen("deepest use "));
 }
 
