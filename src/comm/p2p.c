@@ -190,19 +190,22 @@ par_status par_irecv(par_comm *c, void *buf, size_t count, par_ctype t, int src,
     return post(c, PAR__REQ_RECV, buf, count, t, src, tag, req);
 }
 
-/* The status of a done request, raised in the calling thread. */
-static par_status finish(par_request **req)
+/* A done request released (*req = NULL), its status raised in the calling
+ * thread; clock: counts it on the emulated network (par__net_p2p_done). */
+static par_status release_done(par_request **req, int clock)
 {
     par_request *r = *req;
     par_status st = r->status;
     if (st != PAR_OK)
         par_err(st, "%s", r->msg);
-    else
+    else if (clock)
         par__net_p2p_done(r);
     release(r);
     *req = NULL;
     return st;
 }
+
+static par_status finish(par_request **req) { return release_done(req, 1); }
 
 par_status par_wait(par_request **req)
 {
@@ -299,13 +302,8 @@ par_status par_test_due(par_request **req, int *done)
         *done = 0;
         return PAR_OK;
     }
-    par_status st = r->status;
-    if (st != PAR_OK)
-        par_err(st, "%s", r->msg);
-    release(r);
-    *req = NULL;
-    if (st == PAR_OK)
-        *done = 1;
+    par_status st = release_done(req, 0); /* a due send was counted by par__net_p2p_settle */
+    *done = st == PAR_OK;
     return st;
 }
 

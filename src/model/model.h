@@ -122,7 +122,8 @@ void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *t
 /* The same for the samples of view v (par_stats_view of win) in the listed
  * blocks: win->aux's terms of v's samples, bit for bit what
  * par_stats_aux_terms computes from whole-window statistics with the same
- * counts; the other blocks' terms are left as they are. */
+ * counts (entries < 0 of blocks skipped); the other blocks' terms are left
+ * as they are. */
 void PAR_FN(par_stats_aux_view)(PAR_FN(par_stats) *win, const PAR_FN(par_stats) *v, const int *blocks, int n,
                                 const par_param_table *tab, int K);
 

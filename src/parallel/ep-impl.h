@@ -89,6 +89,8 @@ static inline void *xcalloc(size_t n, size_t sz)
 }
 
 void PAR_FN(par__ep_blk_free)(blk_state *S);
+/* A slot's state freed and the slot emptied (NULL: nothing). */
+void PAR_FN(par__ep_blk_drop)(blk_state **sp);
 /* Every slot's state freed (a mode change drops the states in flight). */
 void PAR_FN(par__ep_blk_drop_all)(ep_t *x);
 

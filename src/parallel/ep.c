@@ -346,9 +346,7 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
     /* the microbatch's backward of this block is done: its state goes now,
      * not at the slot's next forward (a step holds at most the microbatches
      * in flight, not all of them) */
-    PAR_FN(par__ep_blk_free)(S);
-    par_free(S);
-    *sp = NULL;
+    PAR_FN(par__ep_blk_drop)(sp);
     return s;
 }
 

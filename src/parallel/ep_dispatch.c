@@ -44,14 +44,18 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     memset(S, 0, sizeof *S);
 }
 
+void PAR_FN(par__ep_blk_drop)(blk_state **sp)
+{
+    if (*sp)
+        PAR_FN(par__ep_blk_free)(*sp);
+    par_free(*sp);
+    *sp = NULL;
+}
+
 void PAR_FN(par__ep_blk_drop_all)(ep_t *x)
 {
-    for (int i = 0; x->blk && i < x->n_slots * x->n_rows; i++) {
-        if (x->blk[i])
-            PAR_FN(par__ep_blk_free)(x->blk[i]);
-        par_free(x->blk[i]);
-        x->blk[i] = NULL;
-    }
+    for (int i = 0; x->blk && i < x->n_slots * x->n_rows; i++)
+        PAR_FN(par__ep_blk_drop)(&x->blk[i]);
 }
 
 /* Counts the bytes this rank sends to OTHER ranks, by tier: counts[j] units

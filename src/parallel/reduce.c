@@ -24,16 +24,13 @@ static int stats_fields(PAR_FN(par_stats) *st, par_field *f)
 }
 
 /* What the pipeline sums once every stage has its own blocks' aux terms:
- * loads [nb, E], the CE sums, aux [nb, Ns] (each block's terms on the one
- * pipeline rank that holds it, exact zeros elsewhere). */
+ * the fields above and aux [nb, Ns] (each block's terms on the one pipeline
+ * rank that holds it, exact zeros elsewhere). */
 static int pipeline_fields(PAR_FN(par_stats) *st, par_field *f)
 {
-    const int64_t nb = st->n_blocks, E = st->E, Ns = st->Ns;
-    f[0] = PAR_FIELD(st->loads, nb * E, PAR_C_I64);
-    f[1] = PAR_FIELD(st->ce_main, Ns, PAR_C_F64);
-    f[2] = PAR_FIELD(st->ce_mtp, Ns, PAR_C_F64);
-    f[3] = PAR_FIELD(st->aux, nb * Ns, PAR_C_REAL);
-    return 4;
+    int n = stats_fields(st, f);
+    f[n] = PAR_FIELD(st->aux, st->n_blocks * st->Ns, PAR_C_REAL);
+    return n + 1;
 }
 
 /* The CP ranks of a data-parallel group hold parts of the same rows: they
@@ -212,17 +209,20 @@ par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const 
     par_field *f = par_malloc((size_t)(3 * n_blocks + 1) * sizeof *f, PAR_TAG_COMM);
     if (!f)
         return par_err(PAR_ENOMEM, "reduce: out of memory for the counts of %d blocks", n_blocks);
+    int nf = 0;
     for (int j = 0; j < n_blocks; j++) {
+        if (blocks[j] < 0)
+            continue;
         int64_t r = PAR_FN(par_stats_row)(v, blocks[j]);
         if (r < 0) {
             par_free(f);
             return par_err(PAR_EINTERNAL, "reduce: block %d has no statistics rows on this rank", blocks[j]);
         }
-        f[3 * j] = PAR_FIELD(v->cnt + r * Ns * E, Ns * E, PAR_C_I64);
-        f[3 * j + 1] = PAR_FIELD(v->ntok + r * Ns, Ns, PAR_C_I64);
-        f[3 * j + 2] = PAR_FIELD(v->psum + r * Ns * E, Ns * E, PAR_C_REAL);
+        f[nf++] = PAR_FIELD(v->cnt + r * Ns * E, Ns * E, PAR_C_I64);
+        f[nf++] = PAR_FIELD(v->ntok + r * Ns, Ns, PAR_C_I64);
+        f[nf++] = PAR_FIELD(v->psum + r * Ns * E, Ns * E, PAR_C_REAL);
     }
-    par_status s = par_reduce_fields(c, f, 3 * n_blocks, NULL);
+    par_status s = par_reduce_fields(c, f, nf, NULL);
     par_free(f);
     return s;
 }

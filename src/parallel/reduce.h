@@ -65,7 +65,8 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M);
  * aux backward of its tokens need its counts over the WHOLE row, whose
  * slices live on the ranks of c.  Sums, in place, the view v's cnt, ntok
  * and psum (par_stats_view: one microbatch's samples) of the n_blocks
- * blocks listed in blocks over c.  Collective over c. */
+ * blocks listed in blocks (entries < 0 skipped: a stage's item list) over
+ * c.  Collective over c. */
 par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const int *blocks, int n_blocks);
 
 /* Gradients of weights held by several pipeline ranks, summed over group c

@@ -160,19 +160,10 @@ static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_
  * place: the backward reads the sums). */
 static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls)
 {
-    int nb = 0;
-    for (int j = 0; j < ls->n_items; j++)
-        nb += ls->block[j] >= 0;
-    int *bl = par_malloc((size_t)(nb + 1) * sizeof *bl, PAR_TAG_ACT);
-    if (!bl)
-        return par_err(PAR_ENOMEM, "pipeline: out of memory for the aux terms of %d blocks", nb);
-    for (int j = 0, k = 0; j < ls->n_items; j++)
-        if (ls->block[j] >= 0)
-            bl[k++] = ls->block[j];
-    par_status s = ex->tokc ? PAR_FN(par_reduce_mb_stats)(ex->tokc, &sl->st, bl, nb) : PAR_OK;
+    /* ls->block: the items' blocks, -1 for E and L (both calls skip those) */
+    par_status s = ex->tokc ? PAR_FN(par_reduce_mb_stats)(ex->tokc, &sl->st, ls->block, ls->n_items) : PAR_OK;
     if (!s)
-        PAR_FN(par_stats_aux_view)(&M->stats, &sl->st, bl, nb, &M->tab, (int)M->K);
-    par_free(bl);
+        PAR_FN(par_stats_aux_view)(&M->stats, &sl->st, ls->block, ls->n_items, &M->tab, (int)M->K);
     return s;
 }
 
