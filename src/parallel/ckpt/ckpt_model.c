@@ -30,7 +30,7 @@ static int table_index(const par_ckpt_tensor *x, int i)
     return x->slot == PAR_CKPT_PARAM ? i : x->param;
 }
 
-/* dp_step.h's state slots: 0 momentum / exp_avg, 1 exp_avg_sq. */
+/* dpw.h's state slots: 0 momentum / exp_avg, 1 exp_avg_sq. */
 static int dpw_slot(par_ckpt_slot s)
 {
     return s == PAR_CKPT_EXP_AVG_SQ;

@@ -161,7 +161,7 @@ static par_status synth_params(owner_view *v, const par_ckpt_tensor *x, int n)
         const par_tp_cut c = par_tp_storage_cut(&v->l, x[i].name, &np);
         v->full[2 * v->t.n] = p->numel; /* whole: one run */
         v->full[2 * v->t.n + 1] = 1;
-        if (c != PAR_TP_REPLICATED) { /* the plan's sizes are the shards' (dp_step.c); rank r writes block r */
+        if (c != PAR_TP_REPLICATED) { /* the plan's sizes are the shards' (dpw.c); rank r writes block r */
             const int r = par_tp_split_of(x[i].name).group == PAR_TP_GROUP_ETP ? v->rc.etp : v->rc.tp;
             int64_t sr, sc;
             par_status st = par_tp_shard_shape(x[i].name, p->shape[0], p->shape[1], c, np, &sr, &sc);

@@ -5,7 +5,7 @@
  *
  * The TP ranks of one (cp, dp) coordinate hold the same tokens (no sequence
  * parallelism).  Rank (tp r, cp c) cuts its shard from the whole weights at
- * each forward (parallel/tp/tp_attn.h par_tp_attn_shard, as tp_hook.c does) and
+ * each forward (parallel/tp/tp_attn.h par_tp_attn_shard, as tp_attn_hook.c does) and
  * runs parallel/cp/cp.h's par_cp_attn_forward_tp on the CP slice: the halo and
  * the entries' all-gather over CP as always (entries are replicated over
  * TP), the indexer's head sums chained over TP for the local queries, the

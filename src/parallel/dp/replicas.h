@@ -25,7 +25,7 @@
  * (par_replica_wait: par_comm_wait_local, no bytes, no clock) before it
  * reads the copy again.  The writer starts writing only after a collective
  * that every member entered after its last read (the optimizer step's world
- * all-reduce of the norm; a load comes before any read): see dp_step.c.
+ * all-reduce of the norm; a load comes before any read): see dpw.c.
  *
  * The copies are allocated outside every rank's allocator scope: the
  * process's counters show each once, no rank's (per-rank accounts, the

@@ -27,7 +27,7 @@ typedef PAR_FN(par_zero_plan) plan_t;
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* ---- plan: the geometry (zero_plan.c) plus state and workspace ----------- */
+/* ---- plan: the geometry (zero_geom.c) plus state and workspace ----------- */
 
 void PAR_FN(par_zero_plan_free)(plan_t *pl)
 {

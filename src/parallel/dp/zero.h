@@ -46,7 +46,7 @@
 
 typedef struct {
     union {
-        par_zero_geom geom;                /* the geometry, as one object (zero_plan.h) */
+        par_zero_geom geom;                /* the geometry, as one object (zero_geom.h) */
         struct { PAR_ZERO_GEOM_MEMBERS };  /* the same members by name: pl->shard, ...  */
     };
     par_dp_mode mode;

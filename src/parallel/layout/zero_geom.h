@@ -68,7 +68,7 @@ typedef struct {
                        Muon: start in the owner's Muon block [0, load[owner])  */
     int64_t off;    /* start in the flat buffers the plan reads and writes: the
                        table's offset, unless the caller maps the tensors
-                       elsewhere (dp_step.c: the model's local buffers)        */
+                       elsewhere (dpw.c: the model's local buffers)        */
 } par_zero_entry;
 
 /* Bytes of optimizer state and workspace of one rank. */

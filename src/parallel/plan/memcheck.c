@@ -11,7 +11,7 @@
 #include "parallel/plan/memmodel.h"
 #include "parallel/plan/plan.h"
 
-/* driver.c par_run: tok, seg [steps, B, S] int32, nsamp [steps, B] int64,
+/* run.c par_run: tok, seg [steps, B, S] int32, nsamp [steps, B] int64,
  * the full batch (model/data.c: six int32 [B, S]). */
 static double shared_bytes(const par_config *cfg, int64_t steps, int64_t B)
 {

@@ -4,7 +4,7 @@
  * The estimate of `parity run` / `parity golden` is the memory model of
  * parallel/plan/memmodel.h in parity's runtime (f64 / f32) for every rank this
  * process runs, plus what the run shares between its ranks: the global
- * batches of every step (driver.c: tokens and segments, int32 [steps, B, S];
+ * batches of every step (run.c: tokens and segments, int32 [steps, B, S];
  * samples per row, int64 [steps, B]; one par_batch [B, S]).  Two stages, so
  * that absurd sizes never build anything big: first a lower bound without
  * the parameter table (par_param_count: every parameter once as weight,

@@ -15,7 +15,7 @@
 /* What one pipeline rank holds, and the ZeRO geometry of its two plans. */
 typedef struct {
     uint8_t *blocks;          /* [n_blocks] 1: held */
-    int embed, head, final;   /* top-level parts (holders.c seg_hold) */
+    int embed, head, final;   /* top-level parts (exec_hold.c seg_hold) */
     int64_t floats;           /* held float parameters (dense + one EP slice) */
     int64_t dense;            /* of them dense (expert < 0): a shared copy's weights */
     int64_t n_moe;            /* MoE blocks held */
@@ -89,7 +89,7 @@ void par_memmodel_free(par_memmodel *mm)
     par_free(mm);
 }
 
-/* holders.c seg_hold: the blocks and top-level parts of segment seg. */
+/* exec_hold.c seg_hold: the blocks and top-level parts of segment seg. */
 static void seg_hold(const par_memmodel *mm, int seg, stage_info *si)
 {
     const par_pplayout *pl = &mm->lay.pipe;
@@ -140,7 +140,7 @@ static int64_t held_numel(const par_memmodel *mm, const par_param_table *t, int 
 }
 
 /* Dense entry i is in the TP gradient sum (reduce.c tp_wanted, the
- * PAR_TPG_* bits executor.c sets; a held shard is not). */
+ * PAR_TPG_* bits exec.c sets; a held shard is not). */
 static int tp_summed(const par_memmodel *mm, const par_param_table *t, int i)
 {
     const par_layout *l = &mm->lay;
@@ -155,7 +155,7 @@ static int tp_summed(const par_memmodel *mm, const par_param_table *t, int i)
 }
 
 /* The held entries of stage si as the two plans' lists (dense: expert < 0;
- * experts: one EP slice; table order, like dp_step.c), and the held floats. */
+ * experts: one EP slice; table order, like dpw.c), and the held floats. */
 static par_status stage_plans(par_memmodel *mm, stage_info *si)
 {
     const par_param_table *t = mm->tab;
@@ -310,8 +310,8 @@ static par_memmodel_act_ctx act_ctx(const par_memmodel *mm, int64_t rows, int cp
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and
-     * TP shared expert (executor.c tp_layer_hooks) */
-    const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (executor.c; --tp-all-layers is a no-op) */
+     * TP shared expert (exec.c tp_layer_hooks) */
+    const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (exec.c; --tp-all-layers is a no-op) */
     c.sp = tp && mm->lay.sequence_parallel ? mm->lay.tp : 1;
     c.vocab = mm->o.rt == PAR_MM_PARITY && all;
     c.tp_mlp = c.vocab && mm->lay.ep <= 1 && mm->lay.etp <= 1;
@@ -348,7 +348,7 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     *bwd = 2 * x + (w > blk ? w : blk);
 }
 
-/* One pipeline segment on T tokens (stage.c par__exec_forward /
+/* One pipeline segment on T tokens (exec_stage.c par__exec_forward /
  * par__exec_backward):
  * rel = what its slot frees at the backward, kept = what the executors keep
  * for the rest of the step, bwd = the backward's peak beyond the slot. */
@@ -413,8 +413,8 @@ typedef struct {
  * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
  * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
- * stage's slot (stage.c).  A send's heap copy lives from its post to the
- * rank's next message, where it is done (executor.c reap_sends: the peer
+ * stage's slot (exec_stage.c).  A send's heap copy lives from its post to the
+ * rank's next message, where it is done (exec.c reap_sends: the peer
  * has matched it by then): two at once where two sends follow each other. */
 static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *kept, const double *bwd,
                            const double *wkeep, double x, walk_out *o)
@@ -494,11 +494,11 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     int64_t rows = !mm->have_sch && parity ? local : mbs;
     par_memmodel_act_ctx c = act_ctx(mm, rows, cp_rank, recv);
     const int64_t T = rows * S / (l->cp * c.sp); /* SP: the TP rank's slice of the CP slice */
-    const int tok = l->cp > 1 || c.sp > 1;     /* microbatch.c: rows derived whole, then sliced */
+    const int tok = l->cp > 1 || c.sp > 1;     /* exec_setup.c: rows derived whole, then sliced */
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     const int64_t nrow = mm->have_sch ? mm->st[r].n_moe : -1; /* rows: the rank's stages' blocks */
-    if (parity) /* the window's terms; the aux counts are per microbatch in its slot (stage.c) */
+    if (parity) /* the window's terms; the aux counts are per microbatch in its slot (exec_stage.c) */
         o->fixed = par_memmodel_act_stats_terms(&c, ns, nrow);
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
@@ -530,7 +530,7 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     o->ws = w.ws;
     o->sends = w.sends;
     o->inflight = w.inflight;
-    if (parity) /* microbatch.c par__exec_setup: every microbatch's batch and sample ids; CP: one executor each */
+    if (parity) /* exec_setup.c par__exec_setup: every microbatch's batch and sample ids; CP: one executor each */
         o->fixed += (double)l->n_micro * (par_memmodel_act_batch(T) + 4.0 * T + (tok ? 4.0 * rows * S + 4.0 * T : 0));
     return PAR_OK;
 }
@@ -673,7 +673,7 @@ static par_status act_of(par_memmodel *mm, stage_info *si, int stage, int cp_ran
 }
 
 /* Bytes of the structures parity's runtime builds per rank (model/model.c,
- * parallel/step/exec_hold.c, executor.c, ep.c, zero_plan.c, schedule.c), the
+ * parallel/step/exec_hold.c, exec.c, ep.c, zero_geom.c, schedule.c), the
  * templated records at their x86-64 sizes (a block record 760 B, the
  * executor 3,192 B, a RoPE table 4,104 B; f32 alike: pointers): what the
  * allocator's `model` tag holds for the rank.  The EP and CP hooks' states
@@ -683,7 +683,7 @@ static par_status act_of(par_memmodel *mm, stage_info *si, int stage, int cp_ran
 #define MM_EXEC 3192.0
 #define MM_ROPE 4104.0
 #define MM_ATTN_DIMS 112.0
-#define MM_COST_KINDS 3 /* executor-impl.h COST_KINDS (F, B, W) */
+#define MM_COST_KINDS 3 /* exec-impl.h COST_KINDS (F, B, W) */
 static double model_struct(const par_memmodel *mm, const stage_info *si)
 {
     const par_param_table *t = mm->tab;

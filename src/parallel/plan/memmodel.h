@@ -27,7 +27,7 @@
  *                    precision (f64 / f32), the whole local batch in one
  *                    forward without PP, the DP plans' packed buffers and the
  *                    collectives' staging, pipeline sends kept until the end
- *                    of the step (executor.c).  Validated against the allocator's
+ *                    of the step (exec.c).  Validated against the allocator's
  *                    per-rank peaks (tests/parallel/plan/test_memmodel.c).
  *
  * Each term is the peak of that kind over a step; M_peak is their sum (an

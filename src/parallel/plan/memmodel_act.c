@@ -63,7 +63,7 @@ static double cp_halo(const par_memmodel_act_ctx *c, int b)
     return (double)par_layout_d_window(&lm);
 }
 
-/* ---- tensor parallelism (tp_hook.c, tp_attn.c) ---------------------------- */
+/* ---- tensor parallelism (tp_attn_hook.c, tp_attn.c) ---------------------------- */
 
 /* The tokens a TP layer works on: the rank's T, gathered over TP under SP. */
 static double tp_tokens(const par_memmodel_act_ctx *c, double T)
@@ -100,7 +100,7 @@ static double tp_shard(const par_memmodel_act_ctx *c, int b)
     return n;
 }
 
-/* tp_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
+/* tp_attn_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
  * saved struct on all T tokens, x [T, d], pos [T]) and the shard buffer
  * [shard]: the gradients alone (the weights are the held shards, read in
  * place, and their gradients added in place: no copy, no scratch). */
@@ -248,7 +248,7 @@ double par_memmodel_act_block_exec_kept(const par_memmodel_act_ctx *c, int b, in
     if (c->recompute)
         return 0;
     double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || c->tp_mlp ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
-    if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
+    if (c->tp > 1) /* tp_attn_hook.c, cptp_hook.c */
         kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
     return kept;
 }
@@ -305,7 +305,7 @@ static double attn_bwd_scratch(const par_memmodel_act_ctx *c, int b, double T)
         par_config l = tp_cfg(c);
         par_memmodel_act_ctx lc = *c;
         lc.cfg = &l, lc.tp = 1;
-        if (c->sp > 1 && c->cp <= 1) /* on the gathered tokens; tp_hook.c sp_rows_backward: dy, dx [Tg, d], mine */
+        if (c->sp > 1 && c->cp <= 1) /* on the gathered tokens; tp_attn_hook.c sp_rows_backward: dy, dx [Tg, d], mine */
             return attn_bwd_scratch(&lc, b, tp_tokens(c, T)) + es * (3 * tp_tokens(c, T) * d + T * d + 1);
         if (c->sp > 1) /* cptp_hook.c sp_backward: dy of the CP slice (kept for W), dx [Tg, d] + mine */
             return attn_bwd_scratch(&lc, b, T) + es * (3 * tp_tokens(c, T) * d + T * d + 1);

@@ -3,7 +3,7 @@
  * scratch their backward adds, in bytes for T tokens (untemplated).
  *
  * ONE place to update when the model's saved tensors change: every entry
- * names the code that allocates it (block.c, head.c, step.c, stage.c, the
+ * names the code that allocates it (block.c, head.c, step.c, exec_stage.c, the
  * kernels' *_saved_bytes, ep.c's blk_state, cp.c's saved state).  The
  * memory model (parallel/plan/memmodel.h) multiplies these by the microbatches a
  * schedule keeps in flight; tests/parallel/plan/test_memmodel.c checks the table
@@ -32,7 +32,7 @@ typedef struct {
                          * local rows and the whole rows' compressed entries       */
     int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
     int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
-    int64_t tp;         /* TP size; > 1: tp_hook.c keeps the shard's attention state
+    int64_t tp;         /* TP size; > 1: tp_attn_hook.c keeps the shard's attention state
                          * of the microbatch's T tokens (0: 1)                    */
     int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
                          * the rows layer's state of the group's gathered rows (0: 1) */
@@ -57,7 +57,7 @@ typedef struct {
  * through the serial kernel, ep.c or cp.c). */
 double par_memmodel_act_block_saved(const par_memmodel_act_ctx *c, int b, int64_t T);
 /* The part of par_memmodel_act_block_saved the TP / ETP hooks keep in their own
- * state (tp_hook.c / cptp_hook.c with TP > 1, etp_hook.c with ETP > 1 and
+ * state (tp_attn_hook.c / cptp_hook.c with TP > 1, etp_hook.c with ETP > 1 and
  * EP 1): freed at the next forward of the same block and microbatch slot,
  * not with the pipeline slot (so a pipeline keeps it for every microbatch
  * of the step).  ep.c's blk_state (EP > 1) and cp_hook.c's saved rows

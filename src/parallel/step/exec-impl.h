@@ -1,7 +1,7 @@
 /* parallel/step/exec-impl.h - the step executor's state, shared by its
- * files: executor.c (create, the schedule interpreter, the step, bubble),
- * stage.c (what one (microbatch, stage) computes), microbatch.c (the step's
- * microbatches), holders.c (which pipeline rank holds what), dump.c (the
+ * files: exec.c (create, the schedule interpreter, the step, bubble),
+ * exec_stage.c (what one (microbatch, stage) computes), exec_setup.c (the step's
+ * microbatches), exec_hold.c (which pipeline rank holds what), exec_dump.c (the
  * golden-format dump of a step).  Not part of its interface
  * (parallel/step/exec.h). */
 #ifndef PAR_PARALLEL_STEP_EXEC_IMPL_H
@@ -116,7 +116,7 @@ struct PAR_FN(par_exec_s) {
     double net_makespan, net_busy;
     double *cost, *cost_n;    /* [COST_KINDS * n_stages] virtual seconds / actions, this rank, this step */
     double *cost_all;         /* [2, COST_KINDS * n_stages] seconds, actions summed over the PP group and the steps */
-    double *acost;            /* [3, m * n_stages] this step's virtual time of each F, B or BW, W (executor.c) */
+    double *acost;            /* [3, m * n_stages] this step's virtual time of each F, B or BW, W (exec.c) */
     double t_start;           /* the pipeline phase's start on the virtual clock */
     double dry_makespan, dry_busy; /* the dry run with the measured action costs, summed over the steps */
     double latency;           /* one PP message on the network */
@@ -125,7 +125,7 @@ struct PAR_FN(par_exec_s) {
 
 typedef PAR_FN(par_exec) exec_t;
 
-/* holders.c: this rank's stages, its model, the holder of every entry. */
+/* exec_hold.c: this rank's stages, its model, the holder of every entry. */
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
                                   const par_exec_opts *o);
 void PAR_FN(par__exec_hold_free)(exec_t *ex);
@@ -137,7 +137,7 @@ static inline void par__exec_skip_set(uint8_t *bits, int idx, int v)
     bits[idx >> 3] = (uint8_t)((bits[idx >> 3] & ~(1u << (idx & 7))) | ((unsigned)(v != 0) << (idx & 7)));
 }
 
-/* stage.c: slots and the compute of one (mb, stage). */
+/* exec_stage.c: slots and the compute of one (mb, stage). */
 par_status PAR_FN(par__exec_slot)(exec_t *ex, int mb, int stage, slot **out, lstage **lso);
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage);
 void PAR_FN(par__exec_release_all)(exec_t *ex);
@@ -146,12 +146,12 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
  * (both, item by item) */
 par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage, int kind);
 
-/* microbatch.c: the step's microbatches, sample numbers and counts. */
+/* exec_setup.c: the step's microbatches, sample numbers and counts. */
 par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const int32_t *tok,
                                    const int32_t *seg);
 void PAR_FN(par__exec_setup_free)(exec_t *ex);
 
-/* dump.c: the rows kept for a dump. */
+/* exec_dump.c: the rows kept for a dump. */
 par_status PAR_FN(par__exec_keep_alloc)(exec_t *ex, const PAR_FN(par_model) *M);
 void PAR_FN(par__exec_keep_free)(exec_t *ex);
 

@@ -183,7 +183,7 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
             ex->tokc = ex->lay->cp > 1 ? P->g.g[PAR_GROUP_TP_CP] : ex->tpc;
         if ((s = tp_layer_hooks(ex, M)))
             return s;
-        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++) /* a shard counts on every TP rank (dp_step.c chains it) */
+        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++) /* a shard counts on every TP rank (dpw.c chains it) */
             if (M->tab.p[i].expert < 0 && !PAR_FN(par_model_cut_of)(M, i))
                 par__exec_skip_set(ex->norm_skip, i, PAR_FN(par_model_holds)(M, i));
     }

@@ -99,7 +99,7 @@ static par_status microbatches(exec_t *ex, const par_pctx *P, const int32_t *tok
 
 /* The window of Nl samples: its per-sample terms, with the row map of the
  * blocks of this rank's stages.  The aux counts (cnt, psum, ntok) live in
- * the slots, per microbatch in flight (stage.c; a rank used to hold
+ * the slots, per microbatch in flight (exec_stage.c; a rank used to hold
  * [its blocks, Nl, E] of each for the whole step, twice under CP). */
 static par_status stats_held(const exec_t *ex, const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, int64_t Nl)
 {

@@ -65,7 +65,7 @@ static par_real *heap_copy(const par_real *x, int64_t n)
 
 /* Microbatch mb's local tokens of `per` elements each into a dump's kept
  * rows [Bl, S/CP, per]: one copy of its rows, or (SP) each row's slice at
- * the rank's columns (the TP ranks' slices meet in dump.c). */
+ * the rank's columns (the TP ranks' slices meet in exec_dump.c). */
 static void keep_rows(const exec_t *ex, void *dst, const void *src, int mb, int64_t per, size_t esz)
 {
     if (!dst || !src)

@@ -47,9 +47,9 @@ typedef struct {
     int64_t sh_ctr[2];        /* the shared expert's units and TP bytes, summed over ranks */
     int64_t *ep_tier;         /* [N, 4] ep bytes: dispatch nvlink, ib, combine nvlink, ib */
     double *ep_time;          /* [N, 2] ep emulated dispatch, combine seconds */
-    int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dp_step.h) */
+    int64_t *mem;             /* [N, PAR_RUN_MEM] per-rank memory accounting (dpw.h) */
     int64_t *apeak;           /* [N, 2 * PAR_TAG_COUNT] per-rank allocator peaks (allocated, reserved) */
-    par_exec_info exi;        /* world rank 0's pipeline (executor.h) */
+    par_exec_info exi;        /* world rank 0's pipeline (exec.h) */
     int64_t step0;            /* updates already applied (the loaded checkpoint's step) */
     int64_t n;                /* steps this run does: step0 .. o->steps-1 (--steps is the total) */
     uint64_t seed;            /* the data's seed (the checkpoint's with --load) */
@@ -67,7 +67,7 @@ typedef struct {
     par_pctx P;
     PAR_FN(par_model) M;
     PAR_FN(par_exec) *ex;     /* the step executor (it builds M and owns the EP / CP hooks) */
-    PAR_FN(par_dpw) dpw;      /* the optimizer step (dp_step.h) */
+    PAR_FN(par_dpw) dpw;      /* the optimizer step (dpw.h) */
     par_real *params, *m, *v, *grads; /* [n_float] dump buffers on rank 0 */
     PAR_FN(par_replica_ticket) rt; /* this rank's share of the process's dense copy (replicas.h) */
     int ascope;               /* this rank's allocator scope (core/alloc.h): its memory truth */
@@ -165,7 +165,7 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
     }
     if ((s = PAR_FN(par_exec_create)(&S->ex, P, &S->M, &R->cfg, &eo)))
         return s;
-    /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dp_step.h) */
+    /* the optimizer: dense and expert plans, replicated or ZeRO-1 (dpw.h) */
     if ((s = PAR_FN(par_dpw_init_shared)(&S->dpw, P, &S->M, R->reps ? &S->rt : NULL)))
         return s;
     if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)

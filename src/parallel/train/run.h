@@ -1,5 +1,5 @@
 /* parallel/train/run.h - the parallel training driver behind `parity run`
- * (untemplated header: the CLI includes it; driver.c is compiled twice and
+ * (untemplated header: the CLI includes it; run.c is compiled twice and
  * defines par_run_f64 / par_run_f32).  docs/parallel.md.
  *
  * par_run resolves the layout (parallel/layout/layout.h), pre-builds the global

@@ -641,7 +641,7 @@ done:
     return st;
 }
 
-/* The untemplated geometry (zero_plan.h): built alone it equals the plan's;
+/* The untemplated geometry (zero_geom.h): built alone it equals the plan's;
  * the pieces of every rank tile each optimized tensor exactly once (AdamW cut
  * at the shard borders, Muon whole on its owner); memory by mode and width. */
 Test(zero, geometry_pieces_tile_every_tensor, .init = setup_tiny, .fini = teardown_tiny)

@@ -1,5 +1,5 @@
 /* tests/parallel/dp/test_zero_run.c - the driver's optimizer step (parallel/
- * dp_step.h): replicated DP and ZeRO-1 (--use-distributed-optimizer) against
+ * dpw.h): replicated DP and ZeRO-1 (--use-distributed-optimizer) against
  * the serial golden (parameters AND optimizer state after every step), the
  * two modes bitwise equal, the per-rank memory accounting. v4-tiny, f64,
  * threads backend, 3 steps. */

@@ -131,7 +131,7 @@ Test(layout, sizes_and_unsupported_tp)
     expect_fail(&l, &m, PAR_EINVAL, "pipeline-model-parallel-size must be at least 1, got 0", NULL);
     l = lay(1, 1, 1, -4);
     expect_fail(&l, &m, PAR_EINVAL, "world size must be at least 0, got -4", NULL);
-    l = lay(1, 1, 1, 0); /* TP folds like any size (parity run's own rules: executor.h, tp_split.h) */
+    l = lay(1, 1, 1, 0); /* TP folds like any size (parity run's own rules: exec.h, tp_split.h) */
     l.tp = 2;
     cr_assert_eq(par_layout_resolve(&l, &m), PAR_OK, "%s", par_last_error());
     cr_assert_eq(l.world, 2);

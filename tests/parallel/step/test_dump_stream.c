@@ -80,7 +80,7 @@ Test(dump_stream, writer_holds_one_gathered_tensor_at_a_time)
 
     double largest;
     const double all = batch_tensors(&o.cfg, 64 * o.cfg.seq_length, &largest);
-    const double kept = all / 4, tables = 6.0 * nf * 8.0; /* driver.c: 4 full buffers (dump_alloc), 2 local ones while the state is gathered (dump_state) */
+    const double kept = all / 4, tables = 6.0 * nf * 8.0; /* run.c: 4 full buffers (dump_alloc), 2 local ones while the state is gathered (dump_state) */
     const double streamed = kept + tables + 2.0 * largest + (1 << 20), whole = kept + tables + all;
     fprintf(stderr, "dump_stream: rank 0 io peak %.0f bytes; streamed bound %.0f, a whole-step gather %.0f\n", io0,
             streamed, whole);
@@ -125,7 +125,7 @@ Test(dump_stream, stage_without_a_tensor_holds_none_of_it)
     par_run_summary s;
     cr_assert_eq(par_run(&o, &s), PAR_OK, "%s", par_last_error());
     const double io1 = (double)s.alloc_peak[1 * PAR_TAG_COUNT + PAR_TAG_IO];
-    const double state = 2.0 * 8.0 * (double)s.max_rank_floats; /* driver.c dump_state: its optimizer state, after */
+    const double state = 2.0 * 8.0 * (double)s.max_rank_floats; /* run.c dump_state: its optimizer state, after */
     par_run_summary_free(&s);
     const par_config *c = &o.cfg;
     const double T = 32.0 * (double)c->seq_length; /* DP rank 1's rows */

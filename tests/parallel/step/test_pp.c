@@ -282,7 +282,7 @@ Test(pp, aux_counts_live_per_microbatch_in_flight)
     par_run_summary_free(&b);
 }
 
-/* A rank frees each send's heap copy once the send is done (executor.c
+/* A rank frees each send's heap copy once the send is done (exec.c
  * reap_sends, issue 18): its comm peak does not grow with the microbatches.
  * Before, every send of the step was kept to its end: 16 microbatches held
  * 12 more messages than 4 (1F1B's first stage: 12 x 64 KiB more; measured
