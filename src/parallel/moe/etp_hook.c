@@ -5,10 +5,11 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/moe/etp.h"
 #include "parallel/layout/tp_split.h"
 
-/* What (slot, block) keeps from its forward to its W pass: the slices'
+/* What (microbatch, block) keeps from its forward to its W pass: the slices'
  * pointers (the held ETP shards; with whole storage w1 / w3 rows point into
  * the whole weights, w2's columns are copied) and the w2 slices' gradients
  * until W adds them. */
@@ -18,35 +19,27 @@ typedef struct {
     par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
     par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone) */
     PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
-    int used;
-} etp_slot;
+    int used;                     /* the forward ran */
+} etp_state;
 
 struct PAR_FN(par_etp_hook_s) {
     par_tp etp;
-    int nb, n_slots, rank, P, E;
+    int rank, P, E;
     int64_t d, I, Il;
-    etp_slot *sl; /* [n_slots, nb] */
+    par_mbstate st; /* etp_state of (microbatch, block) */
     par_tp_traffic tr;
     par_tp shtp;          /* the shared expert's TP group (comm NULL: whole) */
     par_tp_traffic shtr;
     int64_t sh_units;
 };
 
-static void slot_free(etp_slot *q)
+static void state_drop(void *p)
 {
+    etp_state *q = p;
     PAR_FN(par_etp_moe_saved_free)(&q->sv);
     par_free(q->w);
     par_free(q->w2);
     PAR_FN(par_tp_mlp_shard_free)(&q->shw);
-    memset(q, 0, sizeof *q);
-}
-
-static etp_slot *slot_of(PAR_FN(par_etp_hook) *h, const par_mbctx *x, int b)
-{
-    int k = x ? x->slot : 0;
-    if (k < 0 || k >= h->n_slots || b < 0 || b >= h->nb)
-        return NULL;
-    return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
 /* 1 when M holds block b's routed experts as this rank's ETP shards (w1 /
@@ -59,7 +52,7 @@ static int held_shards(const PAR_FN(par_model) *M, int b)
 
 /* The slices of block b's experts (and the pointers of their gradients):
  * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
-static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_slot *q)
+static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_state *q)
 {
     const int E = h->E, held = held_shards(M, b);
     const int64_t d = h->d, Il = h->Il;
@@ -91,7 +84,7 @@ static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, e
 }
 
 /* The routed slices and the shared expert: its TP shard (q->shw) or whole. */
-static void weights_of(const etp_slot *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
+static void weights_of(const etp_state *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
 {
     const par_block_params *bp = &M->tab.blocks[b];
     *W = (PAR_FN(par_etp_weights)){.w1 = q->w, .w2 = q->w + E, .w3 = q->w + 2 * E,
@@ -107,13 +100,10 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           int64_t T)
 {
     PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_state *q;
     (void)tokens;
-    if (!q)
-        return par_err(PAR_EINVAL, "etp: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb, h->n_slots);
-    slot_free(q);
-    par_status s = slices(h, M, b, q);
-    if (s)
+    par_status s = par_mbstate_new(&h->st, x, b, (void **)&q);
+    if (s || (s = slices(h, M, b, q)))
         return s;
     const par_tp *shtp = h->shtp.comm ? &h->shtp : NULL;
     PAR_FN(par_etp_weights) W;
@@ -129,12 +119,12 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 }
 
 /* B: dx, dw and every weight gradient in one pass (the w2 slices' wait for
- * W in the slot; w1 / w3 rows and the shared expert go straight to M->grads). */
+ * W in the state; w1 / w3 rows and the shared expert go straight to M->grads). */
 static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
                           const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
 {
     PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)xin, (void)w, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "etp backward: block %d has no forward", b);
@@ -165,7 +155,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           const par_real *xin, int64_t T)
 {
     PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)dy, (void)xin, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "etp weights: block %d has no backward", b);
@@ -183,29 +173,29 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         if (!held)
             par_tp_unslice(egw[E + e], t, h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
     }
-    q->used = 0;
+    par_mbstate_drop(&h->st, x, b); /* the microbatch's backward of the block is done */
     return PAR_OK;
 }
 
 par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots, int sp)
+                                       int n_mb, int sp)
 {
     *out = NULL;
     const int P = etp ? par_comm_size(etp) : 1;
-    if (!etp || n_slots < 1 || M->I % P != 0)
+    if (!etp || M->I % P != 0)
         return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
-                       "moe_inter_dim %lld (and the hook needs an ETP group and a slot)", P, (long long)M->I);
+                       "moe_inter_dim %lld (and the hook needs an ETP group)", P, (long long)M->I);
     PAR_FN(par_etp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
     if (!h)
         return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory");
-    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
-    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
-    h->d = M->d, h->I = M->I, h->Il = M->I / P;
-    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
-    if (!h->sl) {
+    par_status s = par_mbstate_init(&h->st, "etp", n_mb, M->n_blocks, NULL, sizeof(etp_state), state_drop);
+    if (s) {
         par_free(h);
-        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory for %d x %d states", n_slots, h->nb);
+        return s;
     }
+    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
+    h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
+    h->d = M->d, h->I = M->I, h->Il = M->I / P;
     *out = h;
     return PAR_OK;
 }
@@ -215,29 +205,52 @@ void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, i
     const int P = tp ? par_comm_size(tp) : 1;
     memset(&h->shtr, 0, sizeof h->shtr);
     h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
-    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
-        slot_free(&h->sl[i]);
-}
-
-void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out)
-{
-    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->shtr) : 0};
-}
-
-void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M)
-{
-    M->moe.fwd = moe_fwd;
-    M->moe.bwd = moe_bwd;
-    M->moe.wgt = moe_wgt;
-    M->moe.ctx = h;
+    par_mbstate_drop_all(&h->st);
 }
 
 void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h)
 {
     if (!h)
         return;
-    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
-        slot_free(&h->sl[i]);
-    par_free(h->sl);
+    par_mbstate_free(&h->st);
     par_free(h);
 }
+
+/* ----------------------------------------------------------- the entry -- */
+
+static int applies(const par_layout *l)
+{
+    return l->etp > 1 && l->ep <= 1; /* EP > 1: ETP inside EP (parallel/moe/ep_etp.c) */
+}
+
+/* The MoE hook; the TP shared expert inside it when TP splits it.  TP x
+ * ETP without SP: ETP = TP, the group's ranks hold the same tokens. */
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    const par_layout *l = e->P->lay;
+    PAR_FN(par_etp_hook) *h;
+    par_status s = PAR_FN(par_etp_hook_create)(&h, e->P->g.g[PAR_GROUP_ETP], M, e->n_mb,
+                                               l->tp <= 1 || l->sequence_parallel);
+    if (s)
+        return s;
+    M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
+    if (par_tp_shared_expert_split(l))
+        PAR_FN(par_etp_hook_set_shared_tp)(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+    *out = h;
+    return PAR_OK;
+}
+
+static void report(const void *h, const par_hook_report *r)
+{
+    const PAR_FN(par_etp_hook) *x = h;
+    if (r->shared)
+        r->shared->units += x->sh_units, r->shared->bytes += par_tp_traffic_bytes(&x->shtr);
+}
+
+static void hook_free(void *h)
+{
+    PAR_FN(par_etp_hook_free)(h);
+}
+
+const PAR_FN(par_hookset) PAR_FN(par_etp_hookset) = {
+    .name = "etp", .applies = applies, .create = create, .report = report, .free = hook_free};

@@ -23,17 +23,18 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
 typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
 
-/* A hook for M's blocks over the ETP group `etp` (not owned) with n_slots
- * microbatch slots; M must hold every expert.  sp = 1: the group's ranks
- * hold disjoint tokens (rows gathered, outputs reduce-scattered); sp = 0:
- * the same tokens (TP = ETP without sequence parallelism: the ETP group is
- * the TP group; outputs all-reduced). */
+/* A hook for M's blocks over the ETP group `etp` (not owned) with state
+ * for n_mb microbatches; M must hold every expert.  sp = 1: the group's
+ * ranks hold disjoint tokens (rows gathered, outputs reduce-scattered);
+ * sp = 0: the same tokens (TP = ETP without sequence parallelism: the ETP
+ * group is the TP group; outputs all-reduced). */
 par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots, int sp);
+                                       int n_mb, int sp);
 /* The TP shared expert (TP > 1; parallel/layout/tp_split.h par_tp_shared_expert_split):
  * the shared expert column / row parallel over the TP group `tp` (not owned;
  * parallel/tp/tp_mlp.h) on the rank's tokens (sp: all-gathered over TP, the
@@ -42,8 +43,11 @@ par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp
  * PAR_TPG_SHARED).  A group of one (or NULL) runs it whole (the default).
  * faults: parallel/tp/tp.h's bits.  Frees the kept state. */
 void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults);
-void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out);
-void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M);
 void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h); /* NULL is fine */
+
+/* The executor's entry (parallel/hook/hookset.h): ETP > 1 with EP = 1,
+ * installed as M->moe (with the TP shared expert when TP splits it);
+ * reports the shared expert's work (par_hook_report.shared). */
+extern const PAR_FN(par_hookset) PAR_FN(par_etp_hookset);
 
 #endif

@@ -5,39 +5,34 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/moe/etp.h"
 #include "parallel/layout/tp_split.h"
 
+/* What (microbatch, block) keeps from its forward to its input pass (the
+ * last that reads it: the input pass adds every gradient). */
 typedef struct {
     PAR_FN(par_etp_moe_saved) sv;
     PAR_FN(par_tp_mlp_shard) shw; /* the shared expert's shard (w2's columns copied, their gradient) */
-    int used;
-} moe_slot;
+    int used;                     /* the forward ran */
+} moe_state;
 
 struct PAR_FN(par_tp_moe_hook_s) {
     par_tp tp, one; /* the shared expert's group; the routed experts' (one rank) */
-    int nb, n_slots, rank, P, E;
+    int rank, P, E;
     int64_t d, I, Il;
-    moe_slot *sl; /* [n_slots, nb] */
+    par_mbstate st; /* moe_state of (microbatch, block) */
     par_tp_traffic tr;
     int64_t sh_units;
 };
 
 typedef PAR_FN(par_tp_moe_hook) mhook;
 
-static void slot_free(moe_slot *q)
+static void state_drop(void *p)
 {
+    moe_state *q = p;
     PAR_FN(par_etp_moe_saved_free)(&q->sv);
     PAR_FN(par_tp_mlp_shard_free)(&q->shw);
-    memset(q, 0, sizeof *q);
-}
-
-static moe_slot *slot_of(mhook *h, const par_mbctx *x, int b)
-{
-    int k = x ? x->slot : 0;
-    if (k < 0 || k >= h->n_slots || b < 0 || b >= h->nb)
-        return NULL;
-    return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
 /* 1 when M holds block b's shared expert as this rank's shards (w1 / w3
@@ -50,7 +45,7 @@ static int held_shards(const PAR_FN(par_model) *M, int b)
 }
 
 /* Block b's weights: every routed expert whole, the shared expert's shard. */
-static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_slot *q, PAR_FN(par_etp_weights) *W)
+static par_status weights_of(mhook *h, PAR_FN(par_model) *M, int b, const moe_state *q, PAR_FN(par_etp_weights) *W)
 {
     const size_t E = (size_t)h->E;
     if (M->e0 != 0 || M->e1 != (int64_t)E)
@@ -70,17 +65,15 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           int64_t T)
 {
     mhook *h = ctx;
-    moe_slot *q = slot_of(h, x, b);
+    moe_state *q;
     (void)tokens;
-    if (!q)
-        return par_err(PAR_EINVAL, "tp shared expert: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb,
-                       h->n_slots);
-    slot_free(q);
     const par_block_params *bp = &M->tab.blocks[b];
-    par_status s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
-                                                 PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
-                                                 PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), h->d, h->I,
-                                                 &h->tp, held_shards(M, b));
+    par_status s = par_mbstate_new(&h->st, x, b, (void **)&q);
+    if (!s)
+        s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
+                                          PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
+                                          PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3), h->d, h->I,
+                                          &h->tp, held_shards(M, b));
     PAR_FN(par_etp_weights) W;
     if (s || (s = weights_of(h, M, b, q, &W)))
         return s;
@@ -96,7 +89,7 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
 {
     mhook *h = ctx;
-    moe_slot *q = slot_of(h, x, b);
+    moe_state *q = par_mbstate_get(&h->st, x, b);
     (void)xin, (void)w, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "tp shared expert backward: block %d has no forward", b);
@@ -113,7 +106,7 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     if ((s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->one, &h->tp)))
         return s;
     PAR_FN(par_tp_mlp_shard_add_dw2)(&q->shw, PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2));
-    q->used = 0;
+    par_mbstate_drop(&h->st, x, b); /* the microbatch's backward of the block is done */
     return PAR_OK;
 }
 
@@ -125,59 +118,72 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 }
 
 par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_slots, int sp, unsigned faults)
+                                          int n_mb, int sp, unsigned faults)
 {
     *out = NULL;
     const int P = tp ? par_comm_size(tp) : 1;
-    if (!tp || n_slots < 1)
-        return par_err(PAR_EINVAL, "tp shared expert: a hook needs a TP group and at least one slot (got %d)",
-                       n_slots);
+    if (!tp)
+        return par_err(PAR_EINVAL, "tp shared expert: a hook needs a TP group");
     if (M->I % P != 0)
         return par_err(PAR_EINVAL, "tensor-model-parallel-size %d does not divide moe_inter_dim %lld (TP splits the "
                        "shared expert's hidden units)", P, (long long)M->I);
     mhook *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
     if (!h)
         return par_err(PAR_ENOMEM, "tp shared expert: out of memory");
+    par_status s = par_mbstate_init(&h->st, "tp shared expert", n_mb, M->n_blocks, NULL, sizeof(moe_state),
+                                    state_drop);
+    if (s) {
+        par_free(h);
+        return s;
+    }
     h->tp = (par_tp){.comm = tp, .sp = sp, .faults = faults, .traffic = &h->tr};
     h->one = (par_tp){.comm = NULL};
-    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
+    h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
-    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
-    if (!h->sl) {
-        par_free(h);
-        return par_err(PAR_ENOMEM, "tp shared expert: out of memory for %d x %d states", n_slots, h->nb);
-    }
     *out = h;
     return PAR_OK;
-}
-
-void PAR_FN(par_tp_moe_hook_install)(PAR_FN(par_tp_moe_hook) *h, PAR_FN(par_model) *M)
-{
-    M->moe.fwd = moe_fwd;
-    M->moe.bwd = moe_bwd;
-    M->moe.wgt = moe_wgt;
-    M->moe.ctx = h;
-}
-
-void PAR_FN(par_tp_moe_hook_traffic)(const PAR_FN(par_tp_moe_hook) *h, par_tp_traffic *out)
-{
-    if (h)
-        *out = h->tr;
-    else
-        memset(out, 0, sizeof *out);
-}
-
-void PAR_FN(par_tp_moe_hook_shared_stats)(const PAR_FN(par_tp_moe_hook) *h, par_tp_shared_stats *out)
-{
-    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->tr) : 0};
 }
 
 void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h)
 {
     if (!h)
         return;
-    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
-        slot_free(&h->sl[i]);
-    par_free(h->sl);
+    par_mbstate_free(&h->st);
     par_free(h);
 }
+
+/* ----------------------------------------------------------- the entry -- */
+
+/* TP > 1 splitting the shared expert with EP = ETP = 1 (EP > 1: the EP
+ * executor runs it, parallel/moe/ep_tp.c; ETP > 1: the ETP hook). */
+static int applies(const par_layout *l)
+{
+    return l->tp > 1 && l->ep <= 1 && l->etp <= 1 && par_tp_shared_expert_split(l);
+}
+
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    mhook *h;
+    par_status s = PAR_FN(par_tp_moe_hook_create)(&h, e->P->g.g[PAR_GROUP_TP], M, e->n_mb,
+                                                  e->P->lay->sequence_parallel, e->tp_faults);
+    if (s)
+        return s;
+    M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
+    *out = h;
+    return PAR_OK;
+}
+
+static void report(const void *h, const par_hook_report *r)
+{
+    const mhook *x = h;
+    if (r->shared)
+        r->shared->units += x->sh_units, r->shared->bytes += par_tp_traffic_bytes(&x->tr);
+}
+
+static void hook_free(void *h)
+{
+    PAR_FN(par_tp_moe_hook_free)(h);
+}
+
+const PAR_FN(par_hookset) PAR_FN(par_tp_moe_hookset) = {
+    .name = "tp shared expert", .applies = applies, .create = create, .report = report, .free = hook_free};

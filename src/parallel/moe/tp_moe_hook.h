@@ -12,8 +12,8 @@
  * place, the same columns of w2 copied; its partial output summed over TP
  * (sp: reduce-scattered).  The shard's gradients go into rank r's block of
  * M->grads (zeros elsewhere): par_reduce_tp_grads (PAR_TPG_SHARED) sums
- * them over the group once per step.  One saved forward per (microbatch
- * slot, block).
+ * them over the group once per step.  One state per (microbatch, block)
+ * from its forward to its input pass (parallel/hook/mbstate.h).
  */
 #ifndef PAR_PARALLEL_MOE_TP_MOE_HOOK_H
 #define PAR_PARALLEL_MOE_TP_MOE_HOOK_H
@@ -22,21 +22,22 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
 typedef struct PAR_FN(par_tp_moe_hook_s) PAR_FN(par_tp_moe_hook);
 
-/* A hook over the TP group `tp` (not owned) with n_slots microbatch slots;
- * sp as parallel/tp/tp.h, faults its PAR_TP_FAULT_* bits (0 in real runs).
- * PAR_EINVAL naming the numbers when the group's size does not divide
- * moe_inter_dim. */
+/* A hook over the TP group `tp` (not owned) with state for n_mb
+ * microbatches; sp as parallel/tp/tp.h, faults its PAR_TP_FAULT_* bits (0
+ * in real runs).  PAR_EINVAL naming the numbers when the group's size does
+ * not divide moe_inter_dim. */
 par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_slots, int sp, unsigned faults);
-/* M->moe = this hook (once, before the first step). */
-void PAR_FN(par_tp_moe_hook_install)(PAR_FN(par_tp_moe_hook) *h, PAR_FN(par_model) *M);
-void PAR_FN(par_tp_moe_hook_traffic)(const PAR_FN(par_tp_moe_hook) *h, par_tp_traffic *out);
-/* The shared expert's work on this rank so far (parallel/tp/tp.h). */
-void PAR_FN(par_tp_moe_hook_shared_stats)(const PAR_FN(par_tp_moe_hook) *h, par_tp_shared_stats *out);
+                                          int n_mb, int sp, unsigned faults);
 void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h); /* NULL is fine */
+
+/* The executor's entry (parallel/hook/hookset.h): TP > 1 splitting the
+ * shared expert with EP = ETP = 1, installed as M->moe; reports the shared
+ * expert's work (par_hook_report.shared). */
+extern const PAR_FN(par_hookset) PAR_FN(par_tp_moe_hookset);
 
 #endif

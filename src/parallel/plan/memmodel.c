@@ -367,12 +367,8 @@ static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int s
             r += x;
         else if (it == PAR_BLK_LOSS)
             r += par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T), wk += par_memmodel_act_head_wkeep(c, T);
-        if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
-            double kb = par_memmodel_act_block_exec_kept(c, b, T);
-            r += par_memmodel_act_block_saved(c, b, T) - kb;
-            k += kb;
-            wk += par_memmodel_act_block_wkeep(c, b, T);
-        }
+        if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) /* (every hook's state goes with the microbatch: mbstate.h) */
+            r += par_memmodel_act_block_saved(c, b, T), wk += par_memmodel_act_block_wkeep(c, b, T);
         if (it == PAR_BLK_MTP)
             r += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T),
                 wk += par_memmodel_act_mtp_input_wkeep(c, T) + par_memmodel_act_head_wkeep(c, T);
@@ -515,8 +511,8 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
         seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
-        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's ep.c and
-                      * cp_hook.c do too; its TP / ETP hooks keep theirs for the step) */
+        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's block hooks do
+                      * too, parallel/hook/mbstate.h; its vocabulary hook keeps the heads' for the step) */
             v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
         else /* the slot's aux counts (par_stats_view) */
             v[s] += par_memmodel_act_stats_rows(&c, ns_mb, nrow);

@@ -243,16 +243,6 @@ double par_memmodel_act_block_saved(const par_memmodel_act_ctx *c, int b, int64_
     return s + moe_state(c, T);
 }
 
-double par_memmodel_act_block_exec_kept(const par_memmodel_act_ctx *c, int b, int64_t Ti)
-{
-    if (c->recompute)
-        return 0;
-    double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || c->tp_mlp ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
-    if (c->tp > 1) /* tp_hook.c, cptp_hook.c */
-        kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
-    return kept;
-}
-
 /* Scratch of the MoE backward: moe.c par_moe_backward's workspace, or
  * ep.c ep_bwd's rbuf, dyg, dxg, back, slots, dxs. */
 static double moe_bwd_scratch(const par_memmodel_act_ctx *c, double T)

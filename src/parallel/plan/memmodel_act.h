@@ -51,19 +51,11 @@ typedef struct {
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */
 } par_memmodel_act_ctx;
-
 /* Bytes kept by block b's forward on T tokens until its backward (block.c:
  * two mHC states, the attention sub-layer, the gate and the MoE sub-layer
- * through the serial kernel, ep.c or cp.c). */
+ * through the serial kernel, ep.c or cp.c; the hooks' states, freed with
+ * the microbatch: parallel/hook/mbstate.h). */
 double par_memmodel_act_block_saved(const par_memmodel_act_ctx *c, int b, int64_t T);
-/* The part of par_memmodel_act_block_saved the TP / ETP hooks keep in their own
- * state (tp_hook.c / cptp_hook.c with TP > 1, etp_hook.c with ETP > 1 and
- * EP 1): freed at the next forward of the same block and microbatch slot,
- * not with the pipeline slot (so a pipeline keeps it for every microbatch
- * of the step).  ep.c's blk_state (EP > 1) and cp_hook.c's saved rows
- * (CP > 1, TP 1) are freed by the block's weight pass, with the
- * microbatch: they are in par_memmodel_act_block_saved's released part. */
-double par_memmodel_act_block_exec_kept(const par_memmodel_act_ctx *c, int b, int64_t T);
 /* The most bytes block b's backward holds at once beyond what it saved
  * (block.c's gradient buffers + the larger of the MoE and the attention
  * backward's scratch). */

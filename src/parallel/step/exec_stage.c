@@ -1,15 +1,15 @@
 /* parallel/step/exec_stage.c - what one (microbatch, stage) computes: the forward of
  * its items, their input-gradient passes (B), their weight-gradient passes
- * (W), and the slot that keeps its activations from F to B to W.  Part of
+ * (W), and the (mb, stage) state that keeps its activations from F to B to W.  Part of
  * the step executor (parallel/step/exec-impl.h). */
 #include <string.h>
 
 #include "core/device.h"
 #include "parallel/step/exec-impl.h"
 
-/* ---------------------------------------------------------------- slots -- */
+/* ------------------------------------------------- (mb, stage) states -- */
 
-static void slot_release(slot *sl, int n_items)
+static void mbstage_release(mbstage *sl, int n_items)
 {
     if (!sl->used)
         return;
@@ -22,11 +22,11 @@ static void slot_release(slot *sl, int n_items)
 
 void PAR_FN(par__exec_release_all)(exec_t *ex)
 {
-    if (!ex->slots)
+    if (!ex->mbst)
         return;
     for (int k = 0; k < ex->m; k++)
         for (int j = 0; j < ex->n_local; j++)
-            slot_release(&ex->slots[k * ex->n_local + j], ex->ls[j].n_items);
+            mbstage_release(&ex->mbst[k * ex->n_local + j], ex->ls[j].n_items);
 }
 
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage)
@@ -35,13 +35,13 @@ int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage)
     return ex->stage_local[dir * ex->n_stages + stage];
 }
 
-par_status PAR_FN(par__exec_slot)(exec_t *ex, int mb, int stage, slot **out, lstage **lso)
+par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **out, lstage **lso)
 {
     int j = PAR_FN(par__exec_local_of)(ex, mb, stage);
     if (j < 0)
         return par_err(PAR_EINTERNAL, "pipeline: rank %d runs stage %d of microbatch %d, which is not its own",
                        ex->me, stage, mb);
-    slot *sl = &ex->slots[mb * ex->n_local + j];
+    mbstage *sl = &ex->mbst[mb * ex->n_local + j];
     if (!sl->used) {
         sl->blk = par_calloc((size_t)(ex->ls[j].n_items + 1), sizeof *sl->blk, PAR_TAG_ACT);
         if (!sl->blk)
@@ -84,12 +84,12 @@ static void keep_rows(const exec_t *ex, void *dst, const void *src, int mb, int6
 
 /* The stage's input: received, or the previous stage's output on this rank
  * (DualPipeV's turn: a local transfer). */
-static par_status stage_input(exec_t *ex, slot *sl, int mb, int stage)
+static par_status stage_input(exec_t *ex, mbstage *sl, int mb, int stage)
 {
     if (sl->xin || stage == 0)
         return PAR_OK;
-    slot *pv = NULL;
-    if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0 && !PAR_FN(par__exec_slot)(ex, mb, stage - 1, &pv, NULL) &&
+    mbstage *pv = NULL;
+    if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0 && !PAR_FN(par__exec_mbstage)(ex, mb, stage - 1, &pv, NULL) &&
         pv->fwd_done) {
         sl->xin = pv->xout;
         return PAR_OK;
@@ -101,7 +101,7 @@ static par_status stage_input(exec_t *ex, slot *sl, int mb, int stage)
 }
 
 /* Item j of the stage's forward on the residual *X. */
-static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb,
+static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb,
                                const par_real **X)
 {
     const par_batch *bt = &ex->mb[mb];
@@ -158,7 +158,7 @@ static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_
 /* The microbatch's aux-loss terms of the stage's blocks, from its counts
  * (CP, SP: first summed over the ranks that hold its other columns, in
  * place: the backward reads the sums). */
-static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls)
+static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls)
 {
     /* ls->block: the items' blocks, -1 for E and L (both calls skip those) */
     par_status s = ex->tokc ? PAR_FN(par_reduce_mb_stats)(ex->tokc, &sl->st, ls->block, ls->n_items) : PAR_OK;
@@ -169,9 +169,9 @@ static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
 
 par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage)
 {
-    slot *sl;
+    mbstage *sl;
     lstage *ls;
-    par_status s = PAR_FN(par__exec_slot)(ex, mb, stage, &sl, &ls);
+    par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage, &sl, &ls);
     if (s)
         return s;
     if (sl->fwd_done)
@@ -192,7 +192,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
         return s;
     if (!X && stage > 0)
         return par_err(PAR_EINTERNAL, "pipeline: stage %d produced no output", stage);
-    /* the output leaves: a heap copy for the send (the slot may be gone
+    /* the output leaves: a heap copy for the send (the state may be gone
      * before the send completes) unless the next stage is on this rank */
     if (stage < ex->n_stages - 1 && PAR_FN(par__exec_local_of)(ex, mb, stage + 1) < 0) {
         int o = mb * ex->n_stages + stage;
@@ -208,7 +208,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
 /* The gradients one item's backward writes: t: the block input's (out[0]);
  * m: the MTP head's into the MTP block (out[0]), the MTP block's input's
  * (out[1], kept until W). */
-static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_real **out)
+static par_status item_outs(mbstage *sl, const lstage *ls, int j, size_t xb, par_real **out)
 {
     out[0] = out[1] = NULL;
     char c = ls->items[j];
@@ -223,7 +223,7 @@ static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_re
 
 /* B (or, bw, the whole backward in one pass) of item j: *dX is the
  * gradient of the item's output, replaced by that of its input. */
-static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb, int bw,
+static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb, int bw,
                              par_real **dX, par_real **out)
 {
     const par_config *c = &ex->cfg;
@@ -265,7 +265,7 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
 }
 
 /* W of item j, after its B. */
-static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb)
+static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb)
 {
     const par_mbctx *x = &ex->mbx[mb];
     int b = ls->block[j];
@@ -287,15 +287,15 @@ static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
     return par_err(PAR_EINTERNAL, "pipeline: unknown layout item '%c'", ls->items[j]);
 }
 
-/* The input gradient leaves: to the previous stage's slot when it is on
+/* The input gradient leaves: to the previous stage's state when it is on
  * this rank, else a heap copy for the send. */
 static par_status grad_out(exec_t *ex, int mb, int stage, const par_real *dX, size_t xb)
 {
     if (stage == 0)
         return PAR_OK;
     if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0) {
-        slot *pv;
-        par_status s = PAR_FN(par__exec_slot)(ex, mb, stage - 1, &pv, NULL);
+        mbstage *pv;
+        par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage - 1, &pv, NULL);
         if (s)
             return s;
         if (!(pv->gout = par_arena_alloc(&pv->ar, xb ? xb : 64, 64)))
@@ -310,7 +310,7 @@ static par_status grad_out(exec_t *ex, int mb, int stage, const par_real *dX, si
     return PAR_OK;
 }
 
-static par_status backward_check(exec_t *ex, const slot *sl, int mb, int stage, int kind)
+static par_status backward_check(exec_t *ex, const mbstage *sl, int mb, int stage, int kind)
 {
     if (kind == PAR_ACT_W && (!sl->bwd_done || !sl->w_due))
         return par_err(PAR_EINTERNAL, "pipeline: W of microbatch %d stage %d without its B", mb, stage);
@@ -324,9 +324,9 @@ static par_status backward_check(exec_t *ex, const slot *sl, int mb, int stage, 
 
 par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage, int kind)
 {
-    slot *sl;
+    mbstage *sl;
     lstage *ls;
-    par_status s = PAR_FN(par__exec_slot)(ex, mb, stage, &sl, &ls);
+    par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage, &sl, &ls);
     if (s || (s = backward_check(ex, sl, mb, stage, kind)))
         return s;
     size_t xb = (size_t)(ex->Tm * ex->nd) * sizeof(par_real);
@@ -352,9 +352,9 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             return s;
     }
     sl->w_due = kind == PAR_ACT_B;
-    /* the slot's activations are no longer needed (a local next stage read
+    /* the state's activations are no longer needed (a local next stage read
      * xout during its forward, long done) */
     if (!sl->w_due)
-        slot_release(sl, ls->n_items);
+        mbstage_release(sl, ls->n_items);
     return PAR_OK;
 }

@@ -507,3 +507,60 @@ par_status PAR_FN(par_tp_attn_reduce_grads)(PAR_FN(par_attn_weights) *dWl,
     par_free(buf);
     return st;
 }
+
+/* ------------------------------------------------- a hook's local shard -- */
+
+par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int rank, int P, int held, const char *who)
+{
+    memset(L, 0, sizeof *L);
+    L->shard = PAR_FN(par_tp_attn_shard_count)(dm, P);
+    L->rank = rank, L->P = P, L->held = held; /* held: the weights read in place, the gradients added in place */
+    if (!(L->buf = par_malloc((size_t)((held ? 1 : 3) * L->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "%s: out of memory for a shard of %lld reals", who, (long long)L->shard);
+    PAR_FN(par_tp_attn_shard_held)(&L->Wl, L->buf, W, dm, rank, P, held);
+    return PAR_OK;
+}
+
+/* The gradient shard (after Wl's copy unless held) and the add's scratch
+ * (NULL when held: par_tp_attn_grads_add_held adds in place). */
+static par_real *local_dwl(const PAR_FN(par_tp_attn_local) *L)
+{
+    return L->buf + (L->held ? 0 : L->shard);
+}
+
+static par_real *local_scratch(const PAR_FN(par_tp_attn_local) *L)
+{
+    return L->held ? NULL : L->buf + 2 * L->shard;
+}
+
+void PAR_FN(par_tp_attn_local_zero)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm)
+{
+    PAR_FN(par_tp_attn_shard)(&L->dWl, local_dwl(L), W, dm, L->rank, L->P);
+    memset(local_dwl(L), 0, (size_t)L->shard * sizeof(par_real));
+}
+
+void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *dsink, const par_attn_dims *dm)
+{
+    if (!dsink)
+        return;
+    PAR_FN(par_attn_weights) sink, only = {.attn_sink = L->dWl.attn_sink};
+    memset(&sink, 0, sizeof sink);
+    sink.attn_sink = dsink;
+    PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, dm, L->rank, L->P, local_scratch(L), L->held);
+}
+
+void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *dW,
+                                   const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm)
+{
+    PAR_FN(par_attn_weights) d = *dW;
+    d.attn_sink = NULL; /* the input pass's */
+    PAR_FN(par_tp_attn_grads_add_held)(&d, g, dm, L->rank, L->P, local_scratch(L), L->held);
+}
+
+void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L)
+{
+    par_free(L->buf);
+    memset(L, 0, sizeof *L);
+}

@@ -87,6 +87,32 @@ void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_a
  * left as they are.  scratch: shard_count reals. */
 void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                    const par_attn_dims *dm, int rank, int P, par_real *scratch);
+/* A hook's shard of one block for one microbatch (tp/tp_attn_hook.c,
+ * cp/cptp_hook.c): rank r's weights Wl (cut from the whole ones, or the
+ * held shards in place) and their gradients dWl, until the weight pass
+ * adds them into the model's. */
+typedef struct {
+    PAR_FN(par_attn_weights) Wl, dWl;
+    par_real *buf;  /* [3 * shard]: Wl, dWl, scratch; held: [shard], dWl alone */
+    int64_t shard;
+    int rank, P, held; /* held: the model holds the cuts as the rank's shards (par_tp_attn_shard_held) */
+} PAR_FN(par_tp_attn_local);
+
+/* The forward's: buf for the shard, Wl = rank r's shard of W.
+ * PAR_ENOMEM naming who. */
+par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int rank, int P, int held, const char *who);
+/* The input pass's start: dWl points at the gradient shard, zeroed. */
+void PAR_FN(par_tp_attn_local_zero)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm);
+/* dsink (the whole sinks' gradient) += the shard's (NULL: nothing). */
+void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *dsink, const par_attn_dims *dm);
+/* The weight pass: dW (the model's) += g (dWl or its copy) but the sinks
+ * (the input pass's). */
+void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *dW,
+                                   const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm);
+void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L); /* zeroed: fine */
+
 /* What the forward keeps for the backward (all T tokens, this rank's
  * heads). */
 typedef struct {

@@ -162,26 +162,6 @@ par_status PAR_FN(par_tp_vocab_hook_create)(PAR_FN(par_tp_vocab_hook) **out, par
     return PAR_OK;
 }
 
-void PAR_FN(par_tp_vocab_hook_keep)(PAR_FN(par_tp_vocab_hook) *h, int keep_logits)
-{
-    if (h)
-        h->keep = keep_logits;
-}
-
-void PAR_FN(par_tp_vocab_hook_install)(PAR_FN(par_tp_vocab_hook) *h, PAR_FN(par_model) *M)
-{
-    M->vocab = (PAR_FN(par_vocab_exec)){
-        .embed = embed_fwd, .embed_bwd = embed_bwd, .head = head_fwd, .head_bwd = head_bwd, .ctx = h};
-}
-
-void PAR_FN(par_tp_vocab_hook_traffic)(const PAR_FN(par_tp_vocab_hook) *h, par_tp_traffic *out)
-{
-    if (h)
-        *out = h->tr;
-    else
-        memset(out, 0, sizeof *out);
-}
-
 void PAR_FN(par_tp_vocab_hook_free)(PAR_FN(par_tp_vocab_hook) *h)
 {
     if (!h)
@@ -191,3 +171,40 @@ void PAR_FN(par_tp_vocab_hook_free)(PAR_FN(par_tp_vocab_hook) *h)
     par_free(h->hs);
     par_free(h);
 }
+
+/* ----------------------------------------------------------- the entry -- */
+
+static int applies(const par_layout *l)
+{
+    return l->tp > 1; /* every TP layer under TP > 1, as Megatron-LM does */
+}
+
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    vhook *h;
+    par_status s = PAR_FN(par_tp_vocab_hook_create)(&h, e->P->g.g[PAR_GROUP_TP], M, e->n_heads,
+                                                    e->P->lay->sequence_parallel, e->tp_faults, 0);
+    if (s)
+        return s;
+    M->vocab = (PAR_FN(par_vocab_exec)){
+        .embed = embed_fwd, .embed_bwd = embed_bwd, .head = head_fwd, .head_bwd = head_bwd, .ctx = h};
+    *out = h;
+    return PAR_OK;
+}
+
+/* A dumped step's heads gather the whole logits; the model allocates [T,
+ * V] logits only then. */
+static void step(void *p, PAR_FN(par_model) *M, int keep)
+{
+    vhook *h = p;
+    h->keep = keep;
+    M->vocab.logits = keep;
+}
+
+static void hook_free(void *h)
+{
+    PAR_FN(par_tp_vocab_hook_free)(h);
+}
+
+const PAR_FN(par_hookset) PAR_FN(par_tp_vocab_hookset) = {
+    .name = "vocab-parallel", .applies = applies, .create = create, .step = step, .free = hook_free};

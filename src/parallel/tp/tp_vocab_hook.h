@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
 typedef struct PAR_FN(par_tp_vocab_hook_s) PAR_FN(par_tp_vocab_hook);
@@ -33,12 +34,11 @@ typedef struct PAR_FN(par_tp_vocab_hook_s) PAR_FN(par_tp_vocab_hook);
 par_status PAR_FN(par_tp_vocab_hook_create)(PAR_FN(par_tp_vocab_hook) **out, par_comm *tp,
                                             const PAR_FN(par_model) *M, int n_keys, int sp, unsigned faults,
                                             int keep_logits);
-/* Whether this step's heads gather the whole logits for a dump (NULL h: nothing). */
-void PAR_FN(par_tp_vocab_hook_keep)(PAR_FN(par_tp_vocab_hook) *h, int keep_logits);
-/* M->vocab = this hook (once, before the first step). */
-void PAR_FN(par_tp_vocab_hook_install)(PAR_FN(par_tp_vocab_hook) *h, PAR_FN(par_model) *M);
-/* Bytes this rank handed to src/comm since creation (zeros for NULL). */
-void PAR_FN(par_tp_vocab_hook_traffic)(const PAR_FN(par_tp_vocab_hook) *h, par_tp_traffic *out);
 void PAR_FN(par_tp_vocab_hook_free)(PAR_FN(par_tp_vocab_hook) *h); /* NULL is fine */
+
+/* The executor's entry (parallel/hook/hookset.h): TP > 1, installed as
+ * M->vocab; before each step, whether its heads gather the whole logits
+ * for a dump. */
+extern const PAR_FN(par_hookset) PAR_FN(par_tp_vocab_hookset);
 
 #endif
