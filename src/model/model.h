@@ -280,8 +280,8 @@ typedef struct {
  * (src/parallel/tp/tp_vocab_hook.c) installs its own once: vocab-parallel,
  * without gathered logits.  embed: h = embed.weight[ids[t]]; embed_bwd (the
  * weight pass): embed.weight's gradient += dh by ids.  head: ce and lse of
- * the logits xn head.weight^T (key names the head act that owns the call's
- * saved state); logits is filled only when the executor keeps them for a
+ * the logits xn head.weight^T (x and which, 0 main / 1 MTP, key the call's
+ * saved state, as the other executors' (microbatch, block)); logits is filled only when the executor keeps them for a
  * dump (`logits` = 1: the model then allocates them, else passes NULL and
  * holds no [T, V] buffer), else left as it is.  head_bwd: dxn += d/dxn of scale * sum_t CE_t
  * (NULL: not wanted) and, with weights, head.weight's gradient +=.  All
@@ -295,14 +295,14 @@ typedef struct {
                             const par_real *dh, /* [T, d] */
                             const int32_t *ids, /* [T] */
                             int64_t T);
-    par_status (*head)(void *ctx, PAR_FN(par_model) *M, const void *key,
+    par_status (*head)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which,
                        par_real *ce,            /* [T] out */
                        par_real *lse,           /* [T] out */
                        par_real *logits,        /* [T, V] out (dumps only) */
                        const par_real *xn,      /* [T, d] */
                        const int32_t *target,   /* [T] */
                        int64_t T);
-    par_status (*head_bwd)(void *ctx, PAR_FN(par_model) *M, const void *key,
+    par_status (*head_bwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which,
                            par_real *dxn,       /* [T, d] += or NULL */
                            int weights, double scale);
     void *ctx;
@@ -521,9 +521,10 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, 
 /* Frees what a block act holds outside the arena. */
 void PAR_FN(par_block_act_release)(PAR_FN(par_block_act) *a);
 
-/* Head `which` (0 main, 1 MTP): logits and per-token CE; CE sums per sample
- * into ce_sum[sample[t]] (st->ce_main or st->ce_mtp) for tokens with a target. */
-par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+/* Head `which` (0 main, 1 MTP) of microbatch x (as par_block_forward's; NULL:
+ * microbatch 0): logits and per-token CE; CE sums per sample into
+ * ce_sum[sample[t]] (st->ce_main or st->ce_mtp) for tokens with a target. */
+par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                     par_arena *ar, const par_real *X, /* [T, n, d] */
                                     const int32_t *target,            /* [T] */
                                     const int32_t *sample,            /* [T] */
@@ -532,12 +533,12 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
 /* dX += d/dX of scale * sum_t CE_t (scale = 1/N_main or mtp_lambda/N_mtp).
  * _input (B) keeps what _weights (W: head.weight, the norm, hc_head_*)
  * needs in h (arena memory from `ar`); par_head_backward is one pass. */
-par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                            par_arena *ar, par_real *dX, /* [T, n, d] += */
                                            double scale);
-par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                              par_arena *ar);
-par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                      par_arena *ar, par_real *dX, /* [T, n, d] += */
                                      double scale);
 

@@ -10,9 +10,9 @@
 /* The saved forwards (par_cp_attn_saved) of (microbatch, held block), from
  * the forward to the weight pass (parallel/hook/mbstate.h). */
 struct PAR_FN(par_cp_hook_s) {
+    par_mbstate st; /* first (par_mbstate_hook_new) */
     par_comm *c;
     int64_t cp;
-    par_mbstate st;
     par_cp_traffic tr;
 };
 
@@ -76,17 +76,15 @@ par_status PAR_FN(par_cp_hook_create)(PAR_FN(par_cp_hook) **out, par_comm *cp, c
     if (!cp)
         return par_err(PAR_EINVAL, "context parallelism: a hook needs a CP group");
     uint8_t *held = par_malloc((size_t)(M->n_blocks > 0 ? M->n_blocks : 1), PAR_TAG_MODEL);
-    PAR_FN(par_cp_hook) *h = held ? par_calloc(1, sizeof *h, PAR_TAG_MODEL) : NULL;
-    for (int b = 0; h && b < M->n_blocks; b++) /* state for the blocks whose attention is held only */
+    for (int b = 0; held && b < M->n_blocks; b++) /* state for the blocks whose attention is held only */
         held[b] = (uint8_t)PAR_FN(par_model_holds)(M, M->tab.blocks[b].wkv);
-    par_status s = h ? par_mbstate_init(&h->st, "cp attention", n_mb, M->n_blocks, held,
-                                        sizeof(PAR_FN(par_cp_attn_saved)), saved_drop)
-                     : par_err(PAR_ENOMEM, "context parallelism: out of memory");
+    PAR_FN(par_cp_hook) *h;
+    par_status s = held ? par_mbstate_hook_new((void **)&h, sizeof *h, "cp attention", n_mb, M->n_blocks, held,
+                                               sizeof(PAR_FN(par_cp_attn_saved)), saved_drop)
+                        : par_err(PAR_ENOMEM, "context parallelism: out of memory");
     par_free(held);
-    if (s) {
-        par_free(h);
+    if (s)
         return s;
-    }
     h->c = cp;
     h->cp = par_comm_size(cp);
     *out = h;
@@ -95,10 +93,7 @@ par_status PAR_FN(par_cp_hook_create)(PAR_FN(par_cp_hook) **out, par_comm *cp, c
 
 void PAR_FN(par_cp_hook_free)(PAR_FN(par_cp_hook) *h)
 {
-    if (!h)
-        return;
-    par_mbstate_free(&h->st);
-    par_free(h);
+    par_mbstate_hook_free(h);
 }
 
 /* ----------------------------------------------------------- the entry -- */
@@ -126,10 +121,5 @@ static void report(const void *h, const par_hook_report *r)
         *r->cp = c->tr;
 }
 
-static void hook_free(void *h)
-{
-    PAR_FN(par_cp_hook_free)(h);
-}
-
 const PAR_FN(par_hookset) PAR_FN(par_cp_hookset) = {
-    .name = "cp attention", .applies = applies, .create = create, .report = report, .free = hook_free};
+    .name = "cp attention", .applies = applies, .create = create, .report = report, .free = par_mbstate_hook_free};

@@ -25,16 +25,16 @@ typedef struct {
     par_real *dyf;                /* SP: B's gathered dy [rows, S/CP, d], for W */
 } cptp_state;
 
-struct PAR_FN(par_cptp_hook_s) {
+typedef struct {
+    par_mbstate st; /* cptp_state of (microbatch, block); first (par_mbstate_hook_new) */
     par_comm *cp;
     par_tp tp, tsp; /* the TP group without / with sequence parallelism (gathers) */
     int sp;         /* the TP ranks hold column slices of the CP slice */
     int64_t ncp;
     int rank, P;
-    par_mbstate st; /* cptp_state of (microbatch, block) */
     par_cp_traffic ctr;
     par_tp_traffic ttr;
-};
+} cptp_hook;
 
 static void state_drop(void *p)
 {
@@ -45,7 +45,7 @@ static void state_drop(void *p)
 }
 
 /* 1 when the call's tokens fit the hook. */
-static int fits(const PAR_FN(par_cptp_hook) *h, const par_mbctx *x, int64_t T)
+static int fits(const cptp_hook *h, const par_mbctx *x, int64_t T)
 {
     return x && x->pos_rows && x->S % (h->ncp * (h->sp ? h->P : 1)) == 0 &&
            T * (h->sp ? h->P : 1) == x->rows * (x->S / h->ncp);
@@ -53,7 +53,7 @@ static int fits(const PAR_FN(par_cptp_hook) *h, const par_mbctx *x, int64_t T)
 
 /* SP forward: x gathered into the CP slice, the CP x TP layer on it (y
  * summed over TP), the rank's columns of y and of the picks kept. */
-static par_status sp_forward(PAR_FN(par_cptp_hook) *h, cptp_state *q, const par_mbctx *x, const par_attn_dims *dm,
+static par_status sp_forward(cptp_hook *h, cptp_state *q, const par_mbctx *x, const par_attn_dims *dm,
                              par_real *y, int32_t *sel, const par_real *xin)
 {
     const int64_t W = x->S / h->ncp, rows = x->rows, T = rows * W, d = dm->d, k = dm->topk;
@@ -78,7 +78,7 @@ static par_status sp_forward(PAR_FN(par_cptp_hook) *h, cptp_state *q, const par_
 
 /* SP input pass: dy gathered into the CP slice (kept in the state for W),
  * the CP input pass on it (dx summed over TP), the rank's columns added. */
-static par_status sp_backward(PAR_FN(par_cptp_hook) *h, cptp_state *q, const par_mbctx *x, int64_t d, par_real *dx,
+static par_status sp_backward(cptp_hook *h, cptp_state *q, const par_mbctx *x, int64_t d, par_real *dx,
                               const par_real *dy)
 {
     const int64_t W = x->S / h->ncp, rows = x->rows, T = rows * W, Tl = T / h->P;
@@ -105,7 +105,7 @@ static par_status sp_backward(PAR_FN(par_cptp_hook) *h, cptp_state *q, const par
 static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
                            const par_real *xin, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_hook *h = ctx;
     cptp_state *q;
     if (!fits(h, x, T))
         return par_err(PAR_EINVAL, "cp x tp attention: block %d on %lld tokens does not fit the hook (CP %lld)", b,
@@ -125,7 +125,7 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
 static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx,
                            par_real *dsink, const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_hook *h = ctx;
     cptp_state *q = fits(h, x, T) ? par_mbstate_get(&h->st, x, b) : NULL;
     if (!q || !q->sv.buf)
         return par_err(PAR_EINVAL, "cp x tp attention backward: block %d has no forward on %lld tokens", b,
@@ -144,7 +144,7 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
 static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, PAR_FN(par_attn_weights) *dW,
                            const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_cptp_hook) *h = ctx;
+    cptp_hook *h = ctx;
     cptp_state *q = fits(h, x, T) ? par_mbstate_get(&h->st, x, b) : NULL;
     (void)W;
     if (!q || !q->lo.buf)
@@ -161,45 +161,6 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     return s;
 }
 
-par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *cp, par_comm *tp,
-                                        const PAR_FN(par_model) *M, int n_mb, int sp)
-{
-    *out = NULL;
-    if (!cp || !tp)
-        return par_err(PAR_EINVAL, "cp x tp attention: a hook needs a CP group and a TP group");
-    par_attn_dims dl;
-    for (int b = 0; b < M->n_blocks; b++) {
-        par_status s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
-        if (s)
-            return s;
-    }
-    PAR_FN(par_cptp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h)
-        return par_err(PAR_ENOMEM, "cp x tp attention: out of memory");
-    par_status s = par_mbstate_init(&h->st, "cp x tp attention", n_mb, M->n_blocks, NULL, sizeof(cptp_state),
-                                    state_drop);
-    if (s) {
-        par_free(h);
-        return s;
-    }
-    h->cp = cp;
-    h->ncp = par_comm_size(cp);
-    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->ttr};
-    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->ttr};
-    h->sp = sp != 0;
-    h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
-    *out = h;
-    return PAR_OK;
-}
-
-void PAR_FN(par_cptp_hook_free)(PAR_FN(par_cptp_hook) *h)
-{
-    if (!h)
-        return;
-    par_mbstate_free(&h->st);
-    par_free(h);
-}
-
 /* ----------------------------------------------------------- the entry -- */
 
 static int applies(const par_layout *l)
@@ -207,22 +168,29 @@ static int applies(const par_layout *l)
     return l->cp > 1 && l->tp > 1;
 }
 
+/* PAR_EINVAL naming the numbers when TP does not divide a block's heads,
+ * groups or index heads. */
 static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
 {
-    PAR_FN(par_cptp_hook) *h;
-    par_status s = PAR_FN(par_cptp_hook_create)(&h, e->P->g.g[PAR_GROUP_CP], e->P->g.g[PAR_GROUP_TP], M, e->n_mb,
-                                                e->P->lay->sequence_parallel);
-    if (s)
+    par_comm *tp = e->P->g.g[PAR_GROUP_TP];
+    par_attn_dims dl;
+    par_status s = PAR_OK;
+    for (int b = 0; b < M->n_blocks && !s; b++)
+        s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
+    cptp_hook *h;
+    if (s || (s = par_mbstate_hook_new((void **)&h, sizeof *h, "cp x tp attention", e->n_mb, M->n_blocks, NULL,
+                                       sizeof(cptp_state), state_drop)))
         return s;
+    h->cp = e->P->g.g[PAR_GROUP_CP];
+    h->ncp = par_comm_size(h->cp);
+    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->ttr};
+    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->ttr};
+    h->sp = e->P->lay->sequence_parallel != 0;
+    h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
     M->attn = (PAR_FN(par_attn_exec)){.fwd = attn_fwd, .bwd = attn_bwd, .wgt = attn_wgt, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-static void hook_free(void *h)
-{
-    PAR_FN(par_cptp_hook_free)(h);
-}
-
 const PAR_FN(par_hookset) PAR_FN(par_cptp_hookset) = {
-    .name = "cp x tp attention", .applies = applies, .create = create, .free = hook_free};
+    .name = "cp x tp attention", .applies = applies, .create = create, .free = par_mbstate_hook_free};

@@ -32,18 +32,9 @@
 #include "model/model.h"
 #include "parallel/hook/hookset.h"
 
-typedef struct PAR_FN(par_cptp_hook_s) PAR_FN(par_cptp_hook);
-
-/* A hook for M's blocks over the CP group `cp` and the TP group `tp` (not
- * owned) with state for n_mb microbatches, sp as above; PAR_EINVAL naming
- * the numbers when TP does not divide a block's heads, groups or index
- * heads. */
-par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *cp, par_comm *tp,
-                                        const PAR_FN(par_model) *M, int n_mb, int sp);
-void PAR_FN(par_cptp_hook_free)(PAR_FN(par_cptp_hook) *h); /* NULL is fine */
-
 /* The executor's entry (parallel/hook/hookset.h): TP > 1 with CP > 1,
- * installed as M->attn. */
+ * installed as M->attn, sp as above; PAR_EINVAL naming the numbers when TP
+ * does not divide a block's heads, groups or index heads. */
 extern const PAR_FN(par_hookset) PAR_FN(par_cptp_hookset);
 
 #endif

@@ -30,7 +30,6 @@ struct par_tp_shared_stats_s; /* parallel/tp/tp.h */
 typedef struct {
     const par_pctx *P;       /* the layout, the rank's coordinates and groups */
     int n_mb;                /* microbatches of a step: the key range of every hook's state */
-    int n_heads;             /* head calls in flight (the vocabulary hook's states) */
     unsigned tp_faults;      /* parallel/tp/tp.h PAR_TP_FAULT_* (0 in real runs) */
     int moe_dispatch;        /* EP: 1 hierarchical (node-aware) dispatch, 0 flat */
     int gpus_per_node;       /* EP: ranks per node of the hierarchical dispatch */

@@ -96,3 +96,26 @@ void par_mbstate_free(par_mbstate *s)
     par_free(s->row);
     memset(s, 0, sizeof *s);
 }
+
+par_status par_mbstate_hook_new(void **out, size_t size, const char *who, int n_mb, int nb, const uint8_t *held,
+                                size_t state_size, void (*drop)(void *state))
+{
+    par_mbstate *h = size >= sizeof *h ? par_calloc(1, size, PAR_TAG_MODEL) : NULL;
+    if (!h)
+        return par_err(PAR_ENOMEM, "%s: out of memory", who);
+    par_status s = par_mbstate_init(h, who, n_mb, nb, held, state_size, drop);
+    if (s) {
+        par_free(h);
+        return s;
+    }
+    *out = h;
+    return PAR_OK;
+}
+
+void par_mbstate_hook_free(void *hook)
+{
+    if (!hook)
+        return;
+    par_mbstate_free(hook);
+    par_free(hook);
+}

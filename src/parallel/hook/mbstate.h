@@ -53,4 +53,12 @@ par_status par_mbstate_resize(par_mbstate *s, int n_mb);
 /* Frees the states and the table (a zeroed or freed table is fine). */
 void par_mbstate_free(par_mbstate *s);
 
+/* A hook object of `size` bytes (zeroed) whose FIRST member is its
+ * par_mbstate, the table made as par_mbstate_init; *out set only on
+ * success.  par_mbstate_hook_free frees the states, the table and the
+ * object (NULL is fine): a hook set's free (parallel/hook/hookset.h). */
+par_status par_mbstate_hook_new(void **out, size_t size, const char *who, int n_mb, int nb, const uint8_t *held,
+                                size_t state_size, void (*drop)(void *state));
+void par_mbstate_hook_free(void *hook);
+
 #endif

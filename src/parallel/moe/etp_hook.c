@@ -22,16 +22,16 @@ typedef struct {
     int used;                     /* the forward ran */
 } etp_state;
 
-struct PAR_FN(par_etp_hook_s) {
+typedef struct {
+    par_mbstate st; /* etp_state of (microbatch, block); first (par_mbstate_hook_new) */
     par_tp etp;
     int rank, P, E;
     int64_t d, I, Il;
-    par_mbstate st; /* etp_state of (microbatch, block) */
     par_tp_traffic tr;
-    par_tp shtp;          /* the shared expert's TP group (comm NULL: whole) */
+    par_tp shtp;    /* the shared expert's TP group (comm NULL: whole) */
     par_tp_traffic shtr;
     int64_t sh_units;
-};
+} etp_hook;
 
 static void state_drop(void *p)
 {
@@ -52,7 +52,7 @@ static int held_shards(const PAR_FN(par_model) *M, int b)
 
 /* The slices of block b's experts (and the pointers of their gradients):
  * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
-static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_state *q)
+static par_status slices(etp_hook *h, PAR_FN(par_model) *M, int b, etp_state *q)
 {
     const int E = h->E, held = held_shards(M, b);
     const int64_t d = h->d, Il = h->Il;
@@ -99,7 +99,7 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           const par_real *xin, const int32_t *idx, const par_real *w, const int32_t *tokens,
                           int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
+    etp_hook *h = ctx;
     etp_state *q;
     (void)tokens;
     par_status s = par_mbstate_new(&h->st, x, b, (void **)&q);
@@ -123,7 +123,7 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
                           const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
+    etp_hook *h = ctx;
     etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)xin, (void)w, (void)T;
     if (!q || !q->used)
@@ -154,7 +154,7 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, const par_real *dy,
                           const par_real *xin, int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
+    etp_hook *h = ctx;
     etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)dy, (void)xin, (void)T;
     if (!q || !q->used)
@@ -177,43 +177,16 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     return PAR_OK;
 }
 
-par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_mb, int sp)
-{
-    *out = NULL;
-    const int P = etp ? par_comm_size(etp) : 1;
-    if (!etp || M->I % P != 0)
-        return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
-                       "moe_inter_dim %lld (and the hook needs an ETP group)", P, (long long)M->I);
-    PAR_FN(par_etp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h)
-        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory");
-    par_status s = par_mbstate_init(&h->st, "etp", n_mb, M->n_blocks, NULL, sizeof(etp_state), state_drop);
-    if (s) {
-        par_free(h);
-        return s;
-    }
-    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
-    h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
-    h->d = M->d, h->I = M->I, h->Il = M->I / P;
-    *out = h;
-    return PAR_OK;
-}
-
-void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults)
+/* The TP shared expert (TP > 1; parallel/layout/tp_split.h
+ * par_tp_shared_expert_split): column / row parallel over the TP group `tp`
+ * (parallel/tp/tp_mlp.h) on the rank's tokens (sp: all-gathered over TP,
+ * the output reduce-scattered; else the output all-reduced), the shard's
+ * gradients into this TP rank's block of the whole ones (par_reduce_tp_grads,
+ * PAR_TPG_SHARED).  A group of one runs it whole. */
+static void shared_tp(etp_hook *h, par_comm *tp, int sp, unsigned faults)
 {
     const int P = tp ? par_comm_size(tp) : 1;
-    memset(&h->shtr, 0, sizeof h->shtr);
     h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
-    par_mbstate_drop_all(&h->st);
-}
-
-void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h)
-{
-    if (!h)
-        return;
-    par_mbstate_free(&h->st);
-    par_free(h);
 }
 
 /* ----------------------------------------------------------- the entry -- */
@@ -223,34 +196,39 @@ static int applies(const par_layout *l)
     return l->etp > 1 && l->ep <= 1; /* EP > 1: ETP inside EP (parallel/moe/ep_etp.c) */
 }
 
-/* The MoE hook; the TP shared expert inside it when TP splits it.  TP x
- * ETP without SP: ETP = TP, the group's ranks hold the same tokens. */
+/* sp = 1: the group's ranks hold disjoint tokens (rows gathered, outputs
+ * reduce-scattered); sp = 0 (TP x ETP without SP: ETP = TP, the ETP group
+ * is the TP group): the same tokens, outputs all-reduced.  PAR_EINVAL when
+ * ETP does not divide moe_inter_dim. */
 static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
 {
     const par_layout *l = e->P->lay;
-    PAR_FN(par_etp_hook) *h;
-    par_status s = PAR_FN(par_etp_hook_create)(&h, e->P->g.g[PAR_GROUP_ETP], M, e->n_mb,
-                                               l->tp <= 1 || l->sequence_parallel);
+    par_comm *etp = e->P->g.g[PAR_GROUP_ETP];
+    const int P = par_comm_size(etp);
+    etp_hook *h;
+    if (M->I % P != 0)
+        return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
+                       "moe_inter_dim %lld", P, (long long)M->I);
+    par_status s = par_mbstate_hook_new((void **)&h, sizeof *h, "etp", e->n_mb, M->n_blocks, NULL, sizeof(etp_state),
+                                        state_drop);
     if (s)
         return s;
-    M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
+    h->etp = (par_tp){.comm = etp, .sp = l->tp <= 1 || l->sequence_parallel, .faults = 0, .traffic = &h->tr};
+    h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
+    h->d = M->d, h->I = M->I, h->Il = M->I / P;
     if (par_tp_shared_expert_split(l))
-        PAR_FN(par_etp_hook_set_shared_tp)(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+        shared_tp(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+    M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-static void report(const void *h, const par_hook_report *r)
+static void report(const void *p, const par_hook_report *r)
 {
-    const PAR_FN(par_etp_hook) *x = h;
+    const etp_hook *h = p;
     if (r->shared)
-        r->shared->units += x->sh_units, r->shared->bytes += par_tp_traffic_bytes(&x->shtr);
-}
-
-static void hook_free(void *h)
-{
-    PAR_FN(par_etp_hook_free)(h);
+        r->shared->units += h->sh_units, r->shared->bytes += par_tp_traffic_bytes(&h->shtr);
 }
 
 const PAR_FN(par_hookset) PAR_FN(par_etp_hookset) = {
-    .name = "etp", .applies = applies, .create = create, .report = report, .free = hook_free};
+    .name = "etp", .applies = applies, .create = create, .report = report, .free = par_mbstate_hook_free};

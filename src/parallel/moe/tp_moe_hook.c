@@ -17,16 +17,14 @@ typedef struct {
     int used;                     /* the forward ran */
 } moe_state;
 
-struct PAR_FN(par_tp_moe_hook_s) {
+typedef struct {
+    par_mbstate st; /* moe_state of (microbatch, block); first (par_mbstate_hook_new) */
     par_tp tp, one; /* the shared expert's group; the routed experts' (one rank) */
     int rank, P, E;
     int64_t d, I, Il;
-    par_mbstate st; /* moe_state of (microbatch, block) */
     par_tp_traffic tr;
     int64_t sh_units;
-};
-
-typedef PAR_FN(par_tp_moe_hook) mhook;
+} mhook;
 
 static void state_drop(void *p)
 {
@@ -117,41 +115,6 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     return PAR_OK; /* B added every gradient */
 }
 
-par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_mb, int sp, unsigned faults)
-{
-    *out = NULL;
-    const int P = tp ? par_comm_size(tp) : 1;
-    if (!tp)
-        return par_err(PAR_EINVAL, "tp shared expert: a hook needs a TP group");
-    if (M->I % P != 0)
-        return par_err(PAR_EINVAL, "tensor-model-parallel-size %d does not divide moe_inter_dim %lld (TP splits the "
-                       "shared expert's hidden units)", P, (long long)M->I);
-    mhook *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h)
-        return par_err(PAR_ENOMEM, "tp shared expert: out of memory");
-    par_status s = par_mbstate_init(&h->st, "tp shared expert", n_mb, M->n_blocks, NULL, sizeof(moe_state),
-                                    state_drop);
-    if (s) {
-        par_free(h);
-        return s;
-    }
-    h->tp = (par_tp){.comm = tp, .sp = sp, .faults = faults, .traffic = &h->tr};
-    h->one = (par_tp){.comm = NULL};
-    h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
-    h->d = M->d, h->I = M->I, h->Il = M->I / P;
-    *out = h;
-    return PAR_OK;
-}
-
-void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h)
-{
-    if (!h)
-        return;
-    par_mbstate_free(&h->st);
-    par_free(h);
-}
-
 /* ----------------------------------------------------------- the entry -- */
 
 /* TP > 1 splitting the shared expert with EP = ETP = 1 (EP > 1: the EP
@@ -161,29 +124,34 @@ static int applies(const par_layout *l)
     return l->tp > 1 && l->ep <= 1 && l->etp <= 1 && par_tp_shared_expert_split(l);
 }
 
+/* PAR_EINVAL naming the numbers when TP does not divide moe_inter_dim. */
 static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
 {
+    par_comm *tp = e->P->g.g[PAR_GROUP_TP];
+    const int P = par_comm_size(tp);
     mhook *h;
-    par_status s = PAR_FN(par_tp_moe_hook_create)(&h, e->P->g.g[PAR_GROUP_TP], M, e->n_mb,
-                                                  e->P->lay->sequence_parallel, e->tp_faults);
+    if (M->I % P != 0)
+        return par_err(PAR_EINVAL, "tensor-model-parallel-size %d does not divide moe_inter_dim %lld (TP splits the "
+                       "shared expert's hidden units)", P, (long long)M->I);
+    par_status s = par_mbstate_hook_new((void **)&h, sizeof *h, "tp shared expert", e->n_mb, M->n_blocks, NULL,
+                                        sizeof(moe_state), state_drop);
     if (s)
         return s;
+    h->tp = (par_tp){.comm = tp, .sp = e->P->lay->sequence_parallel, .faults = e->tp_faults, .traffic = &h->tr};
+    h->one = (par_tp){.comm = NULL};
+    h->rank = par_comm_rank(tp), h->P = P, h->E = (int)M->E;
+    h->d = M->d, h->I = M->I, h->Il = M->I / P;
     M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-static void report(const void *h, const par_hook_report *r)
+static void report(const void *p, const par_hook_report *r)
 {
-    const mhook *x = h;
+    const mhook *h = p;
     if (r->shared)
-        r->shared->units += x->sh_units, r->shared->bytes += par_tp_traffic_bytes(&x->tr);
-}
-
-static void hook_free(void *h)
-{
-    PAR_FN(par_tp_moe_hook_free)(h);
+        r->shared->units += h->sh_units, r->shared->bytes += par_tp_traffic_bytes(&h->tr);
 }
 
 const PAR_FN(par_hookset) PAR_FN(par_tp_moe_hookset) = {
-    .name = "tp shared expert", .applies = applies, .create = create, .report = report, .free = hook_free};
+    .name = "tp shared expert", .applies = applies, .create = create, .report = report, .free = par_mbstate_hook_free};

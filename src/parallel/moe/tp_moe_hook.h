@@ -25,18 +25,10 @@
 #include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
-typedef struct PAR_FN(par_tp_moe_hook_s) PAR_FN(par_tp_moe_hook);
-
-/* A hook over the TP group `tp` (not owned) with state for n_mb
- * microbatches; sp as parallel/tp/tp.h, faults its PAR_TP_FAULT_* bits (0
- * in real runs).  PAR_EINVAL naming the numbers when the group's size does
- * not divide moe_inter_dim. */
-par_status PAR_FN(par_tp_moe_hook_create)(PAR_FN(par_tp_moe_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                          int n_mb, int sp, unsigned faults);
-void PAR_FN(par_tp_moe_hook_free)(PAR_FN(par_tp_moe_hook) *h); /* NULL is fine */
-
 /* The executor's entry (parallel/hook/hookset.h): TP > 1 splitting the
- * shared expert with EP = ETP = 1, installed as M->moe; reports the shared
+ * shared expert with EP = ETP = 1, installed as M->moe (sp and the
+ * PAR_TP_FAULT_* bits from the layout and the executor); PAR_EINVAL naming
+ * the numbers when TP does not divide moe_inter_dim; reports the shared
  * expert's work (par_hook_report.shared). */
 extern const PAR_FN(par_hookset) PAR_FN(par_tp_moe_hookset);
 

@@ -310,8 +310,8 @@ static par_memmodel_act_ctx act_ctx(const par_memmodel *mm, int64_t rows, int cp
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and
-     * TP shared expert (executor.c tp_layer_hooks) */
-    const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (executor.c; --tp-all-layers is a no-op) */
+     * TP shared expert (the hook table, parallel/step/exec_hooks.c) */
+    const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (exec.c; --tp-all-layers is a no-op) */
     c.sp = tp && mm->lay.sequence_parallel ? mm->lay.tp : 1;
     c.vocab = mm->o.rt == PAR_MM_PARITY && all;
     c.tp_mlp = c.vocab && mm->lay.ep <= 1 && mm->lay.etp <= 1;
@@ -329,7 +329,7 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     const par_config *g = &mm->cfg;
     int L = (int)g->n_layers, mtp = g->n_mtp_layers > 0;
     double x = par_memmodel_act_stream(c, T), blk = 0;
-    double s = 4.0 * (double)T + x + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_kept(c, T);
+    double s = 4.0 * (double)T + x + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T);
     for (int b = 0; b < L; b++) {
         s += par_memmodel_act_block_saved(c, b, T);
         double w = par_memmodel_act_block_bwd_peak(c, b, T);
@@ -338,7 +338,7 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     double w = par_memmodel_act_head_bwd_peak(c, T);
     if (mtp) {
         s += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_block_saved(c, L, T) + par_memmodel_act_head_saved(c, T) +
-             par_memmodel_act_head_hook_kept(c, T);
+             par_memmodel_act_head_hook_saved(c, T);
         double wm = x + par_memmodel_act_block_bwd_peak(c, L, T), wi = x + par_memmodel_act_mtp_input_bwd_peak(c, T);
         w = w > wm ? w : wm;
         w = w > wi ? w : wi;
@@ -348,17 +348,17 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     *bwd = 2 * x + (w > blk ? w : blk);
 }
 
-/* One pipeline segment on T tokens (stage.c par__exec_forward /
- * par__exec_backward):
- * rel = what its slot frees at the backward, kept = what the executors keep
- * for the rest of the step, bwd = the backward's peak beyond the slot. */
-static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int seg, int64_t T, double *rel, double *kept,
-                    double *bwd, double *wkeep)
+/* One pipeline segment on T tokens (exec_stage.c par__exec_forward /
+ * par__exec_backward): rel = what its (mb, stage) state and the hooks'
+ * states of the microbatch (parallel/hook/mbstate.h) free at the backward,
+ * bwd = the backward's peak beyond them. */
+static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int seg, int64_t T, double *rel, double *bwd,
+                    double *wkeep)
 {
     const par_pplayout *pl = &mm->lay.pipe;
     const int L = (int)mm->cfg.n_layers;
     int t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER);
-    double x = par_memmodel_act_stream(c, T), r = 0, k = 0, wk = 0, acc = x, peak = x; /* dX */
+    double x = par_memmodel_act_stream(c, T), r = 0, wk = 0, acc = x, peak = x; /* dX */
     int first = pl->seg_off[seg], last = pl->seg_off[seg + 1];
     for (int i = first; i < last; i++) {
         char it = pl->items[i];
@@ -366,11 +366,11 @@ static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int s
         if (it == PAR_BLK_EMBED)
             r += x;
         else if (it == PAR_BLK_LOSS)
-            r += par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T), wk += par_memmodel_act_head_wkeep(c, T);
+            r += par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T), wk += par_memmodel_act_head_wkeep(c, T);
         if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) /* (every hook's state goes with the microbatch: mbstate.h) */
             r += par_memmodel_act_block_saved(c, b, T), wk += par_memmodel_act_block_wkeep(c, b, T);
         if (it == PAR_BLK_MTP)
-            r += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T),
+            r += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T),
                 wk += par_memmodel_act_mtp_input_wkeep(c, T) + par_memmodel_act_head_wkeep(c, T);
     }
     t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
@@ -393,7 +393,6 @@ static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int s
             peak = acc + w;
     }
     *rel = r;
-    *kept = k;
     *bwd = peak;
     *wkeep = wk;
 }
@@ -405,15 +404,15 @@ typedef struct {
 
 /* Runs pipeline rank r's action list (parallel/schedule/schedule.h) and tracks the
  * bytes alive: a slot (microbatch, stage) gets its received input, its
- * saved tensors (rel + kept) at F and its received gradient; parity's split
- * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
+ * saved tensors (rel) at F and its received gradient; parity's split B adds
+ * the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
- * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
+ * messages.  A local hand-over (DualPipeV's turn) lands in the earlier
  * stage's slot (stage.c).  A send's heap copy lives from its post to the
  * rank's next message, where it is done (executor.c reap_sends: the peer
  * has matched it by then): two at once where two sends follow each other. */
-static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *kept, const double *bwd,
-                           const double *wkeep, double x, walk_out *o)
+static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *bwd, const double *wkeep,
+                           double x, walk_out *o)
 {
     const par_schedule *s = &mm->sch;
     int S = s->n_stages, m = s->params.n_micro;
@@ -441,7 +440,7 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
             held = x;
             break;
         case PAR_ACT_F:
-            slot[k] += rel[a->stage], live += rel[a->stage] + kept[a->stage];
+            slot[k] += rel[a->stage], live += rel[a->stage];
             if (++alive > o->inflight)
                 o->inflight = alive;
             break;
@@ -506,19 +505,16 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     }
     const int64_t nm = l->n_micro > 0 ? l->n_micro : 1, ns_mb = (ns + nm - 1) / nm;
     int ns_seg = mm->sch.n_stages;
-    double *v = par_calloc((size_t)ns_seg * 4, sizeof *v, PAR_TAG_MODEL);
+    double *v = par_calloc((size_t)ns_seg * 3, sizeof *v, PAR_TAG_MODEL);
     if (!v)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
-        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
-        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's block hooks do
-                      * too, parallel/hook/mbstate.h; its vocabulary hook keeps the heads' for the step) */
-            v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
-        else /* the slot's aux counts (par_stats_view) */
+        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s]);
+        if (parity) /* the slot's aux counts (par_stats_view) */
             v[s] += par_memmodel_act_stats_rows(&c, ns_mb, nrow);
     }
     walk_out w;
-    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, v + 3 * ns_seg, par_memmodel_act_stream(&c, T), &w);
+    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, par_memmodel_act_stream(&c, T), &w);
     par_free(v);
     if (st)
         return st;

@@ -63,7 +63,7 @@ static double cp_halo(const par_memmodel_act_ctx *c, int b)
     return (double)par_layout_d_window(&lm);
 }
 
-/* ---- tensor parallelism (tp_hook.c, tp_attn.c) ---------------------------- */
+/* ---- tensor parallelism (tp_attn_hook.c, tp_attn.c) ----------------------- */
 
 /* The tokens a TP layer works on: the rank's T, gathered over TP under SP. */
 static double tp_tokens(const par_memmodel_act_ctx *c, double T)
@@ -80,8 +80,8 @@ static par_config tp_cfg(const par_memmodel_act_ctx *c)
     return g;
 }
 
-/* Reals of one rank's shard of block b's 18 attention slots (tp_attn.c
- * slot_shape / shard_numel: wq_b, wo_a, attn_sink and the indexer's wq_b and
+/* Reals of one rank's shard of block b's 18 attention fields (tp_attn.c
+ * field_shape / shard_numel: wq_b, wo_a, attn_sink and the indexer's wq_b and
  * weights_proj rows, wo_b's columns split; the rest replicated). */
 static double tp_shard(const par_memmodel_act_ctx *c, int b)
 {
@@ -100,7 +100,7 @@ static double tp_shard(const par_memmodel_act_ctx *c, int b)
     return n;
 }
 
-/* tp_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
+/* tp_attn_hook.c's state of (microbatch, block): par_tp_attn_saved (the shard's
  * saved struct on all T tokens, x [T, d], pos [T]) and the shard buffer
  * [shard]: the gradients alone (the weights are the held shards, read in
  * place, and their gradients added in place: no copy, no scratch). */
@@ -295,7 +295,7 @@ static double attn_bwd_scratch(const par_memmodel_act_ctx *c, int b, double T)
         par_config l = tp_cfg(c);
         par_memmodel_act_ctx lc = *c;
         lc.cfg = &l, lc.tp = 1;
-        if (c->sp > 1 && c->cp <= 1) /* on the gathered tokens; tp_hook.c sp_rows_backward: dy, dx [Tg, d], mine */
+        if (c->sp > 1 && c->cp <= 1) /* on the gathered tokens; tp_attn_hook.c sp_rows_backward: dy, dx [Tg, d], mine */
             return attn_bwd_scratch(&lc, b, tp_tokens(c, T)) + es * (3 * tp_tokens(c, T) * d + T * d + 1);
         if (c->sp > 1) /* cptp_hook.c sp_backward: dy of the CP slice (kept for W), dx [Tg, d] + mine */
             return attn_bwd_scratch(&lc, b, T) + es * (3 * tp_tokens(c, T) * d + T * d + 1);
@@ -376,12 +376,12 @@ double par_memmodel_act_head_saved(const par_memmodel_act_ctx *c, int64_t Ti)
     const par_config *g = c->cfg;
     double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
     /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V]
-     * (not with the vocab-parallel hook: it keeps [T, V/TP] of them itself, par_memmodel_act_head_hook_kept; a
+     * (not with the vocab-parallel hook: it keeps [T, V/TP] of them itself, par_memmodel_act_head_hook_saved; a
      * dump's [T, V] is not modelled) */
     return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->vocab ? 0 : T * V));
 }
 
-double par_memmodel_act_head_hook_kept(const par_memmodel_act_ctx *c, int64_t Ti)
+double par_memmodel_act_head_hook_saved(const par_memmodel_act_ctx *c, int64_t Ti)
 {
     if (!c->vocab)
         return 0;

@@ -32,7 +32,7 @@ typedef struct {
                          * local rows and the whole rows' compressed entries       */
     int64_t cp_rank;    /* CP rank (rank 0 has no halo)                           */
     int64_t rows;       /* rows of the microbatch (CP: T = rows * S / CP)         */
-    int64_t tp;         /* TP size; > 1: tp_hook.c keeps the shard's attention state
+    int64_t tp;         /* TP size; > 1: tp_attn_hook.c keeps the shard's attention state
                          * of the microbatch's T tokens (0: 1)                    */
     int64_t etp;        /* ETP size; > 1: etp_hook.c (EP 1) or ep_etp.c (EP > 1) keep
                          * the rows layer's state of the group's gathered rows (0: 1) */
@@ -76,8 +76,9 @@ double par_memmodel_act_head_wkeep(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_mtp_input_wkeep(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_head_saved(const par_memmodel_act_ctx *c, int64_t T);
 /* The vocab-parallel head's saved forward (tp_vocab_hook.c: one per
- * microbatch and head, kept for the step; 0 without the hook). */
-double par_memmodel_act_head_hook_kept(const par_memmodel_act_ctx *c, int64_t T);
+ * microbatch and head, from its forward to its weight pass; 0 without the
+ * hook). */
+double par_memmodel_act_head_hook_saved(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_head_bwd_peak(const par_memmodel_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */
 double par_memmodel_act_mtp_input_saved(const par_memmodel_act_ctx *c, int64_t T);

@@ -132,7 +132,7 @@ static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *
      * TP's (SP x CP: the TP ranks split the CP slice's columns) */
     ex->tokc = l->tp > 1 && l->sequence_parallel ? P->g.g[l->cp > 1 ? PAR_GROUP_TP_CP : PAR_GROUP_TP] : ex->cpc;
     tp_norm_skips(ex, P, M);
-    par_hook_env e = {.P = P, .n_mb = ex->m, .n_heads = 2 * ex->m * ex->n_local, .tp_faults = ex->tp_faults,
+    par_hook_env e = {.P = P, .n_mb = ex->m, .tp_faults = ex->tp_faults,
                       .moe_dispatch = o->moe_dispatch, .gpus_per_node = o->gpus_per_node,
                       .ca = o->net ? o->ca : NULL};
     par_status s = PAR_FN(par__exec_hooks_create)(ex, &e, M);

@@ -130,14 +130,14 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, co
         if ((s = PAR_FN(par_mtp_input_forward)(M, &sl->mtp, &sl->ar, *X, bt->mtp_inputs, T)) ||
             (s = PAR_FN(par_block_forward)(M, x, b, &sl->blk[j], &sl->ar, sl->mtp.X0, bt->mtp_inputs, bt->pos, sample,
                                            st, T)) ||
-            (s = PAR_FN(par_head_forward)(M, 1, &sl->mtp_head, &sl->ar, sl->blk[j].Xout, bt->mtp_labels, sample,
-                                          ce_mtp, T)))
+            (s = PAR_FN(par_head_forward)(M, x, 1, &sl->mtp_head, &sl->ar, sl->blk[j].Xout, bt->mtp_labels,
+                                          sample, ce_mtp, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_mtp_logits, sl->mtp_head.logits, mb, M->V, sizeof(par_real));
         return PAR_OK;
     case PAR_BLK_LOSS:
-        if ((s = PAR_FN(par_head_forward)(M, 0, &sl->head, &sl->ar, *X, bt->labels, sample, ce_main, T)))
+        if ((s = PAR_FN(par_head_forward)(M, x, 0, &sl->head, &sl->ar, *X, bt->labels, sample, ce_main, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_logits, sl->head.logits, mb, M->V, sizeof(par_real));
@@ -241,11 +241,11 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, cons
     case PAR_BLK_LOSS:
         if (st->n_main <= 0)
             return PAR_OK;
-        return bw ? PAR_FN(par_head_backward)(M, 0, &sl->head, ar, *dX, ls_main)
-                  : PAR_FN(par_head_backward_input)(M, 0, &sl->head, ar, *dX, ls_main);
+        return bw ? PAR_FN(par_head_backward)(M, x, 0, &sl->head, ar, *dX, ls_main)
+                  : PAR_FN(par_head_backward_input)(M, x, 0, &sl->head, ar, *dX, ls_main);
     case PAR_BLK_MTP:
-        if (st->n_mtp > 0 && (s = bw ? PAR_FN(par_head_backward)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)
-                                     : PAR_FN(par_head_backward_input)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)))
+        if (st->n_mtp > 0 && (s = bw ? PAR_FN(par_head_backward)(M, x, 1, &sl->mtp_head, ar, out[0], ls_mtp)
+                                     : PAR_FN(par_head_backward_input)(M, x, 1, &sl->mtp_head, ar, out[0], ls_mtp)))
             return s;
         if ((s = (bw ? PAR_FN(par_block_backward) : PAR_FN(par_block_backward_input))(
                  M, x, b, &sl->blk[j], ar, out[1], out[0], bt->pos, sample, bst, c->aux_alpha, T)))
@@ -273,9 +273,9 @@ static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, co
     par_status s = PAR_OK;
     switch (ls->items[j]) {
     case PAR_BLK_LOSS:
-        return sl->head.pending ? PAR_FN(par_head_backward_weights)(M, 0, &sl->head, ar) : PAR_OK;
+        return sl->head.pending ? PAR_FN(par_head_backward_weights)(M, x, 0, &sl->head, ar) : PAR_OK;
     case PAR_BLK_MTP:
-        if ((sl->mtp_head.pending && (s = PAR_FN(par_head_backward_weights)(M, 1, &sl->mtp_head, ar))) ||
+        if ((sl->mtp_head.pending && (s = PAR_FN(par_head_backward_weights)(M, x, 1, &sl->mtp_head, ar))) ||
             (s = PAR_FN(par_block_backward_weights)(M, x, b, &sl->blk[j], ar)))
             return s;
         return PAR_FN(par_mtp_input_backward_weights)(M, &sl->mtp);

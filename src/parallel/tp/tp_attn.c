@@ -19,11 +19,11 @@
 #define LL(x) ((long long)(x))
 
 /* ------------------------------------------------------------------------ */
-/* the 18 weight slots: names (for the cut, parallel/layout/tp_split.h), shapes     */
+/* the 18 weight fields: names (for the cut, parallel/layout/tp_split.h), shapes     */
 
-enum { NSLOT = 18, FIRST_INDEXER_SLOT = 12 };
+enum { NFIELD = 18, FIRST_INDEXER_FIELD = 12 };
 
-static const char *const slot_name[NSLOT] = {
+static const char *const field_name[NFIELD] = {
     "attn.wq_a.weight",         "attn.q_norm.weight",
     "attn.wq_b.weight",         "attn.wkv.weight",
     "attn.kv_norm.weight",      "attn.wo_a.weight",
@@ -34,9 +34,9 @@ static const char *const slot_name[NSLOT] = {
     "attn.indexer.compressor.wkv.weight", "attn.indexer.compressor.wgate.weight",
     "attn.indexer.compressor.ape", "attn.indexer.compressor.norm.weight"};
 
-static par_real **slot(PAR_FN(par_attn_weights) *W, int k)
+static par_real **field(PAR_FN(par_attn_weights) *W, int k)
 {
-    par_real **f[NSLOT] = {&W->wq_a,      &W->q_norm,    &W->wq_b,      &W->wkv,
+    par_real **f[NFIELD] = {&W->wq_a,      &W->q_norm,    &W->wq_b,      &W->wkv,
                            &W->kv_norm,   &W->wo_a,      &W->wo_b,      &W->attn_sink,
                            &W->cmp_wkv,   &W->cmp_wgate, &W->cmp_ape,   &W->cmp_norm,
                            &W->idx_wq_b,  &W->idx_weights_proj, &W->idx_cmp_wkv,
@@ -44,13 +44,13 @@ static par_real **slot(PAR_FN(par_attn_weights) *W, int k)
     return f[k];
 }
 
-static par_real *slot_get(const PAR_FN(par_attn_weights) *W, int k)
+static par_real *field_get(const PAR_FN(par_attn_weights) *W, int k)
 {
-    return *slot((PAR_FN(par_attn_weights) *)(uintptr_t)W, k);
+    return *field((PAR_FN(par_attn_weights) *)(uintptr_t)W, k);
 }
 
-/* [rows, cols] of slot k in the full layer (rows = 0: the layer has none). */
-static void slot_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *cols)
+/* [rows, cols] of field k in the full layer (rows = 0: the layer has none). */
+static void field_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *cols)
 {
     const int64_t coff = dm->m == 4 ? 2 : 1, HD = dm->H * dm->hd, GL = dm->o_groups * dm->o_lora;
     const int cm = dm->m > 0, ix = dm->m == 4;
@@ -77,17 +77,17 @@ static void slot_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *c
     *cols = c;
 }
 
-static par_tp_cut slot_cut(int k)
+static par_tp_cut field_cut(int k)
 {
-    return par_tp_split_of(slot_name[k]).cut;
+    return par_tp_split_of(field_name[k]).cut;
 }
 
-/* reals of slot k's shard */
+/* reals of field k's shard */
 static int64_t shard_numel(const par_attn_dims *dm, int k, int64_t P)
 {
     int64_t r, c;
-    slot_shape(dm, k, &r, &c);
-    return r * c / (slot_cut(k) == PAR_TP_REPLICATED ? 1 : P);
+    field_shape(dm, k, &r, &c);
+    return r * c / (field_cut(k) == PAR_TP_REPLICATED ? 1 : P);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -119,7 +119,7 @@ par_status PAR_FN(par_tp_attn_dims)(par_attn_dims *local, const par_attn_dims *d
 int64_t PAR_FN(par_tp_attn_shard_count)(const par_attn_dims *dm, int64_t P)
 {
     int64_t n = 0;
-    for (int k = 0; k < NSLOT; k++)
+    for (int k = 0; k < NFIELD; k++)
         n += shard_numel(dm, k, P);
     return n;
 }
@@ -137,18 +137,18 @@ void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
 {
     memset(Wl, 0, sizeof *Wl);
     int64_t off = 0;
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        const par_real *src = slot_get(W, k);
+        field_shape(dm, k, &r, &c);
+        const par_real *src = field_get(W, k);
         if (r == 0 || !src)
             continue;
         if (held) { /* the held shard (rows or wo_b's columns), or a replicated weight: W's own */
-            *slot(Wl, k) = (par_real *)(uintptr_t)src;
+            *field(Wl, k) = (par_real *)(uintptr_t)src;
             continue;
         }
-        *slot(Wl, k) = buf + off;
-        par_tp_slice(buf + off, src, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        *field(Wl, k) = buf + off;
+        par_tp_slice(buf + off, src, r, c, field_cut(k), rank, P, sizeof(par_real));
         off += shard_numel(dm, k, P);
     }
 }
@@ -156,13 +156,13 @@ void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,
                                  const par_attn_dims *dm, int rank, int P)
 {
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        par_real *dst = slot_get(W, k);
-        const par_real *src = slot_get(Wl, k);
+        field_shape(dm, k, &r, &c);
+        par_real *dst = field_get(W, k);
+        const par_real *src = field_get(Wl, k);
         if (r > 0 && dst && src)
-            par_tp_unslice(dst, src, r, c, slot_cut(k), rank, P, sizeof(par_real));
+            par_tp_unslice(dst, src, r, c, field_cut(k), rank, P, sizeof(par_real));
     }
 }
 
@@ -175,11 +175,11 @@ void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(pa
 void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                         const par_attn_dims *dm, int rank, int P, par_real *scratch, int held)
 {
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        par_real *dst = slot_get(dW, k);
-        const par_real *src = slot_get(dWl, k);
+        field_shape(dm, k, &r, &c);
+        par_real *dst = field_get(dW, k);
+        const par_real *src = field_get(dWl, k);
         if (r == 0 || !dst || !src)
             continue;
         const int64_t n = shard_numel(dm, k, P);
@@ -188,10 +188,10 @@ void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_
                 dst[e] += src[e];
             continue;
         }
-        par_tp_slice(scratch, dst, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        par_tp_slice(scratch, dst, r, c, field_cut(k), rank, P, sizeof(par_real));
         for (int64_t e = 0; e < n; e++)
             scratch[e] += src[e];
-        par_tp_unslice(dst, scratch, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        par_tp_unslice(dst, scratch, r, c, field_cut(k), rank, P, sizeof(par_real));
     }
 }
 
@@ -464,24 +464,24 @@ free_scratch:
     return st;
 }
 
-/* Replicated slots with a gradient: every one outside the indexer (wkv
+/* Replicated fields with a gradient: every one outside the indexer (wkv
  * skipped under the deliberate fault). */
-static int reduced_slot(int k, const par_tp *tp)
+static int reduced_field(int k, const par_tp *tp)
 {
     if (k == 3 && (tp->faults & PAR_TP_FAULT_WKV_NO_REDUCE))
         return 0;
-    return k < FIRST_INDEXER_SLOT && slot_cut(k) == PAR_TP_REPLICATED;
+    return k < FIRST_INDEXER_FIELD && field_cut(k) == PAR_TP_REPLICATED;
 }
 
-/* Copies the reduced slots between dW and the packed buf (to_buf selects
+/* Copies the reduced fields between dW and the packed buf (to_buf selects
  * the direction); returns the reals packed. */
 static int64_t pack_replicated(par_real *buf, PAR_FN(par_attn_weights) *dW,
                                const par_attn_dims *dm, const par_tp *tp, int to_buf)
 {
     int64_t off = 0;
-    for (int k = 0; k < NSLOT; k++) {
-        par_real *g = slot_get(dW, k);
-        if (!reduced_slot(k, tp) || !g)
+    for (int k = 0; k < NFIELD; k++) {
+        par_real *g = field_get(dW, k);
+        if (!reduced_field(k, tp) || !g)
             continue;
         const int64_t c = shard_numel(dm, k, 1);
         if (buf)

@@ -61,29 +61,29 @@ par_status PAR_FN(par_tp_attn_dims)(par_attn_dims *local, const par_attn_dims *d
 /* Reals of one rank's shard of the 18 weights (the same on every rank). */
 int64_t PAR_FN(par_tp_attn_shard_count)(const par_attn_dims *dm, int64_t P);
 /* Copies rank r's shard of the full weights W into buf (shard_count reals)
- * and points Wl's slots into it (NULL where W has none).  dm must pass
+ * and points Wl's fields into it (NULL where W has none).  dm must pass
  * par_tp_attn_dims. */
 void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                int rank, int P);
-/* The inverse: writes rank r's block of every non-NULL slot of Wl into the
- * full W (replicated slots whole). */
+/* The inverse: writes rank r's block of every non-NULL field of Wl into the
+ * full W (replicated fields whole). */
 /* The same when the model holds the cuts as the rank's shards (held != 0,
  * parallel/layout/tp_split.h par_tp_storage_cut: the row cuts and wo_b's
- * columns): every slot points into W itself (the shards and the replicated
+ * columns): every field points into W itself (the shards and the replicated
  * weights), buf is not touched.  held 0: par_tp_attn_shard. */
 void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                     const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                     int rank, int P, int held);
 /* par_tp_attn_grads_add when dW's cuts are the rank's held shards (held !=
- * 0): every slot added in place, the bits of the whole-storage add. */
+ * 0): every field added in place, the bits of the whole-storage add. */
 void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                         const par_attn_dims *dm, int rank, int P, par_real *scratch, int held);
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,
                                  const par_attn_dims *dm, int rank, int P);
 
-/* dW (full) += rank r's shard gradients dWl: each non-NULL slot of both
- * at rank r's block (replicated slots whole); the other ranks' blocks are
+/* dW (full) += rank r's shard gradients dWl: each non-NULL field of both
+ * at rank r's block (replicated fields whole); the other ranks' blocks are
  * left as they are.  scratch: shard_count reals. */
 void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                    const par_attn_dims *dm, int rank, int P, par_real *scratch);
@@ -143,7 +143,7 @@ par_status PAR_FN(par_tp_attn_forward)(par_real *y,                 /* [Tx, d] *
 
 /* dx += the rank's tokens of d(sum y dy)/dx (complete: summed over the
  * group here; NULL on every rank or on none); dWl += the shard's gradients:
- * wq_b, wo_a, wo_b, attn_sink complete, the replicated slots (wq_a, q_norm,
+ * wq_b, wo_a, wo_b, attn_sink complete, the replicated fields (wq_a, q_norm,
  * wkv, kv_norm, compressor) this rank's share.  No gradient into the
  * indexer.  Collective over tp->comm. */
 par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] or NULL */
@@ -152,11 +152,11 @@ par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] 
                                         const PAR_FN(par_tp_attn_saved) *saved,
                                         const PAR_FN(par_attn_weights) *Wl, const par_tp *tp);
 
-/* Sums the replicated slots of dWl over the group (one all-reduce of all of
+/* Sums the replicated fields of dWl over the group (one all-reduce of all of
  * them packed, rank order): afterwards every rank holds the full gradient of
  * wq_a, q_norm, wkv, kv_norm and the compressor.  Call once per step after
  * every backward of the layer (the shares are linear in dy, so microbatches
- * may accumulate first).  NULL slots are skipped (every rank alike). */
+ * may accumulate first).  NULL fields are skipped (every rank alike). */
 par_status PAR_FN(par_tp_attn_reduce_grads)(PAR_FN(par_attn_weights) *dWl,
                                             const par_attn_dims *dm, const par_tp *tp);
 

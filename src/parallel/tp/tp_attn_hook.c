@@ -22,13 +22,13 @@ typedef struct {
     PAR_FN(par_tp_attn_local) lo; /* the shard of the weights and its gradients */
 } tp_state;
 
-struct PAR_FN(par_tp_attn_hook_s) {
+typedef struct {
+    par_mbstate st;  /* tp_state of (microbatch, block); first (par_mbstate_hook_new) */
     par_tp tp, tsp;  /* the group without / with sequence parallelism */
     int sp;          /* the ranks hold column slices of the rows (SP) */
     int rank, P;
-    par_mbstate st;  /* tp_state of (microbatch, block) */
     par_tp_traffic tr;
-};
+} tp_hook;
 
 static void state_drop(void *p)
 {
@@ -38,14 +38,14 @@ static void state_drop(void *p)
 }
 
 /* 1 when the call's tokens fit the hook. */
-static int fits(const PAR_FN(par_tp_attn_hook) *h, const par_mbctx *x, int64_t T)
+static int fits(const tp_hook *h, const par_mbctx *x, int64_t T)
 {
     return x && x->pos_rows && T * (h->sp ? h->P : 1) == x->rows * x->S;
 }
 
 /* SP, several rows: the layer on the whole rows (x gathered, y all-reduced),
  * the rank's slice of y and of the picks taken. */
-static par_status sp_rows_forward(PAR_FN(par_tp_attn_hook) *h, tp_state *q, const par_mbctx *x, const par_attn_dims *dm,
+static par_status sp_rows_forward(tp_hook *h, tp_state *q, const par_mbctx *x, const par_attn_dims *dm,
                                   par_real *y, int32_t *sel, const par_real *xin)
 {
     const int64_t S = x->S, rows = x->rows, T = rows * S, d = dm->d, k = dm->topk;
@@ -69,7 +69,7 @@ static par_status sp_rows_forward(PAR_FN(par_tp_attn_hook) *h, tp_state *q, cons
 static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y, int32_t *sel,
                            const par_real *xin, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_tp_attn_hook) *h = ctx;
+    tp_hook *h = ctx;
     tp_state *q;
     if (!fits(h, x, T))
         return par_err(PAR_EINVAL, "tp attention: block %d on %lld tokens does not fit the hook", b, (long long)T);
@@ -86,7 +86,7 @@ static par_status attn_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
 
 /* SP, several rows: dy gathered into whole rows, dx of the whole rows
  * (all-reduced in the layer), the rank's slice added. */
-static par_status sp_rows_backward(PAR_FN(par_tp_attn_hook) *h, tp_state *q, const par_mbctx *x, int64_t d, par_real *dx,
+static par_status sp_rows_backward(tp_hook *h, tp_state *q, const par_mbctx *x, int64_t d, par_real *dx,
                                    const par_real *dy)
 {
     const int64_t S = x->S, rows = x->rows, T = rows * S, Tl = T / h->P;
@@ -111,7 +111,7 @@ static par_status sp_rows_backward(PAR_FN(par_tp_attn_hook) *h, tp_state *q, con
 static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx,
                            par_real *dsink, const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_tp_attn_hook) *h = ctx;
+    tp_hook *h = ctx;
     tp_state *q = fits(h, x, T) ? par_mbstate_get(&h->st, x, b) : NULL;
     if (!q || !q->sv.buf)
         return par_err(PAR_EINVAL, "tp attention backward: block %d has no forward on %lld tokens", b, (long long)T);
@@ -129,7 +129,7 @@ static par_status attn_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
 static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, PAR_FN(par_attn_weights) *dW,
                            const par_real *dy, const PAR_FN(par_attn_weights) *W, int64_t T)
 {
-    PAR_FN(par_tp_attn_hook) *h = ctx;
+    tp_hook *h = ctx;
     tp_state *q = fits(h, x, T) ? par_mbstate_get(&h->st, x, b) : NULL;
     (void)dy, (void)W;
     if (!q || !q->lo.buf)
@@ -139,43 +139,6 @@ static par_status attn_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, 
     return PAR_OK;
 }
 
-par_status PAR_FN(par_tp_attn_hook_create)(PAR_FN(par_tp_attn_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                           int n_mb, int sp)
-{
-    *out = NULL;
-    if (!tp)
-        return par_err(PAR_EINVAL, "tensor parallelism: a hook needs a TP group");
-    par_attn_dims dl;
-    for (int b = 0; b < M->n_blocks; b++) {
-        par_status s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
-        if (s)
-            return s;
-    }
-    PAR_FN(par_tp_attn_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h)
-        return par_err(PAR_ENOMEM, "tensor parallelism: out of memory");
-    par_status s = par_mbstate_init(&h->st, "tp attention", n_mb, M->n_blocks, NULL, sizeof(tp_state), state_drop);
-    if (s) {
-        par_free(h);
-        return s;
-    }
-    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->tr};
-    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->tr};
-    h->sp = sp != 0;
-    h->rank = par_comm_rank(tp);
-    h->P = par_comm_size(tp);
-    *out = h;
-    return PAR_OK;
-}
-
-void PAR_FN(par_tp_attn_hook_free)(PAR_FN(par_tp_attn_hook) *h)
-{
-    if (!h)
-        return;
-    par_mbstate_free(&h->st);
-    par_free(h);
-}
-
 /* ----------------------------------------------------------- the entry -- */
 
 static int applies(const par_layout *l)
@@ -183,22 +146,28 @@ static int applies(const par_layout *l)
     return l->tp > 1 && l->cp <= 1; /* TP x CP: parallel/cp/cptp_hook.c */
 }
 
+/* PAR_EINVAL naming the numbers when the group's size does not divide a
+ * block's heads, groups or index heads. */
 static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
 {
-    PAR_FN(par_tp_attn_hook) *h;
-    par_status s = PAR_FN(par_tp_attn_hook_create)(&h, e->P->g.g[PAR_GROUP_TP], M, e->n_mb,
-                                                   e->P->lay->sequence_parallel);
-    if (s)
+    par_comm *tp = e->P->g.g[PAR_GROUP_TP];
+    par_attn_dims dl;
+    par_status s = PAR_OK;
+    for (int b = 0; b < M->n_blocks && !s; b++)
+        s = PAR_FN(par_tp_attn_dims)(&dl, &M->adims[b], par_comm_size(tp));
+    tp_hook *h;
+    if (s || (s = par_mbstate_hook_new((void **)&h, sizeof *h, "tp attention", e->n_mb, M->n_blocks, NULL,
+                                       sizeof(tp_state), state_drop)))
         return s;
+    h->tp = (par_tp){.comm = tp, .sp = 0, .faults = 0, .traffic = &h->tr};
+    h->tsp = (par_tp){.comm = tp, .sp = 1, .faults = 0, .traffic = &h->tr};
+    h->sp = e->P->lay->sequence_parallel != 0;
+    h->rank = par_comm_rank(tp);
+    h->P = par_comm_size(tp);
     M->attn = (PAR_FN(par_attn_exec)){.fwd = attn_fwd, .bwd = attn_bwd, .wgt = attn_wgt, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-static void hook_free(void *h)
-{
-    PAR_FN(par_tp_attn_hook_free)(h);
-}
-
 const PAR_FN(par_hookset) PAR_FN(par_tp_attn_hookset) = {
-    .name = "tp attention", .applies = applies, .create = create, .free = hook_free};
+    .name = "tp attention", .applies = applies, .create = create, .free = par_mbstate_hook_free};

@@ -27,23 +27,15 @@
 #include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
-typedef struct PAR_FN(par_tp_attn_hook_s) PAR_FN(par_tp_attn_hook);
-
-/* A hook for M's blocks over the TP group `tp` (not owned) with state for
- * n_mb microbatches; PAR_EINVAL naming the numbers when the group's size
- * does not divide a block's heads, groups or index heads.  Sequence
- * parallelism (sp 1): the ranks hold column slices [tp*S/P, (tp+1)*S/P) of
- * every row of a microbatch (the executor's slicing, as CP's).  One row:
- * the layer's own SP (all-gather before, reduce-scatter after); several
- * rows: the slices gathered into whole rows, the layer without SP (its
- * output all-reduced), the rank's slices taken (the same sums in rank
- * order, P times the bytes back). */
-par_status PAR_FN(par_tp_attn_hook_create)(PAR_FN(par_tp_attn_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                           int n_mb, int sp);
-void PAR_FN(par_tp_attn_hook_free)(PAR_FN(par_tp_attn_hook) *h); /* NULL is fine */
-
 /* The executor's entry (parallel/hook/hookset.h): TP > 1 without CP,
- * installed as M->attn. */
+ * installed as M->attn; PAR_EINVAL naming the numbers when the group's
+ * size does not divide a block's heads, groups or index heads.  Sequence
+ * parallelism: the ranks hold column slices [tp*S/P, (tp+1)*S/P) of every
+ * row of a microbatch (the executor's slicing, as CP's).  One row: the
+ * layer's own SP (all-gather before, reduce-scatter after); several rows:
+ * the slices gathered into whole rows, the layer without SP (its output
+ * all-reduced), the rank's slices taken (the same sums in rank order, P
+ * times the bytes back). */
 extern const PAR_FN(par_hookset) PAR_FN(par_tp_attn_hookset);
 
 #endif

@@ -40,7 +40,7 @@ par_status PAR_FN(par_tp_reduce_max_f64)(const par_tp *tp, double *buf, size_t n
  * (every rank passes Tl = T/P rows). */
 par_status PAR_FN(par_tp_reduce_gather_tokens)(const par_tp *tp, par_real *full, const par_real *local,
                                          int64_t Tl, int64_t w);
-/* SP with several rows (tp_hook.c, cptp_hook.c): the P ranks' column
+/* SP with several rows (tp_attn_hook.c, cptp_hook.c): the P ranks' column
  * slices local [rows, W/P, w] of each row gathered (rank order) into whole
  * rows full [rows, W, w]; `what` names the layer in the out-of-memory
  * message. */
