@@ -1,6 +1,6 @@
 /* parallel/hook/mbstate.h - the per-microbatch state of a hook, written
  * once for every hook (tp/tp_attn_hook.c, cp/cp_hook.c, cp/cptp_hook.c,
- * moe/etp_hook.c, moe/tp_moe_hook.c, moe/ep.c).  docs/parallel.md, "Hooks".
+ * moe/etp_hook.c, moe/ep.c, tp/tp_vocab_hook.c).  docs/parallel.md, "Hooks".
  *
  * A hook keeps what a model piece's forward hands to its backward and
  * weight pass: one state per (microbatch, block), the microbatch being the

@@ -11,20 +11,23 @@
 
 /* What (microbatch, block) keeps from its forward to its W pass: the slices'
  * pointers (the held ETP shards; with whole storage w1 / w3 rows point into
- * the whole weights, w2's columns are copied) and the w2 slices' gradients
- * until W adds them. */
+ * the whole weights, w2's columns are copied; ETP = 1: the whole experts
+ * in place) and the w2 slices' gradients until W adds them (ETP = 1: B
+ * adds them in place). */
 typedef struct {
     PAR_FN(par_etp_moe_saved) sv;
     const par_real **w;  /* [3, E] the slices */
     par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
-    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone) */
+    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone; ETP = 1: none) */
     PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
     int used;                     /* the forward ran */
 } etp_state;
 
 typedef struct {
     par_mbstate st; /* etp_state of (microbatch, block); first (par_mbstate_hook_new) */
-    par_tp etp;
+    par_tp etp;     /* the ETP group (comm NULL: ETP = 1, the routed experts whole) */
+    int whole;      /* ETP = 1 (the TP shared expert's hook with EP = ETP = 1): every expert read and
+                     * accumulated whole, in place */
     int rank, P, E;
     int64_t d, I, Il;
     par_tp_traffic tr;
@@ -51,18 +54,19 @@ static int held_shards(const PAR_FN(par_model) *M, int b)
 }
 
 /* The slices of block b's experts (and the pointers of their gradients):
- * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
+ * the held shards, or rank r's rows / columns of whole ones (w2 copied);
+ * ETP = 1: the whole experts and their gradients. */
 static par_status slices(etp_hook *h, PAR_FN(par_model) *M, int b, etp_state *q)
 {
-    const int E = h->E, held = held_shards(M, b);
+    const int E = h->E, held = h->whole || held_shards(M, b);
     const int64_t d = h->d, Il = h->Il;
     const int64_t off = held ? 0 : (int64_t)h->rank * Il * d;
     q->w = par_calloc((size_t)(6 * E), sizeof *q->w, PAR_TAG_ACT);
-    q->w2 = par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
-    if (!q->w || !q->w2)
+    q->w2 = h->whole ? NULL : par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
+    if (!q->w || (!h->whole && !q->w2))
         return par_err(PAR_ENOMEM, "etp: out of memory for the slices of %d experts", E);
     q->g = (par_real **)(q->w + 3 * E);
-    q->dw2 = held ? q->w2 : q->w2 + E * d * Il;
+    q->dw2 = h->whole ? NULL : held ? q->w2 : q->w2 + E * d * Il;
     if (M->e0 != 0 || M->e1 != E)
         return par_err(PAR_EINVAL, "etp: the model holds experts [%lld, %lld) of %d (ETP needs EP = 1)",
                        (long long)M->e0, (long long)M->e1, E);
@@ -78,7 +82,8 @@ static par_status slices(etp_hook *h, PAR_FN(par_model) *M, int b, etp_state *q)
             w2 = c;
         }
         q->w[e] = ew[e] + off, q->w[E + e] = w2, q->w[2 * E + e] = ew[2 * E + e] + off;
-        q->g[e] = egw[e] + off, q->g[E + e] = q->dw2 + (int64_t)e * d * Il, q->g[2 * E + e] = egw[2 * E + e] + off;
+        q->g[e] = egw[e] + off, q->g[2 * E + e] = egw[2 * E + e] + off;
+        q->g[E + e] = h->whole ? egw[E + e] : q->dw2 + (int64_t)e * d * Il;
     }
     return PAR_OK;
 }
@@ -130,7 +135,8 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         return par_err(PAR_EINVAL, "etp backward: block %d has no forward", b);
     const par_block_params *bp = &M->tab.blocks[b];
     const int E = h->E;
-    memset(q->dw2, 0, (size_t)(E * h->d * h->Il) * sizeof(par_real));
+    if (!h->whole)
+        memset(q->dw2, 0, (size_t)(E * h->d * h->Il) * sizeof(par_real));
     PAR_FN(par_etp_weights) W;
     weights_of(q, M, b, E, &W);
     PAR_FN(par_etp_grads) G = {.w1 = q->g, .w2 = q->g + E, .w3 = q->g + 2 * E,
@@ -163,7 +169,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     const int64_t n = h->d * h->Il;
     par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
     par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; !h->whole && e < E; e++) { /* ETP = 1: B added them */
         par_real *t = held ? egw[E + e] : tmp + (int64_t)e * n;
         const par_real *g = q->dw2 + (int64_t)e * n;
         if (!held)
@@ -191,9 +197,12 @@ static void shared_tp(etp_hook *h, par_comm *tp, int sp, unsigned faults)
 
 /* ----------------------------------------------------------- the entry -- */
 
+/* ETP > 1 with EP = 1 (EP > 1: ETP inside EP, parallel/moe/ep_etp.c); the
+ * TP shared expert with EP = ETP = 1 (the routed experts whole: an ETP
+ * group of one). */
 static int applies(const par_layout *l)
 {
-    return l->etp > 1 && l->ep <= 1; /* EP > 1: ETP inside EP (parallel/moe/ep_etp.c) */
+    return l->ep <= 1 && (l->etp > 1 || (l->tp > 1 && par_tp_shared_expert_split(l)));
 }
 
 /* sp = 1: the group's ranks hold disjoint tokens (rows gathered, outputs
@@ -203,8 +212,8 @@ static int applies(const par_layout *l)
 static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
 {
     const par_layout *l = e->P->lay;
-    par_comm *etp = e->P->g.g[PAR_GROUP_ETP];
-    const int P = par_comm_size(etp);
+    par_comm *etp = l->etp > 1 ? e->P->g.g[PAR_GROUP_ETP] : NULL;
+    const int P = etp ? par_comm_size(etp) : 1;
     etp_hook *h;
     if (M->I % P != 0)
         return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
@@ -213,8 +222,9 @@ static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M
                                         state_drop);
     if (s)
         return s;
-    h->etp = (par_tp){.comm = etp, .sp = l->tp <= 1 || l->sequence_parallel, .faults = 0, .traffic = &h->tr};
-    h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
+    h->etp = (par_tp){.comm = etp, .sp = etp && (l->tp <= 1 || l->sequence_parallel), .faults = 0, .traffic = &h->tr};
+    h->whole = !etp;
+    h->rank = etp ? par_comm_rank(etp) : 0, h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
     if (par_tp_shared_expert_split(l))
         shared_tp(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);

@@ -26,7 +26,10 @@
 #include "parallel/tp/tp.h"
 
 /* The executor's entry (parallel/hook/hookset.h): ETP > 1 with EP = 1 (M
- * holds every expert), installed as M->moe, with the TP shared expert when
+ * holds every expert), and the TP shared expert with EP = ETP = 1 (an ETP
+ * group of one: the routed experts whole, read and accumulated in place,
+ * as the serial model; once the TP shared expert's own hook,
+ * tp_moe_hook.c), installed as M->moe, with the TP shared expert when
  * TP splits it (parallel/layout/tp_split.h par_tp_shared_expert_split: the
  * shared expert column / row parallel over the TP group, parallel/tp/tp_mlp.h,
  * its shard's gradients into this TP rank's block, PAR_TPG_SHARED);

@@ -160,7 +160,7 @@ static double attn_state(const par_memmodel_act_ctx *c, int b, double T)
  * [N, d], rws [N], g/u/h [N, I/P]; and the nE held experts' slices (the
  * executors' w1/w2/w3 and gradient pointers, the w2 slices' gradients [nE,
  * d, I/P]: the slices are the held ETP shards, read in place; not with
- * `whole`: tp_moe_hook.c's experts are whole, used in place). */
+ * `whole`: etp_hook.c's with ETP = 1: the experts whole, used in place). */
 static double etp_rows_state(const par_memmodel_act_ctx *c, double N, double nE, int whole)
 {
     const par_config *g = c->cfg;
@@ -212,7 +212,7 @@ static double moe_state(const par_memmodel_act_ctx *c, double T)
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
                shared_state(c, T, 3 * es * (T + 1) * I);
-    if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
+    if (c->tp_mlp) { /* etp_hook.c with ETP = 1: the same with a rows layer of one rank, the shared expert's
                       * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the held w2 shard's gradient */
         double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, T * K, E, 1) +

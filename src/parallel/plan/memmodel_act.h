@@ -42,7 +42,7 @@ typedef struct {
     int64_t sp;         /* sequence parallelism: the TP size (0, 1: none); T is then the
                          * rank's tokens, the TP layers' state is of sp * T gathered */
     int vocab;          /* 1: the vocab-parallel head / CE (tp_vocab_hook.c)        */
-    int tp_mlp;         /* 1: the TP shared expert's own hook (tp_moe_hook.c, EP = ETP = 1) */
+    int tp_mlp;         /* 1: the TP shared expert's own hook (etp_hook.c with ETP = 1, EP = 1) */
     int tp_shared;      /* 1: the shared expert runs TP-split, whatever EP and ETP are
                          * (parallel/layout/tp_split.h par_tp_shared_expert_split; inside ep.c
                          * and etp_hook.c with EP or ETP > 1): tp_mlp.c's state of

@@ -8,18 +8,16 @@
 #include "parallel/cp/cptp_hook.h"
 #include "parallel/moe/ep.h"
 #include "parallel/moe/etp_hook.h"
-#include "parallel/moe/tp_moe_hook.h"
 #include "parallel/step/exec-impl.h"
 #include "parallel/tp/tp_attn_hook.h"
 #include "parallel/tp/tp_vocab_hook.h"
 
-/* The MoE executors (EP; the TP shared expert alone; ETP), the attention
+/* The MoE executors (EP; ETP, or the TP shared expert alone), the attention
  * executors (CP; TP x CP; TP), the vocabulary executor (TP).  At most one
  * of each model executor applies to a layout. */
 static const PAR_FN(par_hookset) *const hooksets[] = {
-    &PAR_FN(par_ep_hookset),      &PAR_FN(par_cp_hookset),     &PAR_FN(par_cptp_hookset),
-    &PAR_FN(par_tp_attn_hookset), &PAR_FN(par_tp_vocab_hookset), &PAR_FN(par_tp_moe_hookset),
-    &PAR_FN(par_etp_hookset)};
+    &PAR_FN(par_ep_hookset),      &PAR_FN(par_cp_hookset),       &PAR_FN(par_cptp_hookset),
+    &PAR_FN(par_tp_attn_hookset), &PAR_FN(par_tp_vocab_hookset), &PAR_FN(par_etp_hookset)};
 enum { N_HOOKSETS = sizeof hooksets / sizeof hooksets[0] };
 _Static_assert(N_HOOKSETS <= PAR__EXEC_MAX_HOOKS, "exec-impl.h PAR__EXEC_MAX_HOOKS holds the table");
 
