@@ -56,23 +56,16 @@ static int fits(const cptp_hook *h, const par_mbctx *x, int64_t T)
 static par_status sp_forward(cptp_hook *h, cptp_state *q, const par_mbctx *x, const par_attn_dims *dm,
                              par_real *y, int32_t *sel, const par_real *xin)
 {
-    const int64_t W = x->S / h->ncp, rows = x->rows, T = rows * W, d = dm->d, k = dm->topk;
-    par_real *b = par_malloc((size_t)(2 * T * d + 1) * sizeof *b, PAR_TAG_ACT);
-    int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
-    par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "cp x tp attention (sp): out of memory for %lld tokens",
-                                                (long long)T)
-                                      : PAR_FN(par_tp_reduce_gather_cols)(&h->tsp, h->P, b, xin, rows, W, d,
-                                                                          "cp x tp attention");
+    const int64_t W = x->S / h->ncp;
+    PAR_FN(par_tp_attn_sp) g;
+    par_status s = PAR_FN(par_tp_attn_sp_gather)(&g, &h->tsp, h->P, xin, x->rows, W, dm->d, dm->topk, sel != NULL,
+                                                 "cp x tp attention");
     if (!s)
-        s = PAR_FN(par_cp_attn_forward_tp)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->lo.Wl, &q->dl, dm->iH, rows, W,
-                                           h->cp, &h->tp, &h->ctr);
-    if (!s) {
-        PAR_FN(par_tp_reduce_take_cols)(y, b + T * d, rows, W, d, sizeof *b, h->rank, h->P);
-        if (sel)
-            PAR_FN(par_tp_reduce_take_cols)(sel, sf, rows, W, k, sizeof *sf, h->rank, h->P);
-    }
-    par_free(b);
-    par_free(sf);
+        s = PAR_FN(par_cp_attn_forward_tp)(g.y, &q->sv, g.sel, g.x, x->pos_rows, &q->lo.Wl, &q->dl, dm->iH, x->rows,
+                                           W, h->cp, &h->tp, &h->ctr);
+    if (!s)
+        PAR_FN(par_tp_attn_sp_take)(&g, y, sel, h->rank, h->P);
+    PAR_FN(par_tp_attn_sp_free)(&g);
     return s;
 }
 
@@ -92,12 +85,8 @@ static par_status sp_backward(cptp_hook *h, cptp_state *q, const par_mbctx *x, i
     if (!s)
         s = PAR_FN(par_cp_attn_backward_input)(dx ? b : NULL, q->lo.dWl.attn_sink, q->dyf, &q->sv, &q->lo.Wl, h->cp,
                                                &h->ctr);
-    if (!s && dx) {
-        par_real *mine = b + T * d;
-        PAR_FN(par_tp_reduce_take_cols)(mine, b, rows, W, d, sizeof *b, h->rank, h->P);
-        for (int64_t e = 0; e < Tl * d; e++)
-            dx[e] += mine[e];
-    }
+    if (!s && dx)
+        PAR_FN(par_tp_attn_sp_add_dx)(dx, b + T * d, b, rows, W, d, h->rank, h->P);
     par_free(b);
     return s;
 }

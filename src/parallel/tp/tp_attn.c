@@ -564,3 +564,41 @@ void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L)
     par_free(L->buf);
     memset(L, 0, sizeof *L);
 }
+
+/* ------------------------------------------- SP over several rows (hooks) -- */
+
+par_status PAR_FN(par_tp_attn_sp_gather)(PAR_FN(par_tp_attn_sp) *g, const par_tp *tsp, int P, const par_real *xin,
+                                         int64_t rows, int64_t W, int64_t d, int64_t k, int want_sel,
+                                         const char *who)
+{
+    const int64_t T = rows * W;
+    *g = (PAR_FN(par_tp_attn_sp)){.rows = rows, .W = W, .d = d, .k = k};
+    g->x = par_malloc((size_t)(2 * T * d + 1) * sizeof *g->x, PAR_TAG_ACT);
+    g->sel = want_sel ? par_malloc((size_t)(T * k + 1) * sizeof *g->sel, PAR_TAG_ACT) : NULL;
+    if (!g->x || (want_sel && !g->sel))
+        return par_err(PAR_ENOMEM, "%s (sp): out of memory for %lld tokens", who, (long long)T);
+    g->y = g->x + T * d;
+    return PAR_FN(par_tp_reduce_gather_cols)(tsp, P, g->x, xin, rows, W, d, who);
+}
+
+void PAR_FN(par_tp_attn_sp_take)(const PAR_FN(par_tp_attn_sp) *g, par_real *y, int32_t *sel, int r, int P)
+{
+    PAR_FN(par_tp_reduce_take_cols)(y, g->y, g->rows, g->W, g->d, sizeof *g->y, r, P);
+    if (sel)
+        PAR_FN(par_tp_reduce_take_cols)(sel, g->sel, g->rows, g->W, g->k, sizeof *g->sel, r, P);
+}
+
+void PAR_FN(par_tp_attn_sp_free)(PAR_FN(par_tp_attn_sp) *g)
+{
+    par_free(g->x);
+    par_free(g->sel);
+    memset(g, 0, sizeof *g);
+}
+
+void PAR_FN(par_tp_attn_sp_add_dx)(par_real *dx, par_real *mine, const par_real *dxf, int64_t rows, int64_t W,
+                                   int64_t d, int r, int P)
+{
+    PAR_FN(par_tp_reduce_take_cols)(mine, dxf, rows, W, d, sizeof *mine, r, P);
+    for (int64_t e = 0; e < rows * W / P * d; e++)
+        dx[e] += mine[e];
+}

@@ -113,6 +113,29 @@ void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(pa
                                    const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm);
 void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L); /* zeroed: fine */
 
+/* Sequence parallelism over several rows (tp_attn_hook.c, cptp_hook.c):
+ * the ranks hold column slices [rows, W/P, d] of the rows; the layer runs on
+ * the slices gathered over the group into whole [rows, W, d] (x), its
+ * whole output (y, and the picks sel) cut back to the rank's columns. */
+typedef struct {
+    par_real *x, *y; /* [T, d] each, T = rows * W (one buffer) */
+    int32_t *sel;    /* [T, k] the whole picks, or NULL */
+    int64_t rows, W, d, k;
+} PAR_FN(par_tp_attn_sp);
+
+/* x = xin gathered over tsp (P ranks); sel's room when want_sel.  PAR_ENOMEM
+ * naming who, or the gather's status.  Free with par_tp_attn_sp_free. */
+par_status PAR_FN(par_tp_attn_sp_gather)(PAR_FN(par_tp_attn_sp) *g, const par_tp *tsp, int P, const par_real *xin,
+                                         int64_t rows, int64_t W, int64_t d, int64_t k, int want_sel,
+                                         const char *who);
+/* y [rows, W/P, d] (and sel when not NULL) = rank r's columns of g's y (sel). */
+void PAR_FN(par_tp_attn_sp_take)(const PAR_FN(par_tp_attn_sp) *g, par_real *y, int32_t *sel, int r, int P);
+void PAR_FN(par_tp_attn_sp_free)(PAR_FN(par_tp_attn_sp) *g);
+/* The input pass: dx [rows, W/P, d] += rank r's columns of the whole dxf
+ * [rows, W, d] (mine: [rows, W/P, d] scratch). */
+void PAR_FN(par_tp_attn_sp_add_dx)(par_real *dx, par_real *mine, const par_real *dxf, int64_t rows, int64_t W,
+                                   int64_t d, int r, int P);
+
 /* What the forward keeps for the backward (all T tokens, this rank's
  * heads). */
 typedef struct {

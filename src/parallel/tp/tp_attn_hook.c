@@ -48,21 +48,14 @@ static int fits(const tp_hook *h, const par_mbctx *x, int64_t T)
 static par_status sp_rows_forward(tp_hook *h, tp_state *q, const par_mbctx *x, const par_attn_dims *dm,
                                   par_real *y, int32_t *sel, const par_real *xin)
 {
-    const int64_t S = x->S, rows = x->rows, T = rows * S, d = dm->d, k = dm->topk;
-    par_real *b = par_malloc((size_t)(2 * T * d + 1) * sizeof *b, PAR_TAG_ACT);
-    int32_t *sf = sel ? par_malloc((size_t)(T * k + 1) * sizeof *sf, PAR_TAG_ACT) : NULL;
-    par_status s = !b || (sel && !sf) ? par_err(PAR_ENOMEM, "tp attention (sp): out of memory for %lld tokens",
-                                                (long long)T)
-                                      : PAR_FN(par_tp_reduce_gather_cols)(&h->tsp, h->P, b, xin, rows, S, d, "tp attention");
+    PAR_FN(par_tp_attn_sp) g;
+    par_status s = PAR_FN(par_tp_attn_sp_gather)(&g, &h->tsp, h->P, xin, x->rows, x->S, dm->d, dm->topk, sel != NULL,
+                                                 "tp attention");
     if (!s)
-        s = PAR_FN(par_tp_attn_forward)(b + T * d, &q->sv, sf, b, x->pos_rows, &q->lo.Wl, dm, T, &h->tp);
-    if (!s) {
-        PAR_FN(par_tp_reduce_take_cols)(y, b + T * d, rows, S, d, sizeof *b, h->rank, h->P);
-        if (sel)
-            PAR_FN(par_tp_reduce_take_cols)(sel, sf, rows, S, k, sizeof *sf, h->rank, h->P);
-    }
-    par_free(b);
-    par_free(sf);
+        s = PAR_FN(par_tp_attn_forward)(g.y, &q->sv, g.sel, g.x, x->pos_rows, &q->lo.Wl, dm, x->rows * x->S, &h->tp);
+    if (!s)
+        PAR_FN(par_tp_attn_sp_take)(&g, y, sel, h->rank, h->P);
+    PAR_FN(par_tp_attn_sp_free)(&g);
     return s;
 }
 
@@ -93,15 +86,12 @@ static par_status sp_rows_backward(tp_hook *h, tp_state *q, const par_mbctx *x, 
     par_real *b = par_calloc((size_t)(2 * T * d + Tl * d + 1), sizeof *b, PAR_TAG_ACT);
     if (!b)
         return par_err(PAR_ENOMEM, "tp attention backward (sp): out of memory for %lld tokens", (long long)T);
-    par_real *dxf = b + T * d, *mine = dxf + T * d;
+    par_real *dxf = b + T * d;
     par_status s = PAR_FN(par_tp_reduce_gather_cols)(&h->tsp, h->P, b, dy, rows, S, d, "tp attention");
     if (!s)
         s = PAR_FN(par_tp_attn_backward)(dx ? dxf : NULL, &q->lo.dWl, b, &q->sv, &q->lo.Wl, &h->tp);
-    if (!s && dx) {
-        PAR_FN(par_tp_reduce_take_cols)(mine, dxf, rows, S, d, sizeof *b, h->rank, h->P);
-        for (int64_t e = 0; e < Tl * d; e++)
-            dx[e] += mine[e];
-    }
+    if (!s && dx)
+        PAR_FN(par_tp_attn_sp_add_dx)(dx, dxf + T * d, dxf, rows, S, d, h->rank, h->P);
     par_free(b);
     return s;
 }
