@@ -11,6 +11,7 @@
 
 #include "core/alloc.h"
 #include "parallel/hook/hookset.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/layout/groups.h"
 #include "parallel/schedule/schedule.h"
 #include "parallel/step/exec.h"
@@ -27,7 +28,7 @@ typedef struct {
  * W): one arena of activations and the weight passes' inputs.  (The hooks
  * keep theirs per (mb, block): parallel/hook/mbstate.h.) */
 typedef struct {
-    int used;
+    int n_items;          /* the stage's items (blk's length) */
     par_arena ar;
     const par_real *xin;  /* [T, n, d] the stage's input (received, or the previous local stage's output) */
     par_real *xout;       /* [T, n, d] its output (may be xin for an empty segment) */
@@ -91,7 +92,8 @@ struct PAR_FN(par_exec_s) {
     par_mbctx *mbx;           /* [m] the context each model call passes to the hooks (mbx[k].mb = k) */
     int32_t *pos_rows;        /* CP: [Bl, S] positions of the rank's whole rows */
     int32_t **msample;        /* [m][Tm] sample of each token in its microbatch (0: the window's mq0[mb]) */
-    mbstage *mbst;            /* [m * n_local] the state of (mb, local stage) */
+    par_mbstate mbst;         /* mbstage of (mb, dir * n_stages + stage) for the rank's stages, from the
+                               * microbatch's forward to its backward (parallel/hook/mbstate.h) */
     par_real **out_act, **out_grad; /* [m * n_stages] outboxes (heap copies) */
     sendrec *sends;
     int n_sends, cap_sends;
@@ -132,6 +134,8 @@ static inline void par__exec_skip_set(uint8_t *bits, int idx, int v)
 
 /* exec_stage.c: the state and the compute of one (mb, stage). */
 par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **out, lstage **lso);
+/* The table of the (mb, stage) states (once, at the first step). */
+par_status PAR_FN(par__exec_mbstage_init)(exec_t *ex);
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage);
 void PAR_FN(par__exec_release_all)(exec_t *ex);
 par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage);

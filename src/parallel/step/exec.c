@@ -323,9 +323,9 @@ static par_status wait_sends(exec_t *ex)
 static void note_activations(exec_t *ex)
 {
     int64_t live = 0;
-    for (int i = 0; ex->mbst && i < ex->m * ex->n_local; i++)
-        if (ex->mbst[i].used)
-            live += (int64_t)ex->mbst[i].ar.used;
+    for (size_t i = 0; ex->mbst.st && i < (size_t)ex->mbst.n_mb * (size_t)ex->mbst.n_held; i++)
+        if (ex->mbst.st[i])
+            live += (int64_t)((const mbstage *)ex->mbst.st[i])->ar.used;
     if (live > ex->act_peak)
         ex->act_peak = live;
 }
@@ -556,7 +556,7 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     }
     par_free(ex->out_act);
     par_free(ex->out_grad);
-    par_free(ex->mbst);
+    par_mbstate_free(&ex->mbst);
     PAR_FN(par__exec_hold_free)(ex);
     if (ex->pair)
         par_comm_free(ex->pair);

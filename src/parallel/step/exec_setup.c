@@ -178,9 +178,10 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
     if (!ex->out_act) {
         ex->out_act = par_calloc(no, sizeof *ex->out_act, PAR_TAG_COMM);
         ex->out_grad = par_calloc(no, sizeof *ex->out_grad, PAR_TAG_COMM);
-        ex->mbst = par_calloc((size_t)ex->m * (size_t)ex->n_local, sizeof *ex->mbst, PAR_TAG_ACT);
-        if (!ex->out_act || !ex->out_grad || !ex->mbst)
+        if (!ex->out_act || !ex->out_grad)
             return par_err(PAR_ENOMEM, "pipeline: out of memory for %zu outboxes", no);
+        if ((s = PAR_FN(par__exec_mbstage_init)(ex)))
+            return s;
     }
     return PAR_OK;
 }

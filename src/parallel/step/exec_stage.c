@@ -9,24 +9,36 @@
 
 /* ------------------------------------------------- (mb, stage) states -- */
 
-static void mbstage_release(mbstage *sl, int n_items)
+static void mbstage_drop(void *p)
 {
-    if (!sl->used)
-        return;
-    for (int j = 0; j < n_items; j++)
+    mbstage *sl = p;
+    for (int j = 0; sl->blk && j < sl->n_items; j++)
         PAR_FN(par_block_act_release)(&sl->blk[j]);
     par_free(sl->blk);
     par_arena_destroy(&sl->ar);
-    memset(sl, 0, sizeof *sl);
+}
+
+par_status PAR_FN(par__exec_mbstage_init)(exec_t *ex)
+{
+    const int nk = ex->n_stages * ex->sch.n_dirs;
+    uint8_t *held = par_malloc((size_t)(nk > 0 ? nk : 1), PAR_TAG_MODEL);
+    for (int k = 0; held && k < nk; k++)
+        held[k] = ex->stage_local[k] >= 0;
+    par_status s = held ? par_mbstate_init(&ex->mbst, "pipeline", ex->m, nk, held, sizeof(mbstage), mbstage_drop)
+                        : par_err(PAR_ENOMEM, "pipeline: out of memory");
+    par_free(held);
+    return s;
 }
 
 void PAR_FN(par__exec_release_all)(exec_t *ex)
 {
-    if (!ex->mbst)
-        return;
-    for (int k = 0; k < ex->m; k++)
-        for (int j = 0; j < ex->n_local; j++)
-            mbstage_release(&ex->mbst[k * ex->n_local + j], ex->ls[j].n_items);
+    par_mbstate_drop_all(&ex->mbst);
+}
+
+/* The (mb, stage) key of the states: the microbatch, its direction's stage. */
+static int stage_key(const exec_t *ex, int mb, int stage)
+{
+    return par_schedule_mb_dir(&ex->sch, mb) * ex->n_stages + stage;
 }
 
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage)
@@ -41,13 +53,18 @@ par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **ou
     if (j < 0)
         return par_err(PAR_EINTERNAL, "pipeline: rank %d runs stage %d of microbatch %d, which is not its own",
                        ex->me, stage, mb);
-    mbstage *sl = &ex->mbst[mb * ex->n_local + j];
-    if (!sl->used) {
-        sl->blk = par_calloc((size_t)(ex->ls[j].n_items + 1), sizeof *sl->blk, PAR_TAG_ACT);
-        if (!sl->blk)
+    const par_mbctx key = {.mb = mb};
+    mbstage *sl = par_mbstate_get(&ex->mbst, &key, stage_key(ex, mb, stage));
+    if (!sl) {
+        par_status s = par_mbstate_new(&ex->mbst, &key, stage_key(ex, mb, stage), (void **)&sl);
+        if (s)
+            return s;
+        if (!(sl->blk = par_calloc((size_t)(ex->ls[j].n_items + 1), sizeof *sl->blk, PAR_TAG_ACT))) {
+            par_mbstate_drop(&ex->mbst, &key, stage_key(ex, mb, stage));
             return par_err(PAR_ENOMEM, "pipeline: out of memory");
+        }
+        sl->n_items = ex->ls[j].n_items;
         par_arena_init(&sl->ar, (size_t)1 << 20, PAR_TAG_ACT);
-        sl->used = 1;
     }
     *out = sl;
     if (lso)
@@ -355,6 +372,6 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
     /* the state's activations are no longer needed (a local next stage read
      * xout during its forward, long done) */
     if (!sl->w_due)
-        mbstage_release(sl, ls->n_items);
+        par_mbstate_drop(&ex->mbst, &(par_mbctx){.mb = mb}, stage_key(ex, mb, stage));
     return PAR_OK;
 }
