@@ -403,12 +403,12 @@ typedef struct {
 } walk_out;
 
 /* Runs pipeline rank r's action list (parallel/schedule/schedule.h) and tracks the
- * bytes alive: a slot (microbatch, stage) gets its received input, its
+ * bytes alive: a (microbatch, stage) state gets its received input, its
  * saved tensors (rel) at F and its received gradient; parity's split B adds
  * the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
  * messages.  A local hand-over (DualPipeV's turn) lands in the earlier
- * stage's slot (stage.c).  A send's heap copy lives from its post to the
+ * stage's state (exec_stage.c).  A send's heap copy lives from its post to the
  * rank's next message, where it is done (executor.c reap_sends: the peer
  * has matched it by then): two at once where two sends follow each other. */
 static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *bwd, const double *wkeep,
@@ -417,9 +417,9 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
     const par_schedule *s = &mm->sch;
     int S = s->n_stages, m = s->params.n_micro;
     memset(o, 0, sizeof *o);
-    double *slot = par_calloc((size_t)S * (size_t)m, sizeof *slot, PAR_TAG_MODEL);
-    if (!slot)
-        return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d slots", m, S);
+    double *mbst = par_calloc((size_t)S * (size_t)m, sizeof *mbst, PAR_TAG_MODEL);
+    if (!mbst)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d (microbatch, stage) states", m, S);
     const int at_w = s->split_bw; /* parity runs real W actions too (docs/parallel.md "The backward in two passes") */
     double live = 0, best = -1, top = 0, held = 0;
     int alive = 0;
@@ -429,7 +429,7 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
         switch (a->kind) {
         case PAR_ACT_RECV_ACT:
         case PAR_ACT_RECV_GRAD:
-            slot[k] += x, live += x;
+            mbst[k] += x, live += x;
             held = 0;
             break;
         case PAR_ACT_SEND_ACT:
@@ -440,23 +440,23 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
             held = x;
             break;
         case PAR_ACT_F:
-            slot[k] += rel[a->stage], live += rel[a->stage];
+            mbst[k] += rel[a->stage], live += rel[a->stage];
             if (++alive > o->inflight)
                 o->inflight = alive;
             break;
         case PAR_ACT_B:
         case PAR_ACT_BW:
         case PAR_ACT_W:
-            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the slot until W */
-                slot[k] += wkeep[a->stage], live += wkeep[a->stage];
+            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the state until W */
+                mbst[k] += wkeep[a->stage], live += wkeep[a->stage];
             if (a->kind != PAR_ACT_W) {
                 if (live + bwd[a->stage] > best)
                     best = live + bwd[a->stage], o->saved = live, o->ws = bwd[a->stage];
                 if (a->stage > 0 && par_schedule_stage_rank(s, par_schedule_mb_dir(s, a->mb), a->stage - 1) == r)
-                    slot[k - 1] += x, live += x; /* the gradient handed to the local earlier stage */
+                    mbst[k - 1] += x, live += x; /* the gradient handed to the local earlier stage */
             }
             if ((a->kind == PAR_ACT_W) == at_w || a->kind == PAR_ACT_BW) {
-                live -= slot[k], slot[k] = 0;
+                live -= mbst[k], mbst[k] = 0;
                 alive--;
             }
             break;
@@ -468,7 +468,7 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
     }
     if (top > best)
         o->saved = top, o->ws = 0;
-    par_free(slot);
+    par_free(mbst);
     return PAR_OK;
 }
 
@@ -493,7 +493,7 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     const int64_t nrow = mm->have_sch ? mm->st[r].n_moe : -1; /* rows: the rank's stages' blocks */
-    if (parity) /* the window's terms; the aux counts are per microbatch in its slot (stage.c) */
+    if (parity) /* the window's terms; the aux counts are per microbatch in its (mb, stage) state (exec_stage.c) */
         o->fixed = par_memmodel_act_stats_terms(&c, ns, nrow);
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
@@ -510,7 +510,7 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
         seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s]);
-        if (parity) /* the slot's aux counts (par_stats_view) */
+        if (parity) /* the state's aux counts (par_stats_view) */
             v[s] += par_memmodel_act_stats_rows(&c, ns_mb, nrow);
     }
     walk_out w;
@@ -670,7 +670,7 @@ static par_status act_of(par_memmodel *mm, stage_info *si, int stage, int cp_ran
  * executor 3,192 B, a RoPE table 4,104 B; f32 alike: pointers): what the
  * allocator's `model` tag holds for the rank.  The EP and CP hooks' states
  * (560 and 496 B) are allocated per microbatch in flight (tag act); their
- * tables are a pointer per slot and held block. */
+ * tables are a pointer per microbatch and held block (parallel/hook/mbstate.h). */
 #define MM_BLOCK_ACT 760.0
 #define MM_EXEC 3192.0
 #define MM_ROPE 4104.0
@@ -691,9 +691,9 @@ static double model_struct(const par_memmodel *mm, const stage_info *si)
     for (int k = 0; k < 2; k++) /* each plan: its entries, the owned lists, three [dp + 1] tables */
         b += 40.0 * z[k]->n_ent + 4.0 * z[k]->n_ent + 3 * 8.0 * (z[k]->dp + 1);
     const double m = l->n_micro > 0 ? (double)l->n_micro : 1;
-    if (l->ep > 1) /* a state pointer per microbatch slot and held MoE block; the node tables */
+    if (l->ep > 1) /* a state pointer per microbatch and held MoE block; the node tables */
         b += m * (double)si->n_moe * 8 + 8 * nb + 36.0 * (double)l->ep;
-    if (l->cp > 1 && l->tp <= 1) /* cp_hook.c: a saved-state pointer per slot and held block, the block map */
+    if (l->cp > 1 && l->tp <= 1) /* cp_hook.c: a saved-state pointer per microbatch and held block, the block map */
         b += m * (double)si->n_moe * 8 + 4 * nb + 64;
     if (mm->have_sch) { /* every pipeline rank's action list (par_action: 20 B); the executor's costs */
         for (int r = 0; r < mm->sch.params.pp; r++)
