@@ -94,7 +94,7 @@ double par_memmodel_act_batch(int64_t T);
 double par_memmodel_act_stats(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 /* Its two parts: the window's per-sample terms (par_stats_alloc_terms: what
  * a pipeline rank keeps for the step) and the aux counts of its rows (what
- * each slot's par_stats_view holds for one microbatch's Ns samples). */
+ * each (mb, stage) state's par_stats_view holds for one microbatch's Ns samples). */
 double par_memmodel_act_stats_terms(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 double par_memmodel_act_stats_rows(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 
