@@ -59,12 +59,13 @@ room layout
 room schedule
 room plan layout schedule
 room reduce layout
-room tp layout reduce
-room cp layout reduce tp
-room moe layout plan reduce tp
+room hook layout
+room tp layout reduce hook
+room cp layout reduce hook tp
+room moe layout plan reduce hook tp
 room dp layout reduce tp
 room ckpt layout reduce dp
-room step layout schedule plan reduce tp cp moe dp
+room step layout schedule plan reduce hook tp cp moe dp
 room train layout plan reduce tp dp ckpt step
 # every folder of src/parallel has its rule above
 v=""

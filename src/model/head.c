@@ -102,7 +102,7 @@ static head_ids head_params(const PAR_FN(par_model) *M, int which)
     return h;
 }
 
-par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                     par_arena *ar, const par_real *X, const int32_t *target,
                                     const int32_t *sample, double *ce_sum, int64_t T)
 {
@@ -130,7 +130,7 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
         return s;
     PAR_FN(par_rmsnorm_forward)(h->xn, h->rstd, h->x, P(id.norm), T, d, c->norm_eps);
     if (M->vocab.head) {
-        if ((s = M->vocab.head(M->vocab.ctx, M, h, h->ce, h->lse, h->logits, h->xn, target, T)))
+        if ((s = M->vocab.head(M->vocab.ctx, x, M, which, h->ce, h->lse, h->logits, h->xn, target, T)))
             return s;
     } else {
         PAR_FN(par_linear_forward)(h->logits, h->xn, P(M->tab.top.head), T, d, V);
@@ -157,7 +157,7 @@ enum { PASS_B = 1, PASS_W = 2, PASS_BW = 3 };
 #define IN(p) ((pass & PASS_B) ? (p) : NULL)
 #define WT(p) ((pass & PASS_W) ? (p) : NULL)
 
-static par_status head_pass(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h, par_arena *ar, par_real *dX,
+static par_status head_pass(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h, par_arena *ar, par_real *dX,
                             double scale, int pass)
 {
     const par_config *c = &M->cfg;
@@ -171,7 +171,7 @@ static par_status head_pass(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act
     }
     par_arena_mark mark = par_arena_get_mark(ar);
     if (M->vocab.head_bwd) { /* the executor's logits gradient: B dxn, W head.weight */
-        par_status sv = M->vocab.head_bwd(M->vocab.ctx, M, h, IN(h->dxn), (pass & PASS_W) != 0, h->scale);
+        par_status sv = M->vocab.head_bwd(M->vocab.ctx, x, M, which, IN(h->dxn), (pass & PASS_W) != 0, h->scale);
         if (sv)
             return sv;
     } else {
@@ -191,30 +191,30 @@ fail_oom:
                    (long long)T);
 }
 
-par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                            par_arena *ar, par_real *dX, double scale)
 {
     if (h->pending)
         return par_err(PAR_EINVAL, "%s head backward: its weight pass is still due", which ? "mtp" : "main");
-    par_status s = head_pass(M, which, h, ar, dX, scale, PASS_B);
+    par_status s = head_pass(M, x, which, h, ar, dX, scale, PASS_B);
     h->pending = !s;
     return s;
 }
 
-par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                              par_arena *ar)
 {
     if (!h->pending)
         return par_err(PAR_EINVAL, "%s head: weight pass without its input pass", which ? "mtp" : "main");
     h->pending = 0;
-    return head_pass(M, which, h, ar, NULL, h->scale, PASS_W);
+    return head_pass(M, x, which, h, ar, NULL, h->scale, PASS_W);
 }
 
-par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                      par_arena *ar, par_real *dX, double scale)
 {
     par_arena_mark mark = par_arena_get_mark(ar);
-    par_status s = head_pass(M, which, h, ar, dX, scale, PASS_BW);
+    par_status s = head_pass(M, x, which, h, ar, dX, scale, PASS_BW);
     par_arena_rewind(ar, mark);
     return s;
 }

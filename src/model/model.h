@@ -44,6 +44,7 @@
 #include "kernels/rope.h"
 #include "model/config.h"
 #include "model/data.h"
+#include "model/mbctx.h"
 #include "model/params.h"
 
 /* ------------------------------------------------------------ statistics -- */
@@ -96,7 +97,7 @@ par_status PAR_FN(par_stats_alloc_held)(PAR_FN(par_stats) *st, int64_t n_blocks,
                                         int64_t Ns);
 /* The window's per-sample terms only (ce_main, ce_mtp, loads, aux, the row
  * map): cnt, psum and ntok are NULL.  A pipeline executor keeps those per
- * microbatch in its slots (par_stats_view), for the microbatches in flight
+ * microbatch in its (microbatch, stage) states (par_stats_view), for the microbatches in flight
  * instead of every sample of the step. */
 par_status PAR_FN(par_stats_alloc_terms)(PAR_FN(par_stats) *st, int64_t n_blocks, const uint8_t *held, int64_t E,
                                          int64_t Ns);
@@ -212,20 +213,6 @@ typedef struct {
 
 typedef struct PAR_FN(par_model_s) PAR_FN(par_model);
 
-/* Which piece of a step a model call computes: the step executor's
- * per-microbatch context (parallel/step/exec.h).  The model hands it,
- * unchanged, to the executor hooks below; nothing of it is kept in the
- * model.  The serial step passes slot 0 and all of its rows. */
-#ifndef PAR_MBCTX_DEFINED
-#define PAR_MBCTX_DEFINED
-typedef struct {
-    int slot;                /* the hooks' state slot (the microbatch), >= 0    */
-    int64_t row0, rows;      /* rows [row0, row0 + rows) of the rank's batch    */
-    int64_t S;               /* tokens of one whole row                         */
-    const int32_t *pos_rows; /* [rows, S] positions of the WHOLE rows when the
-                              * rank holds parts of rows (CP), else NULL       */
-} par_mbctx;
-#endif
 
 /* The routed-expert executor of the MoE sub-layer.  NULL functions = the
  * serial kernel path (par_moe_forward / par_moe_backward on every expert,
@@ -235,7 +222,7 @@ typedef struct {
  * local tokens from the gate's idx and w; bwd (B) accumulates dx and dw (the
  * routing weights' gradient); wgt (W, after bwd of the same slot and block)
  * accumulates the held experts' and the shared expert's weight gradients
- * into M->grads.  x names the microbatch (its state slot).  All collective
+ * into M->grads.  x names the microbatch (the key of its state).  All collective
  * over whatever group ctx uses. */
 typedef struct {
     par_status (*fwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b,
@@ -264,7 +251,7 @@ typedef struct {
  * _backward_weights on the T local tokens).  A context-parallel layout
  * (src/parallel/cp/cp_hook.c) installs its own once: the local tokens are
  * slices of rows whose other parts live on other ranks (x->pos_rows); the
- * executor keeps its own saved state per (slot, block).  fwd: y =
+ * executor keeps its own saved state per (microbatch, block).  fwd: y =
  * Attention(xin) on the local tokens, sel (m == 4 layers, may be NULL) the
  * indexer picks as par_attn_forward's `selected`.  bwd (B): dx += and
  * dsink += as par_attn_backward_input; wgt (W): dW += every other
@@ -293,8 +280,8 @@ typedef struct {
  * (src/parallel/tp/tp_vocab_hook.c) installs its own once: vocab-parallel,
  * without gathered logits.  embed: h = embed.weight[ids[t]]; embed_bwd (the
  * weight pass): embed.weight's gradient += dh by ids.  head: ce and lse of
- * the logits xn head.weight^T (key names the head act that owns the call's
- * saved state); logits is filled only when the executor keeps them for a
+ * the logits xn head.weight^T (x and which, 0 main / 1 MTP, key the call's
+ * saved state, as the other executors' (microbatch, block)); logits is filled only when the executor keeps them for a
  * dump (`logits` = 1: the model then allocates them, else passes NULL and
  * holds no [T, V] buffer), else left as it is.  head_bwd: dxn += d/dxn of scale * sum_t CE_t
  * (NULL: not wanted) and, with weights, head.weight's gradient +=.  All
@@ -308,14 +295,14 @@ typedef struct {
                             const par_real *dh, /* [T, d] */
                             const int32_t *ids, /* [T] */
                             int64_t T);
-    par_status (*head)(void *ctx, PAR_FN(par_model) *M, const void *key,
+    par_status (*head)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which,
                        par_real *ce,            /* [T] out */
                        par_real *lse,           /* [T] out */
                        par_real *logits,        /* [T, V] out (dumps only) */
                        const par_real *xn,      /* [T, d] */
                        const int32_t *target,   /* [T] */
                        int64_t T);
-    par_status (*head_bwd)(void *ctx, PAR_FN(par_model) *M, const void *key,
+    par_status (*head_bwd)(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which,
                            par_real *dxn,       /* [T, d] += or NULL */
                            int weights, double scale);
     void *ctx;
@@ -496,7 +483,7 @@ par_status PAR_FN(par_model_embed_backward)(PAR_FN(par_model) *M, par_arena *ar,
  * input ids (hash routing), `sample` the sample index of each token in st's
  * window (global sample st->q0 + sample[t]; aux statistics into st; loads
  * into st->loads).  The routed experts and the attention run through M->moe
- * / M->attn when set, with x (the microbatch; NULL: slot 0, no row
+ * / M->attn when set, with x (the microbatch; NULL: microbatch 0, no row
  * context).  Memory from `ar`. */
 par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int b, PAR_FN(par_block_act) *a,
                                      par_arena *ar, const par_real *Xin, /* [T, n, d] */
@@ -534,9 +521,10 @@ par_status PAR_FN(par_block_backward)(PAR_FN(par_model) *M, const par_mbctx *x, 
 /* Frees what a block act holds outside the arena. */
 void PAR_FN(par_block_act_release)(PAR_FN(par_block_act) *a);
 
-/* Head `which` (0 main, 1 MTP): logits and per-token CE; CE sums per sample
- * into ce_sum[sample[t]] (st->ce_main or st->ce_mtp) for tokens with a target. */
-par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+/* Head `which` (0 main, 1 MTP) of microbatch x (as par_block_forward's; NULL:
+ * microbatch 0): logits and per-token CE; CE sums per sample into
+ * ce_sum[sample[t]] (st->ce_main or st->ce_mtp) for tokens with a target. */
+par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                     par_arena *ar, const par_real *X, /* [T, n, d] */
                                     const int32_t *target,            /* [T] */
                                     const int32_t *sample,            /* [T] */
@@ -545,12 +533,12 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, int which, PAR_FN(par_
 /* dX += d/dX of scale * sum_t CE_t (scale = 1/N_main or mtp_lambda/N_mtp).
  * _input (B) keeps what _weights (W: head.weight, the norm, hc_head_*)
  * needs in h (arena memory from `ar`); par_head_backward is one pass. */
-par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_input)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                            par_arena *ar, par_real *dX, /* [T, n, d] += */
                                            double scale);
-par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward_weights)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                              par_arena *ar);
-par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, int which, PAR_FN(par_head_act) *h,
+par_status PAR_FN(par_head_backward)(PAR_FN(par_model) *M, const par_mbctx *x, int which, PAR_FN(par_head_act) *h,
                                      par_arena *ar, par_real *dX, /* [T, n, d] += */
                                      double scale);
 

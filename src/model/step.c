@@ -55,7 +55,7 @@ static par_status forward_pieces(PAR_FN(par_model) *M, const par_batch *batch, i
             return s;
         M->X[b + 1] = M->blk[b].Xout;
     }
-    s = PAR_FN(par_head_forward)(M, 0, &M->head, ar, M->X[L], batch->labels, M->sample, st->ce_main, T);
+    s = PAR_FN(par_head_forward)(M, NULL, 0, &M->head, ar, M->X[L], batch->labels, M->sample, st->ce_main, T);
     if (s || c->n_mtp_layers <= 0)
         return s;
     s = PAR_FN(par_mtp_input_forward)(M, &M->mtp, ar, M->X[L], batch->mtp_inputs, T);
@@ -65,7 +65,7 @@ static par_status forward_pieces(PAR_FN(par_model) *M, const par_batch *batch, i
                                   M->sample, st, T);
     if (s)
         return s;
-    return PAR_FN(par_head_forward)(M, 1, &M->mtp_head, ar, M->blk[L].Xout, batch->mtp_labels, M->sample,
+    return PAR_FN(par_head_forward)(M, NULL, 1, &M->mtp_head, ar, M->blk[L].Xout, batch->mtp_labels, M->sample,
                                     st->ce_mtp, T);
 }
 
@@ -119,7 +119,7 @@ static par_status mtp_backward(PAR_FN(par_model) *M, par_real *dA, par_real *dB)
     par_arena *ar = &M->arena;
     par_status s;
     if (st->n_mtp > 0 &&
-        (s = PAR_FN(par_head_backward)(M, 1, &M->mtp_head, ar, dB, c->mtp_lambda / (double)st->n_mtp)))
+        (s = PAR_FN(par_head_backward)(M, NULL, 1, &M->mtp_head, ar, dB, c->mtp_lambda / (double)st->n_mtp)))
         return s;
     par_real *d0 = par_arena_calloc(ar, xbytes ? xbytes : 64, 64);
     if (!d0)
@@ -147,7 +147,7 @@ static par_status backward_pieces(PAR_FN(par_model) *M)
         par_arena_rewind(ar, mark);
         return par_err(PAR_ENOMEM, "model backward: out of scratch memory (T=%lld)", (long long)T);
     }
-    if (st->n_main > 0 && (s = PAR_FN(par_head_backward)(M, 0, &M->head, ar, dA, 1.0 / (double)st->n_main)))
+    if (st->n_main > 0 && (s = PAR_FN(par_head_backward)(M, NULL, 0, &M->head, ar, dA, 1.0 / (double)st->n_main)))
         goto done;
     if (c->n_mtp_layers > 0 && (s = mtp_backward(M, dA, dB)))
         goto done;

@@ -45,7 +45,7 @@
 /* Bytes this rank handed to src/comm, per kind (accumulated, +=).  The
  * emulated network's time per tier is src/comm's accounting; these are the
  * payload sizes for reports and tests. */
-typedef struct {
+typedef struct par_cp_traffic_s {
     int64_t halo_fwd;   /* x rows sent to rank r+1                       */
     int64_t gather_fwd; /* entries contributed to the all-gather         */
     int64_t rs_bwd;     /* entry gradients put into the reduce-scatter   */

@@ -11,8 +11,9 @@
  * the call's context (par_mbctx.pos_rows); the halo exchange, the entry
  * all-gather and the entry-gradient reduce-scatter go through src/comm, so
  * an attached emulated network charges them per tier.  The hook keeps one
- * saved forward per (microbatch slot, block); the slot is the call's
- * argument, never state of the model.
+ * saved forward per (microbatch, held block) from its forward to its weight
+ * pass (parallel/hook/mbstate.h); the microbatch is the call's argument,
+ * never state of the model.
  */
 #ifndef PAR_PARALLEL_CP_CP_HOOK_H
 #define PAR_PARALLEL_CP_CP_HOOK_H
@@ -22,18 +23,18 @@
 #include "kernels/real.h"
 #include "model/model.h"
 #include "parallel/cp/cp.h"
+#include "parallel/hook/hookset.h"
 
 typedef struct PAR_FN(par_cp_hook_s) PAR_FN(par_cp_hook);
 
-/* A hook for M's blocks over the CP group `cp` (not owned) with n_slots
- * microbatch slots. */
+/* A hook for M's blocks over the CP group `cp` (not owned) with state for
+ * n_mb microbatches. */
 par_status PAR_FN(par_cp_hook_create)(PAR_FN(par_cp_hook) **out, par_comm *cp, const PAR_FN(par_model) *M,
-                                      int n_slots);
-/* M->attn = this hook (once, before the first step). */
-void PAR_FN(par_cp_hook_install)(PAR_FN(par_cp_hook) *h, PAR_FN(par_model) *M);
-/* Bytes this rank handed to src/comm for CP attention since creation
- * (zeros for NULL). */
-void PAR_FN(par_cp_hook_traffic)(const PAR_FN(par_cp_hook) *h, par_cp_traffic *out);
+                                      int n_mb);
 void PAR_FN(par_cp_hook_free)(PAR_FN(par_cp_hook) *h); /* NULL is fine */
+
+/* The executor's entry (parallel/hook/hookset.h): CP > 1 without TP,
+ * installed as M->attn; reports its traffic (par_hook_report.cp). */
+extern const PAR_FN(par_hookset) PAR_FN(par_cp_hookset);
 
 #endif

@@ -13,7 +13,8 @@
  * (dx summed over TP, the shard's sinks into dsink); W: the CP weight pass
  * on the shard, added into rank r's block of M->grads (par_tp_attn_grads_add;
  * replicated weights' shares whole), summed over TP once per step by
- * par_reduce_tp_grads.  One state per (microbatch slot, block).
+ * par_reduce_tp_grads.  One state per (microbatch, block) from its forward to
+ * its weight pass (parallel/hook/mbstate.h).
  *
  * With sp (--sequence-parallel x CP) the TP ranks hold column slices of the
  * CP slice (rank (tp r, cp c): columns [(c*TP + r)*L, ...) of every row, L
@@ -29,15 +30,11 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 
-typedef struct PAR_FN(par_cptp_hook_s) PAR_FN(par_cptp_hook);
-
-/* A hook for M's blocks over the CP group `cp` and the TP group `tp` (not
- * owned) with n_slots microbatch slots, sp as above; PAR_EINVAL naming the
- * numbers when TP does not divide a block's heads, groups or index heads. */
-par_status PAR_FN(par_cptp_hook_create)(PAR_FN(par_cptp_hook) **out, par_comm *cp, par_comm *tp,
-                                        const PAR_FN(par_model) *M, int n_slots, int sp);
-void PAR_FN(par_cptp_hook_install)(PAR_FN(par_cptp_hook) *h, PAR_FN(par_model) *M);
-void PAR_FN(par_cptp_hook_free)(PAR_FN(par_cptp_hook) *h); /* NULL is fine */
+/* The executor's entry (parallel/hook/hookset.h): TP > 1 with CP > 1,
+ * installed as M->attn, sp as above; PAR_EINVAL naming the numbers when TP
+ * does not divide a block's heads, groups or index heads. */
+extern const PAR_FN(par_hookset) PAR_FN(par_cptp_hookset);
 
 #endif

@@ -91,7 +91,7 @@ par_status par_tp_check_config(const par_config *cfg, int64_t tp, int64_t etp);
  * over the TP group (w1 / w3 rows, w2 columns of parallel/layout/tp_split.c's
  * cuts), whatever EP and ETP are (Megatron-LM: the shared expert is a TP
  * MLP); 0 when it runs whole (TP = 1).  The one predicate the executor's
- * hooks (tp_moe_hook.c, ep.c, etp_hook.c) and the shared expert's storage
+ * hooks (ep.c, etp_hook.c) and the shared expert's storage
  * (par_tp_storage_cut) key on. */
 int par_tp_shared_expert_split(const par_layout *l);
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/alloc.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/moe/ep.h"
 #include "parallel/moe/etp.h"
 #include "parallel/tp/tp.h"
@@ -54,11 +55,8 @@ struct PAR_FN(par_ep_s) {
     int EP, me;
     int64_t E, El, e0;
     int n_blocks;
-    int n_rows;            /* the blocks whose experts the model holds (a pipeline rank: its stages') */
-    int *row;              /* [n_blocks] block b's row of blk, -1: not held here */
-    int n_slots;           /* sets of per-block state: one per microbatch slot (par_mbctx.slot) */
-    blk_state **blk;       /* [n_slots, n_rows]: held blocks only; a state exists from its forward to its
-                            * weight pass (the microbatches in flight), NULL otherwise */
+    par_mbstate st;        /* blk_state of (microbatch, held block): from its forward to its weight pass
+                            * (the microbatches in flight; parallel/hook/mbstate.h) */
     par_ep_dispatch mode;
     int gpn;               /* ranks per node */
     int *node;             /* [EP] node of each EP rank (world rank / gpn) */
@@ -89,10 +87,6 @@ static inline void *xcalloc(size_t n, size_t sz)
 }
 
 void PAR_FN(par__ep_blk_free)(blk_state *S);
-/* A slot's state freed and the slot emptied (NULL: nothing). */
-void PAR_FN(par__ep_blk_drop)(blk_state **sp);
-/* Every slot's state freed (a mode change drops the states in flight). */
-void PAR_FN(par__ep_blk_drop_all)(ep_t *x);
 
 /* Forward dispatch of the T tokens' (x row, routing weight) to the owners
  * of their K experts; out: *rbuf [NR, d+1], *rids [NR, 3] in received

@@ -10,6 +10,7 @@
 #include "comm/clock.h"
 #include "core/alloc.h"
 #include "kernels/moe.h"
+#include "parallel/layout/tp_split.h"
 #include "parallel/moe/ep-impl.h"
 
 /* The owner's order of the hierarchical rows: (source EP rank, t), the flat
@@ -26,29 +27,6 @@ static int hkey_cmp(const void *a, const void *b)
     if (p->t != q->t)
         return p->t < q->t ? -1 : 1;
     return (p->r > q->r) - (p->r < q->r);
-}
-
-/* Where the state of (microbatch slot, block) lives, NULL out of range. */
-static blk_state **slot_of(ep_t *x, const par_mbctx *c, int b)
-{
-    int slot = c ? c->slot : 0;
-    if (slot < 0 || slot >= x->n_slots || b < 0 || b >= x->n_blocks || x->row[b] < 0)
-        return NULL;
-    return &x->blk[(size_t)slot * (size_t)x->n_rows + (size_t)x->row[b]];
-}
-
-/* The state of (slot, block) between its forward and its weight pass, NULL
- * out of range or when there is none. */
-static blk_state *state_of(ep_t *x, const par_mbctx *c, int b)
-{
-    blk_state **sp = slot_of(x, c, b);
-    return sp ? *sp : NULL;
-}
-
-static par_status no_state(const ep_t *x, const par_mbctx *c, int b)
-{
-    return par_err(PAR_EINVAL, "ep: block %d of slot %d: the executor has %d slots of %d held blocks (of %d)", b,
-                   c ? c->slot : 0, x->n_slots, x->n_rows, x->n_blocks);
 }
 
 /* The shared expert's weights of block b (NULL when there is none). */
@@ -179,14 +157,10 @@ static par_status ep_fwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                          const par_real *x_in, const int32_t *idx, const par_real *w, const int32_t *tokens, int64_t T)
 {
     ep_t *x = ctx;
-    blk_state **sp = slot_of(x, c, b);
-    if (!sp)
-        return no_state(x, c, b);
-    if (*sp) /* a forward again without its weight pass (a failed step): the old state goes */
-        PAR_FN(par__ep_blk_free)(*sp);
-    else if (!(*sp = xcalloc(1, sizeof **sp)))
-        return par_err(PAR_ENOMEM, "ep: block %d forward: out of memory for its state", b);
-    blk_state *S = *sp;
+    blk_state *S;
+    par_status s0 = par_mbstate_new(&x->st, c, b, (void **)&S); /* (an old one of a failed step goes) */
+    if (s0)
+        return s0;
     const int K = (int)M->K;
     const int64_t d = M->d;
     par_real *rbuf = NULL, *yg = NULL;
@@ -267,11 +241,10 @@ static par_status ep_bwd(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                          const par_real *dy, const par_real *x_in, const par_real *w, int64_t T)
 {
     ep_t *x = ctx;
-    blk_state *S = state_of(x, c, b);
+    blk_state *S = par_mbstate_get(&x->st, c, b);
     (void)w;
     if (!S)
-        return slot_of(x, c, b) ? par_err(PAR_EINVAL, "ep: block %d backward without its forward", b)
-                                : no_state(x, c, b);
+        return par_err(PAR_EINVAL, "ep: block %d of microbatch %d: backward without its forward", b, c ? c->mb : 0);
     const int K = (int)M->K;
     const int64_t d = M->d, NS = S->nsend, NR = S->nrecv;
     if (S->T != T)
@@ -314,9 +287,7 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                          const par_real *x_in, int64_t T)
 {
     ep_t *x = ctx;
-    blk_state **sp = slot_of(x, c, b), *S = sp ? *sp : NULL;
-    if (!sp)
-        return no_state(x, c, b);
+    blk_state *S = par_mbstate_get(&x->st, c, b);
     if (!S || !S->dyg || S->T != T)
         return par_err(PAR_EINVAL, "ep: block %d weight pass without its input pass", b);
     const int64_t d = M->d, I = M->I;
@@ -344,9 +315,9 @@ static par_status ep_wgt(void *ctx, const par_mbctx *c, PAR_FN(par_model) *M, in
                                             PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3), NULL, dy, x_in, NULL,
                                             sw[0], sw[1], sw[2], S->sg, S->su, S->sh, T, d, I, L);
     /* the microbatch's backward of this block is done: its state goes now,
-     * not at the slot's next forward (a step holds at most the microbatches
-     * in flight, not all of them) */
-    PAR_FN(par__ep_blk_drop)(sp);
+     * not at the microbatch's next forward (a step holds at most the
+     * microbatches in flight, not all of them) */
+    par_mbstate_drop(&x->st, c, b);
     return s;
 }
 
@@ -414,6 +385,11 @@ static par_status build_nodes(ep_t *x, int gpn)
     return PAR_OK;
 }
 
+static void blk_drop(void *S)
+{
+    PAR_FN(par__ep_blk_free)(S);
+}
+
 par_status PAR_FN(par_ep_create)(PAR_FN(par_ep) **out, par_comm *ep, PAR_FN(par_model) *M)
 {
     *out = NULL;
@@ -436,14 +412,16 @@ par_status PAR_FN(par_ep_create)(PAR_FN(par_ep) **out, par_comm *ep, PAR_FN(par_
     x->El = El;
     x->e0 = M->e0;
     x->n_blocks = M->n_blocks;
-    x->n_slots = 1;
     x->mode = PAR_EP_FLAT;
-    x->row = par_malloc((size_t)M->n_blocks * sizeof *x->row, PAR_TAG_MODEL);
-    for (int b = 0; x->row && b < M->n_blocks; b++) /* state for the blocks whose experts are held only */
-        x->row[b] = PAR_FN(par_model_holds)(M, M->tab.blocks[b].expert0 + 3 * (int)M->e0) ? x->n_rows++ : -1;
-    x->blk = x->row ? par_calloc((size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *x->blk, PAR_TAG_MODEL) : NULL;
-    /* (one pointer per held block and slot: the states come and go with the microbatches) */
-    par_status s = x->blk ? build_nodes(x, 8) : par_err(PAR_ENOMEM, "ep: out of memory");
+    uint8_t *held = par_malloc((size_t)(M->n_blocks > 0 ? M->n_blocks : 1), PAR_TAG_MODEL);
+    for (int b = 0; held && b < M->n_blocks; b++) /* state for the blocks whose experts are held only */
+        held[b] = (uint8_t)PAR_FN(par_model_holds)(M, M->tab.blocks[b].expert0 + 3 * (int)M->e0);
+    /* (one pointer per held block and microbatch: the states come and go with the microbatches) */
+    par_status s = held ? par_mbstate_init(&x->st, "ep", 1, M->n_blocks, held, sizeof(blk_state), blk_drop)
+                        : par_err(PAR_ENOMEM, "ep: out of memory");
+    par_free(held);
+    if (!s)
+        s = build_nodes(x, 8);
     if (s) {
         PAR_FN(par_ep_free)(x);
         return s;
@@ -469,23 +447,14 @@ par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, 
     par_status s = build_nodes(x, gpus_per_node);
     if (s)
         return s;
-    PAR_FN(par__ep_blk_drop_all)(x);
+    par_mbstate_drop_all(&x->st);
     x->mode = mode;
     return PAR_OK;
 }
 
-par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n)
+par_status PAR_FN(par_ep_set_microbatches)(PAR_FN(par_ep) *x, int n_mb)
 {
-    if (n < 1)
-        return par_err(PAR_EINVAL, "ep: the number of state slots must be >= 1 (got %d)", n);
-    blk_state **nb = par_calloc((size_t)n * (size_t)(x->n_rows > 0 ? x->n_rows : 1), sizeof *nb, PAR_TAG_MODEL);
-    if (!nb)
-        return par_err(PAR_ENOMEM, "ep: out of memory for %d state slots", n);
-    PAR_FN(par__ep_blk_drop_all)(x);
-    par_free(x->blk);
-    x->blk = nb;
-    x->n_slots = n;
-    return PAR_OK;
+    return par_mbstate_resize(&x->st, n_mb);
 }
 
 void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out)
@@ -505,11 +474,70 @@ void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x)
 {
     if (!x)
         return;
-    PAR_FN(par__ep_blk_drop_all)(x);
-    par_free(x->blk);
-    par_free(x->row);
+    par_mbstate_free(&x->st);
     par_free(x->node);
     par_free(x->rel);
     par_free(x->tpdup);
     par_free(x);
 }
+
+/* ----------------------------------------------------------- the entry -- */
+
+static int applies(const par_layout *l)
+{
+    return l->ep > 1;
+}
+
+/* The MoE executor over the EP group: its dispatch, state for the step's
+ * microbatches; TP without SP (and ETP = 1): the TP copies' rows; the TP
+ * shared expert when TP splits it; ETP inside EP (TP x ETP without SP: ETP
+ * = TP, the group's ranks hold the same tokens: the rows layer without sp). */
+static par_status configure(PAR_FN(par_ep) *x, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    const par_layout *l = e->P->lay;
+    par_comm *const *g = e->P->g.g;
+    par_status s = PAR_FN(par_ep_set_dispatch)(x, e->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
+                                               e->gpus_per_node > 0 ? e->gpus_per_node : 8);
+    if (!s)
+        s = PAR_FN(par_ep_set_microbatches)(x, e->n_mb);
+    if (!s && l->tp > 1 && !l->sequence_parallel && l->etp <= 1)
+        s = PAR_FN(par_ep_set_tp)(x, e->P->rc.tp);
+    if (!s && l->tp > 1 && par_tp_shared_expert_split(l))
+        s = PAR_FN(par_ep_set_shared_tp)(x, g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+    if (!s && l->etp > 1)
+        s = PAR_FN(par_ep_set_etp)(x, g[PAR_GROUP_ETP], M->I, l->tp <= 1 || l->sequence_parallel);
+    if (!s && e->ca)
+        PAR_FN(par_ep_set_cost)(x, e->ca);
+    return s;
+}
+
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    PAR_FN(par_ep) *x;
+    par_status s = PAR_FN(par_ep_create)(&x, e->P->g.g[PAR_GROUP_EP], M);
+    if (!s && (s = configure(x, e, M)))
+        PAR_FN(par_ep_free)(x);
+    if (s)
+        return s;
+    PAR_FN(par_ep_install)(x, M);
+    *out = x;
+    return PAR_OK;
+}
+
+static void report(const void *h, const par_hook_report *r)
+{
+    par_tp_shared_stats sh;
+    if (r->ep)
+        PAR_FN(par_ep_counters_get)(h, r->ep);
+    PAR_FN(par_ep_shared_stats)(h, &sh);
+    if (r->shared)
+        r->shared->units += sh.units, r->shared->bytes += sh.bytes;
+}
+
+static void hook_free(void *h)
+{
+    PAR_FN(par_ep_free)(h);
+}
+
+const PAR_FN(par_hookset) PAR_FN(par_ep_hookset) = {
+    .name = "ep", .applies = applies, .create = create, .report = report, .free = hook_free};

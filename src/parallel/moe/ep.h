@@ -50,6 +50,7 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/plan/costas.h"
 #include "parallel/tp/tp.h"
 
@@ -70,7 +71,7 @@ typedef enum {
  * rows are at the owners; combine = from after the experts ran until the
  * rows are back on the token's rank (idle waits for other ranks included);
  * forward and backward summed. */
-typedef struct {
+typedef struct par_ep_counters_s {
     int64_t rows_sent;       /* token-slot rows dispatched (forward)            */
     int64_t rows_recv;       /* token-slot rows received for the held experts   */
     int64_t dispatch_bytes;  /* bytes sent to other ranks: forward x + ids, backward dy  */
@@ -92,11 +93,11 @@ void PAR_FN(par_ep_install)(PAR_FN(par_ep) *x, PAR_FN(par_model) *M);
  * reference preset).  Every rank of the EP group must pass the same values
  * (else the collectives report a mismatch).  Frees the per-block state. */
 par_status PAR_FN(par_ep_set_dispatch)(PAR_FN(par_ep) *x, par_ep_dispatch mode, int gpus_per_node);
-/* Keeps n independent sets of per-block forward state (slot 0 .. n-1; 1 by
- * default): a pipeline (parallel/step/exec.h) has several microbatches of one
- * block between forward and backward; each call names its slot
- * (par_mbctx.slot).  Frees the state kept so far. */
-par_status PAR_FN(par_ep_set_slots)(PAR_FN(par_ep) *x, int n);
+/* Keeps state for n_mb microbatches (0 .. n_mb-1; 1 by default): a
+ * pipeline (parallel/step/exec.h) has several microbatches of one block
+ * between forward and backward; each call names its microbatch
+ * (par_mbctx.mb; parallel/hook/mbstate.h).  Frees the state kept so far. */
+par_status PAR_FN(par_ep_set_microbatches)(PAR_FN(par_ep) *x, int n_mb);
 void PAR_FN(par_ep_counters_get)(const PAR_FN(par_ep) *x, par_ep_counters *out);
 /* --cost-as (parallel/plan/costas.h, not owned; NULL: off): the routed experts
  * charge the target's FLOPs on the rows received, the all-to-alls cost
@@ -140,5 +141,11 @@ par_status PAR_FN(par_ep_set_shared_tp)(PAR_FN(par_ep) *x, par_comm *tp, int sp,
 /* The shared expert's work on this rank so far (parallel/tp/tp.h). */
 void PAR_FN(par_ep_shared_stats)(const PAR_FN(par_ep) *x, par_tp_shared_stats *out);
 void PAR_FN(par_ep_free)(PAR_FN(par_ep) *x); /* NULL is fine */
+
+/* The executor's entry (parallel/hook/hookset.h): EP > 1, created and
+ * configured for the layout (dispatch, microbatches, TP copies, the TP
+ * shared expert, ETP inside EP, --cost-as), installed as M->moe; reports
+ * its counters (par_hook_report.ep) and the shared expert's work. */
+extern const PAR_FN(par_hookset) PAR_FN(par_ep_hookset);
 
 #endif

@@ -44,20 +44,6 @@ void PAR_FN(par__ep_blk_free)(blk_state *S)
     memset(S, 0, sizeof *S);
 }
 
-void PAR_FN(par__ep_blk_drop)(blk_state **sp)
-{
-    if (*sp)
-        PAR_FN(par__ep_blk_free)(*sp);
-    par_free(*sp);
-    *sp = NULL;
-}
-
-void PAR_FN(par__ep_blk_drop_all)(ep_t *x)
-{
-    for (int i = 0; x->blk && i < x->n_slots * x->n_rows; i++)
-        PAR_FN(par__ep_blk_drop)(&x->blk[i]);
-}
-
 /* Counts the bytes this rank sends to OTHER ranks, by tier: counts[j] units
  * of `unit` bytes to EP rank j. */
 static void count_bytes(ep_t *x, const size_t *counts, double unit, int phase)

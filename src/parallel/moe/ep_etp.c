@@ -17,7 +17,7 @@ par_status PAR_FN(par_ep_set_etp)(PAR_FN(par_ep) *x, par_comm *etp, int64_t I, i
                        (long long)I);
     memset(&x->etr, 0, sizeof x->etr);
     x->etp = (par_tp){.comm = P > 1 ? etp : NULL, .sp = sp != 0, .faults = 0, .traffic = &x->etr};
-    PAR_FN(par__ep_blk_drop_all)(x);
+    par_mbstate_drop_all(&x->st);
     return PAR_OK;
 }
 

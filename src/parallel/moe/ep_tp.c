@@ -73,7 +73,7 @@ par_status PAR_FN(par_ep_set_shared_tp)(PAR_FN(par_ep) *x, par_comm *tp, int sp,
     const int P = tp ? par_comm_size(tp) : 1;
     memset(&x->shtr, 0, sizeof x->shtr);
     x->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &x->shtr};
-    PAR_FN(par__ep_blk_drop_all)(x);
+    par_mbstate_drop_all(&x->st);
     return PAR_OK;
 }
 

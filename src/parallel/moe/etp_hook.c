@@ -5,48 +5,44 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/moe/etp.h"
 #include "parallel/layout/tp_split.h"
 
-/* What (slot, block) keeps from its forward to its W pass: the slices'
+/* What (microbatch, block) keeps from its forward to its W pass: the slices'
  * pointers (the held ETP shards; with whole storage w1 / w3 rows point into
- * the whole weights, w2's columns are copied) and the w2 slices' gradients
- * until W adds them. */
+ * the whole weights, w2's columns are copied; ETP = 1: the whole experts
+ * in place) and the w2 slices' gradients until W adds them (ETP = 1: B
+ * adds them in place). */
 typedef struct {
     PAR_FN(par_etp_moe_saved) sv;
     const par_real **w;  /* [3, E] the slices */
     par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
-    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone) */
+    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone; ETP = 1: none) */
     PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
-    int used;
-} etp_slot;
+    int used;                     /* the forward ran */
+} etp_state;
 
-struct PAR_FN(par_etp_hook_s) {
-    par_tp etp;
-    int nb, n_slots, rank, P, E;
+typedef struct {
+    par_mbstate st; /* etp_state of (microbatch, block); first (par_mbstate_hook_new) */
+    par_tp etp;     /* the ETP group (comm NULL: ETP = 1, the routed experts whole) */
+    int whole;      /* ETP = 1 (the TP shared expert's hook with EP = ETP = 1): every expert read and
+                     * accumulated whole, in place */
+    int rank, P, E;
     int64_t d, I, Il;
-    etp_slot *sl; /* [n_slots, nb] */
     par_tp_traffic tr;
-    par_tp shtp;          /* the shared expert's TP group (comm NULL: whole) */
+    par_tp shtp;    /* the shared expert's TP group (comm NULL: whole) */
     par_tp_traffic shtr;
     int64_t sh_units;
-};
+} etp_hook;
 
-static void slot_free(etp_slot *q)
+static void state_drop(void *p)
 {
+    etp_state *q = p;
     PAR_FN(par_etp_moe_saved_free)(&q->sv);
     par_free(q->w);
     par_free(q->w2);
     PAR_FN(par_tp_mlp_shard_free)(&q->shw);
-    memset(q, 0, sizeof *q);
-}
-
-static etp_slot *slot_of(PAR_FN(par_etp_hook) *h, const par_mbctx *x, int b)
-{
-    int k = x ? x->slot : 0;
-    if (k < 0 || k >= h->n_slots || b < 0 || b >= h->nb)
-        return NULL;
-    return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
 }
 
 /* 1 when M holds block b's routed experts as this rank's ETP shards (w1 /
@@ -58,18 +54,19 @@ static int held_shards(const PAR_FN(par_model) *M, int b)
 }
 
 /* The slices of block b's experts (and the pointers of their gradients):
- * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
-static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_slot *q)
+ * the held shards, or rank r's rows / columns of whole ones (w2 copied);
+ * ETP = 1: the whole experts and their gradients. */
+static par_status slices(etp_hook *h, PAR_FN(par_model) *M, int b, etp_state *q)
 {
-    const int E = h->E, held = held_shards(M, b);
+    const int E = h->E, held = h->whole || held_shards(M, b);
     const int64_t d = h->d, Il = h->Il;
     const int64_t off = held ? 0 : (int64_t)h->rank * Il * d;
     q->w = par_calloc((size_t)(6 * E), sizeof *q->w, PAR_TAG_ACT);
-    q->w2 = par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
-    if (!q->w || !q->w2)
+    q->w2 = h->whole ? NULL : par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
+    if (!q->w || (!h->whole && !q->w2))
         return par_err(PAR_ENOMEM, "etp: out of memory for the slices of %d experts", E);
     q->g = (par_real **)(q->w + 3 * E);
-    q->dw2 = held ? q->w2 : q->w2 + E * d * Il;
+    q->dw2 = h->whole ? NULL : held ? q->w2 : q->w2 + E * d * Il;
     if (M->e0 != 0 || M->e1 != E)
         return par_err(PAR_EINVAL, "etp: the model holds experts [%lld, %lld) of %d (ETP needs EP = 1)",
                        (long long)M->e0, (long long)M->e1, E);
@@ -85,13 +82,14 @@ static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, e
             w2 = c;
         }
         q->w[e] = ew[e] + off, q->w[E + e] = w2, q->w[2 * E + e] = ew[2 * E + e] + off;
-        q->g[e] = egw[e] + off, q->g[E + e] = q->dw2 + (int64_t)e * d * Il, q->g[2 * E + e] = egw[2 * E + e] + off;
+        q->g[e] = egw[e] + off, q->g[2 * E + e] = egw[2 * E + e] + off;
+        q->g[E + e] = h->whole ? egw[E + e] : q->dw2 + (int64_t)e * d * Il;
     }
     return PAR_OK;
 }
 
 /* The routed slices and the shared expert: its TP shard (q->shw) or whole. */
-static void weights_of(const etp_slot *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
+static void weights_of(const etp_state *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
 {
     const par_block_params *bp = &M->tab.blocks[b];
     *W = (PAR_FN(par_etp_weights)){.w1 = q->w, .w2 = q->w + E, .w3 = q->w + 2 * E,
@@ -106,14 +104,11 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                           const par_real *xin, const int32_t *idx, const par_real *w, const int32_t *tokens,
                           int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_hook *h = ctx;
+    etp_state *q;
     (void)tokens;
-    if (!q)
-        return par_err(PAR_EINVAL, "etp: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb, h->n_slots);
-    slot_free(q);
-    par_status s = slices(h, M, b, q);
-    if (s)
+    par_status s = par_mbstate_new(&h->st, x, b, (void **)&q);
+    if (s || (s = slices(h, M, b, q)))
         return s;
     const par_tp *shtp = h->shtp.comm ? &h->shtp : NULL;
     PAR_FN(par_etp_weights) W;
@@ -129,18 +124,19 @@ static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 }
 
 /* B: dx, dw and every weight gradient in one pass (the w2 slices' wait for
- * W in the slot; w1 / w3 rows and the shared expert go straight to M->grads). */
+ * W in the state; w1 / w3 rows and the shared expert go straight to M->grads). */
 static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
                           const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_hook *h = ctx;
+    etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)xin, (void)w, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "etp backward: block %d has no forward", b);
     const par_block_params *bp = &M->tab.blocks[b];
     const int E = h->E;
-    memset(q->dw2, 0, (size_t)(E * h->d * h->Il) * sizeof(par_real));
+    if (!h->whole)
+        memset(q->dw2, 0, (size_t)(E * h->d * h->Il) * sizeof(par_real));
     PAR_FN(par_etp_weights) W;
     weights_of(q, M, b, E, &W);
     PAR_FN(par_etp_grads) G = {.w1 = q->g, .w2 = q->g + E, .w3 = q->g + 2 * E,
@@ -164,8 +160,8 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
 static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, const par_real *dy,
                           const par_real *xin, int64_t T)
 {
-    PAR_FN(par_etp_hook) *h = ctx;
-    etp_slot *q = slot_of(h, x, b);
+    etp_hook *h = ctx;
+    etp_state *q = par_mbstate_get(&h->st, x, b);
     (void)dy, (void)xin, (void)T;
     if (!q || !q->used)
         return par_err(PAR_EINVAL, "etp weights: block %d has no backward", b);
@@ -173,7 +169,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     const int64_t n = h->d * h->Il;
     par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
     par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; !h->whole && e < E; e++) { /* ETP = 1: B added them */
         par_real *t = held ? egw[E + e] : tmp + (int64_t)e * n;
         const par_real *g = q->dw2 + (int64_t)e * n;
         if (!held)
@@ -183,61 +179,66 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
         if (!held)
             par_tp_unslice(egw[E + e], t, h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
     }
-    q->used = 0;
+    par_mbstate_drop(&h->st, x, b); /* the microbatch's backward of the block is done */
     return PAR_OK;
 }
 
-par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots, int sp)
+/* The TP shared expert (TP > 1; parallel/layout/tp_split.h
+ * par_tp_shared_expert_split): column / row parallel over the TP group `tp`
+ * (parallel/tp/tp_mlp.h) on the rank's tokens (sp: all-gathered over TP,
+ * the output reduce-scattered; else the output all-reduced), the shard's
+ * gradients into this TP rank's block of the whole ones (par_reduce_tp_grads,
+ * PAR_TPG_SHARED).  A group of one runs it whole. */
+static void shared_tp(etp_hook *h, par_comm *tp, int sp, unsigned faults)
 {
-    *out = NULL;
+    const int P = tp ? par_comm_size(tp) : 1;
+    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
+}
+
+/* ----------------------------------------------------------- the entry -- */
+
+/* ETP > 1 with EP = 1 (EP > 1: ETP inside EP, parallel/moe/ep_etp.c); the
+ * TP shared expert with EP = ETP = 1 (the routed experts whole: an ETP
+ * group of one). */
+static int applies(const par_layout *l)
+{
+    return l->ep <= 1 && (l->etp > 1 || (l->tp > 1 && par_tp_shared_expert_split(l)));
+}
+
+/* sp = 1: the group's ranks hold disjoint tokens (rows gathered, outputs
+ * reduce-scattered); sp = 0 (TP x ETP without SP: ETP = TP, the ETP group
+ * is the TP group): the same tokens, outputs all-reduced.  PAR_EINVAL when
+ * ETP does not divide moe_inter_dim. */
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    const par_layout *l = e->P->lay;
+    par_comm *etp = l->etp > 1 ? e->P->g.g[PAR_GROUP_ETP] : NULL;
     const int P = etp ? par_comm_size(etp) : 1;
-    if (!etp || n_slots < 1 || M->I % P != 0)
+    etp_hook *h;
+    if (M->I % P != 0)
         return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
-                       "moe_inter_dim %lld (and the hook needs an ETP group and a slot)", P, (long long)M->I);
-    PAR_FN(par_etp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h)
-        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory");
-    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
-    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
+                       "moe_inter_dim %lld", P, (long long)M->I);
+    par_status s = par_mbstate_hook_new((void **)&h, sizeof *h, "etp", e->n_mb, M->n_blocks, NULL, sizeof(etp_state),
+                                        state_drop);
+    if (s)
+        return s;
+    h->etp = (par_tp){.comm = etp, .sp = etp && (l->tp <= 1 || l->sequence_parallel), .faults = 0, .traffic = &h->tr};
+    h->whole = !etp;
+    h->rank = etp ? par_comm_rank(etp) : 0, h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
-    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
-    if (!h->sl) {
-        par_free(h);
-        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory for %d x %d states", n_slots, h->nb);
-    }
+    if (par_tp_shared_expert_split(l))
+        shared_tp(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+    M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults)
+static void report(const void *p, const par_hook_report *r)
 {
-    const int P = tp ? par_comm_size(tp) : 1;
-    memset(&h->shtr, 0, sizeof h->shtr);
-    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
-    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
-        slot_free(&h->sl[i]);
+    const etp_hook *h = p;
+    if (r->shared)
+        r->shared->units += h->sh_units, r->shared->bytes += par_tp_traffic_bytes(&h->shtr);
 }
 
-void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out)
-{
-    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->shtr) : 0};
-}
-
-void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M)
-{
-    M->moe.fwd = moe_fwd;
-    M->moe.bwd = moe_bwd;
-    M->moe.wgt = moe_wgt;
-    M->moe.ctx = h;
-}
-
-void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h)
-{
-    if (!h)
-        return;
-    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
-        slot_free(&h->sl[i]);
-    par_free(h->sl);
-    par_free(h);
-}
+const PAR_FN(par_hookset) PAR_FN(par_etp_hookset) = {
+    .name = "etp", .applies = applies, .create = create, .report = report, .free = par_mbstate_hook_free};

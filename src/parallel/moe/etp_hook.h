@@ -9,8 +9,7 @@
  * I/ETP slice r of every routed expert (w1 / w3 rows, w2 columns), cut from
  * the whole weights it holds: the rows all-gathered over the group, every
  * slice on all of them, the partial outputs reduce-scattered back; the
- * shared expert on the rank's tokens, whole (TP = 1) or TP-split
- * (par_etp_hook_set_shared_tp).  The slices' gradients (complete
+ * shared expert on the rank's tokens, whole (TP = 1) or TP-split.  The slices' gradients (complete
  * for the group's rows) go into rank r's block of the experts' gradients,
  * zeros elsewhere; par_reduce_etp_grads (parallel/reduce/reduce.h) sums them over
  * the group once per step.  Every ETP rank holds and updates the whole
@@ -23,27 +22,18 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
-typedef struct PAR_FN(par_etp_hook_s) PAR_FN(par_etp_hook);
-
-/* A hook for M's blocks over the ETP group `etp` (not owned) with n_slots
- * microbatch slots; M must hold every expert.  sp = 1: the group's ranks
- * hold disjoint tokens (rows gathered, outputs reduce-scattered); sp = 0:
- * the same tokens (TP = ETP without sequence parallelism: the ETP group is
- * the TP group; outputs all-reduced). */
-par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
-                                       int n_slots, int sp);
-/* The TP shared expert (TP > 1; parallel/layout/tp_split.h par_tp_shared_expert_split):
- * the shared expert column / row parallel over the TP group `tp` (not owned;
- * parallel/tp/tp_mlp.h) on the rank's tokens (sp: all-gathered over TP, the
- * output reduce-scattered; else the output all-reduced), the shard's
- * gradients into this TP rank's block of the whole ones (par_reduce_tp_grads,
- * PAR_TPG_SHARED).  A group of one (or NULL) runs it whole (the default).
- * faults: parallel/tp/tp.h's bits.  Frees the kept state. */
-void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults);
-void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out);
-void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M);
-void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h); /* NULL is fine */
+/* The executor's entry (parallel/hook/hookset.h): ETP > 1 with EP = 1 (M
+ * holds every expert), and the TP shared expert with EP = ETP = 1 (an ETP
+ * group of one: the routed experts whole, read and accumulated in place,
+ * as the serial model; once the TP shared expert's own hook,
+ * tp_moe_hook.c), installed as M->moe, with the TP shared expert when
+ * TP splits it (parallel/layout/tp_split.h par_tp_shared_expert_split: the
+ * shared expert column / row parallel over the TP group, parallel/tp/tp_mlp.h,
+ * its shard's gradients into this TP rank's block, PAR_TPG_SHARED);
+ * reports the shared expert's work (par_hook_report.shared). */
+extern const PAR_FN(par_hookset) PAR_FN(par_etp_hookset);
 
 #endif

@@ -21,7 +21,7 @@
 #include "model/config.h"
 #include "parallel/layout/layout.h"
 
-typedef struct {
+typedef struct par_costas_s {
     par_config target;          /* the target preset                                 */
     par_layout tl;              /* the target's layout (resolved)                    */
     double tokens;              /* T_t: target tokens of one b-row microbatch         */

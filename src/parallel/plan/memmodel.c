@@ -310,7 +310,7 @@ static par_memmodel_act_ctx act_ctx(const par_memmodel *mm, int64_t rows, int cp
     c.tp = mm->o.rt == PAR_MM_PARITY ? mm->lay.tp : 1;
     c.etp = mm->o.rt == PAR_MM_PARITY ? mm->lay.etp : 1;
     /* SP: the rank's tokens are 1/TP of the CP slice (both runtimes); parity's vocab-parallel head and
-     * TP shared expert (exec.c tp_layer_hooks) */
+     * TP shared expert (the hook table, parallel/step/exec_hooks.c) */
     const int tp = mm->lay.tp > 1, all = tp; /* every TP layer under TP > 1 (exec.c; --tp-all-layers is a no-op) */
     c.sp = tp && mm->lay.sequence_parallel ? mm->lay.tp : 1;
     c.vocab = mm->o.rt == PAR_MM_PARITY && all;
@@ -329,7 +329,7 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     const par_config *g = &mm->cfg;
     int L = (int)g->n_layers, mtp = g->n_mtp_layers > 0;
     double x = par_memmodel_act_stream(c, T), blk = 0;
-    double s = 4.0 * (double)T + x + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_kept(c, T);
+    double s = 4.0 * (double)T + x + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T);
     for (int b = 0; b < L; b++) {
         s += par_memmodel_act_block_saved(c, b, T);
         double w = par_memmodel_act_block_bwd_peak(c, b, T);
@@ -338,7 +338,7 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
     double w = par_memmodel_act_head_bwd_peak(c, T);
     if (mtp) {
         s += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_block_saved(c, L, T) + par_memmodel_act_head_saved(c, T) +
-             par_memmodel_act_head_hook_kept(c, T);
+             par_memmodel_act_head_hook_saved(c, T);
         double wm = x + par_memmodel_act_block_bwd_peak(c, L, T), wi = x + par_memmodel_act_mtp_input_bwd_peak(c, T);
         w = w > wm ? w : wm;
         w = w > wi ? w : wi;
@@ -349,16 +349,16 @@ static void act_whole(const par_memmodel *mm, const par_memmodel_act_ctx *c, int
 }
 
 /* One pipeline segment on T tokens (exec_stage.c par__exec_forward /
- * par__exec_backward):
- * rel = what its slot frees at the backward, kept = what the executors keep
- * for the rest of the step, bwd = the backward's peak beyond the slot. */
-static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int seg, int64_t T, double *rel, double *kept,
-                    double *bwd, double *wkeep)
+ * par__exec_backward): rel = what its (mb, stage) state and the hooks'
+ * states of the microbatch (parallel/hook/mbstate.h) free at the backward,
+ * bwd = the backward's peak beyond them. */
+static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int seg, int64_t T, double *rel, double *bwd,
+                    double *wkeep)
 {
     const par_pplayout *pl = &mm->lay.pipe;
     const int L = (int)mm->cfg.n_layers;
     int t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER);
-    double x = par_memmodel_act_stream(c, T), r = 0, k = 0, wk = 0, acc = x, peak = x; /* dX */
+    double x = par_memmodel_act_stream(c, T), r = 0, wk = 0, acc = x, peak = x; /* dX */
     int first = pl->seg_off[seg], last = pl->seg_off[seg + 1];
     for (int i = first; i < last; i++) {
         char it = pl->items[i];
@@ -366,15 +366,11 @@ static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int s
         if (it == PAR_BLK_EMBED)
             r += x;
         else if (it == PAR_BLK_LOSS)
-            r += par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T), wk += par_memmodel_act_head_wkeep(c, T);
-        if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) {
-            double kb = par_memmodel_act_block_exec_kept(c, b, T);
-            r += par_memmodel_act_block_saved(c, b, T) - kb;
-            k += kb;
-            wk += par_memmodel_act_block_wkeep(c, b, T);
-        }
+            r += par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T), wk += par_memmodel_act_head_wkeep(c, T);
+        if (it == PAR_BLK_LAYER || it == PAR_BLK_MTP) /* (every hook's state goes with the microbatch: mbstate.h) */
+            r += par_memmodel_act_block_saved(c, b, T), wk += par_memmodel_act_block_wkeep(c, b, T);
         if (it == PAR_BLK_MTP)
-            r += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_head_saved(c, T), k += par_memmodel_act_head_hook_kept(c, T),
+            r += par_memmodel_act_mtp_input_saved(c, T) + par_memmodel_act_head_saved(c, T) + par_memmodel_act_head_hook_saved(c, T),
                 wk += par_memmodel_act_mtp_input_wkeep(c, T) + par_memmodel_act_head_wkeep(c, T);
     }
     t = par_pplayout_offset(pl, seg, PAR_BLK_LAYER) + par_pplayout_count(pl, seg, PAR_BLK_LAYER);
@@ -397,7 +393,6 @@ static void seg_act(const par_memmodel *mm, const par_memmodel_act_ctx *c, int s
             peak = acc + w;
     }
     *rel = r;
-    *kept = k;
     *bwd = peak;
     *wkeep = wk;
 }
@@ -408,23 +403,23 @@ typedef struct {
 } walk_out;
 
 /* Runs pipeline rank r's action list (parallel/schedule/schedule.h) and tracks the
- * bytes alive: a slot (microbatch, stage) gets its received input, its
- * saved tensors (rel + kept) at F and its received gradient; parity's split
- * B adds the inputs its W needs (wkeep, model/block.c); B, or W for a split
+ * bytes alive: a (microbatch, stage) state gets its received input, its
+ * saved tensors (rel) at F and its received gradient; parity's split B adds
+ * the inputs its W needs (wkeep, model/block.c); B, or W for a split
  * backward (parity and a GPU job keep the inputs for W), frees rel and the
- * messages; kept stays for the step.  A local hand-over (DualPipeV's turn) lands in the earlier
- * stage's slot (exec_stage.c).  A send's heap copy lives from its post to the
+ * messages.  A local hand-over (DualPipeV's turn) lands in the earlier
+ * stage's state (exec_stage.c).  A send's heap copy lives from its post to the
  * rank's next message, where it is done (exec.c reap_sends: the peer
  * has matched it by then): two at once where two sends follow each other. */
-static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *kept, const double *bwd,
-                           const double *wkeep, double x, walk_out *o)
+static par_status act_walk(const par_memmodel *mm, int r, const double *rel, const double *bwd, const double *wkeep,
+                           double x, walk_out *o)
 {
     const par_schedule *s = &mm->sch;
     int S = s->n_stages, m = s->params.n_micro;
     memset(o, 0, sizeof *o);
-    double *slot = par_calloc((size_t)S * (size_t)m, sizeof *slot, PAR_TAG_MODEL);
-    if (!slot)
-        return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d slots", m, S);
+    double *mbst = par_calloc((size_t)S * (size_t)m, sizeof *mbst, PAR_TAG_MODEL);
+    if (!mbst)
+        return par_err(PAR_ENOMEM, "memory model: no memory for %d x %d (microbatch, stage) states", m, S);
     const int at_w = s->split_bw; /* parity runs real W actions too (docs/parallel.md "The backward in two passes") */
     double live = 0, best = -1, top = 0, held = 0;
     int alive = 0;
@@ -434,7 +429,7 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
         switch (a->kind) {
         case PAR_ACT_RECV_ACT:
         case PAR_ACT_RECV_GRAD:
-            slot[k] += x, live += x;
+            mbst[k] += x, live += x;
             held = 0;
             break;
         case PAR_ACT_SEND_ACT:
@@ -445,23 +440,23 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
             held = x;
             break;
         case PAR_ACT_F:
-            slot[k] += rel[a->stage], live += rel[a->stage] + kept[a->stage];
+            mbst[k] += rel[a->stage], live += rel[a->stage];
             if (++alive > o->inflight)
                 o->inflight = alive;
             break;
         case PAR_ACT_B:
         case PAR_ACT_BW:
         case PAR_ACT_W:
-            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the slot until W */
-                slot[k] += wkeep[a->stage], live += wkeep[a->stage];
+            if (a->kind == PAR_ACT_B && at_w && mm->o.rt == PAR_MM_PARITY) /* W's inputs, in the state until W */
+                mbst[k] += wkeep[a->stage], live += wkeep[a->stage];
             if (a->kind != PAR_ACT_W) {
                 if (live + bwd[a->stage] > best)
                     best = live + bwd[a->stage], o->saved = live, o->ws = bwd[a->stage];
                 if (a->stage > 0 && par_schedule_stage_rank(s, par_schedule_mb_dir(s, a->mb), a->stage - 1) == r)
-                    slot[k - 1] += x, live += x; /* the gradient handed to the local earlier stage */
+                    mbst[k - 1] += x, live += x; /* the gradient handed to the local earlier stage */
             }
             if ((a->kind == PAR_ACT_W) == at_w || a->kind == PAR_ACT_BW) {
-                live -= slot[k], slot[k] = 0;
+                live -= mbst[k], mbst[k] = 0;
                 alive--;
             }
             break;
@@ -473,7 +468,7 @@ static par_status act_walk(const par_memmodel *mm, int r, const double *rel, con
     }
     if (top > best)
         o->saved = top, o->ws = 0;
-    par_free(slot);
+    par_free(mbst);
     return PAR_OK;
 }
 
@@ -498,7 +493,7 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     memset(o, 0, sizeof *o);
     int64_t ns = mm->o.samples > 0 ? (mm->o.samples * local + B - 1) / B : local;
     const int64_t nrow = mm->have_sch ? mm->st[r].n_moe : -1; /* rows: the rank's stages' blocks */
-    if (parity) /* the window's terms; the aux counts are per microbatch in its slot (exec_stage.c) */
+    if (parity) /* the window's terms; the aux counts are per microbatch in its (mb, stage) state (exec_stage.c) */
         o->fixed = par_memmodel_act_stats_terms(&c, ns, nrow);
     if (!mm->have_sch) {
         act_whole(mm, &c, T, &o->saved, &o->ws);
@@ -510,19 +505,16 @@ static par_status stage_act(const par_memmodel *mm, int r, int cp_rank, double r
     }
     const int64_t nm = l->n_micro > 0 ? l->n_micro : 1, ns_mb = (ns + nm - 1) / nm;
     int ns_seg = mm->sch.n_stages;
-    double *v = par_calloc((size_t)ns_seg * 4, sizeof *v, PAR_TAG_MODEL);
+    double *v = par_calloc((size_t)ns_seg * 3, sizeof *v, PAR_TAG_MODEL);
     if (!v)
         return par_err(PAR_ENOMEM, "memory model: no memory for %d stages", ns_seg);
     for (int s = 0; s < ns_seg; s++) {
-        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s], &v[3 * ns_seg + s]);
-        if (!parity) /* a GPU job frees every hook's state with the microbatch (parity's ep.c and
-                      * cp_hook.c do too; its TP / ETP hooks keep theirs for the step) */
-            v[s] += v[ns_seg + s], v[ns_seg + s] = 0;
-        else /* the slot's aux counts (par_stats_view) */
+        seg_act(mm, &c, s, T, &v[s], &v[ns_seg + s], &v[2 * ns_seg + s]);
+        if (parity) /* the state's aux counts (par_stats_view) */
             v[s] += par_memmodel_act_stats_rows(&c, ns_mb, nrow);
     }
     walk_out w;
-    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, v + 3 * ns_seg, par_memmodel_act_stream(&c, T), &w);
+    par_status st = act_walk(mm, r, v, v + ns_seg, v + 2 * ns_seg, par_memmodel_act_stream(&c, T), &w);
     par_free(v);
     if (st)
         return st;
@@ -678,7 +670,7 @@ static par_status act_of(par_memmodel *mm, stage_info *si, int stage, int cp_ran
  * executor 3,192 B, a RoPE table 4,104 B; f32 alike: pointers): what the
  * allocator's `model` tag holds for the rank.  The EP and CP hooks' states
  * (560 and 496 B) are allocated per microbatch in flight (tag act); their
- * tables are a pointer per slot and held block. */
+ * tables are a pointer per microbatch and held block (parallel/hook/mbstate.h). */
 #define MM_BLOCK_ACT 760.0
 #define MM_EXEC 3192.0
 #define MM_ROPE 4104.0
@@ -699,9 +691,9 @@ static double model_struct(const par_memmodel *mm, const stage_info *si)
     for (int k = 0; k < 2; k++) /* each plan: its entries, the owned lists, three [dp + 1] tables */
         b += 40.0 * z[k]->n_ent + 4.0 * z[k]->n_ent + 3 * 8.0 * (z[k]->dp + 1);
     const double m = l->n_micro > 0 ? (double)l->n_micro : 1;
-    if (l->ep > 1) /* a state pointer per microbatch slot and held MoE block; the node tables */
+    if (l->ep > 1) /* a state pointer per microbatch and held MoE block; the node tables */
         b += m * (double)si->n_moe * 8 + 8 * nb + 36.0 * (double)l->ep;
-    if (l->cp > 1 && l->tp <= 1) /* cp_hook.c: a saved-state pointer per slot and held block, the block map */
+    if (l->cp > 1 && l->tp <= 1) /* cp_hook.c: a saved-state pointer per microbatch and held block, the block map */
         b += m * (double)si->n_moe * 8 + 4 * nb + 64;
     if (mm->have_sch) { /* every pipeline rank's action list (par_action: 20 B); the executor's costs */
         for (int r = 0; r < mm->sch.params.pp; r++)

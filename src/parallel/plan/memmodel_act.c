@@ -63,7 +63,7 @@ static double cp_halo(const par_memmodel_act_ctx *c, int b)
     return (double)par_layout_d_window(&lm);
 }
 
-/* ---- tensor parallelism (tp_attn_hook.c, tp_attn.c) ---------------------------- */
+/* ---- tensor parallelism (tp_attn_hook.c, tp_attn.c) ----------------------- */
 
 /* The tokens a TP layer works on: the rank's T, gathered over TP under SP. */
 static double tp_tokens(const par_memmodel_act_ctx *c, double T)
@@ -80,8 +80,8 @@ static par_config tp_cfg(const par_memmodel_act_ctx *c)
     return g;
 }
 
-/* Reals of one rank's shard of block b's 18 attention slots (tp_attn.c
- * slot_shape / shard_numel: wq_b, wo_a, attn_sink and the indexer's wq_b and
+/* Reals of one rank's shard of block b's 18 attention fields (tp_attn.c
+ * field_shape / shard_numel: wq_b, wo_a, attn_sink and the indexer's wq_b and
  * weights_proj rows, wo_b's columns split; the rest replicated). */
 static double tp_shard(const par_memmodel_act_ctx *c, int b)
 {
@@ -100,7 +100,7 @@ static double tp_shard(const par_memmodel_act_ctx *c, int b)
     return n;
 }
 
-/* tp_attn_hook.c's slot of (microbatch, block): par_tp_attn_saved (the shard's
+/* tp_attn_hook.c's state of (microbatch, block): par_tp_attn_saved (the shard's
  * saved struct on all T tokens, x [T, d], pos [T]) and the shard buffer
  * [shard]: the gradients alone (the weights are the held shards, read in
  * place, and their gradients added in place: no copy, no scratch). */
@@ -160,7 +160,7 @@ static double attn_state(const par_memmodel_act_ctx *c, int b, double T)
  * [N, d], rws [N], g/u/h [N, I/P]; and the nE held experts' slices (the
  * executors' w1/w2/w3 and gradient pointers, the w2 slices' gradients [nE,
  * d, I/P]: the slices are the held ETP shards, read in place; not with
- * `whole`: tp_moe_hook.c's experts are whole, used in place). */
+ * `whole`: etp_hook.c's with ETP = 1: the experts whole, used in place). */
 static double etp_rows_state(const par_memmodel_act_ctx *c, double N, double nE, int whole)
 {
     const par_config *g = c->cfg;
@@ -212,7 +212,7 @@ static double moe_state(const par_memmodel_act_ctx *c, double T)
     if (c->ep <= 1 && P > 1) /* etp_moe_saved: next [E+1] i64, rw [NR], tok/slot/expert [NR]; rows; shared */
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, etp_gather(c) * T * K, E, 0) +
                shared_state(c, T, 3 * es * (T + 1) * I);
-    if (c->tp_mlp) { /* tp_moe_hook.c: the same with a rows layer of one rank, the shared expert's
+    if (c->tp_mlp) { /* etp_hook.c with ETP = 1: the same with a rows layer of one rank, the shared expert's
                       * tp_mlp state (x [Tg, d], g/u/h [Tg, I/TP]) and the held w2 shard's gradient */
         double Tg = tp_tokens(c, T), Il = I / (double)c->tp;
         return 8 * (E + 1) + es * (T * K + 1) + 4 * (3 * T * K + 1) + etp_rows_state(c, T * K, E, 1) +
@@ -241,16 +241,6 @@ double par_memmodel_act_block_saved(const par_memmodel_act_ctx *c, int b, int64_
     if (c->gate_logits)
         s += es * T * E;
     return s + moe_state(c, T);
-}
-
-double par_memmodel_act_block_exec_kept(const par_memmodel_act_ctx *c, int b, int64_t Ti)
-{
-    if (c->recompute)
-        return 0;
-    double T = (double)Ti, kept = (c->ep <= 1 && c->etp > 1) || c->tp_mlp ? moe_state(c, T) : 0; /* etp_hook.c, tp_moe_hook.c */
-    if (c->tp > 1) /* tp_attn_hook.c, cptp_hook.c */
-        kept += attn_state(c, b, T) - (ratio_of(c->cfg, b) == 4 ? 4 * T * (double)c->cfg->index_topk : 0);
-    return kept;
 }
 
 /* Scratch of the MoE backward: moe.c par_moe_backward's workspace, or
@@ -386,12 +376,12 @@ double par_memmodel_act_head_saved(const par_memmodel_act_ctx *c, int64_t Ti)
     const par_config *g = c->cfg;
     double T = (double)Ti, es = c->es, n = (double)g->hc_mult, d = (double)g->dim, V = (double)g->vocab_size;
     /* head.c: hc_head saved (mhc.c: 4 pieces [T, n] + [T]); x, xn [T, d]; rstd, lse, ce [T]; logits [T, V]
-     * (not with the vocab-parallel hook: it keeps [T, V/TP] of them itself, par_memmodel_act_head_hook_kept; a
+     * (not with the vocab-parallel hook: it keeps [T, V/TP] of them itself, par_memmodel_act_head_hook_saved; a
      * dump's [T, V] is not modelled) */
     return 4 * pc(T * n, es) + pc(T, es) + es * (2 * T * d + 3 * T + (c->vocab ? 0 : T * V));
 }
 
-double par_memmodel_act_head_hook_kept(const par_memmodel_act_ctx *c, int64_t Ti)
+double par_memmodel_act_head_hook_saved(const par_memmodel_act_ctx *c, int64_t Ti)
 {
     if (!c->vocab)
         return 0;

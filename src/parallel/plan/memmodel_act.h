@@ -42,7 +42,7 @@ typedef struct {
     int64_t sp;         /* sequence parallelism: the TP size (0, 1: none); T is then the
                          * rank's tokens, the TP layers' state is of sp * T gathered */
     int vocab;          /* 1: the vocab-parallel head / CE (tp_vocab_hook.c)        */
-    int tp_mlp;         /* 1: the TP shared expert's own hook (tp_moe_hook.c, EP = ETP = 1) */
+    int tp_mlp;         /* 1: the TP shared expert's own hook (etp_hook.c with ETP = 1, EP = 1) */
     int tp_shared;      /* 1: the shared expert runs TP-split, whatever EP and ETP are
                          * (parallel/layout/tp_split.h par_tp_shared_expert_split; inside ep.c
                          * and etp_hook.c with EP or ETP > 1): tp_mlp.c's state of
@@ -51,19 +51,11 @@ typedef struct {
                          * full): a block keeps its input only (planning; parity
                          * does not recompute)                                    */
 } par_memmodel_act_ctx;
-
 /* Bytes kept by block b's forward on T tokens until its backward (block.c:
  * two mHC states, the attention sub-layer, the gate and the MoE sub-layer
- * through the serial kernel, ep.c or cp.c). */
+ * through the serial kernel, ep.c or cp.c; the hooks' states, freed with
+ * the microbatch: parallel/hook/mbstate.h). */
 double par_memmodel_act_block_saved(const par_memmodel_act_ctx *c, int b, int64_t T);
-/* The part of par_memmodel_act_block_saved the TP / ETP hooks keep in their own
- * state (tp_attn_hook.c / cptp_hook.c with TP > 1, etp_hook.c with ETP > 1 and
- * EP 1): freed at the next forward of the same block and microbatch slot,
- * not with the pipeline slot (so a pipeline keeps it for every microbatch
- * of the step).  ep.c's blk_state (EP > 1) and cp_hook.c's saved rows
- * (CP > 1, TP 1) are freed by the block's weight pass, with the
- * microbatch: they are in par_memmodel_act_block_saved's released part. */
-double par_memmodel_act_block_exec_kept(const par_memmodel_act_ctx *c, int b, int64_t T);
 /* The most bytes block b's backward holds at once beyond what it saved
  * (block.c's gradient buffers + the larger of the MoE and the attention
  * backward's scratch). */
@@ -84,8 +76,9 @@ double par_memmodel_act_head_wkeep(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_mtp_input_wkeep(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_head_saved(const par_memmodel_act_ctx *c, int64_t T);
 /* The vocab-parallel head's saved forward (tp_vocab_hook.c: one per
- * microbatch and head, kept for the step; 0 without the hook). */
-double par_memmodel_act_head_hook_kept(const par_memmodel_act_ctx *c, int64_t T);
+ * microbatch and head, from its forward to its weight pass; 0 without the
+ * hook). */
+double par_memmodel_act_head_hook_saved(const par_memmodel_act_ctx *c, int64_t T);
 double par_memmodel_act_head_bwd_peak(const par_memmodel_act_ctx *c, int64_t T);
 /* The MTP input (head.c): kept, and its backward's scratch. */
 double par_memmodel_act_mtp_input_saved(const par_memmodel_act_ctx *c, int64_t T);
@@ -101,7 +94,7 @@ double par_memmodel_act_batch(int64_t T);
 double par_memmodel_act_stats(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 /* Its two parts: the window's per-sample terms (par_stats_alloc_terms: what
  * a pipeline rank keeps for the step) and the aux counts of its rows (what
- * each slot's par_stats_view holds for one microbatch's Ns samples). */
+ * each (mb, stage) state's par_stats_view holds for one microbatch's Ns samples). */
 double par_memmodel_act_stats_terms(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 double par_memmodel_act_stats_rows(const par_memmodel_act_ctx *c, int64_t Ns, int64_t rows);
 

@@ -86,7 +86,7 @@ par_status PAR_FN(par_reduce_shared_grads)(PAR_FN(par_model) *M, par_comm *c, in
  * (PAR_TPG_* bits; 0: the attention's only): SKIP_WKV leaves
  * attn.wkv.weight out (the deliberate fault of a missing wkv all-reduce);
  * VOCAB adds embed.weight and head.weight (the vocab-parallel rows,
- * parallel/tp/tp_vocab_hook.h), SHARED the shared experts' (tp_moe_hook.h):
+ * parallel/tp/tp_vocab_hook.h), SHARED the shared experts' (moe/etp_hook.h, moe/ep.h):
  * blocks meet zeros, exact; ALL (sequence parallelism: every rank saw its
  * own tokens) sums every dense entry, and the routed experts are left whole
  * for the EDP sum, which then adds the TP ranks' token shares.  Collective

@@ -1,24 +1,20 @@
 /* parallel/step/exec-impl.h - the step executor's state, shared by its
  * files: exec.c (create, the schedule interpreter, the step, bubble),
- * exec_stage.c (what one (microbatch, stage) computes), exec_setup.c (the step's
- * microbatches), exec_hold.c (which pipeline rank holds what), exec_dump.c (the
- * golden-format dump of a step).  Not part of its interface
- * (parallel/step/exec.h). */
+ * exec_stage.c (what one (microbatch, stage) computes), exec_setup.c (the
+ * step's microbatches), exec_hold.c (which pipeline rank holds what),
+ * exec_hooks.c (the hooks, from a table), exec_dump.c (the golden-format
+ * dump of a step).  Not part of its interface (parallel/step/exec.h). */
 #ifndef PAR_PARALLEL_STEP_EXEC_IMPL_H
 #define PAR_PARALLEL_STEP_EXEC_IMPL_H
 
 #include <stdint.h>
 
 #include "core/alloc.h"
-#include "parallel/cp/cp_hook.h"
-#include "parallel/step/exec.h"
+#include "parallel/hook/hookset.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/layout/groups.h"
 #include "parallel/schedule/schedule.h"
-#include "parallel/moe/etp_hook.h"
-#include "parallel/tp/tp_attn_hook.h"
-#include "parallel/cp/cptp_hook.h"
-#include "parallel/moe/tp_moe_hook.h"
-#include "parallel/tp/tp_vocab_hook.h"
+#include "parallel/step/exec.h"
 
 /* One stage of this rank: its segment's items and their block indices. */
 typedef struct {
@@ -29,9 +25,10 @@ typedef struct {
 } lstage;
 
 /* What (mb, stage) keeps from its forward to its backward (and from B to
- * W): one arena of activations and the weight passes' inputs. */
+ * W): one arena of activations and the weight passes' inputs.  (The hooks
+ * keep theirs per (mb, block): parallel/hook/mbstate.h.) */
 typedef struct {
-    int used;
+    int n_items;          /* the stage's items (blk's length) */
     par_arena ar;
     const par_real *xin;  /* [T, n, d] the stage's input (received, or the previous local stage's output) */
     par_real *xout;       /* [T, n, d] its output (may be xin for an empty segment) */
@@ -42,7 +39,7 @@ typedef struct {
     PAR_FN(par_head_act) head, mtp_head;
     PAR_FN(par_mtp_act) mtp;
     PAR_FN(par_stats) st; /* the microbatch's aux counts (par_stats_view of the model's window, in ar) */
-} slot;
+} mbstage;
 
 /* A send in flight and the heap copy it sends from (reap_sends frees both
  * once it is due, wait_sends the rest at the step's end). */
@@ -54,6 +51,9 @@ typedef struct {
 /* Virtual time inside compute actions, by kind (F, B or BW, W) and stage. */
 enum { COST_F = 0, COST_B, COST_W, COST_KINDS };
 
+/* Room for the hook table's entries (exec_hooks.c). */
+#define PAR__EXEC_MAX_HOOKS 8
+
 struct PAR_FN(par_exec_s) {
     const par_layout *lay;
     par_config cfg;
@@ -61,18 +61,12 @@ struct PAR_FN(par_exec_s) {
     int p, me, m, n_stages;
     par_comm *pc;             /* the PP group (peers = pipeline ranks) */
     par_comm *pair;           /* DualPipe: {r, p-1-r} of the PP group; else NULL */
-    PAR_FN(par_ep) *ep;       /* EP > 1: the MoE hook (M->moe) */
-    PAR_FN(par_cp_hook) *cph; /* CP > 1: the attention hook (M->attn) */
+    void *hooks[PAR__EXEC_MAX_HOOKS]; /* each hook set's hook (exec_hooks.c's table), NULL: not this layout's */
     par_comm *cpc;            /* CP > 1: the CP group */
-    PAR_FN(par_tp_attn_hook) *tph; /* TP > 1: the attention hook (M->attn) */
-    PAR_FN(par_cptp_hook) *cptph; /* TP > 1 with CP > 1: the attention hook (M->attn) */
     par_comm *tpc;            /* TP > 1: the TP group */
     int tp_rank, etp_rank;    /* this rank's TP and ETP coordinates (the shards it stores) */
     unsigned tp_faults;       /* PAR_TP_FAULT_* (0 in real runs) */
-    PAR_FN(par_tp_vocab_hook) *tpvh; /* TP > 1 with tp_all_layers: the embedding / head hook (M->vocab) */
-    PAR_FN(par_tp_moe_hook) *tpmh;   /* the same with EP = ETP = 1: the shared expert's hook (M->moe) */
     unsigned tp_grads;        /* what par_reduce_tp_grads sums (PAR_TPG_*) */
-    PAR_FN(par_etp_hook) *etph; /* ETP > 1: the MoE hook (M->moe) */
     par_comm *etpc;           /* ETP > 1: the ETP group */
     int64_t CP;
     /* The group whose ranks hold disjoint column slices of the same rows:
@@ -95,10 +89,11 @@ struct PAR_FN(par_exec_s) {
     int64_t B, S, Bl, mbs, Tm;
     int64_t gb_labels, gb_mtp_labels; /* the global batch's label counts (no copy of it per rank) */
     par_batch *mb;            /* [m] this rank's part of each microbatch */
-    par_mbctx *mbx;           /* [m] the context each model call passes to the hooks */
+    par_mbctx *mbx;           /* [m] the context each model call passes to the hooks (mbx[k].mb = k) */
     int32_t *pos_rows;        /* CP: [Bl, S] positions of the rank's whole rows */
     int32_t **msample;        /* [m][Tm] sample of each token in its microbatch (0: the window's mq0[mb]) */
-    slot *slots;              /* [m * n_local] */
+    par_mbstate mbst;         /* mbstage of (mb, dir * n_stages + stage) for the rank's stages, from the
+                               * microbatch's forward to its backward (parallel/hook/mbstate.h) */
     par_real **out_act, **out_grad; /* [m * n_stages] outboxes (heap copies) */
     sendrec *sends;
     int n_sends, cap_sends;
@@ -137,8 +132,10 @@ static inline void par__exec_skip_set(uint8_t *bits, int idx, int v)
     bits[idx >> 3] = (uint8_t)((bits[idx >> 3] & ~(1u << (idx & 7))) | ((unsigned)(v != 0) << (idx & 7)));
 }
 
-/* exec_stage.c: slots and the compute of one (mb, stage). */
-par_status PAR_FN(par__exec_slot)(exec_t *ex, int mb, int stage, slot **out, lstage **lso);
+/* exec_stage.c: the state and the compute of one (mb, stage). */
+par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **out, lstage **lso);
+/* The table of the (mb, stage) states (once, at the first step). */
+par_status PAR_FN(par__exec_mbstage_init)(exec_t *ex);
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage);
 void PAR_FN(par__exec_release_all)(exec_t *ex);
 par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage);
@@ -154,5 +151,11 @@ void PAR_FN(par__exec_setup_free)(exec_t *ex);
 /* exec_dump.c: the rows kept for a dump. */
 par_status PAR_FN(par__exec_keep_alloc)(exec_t *ex, const PAR_FN(par_model) *M);
 void PAR_FN(par__exec_keep_free)(exec_t *ex);
+
+/* exec_hooks.c: the hooks of the layout, from the table (parallel/hook/hookset.h). */
+par_status PAR_FN(par__exec_hooks_create)(exec_t *ex, const par_hook_env *e, PAR_FN(par_model) *M);
+void PAR_FN(par__exec_hooks_step)(exec_t *ex, PAR_FN(par_model) *M, int keep); /* before each step */
+void PAR_FN(par__exec_hooks_report)(const exec_t *ex, const par_hook_report *r);
+void PAR_FN(par__exec_hooks_free)(exec_t *ex);
 
 #endif

@@ -84,110 +84,59 @@ static par_status build_schedule(exec_t *ex, const par_pctx *P)
     return PAR_OK;
 }
 
-/* Every TP layer under TP > 1, as Megatron-LM does (--tp-all-layers is a
- * no-op): the vocab-parallel embedding / head / CE and the TP shared expert
- * (par_tp_shared_expert_split: its own hook with EP = ETP = 1, inside the EP
- * executor with EP > 1, inside the ETP hook with ETP > 1: etp_hooks); what
- * the step's TP sum covers. */
-static par_status tp_layer_hooks(exec_t *ex, PAR_FN(par_model) *M)
+/* What the step's TP sum covers (par_reduce_tp_grads): every TP layer
+ * under TP > 1, as Megatron-LM does (--tp-all-layers is a no-op): the
+ * vocab-parallel embedding / head and the TP shared expert
+ * (par_tp_shared_expert_split), every attention gradient under SP; TP x ETP
+ * without SP: ETP = TP, the group's ranks hold the same tokens (the TP sum
+ * leaves the experts alone). */
+static unsigned tp_grads_of(const par_layout *l, unsigned faults)
 {
-    const int sp = ex->lay->sequence_parallel;
-    ex->tp_grads = (ex->tp_faults & PAR_TP_FAULT_WKV_NO_REDUCE) ? PAR_TPG_SKIP_WKV : 0;
-    if (sp)
-        ex->tp_grads |= PAR_TPG_ALL;
-    par_status s = PAR_FN(par_tp_vocab_hook_create)(&ex->tpvh, ex->tpc, M, 2 * ex->m * ex->n_local, sp,
-                                                     ex->tp_faults, 0);
-    if (s)
-        return s;
-    PAR_FN(par_tp_vocab_hook_install)(ex->tpvh, M);
-    ex->tp_grads |= PAR_TPG_VOCAB;
-    if (!par_tp_shared_expert_split(ex->lay))
-        return PAR_OK;
-    ex->tp_grads |= PAR_TPG_SHARED; /* the shard's blocks meet zeros over TP */
-    if (ex->ep)
-        return PAR_FN(par_ep_set_shared_tp)(ex->ep, ex->tpc, sp, ex->tp_faults);
-    if (ex->lay->etp > 1)
-        return PAR_OK; /* etp_hooks: the ETP hook runs it */
-    if ((s = PAR_FN(par_tp_moe_hook_create)(&ex->tpmh, ex->tpc, M, ex->m, sp, ex->tp_faults)))
-        return s;
-    PAR_FN(par_tp_moe_hook_install)(ex->tpmh, M);
-    return PAR_OK;
+    if (l->tp <= 1)
+        return 0;
+    unsigned g = (faults & PAR_TP_FAULT_WKV_NO_REDUCE) ? PAR_TPG_SKIP_WKV : 0;
+    g |= (l->sequence_parallel ? PAR_TPG_ALL : 0) | PAR_TPG_VOCAB;
+    if (par_tp_shared_expert_split(l))
+        g |= PAR_TPG_SHARED; /* the shard's blocks meet zeros over TP */
+    if (l->etp > 1 && !l->sequence_parallel)
+        g |= PAR_TPG_KEEP_EXPERTS;
+    return g;
 }
 
-/* ETP > 1: the rows layer inside EP (parallel/moe/ep_etp.c) or the MoE hook;
- * every ETP rank updates the whole experts alike: the norm counts etp = 0's.
- * TP x ETP without SP: ETP = TP, the group's ranks hold the same tokens
- * (the rows layer without sp; the TP sum leaves the experts alone). */
-static par_status etp_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M)
+/* Every TP rank updates the whole dense matrices alike: the norm counts tp
+ * = 0's (a shard counts on every TP rank; dpw.c chains it; the routed
+ * experts' EDP group spans TP: par_reduce_tp_grads); every ETP rank updates
+ * the whole experts alike: the norm counts etp = 0's. */
+static void tp_norm_skips(exec_t *ex, const par_pctx *P, const PAR_FN(par_model) *M)
 {
-    par_status s;
-    ex->etpc = P->g.g[PAR_GROUP_ETP];
-    const int esp = ex->lay->tp <= 1 || ex->lay->sequence_parallel;
-    if (!esp)
-        ex->tp_grads |= PAR_TPG_KEEP_EXPERTS;
-    if (ex->ep) {
-        if ((s = PAR_FN(par_ep_set_etp)(ex->ep, ex->etpc, M->I, esp)))
-            return s;
-    } else if ((s = PAR_FN(par_etp_hook_create)(&ex->etph, ex->etpc, M, ex->m, esp)))
-        return s;
-    else {
-        PAR_FN(par_etp_hook_install)(ex->etph, M);
-        if (par_tp_shared_expert_split(ex->lay))
-            PAR_FN(par_etp_hook_set_shared_tp)(ex->etph, ex->tpc, ex->lay->sequence_parallel, ex->tp_faults);
-    }
-    for (int i = 0; P->rc.etp != 0 && i < M->tab.n; i++) /* an ETP shard counts on every ETP rank */
-        if (M->tab.p[i].expert >= 0 && !PAR_FN(par_model_cut_of)(M, i))
+    const int tp = ex->lay->tp > 1 && P->rc.tp != 0, etp = ex->lay->etp > 1 && P->rc.etp != 0;
+    for (int i = 0; (tp || etp) && i < M->tab.n; i++) {
+        const int expert = M->tab.p[i].expert >= 0;
+        if (((tp && !expert) || (etp && expert)) && !PAR_FN(par_model_cut_of)(M, i))
             par__exec_skip_set(ex->norm_skip, i, PAR_FN(par_model_holds)(M, i));
-    return PAR_OK;
+    }
 }
 
-/* The hooks: EP (one state slot per microbatch), CP (one saved forward per
- * microbatch and block), the DualPipe pair. */
+/* The groups the steps use, the hooks of the layout (exec_hooks.c's
+ * table), the DualPipe pair. */
 static par_status build_hooks(exec_t *ex, const par_pctx *P, PAR_FN(par_model) *M, const par_exec_opts *o)
 {
-    par_status s;
-    if (ex->lay->ep > 1) {
-        if ((s = PAR_FN(par_ep_create)(&ex->ep, P->g.g[PAR_GROUP_EP], M)) ||
-            (s = PAR_FN(par_ep_set_dispatch)(ex->ep, o->moe_dispatch ? PAR_EP_HIER : PAR_EP_FLAT,
-                                             o->gpus_per_node > 0 ? o->gpus_per_node : 8)) ||
-            (s = PAR_FN(par_ep_set_slots)(ex->ep, ex->m)) ||
-            (ex->lay->tp > 1 && !ex->lay->sequence_parallel && ex->lay->etp <= 1 &&
-             (s = PAR_FN(par_ep_set_tp)(ex->ep, P->rc.tp))))
-            return s;
-        PAR_FN(par_ep_install)(ex->ep, M);
-    }
-    ex->CP = ex->lay->cp;
-    if (ex->lay->cp > 1) {
-        ex->cpc = P->g.g[PAR_GROUP_CP];
-        if (ex->lay->tp <= 1 && (s = PAR_FN(par_cp_hook_create)(&ex->cph, ex->cpc, M, ex->m)))
-            return s;
-        if (ex->cph) /* TP x CP: cptp_hook.c below */
-            PAR_FN(par_cp_hook_install)(ex->cph, M);
-        ex->tokc = ex->cpc;
-    }
-    if (ex->lay->tp > 1) { /* every TP rank updates the whole dense matrices alike: the norm counts tp = 0's
-                            * (the routed experts' EDP group spans TP: par_reduce_tp_grads) */
-        ex->tpc = P->g.g[PAR_GROUP_TP];
-        ex->tp_faults = o->tp_faults | PAR_TP_BUILD_FAULTS;
-        if (ex->lay->cp > 1) { /* TP x CP: the CP attention on the TP shard (cptp_hook.c) */
-            if ((s = PAR_FN(par_cptp_hook_create)(&ex->cptph, ex->cpc, ex->tpc, M, ex->m, ex->lay->sequence_parallel)))
-                return s;
-            PAR_FN(par_cptp_hook_install)(ex->cptph, M);
-        } else {
-            if ((s = PAR_FN(par_tp_attn_hook_create)(&ex->tph, ex->tpc, M, ex->m)))
-                return s;
-            PAR_FN(par_tp_attn_hook_set_sp)(ex->tph, ex->lay->sequence_parallel);
-            PAR_FN(par_tp_attn_hook_install)(ex->tph, M);
-        }
-        if (ex->lay->sequence_parallel) /* SP x CP: the TP ranks split the CP slice's columns */
-            ex->tokc = ex->lay->cp > 1 ? P->g.g[PAR_GROUP_TP_CP] : ex->tpc;
-        if ((s = tp_layer_hooks(ex, M)))
-            return s;
-        for (int i = 0; P->rc.tp != 0 && i < M->tab.n; i++) /* a shard counts on every TP rank (dpw.c chains it) */
-            if (M->tab.p[i].expert < 0 && !PAR_FN(par_model_cut_of)(M, i))
-                par__exec_skip_set(ex->norm_skip, i, PAR_FN(par_model_holds)(M, i));
-    }
-    if (ex->lay->etp > 1 && (s = etp_hooks(ex, P, M)))
+    const par_layout *l = ex->lay;
+    ex->CP = l->cp;
+    ex->cpc = l->cp > 1 ? P->g.g[PAR_GROUP_CP] : NULL;
+    ex->tpc = l->tp > 1 ? P->g.g[PAR_GROUP_TP] : NULL;
+    ex->etpc = l->etp > 1 ? P->g.g[PAR_GROUP_ETP] : NULL;
+    ex->tp_faults = l->tp > 1 ? o->tp_faults | PAR_TP_BUILD_FAULTS : 0;
+    ex->tp_grads = tp_grads_of(l, ex->tp_faults);
+    /* the group whose ranks hold column slices of the same rows: CP's; SP:
+     * TP's (SP x CP: the TP ranks split the CP slice's columns) */
+    ex->tokc = l->tp > 1 && l->sequence_parallel ? P->g.g[l->cp > 1 ? PAR_GROUP_TP_CP : PAR_GROUP_TP] : ex->cpc;
+    tp_norm_skips(ex, P, M);
+    par_hook_env e = {.P = P, .n_mb = ex->m, .tp_faults = ex->tp_faults,
+                      .moe_dispatch = o->moe_dispatch, .gpus_per_node = o->gpus_per_node,
+                      .ca = o->net ? o->ca : NULL};
+    par_status s = PAR_FN(par__exec_hooks_create)(ex, &e, M);
+    if (s)
         return s;
     if (ex->sch.n_dirs == 2) { /* DualPipe: the pair {r, p-1-r} holds the same two stages */
         int lo = ex->me < ex->p - 1 - ex->me ? ex->me : ex->p - 1 - ex->me;
@@ -213,9 +162,7 @@ static par_status cost_setup(exec_t *ex, const par_pctx *P, const par_exec_opts 
         s = par_comm_cost_scale(P->g.g[PAR_GROUP_EDP], 1, ex->ca->expert_scale);
     if (!s && ex->cpc)
         s = par_comm_cost_scale(ex->cpc, ex->ca->cp_scale, ex->ca->cp_scale);
-    if (!s && ex->ep)
-        PAR_FN(par_ep_set_cost)(ex->ep, ex->ca);
-    return s;
+    return s; /* (EP charges its own: the hook's par_hook_env.ca) */
 }
 
 /* One PP message on the network (the slowest neighbour hop). */
@@ -340,8 +287,8 @@ static par_status post_send(exec_t *ex, const par_action *a, int grad)
 
 static par_status recv_into(exec_t *ex, const par_action *a, int grad)
 {
-    slot *sl;
-    par_status s = PAR_FN(par__exec_slot)(ex, a->mb, a->stage, &sl, NULL);
+    mbstage *sl;
+    par_status s = PAR_FN(par__exec_mbstage)(ex, a->mb, a->stage, &sl, NULL);
     if (s)
         return s;
     size_t n = (size_t)(ex->Tm * ex->nd);
@@ -372,13 +319,13 @@ static par_status wait_sends(exec_t *ex)
 
 /* --------------------------------------------------------- interpreter -- */
 
-/* Saved activations of the live slots (the peak is the accounting's). */
+/* Saved activations of the live (mb, stage) states (the peak is the accounting's). */
 static void note_activations(exec_t *ex)
 {
     int64_t live = 0;
-    for (int i = 0; ex->slots && i < ex->m * ex->n_local; i++)
-        if (ex->slots[i].used)
-            live += (int64_t)ex->slots[i].ar.used;
+    for (size_t i = 0; ex->mbst.st && i < (size_t)ex->mbst.n_mb * (size_t)ex->mbst.n_held; i++)
+        if (ex->mbst.st[i])
+            live += (int64_t)((const mbstage *)ex->mbst.st[i])->ar.used;
     if (live > ex->act_peak)
         ex->act_peak = live;
 }
@@ -510,9 +457,7 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     par_status s;
     PAR_FN(par__exec_setup_free)(ex);
     ex->keep = keep;
-    PAR_FN(par_tp_vocab_hook_keep)(ex->tpvh, keep);
-    if (ex->tpvh) /* the model allocates [T, V] logits only for a dump */
-        M->vocab.logits = keep;
+    PAR_FN(par__exec_hooks_step)(ex, M, keep); /* the vocabulary hook: [T, V] logits only for a dump */
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
@@ -585,17 +530,15 @@ void PAR_FN(par_exec_info_get)(const PAR_FN(par_exec) *ex, par_exec_info *out)
 
 void PAR_FN(par_exec_counters)(const PAR_FN(par_exec) *ex, par_ep_counters *ep, par_cp_traffic *cp)
 {
-    PAR_FN(par_ep_counters_get)(ex ? ex->ep : NULL, ep);
-    PAR_FN(par_cp_hook_traffic)(ex ? ex->cph : NULL, cp);
+    memset(ep, 0, sizeof *ep);
+    memset(cp, 0, sizeof *cp);
+    PAR_FN(par__exec_hooks_report)(ex, &(par_hook_report){.ep = ep, .cp = cp});
 }
 
 void PAR_FN(par_exec_shared_stats)(const PAR_FN(par_exec) *ex, par_tp_shared_stats *out)
 {
-    par_tp_shared_stats a, b, c;
-    PAR_FN(par_tp_moe_hook_shared_stats)(ex ? ex->tpmh : NULL, &a);
-    PAR_FN(par_ep_shared_stats)(ex ? ex->ep : NULL, &b);
-    PAR_FN(par_etp_hook_shared_stats)(ex ? ex->etph : NULL, &c);
-    *out = (par_tp_shared_stats){.units = a.units + b.units + c.units, .bytes = a.bytes + b.bytes + c.bytes};
+    memset(out, 0, sizeof *out);
+    PAR_FN(par__exec_hooks_report)(ex, &(par_hook_report){.shared = out});
 }
 
 void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
@@ -613,17 +556,11 @@ void PAR_FN(par_exec_free)(PAR_FN(par_exec) *ex)
     }
     par_free(ex->out_act);
     par_free(ex->out_grad);
-    par_free(ex->slots);
+    par_mbstate_free(&ex->mbst);
     PAR_FN(par__exec_hold_free)(ex);
     if (ex->pair)
         par_comm_free(ex->pair);
-    PAR_FN(par_ep_free)(ex->ep);
-    PAR_FN(par_cp_hook_free)(ex->cph);
-    PAR_FN(par_tp_attn_hook_free)(ex->tph);
-    PAR_FN(par_cptp_hook_free)(ex->cptph);
-    PAR_FN(par_tp_vocab_hook_free)(ex->tpvh);
-    PAR_FN(par_tp_moe_hook_free)(ex->tpmh);
-    PAR_FN(par_etp_hook_free)(ex->etph);
+    PAR_FN(par__exec_hooks_free)(ex);
     par_free(ex->mq0);
     par_free(ex->pos_rows);
     par_free(ex->cost);

@@ -17,7 +17,7 @@
  * (par_model_init_held).  With EP > 1 the executor owns the MoE hook
  * (parallel/moe/ep.h), with CP > 1 the attention hook (parallel/cp/cp_hook.h),
  * installed once; each call of a model piece passes the microbatch's
- * context (model/model.h par_mbctx: its state slot, its rows, their
+ * context (model/model.h par_mbctx: the microbatch, its rows, their
  * positions), never state installed into the model.
  *
  * Per step the rank's attention-DP rows are cut into microbatches of whole
@@ -39,7 +39,7 @@
  * B, W and BW: BW runs, item by item, the one-pass backward (model/model.h
  * par_block_backward, ...); a split schedule's B runs the input passes of
  * the stage's items (*_backward_input, keeping what W needs in the (mb,
- * stage) slot), its W later runs their weight passes (*_backward_weights)
+ * stage) state), its W later runs their weight passes (*_backward_weights)
  * in the same item order.  An overlapped F&B pair (DualPipe) runs as F then
  * B.
  *
@@ -146,7 +146,7 @@ typedef struct {
      * network; the mean costs over the stages (seconds) */
     double dry_bubble_measured;
     double cost_f_s, cost_b_s, cost_w_s, latency_s;
-    int64_t act_peak;      /* bytes of saved activations, peak over the slots */
+    int64_t act_peak;      /* bytes of saved activations, peak over the (mb, stage) states */
 } par_exec_info;
 
 void PAR_FN(par_exec_info_get)(const PAR_FN(par_exec) *ex, par_exec_info *out);

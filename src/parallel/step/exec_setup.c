@@ -64,9 +64,10 @@ static par_status one_microbatch(exec_t *ex, int k, int64_t r0, const int32_t *t
         *q += (int64_t)sg[S - 1] + 1;
     }
     ex->mqn[k] = *q - ex->mq0[k];
-    ex->mbx[k] = (par_mbctx){.slot = k, .row0 = (int64_t)k * ex->mbs, .rows = ex->mbs, .S = S,
+    /* the whole rows' positions: CP / SP's, or (TP, the rows whole) the microbatch's own */
+    ex->mbx[k] = (par_mbctx){.mb = k, .row0 = (int64_t)k * ex->mbs, .rows = ex->mbs, .S = S,
                              .pos_rows = ex->tokc  ? ex->pos_rows + (int64_t)k * ex->mbs * S
-                                         : ex->tph ? ex->mb[k].pos
+                                         : ex->tpc ? ex->mb[k].pos
                                                    : NULL};
     return PAR_OK;
 }
@@ -99,7 +100,7 @@ static par_status microbatches(exec_t *ex, const par_pctx *P, const int32_t *tok
 
 /* The window of Nl samples: its per-sample terms, with the row map of the
  * blocks of this rank's stages.  The aux counts (cnt, psum, ntok) live in
- * the slots, per microbatch in flight (exec_stage.c; a rank used to hold
+ * the (mb, stage) states, per microbatch in flight (exec_stage.c; a rank used to hold
  * [its blocks, Nl, E] of each for the whole step, twice under CP). */
 static par_status stats_held(const exec_t *ex, const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, int64_t Nl)
 {
@@ -172,14 +173,15 @@ par_status PAR_FN(par__exec_setup)(exec_t *ex, const par_pctx *P, PAR_FN(par_mod
     }
     if ((s = microbatches(ex, P, tok, seg, Nl)) || (s = stats_window(ex, M, &M->stats, q0, Nl, Ng)))
         return s;
-    /* outboxes and slots */
+    /* outboxes and (mb, stage) states */
     size_t no = (size_t)ex->m * (size_t)ex->n_stages;
     if (!ex->out_act) {
         ex->out_act = par_calloc(no, sizeof *ex->out_act, PAR_TAG_COMM);
         ex->out_grad = par_calloc(no, sizeof *ex->out_grad, PAR_TAG_COMM);
-        ex->slots = par_calloc((size_t)ex->m * (size_t)ex->n_local, sizeof *ex->slots, PAR_TAG_ACT);
-        if (!ex->out_act || !ex->out_grad || !ex->slots)
+        if (!ex->out_act || !ex->out_grad)
             return par_err(PAR_ENOMEM, "pipeline: out of memory for %zu outboxes", no);
+        if ((s = PAR_FN(par__exec_mbstage_init)(ex)))
+            return s;
     }
     return PAR_OK;
 }

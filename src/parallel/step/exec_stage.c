@@ -1,32 +1,44 @@
 /* parallel/step/exec_stage.c - what one (microbatch, stage) computes: the forward of
  * its items, their input-gradient passes (B), their weight-gradient passes
- * (W), and the slot that keeps its activations from F to B to W.  Part of
+ * (W), and the (mb, stage) state that keeps its activations from F to B to W.  Part of
  * the step executor (parallel/step/exec-impl.h). */
 #include <string.h>
 
 #include "core/device.h"
 #include "parallel/step/exec-impl.h"
 
-/* ---------------------------------------------------------------- slots -- */
+/* ------------------------------------------------- (mb, stage) states -- */
 
-static void slot_release(slot *sl, int n_items)
+static void mbstage_drop(void *p)
 {
-    if (!sl->used)
-        return;
-    for (int j = 0; j < n_items; j++)
+    mbstage *sl = p;
+    for (int j = 0; sl->blk && j < sl->n_items; j++)
         PAR_FN(par_block_act_release)(&sl->blk[j]);
     par_free(sl->blk);
     par_arena_destroy(&sl->ar);
-    memset(sl, 0, sizeof *sl);
+}
+
+par_status PAR_FN(par__exec_mbstage_init)(exec_t *ex)
+{
+    const int nk = ex->n_stages * ex->sch.n_dirs;
+    uint8_t *held = par_malloc((size_t)(nk > 0 ? nk : 1), PAR_TAG_MODEL);
+    for (int k = 0; held && k < nk; k++)
+        held[k] = ex->stage_local[k] >= 0;
+    par_status s = held ? par_mbstate_init(&ex->mbst, "pipeline", ex->m, nk, held, sizeof(mbstage), mbstage_drop)
+                        : par_err(PAR_ENOMEM, "pipeline: out of memory");
+    par_free(held);
+    return s;
 }
 
 void PAR_FN(par__exec_release_all)(exec_t *ex)
 {
-    if (!ex->slots)
-        return;
-    for (int k = 0; k < ex->m; k++)
-        for (int j = 0; j < ex->n_local; j++)
-            slot_release(&ex->slots[k * ex->n_local + j], ex->ls[j].n_items);
+    par_mbstate_drop_all(&ex->mbst);
+}
+
+/* The (mb, stage) key of the states: the microbatch, its direction's stage. */
+static int stage_key(const exec_t *ex, int mb, int stage)
+{
+    return par_schedule_mb_dir(&ex->sch, mb) * ex->n_stages + stage;
 }
 
 int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage)
@@ -35,19 +47,24 @@ int PAR_FN(par__exec_local_of)(const exec_t *ex, int mb, int stage)
     return ex->stage_local[dir * ex->n_stages + stage];
 }
 
-par_status PAR_FN(par__exec_slot)(exec_t *ex, int mb, int stage, slot **out, lstage **lso)
+par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **out, lstage **lso)
 {
     int j = PAR_FN(par__exec_local_of)(ex, mb, stage);
     if (j < 0)
         return par_err(PAR_EINTERNAL, "pipeline: rank %d runs stage %d of microbatch %d, which is not its own",
                        ex->me, stage, mb);
-    slot *sl = &ex->slots[mb * ex->n_local + j];
-    if (!sl->used) {
-        sl->blk = par_calloc((size_t)(ex->ls[j].n_items + 1), sizeof *sl->blk, PAR_TAG_ACT);
-        if (!sl->blk)
+    const par_mbctx key = {.mb = mb};
+    mbstage *sl = par_mbstate_get(&ex->mbst, &key, stage_key(ex, mb, stage));
+    if (!sl) {
+        par_status s = par_mbstate_new(&ex->mbst, &key, stage_key(ex, mb, stage), (void **)&sl);
+        if (s)
+            return s;
+        if (!(sl->blk = par_calloc((size_t)(ex->ls[j].n_items + 1), sizeof *sl->blk, PAR_TAG_ACT))) {
+            par_mbstate_drop(&ex->mbst, &key, stage_key(ex, mb, stage));
             return par_err(PAR_ENOMEM, "pipeline: out of memory");
+        }
+        sl->n_items = ex->ls[j].n_items;
         par_arena_init(&sl->ar, (size_t)1 << 20, PAR_TAG_ACT);
-        sl->used = 1;
     }
     *out = sl;
     if (lso)
@@ -84,12 +101,12 @@ static void keep_rows(const exec_t *ex, void *dst, const void *src, int mb, int6
 
 /* The stage's input: received, or the previous stage's output on this rank
  * (DualPipeV's turn: a local transfer). */
-static par_status stage_input(exec_t *ex, slot *sl, int mb, int stage)
+static par_status stage_input(exec_t *ex, mbstage *sl, int mb, int stage)
 {
     if (sl->xin || stage == 0)
         return PAR_OK;
-    slot *pv = NULL;
-    if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0 && !PAR_FN(par__exec_slot)(ex, mb, stage - 1, &pv, NULL) &&
+    mbstage *pv = NULL;
+    if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0 && !PAR_FN(par__exec_mbstage)(ex, mb, stage - 1, &pv, NULL) &&
         pv->fwd_done) {
         sl->xin = pv->xout;
         return PAR_OK;
@@ -101,7 +118,7 @@ static par_status stage_input(exec_t *ex, slot *sl, int mb, int stage)
 }
 
 /* Item j of the stage's forward on the residual *X. */
-static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb,
+static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb,
                                const par_real **X)
 {
     const par_batch *bt = &ex->mb[mb];
@@ -130,14 +147,14 @@ static par_status item_forward(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
         if ((s = PAR_FN(par_mtp_input_forward)(M, &sl->mtp, &sl->ar, *X, bt->mtp_inputs, T)) ||
             (s = PAR_FN(par_block_forward)(M, x, b, &sl->blk[j], &sl->ar, sl->mtp.X0, bt->mtp_inputs, bt->pos, sample,
                                            st, T)) ||
-            (s = PAR_FN(par_head_forward)(M, 1, &sl->mtp_head, &sl->ar, sl->blk[j].Xout, bt->mtp_labels, sample,
-                                          ce_mtp, T)))
+            (s = PAR_FN(par_head_forward)(M, x, 1, &sl->mtp_head, &sl->ar, sl->blk[j].Xout, bt->mtp_labels,
+                                          sample, ce_mtp, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_mtp_logits, sl->mtp_head.logits, mb, M->V, sizeof(par_real));
         return PAR_OK;
     case PAR_BLK_LOSS:
-        if ((s = PAR_FN(par_head_forward)(M, 0, &sl->head, &sl->ar, *X, bt->labels, sample, ce_main, T)))
+        if ((s = PAR_FN(par_head_forward)(M, x, 0, &sl->head, &sl->ar, *X, bt->labels, sample, ce_main, T)))
             return s;
         if (ex->keep)
             keep_rows(ex, ex->k_logits, sl->head.logits, mb, M->V, sizeof(par_real));
@@ -158,7 +175,7 @@ static void keep_block(exec_t *ex, const PAR_FN(par_model) *M, const PAR_FN(par_
 /* The microbatch's aux-loss terms of the stage's blocks, from its counts
  * (CP, SP: first summed over the ranks that hold its other columns, in
  * place: the backward reads the sums). */
-static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls)
+static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls)
 {
     /* ls->block: the items' blocks, -1 for E and L (both calls skip those) */
     par_status s = ex->tokc ? PAR_FN(par_reduce_mb_stats)(ex->tokc, &sl->st, ls->block, ls->n_items) : PAR_OK;
@@ -169,9 +186,9 @@ static par_status mb_aux_terms(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
 
 par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage)
 {
-    slot *sl;
+    mbstage *sl;
     lstage *ls;
-    par_status s = PAR_FN(par__exec_slot)(ex, mb, stage, &sl, &ls);
+    par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage, &sl, &ls);
     if (s)
         return s;
     if (sl->fwd_done)
@@ -192,7 +209,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
         return s;
     if (!X && stage > 0)
         return par_err(PAR_EINTERNAL, "pipeline: stage %d produced no output", stage);
-    /* the output leaves: a heap copy for the send (the slot may be gone
+    /* the output leaves: a heap copy for the send (the state may be gone
      * before the send completes) unless the next stage is on this rank */
     if (stage < ex->n_stages - 1 && PAR_FN(par__exec_local_of)(ex, mb, stage + 1) < 0) {
         int o = mb * ex->n_stages + stage;
@@ -208,7 +225,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
 /* The gradients one item's backward writes: t: the block input's (out[0]);
  * m: the MTP head's into the MTP block (out[0]), the MTP block's input's
  * (out[1], kept until W). */
-static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_real **out)
+static par_status item_outs(mbstage *sl, const lstage *ls, int j, size_t xb, par_real **out)
 {
     out[0] = out[1] = NULL;
     char c = ls->items[j];
@@ -223,7 +240,7 @@ static par_status item_outs(slot *sl, const lstage *ls, int j, size_t xb, par_re
 
 /* B (or, bw, the whole backward in one pass) of item j: *dX is the
  * gradient of the item's output, replaced by that of its input. */
-static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb, int bw,
+static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb, int bw,
                              par_real **dX, par_real **out)
 {
     const par_config *c = &ex->cfg;
@@ -241,11 +258,11 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
     case PAR_BLK_LOSS:
         if (st->n_main <= 0)
             return PAR_OK;
-        return bw ? PAR_FN(par_head_backward)(M, 0, &sl->head, ar, *dX, ls_main)
-                  : PAR_FN(par_head_backward_input)(M, 0, &sl->head, ar, *dX, ls_main);
+        return bw ? PAR_FN(par_head_backward)(M, x, 0, &sl->head, ar, *dX, ls_main)
+                  : PAR_FN(par_head_backward_input)(M, x, 0, &sl->head, ar, *dX, ls_main);
     case PAR_BLK_MTP:
-        if (st->n_mtp > 0 && (s = bw ? PAR_FN(par_head_backward)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)
-                                     : PAR_FN(par_head_backward_input)(M, 1, &sl->mtp_head, ar, out[0], ls_mtp)))
+        if (st->n_mtp > 0 && (s = bw ? PAR_FN(par_head_backward)(M, x, 1, &sl->mtp_head, ar, out[0], ls_mtp)
+                                     : PAR_FN(par_head_backward_input)(M, x, 1, &sl->mtp_head, ar, out[0], ls_mtp)))
             return s;
         if ((s = (bw ? PAR_FN(par_block_backward) : PAR_FN(par_block_backward_input))(
                  M, x, b, &sl->blk[j], ar, out[1], out[0], bt->pos, sample, bst, c->aux_alpha, T)))
@@ -265,7 +282,7 @@ static par_status item_input(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const l
 }
 
 /* W of item j, after its B. */
-static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const lstage *ls, int j, int mb)
+static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, mbstage *sl, const lstage *ls, int j, int mb)
 {
     const par_mbctx *x = &ex->mbx[mb];
     int b = ls->block[j];
@@ -273,9 +290,9 @@ static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
     par_status s = PAR_OK;
     switch (ls->items[j]) {
     case PAR_BLK_LOSS:
-        return sl->head.pending ? PAR_FN(par_head_backward_weights)(M, 0, &sl->head, ar) : PAR_OK;
+        return sl->head.pending ? PAR_FN(par_head_backward_weights)(M, x, 0, &sl->head, ar) : PAR_OK;
     case PAR_BLK_MTP:
-        if ((sl->mtp_head.pending && (s = PAR_FN(par_head_backward_weights)(M, 1, &sl->mtp_head, ar))) ||
+        if ((sl->mtp_head.pending && (s = PAR_FN(par_head_backward_weights)(M, x, 1, &sl->mtp_head, ar))) ||
             (s = PAR_FN(par_block_backward_weights)(M, x, b, &sl->blk[j], ar)))
             return s;
         return PAR_FN(par_mtp_input_backward_weights)(M, &sl->mtp);
@@ -287,15 +304,15 @@ static par_status item_weights(exec_t *ex, PAR_FN(par_model) *M, slot *sl, const
     return par_err(PAR_EINTERNAL, "pipeline: unknown layout item '%c'", ls->items[j]);
 }
 
-/* The input gradient leaves: to the previous stage's slot when it is on
+/* The input gradient leaves: to the previous stage's state when it is on
  * this rank, else a heap copy for the send. */
 static par_status grad_out(exec_t *ex, int mb, int stage, const par_real *dX, size_t xb)
 {
     if (stage == 0)
         return PAR_OK;
     if (PAR_FN(par__exec_local_of)(ex, mb, stage - 1) >= 0) {
-        slot *pv;
-        par_status s = PAR_FN(par__exec_slot)(ex, mb, stage - 1, &pv, NULL);
+        mbstage *pv;
+        par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage - 1, &pv, NULL);
         if (s)
             return s;
         if (!(pv->gout = par_arena_alloc(&pv->ar, xb ? xb : 64, 64)))
@@ -310,7 +327,7 @@ static par_status grad_out(exec_t *ex, int mb, int stage, const par_real *dX, si
     return PAR_OK;
 }
 
-static par_status backward_check(exec_t *ex, const slot *sl, int mb, int stage, int kind)
+static par_status backward_check(exec_t *ex, const mbstage *sl, int mb, int stage, int kind)
 {
     if (kind == PAR_ACT_W && (!sl->bwd_done || !sl->w_due))
         return par_err(PAR_EINTERNAL, "pipeline: W of microbatch %d stage %d without its B", mb, stage);
@@ -324,9 +341,9 @@ static par_status backward_check(exec_t *ex, const slot *sl, int mb, int stage, 
 
 par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, int stage, int kind)
 {
-    slot *sl;
+    mbstage *sl;
     lstage *ls;
-    par_status s = PAR_FN(par__exec_slot)(ex, mb, stage, &sl, &ls);
+    par_status s = PAR_FN(par__exec_mbstage)(ex, mb, stage, &sl, &ls);
     if (s || (s = backward_check(ex, sl, mb, stage, kind)))
         return s;
     size_t xb = (size_t)(ex->Tm * ex->nd) * sizeof(par_real);
@@ -352,9 +369,9 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             return s;
     }
     sl->w_due = kind == PAR_ACT_B;
-    /* the slot's activations are no longer needed (a local next stage read
+    /* the state's activations are no longer needed (a local next stage read
      * xout during its forward, long done) */
     if (!sl->w_due)
-        slot_release(sl, ls->n_items);
+        par_mbstate_drop(&ex->mbst, &(par_mbctx){.mb = mb}, stage_key(ex, mb, stage));
     return PAR_OK;
 }

@@ -37,7 +37,7 @@ typedef struct {
  * TP-split, T x I when whole), bytes = what its TP collectives handed to
  * src/comm (forward and backward).  Summed over the ranks of a step, the
  * split gives units = tokens x I per block, whatever the layout. */
-typedef struct {
+typedef struct par_tp_shared_stats_s {
     int64_t units;
     int64_t bytes;
 } par_tp_shared_stats;

@@ -19,11 +19,11 @@
 #define LL(x) ((long long)(x))
 
 /* ------------------------------------------------------------------------ */
-/* the 18 weight slots: names (for the cut, parallel/layout/tp_split.h), shapes     */
+/* the 18 weight fields: names (for the cut, parallel/layout/tp_split.h), shapes     */
 
-enum { NSLOT = 18, FIRST_INDEXER_SLOT = 12 };
+enum { NFIELD = 18, FIRST_INDEXER_FIELD = 12 };
 
-static const char *const slot_name[NSLOT] = {
+static const char *const field_name[NFIELD] = {
     "attn.wq_a.weight",         "attn.q_norm.weight",
     "attn.wq_b.weight",         "attn.wkv.weight",
     "attn.kv_norm.weight",      "attn.wo_a.weight",
@@ -34,9 +34,9 @@ static const char *const slot_name[NSLOT] = {
     "attn.indexer.compressor.wkv.weight", "attn.indexer.compressor.wgate.weight",
     "attn.indexer.compressor.ape", "attn.indexer.compressor.norm.weight"};
 
-static par_real **slot(PAR_FN(par_attn_weights) *W, int k)
+static par_real **field(PAR_FN(par_attn_weights) *W, int k)
 {
-    par_real **f[NSLOT] = {&W->wq_a,      &W->q_norm,    &W->wq_b,      &W->wkv,
+    par_real **f[NFIELD] = {&W->wq_a,      &W->q_norm,    &W->wq_b,      &W->wkv,
                            &W->kv_norm,   &W->wo_a,      &W->wo_b,      &W->attn_sink,
                            &W->cmp_wkv,   &W->cmp_wgate, &W->cmp_ape,   &W->cmp_norm,
                            &W->idx_wq_b,  &W->idx_weights_proj, &W->idx_cmp_wkv,
@@ -44,13 +44,13 @@ static par_real **slot(PAR_FN(par_attn_weights) *W, int k)
     return f[k];
 }
 
-static par_real *slot_get(const PAR_FN(par_attn_weights) *W, int k)
+static par_real *field_get(const PAR_FN(par_attn_weights) *W, int k)
 {
-    return *slot((PAR_FN(par_attn_weights) *)(uintptr_t)W, k);
+    return *field((PAR_FN(par_attn_weights) *)(uintptr_t)W, k);
 }
 
-/* [rows, cols] of slot k in the full layer (rows = 0: the layer has none). */
-static void slot_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *cols)
+/* [rows, cols] of field k in the full layer (rows = 0: the layer has none). */
+static void field_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *cols)
 {
     const int64_t coff = dm->m == 4 ? 2 : 1, HD = dm->H * dm->hd, GL = dm->o_groups * dm->o_lora;
     const int cm = dm->m > 0, ix = dm->m == 4;
@@ -77,17 +77,17 @@ static void slot_shape(const par_attn_dims *dm, int k, int64_t *rows, int64_t *c
     *cols = c;
 }
 
-static par_tp_cut slot_cut(int k)
+static par_tp_cut field_cut(int k)
 {
-    return par_tp_split_of(slot_name[k]).cut;
+    return par_tp_split_of(field_name[k]).cut;
 }
 
-/* reals of slot k's shard */
+/* reals of field k's shard */
 static int64_t shard_numel(const par_attn_dims *dm, int k, int64_t P)
 {
     int64_t r, c;
-    slot_shape(dm, k, &r, &c);
-    return r * c / (slot_cut(k) == PAR_TP_REPLICATED ? 1 : P);
+    field_shape(dm, k, &r, &c);
+    return r * c / (field_cut(k) == PAR_TP_REPLICATED ? 1 : P);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -119,7 +119,7 @@ par_status PAR_FN(par_tp_attn_dims)(par_attn_dims *local, const par_attn_dims *d
 int64_t PAR_FN(par_tp_attn_shard_count)(const par_attn_dims *dm, int64_t P)
 {
     int64_t n = 0;
-    for (int k = 0; k < NSLOT; k++)
+    for (int k = 0; k < NFIELD; k++)
         n += shard_numel(dm, k, P);
     return n;
 }
@@ -137,18 +137,18 @@ void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
 {
     memset(Wl, 0, sizeof *Wl);
     int64_t off = 0;
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        const par_real *src = slot_get(W, k);
+        field_shape(dm, k, &r, &c);
+        const par_real *src = field_get(W, k);
         if (r == 0 || !src)
             continue;
         if (held) { /* the held shard (rows or wo_b's columns), or a replicated weight: W's own */
-            *slot(Wl, k) = (par_real *)(uintptr_t)src;
+            *field(Wl, k) = (par_real *)(uintptr_t)src;
             continue;
         }
-        *slot(Wl, k) = buf + off;
-        par_tp_slice(buf + off, src, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        *field(Wl, k) = buf + off;
+        par_tp_slice(buf + off, src, r, c, field_cut(k), rank, P, sizeof(par_real));
         off += shard_numel(dm, k, P);
     }
 }
@@ -156,13 +156,13 @@ void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,
                                  const par_attn_dims *dm, int rank, int P)
 {
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        par_real *dst = slot_get(W, k);
-        const par_real *src = slot_get(Wl, k);
+        field_shape(dm, k, &r, &c);
+        par_real *dst = field_get(W, k);
+        const par_real *src = field_get(Wl, k);
         if (r > 0 && dst && src)
-            par_tp_unslice(dst, src, r, c, slot_cut(k), rank, P, sizeof(par_real));
+            par_tp_unslice(dst, src, r, c, field_cut(k), rank, P, sizeof(par_real));
     }
 }
 
@@ -175,11 +175,11 @@ void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(pa
 void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                         const par_attn_dims *dm, int rank, int P, par_real *scratch, int held)
 {
-    for (int k = 0; k < NSLOT; k++) {
+    for (int k = 0; k < NFIELD; k++) {
         int64_t r, c;
-        slot_shape(dm, k, &r, &c);
-        par_real *dst = slot_get(dW, k);
-        const par_real *src = slot_get(dWl, k);
+        field_shape(dm, k, &r, &c);
+        par_real *dst = field_get(dW, k);
+        const par_real *src = field_get(dWl, k);
         if (r == 0 || !dst || !src)
             continue;
         const int64_t n = shard_numel(dm, k, P);
@@ -188,10 +188,10 @@ void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_
                 dst[e] += src[e];
             continue;
         }
-        par_tp_slice(scratch, dst, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        par_tp_slice(scratch, dst, r, c, field_cut(k), rank, P, sizeof(par_real));
         for (int64_t e = 0; e < n; e++)
             scratch[e] += src[e];
-        par_tp_unslice(dst, scratch, r, c, slot_cut(k), rank, P, sizeof(par_real));
+        par_tp_unslice(dst, scratch, r, c, field_cut(k), rank, P, sizeof(par_real));
     }
 }
 
@@ -464,24 +464,24 @@ free_scratch:
     return st;
 }
 
-/* Replicated slots with a gradient: every one outside the indexer (wkv
+/* Replicated fields with a gradient: every one outside the indexer (wkv
  * skipped under the deliberate fault). */
-static int reduced_slot(int k, const par_tp *tp)
+static int reduced_field(int k, const par_tp *tp)
 {
     if (k == 3 && (tp->faults & PAR_TP_FAULT_WKV_NO_REDUCE))
         return 0;
-    return k < FIRST_INDEXER_SLOT && slot_cut(k) == PAR_TP_REPLICATED;
+    return k < FIRST_INDEXER_FIELD && field_cut(k) == PAR_TP_REPLICATED;
 }
 
-/* Copies the reduced slots between dW and the packed buf (to_buf selects
+/* Copies the reduced fields between dW and the packed buf (to_buf selects
  * the direction); returns the reals packed. */
 static int64_t pack_replicated(par_real *buf, PAR_FN(par_attn_weights) *dW,
                                const par_attn_dims *dm, const par_tp *tp, int to_buf)
 {
     int64_t off = 0;
-    for (int k = 0; k < NSLOT; k++) {
-        par_real *g = slot_get(dW, k);
-        if (!reduced_slot(k, tp) || !g)
+    for (int k = 0; k < NFIELD; k++) {
+        par_real *g = field_get(dW, k);
+        if (!reduced_field(k, tp) || !g)
             continue;
         const int64_t c = shard_numel(dm, k, 1);
         if (buf)
@@ -506,4 +506,99 @@ par_status PAR_FN(par_tp_attn_reduce_grads)(PAR_FN(par_attn_weights) *dWl,
         pack_replicated(buf, dWl, dm, tp, 0);
     par_free(buf);
     return st;
+}
+
+/* ------------------------------------------------- a hook's local shard -- */
+
+par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int rank, int P, int held, const char *who)
+{
+    memset(L, 0, sizeof *L);
+    L->shard = PAR_FN(par_tp_attn_shard_count)(dm, P);
+    L->rank = rank, L->P = P, L->held = held; /* held: the weights read in place, the gradients added in place */
+    if (!(L->buf = par_malloc((size_t)((held ? 1 : 3) * L->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "%s: out of memory for a shard of %lld reals", who, (long long)L->shard);
+    PAR_FN(par_tp_attn_shard_held)(&L->Wl, L->buf, W, dm, rank, P, held);
+    return PAR_OK;
+}
+
+/* The gradient shard (after Wl's copy unless held) and the add's scratch
+ * (NULL when held: par_tp_attn_grads_add_held adds in place). */
+static par_real *local_dwl(const PAR_FN(par_tp_attn_local) *L)
+{
+    return L->buf + (L->held ? 0 : L->shard);
+}
+
+static par_real *local_scratch(const PAR_FN(par_tp_attn_local) *L)
+{
+    return L->held ? NULL : L->buf + 2 * L->shard;
+}
+
+void PAR_FN(par_tp_attn_local_zero)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm)
+{
+    PAR_FN(par_tp_attn_shard)(&L->dWl, local_dwl(L), W, dm, L->rank, L->P);
+    memset(local_dwl(L), 0, (size_t)L->shard * sizeof(par_real));
+}
+
+void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *dsink, const par_attn_dims *dm)
+{
+    if (!dsink)
+        return;
+    PAR_FN(par_attn_weights) sink, only = {.attn_sink = L->dWl.attn_sink};
+    memset(&sink, 0, sizeof sink);
+    sink.attn_sink = dsink;
+    PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, dm, L->rank, L->P, local_scratch(L), L->held);
+}
+
+void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *dW,
+                                   const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm)
+{
+    PAR_FN(par_attn_weights) d = *dW;
+    d.attn_sink = NULL; /* the input pass's */
+    PAR_FN(par_tp_attn_grads_add_held)(&d, g, dm, L->rank, L->P, local_scratch(L), L->held);
+}
+
+void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L)
+{
+    par_free(L->buf);
+    memset(L, 0, sizeof *L);
+}
+
+/* ------------------------------------------- SP over several rows (hooks) -- */
+
+par_status PAR_FN(par_tp_attn_sp_gather)(PAR_FN(par_tp_attn_sp) *g, const par_tp *tsp, int P, const par_real *xin,
+                                         int64_t rows, int64_t W, int64_t d, int64_t k, int want_sel,
+                                         const char *who)
+{
+    const int64_t T = rows * W;
+    *g = (PAR_FN(par_tp_attn_sp)){.rows = rows, .W = W, .d = d, .k = k};
+    g->x = par_malloc((size_t)(2 * T * d + 1) * sizeof *g->x, PAR_TAG_ACT);
+    g->sel = want_sel ? par_malloc((size_t)(T * k + 1) * sizeof *g->sel, PAR_TAG_ACT) : NULL;
+    if (!g->x || (want_sel && !g->sel))
+        return par_err(PAR_ENOMEM, "%s (sp): out of memory for %lld tokens", who, (long long)T);
+    g->y = g->x + T * d;
+    return PAR_FN(par_tp_reduce_gather_cols)(tsp, P, g->x, xin, rows, W, d, who);
+}
+
+void PAR_FN(par_tp_attn_sp_take)(const PAR_FN(par_tp_attn_sp) *g, par_real *y, int32_t *sel, int r, int P)
+{
+    PAR_FN(par_tp_reduce_take_cols)(y, g->y, g->rows, g->W, g->d, sizeof *g->y, r, P);
+    if (sel)
+        PAR_FN(par_tp_reduce_take_cols)(sel, g->sel, g->rows, g->W, g->k, sizeof *g->sel, r, P);
+}
+
+void PAR_FN(par_tp_attn_sp_free)(PAR_FN(par_tp_attn_sp) *g)
+{
+    par_free(g->x);
+    par_free(g->sel);
+    memset(g, 0, sizeof *g);
+}
+
+void PAR_FN(par_tp_attn_sp_add_dx)(par_real *dx, par_real *mine, const par_real *dxf, int64_t rows, int64_t W,
+                                   int64_t d, int r, int P)
+{
+    PAR_FN(par_tp_reduce_take_cols)(mine, dxf, rows, W, d, sizeof *mine, r, P);
+    for (int64_t e = 0; e < rows * W / P * d; e++)
+        dx[e] += mine[e];
 }

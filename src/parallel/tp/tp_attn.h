@@ -61,32 +61,81 @@ par_status PAR_FN(par_tp_attn_dims)(par_attn_dims *local, const par_attn_dims *d
 /* Reals of one rank's shard of the 18 weights (the same on every rank). */
 int64_t PAR_FN(par_tp_attn_shard_count)(const par_attn_dims *dm, int64_t P);
 /* Copies rank r's shard of the full weights W into buf (shard_count reals)
- * and points Wl's slots into it (NULL where W has none).  dm must pass
+ * and points Wl's fields into it (NULL where W has none).  dm must pass
  * par_tp_attn_dims. */
 void PAR_FN(par_tp_attn_shard)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                int rank, int P);
-/* The inverse: writes rank r's block of every non-NULL slot of Wl into the
- * full W (replicated slots whole). */
+/* The inverse: writes rank r's block of every non-NULL field of Wl into the
+ * full W (replicated fields whole). */
 /* The same when the model holds the cuts as the rank's shards (held != 0,
  * parallel/layout/tp_split.h par_tp_storage_cut: the row cuts and wo_b's
- * columns): every slot points into W itself (the shards and the replicated
+ * columns): every field points into W itself (the shards and the replicated
  * weights), buf is not touched.  held 0: par_tp_attn_shard. */
 void PAR_FN(par_tp_attn_shard_held)(PAR_FN(par_attn_weights) *Wl, par_real *buf,
                                     const PAR_FN(par_attn_weights) *W, const par_attn_dims *dm,
                                     int rank, int P, int held);
 /* par_tp_attn_grads_add when dW's cuts are the rank's held shards (held !=
- * 0): every slot added in place, the bits of the whole-storage add. */
+ * 0): every field added in place, the bits of the whole-storage add. */
 void PAR_FN(par_tp_attn_grads_add_held)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                         const par_attn_dims *dm, int rank, int P, par_real *scratch, int held);
 void PAR_FN(par_tp_attn_unshard)(PAR_FN(par_attn_weights) *W, const PAR_FN(par_attn_weights) *Wl,
                                  const par_attn_dims *dm, int rank, int P);
 
-/* dW (full) += rank r's shard gradients dWl: each non-NULL slot of both
- * at rank r's block (replicated slots whole); the other ranks' blocks are
+/* dW (full) += rank r's shard gradients dWl: each non-NULL field of both
+ * at rank r's block (replicated fields whole); the other ranks' blocks are
  * left as they are.  scratch: shard_count reals. */
 void PAR_FN(par_tp_attn_grads_add)(PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *dWl,
                                    const par_attn_dims *dm, int rank, int P, par_real *scratch);
+/* A hook's shard of one block for one microbatch (tp/tp_attn_hook.c,
+ * cp/cptp_hook.c): rank r's weights Wl (cut from the whole ones, or the
+ * held shards in place) and their gradients dWl, until the weight pass
+ * adds them into the model's. */
+typedef struct {
+    PAR_FN(par_attn_weights) Wl, dWl;
+    par_real *buf;  /* [3 * shard]: Wl, dWl, scratch; held: [shard], dWl alone */
+    int64_t shard;
+    int rank, P, held; /* held: the model holds the cuts as the rank's shards (par_tp_attn_shard_held) */
+} PAR_FN(par_tp_attn_local);
+
+/* The forward's: buf for the shard, Wl = rank r's shard of W.
+ * PAR_ENOMEM naming who. */
+par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int rank, int P, int held, const char *who);
+/* The input pass's start: dWl points at the gradient shard, zeroed. */
+void PAR_FN(par_tp_attn_local_zero)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                    const par_attn_dims *dm);
+/* dsink (the whole sinks' gradient) += the shard's (NULL: nothing). */
+void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *dsink, const par_attn_dims *dm);
+/* The weight pass: dW (the model's) += g (dWl or its copy) but the sinks
+ * (the input pass's). */
+void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *dW,
+                                   const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm);
+void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L); /* zeroed: fine */
+
+/* Sequence parallelism over several rows (tp_attn_hook.c, cptp_hook.c):
+ * the ranks hold column slices [rows, W/P, d] of the rows; the layer runs on
+ * the slices gathered over the group into whole [rows, W, d] (x), its
+ * whole output (y, and the picks sel) cut back to the rank's columns. */
+typedef struct {
+    par_real *x, *y; /* [T, d] each, T = rows * W (one buffer) */
+    int32_t *sel;    /* [T, k] the whole picks, or NULL */
+    int64_t rows, W, d, k;
+} PAR_FN(par_tp_attn_sp);
+
+/* x = xin gathered over tsp (P ranks); sel's room when want_sel.  PAR_ENOMEM
+ * naming who, or the gather's status.  Free with par_tp_attn_sp_free. */
+par_status PAR_FN(par_tp_attn_sp_gather)(PAR_FN(par_tp_attn_sp) *g, const par_tp *tsp, int P, const par_real *xin,
+                                         int64_t rows, int64_t W, int64_t d, int64_t k, int want_sel,
+                                         const char *who);
+/* y [rows, W/P, d] (and sel when not NULL) = rank r's columns of g's y (sel). */
+void PAR_FN(par_tp_attn_sp_take)(const PAR_FN(par_tp_attn_sp) *g, par_real *y, int32_t *sel, int r, int P);
+void PAR_FN(par_tp_attn_sp_free)(PAR_FN(par_tp_attn_sp) *g);
+/* The input pass: dx [rows, W/P, d] += rank r's columns of the whole dxf
+ * [rows, W, d] (mine: [rows, W/P, d] scratch). */
+void PAR_FN(par_tp_attn_sp_add_dx)(par_real *dx, par_real *mine, const par_real *dxf, int64_t rows, int64_t W,
+                                   int64_t d, int r, int P);
+
 /* What the forward keeps for the backward (all T tokens, this rank's
  * heads). */
 typedef struct {
@@ -117,7 +166,7 @@ par_status PAR_FN(par_tp_attn_forward)(par_real *y,                 /* [Tx, d] *
 
 /* dx += the rank's tokens of d(sum y dy)/dx (complete: summed over the
  * group here; NULL on every rank or on none); dWl += the shard's gradients:
- * wq_b, wo_a, wo_b, attn_sink complete, the replicated slots (wq_a, q_norm,
+ * wq_b, wo_a, wo_b, attn_sink complete, the replicated fields (wq_a, q_norm,
  * wkv, kv_norm, compressor) this rank's share.  No gradient into the
  * indexer.  Collective over tp->comm. */
 par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] or NULL */
@@ -126,11 +175,11 @@ par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] 
                                         const PAR_FN(par_tp_attn_saved) *saved,
                                         const PAR_FN(par_attn_weights) *Wl, const par_tp *tp);
 
-/* Sums the replicated slots of dWl over the group (one all-reduce of all of
+/* Sums the replicated fields of dWl over the group (one all-reduce of all of
  * them packed, rank order): afterwards every rank holds the full gradient of
  * wq_a, q_norm, wkv, kv_norm and the compressor.  Call once per step after
  * every backward of the layer (the shares are linear in dy, so microbatches
- * may accumulate first).  NULL slots are skipped (every rank alike). */
+ * may accumulate first).  NULL fields are skipped (every rank alike). */
 par_status PAR_FN(par_tp_attn_reduce_grads)(PAR_FN(par_attn_weights) *dWl,
                                             const par_attn_dims *dm, const par_tp *tp);
 

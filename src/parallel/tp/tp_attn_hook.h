@@ -14,7 +14,8 @@
  * shares whole; par_reduce_tp_grads (parallel/reduce/reduce.h) then sums every
  * attention gradient over the group once per step, so every TP rank holds
  * the complete gradient and updates the whole matrices alike (Muon sees
- * the logical matrix).  One saved forward per (microbatch slot, block).
+ * the logical matrix).  One state per (microbatch, block) from its forward
+ * to its weight pass (parallel/hook/mbstate.h).
  */
 #ifndef PAR_PARALLEL_TP_TP_ATTN_HOOK_H
 #define PAR_PARALLEL_TP_TP_ATTN_HOOK_H
@@ -23,27 +24,18 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
-typedef struct PAR_FN(par_tp_attn_hook_s) PAR_FN(par_tp_attn_hook);
-
-/* A hook for M's blocks over the TP group `tp` (not owned) with n_slots
- * microbatch slots; PAR_EINVAL naming the numbers when the group's size
- * does not divide a block's heads, groups or index heads. */
-par_status PAR_FN(par_tp_attn_hook_create)(PAR_FN(par_tp_attn_hook) **out, par_comm *tp, const PAR_FN(par_model) *M,
-                                      int n_slots);
-/* Sequence parallelism (sp 1): the ranks hold column slices [tp*S/P,
- * (tp+1)*S/P) of every row of a microbatch (the executor's slicing, as
- * CP's).  One row: the layer's own SP (all-gather before, reduce-scatter
- * after); several rows: the slices gathered into whole rows, the layer
- * without SP (its output all-reduced), the rank's slices taken (the same
- * sums in rank order, P times the bytes back).  Before the first step. */
-void PAR_FN(par_tp_attn_hook_set_sp)(PAR_FN(par_tp_attn_hook) *h, int sp);
-/* M->attn = this hook (once, before the first step). */
-void PAR_FN(par_tp_attn_hook_install)(PAR_FN(par_tp_attn_hook) *h, PAR_FN(par_model) *M);
-/* Bytes this rank handed to src/comm for TP attention since creation
- * (zeros for NULL). */
-void PAR_FN(par_tp_attn_hook_traffic)(const PAR_FN(par_tp_attn_hook) *h, par_tp_traffic *out);
-void PAR_FN(par_tp_attn_hook_free)(PAR_FN(par_tp_attn_hook) *h); /* NULL is fine */
+/* The executor's entry (parallel/hook/hookset.h): TP > 1 without CP,
+ * installed as M->attn; PAR_EINVAL naming the numbers when the group's
+ * size does not divide a block's heads, groups or index heads.  Sequence
+ * parallelism: the ranks hold column slices [tp*S/P, (tp+1)*S/P) of every
+ * row of a microbatch (the executor's slicing, as CP's).  One row: the
+ * layer's own SP (all-gather before, reduce-scatter after); several rows:
+ * the slices gathered into whole rows, the layer without SP (its output
+ * all-reduced), the rank's slices taken (the same sums in rank order, P
+ * times the bytes back). */
+extern const PAR_FN(par_hookset) PAR_FN(par_tp_attn_hookset);
 
 #endif

@@ -5,24 +5,24 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "parallel/hook/mbstate.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/tp/tp_vocab.h"
 
-/* One head act's saved forward. */
+/* The saved forward (par_tp_head_saved) of (microbatch, head): "block" 0
+ * the main head, 1 the MTP head (parallel/hook/mbstate.h). */
 typedef struct {
-    const void *key;
-    PAR_FN(par_tp_head_saved) sv;
-} head_slot;
-
-struct PAR_FN(par_tp_vocab_hook_s) {
+    par_mbstate st; /* first (par_mbstate_hook_new) */
     par_tp tp;
-    int rank, P, n_keys, keep;
+    int rank, P, keep;
     int64_t V, Vl, d;
-    head_slot *hs; /* [n_keys] */
     par_tp_traffic tr;
-};
+} vhook;
 
-typedef PAR_FN(par_tp_vocab_hook) vhook;
+static void saved_drop(void *p)
+{
+    PAR_FN(par_tp_head_saved_free)(p);
+}
 
 /* The rank's rows of a [V, d] table of M's flat buffer `flat`: the held
  * shard itself (the model stores the table as vocab rows,
@@ -75,20 +75,6 @@ static par_status embed_bwd(void *ctx, PAR_FN(par_model) *M, const par_real *dh,
     return s;
 }
 
-/* The saved state of `key` (a new one when it has none yet). */
-static head_slot *slot_of(vhook *h, const void *key, int create)
-{
-    for (int i = 0; i < h->n_keys; i++)
-        if (h->hs[i].key == key)
-            return &h->hs[i];
-    for (int i = 0; create && i < h->n_keys; i++)
-        if (!h->hs[i].key) {
-            h->hs[i].key = key;
-            return &h->hs[i];
-        }
-    return NULL;
-}
-
 /* A dump's logits [Tx, V] of the rank's tokens from the ranks' column
  * blocks [T, V/P] of the group's T tokens (sp: the rank's Tx = T/P of them,
  * block r of the gathered order). */
@@ -108,86 +94,75 @@ static par_status gather_logits(vhook *h, par_real *logits, const PAR_FN(par_tp_
     return s;
 }
 
-static par_status head_fwd(void *ctx, PAR_FN(par_model) *M, const void *key, par_real *ce, par_real *lse,
-                           par_real *logits, const par_real *xn, const int32_t *target, int64_t Tx)
+static par_status head_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which, par_real *ce,
+                           par_real *lse, par_real *logits, const par_real *xn, const int32_t *target, int64_t Tx)
 {
     vhook *h = ctx;
-    head_slot *q = slot_of(h, key, 1);
-    if (!q)
-        return par_err(PAR_EINTERNAL, "vocab-parallel head: more than %d heads in flight", h->n_keys);
+    PAR_FN(par_tp_head_saved) *sv;
     const int32_t *g;
-    int32_t *all;
-    par_status s = group_ids(h, target, Tx, &g, &all);
+    int32_t *all = NULL;
+    par_status s = par_mbstate_new(&h->st, x, which, (void **)&sv);
     if (!s)
-        s = PAR_FN(par_tp_head_forward)(ce, lse, &q->sv, xn, rows_of(h, M, M->params, M->tab.top.head), g, h->V,
+        s = group_ids(h, target, Tx, &g, &all);
+    if (!s)
+        s = PAR_FN(par_tp_head_forward)(ce, lse, sv, xn, rows_of(h, M, M->params, M->tab.top.head), g, h->V,
                                         h->d, h->tp.sp ? Tx * h->P : Tx, &h->tp);
     par_free(all);
     if (!s && h->keep && logits)
-        s = gather_logits(h, logits, &q->sv);
+        s = gather_logits(h, logits, sv);
     return s;
 }
 
-static par_status head_bwd(void *ctx, PAR_FN(par_model) *M, const void *key, par_real *dxn, int weights,
-                           double scale)
+/* B (dxn) and / or W (weights: head.weight's gradient, the last pass that
+ * reads the saved forward: it goes). */
+static par_status head_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int which, par_real *dxn,
+                           int weights, double scale)
 {
     vhook *h = ctx;
-    head_slot *q = slot_of(h, key, 0);
-    if (!q || !q->sv.buf)
+    PAR_FN(par_tp_head_saved) *sv = par_mbstate_get(&h->st, x, which);
+    if (!sv || !sv->buf)
         return par_err(PAR_EINVAL, "vocab-parallel head backward: no saved forward");
-    return PAR_FN(par_tp_head_backward)(dxn, weights ? rows_of(h, M, M->grads, M->tab.top.head) : NULL, &q->sv,
-                                        rows_of(h, M, M->params, M->tab.top.head), scale, &h->tp);
+    par_status s = PAR_FN(par_tp_head_backward)(dxn, weights ? rows_of(h, M, M->grads, M->tab.top.head) : NULL, sv,
+                                                rows_of(h, M, M->params, M->tab.top.head), scale, &h->tp);
+    if (weights)
+        par_mbstate_drop(&h->st, x, which);
+    return s;
 }
 
-par_status PAR_FN(par_tp_vocab_hook_create)(PAR_FN(par_tp_vocab_hook) **out, par_comm *tp,
-                                            const PAR_FN(par_model) *M, int n_keys, int sp, unsigned faults,
-                                            int keep_logits)
+/* ----------------------------------------------------------- the entry -- */
+
+static int applies(const par_layout *l)
 {
-    *out = NULL;
-    const int P = tp ? par_comm_size(tp) : 1;
-    if (!tp || n_keys < 1)
-        return par_err(PAR_EINVAL, "vocab-parallel: a hook needs a TP group and at least one head (got %d)", n_keys);
+    return l->tp > 1; /* every TP layer under TP > 1, as Megatron-LM does */
+}
+
+/* PAR_EINVAL naming the numbers when TP does not divide vocab_size. */
+static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M)
+{
+    par_comm *tp = e->P->g.g[PAR_GROUP_TP];
     par_tp g = {.comm = tp, .sp = 0};
+    vhook *h;
     par_status s = PAR_FN(par_tp_vocab_check)(M->V, 0, &g);
-    if (s)
+    if (s || (s = par_mbstate_hook_new((void **)&h, sizeof *h, "vocab-parallel head", e->n_mb, 2, NULL,
+                                       sizeof(PAR_FN(par_tp_head_saved)), saved_drop)))
         return s;
-    vhook *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
-    if (!h || !(h->hs = par_calloc((size_t)n_keys, sizeof *h->hs, PAR_TAG_ACT))) {
-        par_free(h);
-        return par_err(PAR_ENOMEM, "vocab-parallel: out of memory for %d heads", n_keys);
-    }
-    h->tp = (par_tp){.comm = tp, .sp = sp, .faults = faults, .traffic = &h->tr};
-    h->rank = par_comm_rank(tp), h->P = P, h->n_keys = n_keys, h->keep = keep_logits;
-    h->V = M->V, h->Vl = M->V / P, h->d = M->d;
+    h->tp = (par_tp){.comm = tp, .sp = e->P->lay->sequence_parallel, .faults = e->tp_faults, .traffic = &h->tr};
+    h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
+    h->V = M->V, h->Vl = M->V / h->P, h->d = M->d;
+    M->vocab = (PAR_FN(par_vocab_exec)){
+        .embed = embed_fwd, .embed_bwd = embed_bwd, .head = head_fwd, .head_bwd = head_bwd, .ctx = h};
     *out = h;
     return PAR_OK;
 }
 
-void PAR_FN(par_tp_vocab_hook_keep)(PAR_FN(par_tp_vocab_hook) *h, int keep_logits)
+/* A dumped step's heads gather the whole logits; the model allocates [T,
+ * V] logits only then. */
+static void step(void *p, PAR_FN(par_model) *M, int keep)
 {
-    if (h)
-        h->keep = keep_logits;
+    vhook *h = p;
+    h->keep = keep;
+    M->vocab.logits = keep;
 }
 
-void PAR_FN(par_tp_vocab_hook_install)(PAR_FN(par_tp_vocab_hook) *h, PAR_FN(par_model) *M)
-{
-    M->vocab = (PAR_FN(par_vocab_exec)){
-        .embed = embed_fwd, .embed_bwd = embed_bwd, .head = head_fwd, .head_bwd = head_bwd, .ctx = h};
-}
-
-void PAR_FN(par_tp_vocab_hook_traffic)(const PAR_FN(par_tp_vocab_hook) *h, par_tp_traffic *out)
-{
-    if (h)
-        *out = h->tr;
-    else
-        memset(out, 0, sizeof *out);
-}
-
-void PAR_FN(par_tp_vocab_hook_free)(PAR_FN(par_tp_vocab_hook) *h)
-{
-    if (!h)
-        return;
-    for (int i = 0; i < h->n_keys; i++)
-        PAR_FN(par_tp_head_saved_free)(&h->hs[i].sv);
-    par_free(h->hs);
-    par_free(h);
-}
+const PAR_FN(par_hookset) PAR_FN(par_tp_vocab_hookset) = {
+    .name = "vocab-parallel", .applies = applies, .create = create, .step = step, .free = par_mbstate_hook_free};

@@ -13,7 +13,8 @@
  * par_reduce_tp_grads (parallel/reduce/reduce.h, PAR_TPG_VOCAB) sums them over the
  * group once per step.  With `keep_logits` (a dump) the head also gathers
  * the whole logits for the dump, never for the loss.  One saved head
- * forward per head act (the call's key: the executor's slots and heads).
+ * forward per (microbatch, head) from its forward to its weight pass
+ * (parallel/hook/mbstate.h).
  */
 #ifndef PAR_PARALLEL_TP_TP_VOCAB_HOOK_H
 #define PAR_PARALLEL_TP_TP_VOCAB_HOOK_H
@@ -22,23 +23,14 @@
 #include "core/status.h"
 #include "kernels/real.h"
 #include "model/model.h"
+#include "parallel/hook/hookset.h"
 #include "parallel/tp/tp.h"
 
-typedef struct PAR_FN(par_tp_vocab_hook_s) PAR_FN(par_tp_vocab_hook);
-
-/* A hook over the TP group `tp` (not owned) with room for n_keys head acts;
- * sp: the ranks hold disjoint token slices (parallel/tp/tp.h); faults: the
- * PAR_TP_FAULT_* bits (0 in real runs).  PAR_EINVAL naming the numbers when
- * the group's size does not divide vocab_size. */
-par_status PAR_FN(par_tp_vocab_hook_create)(PAR_FN(par_tp_vocab_hook) **out, par_comm *tp,
-                                            const PAR_FN(par_model) *M, int n_keys, int sp, unsigned faults,
-                                            int keep_logits);
-/* Whether this step's heads gather the whole logits for a dump (NULL h: nothing). */
-void PAR_FN(par_tp_vocab_hook_keep)(PAR_FN(par_tp_vocab_hook) *h, int keep_logits);
-/* M->vocab = this hook (once, before the first step). */
-void PAR_FN(par_tp_vocab_hook_install)(PAR_FN(par_tp_vocab_hook) *h, PAR_FN(par_model) *M);
-/* Bytes this rank handed to src/comm since creation (zeros for NULL). */
-void PAR_FN(par_tp_vocab_hook_traffic)(const PAR_FN(par_tp_vocab_hook) *h, par_tp_traffic *out);
-void PAR_FN(par_tp_vocab_hook_free)(PAR_FN(par_tp_vocab_hook) *h); /* NULL is fine */
+/* The executor's entry (parallel/hook/hookset.h): TP > 1, installed as
+ * M->vocab (sp and the PAR_TP_FAULT_* bits from the layout and the
+ * executor); PAR_EINVAL naming the numbers when TP does not divide
+ * vocab_size; before each step, whether its heads gather the whole logits
+ * for a dump. */
+extern const PAR_FN(par_hookset) PAR_FN(par_tp_vocab_hookset);
 
 #endif

@@ -353,7 +353,7 @@ Test(tp_run, shared_expert_is_tp_split_under_ep_and_etp)
         {2, 1, 4, 2, 8, 0, 0, 0}, /* TP 2 x CP 2 x EP 4 */
         {2, 2, 1, 1, 2, 0, 0, 0}, /* TP 2 = ETP 2 */
         {2, 2, 2, 1, 4, 0, 0, 1}, /* TP 2 + SP x ETP 2 x EP 2 */
-        {2, 1, 1, 1, 2, 0, 0, 0}, /* TP 2, EP = ETP = 1 (tp_moe_hook.c) */
+        {2, 1, 1, 1, 2, 0, 0, 0}, /* TP 2, EP = ETP = 1 (etp_hook.c, ETP = 1) */
     };
     for (size_t i = 0; i < sizeof tps / sizeof *tps; i++) {
         const lay l = tps[i];

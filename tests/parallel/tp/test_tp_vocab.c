@@ -72,7 +72,7 @@ static void case_init(vcase *A, uint64_t seed)
     int32_t *sample = calloc((size_t)T, 4);
     double ce_sum = 0;
     par_head_act_f64 h;
-    cr_assert_eq(par_head_forward_f64(&A->M, 0, &h, &A->M.arena, X, A->labels, sample, &ce_sum, T),
+    cr_assert_eq(par_head_forward_f64(&A->M, NULL, 0, &h, &A->M.arena, X, A->labels, sample, &ce_sum, T),
                  PAR_OK, "%s", par_last_error());
     A->xn = malloc((size_t)(T * d) * 8), A->logits = malloc((size_t)(T * V) * 8);
     A->lse = malloc((size_t)T * 8), A->ce = malloc((size_t)T * 8);
@@ -81,7 +81,7 @@ static void case_init(vcase *A, uint64_t seed)
     memcpy(A->lse, h.lse, (size_t)T * 8);
     memcpy(A->ce, h.ce, (size_t)T * 8);
     double *dX = calloc((size_t)(T * n * d), 8);
-    cr_assert_eq(par_head_backward_f64(&A->M, 0, &h, &A->M.arena, dX, A->scale), PAR_OK);
+    cr_assert_eq(par_head_backward_f64(&A->M, NULL, 0, &h, &A->M.arena, dX, A->scale), PAR_OK);
     A->dhead = malloc((size_t)(V * d) * 8);
     memcpy(A->dhead, par_model_ptr_f64(&A->M, A->M.grads, A->M.tab.top.head), (size_t)(V * d) * 8);
     /* dxn: the same kernel calls as head.c (not exposed by the model) */
