@@ -521,19 +521,13 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         R->tmp = NULL;
         return PAR_OK;
     }
-    const par_layout *l = &R->lay;
     char pp_str[PAR_LAYOUT_STR_MAX];
-    par_pplayout_format(&l->pipe, pp_str, (int)sizeof pp_str);
-    par_golden_layout gl = {
-        .world = l->world, .tp = l->tp, .pp = l->pp, .vpp = l->vpp, .cp = l->cp, .ep = l->ep, .etp = l->etp,
-        .da = l->da, .de = l->de, .micro_batch = l->micro_batch, .global_batch = l->global_batch,
-        .distributed_optimizer = l->distributed_optimizer, .schedule = l->pp > 1 ? l->schedule : "none",
-        .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
-    };
-    cJSON *lj = PAR_FN(par_golden_layout_json)(&gl);
-    if (lj && l->sequence_parallel) /* only when given: other manifests unchanged */
-        cJSON_AddBoolToObject(lj, "sequence_parallel", l->sequence_parallel);
-    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, lj,
+    par_layout_record gl;
+    par_layout_to_record(&R->lay, pp_str, (int)sizeof pp_str, &gl);
+    gl.backend = par_backend_name(R->o->backend);
+    gl.blas_core = PAR_FN(par_golden_blas_core)();
+    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0,
+                                                     par_layout_record_json(&gl),
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)
         return s;
