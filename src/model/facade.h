@@ -48,26 +48,7 @@ typedef struct {
 
 void par_golden_summary_free(par_golden_summary *s);
 
-/* The manifest's "layout" record (GOLDEN.md): the parallel sizes, world size
- * and backend that produced a set.  da/de (data-parallel sizes) are written
- * only when > 0. */
-typedef struct {
-    int64_t world, tp, pp, vpp, cp, ep, etp, da, de;
-    int64_t micro_batch, global_batch;
-    int distributed_optimizer;
-    const char *schedule; /* "none" for the serial reference */
-    const char *backend;  /* "self", "threads", ... */
-    const char *pp_layout; /* the pipeline layout string (PP > 1), or NULL */
-} par_golden_layout;
-
-/* The serial reference's record: every size 1, micro = global batch,
- * schedule "none", backend "self". */
-static inline void par_golden_layout_serial(par_golden_layout *l, int64_t global_batch)
-{
-    *l = (par_golden_layout){.world = 1, .tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1, .etp = 1,
-                             .micro_batch = global_batch, .global_batch = global_batch,
-                             .schedule = "none", .backend = "self"};
-}
+/* The manifest's "layout" record (GOLDEN.md): model/layout_record.h. */
 
 /* Runs the serial reference (world size 1) for o->steps steps and writes the
  * golden set of GOLDEN.md into o->out_dir (built in a temporary directory

@@ -411,38 +411,6 @@ cJSON *PAR_FN(par_golden_data_json)(const par_golden_data *ds, const par_golden_
     return j;
 }
 
-cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l)
-{
-    cJSON *j = cJSON_CreateObject();
-    if (!j)
-        return NULL;
-    char host[256] = "unknown";
-    if (gethostname(host, sizeof host - 1) != 0)
-        strcpy(host, "unknown");
-    host[sizeof host - 1] = 0;
-    cJSON_AddNumberToObject(j, "world_size", (double)l->world);
-    cJSON_AddNumberToObject(j, "tensor_model_parallel_size", (double)l->tp);
-    cJSON_AddNumberToObject(j, "pipeline_model_parallel_size", (double)l->pp);
-    cJSON_AddNumberToObject(j, "virtual_pipeline_model_parallel_size", (double)l->vpp);
-    cJSON_AddNumberToObject(j, "context_parallel_size", (double)l->cp);
-    cJSON_AddNumberToObject(j, "expert_model_parallel_size", (double)l->ep);
-    cJSON_AddNumberToObject(j, "expert_tensor_parallel_size", (double)l->etp);
-    if (l->da > 0) {
-        cJSON_AddNumberToObject(j, "data_parallel_size", (double)l->da);
-        cJSON_AddNumberToObject(j, "expert_data_parallel_size", (double)l->de);
-    }
-    cJSON_AddNumberToObject(j, "micro_batch_size", (double)l->micro_batch);
-    cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
-    cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
-    cJSON_AddStringToObject(j, "pipeline_schedule", l->schedule ? l->schedule : "none");
-    if (l->pp_layout && l->pp_layout[0])
-        cJSON_AddStringToObject(j, "pipeline_model_parallel_layout", l->pp_layout);
-    cJSON_AddStringToObject(j, "backend", l->backend ? l->backend : "self");
-    cJSON_AddStringToObject(j, "blas_core", PAR_FN(par_golden_blas_core)());
-    cJSON_AddStringToObject(j, "host", host);
-    return j;
-}
-
 /* par_golden_write_manifest, with the f32 golden's AdamW tolerances from
  * amp (NULL: none). */
 static par_status write_manifest(const char *dir, const par_config *cfg, int64_t steps, int64_t first_step,
@@ -634,11 +602,11 @@ par_status PAR_FN(par_golden_run)(const par_golden_opts *o, par_golden_summary *
     }
 
     /* manifest */
-    par_golden_layout lay;
-    par_golden_layout_serial(&lay, cfg.global_batch_size);
+    par_layout_record lay;
+    par_layout_record_serial(&lay, cfg.global_batch_size, PAR_FN(par_golden_blas_core)());
     if (o->rows_per_block > 0 && o->rows_per_block < cfg.global_batch_size)
         lay.micro_batch = o->rows_per_block; /* the row blocks: the gradients' summation order */
-    if ((s = write_manifest(tmp, &cfg, o->steps, 0, PAR_FN(par_golden_layout_json)(&lay),
+    if ((s = write_manifest(tmp, &cfg, o->steps, 0, par_layout_record_json(&lay),
                             PAR_FN(par_golden_data_json)(&ds, o, &cfg), &amp, &M)))
         goto fail_tmp;
     s = par_adir_commit(tmp, o->out_dir);

@@ -24,6 +24,7 @@
 #include "kernels/real.h"
 #include "model/facade.h"
 #include "model/data.h"
+#include "model/layout_record.h"
 #include "model/model.h"
 
 /* Writes dir/params.K.safetensors from buffers in the table's (global)
@@ -102,9 +103,6 @@ void PAR_FN(par_golden_amp_mark)(PAR_FN(par_golden_amp) *a, const PAR_FN(par_mod
 par_status PAR_FN(par_golden_amp_overrides)(const PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M,
                                             int64_t steps, par_manifest *man);
 void PAR_FN(par_golden_amp_free)(PAR_FN(par_golden_amp) *a);
-
-/* The manifest's "layout" object. */
-cJSON *PAR_FN(par_golden_layout_json)(const par_golden_layout *l);
 
 /* Where a run's batches come from (par_golden_opts' data_path / fixture /
  * generator): open (may change cfg->seq_length to the data's), the global

@@ -456,52 +456,47 @@ par_status par__ckpt_check_slice(const name_index *ix, const par_ckpt_slice *s, 
 
 /* ---- metadata --------------------------------------------------------------- */
 
+/* The layout record (model/layout_record.h, the one writer) of a save:
+ * unset sizes 1, the data-parallel sizes of the world. */
 static cJSON *layout_json(const par_layout *l, int64_t world)
 {
-    cJSON *o = cJSON_CreateObject();
-    if (!o)
-        return NULL;
     int64_t tp = l->tp > 0 ? l->tp : 1, pp = l->pp > 0 ? l->pp : 1, cp = l->cp > 0 ? l->cp : 1;
     int64_t ep = l->ep > 0 ? l->ep : 1, etp = l->etp > 0 ? l->etp : 1;
-    cJSON_AddNumberToObject(o, "world_size", (double)world);
-    cJSON_AddNumberToObject(o, "tp", (double)tp);
-    cJSON_AddNumberToObject(o, "pp", (double)pp);
-    cJSON_AddNumberToObject(o, "vpp", (double)(l->vpp > 0 ? l->vpp : 1));
-    cJSON_AddNumberToObject(o, "cp", (double)cp);
-    cJSON_AddNumberToObject(o, "ep", (double)ep);
-    cJSON_AddNumberToObject(o, "etp", (double)etp);
-    cJSON_AddNumberToObject(o, "da", (double)(world / (pp * tp * cp)));
-    cJSON_AddNumberToObject(o, "de", (double)(world / (pp * etp * ep)));
-    cJSON_AddNumberToObject(o, "micro_batch", (double)l->micro_batch);
-    cJSON_AddNumberToObject(o, "global_batch", (double)l->global_batch);
-    cJSON_AddBoolToObject(o, "distributed_optimizer", l->distributed_optimizer != 0);
-    cJSON_AddStringToObject(o, "schedule", l->schedule);
-    cJSON_AddStringToObject(o, "pp_layout", l->pp_layout);
-    return o;
+    const par_layout_record r = {
+        .world = world, .tp = tp, .pp = pp, .vpp = l->vpp > 0 ? l->vpp : 1, .cp = cp, .ep = ep, .etp = etp,
+        .da = world / (pp * tp * cp), .de = world / (pp * etp * ep), .micro_batch = l->micro_batch,
+        .global_batch = l->global_batch, .distributed_optimizer = l->distributed_optimizer != 0,
+        .sequence_parallel = l->sequence_parallel != 0, .schedule = l->schedule, .pp_layout = l->pp_layout};
+    return par_layout_record_json(&r);
 }
 
+/* Reads the record's keys, and those of checkpoints written before the one
+ * writer (par_layout_record_read). */
 par_status par__ckpt_layout_parse(const cJSON *o, const char *what, par_layout *l)
 {
+    par_layout_record r;
+    par_status st = par_layout_record_read(o, what, &r);
+    if (st)
+        return st;
     par_layout_init(l);
-    struct {
-        const char *k;
-        int64_t *dst;
-    } f[] = {{"world_size", &l->world}, {"tp", &l->tp},   {"pp", &l->pp},
-             {"vpp", &l->vpp},          {"cp", &l->cp},   {"ep", &l->ep},
-             {"etp", &l->etp},          {"da", &l->da},   {"de", &l->de},
-             {"micro_batch", &l->micro_batch}, {"global_batch", &l->global_batch}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (!par_json_int(o, f[i].k, f[i].dst))
-            return par_err(PAR_EFORMAT, "%s: layout.%s: missing or not an integer", what, f[i].k);
-    const cJSON *dopt = cJSON_GetObjectItemCaseSensitive(o, "distributed_optimizer");
-    const char *sch = par_json_str(o, "schedule"), *ppl = par_json_str(o, "pp_layout");
-    if (!cJSON_IsBool(dopt) || !sch || !ppl || strlen(sch) >= sizeof l->schedule ||
-        strlen(ppl) >= sizeof l->pp_layout)
-        return par_err(PAR_EFORMAT, "%s: layout: needs \"distributed_optimizer\" (bool), \"schedule\" and \"pp_layout\"",
-                       what);
-    l->distributed_optimizer = cJSON_IsTrue(dopt);
-    snprintf(l->schedule, sizeof l->schedule, "%s", sch);
-    snprintf(l->pp_layout, sizeof l->pp_layout, "%s", ppl);
+    if (strlen(r.schedule) >= sizeof l->schedule || strlen(r.pp_layout) >= sizeof l->pp_layout)
+        return par_err(PAR_EFORMAT, "%s: layout: the schedule name or the pipeline layout is longer than %zu / %zu "
+                       "characters", what, sizeof l->schedule - 1, sizeof l->pp_layout - 1);
+    l->world = r.world;
+    l->tp = r.tp;
+    l->pp = r.pp;
+    l->vpp = r.vpp;
+    l->cp = r.cp;
+    l->ep = r.ep;
+    l->etp = r.etp;
+    l->da = r.da;
+    l->de = r.de;
+    l->micro_batch = r.micro_batch;
+    l->global_batch = r.global_batch;
+    l->distributed_optimizer = r.distributed_optimizer;
+    l->sequence_parallel = r.sequence_parallel;
+    snprintf(l->schedule, sizeof l->schedule, "%s", r.schedule);
+    snprintf(l->pp_layout, sizeof l->pp_layout, "%s", r.pp_layout);
     l->resolved = 0;
     return PAR_OK;
 }

@@ -3,7 +3,6 @@
  * docs/parallel.md). */
 #include "parallel/dp/dpw.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -11,12 +10,6 @@
 #include "model/optim.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/layout/tp_split.h"
-
-#if PAR_REAL_BITS == 64
-#define DC PAR_C_F64
-#else
-#define DC PAR_C_F32
-#endif
 
 typedef PAR_FN(par_dpw) dpw_t;
 typedef PAR_FN(par_zero_plan) plan_t;
@@ -27,7 +20,6 @@ void PAR_FN(par_dpw_free)(dpw_t *w)
         return;
     PAR_FN(par_zero_plan_free)(&w->plan[0]);
     PAR_FN(par_zero_plan_free)(&w->plan[1]);
-    par_free(w->norm_skip);
     memset(w, 0, sizeof *w);
 }
 
@@ -110,20 +102,7 @@ void PAR_FN(par_dpw_set_tp_muon_shard_fault)(dpw_t *w, int tp)
     w->plan[PAR_DPW_DENSE].tp_muon_shard_fault = tp;
 }
 
-par_status PAR_FN(par_dpw_set_norm_skip)(dpw_t *w, int idx)
-{
-    if (idx < 0 || idx >= w->n_tab)
-        return par_err(PAR_EINVAL, "dp wiring: norm skip of entry %d outside the table [0, %d)", idx, w->n_tab);
-    if (!w->norm_skip) {
-        w->norm_skip = par_calloc((size_t)w->n_tab / 8 + 1, 1, PAR_TAG_MODEL); /* bits */
-        if (!w->norm_skip)
-            return par_err(PAR_ENOMEM, "dp wiring: out of memory for the norm mask");
-    }
-    w->norm_skip[idx >> 3] |= (unsigned char)(1u << (idx & 7));
-    return PAR_OK;
-}
-
-/* Whether the norm mask (bits, NULL: none) skips entry idx. */
+/* Whether the norm mask (bits, NULL: none) skips entry idx (par_dpw_norm). */
 static int skips(const unsigned char *skip, int idx) { return skip && skip[idx >> 3] >> (idx & 7) & 1; }
 
 /* Entry idx's cut when M holds it by columns (their element order is not
@@ -175,10 +154,10 @@ static void entry_shares(const plan_t *pl, const unsigned char *skip, const par_
  * logical matrix rebuilt there and summed in its element order (exactly
  * the whole entry's par_sumsq; the shards' rank order would interleave the
  * rows).  Collective over the group, every rank in plan order; only the
- * gathering rank sets per[idx].  A column-cut AdamW entry has no element
+ * gathering rank sets per[idx]; skip: the norm mask.  A column-cut AdamW entry has no element
  * order of its own in a ZeRO-1 segment: PAR_EINTERNAL (tp_split.c cuts
  * none). */
-static par_status col_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
+static par_status col_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, const unsigned char *skip, double *per)
 {
     const plan_t *pl = &w->plan[k];
     const par_tp tp = {.comm = w->chain[k], .sp = 0, .faults = 0, .traffic = NULL};
@@ -195,7 +174,7 @@ static par_status col_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double
                         "would not follow its element order)", M->tab.p[e->idx].name);
             break;
         }
-        if (e->owner != pl->rank || skips(w->norm_skip, e->idx))
+        if (e->owner != pl->rank || skips(skip, e->idx))
             continue;
         const par_param *p = &M->tab.p[e->idx];
         const int owner = e->idx % P;
@@ -236,7 +215,7 @@ static int row_cut(const PAR_FN(par_model) *M, int idx)
  * order are the serial element order, so a shard entry inside one segment
  * gets exactly the whole entry's par_sumsq order.  Column shards: gathered
  * (col_shares). */
-static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, double *per)
+static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, const unsigned char *skip, double *per)
 {
     const plan_t *pl = &w->plan[k];
     par_comm *c = w->chain[k];
@@ -245,8 +224,8 @@ static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, doubl
     for (int j = 0; P > 1 && j < pl->n; j++)
         ns += row_cut(M, pl->e[j].idx);
     if (ns == 0) {
-        entry_shares(pl, w->norm_skip, M->cut, NULL, per);
-        return col_shares(w, M, k, per);
+        entry_shares(pl, skip, M->cut, NULL, per);
+        return col_shares(w, M, k, skip, per);
     }
     double *start = par_calloc((size_t)w->n_tab + (size_t)ns, sizeof *start, PAR_TAG_COMM), *pk = start + w->n_tab;
     if (!start)
@@ -256,7 +235,7 @@ static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, doubl
         if (row_cut(M, pl->e[j].idx))
             start[pl->e[j].idx] = pk[q++];
     if (!s)
-        entry_shares(pl, w->norm_skip, M->cut, start, per);
+        entry_shares(pl, skip, M->cut, start, per);
     for (int j = 0, q = 0; !s && r < P - 1 && j < pl->n; j++) {
         const int i = pl->e[j].idx;
         if (row_cut(M, i)) {
@@ -267,13 +246,13 @@ static par_status plan_shares(dpw_t *w, const PAR_FN(par_model) *M, int k, doubl
     if (!s && r < P - 1)
         s = par_send(c, pk, (size_t)ns, PAR_C_F64, r + 1, TAG_NORM_CHAIN);
     par_free(start);
-    return s ? s : col_shares(w, M, k, per);
+    return s ? s : col_shares(w, M, k, skip, per);
 }
 
-static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, double *per)
+static par_status norm_shares(dpw_t *w, const PAR_FN(par_model) *M, const unsigned char *skip, double *per)
 {
-    par_status s = plan_shares(w, M, PAR_DPW_DENSE, per);
-    return s ? s : plan_shares(w, M, PAR_DPW_EXPERT, per);
+    par_status s = plan_shares(w, M, PAR_DPW_DENSE, skip, per);
+    return s ? s : plan_shares(w, M, PAR_DPW_EXPERT, skip, per);
 }
 
 /* The balance update of gate.bias from the global loads (identical on
@@ -318,83 +297,62 @@ static par_status apply_updates(dpw_t *w, PAR_FN(par_model) *M, int64_t step, do
     return PAR_OK;
 }
 
-par_status PAR_FN(par_dpw_step)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M)
+par_status PAR_FN(par_dpw_reduce)(dpw_t *w, PAR_FN(par_model) *M)
 {
     if (!M->have_fwd)
         return par_err(PAR_EINVAL, "dp step: no forward / backward to apply");
-    const par_config *cfg = &M->cfg;
-    const par_param_table *t = &M->tab;
-    const int64_t step = M->step + 1;
-    par_status s;
-    /* 1. each gradient reduced once over the ranks replicating it */
-    for (int k = 0; k < 2; k++)
-        if ((s = PAR_FN(par_dp_reduce_grads)(&w->plan[k], w->comm[k], M->grads + w->base[k])))
+    for (int k = 0; k < 2; k++) {
+        par_status s = PAR_FN(par_dp_reduce_grads)(&w->plan[k], w->comm[k], M->grads + w->base[k]);
+        if (s)
             return s;
-    /* 2. the global norm: per-entry shares of this rank's segments, one
-     * world all-reduce (an entry held by one segment: x + 0 + ... = x,
-     * exact), summed in table order like par_grad_sumsq */
-    double *per = par_calloc((size_t)(t->n > 0 ? t->n : 1), sizeof *per, PAR_TAG_COMM);
-    if (!per)
-        return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
-    if ((s = norm_shares(w, M, per))) {
-        par_free(per);
-        return s;
     }
-    par_field pf = PAR_FIELD(per, t->n, PAR_C_F64);
-    if ((s = par_reduce_fields(P->world, &pf, 1, NULL))) {
-        par_free(per);
-        return s;
-    }
-    double sum = 0.0;
-    for (int i = 0; i < t->n; i++)
-        if (t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad)
-            sum += per[i];
-    par_free(per);
-    const double norm = sqrt(sum), f = par_clip_factor(norm, cfg->clip_grad);
-    /* 3. and 4. the update, the balance; then a shared copy's phase ends */
-    const int write = !w->rt || PAR_FN(par_replica_updater)(w->rt); /* every member joined: the norm's all-reduce */
-    if ((s = apply_updates(w, M, step, f, write)))
-        return s;
-    if (!write && (s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared dense update")))
-        return s;
-    M->stats.grad_sumsq = sum;
-    M->last.grad_norm = norm;
-    M->step++;
     return PAR_OK;
 }
 
-/* The plan's packed layout back into flat (local-table) buffers: the part
- * of zero.c's unpack that a dump needs. */
-static void unpack_grads(const plan_t *pl, const par_real *packed, par_real *flat)
+/* The per-entry shares of this rank's segments, one world all-reduce (an
+ * entry held by one segment: x + 0 + ... = x, exact), summed in table order
+ * like par_grad_sumsq. */
+par_status PAR_FN(par_dpw_norm)(dpw_t *w, const par_pctx *P, const PAR_FN(par_model) *M, const unsigned char *skip,
+                                double *sumsq)
 {
-    for (int i = 0; i < pl->n; i++) {
-        const par_zero_entry *e = &pl->e[i];
-        par_real *f = flat + e->off;
-        if (e->opt == PAR_OPT_MUON) {
-            memcpy(f, packed + (int64_t)e->owner * pl->seg + pl->shard + e->pos, (size_t)e->numel * sizeof *f);
-            continue;
-        }
-        for (int64_t p = e->pos; p < e->pos + e->numel;) {
-            int64_t q = p / pl->shard, end = (q + 1) * pl->shard;
-            if (end > e->pos + e->numel)
-                end = e->pos + e->numel;
-            memcpy(f + (p - e->pos), packed + q * pl->seg + (p - q * pl->shard), (size_t)(end - p) * sizeof *f);
-            p = end;
-        }
-    }
+    const par_param_table *t = &M->tab;
+    double *per = par_calloc((size_t)(t->n > 0 ? t->n : 1), sizeof *per, PAR_TAG_COMM);
+    if (!per)
+        return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
+    par_status s = norm_shares(w, M, skip, per);
+    par_field pf = PAR_FIELD(per, t->n, PAR_C_F64);
+    if (!s)
+        s = par_reduce_fields(P->world, &pf, 1, NULL);
+    double sum = 0.0;
+    for (int i = 0; !s && i < t->n; i++)
+        if (t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad)
+            sum += per[i];
+    par_free(per);
+    if (!s)
+        *sumsq = sum;
+    return s;
+}
+
+par_status PAR_FN(par_dpw_update)(dpw_t *w, const par_pctx *P, PAR_FN(par_model) *M, double clip)
+{
+    const int64_t step = M->step + 1;
+    /* 3. and 4. the update, the balance; then a shared copy's phase ends */
+    const int write = !w->rt || PAR_FN(par_replica_updater)(w->rt); /* every member joined: the norm's all-reduce */
+    par_status s = apply_updates(w, M, step, clip, write);
+    if (s)
+        return s;
+    if (!write && (s = PAR_FN(par_replica_wait)(w->rt, P->world, "the shared dense update")))
+        return s;
+    M->step++;
+    return PAR_OK;
 }
 
 par_status PAR_FN(par_dpw_reduced_grads)(dpw_t *w, PAR_FN(par_model) *M)
 {
     for (int k = 0; k < 2; k++) {
-        plan_t *pl = &w->plan[k];
-        if ((int64_t)pl->dp * pl->seg == 0 || pl->mode != PAR_DP_ZERO1)
-            continue; /* replicated: reduced in place in M->grads already */
-        par_status s = par_allgatherv(w->comm[k], pl->red, pl->counts[pl->rank], pl->buf, pl->counts, pl->displs,
-                                      DC);
+        par_status s = PAR_FN(par_zero_reduced_grads)(&w->plan[k], w->comm[k], M->grads + w->base[k]);
         if (s)
             return s;
-        unpack_grads(pl, pl->buf, M->grads + w->base[k]);
     }
     return PAR_OK;
 }

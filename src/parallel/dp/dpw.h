@@ -17,22 +17,25 @@
  * plans; the balance update of gate.bias runs on every replica from the
  * globally reduced loads (identical everywhere).
  *
- * One step after the step executor's backward (parallel/step/exec.h),
- * par_dpw_step = zero.h's par_dp_step protocol with a per-entry norm:
- *   1. par_dp_reduce_grads per plan: each gradient reduced exactly once over
- *      the ranks that replicate it (rank-order sums; replicated: in place
- *      in M->grads, which holds the reduced gradients afterwards);
- *   2. the norm: each rank's squared sums of the reduced elements of ITS
- *      segments, PER ENTRY (a vector over the table), one all-reduce of the
- *      vector over the world (parallel/reduce/reduce_sum.h), then summed in table order (par_grad_sumsq's
- *      order): every element counted once (the plans' segments partition
- *      the model), an entry inside one segment is exact, so one rank is the
- *      serial norm bit for bit and both modes give the same bits;
- *   3. clip factor, par_dp_apply per plan (ZeRO-1: AdamW on its shard, Muon
- *      on its matrices, all-gather of the updated segments; replicated:
- *      everything everywhere);
- *   4. the balance update; M->step += 1, M->last.grad_norm,
- *      M->stats.grad_sumsq.
+ * One step after the step executor's backward (parallel/step/exec.h) is
+ * zero.h's par_dp_step protocol with a per-entry norm, in three calls that
+ * the step's finalization (parallel/step/finalize.h, the one owner of the
+ * step's gradients) and the driver make in this order:
+ *   1. par_dpw_reduce: par_dp_reduce_grads per plan: each gradient reduced
+ *      exactly once over the ranks that replicate it (rank-order sums;
+ *      replicated: in place in M->grads, which holds the reduced gradients
+ *      afterwards);
+ *   2. par_dpw_norm: each rank's squared sums of the reduced elements of
+ *      ITS segments, PER ENTRY (a vector over the table), one all-reduce of
+ *      the vector over the world (parallel/reduce/reduce_sum.h), then summed
+ *      in table order (par_grad_sumsq's order): every element counted once
+ *      (the plans' segments partition the model), an entry inside one
+ *      segment is exact, so one rank is the serial norm bit for bit and both
+ *      modes give the same bits; the caller takes sqrt and the clip factor;
+ *   3. par_dpw_update: par_dp_apply per plan with the clip factor (ZeRO-1:
+ *      AdamW on its shard, Muon on its matrices, all-gather of the updated
+ *      segments; replicated: everything everywhere), 4. the balance update;
+ *      M->step += 1.
  * The model's own optimizer buffers (M->opt_m, M->opt_v) are released by
  * par_dpw_init: the state lives in the plans (sharded under ZeRO-1).
  */
@@ -67,7 +70,6 @@ typedef struct {
     par_dp_mode mode;
     PAR_FN(par_zero_plan) plan[2]; /* PAR_DPW_DENSE, PAR_DPW_EXPERT */
     par_comm *comm[2];
-    unsigned char *norm_skip; /* [tab.n / 8 + 1] bits, entry i's bit 1: held but counted in the norm by another stage (PP); NULL: none */
     /* The dense plan's weights (and replicated state) in the process's shared
      * copy (parallel/dp/replicas.h), NULL: the rank's own.  The plans address
      * flat buffers from base[k]: a plan entry's off is par_model_loc - base[k] (the
@@ -89,28 +91,36 @@ par_status PAR_FN(par_dpw_init)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(pa
 /* The same for a model whose dense weights are the process's shared copy
  * (rt->rep, M->shw; rt NULL or without a copy: par_dpw_init).  The dense
  * plan's replicated state is the copy's too; rt's writer alone writes them
- * (par_dpw_step), the others wait for it. */
+ * (par_dpw_update), the others wait for it. */
 par_status PAR_FN(par_dpw_init_shared)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M,
                                        PAR_FN(par_replica_ticket) *rt);
 void PAR_FN(par_dpw_free)(PAR_FN(par_dpw) *w);
-
-/* Marks table entry idx as not counted in this rank's norm share (a tensor
- * replicated over pipeline stages is counted on one stage only).  PAR_EINVAL
- * for an index outside the table. */
-par_status PAR_FN(par_dpw_set_norm_skip)(PAR_FN(par_dpw) *w, int idx);
 
 /* The deliberate bug of a TP shard fed to Muon (PAR_TP_FAULT_MUON_SHARD,
  * tests and fault cells only): the dense plan updates every TP-split Muon
  * matrix per shard of tp ranks (parallel/tp/tp_muon.h par_tp_muon_shard_fault). */
 void PAR_FN(par_dpw_set_tp_muon_shard_fault)(PAR_FN(par_dpw) *w, int tp);
 
-/* The optimizer step described above.  Collective over the world. */
-par_status PAR_FN(par_dpw_step)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M);
+/* 1. above: PAR_EINVAL without a forward / backward (M->have_fwd).
+ * Collective over both plans' groups. */
+par_status PAR_FN(par_dpw_reduce)(PAR_FN(par_dpw) *w, PAR_FN(par_model) *M);
 
-/* After par_dpw_step, for a dump: writes the REDUCED gradients of every
- * plan entry into M->grads (replicated: already there, reduced in place;
- * ZeRO-1: one all-gather(v) of the reduced segments, collective over each
- * group). */
+/* 2. above: *sumsq = the global sum of squared reduced gradients, set on
+ * success.  skip: [tab.n / 8 + 1] bits, entry i's bit 1: held here but
+ * counted by another rank (a lower pipeline holder, another TP / ETP rank:
+ * the step executor's mask); NULL: none.  Collective over the world. */
+par_status PAR_FN(par_dpw_norm)(PAR_FN(par_dpw) *w, const par_pctx *P, const PAR_FN(par_model) *M,
+                                const unsigned char *skip, double *sumsq);
+
+/* 3. and 4. above with the gradients scaled by clip (the clip factor of the
+ * norm).  Collective over the world (a shared copy's wait) and the plans'
+ * groups. */
+par_status PAR_FN(par_dpw_update)(PAR_FN(par_dpw) *w, const par_pctx *P, PAR_FN(par_model) *M, double clip);
+
+/* After par_dpw_update, for a dump: writes the REDUCED gradients of every
+ * plan entry into M->grads (par_zero_reduced_grads per plan: replicated:
+ * already there, reduced in place; ZeRO-1: one all-gather(v) of the reduced
+ * segments, collective over each group). */
 par_status PAR_FN(par_dpw_reduced_grads)(PAR_FN(par_dpw) *w, PAR_FN(par_model) *M);
 
 /* Gathers the optimizer state of both plans to their group rank 0 into

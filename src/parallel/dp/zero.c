@@ -367,6 +367,17 @@ par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, par_real *gra
     return PAR_OK;
 }
 
+par_status PAR_FN(par_zero_reduced_grads)(plan_t *pl, par_comm *comm, par_real *grads)
+{
+    if ((int64_t)pl->dp * pl->seg == 0 || pl->mode != PAR_DP_ZERO1)
+        return PAR_OK; /* replicated: reduced in place in grads already */
+    par_status st = par_allgatherv(comm, pl->red, pl->counts[pl->rank], pl->buf, pl->counts, pl->displs, ZC);
+    if (st)
+        return st;
+    unpack(pl, pl->buf, grads);
+    return PAR_OK;
+}
+
 const par_real *PAR_FN(par_zero_grad_at)(const plan_t *pl, const par_zero_entry *e, int64_t a)
 {
     return grad_of(pl, e, pl->rank, pl->mode == PAR_DP_ZERO1 ? pl->red : NULL, a);

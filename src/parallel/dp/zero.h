@@ -111,6 +111,15 @@ void PAR_FN(par_zero_memory_of)(const PAR_FN(par_zero_plan) *pl, par_zero_memory
 par_status PAR_FN(par_dp_reduce_grads)(PAR_FN(par_zero_plan) *pl, par_comm *comm,
                                        par_real *grads /* [n_float] */);
 
+/* After step 1 (and after step 3, which leaves them alone), for a dump: the
+ * REDUCED gradients of the plan's tensors into the flat buffer grads
+ * (table offsets): replicated: there already (step 1 summed them in place),
+ * nothing to do; ZeRO-1: one all-gather(v) of the reduced segments over
+ * comm (collective) and the packed layout undone (the unpack of step 3's
+ * all-gather). */
+par_status PAR_FN(par_zero_reduced_grads)(PAR_FN(par_zero_plan) *pl, par_comm *comm,
+                                          par_real *grads /* [n_float] */);
+
 /* After step 1: the reduced gradients of entry e (one of pl->e) from AdamW
  * flat position a (a Muon matrix: a = e->pos) inside THIS rank's segment
  * (ZeRO-1: in pl->red; replicated: in the reduced flat buffer). */

@@ -405,3 +405,14 @@ void par_layout_model_from_config(par_layout_model *m, const par_config *cfg)
     m->n_ratios = cfg->n_compress_ratios;
     m->compress_ratios = cfg->compress_ratios;
 }
+
+void par_layout_to_record(const par_layout *l, char *pp_buf, int n, par_layout_record *r)
+{
+    if (l->pp > 1)
+        par_pplayout_format(&l->pipe, pp_buf, n);
+    *r = (par_layout_record){.world = l->world, .tp = l->tp, .pp = l->pp, .vpp = l->vpp, .cp = l->cp, .ep = l->ep,
+                             .etp = l->etp, .da = l->da, .de = l->de, .micro_batch = l->micro_batch,
+                             .global_batch = l->global_batch, .distributed_optimizer = l->distributed_optimizer,
+                             .sequence_parallel = l->sequence_parallel, .schedule = l->pp > 1 ? l->schedule : "none",
+                             .pp_layout = l->pp > 1 ? pp_buf : NULL};
+}

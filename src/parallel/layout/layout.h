@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "model/layout_record.h"
 #include "parallel/layout/pplayout.h"
 
 #define PAR_LAYOUT_STR_MAX 1024
@@ -92,6 +93,14 @@ int64_t par_layout_d_window(const par_layout_model *m);
  * numbers), parses or builds the pipeline layout and sets the derived
  * fields.  On failure *l keeps its given fields and resolved = 0. */
 par_status par_layout_resolve(par_layout *l, const par_layout_model *m);
+
+/* The "layout" record (model/layout_record.h, the one JSON writer) of a
+ * resolved layout, as a parallel run's golden manifest and its run summary
+ * write it: the sizes, da and de, the optimizer flag, sequence
+ * parallelism, the schedule (PP = 1: "none") and, PP > 1, the pipeline
+ * layout formatted into pp_buf [n] (par_pplayout_format); no machine
+ * (backend NULL).  r points into l and pp_buf. */
+void par_layout_to_record(const par_layout *l, char *pp_buf, int n, par_layout_record *r);
 
 /* What `parity run` runs of a resolved layout's TP / ETP / SP: the rules of
  * layout.c's TP rules (docs/parallel.md "Tensor parallelism in the step"); PAR_EUNSUPPORTED naming the sizes otherwise.

@@ -83,7 +83,7 @@ struct PAR_FN(par_exec_s) {
     /* the lowest pipeline rank holding each block's entries, then embed,
      * head and the final norm's (par__exec_holder_pp: per entry), -1 none */
     int *holder_pp;           /* [n_blocks + 3] */
-    uint8_t *norm_skip;       /* [(tab.n + 7) / 8] bits (par__exec_skip_set / par_exec_skips_norm) */
+    uint8_t *norm_skip;       /* [(tab.n + 7) / 8] bits (par__exec_skip_set; the norm's mask: finalize.c) */
     int64_t n, d, nd;
     /* the step */
     int64_t B, S, Bl, mbs, Tm;

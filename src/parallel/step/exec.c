@@ -462,29 +462,11 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
     par_dev_zero(M->grads, (size_t)M->n_local * sizeof *M->grads); /* memset (core/device.h) */
-    M->have_fwd = 0;
-    if ((s = pipeline_phase(ex, M)) || (s = PAR_FN(par_reduce_stats)(P, M)) ||
-        (s = PAR_FN(par_reduce_tp_grads)(M, ex->tpc, ex->tp_grads)) ||
-        (s = PAR_FN(par_reduce_etp_grads)(M, ex->etpc)))
-        return s;
-    /* gradients of weights on several pipeline ranks (DualPipe: every
-     * gradient over the pair of copies); the DP reduction, the norm and
-     * the update follow (parallel/dp/dpw.h) */
-    if (ex->pair)
-        s = PAR_FN(par_reduce_shared_grads)(M, ex->pair, 2);
-    else if (!(s = PAR_FN(par_reduce_shared_grads)(M, P->g.g[PAR_GROUP_EMBED], 0)))
-        s = PAR_FN(par_reduce_shared_grads)(M, P->g.g[PAR_GROUP_MTP], 1);
-    if (!s)
-        M->have_fwd = 1;
-    return s;
+    M->have_fwd = 0; /* the step's gradients are finished by parallel/step/finalize.h */
+    return pipeline_phase(ex, M);
 }
 
 /* ---------------------------------------------------------------- info -- */
-
-int PAR_FN(par_exec_skips_norm)(const PAR_FN(par_exec) *ex, int idx)
-{
-    return ex && ex->norm_skip && idx >= 0 && ex->norm_skip[idx >> 3] >> (idx & 7) & 1;
-}
 
 /* The mean virtual time of each kind of compute action over the steps. */
 static void mean_costs(const exec_t *ex, double *mean)

@@ -43,11 +43,11 @@
  * in the same item order.  An overlapped F&B pair (DualPipe) runs as F then
  * B.
  *
- * After the last action: the statistics and losses (parallel/reduce/reduce.h
- * par_reduce_stats), embed/head gradients summed over the embd / mtp groups
- * (DualPipe: every gradient over the pair of ranks holding the two copies);
- * the DP reduction, the norm (each entry counted on its lowest pipeline
- * holder, par_exec_skips_norm) and the update follow (parallel/dp/dpw.h).
+ * After the last action the step's gradients are finished by one owner,
+ * parallel/step/finalize.h (statistics, TP / ETP and shared-weight sums, the
+ * DP reduction, the norm with the executor's norm-skip mask: each entry
+ * counted on its lowest pipeline holder, TP / ETP rank 0), and the update
+ * follows (parallel/dp/dpw.h par_dpw_update).
  */
 #ifndef PAR_PARALLEL_STEP_EXEC_H
 #define PAR_PARALLEL_STEP_EXEC_H
@@ -96,23 +96,16 @@ typedef struct {
 par_status PAR_FN(par_exec_create)(PAR_FN(par_exec) **out, const par_pctx *P, PAR_FN(par_model) *M,
                                    const par_config *cfg, const par_exec_opts *o);
 
-/* One training step of this rank up to the optimizer: forward and backward
- * of its microbatches of the global batch `tokens`, `segments` ([B, S], B =
- * the layout's global batch) in the schedule's order; then M->stats and
- * M->last's losses combined (par_reduce_stats) and M->grads with the
- * pipeline's shared gradients summed: ready for the DP reduction and update
- * (parallel/dp/dpw.h, with the entries of par_exec_skips_norm marked).
- * keep: 1 keeps the step's activations, routing and logits for
- * par_exec_dump_step.  Collective over the world. */
+/* One training step of this rank up to its gradients: forward and
+ * backward of its microbatches of the global batch `tokens`, `segments`
+ * ([B, S], B = the layout's global batch) in the schedule's order, M->grads
+ * and M->stats this rank's partial ones: ready for par_finalize_grads
+ * (parallel/step/finalize.h).  keep: 1 keeps the step's activations,
+ * routing and logits for par_exec_dump_step.  Collective over the world. */
 par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN(par_model) *M,
                                  const int32_t *tokens,   /* [B, S] */
                                  const int32_t *segments, /* [B, S] */
                                  int keep);
-
-/* 1 for table entry idx when this rank holds it but a lower pipeline rank
- * counts it in the global norm (embed / head on several stages, DualPipe's
- * copies; a TP / ETP copy another rank counts). */
-int PAR_FN(par_exec_skips_norm)(const PAR_FN(par_exec) *ex, int idx);
 
 /* Rank 0 assembles the table-layout buffer full [n_float] from every rank's
  * local buffer loc (M->params, grads, or a gathered optimizer state): each

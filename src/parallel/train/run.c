@@ -16,6 +16,7 @@
 #include "parallel/ckpt/ckpt_model.h"
 #include "parallel/dp/dpw.h"
 #include "parallel/step/exec.h"
+#include "parallel/step/finalize.h"
 #include "parallel/layout/groups.h"
 #include "parallel/tp/tp.h"
 #include "parallel/layout/tp_split.h"
@@ -170,9 +171,6 @@ static par_status rank_setup(shared *R, par_comm *world, rank_state *S)
         return s;
     if ((o->tp_faults | PAR_TP_BUILD_FAULTS) & PAR_TP_FAULT_MUON_SHARD)
         PAR_FN(par_dpw_set_tp_muon_shard_fault)(&S->dpw, (int)R->lay.tp);
-    for (int i = 0; i < S->M.tab.n; i++)
-        if (PAR_FN(par_exec_skips_norm)(S->ex, i) && (s = PAR_FN(par_dpw_set_norm_skip)(&S->dpw, i)))
-            return s;
     if (o->load && (s = PAR_FN(par_ckpt_model_load)(P, &S->M, &S->dpw, o->load)))
         return s;
     if (R->tmp && ((s = dump_alloc(R, S)) || (s = dump_params(R, S, R->step0)))) /* global step numbers */
@@ -200,9 +198,11 @@ static void step_info(shared *R, const rank_state *S, int64_t k, double wall_s)
                 si->grad_norm, si->wall_s);
 }
 
-/* Step k of this run (global step step0 + k): the executor's step, the optimizer step (gradients reduced once
- * per replica group, global norm, clip, update, balance), a dump (it wants
- * the reduced gradients back), a checkpoint. */
+/* Step k of this run (global step step0 + k): the executor's forward and
+ * backward, the step's gradients finished (parallel/step/finalize.h:
+ * statistics, TP / ETP / shared sums, DP reduction, global norm, clip), the
+ * update and balance, a dump (it wants the reduced gradients back), a
+ * checkpoint. */
 static par_status rank_step(shared *R, rank_state *S, int64_t k)
 {
     const par_run_opts *o = R->o;
@@ -210,8 +210,10 @@ static par_status rank_step(shared *R, rank_state *S, int64_t k)
     const int32_t *tk = R->tok + (size_t)k * BS, *sg = R->seg + (size_t)k * BS;
     double t0 = now_s();
     par_status s;
+    par_finalize_norm fin;
     if ((s = PAR_FN(par_exec_step)(S->ex, &S->P, &S->M, tk, sg, R->tmp != NULL)) ||
-        (s = PAR_FN(par_dpw_step)(&S->dpw, &S->P, &S->M)) ||
+        (s = PAR_FN(par_finalize_grads)(S->ex, &S->dpw, &S->P, &S->M, &fin)) ||
+        (s = PAR_FN(par_dpw_update)(&S->dpw, &S->P, &S->M, fin.clip)) ||
         (R->tmp && (s = PAR_FN(par_dpw_reduced_grads)(&S->dpw, &S->M))))
         return s;
     double t1 = now_s();
@@ -519,19 +521,13 @@ static par_status commit_dump(shared *R, par_golden_opts *go, par_golden_data *d
         R->tmp = NULL;
         return PAR_OK;
     }
-    const par_layout *l = &R->lay;
     char pp_str[PAR_LAYOUT_STR_MAX];
-    par_pplayout_format(&l->pipe, pp_str, (int)sizeof pp_str);
-    par_golden_layout gl = {
-        .world = l->world, .tp = l->tp, .pp = l->pp, .vpp = l->vpp, .cp = l->cp, .ep = l->ep, .etp = l->etp,
-        .da = l->da, .de = l->de, .micro_batch = l->micro_batch, .global_batch = l->global_batch,
-        .distributed_optimizer = l->distributed_optimizer, .schedule = l->pp > 1 ? l->schedule : "none",
-        .backend = par_backend_name(R->o->backend), .pp_layout = l->pp > 1 ? pp_str : NULL,
-    };
-    cJSON *lj = PAR_FN(par_golden_layout_json)(&gl);
-    if (lj && l->sequence_parallel) /* only when given: other manifests unchanged */
-        cJSON_AddBoolToObject(lj, "sequence_parallel", l->sequence_parallel);
-    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0, lj,
+    par_layout_record gl;
+    par_layout_to_record(&R->lay, pp_str, (int)sizeof pp_str, &gl);
+    gl.backend = par_backend_name(R->o->backend);
+    gl.blas_core = PAR_FN(par_golden_blas_core)();
+    par_status s = PAR_FN(par_golden_write_manifest)(R->tmp, &R->cfg, R->o->steps, R->step0,
+                                                     par_layout_record_json(&gl),
                                                      PAR_FN(par_golden_data_json)(ds, go, &R->cfg));
     if (s)
         return s;

@@ -18,32 +18,14 @@ static void add_num(cJSON *o, const char *k, double v)
         cJSON_AddNullToObject(o, k);
 }
 
+/* The layout record of a run (model/layout_record.h, the golden manifest's
+ * without the machine). */
 static cJSON *layout_json(const par_layout *l)
 {
-    cJSON *j = cJSON_CreateObject();
-    if (!j)
-        return NULL;
-    cJSON_AddNumberToObject(j, "world_size", (double)l->world);
-    cJSON_AddNumberToObject(j, "tensor_model_parallel_size", (double)l->tp);
-    cJSON_AddNumberToObject(j, "pipeline_model_parallel_size", (double)l->pp);
-    cJSON_AddNumberToObject(j, "virtual_pipeline_model_parallel_size", (double)l->vpp);
-    cJSON_AddNumberToObject(j, "context_parallel_size", (double)l->cp);
-    cJSON_AddNumberToObject(j, "expert_model_parallel_size", (double)l->ep);
-    cJSON_AddNumberToObject(j, "expert_tensor_parallel_size", (double)l->etp);
-    cJSON_AddNumberToObject(j, "data_parallel_size", (double)l->da);
-    cJSON_AddNumberToObject(j, "expert_data_parallel_size", (double)l->de);
-    cJSON_AddNumberToObject(j, "micro_batch_size", (double)l->micro_batch);
-    cJSON_AddNumberToObject(j, "global_batch_size", (double)l->global_batch);
-    cJSON_AddBoolToObject(j, "use_distributed_optimizer", l->distributed_optimizer);
-    if (l->sequence_parallel) /* only when given: older summaries unchanged */
-        cJSON_AddBoolToObject(j, "sequence_parallel", l->sequence_parallel);
-    if (l->pp > 1) {
-        char str[PAR_LAYOUT_STR_MAX];
-        par_pplayout_format(&l->pipe, str, (int)sizeof str);
-        cJSON_AddStringToObject(j, "pipeline_schedule", l->schedule);
-        cJSON_AddStringToObject(j, "pipeline_model_parallel_layout", str);
-    }
-    return j;
+    char pp_str[PAR_LAYOUT_STR_MAX];
+    par_layout_record r;
+    par_layout_to_record(l, pp_str, (int)sizeof pp_str, &r);
+    return par_layout_record_json(&r);
 }
 
 static cJSON *losses_json(const par_run_summary *sum)

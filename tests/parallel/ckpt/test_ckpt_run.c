@@ -15,6 +15,7 @@
 
 #include "backends/registry.h"
 #include "core/alloc.h"
+#include "core/json.h"
 #include "core/manifest.h"
 #include "core/status.h"
 #include "model/compare.h"
@@ -342,4 +343,81 @@ Test(ckpt_run, steps_is_the_total)
     par_manifest_free(&m);
     rmtree(t);
     free(t), free(c), free(d), free(s2), free(d3), free(f0);
+}
+
+/* The fixture's run (tests/parallel/ckpt/fixtures/README.md): f32, PP 2 over
+ * 'Et*2|tmL' x ZeRO-1 on 2 ranks, a smaller v4-tiny; steps total. */
+static par_status run_fixture_layout(int64_t steps, const char *save, const char *load)
+{
+    par_run_opts o;
+    par_run_opts_init(&o);
+    cr_assert_eq(par_config_preset(&o.cfg, "v4-tiny"), 0);
+    const char *sets[] = {"n_routed_experts=4", "dim=16", "vocab_size=64"};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(par_config_set_arg(&o.cfg, sets[i]), 0, "%s", par_last_error());
+    o.steps = steps;
+    o.precision = 32;
+    o.backend = par_backend_find("threads");
+    par_layout_init(&o.layout);
+    o.layout.world = 2;
+    o.layout.pp = 2;
+    o.layout.distributed_optimizer = 1;
+    cr_assert_eq(par_layout_set_pp_layout(&o.layout, "Et*2|tmL"), 0);
+    o.save_dir = save;
+    par_ckpt *ck = NULL;
+    if (load)
+        cr_assert_eq(par_ckpt_open(load, &ck), 0, "%s", par_last_error());
+    o.load = ck;
+    par_status s = par_run(&o, NULL);
+    par_ckpt_close(ck);
+    return s;
+}
+
+/* The "layout" object of dir's metadata.json: 1 when it has key. */
+static int layout_has(const char *dir, const char *key)
+{
+    char *p = sub(dir, "metadata.json");
+    cJSON *j = NULL;
+    cr_assert_eq(par_json_read_file(p, &j), 0, "%s", par_last_error());
+    int has = cJSON_GetObjectItemCaseSensitive(par_json_obj(j, "layout"), key) != NULL;
+    cJSON_Delete(j);
+    free(p);
+    return has;
+}
+
+/* Issue 28 item 5: checkpoint metadata is written by the one layout writer
+ * (model/layout_record.h, Megatron-LM's key names), and a checkpoint written
+ * before it, with the short keys (the build 828ccd2's, a fixture), still
+ * opens with its layout read, and a run resumes from it bit for bit like
+ * this build's uninterrupted run. */
+Test(ckpt_run, loads_a_checkpoint_with_the_old_layout_keys)
+{
+    const char *root = getenv("PARITY_SOURCE_ROOT");
+    char *old = sub(root ? root : ".", "tests/parallel/ckpt/fixtures/old-layout-keys-828ccd2");
+    cr_assert(layout_has(old, "tp") && layout_has(old, "distributed_optimizer") && layout_has(old, "pp_layout") &&
+              !layout_has(old, "tensor_model_parallel_size"), "the fixture has the old keys");
+    par_ckpt *ck;
+    cr_assert_eq(par_ckpt_open(old, &ck), 0, "%s", par_last_error());
+    const par_layout *l = par_ckpt_layout(ck);
+    cr_assert_not_null(l);
+    cr_expect(l->world == 2 && l->tp == 1 && l->pp == 2 && l->vpp == 1 && l->cp == 1 && l->ep == 1 && l->etp == 1);
+    cr_expect(l->da == 1 && l->de == 1 && l->micro_batch == 1 && l->global_batch == 8 && l->distributed_optimizer);
+    cr_expect_str_eq(l->schedule, "1f1b");
+    cr_expect_str_eq(l->pp_layout, "Et*2|tmL");
+    cr_expect_eq(par_ckpt_state_of(ck)->step, 2);
+    par_ckpt_close(ck);
+    char *t = mktmp(), *a4 = sub(t, "a4"), *r4 = sub(t, "r4");
+    cr_assert_eq(run_fixture_layout(4, a4, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(run_fixture_layout(4, r4, old), 0, "%s", par_last_error());
+    cr_expect(layout_has(a4, "tensor_model_parallel_size") && layout_has(a4, "use_distributed_optimizer") &&
+              layout_has(a4, "pipeline_model_parallel_layout") && !layout_has(a4, "tp"), "the new keys written");
+    cr_assert_eq(par_ckpt_open(a4, &ck), 0, "%s", par_last_error());
+    cr_expect_str_eq(par_ckpt_layout(ck)->pp_layout, "Et*2|tmL", "the new keys read back");
+    cr_expect(par_ckpt_layout(ck)->distributed_optimizer && par_ckpt_layout(ck)->pp == 2);
+    par_ckpt_close(ck);
+    par_ckpt_diff_result res;
+    cr_assert_eq(par_ckpt_diff(a4, r4, NULL, &res), 0, "%s", par_last_error());
+    cr_expect(res.state_equal && res.tensors_equal, "resumed from the old checkpoint differs: %s", res.first);
+    rmtree(t);
+    free(t), free(a4), free(r4), free(old);
 }
