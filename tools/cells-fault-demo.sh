@@ -19,8 +19,8 @@
 #                         block of the blocked golden: golden-blocked FAILs
 #                         naming the first divergent tensor
 #       net_nvlink_bw     comm/netmodel.c: the reference preset's NVLink at
-#                         800 GB/s, not 900: every layout and resume cell with
-#                         pinned figures (golden/emulated-clock.json) FAILs
+#                         800 GB/s, not 900: every cell with pinned figures
+#                         (golden/emulated-clock.json) FAILs
 #                         with "emulated clock vs ..." naming the first figure
 #   - every other cell passes (PASS, or WARN for the informational one).
 # Usage: tools/cells-fault-demo.sh FAULT [BUILD_DIR]   (default build-fault-FAULT)
@@ -40,10 +40,11 @@ cells=
 for c in ${PARITY_FAULT_CELLS:-}; do cells="$cells --cell $c"; done
 # shellcheck disable=SC2086
 fault_matrix cells-fault-demo "$fault" "$bdir" $cells
-python3 - "$out/report.json" "$fault" <<'PY'
-import json, sys
+python3 - "$out/report.json" "$fault" "$root/golden/emulated-clock.json" <<'PY'
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 fault = sys.argv[2]
+pins = json.load(open(sys.argv[3]))["cells"] if os.path.exists(sys.argv[3]) else {}
 reach = {
     "fiber_short_copy": {"fiber-cp2-ep2-zero1", "fiber-pp2-cp2-ep2", "fiber-cp4-dp17"},
     "comm_chunk_floor": {"fiber-cp4-dp17"},
@@ -53,7 +54,7 @@ bad, n_reached = [], 0
 for c in r["cells"]:
     name, diag = c["cell"], c["diagnosis"] or ""
     if fault == "net_nvlink_bw":
-        hit = c["run"] is not None and c["kind"] in ("layout", "resume")
+        hit = c["run"] is not None and "%s %s %s" % (c["preset"], c["cell"], c["data"]) in pins
         want = "emulated clock vs "
     else:
         hit = name in reach[fault]

@@ -9,7 +9,8 @@
 # total / compute / comm / idle seconds and bytes per tier), "pipeline"
 # (bubble, makespan), "expert_parallel" (dispatch / combine bytes by tier,
 # emulated times), "context_parallel" (halo, gather, reduce-scatter bytes)
-# -- under "PRESET CELL DATA".  Entries of cells this run did not select
+# -- under "PRESET CELL DATA" with the cell's steps and seed (a run of other
+# steps or another seed is not checked).  Entries of cells this run did not select
 # are kept.  The matrix compares them exactly; a change of the network
 # model or of what a collective charges makes every affected cell FAIL
 # until this is rerun ON PURPOSE, with the reason in the commit message.
@@ -49,7 +50,9 @@ for c in rep["cells"]:
     run = c.get("run")
     if not run or c["result"] not in ("PASS", "WARN"):
         continue
-    cells["%s %s %s" % (c["preset"], c["cell"], c["data"])] = {k: run.get(k) for k in keys}
+    pin = {"steps": c["steps"], "seed": c["seed"]}
+    pin.update({k: run.get(k) for k in keys})
+    cells["%s %s %s" % (c["preset"], c["cell"], c["data"])] = pin
     n += 1
 out = {"format": "parity-emulated-pins", "version": 1,
        "note": "the emulated clock of every layout cell of the matrix (issue 35): compared exactly by "

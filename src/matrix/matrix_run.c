@@ -528,9 +528,22 @@ static par_status compare_cell(const par__matrix_cell *c, par__matrix_result *re
 
 /* ---- the run's figures: the other backend's, the pinned clock ---------- */
 
+/* 1 if two numbers print the same in a JSON document (cJSON: 15
+ * significant digits where they give the double back within an ulp, else
+ * 17): what a run summary file says of a figure, and so what a pin holds. */
+static int same_printed(const cJSON *a, const cJSON *b)
+{
+    char *pa = cJSON_PrintUnformatted(a), *pb = cJSON_PrintUnformatted(b);
+    int same = pa && pb && !strcmp(pa, pb);
+    cJSON_free(pa);
+    cJSON_free(pb);
+    return same;
+}
+
 /* The first difference of two JSON values under path (exact: numbers by
- * ==, null for NaN), into buf; the number of differing leaves. */
-static int json_diff(const cJSON *a, const cJSON *b, const char *path, char *buf, size_t n)
+ * ==, or as printed when printed is set; null for NaN), into buf; the
+ * number of differing leaves. */
+static int json_diff(const cJSON *a, const cJSON *b, const char *path, int printed, char *buf, size_t n)
 {
     char sub[256];
     if (!a || !b || (a->type & 0xFF) != (b->type & 0xFF)) {
@@ -539,7 +552,7 @@ static int json_diff(const cJSON *a, const cJSON *b, const char *path, char *buf
         return 1;
     }
     if (cJSON_IsNumber(a) || cJSON_IsString(a) || cJSON_IsBool(a)) {
-        int same = cJSON_IsNumber(a) ? a->valuedouble == b->valuedouble
+        int same = cJSON_IsNumber(a) ? (printed ? same_printed(a, b) : a->valuedouble == b->valuedouble)
                    : cJSON_IsString(a) ? !strcmp(a->valuestring, b->valuestring) : 1;
         if (!same && !buf[0] && cJSON_IsNumber(a))
             par__matrix_fmt(buf, n, "%s: %.17g vs %.17g", path, a->valuedouble, b->valuedouble);
@@ -552,18 +565,18 @@ static int json_diff(const cJSON *a, const cJSON *b, const char *path, char *buf
         int na = cJSON_GetArraySize(a), nb = cJSON_GetArraySize(b);
         for (int i = 0; i < (na > nb ? na : nb); i++) {
             par__matrix_fmt(sub, sizeof sub, "%s[%d]", path, i);
-            d += json_diff(cJSON_GetArrayItem(a, i), cJSON_GetArrayItem(b, i), sub, buf, n);
+            d += json_diff(cJSON_GetArrayItem(a, i), cJSON_GetArrayItem(b, i), sub, printed, buf, n);
         }
         return d;
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, a) {
         par__matrix_fmt(sub, sizeof sub, "%s.%s", path, e->string);
-        d += json_diff(e, cJSON_GetObjectItemCaseSensitive(b, e->string), sub, buf, n);
+        d += json_diff(e, cJSON_GetObjectItemCaseSensitive(b, e->string), sub, printed, buf, n);
     }
     cJSON_ArrayForEach(e, b) if (!cJSON_GetObjectItemCaseSensitive(a, e->string)) {
         par__matrix_fmt(sub, sizeof sub, "%s.%s", path, e->string);
-        d += json_diff(NULL, e, sub, buf, n);
+        d += json_diff(NULL, e, sub, printed, buf, n);
     }
     return d;
 }
@@ -577,13 +590,14 @@ static const char *const CLOCK_KEYS[] = {"emulated", "pipeline", "expert_paralle
 static const char *const RUN_KEYS[] = {"emulated", "pipeline", "expert_parallel", "context_parallel", "loads",
                                        "n_params", "max_rank_floats"};
 
-static int summary_diff(const cJSON *a, const cJSON *b, const char *const *keys, int nk, char *buf, size_t n)
+static int summary_diff(const cJSON *a, const cJSON *b, const char *const *keys, int nk, int printed, char *buf,
+                        size_t n)
 {
     int d = 0;
     buf[0] = 0;
     for (int k = 0; k < nk; k++)
         d += json_diff(cJSON_GetObjectItemCaseSensitive(a, keys[k]), cJSON_GetObjectItemCaseSensitive(b, keys[k]),
-                       keys[k], buf, n);
+                       keys[k], printed, buf, n);
     return d;
 }
 
@@ -621,12 +635,12 @@ static int memory_backend_tags(cJSON *a, cJSON *b, char *buf, size_t n)
 /* summary_diff of two runs on different backends (memory_backend_tags). */
 static int backend_diff(const cJSON *a, const cJSON *b, char *buf, size_t n)
 {
-    int d = summary_diff(a, b, RUN_KEYS, (int)(sizeof RUN_KEYS / sizeof RUN_KEYS[0]), buf, n);
+    int d = summary_diff(a, b, RUN_KEYS, (int)(sizeof RUN_KEYS / sizeof RUN_KEYS[0]), 0, buf, n);
     cJSON *ma = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(a, "memory"), 1);
     cJSON *mb = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(b, "memory"), 1);
     if (ma && mb)
         d += memory_backend_tags(ma, mb, buf, n);
-    d += json_diff(ma, mb, "memory", buf, n);
+    d += json_diff(ma, mb, "memory", 0, buf, n);
     cJSON_Delete(ma);
     cJSON_Delete(mb);
     return d;
@@ -637,6 +651,18 @@ static void fail_figures(par__matrix_result *res, const char *what, int d, const
     res->verdict = PAR_CELL_FAIL;
     par__matrix_fmt(res->diagnosis, sizeof res->diagnosis, "%s: %d figure%s differ, first %s", what, d,
                     d == 1 ? "" : "s", first);
+}
+
+/* 1 if r is the built-in row of its (name, preset) as it is: the pins
+ * belong to the built-in cells, not to a user's cell of the same name. */
+static int builtin_row(const par_cell_spec *r)
+{
+    int n;
+    const par_cell_spec *b = par_cells_builtin(&n);
+    for (int i = 0; i < n; i++)
+        if (!memcmp(&b[i], r, sizeof *r))
+            return 1;
+    return 0;
 }
 
 /* After a passing comparison: a vs-backend cell's two summaries agree, and
@@ -653,14 +679,16 @@ static void check_figures(const par_matrix *m, const par__matrix_cell *c, par__m
         if (d)
             return fail_figures(res, what, d, first);
     }
-    if (!m->pins || !res->run || m->o.runner)
+    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row))
         return;
     char key[256];
     par__matrix_fmt(key, sizeof key, "%s %s %s", c->row.preset, c->row.name, c->data_label);
     const cJSON *pin = cJSON_GetObjectItemCaseSensitive(par_json_obj(m->pins, "cells"), key);
-    if (!pin)
-        return; /* not pinned: reported only */
-    int d = summary_diff(pin, res->run, CLOCK_KEYS, (int)(sizeof CLOCK_KEYS / sizeof CLOCK_KEYS[0]), first,
+    int64_t steps = -1, seed = -1;
+    if (!pin || !par_json_int(pin, "steps", &steps) || !par_json_int(pin, "seed", &seed) || steps != c->steps ||
+        (uint64_t)seed != c->seed)
+        return; /* not pinned (or pinned for other steps or another seed): reported only */
+    int d = summary_diff(pin, res->run, CLOCK_KEYS, (int)(sizeof CLOCK_KEYS / sizeof CLOCK_KEYS[0]), 1, first,
                          sizeof first);
     if (d) {
         char what[PAR_MX_PATH + 96];
