@@ -20,7 +20,9 @@
 #                         naming the first divergent tensor
 #       net_nvlink_bw     comm/netmodel.c: the reference preset's NVLink at
 #                         800 GB/s, not 900: every cell with pinned figures
-#                         (golden/emulated-clock.json) FAILs
+#                         (golden/emulated-clock.json) whose pinned run sends
+#                         bytes FAILs (a resume cell pins its last leg, which
+#                         is serial in the *-to-tp1 / *-to-etp1 cells)
 #                         with "emulated clock vs ..." naming the first figure
 #   - every other cell passes (PASS, or WARN for the informational one).
 # Usage: tools/cells-fault-demo.sh FAULT [BUILD_DIR]   (default build-fault-FAULT)
@@ -54,7 +56,11 @@ bad, n_reached = [], 0
 for c in r["cells"]:
     name, diag = c["cell"], c["diagnosis"] or ""
     if fault == "net_nvlink_bw":
-        hit = c["run"] is not None and "%s %s %s" % (c["preset"], c["cell"], c["data"]) in pins
+        # a pinned run that sends bytes (a resume cell's pinned run is its last leg: serial in
+        # tp2-to-tp1, etp2-zero1-to-etp1, etp2-ep4-to-etp1, no communication for the model to charge)
+        em = (c["run"] or {}).get("emulated") or {}
+        sends = any(r["bytes"]["nvlink"] + r["bytes"]["ib"] > 0 for r in em.get("ranks", []))
+        hit = sends and "%s %s %s" % (c["preset"], c["cell"], c["data"]) in pins
         want = "emulated clock vs "
     else:
         hit = name in reach[fault]
