@@ -221,6 +221,11 @@ par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, p
      * (one chunk when they fit: the rows of the whole block). */
     size_t big = count / (size_t)p + (count % (size_t)p != 0), w = rows_chunk(count, p, es);
     size_t nw = big ? (big + w - 1) / w : 1, mine = bc < w ? bc : w;
+#if PAR_FAULT_COMM_CHUNK_FLOOR
+    /* Deliberate fault (meson -Dfault=comm_chunk_floor; tools/cells-fault-demo.sh): the chunk count
+     * rounded down, so a block's partial last chunk is never reduced (groups over 64 ranks). */
+    nw = big ? (big / w ? big / w : 1) : 1;
+#endif
     char *rows = NULL;
     if (mine) {
         rows = par_malloc((size_t)p * mine * es, PAR_TAG_COMM);

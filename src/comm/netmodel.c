@@ -24,7 +24,13 @@ const char *par_tier_name(par_tier t)
 static const par_netmodel presets[] = {
     /* The design notes (000, 001): 8-GPU nodes, NVLink 900 GB/s inside, IB 50 GB/s
      * between; compute of an H800. */
+#if PAR_FAULT_NET_NVLINK_BW
+    /* Deliberate fault (meson -Dfault=net_nvlink_bw; tools/cells-fault-demo.sh): NVLink at
+     * 800 GB/s instead of 900 in the preset every matrix cell runs with. */
+    {"reference", 8, 8, {0, 800 * GB, 50 * GB}, {0, 2 * US, 5 * US}, 989e12, 3.35e12},
+#else
     {"reference", 8, 8, {0, 900 * GB, 50 * GB}, {0, 2 * US, 5 * US}, 989e12, 3.35e12},
+#endif
     /* DeepSeek-V3 report: NVLink 160 GB/s achievable, IB 50 GB/s (400 Gb/s CX7) per
      * GPU, 8 GPUs and 8 NICs per node; H800 SXM: 989 TFLOP/s BF16 dense, 3.35 TB/s. */
     {"h800", 8, 8, {0, 160 * GB, 50 * GB}, {0, 2 * US, 5 * US}, 989e12, 3.35e12},

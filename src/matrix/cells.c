@@ -277,6 +277,26 @@ static const par_cell_spec builtin[] = {
      .note = NOTE_PAIR " (resharded on load to another layout)"},
     {.name = "data-file", .preset = TINY, .kind = PAR_KIND_DATA_FILE, .tier = Q,
      .note = "the reference's input.* written to a safetensors file and read back: bitwise"},
+    /* -- issue 35: the mechanisms no other quick cell reaches -- */
+    {.name = "fiber-cp2-ep2-zero1", .preset = TINY, .kind = LAYOUT, .tier = Q, .backend = "fiber",
+     .vs_backend = "threads",
+     .layout = {.world_size = 4, .context_parallel_size = 2, .expert_model_parallel_size = 2,
+                .use_distributed_optimizer = 1},
+     .note = "fiber ranks against the same layout on threads: every tensor bitwise, and the run summaries "
+             "(emulated clocks, bytes per tier, per-rank memory table) exactly"},
+    {.name = "fiber-pp2-cp2-ep2", .preset = TINY, .kind = LAYOUT, .tier = Q, .backend = "fiber",
+     .vs_backend = "threads",
+     .layout = {.world_size = 8, .pipeline_model_parallel_size = 2, .context_parallel_size = 2,
+                .expert_model_parallel_size = 2, .pipeline_schedule = "1f1b",
+                .pipeline_model_parallel_layout = "Et*1|t*2mL"},
+     .note = "PP 2 x CP 2 x Da 2 = EP 2 x De 2 on fiber ranks against threads: bitwise, summaries exactly"},
+    {.name = "fiber-cp4-dp17", .preset = TINY, .kind = LAYOUT, .tier = Q, .steps = 1, .backend = "fiber",
+     .layout = {.world_size = 68, .context_parallel_size = 4, .global_batch_size = 17},
+     .note = "CP 4 x DP 17 = 68 ranks on fiber: the gradient all-reduce over 68 ranks goes in chunks "
+             "(comm/collectives.c); f64 policy against the serial run of the same 17 rows"},
+    {.name = "golden-blocked", .preset = TINY, .kind = PAR_KIND_REPEAT, .tier = Q, .rows_per_block = 3,
+     .note = "the row-blocked golden (blocks of 3, 3, 2 rows) against the one-shot reference, which the "
+             "serial-f64 cell holds to the checked-in set bitwise: f64 policy (another summation order)"},
 
     /* ---- v4-mini: default, --full ---- */
     {.name = "serial-f64", .preset = MINI, .kind = PAR_KIND_GOLDEN, .tier = D},
@@ -691,6 +711,13 @@ static par_status check_kind_fields(const par_cell_spec *c)
     if (!lay && c->backend[0])
         return par_err(PAR_EINVAL, "cell '%s': \"backend\" is the backend of layout runs: a %s cell runs serially",
                        c->name, par_cell_kind_name(c->kind));
+    if (c->vs_backend[0] && (c->kind != PAR_KIND_LAYOUT || (strcmp(c->vs_backend, "threads") &&
+                                                           strcmp(c->vs_backend, "fiber"))))
+        return par_err(PAR_EINVAL, "cell '%s': \"vs-backend\": '%s' must be threads or fiber, on a layout cell "
+                       "(kind is %s)", c->name, c->vs_backend, par_cell_kind_name(c->kind));
+    if (c->rows_per_block && (c->kind != PAR_KIND_REPEAT || c->rows_per_block < 1))
+        return par_err(PAR_EINVAL, "cell '%s': \"rows-per-block\" %lld: a count >= 1 on a repeat cell (kind is %s)",
+                       c->name, (long long)c->rows_per_block, par_cell_kind_name(c->kind));
     if (c->kind != PAR_KIND_RESUME && c->split)
         return par_err(PAR_EINVAL, "cell '%s': \"split\" belongs to resume cells (kind is %s)", c->name,
                        par_cell_kind_name(c->kind));
@@ -922,8 +949,13 @@ static par_status read_member(const rctx *x, const cJSON *m, const char *dir, pa
         return read_sets(x, m, c);
     if (!strcmp(k, "backend"))
         return get_str(x, m, fld, c->backend, sizeof c->backend);
+    if (!strcmp(k, "vs-backend"))
+        return get_str(x, m, fld, c->vs_backend, sizeof c->vs_backend);
+    if (!strcmp(k, "rows-per-block"))
+        return get_int(x, m, fld, 1, &c->rows_per_block);
     return bad(x, fld, "unknown key (keys: name, preset, data, kind, tier, steps, seed, precision, layout, "
-                       "load-layout, chain-layout, split, set, policy, files, informational, backend, note)");
+                       "load-layout, chain-layout, split, set, policy, files, informational, backend, vs-backend, "
+                       "rows-per-block, note)");
 }
 
 static par_status read_cell(rctx *x, const cJSON *obj, const char *dir, par_cell_spec *c)

@@ -98,6 +98,12 @@ typedef struct {
                              * layout runs whenever the matrix runs them in its own process (--backend
                              * threads or fiber; --backend mpi launches every cell its own way) -- "fiber"
                              * for worlds too big for one OS thread per rank */
+    char vs_backend[16];    /* layout: "" (the serial run is the reference) or "threads" / "fiber": the
+                             * reference is the same layout run on that backend, compared bitwise, and the
+                             * two runs' summaries (emulated clocks, per-rank memory table) exactly */
+    int64_t rows_per_block; /* repeat: 0, or the serial golden again with its gradients accumulated over
+                             * blocks of this many rows (`parity golden --rows-per-block`), against the
+                             * one-shot reference under the f64 policy */
     par_cell_layout layout; /* layout and resume */
     par_cell_layout load_layout; /* resume: the layout that loads the checkpoint; ckpt-reshard: the target */
     int64_t split;          /* resume: steps before the checkpoint (0: steps / 2) */

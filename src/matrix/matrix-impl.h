@@ -28,6 +28,7 @@ typedef enum {
     PAR_REF_SERIAL = 0, /* the serial run of the cell's (config, precision, data, steps, seed) */
     PAR_REF_DIR,        /* a fixed golden-set directory (ref_dir): a checked-in set */
     PAR_REF_NONE,       /* no comparison: the cell's check decides */
+    PAR_REF_BACKEND,    /* the same layout run on the cell's vs-backend (cells.h), into CELL/ref-set */
 } par_ref_kind;
 
 /* A checked-in golden set found under the golden root. */
@@ -109,6 +110,7 @@ typedef struct {
     char diagnosis[1024];     /* one line: why it failed ("" when it passed) */
     par_cell_metrics met;
     cJSON *run;               /* the layout run's summary (the last run of a pair), or NULL */
+    cJSON *ref_run;           /* a vs-backend cell: the reference run's summary, or NULL */
     double wall_s;
     char dir[PAR_MX_PATH];    /* the cell's work directory ("" once removed) */
     char report_json[PAR_MX_PATH + 16]; /* compare report of a failing cell ("" otherwise) */
@@ -135,6 +137,8 @@ struct par_matrix {
     double wall_s;
     char blas_core[64];
     int ran;
+    cJSON *pins;              /* the emulated-clock pins (par__matrix_pins_path), or NULL: none checked */
+    char pins_path[PAR_MX_PATH];
 };
 
 /* ---- helpers (matrix.c) ---- */
@@ -161,7 +165,16 @@ par_status par__matrix_mem_check(const par_matrix *m, const par_config *cfg, con
  * par__matrix_mem_check. */
 par_status par__matrix_golden_run(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
                              const char *data_path, int64_t steps, uint64_t seed, const char *out_dir);
+/* The same with the row blocks given (0: one shot), no memory check. */
+par_status par__matrix_golden_run_rows(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
+                                       const char *data_path, int64_t steps, uint64_t seed, const char *out_dir,
+                                       int64_t rows);
 par__matrix_ref *par__matrix_ref_get(par_matrix *m, const par__matrix_cell *c, int precision);
+
+/* The emulated-clock pins (docs/matrix.md "The emulated clock, pinned"):
+ * GOLDEN_ROOT/emulated-clock.json, or $PARITY_EMULATED_PINS ("none": no
+ * pins).  A missing file is no pins; an unreadable one is an error. */
+par_status par__matrix_pins_load(par_matrix *m);
 
 /* ---- the runner (matrix_run.c) ---- */
 void par__matrix_run_cell(par_matrix *m, int idx);

@@ -384,6 +384,8 @@ par_status par_matrix_new(const par_matrix_opts *o, par_matrix **out)
         s = select_fixtures(m, o);
     if (!s)
         s = list_goldens(m, o->golden_root);
+    if (!s)
+        s = par__matrix_pins_load(m);
     if (!s && !o->no_out)
         s = choose_out_dir(m, o->out_dir);
     if (s) {
@@ -394,14 +396,44 @@ par_status par_matrix_new(const par_matrix_opts *o, par_matrix **out)
     return PAR_OK;
 }
 
+par_status par__matrix_pins_load(par_matrix *m)
+{
+    const char *env = getenv("PARITY_EMULATED_PINS");
+    if (env && !strcmp(env, "none"))
+        return PAR_OK;
+    if (env && env[0])
+        par__matrix_fmt(m->pins_path, sizeof m->pins_path, "%s", env);
+    else
+        par__matrix_fmt(m->pins_path, sizeof m->pins_path, "%s/emulated-clock.json", m->golden_root);
+    if (!par_path_exists(m->pins_path)) {
+        m->pins_path[0] = 0;
+        return PAR_OK; /* no pins: the emulated figures are reported, not checked */
+    }
+    cJSON *doc = NULL;
+    par_status s = par_json_read_file(m->pins_path, &doc);
+    if (s)
+        return par_err(s, "matrix: emulated-clock pins: %s", par_last_error());
+    const char *fmt = par_json_str(doc, "format");
+    if (!fmt || strcmp(fmt, "parity-emulated-pins") || !cJSON_IsObject(par_json_obj(doc, "cells"))) {
+        cJSON_Delete(doc);
+        return par_err(PAR_EFORMAT, "matrix: %s: not a parity-emulated-pins file (\"format\", \"cells\")",
+                       m->pins_path);
+    }
+    m->pins = doc;
+    return PAR_OK;
+}
+
 void par_matrix_free(par_matrix *m)
 {
     if (!m)
         return;
     for (int i = 0; i < m->n_only_cells; i++)
         par_free(m->only_cells[i]);
-    for (int i = 0; i < m->n; i++)
+    for (int i = 0; i < m->n; i++) {
         cJSON_Delete(m->res[i].run);
+        cJSON_Delete(m->res[i].ref_run);
+    }
+    cJSON_Delete(m->pins);
     par_free(m->only_cells);
     par_free(m->gold);
     par_free(m->cells);
@@ -549,8 +581,12 @@ static par_status kind_fields(const par_matrix *m, par__matrix_cell *c)
     switch (r->kind) {
     case PAR_KIND_GOLDEN: golden_cell(m, c); break;
     case PAR_KIND_REPEAT:
-        c->policy = r->policy ? r->policy : PAR_POLICY_BITWISE;
-        par__matrix_fmt(c->layout, sizeof c->layout, "serial f64 twice, world 1");
+        c->policy = r->policy ? r->policy : r->rows_per_block ? PAR_POLICY_F64 : PAR_POLICY_BITWISE;
+        if (r->rows_per_block)
+            par__matrix_fmt(c->layout, sizeof c->layout, "serial f64 in row blocks of %lld vs one shot, world 1",
+                            (long long)r->rows_per_block);
+        else
+            par__matrix_fmt(c->layout, sizeof c->layout, "serial f64 twice, world 1");
         break;
     case PAR_KIND_SERIAL:
         par__matrix_fmt(c->layout, sizeof c->layout, "serial f%d vs f64: %s", prec,
@@ -593,6 +629,12 @@ static par_status kind_fields(const par_matrix *m, par__matrix_cell *c)
         if (r->backend[0] && !m->o.runner) { /* the cell's own backend (cells.h) */
             size_t o = strlen(c->layout);
             par__matrix_fmt(c->layout + o, sizeof c->layout - o, " on %s", r->backend);
+        }
+        if (r->vs_backend[0] && r->kind == PAR_KIND_LAYOUT) { /* the same layout on another backend */
+            size_t o = strlen(c->layout);
+            par__matrix_fmt(c->layout + o, sizeof c->layout - o, " vs %s", r->vs_backend);
+            c->ref = PAR_REF_BACKEND;
+            c->policy = r->policy ? r->policy : PAR_POLICY_BITWISE;
         }
     }
     }
@@ -815,6 +857,13 @@ par_status par__matrix_golden_run(par_matrix *m, const par_config *cfg, int prec
         s = par__matrix_mem_check(m, cfg, NULL, precision, steps);
     if (s)
         return s;
+    return par__matrix_golden_run_rows(m, cfg, precision, fixture, data_path, steps, seed, out_dir, rows);
+}
+
+par_status par__matrix_golden_run_rows(par_matrix *m, const par_config *cfg, int precision, const char *fixture,
+                                       const char *data_path, int64_t steps, uint64_t seed, const char *out_dir,
+                                       int64_t rows)
+{
     par_golden_opts o;
     par_golden_opts_init(&o);
     o.cfg = *cfg;

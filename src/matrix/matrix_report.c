@@ -53,6 +53,7 @@ static void fmt_ref(const par__matrix_cell *c, char *buf, size_t n)
                    (unsigned long long)c->seed);
         break;
     case PAR_REF_DIR: par__matrix_fmt(buf, n, "%s", c->ref_dir); break;
+    case PAR_REF_BACKEND: par__matrix_fmt(buf, n, "the same layout on %s", c->row.vs_backend); break;
     default: par__matrix_fmt(buf, n, "none (own checks)"); break;
     }
 }
@@ -341,8 +342,9 @@ static void json_ref(cJSON *o, const par__matrix_cell *c)
                             c->ref == PAR_REF_SERIAL ? (c->row.kind == PAR_KIND_LAYOUT && c->row.precision == 32
                                                             ? "serial-f32"
                                                             : "serial-f64")
-                            : c->ref == PAR_REF_DIR ? c->ref_dir
-                                                    : "none");
+                            : c->ref == PAR_REF_DIR     ? c->ref_dir
+                            : c->ref == PAR_REF_BACKEND ? c->row.vs_backend
+                                                        : "none");
 }
 
 static cJSON *cell_json(const par__matrix_cell *c, const par__matrix_result *r)

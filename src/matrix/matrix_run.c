@@ -10,6 +10,7 @@
 #include "comm/netmodel.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
@@ -98,10 +99,12 @@ static par_status layout_mem_check(const par_matrix *m, const par__matrix_cell *
     return s ? par_err(s, "layout run: %s", par_last_error()) : PAR_OK;
 }
 
-/* Runs `steps` steps of the cell's data under cl through the runner. */
-static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par_cell_layout *cl, int64_t steps,
-                             const char *dump, const char *save, const char *load, const char *work_dir,
-                             const char *tag, par__matrix_result *res)
+/* Runs `steps` steps of the cell's data under cl through the runner, on
+ * the backend named be_name ("": the matrix's) when in this process; the
+ * run's summary in *doc. */
+static par_status run_layout_on(par_matrix *m, const par__matrix_cell *c, const par_cell_layout *cl, int64_t steps,
+                                const char *dump, const char *save, const char *load, const char *work_dir,
+                                const char *tag, const char *be_name, cJSON **out)
 {
     const char *sets[PAR_CELL_MAX_SETS];
     int ns = 0;
@@ -127,11 +130,23 @@ static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par
         s = m->o.runner(&job, m->o.runner_ud, &doc);
     } else {
         const par_backend *be = m->o.backend_impl;
-        if (c->row.backend[0] && !(be = m->o.find_backend ? m->o.find_backend(c->row.backend) : NULL))
+        if (be_name[0] && !(be = m->o.find_backend ? m->o.find_backend(be_name) : NULL))
             return par_err(PAR_EUNSUPPORTED, "matrix: cell %s runs on the %s backend, which this matrix cannot find",
-                           c->row.name, c->row.backend);
+                           c->row.name, be_name);
         s = par_matrix_run_layout_in_process(&job, (void *)be, &doc);
     }
+    if (!s)
+        *out = doc;
+    return s;
+}
+
+/* run_layout_on the cell's own backend; the summary and its metrics in res. */
+static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par_cell_layout *cl, int64_t steps,
+                             const char *dump, const char *save, const char *load, const char *work_dir,
+                             const char *tag, par__matrix_result *res)
+{
+    cJSON *doc = NULL;
+    par_status s = run_layout_on(m, c, cl, steps, dump, save, load, work_dir, tag, c->row.backend, &doc);
     if (s)
         return s;
     par_run_summary_metrics(doc, &res->met.step_time_s, &res->met.bubble, &res->met.exposed_comm_s);
@@ -142,10 +157,22 @@ static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par
 
 /* ---- producers: the cell's golden set into set_dir (or *cand: another) */
 
+/* layout: the run under the cell's layout; a vs-backend cell first runs
+ * the same layout on that backend into CELL/ref-set (its reference). */
 static par_status prod_layout(par_matrix *m, const par__matrix_cell *c, const char *work_dir, const char *set_dir,
                               const char **cand, par__matrix_result *res)
 {
     (void)cand;
+    if (c->ref == PAR_REF_BACKEND) {
+        char ref_dir[PAR_MX_PATH + 16];
+        par__matrix_fmt(ref_dir, sizeof ref_dir, "%s/ref-set", work_dir);
+        cJSON_Delete(res->ref_run);
+        res->ref_run = NULL;
+        par_status s = run_layout_on(m, c, &c->row.layout, c->steps, ref_dir, NULL, NULL, work_dir, "ref",
+                                     c->row.vs_backend, &res->ref_run);
+        if (s)
+            return s;
+    }
     return run_layout(m, c, &c->row.layout, c->steps, set_dir, NULL, NULL, work_dir, "run", res);
 }
 
@@ -240,6 +267,9 @@ static par_status produce(par_matrix *m, const par__matrix_cell *c, const char *
     switch (c->row.kind) {
     case PAR_KIND_GOLDEN: return par__matrix_serial(m, c, 64, 0, cand);
     case PAR_KIND_REPEAT:
+        if (c->row.rows_per_block) /* the row-blocked golden against the one-shot reference */
+            return par__matrix_golden_run_rows(m, &c->cfg, 64, c->fixture, c->data_path, c->steps, c->seed,
+                                               set_dir, c->row.rows_per_block);
         return par__matrix_golden_run(m, &c->cfg, 64, c->fixture, c->data_path, c->steps, c->seed, set_dir);
     case PAR_KIND_SERIAL: return par__matrix_serial(m, c, c->row.precision ? c->row.precision : 64, 0, cand);
     case PAR_KIND_DATA_FILE: return prod_data_file(m, c, work_dir, set_dir, cand, res);
@@ -496,6 +526,178 @@ static par_status compare_cell(const par__matrix_cell *c, par__matrix_result *re
     return PAR_OK;
 }
 
+/* ---- the run's figures: the other backend's, the pinned clock ---------- */
+
+/* 1 if two numbers print the same in a JSON document (cJSON: 15
+ * significant digits where they give the double back within an ulp, else
+ * 17): what a run summary file says of a figure, and so what a pin holds. */
+static int same_printed(const cJSON *a, const cJSON *b)
+{
+    char *pa = cJSON_PrintUnformatted(a), *pb = cJSON_PrintUnformatted(b);
+    int same = pa && pb && !strcmp(pa, pb);
+    cJSON_free(pa);
+    cJSON_free(pb);
+    return same;
+}
+
+/* The first difference of two JSON values under path (exact: numbers by
+ * ==, or as printed when printed is set; null for NaN), into buf; the
+ * number of differing leaves. */
+static int json_diff(const cJSON *a, const cJSON *b, const char *path, int printed, char *buf, size_t n)
+{
+    char sub[256];
+    if (!a || !b || (a->type & 0xFF) != (b->type & 0xFF)) {
+        if (!buf[0])
+            par__matrix_fmt(buf, n, "%s: %s vs %s", path, a ? "present" : "absent", b ? "present" : "absent");
+        return 1;
+    }
+    if (cJSON_IsNumber(a) || cJSON_IsString(a) || cJSON_IsBool(a)) {
+        int same = cJSON_IsNumber(a) ? (printed ? same_printed(a, b) : a->valuedouble == b->valuedouble)
+                   : cJSON_IsString(a) ? !strcmp(a->valuestring, b->valuestring) : 1;
+        if (!same && !buf[0] && cJSON_IsNumber(a))
+            par__matrix_fmt(buf, n, "%s: %.17g vs %.17g", path, a->valuedouble, b->valuedouble);
+        else if (!same && !buf[0])
+            par__matrix_fmt(buf, n, "%s: '%s' vs '%s'", path, a->valuestring, b->valuestring);
+        return !same;
+    }
+    int d = 0;
+    if (cJSON_IsArray(a)) {
+        int na = cJSON_GetArraySize(a), nb = cJSON_GetArraySize(b);
+        for (int i = 0; i < (na > nb ? na : nb); i++) {
+            par__matrix_fmt(sub, sizeof sub, "%s[%d]", path, i);
+            d += json_diff(cJSON_GetArrayItem(a, i), cJSON_GetArrayItem(b, i), sub, printed, buf, n);
+        }
+        return d;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        par__matrix_fmt(sub, sizeof sub, "%s.%s", path, e->string);
+        d += json_diff(e, cJSON_GetObjectItemCaseSensitive(b, e->string), sub, printed, buf, n);
+    }
+    cJSON_ArrayForEach(e, b) if (!cJSON_GetObjectItemCaseSensitive(a, e->string)) {
+        par__matrix_fmt(sub, sizeof sub, "%s.%s", path, e->string);
+        d += json_diff(NULL, e, sub, printed, buf, n);
+    }
+    return d;
+}
+
+/* What a run's summary says of the emulated clock and its traffic: the
+ * pinned figures (docs/matrix.md "The emulated clock, pinned"). */
+static const char *const CLOCK_KEYS[] = {"emulated", "pipeline", "expert_parallel", "context_parallel"};
+/* ... and what a run on another backend must repeat exactly besides them
+ * (and the per-rank memory table, backend_diff: the accounted bytes and the
+ * allocator's peaks, counters a fiber rank carries across switches). */
+static const char *const RUN_KEYS[] = {"emulated", "pipeline", "expert_parallel", "context_parallel", "loads",
+                                       "n_params", "max_rank_floats"};
+
+static int summary_diff(const cJSON *a, const cJSON *b, const char *const *keys, int nk, int printed, char *buf,
+                        size_t n)
+{
+    int d = 0;
+    buf[0] = 0;
+    for (int k = 0; k < nk; k++)
+        d += json_diff(cJSON_GetObjectItemCaseSensitive(a, keys[k]), cJSON_GetObjectItemCaseSensitive(b, keys[k]),
+                       keys[k], printed, buf, n);
+    return d;
+}
+
+/* The allocator tags whose reserved peaks hold the backend's own structures
+ * (its group records: comm; the dump's manifest names the backend: io):
+ * within BACKEND_TAG_BOUND of each other, every other figure exactly. */
+static const char *const BACKEND_TAGS[] = {"comm", "io"};
+#define BACKEND_TAG_BOUND 0.02
+
+/* Takes the BACKEND_TAGS out of copies of two memory tables (a[] and b[]),
+ * checking them within the bound; the rest is left to json_diff. */
+static int memory_backend_tags(cJSON *a, cJSON *b, char *buf, size_t n)
+{
+    int d = 0;
+    for (int r = 0; r < cJSON_GetArraySize(a) && r < cJSON_GetArraySize(b); r++) {
+        cJSON *pa = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(a, r), "allocator_reserved_peak");
+        cJSON *pb = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(b, r), "allocator_reserved_peak");
+        for (int t = 0; pa && pb && t < (int)(sizeof BACKEND_TAGS / sizeof BACKEND_TAGS[0]); t++) {
+            double x = 0, y = 0;
+            par_json_num(pa, BACKEND_TAGS[t], &x);
+            par_json_num(pb, BACKEND_TAGS[t], &y);
+            if (fabs(x - y) > BACKEND_TAG_BOUND * fmax(fabs(x), fabs(y))) {
+                if (!d && !buf[0])
+                    par__matrix_fmt(buf, n, "memory[%d].allocator_reserved_peak.%s: %.17g vs %.17g (over %g %%)", r,
+                                    BACKEND_TAGS[t], x, y, 100 * BACKEND_TAG_BOUND);
+                d++;
+            }
+            cJSON_DeleteItemFromObjectCaseSensitive(pa, BACKEND_TAGS[t]);
+            cJSON_DeleteItemFromObjectCaseSensitive(pb, BACKEND_TAGS[t]);
+        }
+    }
+    return d;
+}
+
+/* summary_diff of two runs on different backends (memory_backend_tags). */
+static int backend_diff(const cJSON *a, const cJSON *b, char *buf, size_t n)
+{
+    int d = summary_diff(a, b, RUN_KEYS, (int)(sizeof RUN_KEYS / sizeof RUN_KEYS[0]), 0, buf, n);
+    cJSON *ma = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(a, "memory"), 1);
+    cJSON *mb = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(b, "memory"), 1);
+    if (ma && mb)
+        d += memory_backend_tags(ma, mb, buf, n);
+    d += json_diff(ma, mb, "memory", 0, buf, n);
+    cJSON_Delete(ma);
+    cJSON_Delete(mb);
+    return d;
+}
+
+static void fail_figures(par__matrix_result *res, const char *what, int d, const char *first)
+{
+    res->verdict = PAR_CELL_FAIL;
+    par__matrix_fmt(res->diagnosis, sizeof res->diagnosis, "%s: %d figure%s differ, first %s", what, d,
+                    d == 1 ? "" : "s", first);
+}
+
+/* 1 if r is the built-in row of its (name, preset) as it is: the pins
+ * belong to the built-in cells, not to a user's cell of the same name. */
+static int builtin_row(const par_cell_spec *r)
+{
+    int n;
+    const par_cell_spec *b = par_cells_builtin(&n);
+    for (int i = 0; i < n; i++)
+        if (!memcmp(&b[i], r, sizeof *r))
+            return 1;
+    return 0;
+}
+
+/* After a passing comparison: a vs-backend cell's two summaries agree, and
+ * the run's clock figures are the pinned ones (in this process only: an
+ * MPI process knows only its own ranks' clocks). */
+static void check_figures(const par_matrix *m, const par__matrix_cell *c, par__matrix_result *res)
+{
+    char first[700];
+    if (c->ref == PAR_REF_BACKEND && res->ref_run && res->run) {
+        int d = backend_diff(res->ref_run, res->run, first, sizeof first);
+        char what[96];
+        par__matrix_fmt(what, sizeof what, "run summary (%s vs %s)", c->row.vs_backend,
+                        c->row.backend[0] ? c->row.backend : m->backend);
+        if (d)
+            return fail_figures(res, what, d, first);
+    }
+    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row))
+        return;
+    char key[256];
+    par__matrix_fmt(key, sizeof key, "%s %s %s", c->row.preset, c->row.name, c->data_label);
+    const cJSON *pin = cJSON_GetObjectItemCaseSensitive(par_json_obj(m->pins, "cells"), key);
+    int64_t steps = -1, seed = -1;
+    if (!pin || !par_json_int(pin, "steps", &steps) || !par_json_int(pin, "seed", &seed) || steps != c->steps ||
+        (uint64_t)seed != c->seed)
+        return; /* not pinned (or pinned for other steps or another seed): reported only */
+    int d = summary_diff(pin, res->run, CLOCK_KEYS, (int)(sizeof CLOCK_KEYS / sizeof CLOCK_KEYS[0]), 1, first,
+                         sizeof first);
+    if (d) {
+        char what[PAR_MX_PATH + 96];
+        par__matrix_fmt(what, sizeof what, "emulated clock vs %s (pinned vs run; a meant change: "
+                        "tools/pin-emulated.sh)", m->pins_path);
+        fail_figures(res, what, d, first);
+    }
+}
+
 /* ---- one cell --------------------------------------------------------- */
 
 static void cell_label(const par__matrix_cell *c, char *buf, size_t n)
@@ -513,10 +715,13 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
     int prec = c->row.precision ? c->row.precision : 64;
     if (!s && c->row.kind == PAR_KIND_LAYOUT && !m->o.runner) /* before its reference: a run that cannot fit */
         s = layout_mem_check(m, c, &c->row.layout, prec, c->steps);
+    char ref_set[PAR_MX_PATH + 16];
     if (!s && c->ref == PAR_REF_SERIAL)
         s = par__matrix_serial(m, c, c->row.kind == PAR_KIND_LAYOUT ? prec : 64, 1, &ref);
     else if (c->ref == PAR_REF_DIR)
         ref = c->ref_dir;
+    else if (c->ref == PAR_REF_BACKEND) /* prod_layout makes it */
+        ref = (par__matrix_fmt(ref_set, sizeof ref_set, "%s/ref-set", res->dir), ref_set);
     if (!s)
         s = produce(m, c, res->dir, set_dir, &cand, res);
     if (s) { /* a check inside the producer (ckpt-reshard) fails the cell; anything else is an error */
@@ -544,6 +749,8 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
     }
     if (compare_cell(c, res, ref, cand))
         res->verdict = PAR_CELL_ERROR;
+    else if (res->verdict == PAR_CELL_PASS)
+        check_figures(m, c, res);
 }
 
 void par__matrix_run_cell(par_matrix *m, int idx)

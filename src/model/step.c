@@ -239,6 +239,11 @@ par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const p
         M->batch = &v;
         M->T = R * S;
         M->sample = sample + r0 * S; /* global sample numbers: the window is the whole batch */
+#if PAR_FAULT_GOLDEN_BLOCK_ZERO
+        /* Deliberate fault (meson -Dfault=golden_block_zero; tools/cells-fault-demo.sh): the
+         * gradients zeroed before every block, so only the last block's are kept. */
+        par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
+#endif
         if (!(s = forward_pieces(M, &v, R * S)) && !(s = backward_pieces(M)) && keep)
             keep_rows(M, keep, r0 * S, R * S);
     }

@@ -212,8 +212,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 360)
      * etp2-ep4-de2 (+ -zero1), etp2-ep4-zero1-to-ep2, etp2-ep4-to-etp1, tp2-ep4, tp2-cp2, tp2-cp2-ep4
      * (tp2-all and tp4-all went: every TP layer is the default, they were tp2 and tp4); tp2-sp-cp2,
      * tp2-sp-ep4, tp2-sp-cp2-ep4, tp2-etp2, tp2-etp2-ep2, tp2-sp-etp2, tp2-sp-etp2-ep2; tp2-ep2,
-     * tp2-sp-cp2-etp2-ep2 (the TP shared expert under EP / ETP) */
-    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2, "cells: %lld", (long long)total);
+     * tp2-sp-cp2-etp2-ep2 (the TP shared expert under EP / ETP); fiber-cp2-ep2-zero1, fiber-pp2-cp2-ep2,
+     * fiber-cp4-dp17, golden-blocked (issue 35) */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2 + 4, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -247,7 +248,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 360)
             /* layout cells run with the emulated network: step time and exposed communication */
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "emulated_step_s")), "%s: no step time", name);
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "exposed_comm_s")), "%s: no exp.comm", name);
-            const char *want = strstr(name, "-f32") ? "f32" : "f64";
+            /* a vs-backend cell (issue 35) holds the layout to itself on threads, bitwise */
+            const char *vs = par_json_str(c, "reference");
+            const char *want = strstr(name, "-f32") ? "f32" : vs && !strcmp(vs, "threads") ? "bitwise" : "f64";
             cr_expect_str_eq(par_json_str(c, "policy"), want, "%s", name);
             /* the run's JSON summary (`parity run --summary`'s document) rides along */
             const cJSON *run = cJSON_GetObjectItemCaseSensitive(c, "run");

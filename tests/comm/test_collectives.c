@@ -151,6 +151,80 @@ Test(collectives, allreduce_in_chunks_against_serial)
     cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "comm memory leaked");
 }
 
+/* The chunk boundaries of that reduce-scatter (issue 35): on groups just
+ * over 64 ranks and of 128, counts whose blocks are and are not multiples
+ * of the chunk (w elements of every block: PAR__ROWS_CAP / (p * es)) and
+ * that are and are not multiples of the group, in f64, f32 and bytes, in
+ * place and not, against the serial rank-order sums (computed once here,
+ * not on every rank). */
+#define NBOUND 10
+typedef struct {
+    int p;
+    par_ctype t;
+    size_t counts[NBOUND];
+    char *ref[NBOUND];
+} chunk_case;
+
+static void chunk_counts(chunk_case *cc)
+{
+    size_t p = (size_t)cc->p, w = (16u << 10) / (p * par_ctype_size(cc->t));
+    const size_t c[NBOUND] = {
+        p * w * 2,       /* group and chunk: every block two whole chunks */
+        p * w,           /* group and chunk: one whole chunk */
+        p * (2 * w + 1), /* group, not chunk: a tail of one element */
+        p * (w + 3),     /* group, not chunk: a tail of three */
+        w * (2 * p + 1), /* chunk, not group: blocks of 2w+1 and 2w */
+        w * (p + 1),     /* chunk, not group */
+        p * 2 * w + 1,   /* neither: one block a tail of one */
+        p * 3 * w - 5,   /* neither: five blocks a chunk short of one element */
+        p * w + p - 1,   /* neither: every block but one w+1 */
+        p - 3,           /* fewer elements than ranks: blocks of 1 and 0 */
+    };
+    memcpy(cc->counts, c, sizeof c);
+}
+
+static par_status chunk_bounds_fn(par_comm *c, void *arg)
+{
+    const chunk_case *cc = arg;
+    int r = par_comm_rank(c), p = par_comm_size(c);
+    size_t es = par_ctype_size(cc->t), w = (16u << 10) / ((size_t)p * es);
+    for (int k = 0; k < NBOUND; k++) {
+        size_t n = cc->counts[k], big = n / (size_t)p + (n % (size_t)p != 0);
+        CHECK(par_allreduce_rows(n, p, es) == (size_t)p * (big < w ? big : w), "rows of n=%zu p=%d", n, p);
+        char *in = malloc(n * es + 1), *out = malloc(n * es + 1);
+        fill(in, cc->t, r, n, 0);
+        TRY(par_allreduce(c, in, out, n, cc->t, PAR_OP_SUM));
+        CHECK(!memcmp(out, cc->ref[k], n * es), "%s n=%zu p=%d chunk %zu", par_ctype_name(cc->t), n, p, w);
+        TRY(par_allreduce(c, in, in, n, cc->t, PAR_OP_SUM));
+        CHECK(!memcmp(in, cc->ref[k], n * es), "in place %s n=%zu p=%d chunk %zu", par_ctype_name(cc->t), n, p, w);
+        free(in), free(out);
+    }
+    return PAR_OK;
+}
+
+Test(collectives, allreduce_chunk_boundaries, .timeout = 300)
+{
+    static const int ps[] = {65, 128};
+    static const par_ctype ts[] = {PAR_C_F64, PAR_C_F32, PAR_C_BYTE};
+    for (size_t pi = 0; pi < 2; pi++) {
+        for (size_t ti = 0; ti < 3; ti++) {
+            chunk_case cc = {.p = ps[pi], .t = ts[ti]};
+            chunk_counts(&cc);
+            size_t es = par_ctype_size(cc.t);
+            for (int k = 0; k < NBOUND; k++) {
+                cc.ref[k] = malloc(cc.counts[k] * es + 1);
+                reference(cc.ref[k], cc.t, PAR_OP_SUM, cc.p, cc.counts[k], 0);
+            }
+            par_status st = run_world("fiber", cc.p, chunk_bounds_fn, &cc, 120.0);
+            cr_assert_eq(st, PAR_OK, "fiber x %d, %s: %s (%s)", cc.p, par_ctype_name(cc.t), par_status_str(st),
+                         par_last_error());
+            cr_assert_eq(par_alloc_live(PAR_TAG_COMM), 0, "comm memory leaked");
+            for (int k = 0; k < NBOUND; k++)
+                free(cc.ref[k]);
+        }
+    }
+}
+
 static par_status reduce_scatter_fn(par_comm *c, void *arg)
 {
     (void)arg;

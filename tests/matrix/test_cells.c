@@ -250,3 +250,41 @@ Test(cells, backend_key)
     cr_expect(strstr(par_last_error(), "runs serially"), "%s", par_last_error());
     cr_expect_null(rows);
 }
+
+/* issue 35: vs-backend (a layout cell against the same layout on another
+ * backend) and rows-per-block (the row-blocked golden as a repeat cell);
+ * the built-in cells that use them are in the quick tier. */
+Test(cells, vs_backend_and_rows_per_block_keys)
+{
+    par_cell_spec *rows = NULL;
+    int n = 0;
+    cr_assert_eq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                           "\"v4-tiny\", \"backend\": \"fiber\", \"vs-backend\": \"threads\", \"layout\": "
+                           "{\"world-size\": 2}}, {\"name\": \"b\", \"preset\": \"v4-tiny\", \"kind\": \"repeat\", "
+                           "\"rows-per-block\": 3}]}",
+                           &rows, &n),
+                 0, "%s", par_last_error());
+    cr_assert_eq(n, 2);
+    cr_expect_str_eq(rows[0].vs_backend, "threads");
+    cr_expect_eq(rows[1].rows_per_block, 3);
+    par_free(rows);
+    rows = NULL;
+    cr_expect_neq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                            "\"v4-tiny\", \"kind\": \"golden\", \"vs-backend\": \"threads\"}]}",
+                            &rows, &n),
+                  0);
+    cr_expect(strstr(par_last_error(), "vs-backend"), "%s", par_last_error());
+    cr_expect_neq(read_text("{\"format\": \"parity-cells\", \"version\": 1, \"cells\": [{\"name\": \"a\", \"preset\": "
+                            "\"v4-tiny\", \"rows-per-block\": 2, \"layout\": {\"world-size\": 2}}]}",
+                            &rows, &n),
+                  0);
+    cr_expect(strstr(par_last_error(), "rows-per-block"), "%s", par_last_error());
+    cr_expect_null(rows);
+    int nb = 0, seen = 0;
+    const par_cell_spec *b = par_cells_builtin(&nb);
+    for (int i = 0; i < nb; i++)
+        if (b[i].tier == PAR_CELL_TIER_QUICK &&
+            (b[i].vs_backend[0] || b[i].rows_per_block || (!strcmp(b[i].backend, "fiber") && b[i].layout.world_size > 64)))
+            seen++;
+    cr_expect_eq(seen, 4, "the quick tier's fiber-vs-threads, over-64-ranks and row-blocked cells: %d", seen);
+}
