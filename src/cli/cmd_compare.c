@@ -1,4 +1,5 @@
 /* parity compare A B [--policy auto|f64|f32|bf16|bitwise] [--json FILE] [--verbose]
+ *                    [--only GLOB]... [--subset]
  * Exit: 0 equal within policy, 1 mismatch, 2 bad usage or unreadable input. */
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +18,13 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
 {
     par_root_cause rc;
     par_compare_root_cause(r, &rc);
+    if (rc.root < 0 && rc.n_missing > 0) {
+        const par_cmp_entry *m = par_compare_report_entry(r, rc.first_missing);
+        printf("no value diverged: %d failing entr%s %s one side only (first: %s %s, %s); --subset compares what B "
+               "holds, --only GLOB a selection\n", rc.n_missing, rc.n_missing == 1 ? "y is" : "ies are",
+               rc.n_missing == 1 ? "on" : "each on", m->file, m->tensor[0] ? m->tensor : "(file)", m->reason);
+        return;
+    }
     if (rc.root < 0)
         return;
     const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
@@ -31,25 +39,35 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
     }
     if (rc.n_consequences > 0)
         printf("; %d integer mismatch%s downstream", rc.n_consequences, rc.n_consequences > 1 ? "es" : "");
+    if (rc.n_missing > 0)
+        printf("; besides, %d entr%s on one side only", rc.n_missing, rc.n_missing > 1 ? "ies" : "y");
     printf("\n");
 }
 
 int par_cmd_compare(int argc, char **argv)
 {
     const char *policy_s = "auto", *json = NULL;
-    int verbose = 0;
+    int verbose = 0, subset = 0;
     int64_t max_list = 5;
+    par_strlist only = {{0}, 0};
     const par_opt opts[] = {
         {"policy", PAR_OPT_STR, &policy_s, "auto|f64|f32|bf16|bitwise",
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
         {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
         {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
         {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
+        {"only", PAR_OPT_LIST, &only, "GLOB",
+         "compare only the tensors whose name matches (repeatable; FILEGLOB:TENSORGLOB for a file's); a pattern "
+         "that matches nothing fails"},
+        {"subset", PAR_OPT_FLAG, &subset, NULL,
+         "compare the entries B holds: A's entries missing in B are listed as left out, not failed (a partial or "
+         "forward-only dump); B's extra entries still fail"},
     };
     const char *synopsis = "A B [options]\n\n"
                            "Compares two golden-set directories or two safetensors files, tensor by tensor\n"
                            "(A is the reference).  Exit 0: equal within policy; 1: mismatch; 2: bad usage or\n"
-                           "unreadable input.";
+                           "unreadable input.  A partial dump: --subset (judge what B holds, list what it left\n"
+                           "out) and/or --only GLOB.";
     par_positional pos;
     int rc = par_args_parse("compare", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
     if (rc == 1)
@@ -77,6 +95,9 @@ int par_cmd_compare(int argc, char **argv)
         return 2;
     }
     o.max_list = (int)max_list;
+    o.only = only.items;
+    o.n_only = only.count;
+    o.subset = subset;
     par_compare_report *r;
     par_status st = par_compare_paths(pos.argv[0], pos.argv[1], &o, &r);
     if (st) {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,9 @@ void par_compare_opts_init(par_compare_opts *o)
 {
     o->policy = PAR_POLICY_AUTO;
     o->max_list = 5;
+    o->only = NULL;
+    o->n_only = 0;
+    o->subset = 0;
 }
 
 /* ---- report ----------------------------------------------------------- */
@@ -74,6 +78,10 @@ struct par_compare_report {
     int n, cap;
     par_cmp_entry *e;
     int nfail;
+    int subset, n_left_out, n_unselected;
+    int n_only;
+    const char **only;  /* the patterns (owned copies) */
+    int64_t *only_hits; /* entries each pattern matched */
 };
 
 static par_status report_new(const char *a, const char *b, par_compare_report **out)
@@ -106,7 +114,27 @@ void par_compare_report_free(par_compare_report *r)
     par_free(r->e);
     par_free(r->a);
     par_free(r->b);
+    for (int k = 0; k < r->n_only; k++)
+        par_free((void *)r->only[k]);
+    par_free(r->only);
+    par_free(r->only_hits);
     par_free(r);
+}
+
+/* Copies the selection options into r (the patterns and their hit counts). */
+static par_status report_select(par_compare_report *r, const par_compare_opts *o)
+{
+    r->subset = o->subset != 0;
+    if (o->n_only <= 0)
+        return PAR_OK;
+    r->only = par_calloc((size_t)o->n_only, sizeof *r->only, PAR_TAG_IO);
+    r->only_hits = par_calloc((size_t)o->n_only, sizeof *r->only_hits, PAR_TAG_IO);
+    if (!r->only || !r->only_hits)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    for (int k = 0; k < o->n_only; k++, r->n_only++)
+        if (!(r->only[k] = par_strdup(o->only[k], PAR_TAG_IO)))
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+    return PAR_OK;
 }
 
 /* Appends a zeroed entry with names set; NULL when out of memory. */
@@ -145,6 +173,73 @@ static void entry_fail(par_compare_report *r, par_cmp_entry *e)
 int par_compare_report_ok(const par_compare_report *r) { return r->nfail == 0; }
 int par_compare_report_count(const par_compare_report *r) { return r->n; }
 int par_compare_report_failed(const par_compare_report *r) { return r->nfail; }
+int par_compare_report_left_out(const par_compare_report *r) { return r->n_left_out; }
+int par_compare_report_unselected(const par_compare_report *r) { return r->n_unselected; }
+
+/* Whether an --only pattern matches (file, tensor): "FILEGLOB:TENSORGLOB",
+ * or a glob of the tensor name. */
+static int only_match(const char *pat, const char *file, const char *tensor)
+{
+    const char *colon = strchr(pat, ':');
+    if (!colon)
+        return fnmatch(pat, tensor, 0) == 0;
+    char fg[256];
+    size_t n = (size_t)(colon - pat);
+    if (n >= sizeof fg)
+        return 0;
+    memcpy(fg, pat, n);
+    fg[n] = 0;
+    const char *base = strrchr(file, '/');
+    return fnmatch(fg, base ? base + 1 : file, 0) == 0 && fnmatch(colon + 1, tensor, 0) == 0;
+}
+
+/* Whether the entry (file, tensor) is compared under --only (every pattern
+ * it matches counts the hit). */
+static int entry_selected(par_compare_report *r, const char *file, const char *tensor)
+{
+    if (r->n_only == 0)
+        return 1;
+    int hit = 0;
+    for (int k = 0; k < r->n_only; k++)
+        if (only_match(r->only[k], file, tensor)) {
+            r->only_hits[k]++;
+            hit = 1;
+        }
+    r->n_unselected += !hit;
+    return hit;
+}
+
+/* The selection's own failing entries: an --only pattern that matched
+ * nothing, --subset with nothing compared. */
+static par_status finish_selection(par_compare_report *r)
+{
+    for (int k = 0; k < r->n_only; k++) {
+        if (r->only_hits[k])
+            continue;
+        par_cmp_entry *e = report_add(r, "(--only)", r->only[k]);
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        snprintf(e->reason, sizeof e->reason, "--only '%s' matches no tensor of A or B (a tensor glob, or "
+                 "FILEGLOB:TENSORGLOB)", r->only[k]);
+        e->side = PAR_CMP_SELECTION;
+        e->dtype = PAR_DTYPE_COUNT;
+        entry_fail(r, e);
+    }
+    int compared = 0;
+    for (int i = 0; i < r->n; i++)
+        compared += r->e[i].side == PAR_CMP_BOTH && r->e[i].tensor[0] && strcmp(r->e[i].file, PAR_MANIFEST_NAME);
+    if (r->subset && compared == 0) {
+        par_cmp_entry *e = report_add(r, "(--subset)", "");
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        snprintf(e->reason, sizeof e->reason, "nothing was compared: B holds none of the selected entries of A "
+                 "(%d left out)", r->n_left_out);
+        e->side = PAR_CMP_SELECTION;
+        e->dtype = PAR_DTYPE_COUNT;
+        entry_fail(r, e);
+    }
+    return PAR_OK;
+}
 int par_compare_report_steps(const par_compare_report *r, int64_t cmp[2], int64_t a[2], int64_t b[2])
 {
     if (!r->have_steps)
@@ -502,59 +597,79 @@ static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
     return (t && t->dtype == PAR_I32 && t->ndim == 2) ? t : NULL;
 }
 
+/* An entry one side lacks: failing, or left out (--subset, missing in B). */
+static void entry_missing(par_compare_report *r, par_cmp_entry *e, par_cmp_side side)
+{
+    e->side = side;
+    if (side == PAR_CMP_ONLY_A && r->subset) {
+        snprintf(e->reason, sizeof e->reason, "not in B (left out: --subset)");
+        e->left_out = 1;
+        r->n_left_out++;
+        return;
+    }
+    snprintf(e->reason, sizeof e->reason, side == PAR_CMP_ONLY_A ? "missing in B" : "missing in A (extra in B)");
+    entry_fail(r, e);
+}
+
+/* The decoding context of a file pair (either file may be NULL: a file
+ * one side lacks). */
+static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_file *b, const char *file,
+                            const file_ctx *fc)
+{
+    memset(dc, 0, sizeof *dc);
+    dc->is_step = has_prefix(file, "step.");
+    if (!dc->is_step)
+        return;
+    const par_tensor *seg = a ? find_i32_bs(a, "input.segments") : NULL;
+    if (!seg && b)
+        seg = find_i32_bs(b, "input.segments");
+    const par_tensor *tok = a ? find_i32_bs(a, "input.tokens") : NULL;
+    if (!tok && b)
+        tok = find_i32_bs(b, "input.tokens");
+    const par_tensor *bs = seg ? seg : tok;
+    dc->seg = seg;
+    if (bs) {
+        dc->B = bs->shape[0];
+        dc->S = bs->shape[1];
+    }
+    static const char *side[2] = {"A's layout", "B's layout"};
+    for (int k = 0; k < 2; k++) {
+        if (fc->cp[k] > 1) {
+            dc->cp[dc->ncp] = fc->cp[k];
+            dc->cp_side[dc->ncp] = side[k];
+            dc->ncp++;
+        }
+    }
+    if (dc->ncp == 2 && dc->cp[0] == dc->cp[1]) {
+        dc->ncp = 1;
+        dc->cp_side[0] = "both layouts";
+    }
+}
+
+/* Compares a file pair tensor by tensor; a or b NULL: a file one side
+ * lacks, every tensor of the other side's is an entry missing there. */
 static par_status compare_pair(par_compare_report *r, const par_st_file *a, const par_st_file *b, const char *file,
                                const file_ctx *fc)
 {
     decode_ctx dc;
-    memset(&dc, 0, sizeof dc);
-    dc.is_step = has_prefix(file, "step.");
-    if (dc.is_step) {
-        const par_tensor *seg = find_i32_bs(a, "input.segments");
-        if (!seg)
-            seg = find_i32_bs(b, "input.segments");
-        const par_tensor *tok = find_i32_bs(a, "input.tokens");
-        if (!tok)
-            tok = find_i32_bs(b, "input.tokens");
-        const par_tensor *bs = seg ? seg : tok;
-        dc.seg = seg;
-        if (bs) {
-            dc.B = bs->shape[0];
-            dc.S = bs->shape[1];
-        }
-        static const char *side[2] = {"A's layout", "B's layout"};
-        for (int k = 0; k < 2; k++) {
-            if (fc->cp[k] > 1) {
-                dc.cp[dc.ncp] = fc->cp[k];
-                dc.cp_side[dc.ncp] = side[k];
-                dc.ncp++;
-            }
-        }
-        if (dc.ncp == 2 && dc.cp[0] == dc.cp[1]) {
-            dc.ncp = 1;
-            dc.cp_side[0] = "both layouts";
-        }
-    }
-    int na = par_st_count(a), nb = par_st_count(b);
+    pair_decode_ctx(&dc, a, b, file, fc);
+    int na = a ? par_st_count(a) : 0, nb = b ? par_st_count(b) : 0;
     int i = 0, j = 0;
     char s1[160], s2[160];
     while (i < na || j < nb) {
         int c = i >= na ? 1 : j >= nb ? -1 : strcmp(par_st_name(a, i), par_st_name(b, j));
         const char *name = c <= 0 ? par_st_name(a, i) : par_st_name(b, j);
+        if (!entry_selected(r, file, name)) {
+            i += c <= 0;
+            j += c >= 0;
+            continue;
+        }
         par_cmp_entry *e = report_add(r, file, name);
         if (!e)
             return par_err(PAR_ENOMEM, "compare: out of memory");
-        if (c < 0) {
-            fill_shape(e, par_st_tensor(a, i));
-            snprintf(e->reason, sizeof e->reason, "missing in B");
-            entry_fail(r, e);
-            i++;
-            continue;
-        }
-        if (c > 0) {
-            fill_shape(e, par_st_tensor(b, j));
-            snprintf(e->reason, sizeof e->reason, "missing in A (extra in B)");
-            entry_fail(r, e);
-            j++;
+        if (c != 0) {
+            fill_shape(e, c < 0 ? par_st_tensor(a, i++) : par_st_tensor(b, j++));
+            entry_missing(r, e, c < 0 ? PAR_CMP_ONLY_A : PAR_CMP_ONLY_B);
             continue;
         }
         const par_tensor *ta = par_st_tensor(a, i), *tb = par_st_tensor(b, j);
@@ -609,7 +724,8 @@ par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char
     r->policy = o->policy == PAR_POLICY_AUTO ? PAR_POLICY_F64 : o->policy;
     snprintf(r->policy_why, sizeof r->policy_why, "%s", o->policy == PAR_POLICY_AUTO ? "auto: bare files" : "given");
     file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}};
-    st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc);
+    if (!(st = report_select(r, o)) && !(st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc)))
+        st = finish_selection(r);
     if (st) {
         par_compare_report_free(r);
         return st;
@@ -825,6 +941,36 @@ static par_status common_steps(par_compare_report *r, const par_manifest *ma, co
     return PAR_OK;
 }
 
+/* A set file one side lacks: one failing entry for the file; under --only
+ * or --subset the file is read and each of its (selected) tensors is an
+ * entry of its own, missing on the other side (left out under --subset). */
+static par_status missing_file(par_compare_report *r, const char *dir, const char *name, par_cmp_side side,
+                               const file_ctx *fc)
+{
+    if (!r->n_only && !r->subset) {
+        par_cmp_entry *e = report_add(r, name, "");
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        e->side = side;
+        snprintf(e->reason, sizeof e->reason, "file %s", side == PAR_CMP_ONLY_A ? "missing in B" :
+                 "missing in A (extra in B)");
+        entry_fail(r, e);
+        r->nfiles++;
+        return PAR_OK;
+    }
+    char *path = par_path_join(dir, name);
+    if (!path)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    par_st_file *f = NULL;
+    par_status st = par_st_read(path, &f);
+    par_free(path);
+    if (st)
+        return st;
+    st = side == PAR_CMP_ONLY_A ? compare_pair(r, f, NULL, name, fc) : compare_pair(r, NULL, f, name, fc);
+    par_st_close(f);
+    return st;
+}
+
 static par_status compare_dirs(par_compare_report *r, const char *da, const char *db, const par_compare_opts *o)
 {
     par_manifest ma, mb;
@@ -860,14 +1006,8 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         int c = i >= na ? 1 : j >= nb ? -1 : cmp_gfile(&fa[i], &fb[j]);
         if (c != 0) {
             const gfile *g = c < 0 ? &fa[i++] : &fb[j++];
-            par_cmp_entry *e = report_add(r, g->name, "");
-            if (!e) {
-                st = par_err(PAR_ENOMEM, "compare: out of memory");
+            if ((st = missing_file(r, c < 0 ? da : db, g->name, c < 0 ? PAR_CMP_ONLY_A : PAR_CMP_ONLY_B, &fc)))
                 goto done_free_lists;
-            }
-            snprintf(e->reason, sizeof e->reason, "file %s", c < 0 ? "missing in B" : "missing in A (extra in B)");
-            entry_fail(r, e);
-            r->nfiles++;
             continue;
         }
         const char *name = fa[i].name;
@@ -941,7 +1081,8 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
     par_status st = report_new(a, b, &r);
     if (st)
         return st;
-    st = compare_dirs(r, a, b, o);
+    if (!(st = report_select(r, o)) && !(st = compare_dirs(r, a, b, o)))
+        st = finish_selection(r);
     if (st) {
         par_compare_report_free(r);
         return st;
@@ -985,6 +1126,43 @@ static void print_entry(FILE *out, const par_cmp_entry *e)
     }
 }
 
+/* What a partial comparison left out: --only's patterns with their hits,
+ * --subset's entries of A not in B per file (every name when verbose, else
+ * the first few). */
+static void print_selection(const par_compare_report *r, FILE *out, int verbose)
+{
+    for (int k = 0; k < r->n_only; k++)
+        fprintf(out, "--only %s: %lld entr%s\n", r->only[k], (long long)r->only_hits[k],
+                r->only_hits[k] == 1 ? "y" : "ies");
+    if (!r->n_left_out)
+        return;
+    fprintf(out, "left out (--subset): %d entr%s of A that B does not hold, not judged:\n", r->n_left_out,
+            r->n_left_out == 1 ? "y" : "ies");
+    for (int i = 0; i < r->n;) {
+        if (!r->e[i].left_out) {
+            i++;
+            continue;
+        }
+        int j = i, cnt = 0;
+        for (; j < r->n && !strcmp(r->e[j].file, r->e[i].file); j++)
+            cnt += r->e[j].left_out;
+        fprintf(out, "  %s: %d:", r->e[i].file, cnt);
+        int shown = 0;
+        for (int q = i; q < j; q++) {
+            if (!r->e[q].left_out)
+                continue;
+            if (!verbose && shown == 4) {
+                fprintf(out, " ...");
+                break;
+            }
+            fprintf(out, " %s", r->e[q].tensor[0] ? r->e[q].tensor : "(file)");
+            shown++;
+        }
+        fputc('\n', out);
+        i = j;
+    }
+}
+
 void par_compare_report_print(const par_compare_report *r, FILE *out, int verbose)
 {
     double rt, at;
@@ -1008,12 +1186,18 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     }
     int npass = 0;
     for (int i = 0; i < r->n; i++) {
-        npass += r->e[i].pass;
-        if (verbose || !r->e[i].pass)
+        npass += r->e[i].pass && !r->e[i].left_out;
+        if ((verbose && !r->e[i].left_out) || !r->e[i].pass)
             print_entry(out, &r->e[i]);
     }
-    fprintf(out, "%s: %d file%s, %d entries: %d passed, %d failed\n", r->nfail ? "MISMATCH" : "EQUAL within policy",
-            r->nfiles, r->nfiles == 1 ? "" : "s", r->n, npass, r->nfail);
+    print_selection(r, out, verbose);
+    fprintf(out, "%s: %d file%s, %d entries: %d passed, %d failed", r->nfail ? "MISMATCH" : "EQUAL within policy",
+            r->nfiles, r->nfiles == 1 ? "" : "s", r->n - r->n_left_out, npass, r->nfail);
+    if (r->subset)
+        fprintf(out, "; %d left out (in A, not in B: --subset)", r->n_left_out);
+    if (r->n_only)
+        fprintf(out, "; %d not selected (--only)", r->n_unselected);
+    fputc('\n', out);
 }
 
 static cJSON *num_or_str(double v)
@@ -1045,6 +1229,27 @@ static int steps_json(const par_compare_report *r, cJSON *root)
     return ok && cJSON_AddNumberToObject(st, "skipped_files_b", r->skipped_b);
 }
 
+static const char *const side_names[] = {"both", "a_only", "b_only", "selection"};
+
+/* "subset", "left_out", "only": [{"pattern", "entries"}], "not_selected". */
+static int selection_json(const par_compare_report *r, cJSON *root)
+{
+    int ok = cJSON_AddBoolToObject(root, "subset", r->subset) != NULL;
+    ok = ok && cJSON_AddNumberToObject(root, "left_out", r->n_left_out);
+    ok = ok && cJSON_AddNumberToObject(root, "not_selected", r->n_unselected);
+    cJSON *arr = ok ? cJSON_AddArrayToObject(root, "only") : NULL;
+    ok = arr != NULL;
+    for (int k = 0; k < r->n_only && ok; k++) {
+        cJSON *o = cJSON_CreateObject();
+        ok = o != NULL;
+        if (ok)
+            cJSON_AddItemToArray(arr, o);
+        ok = ok && cJSON_AddStringToObject(o, "pattern", r->only[k]);
+        ok = ok && cJSON_AddNumberToObject(o, "entries", (double)r->only_hits[k]);
+    }
+    return ok;
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -1061,6 +1266,7 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
         ok = steps_json(r, root);
     ok = ok && cJSON_AddNumberToObject(root, "entries", r->n);
     ok = ok && cJSON_AddNumberToObject(root, "failed", r->nfail);
+    ok = ok && selection_json(r, root);
     cJSON *arr = ok ? cJSON_AddArrayToObject(root, "tensors") : NULL;
     ok = arr != NULL;
     for (int i = 0; i < r->n && ok; i++) {
@@ -1072,6 +1278,9 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
         ok = ok && cJSON_AddStringToObject(o, "file", e->file) && cJSON_AddStringToObject(o, "tensor", e->tensor);
         ok = ok && cJSON_AddBoolToObject(o, "pass", e->pass) && cJSON_AddStringToObject(o, "reason", e->reason);
         ok = ok && cJSON_AddStringToObject(o, "mode", e->mode);
+        ok = ok && cJSON_AddStringToObject(o, "side", side_names[e->side]);
+        if (ok && e->left_out)
+            ok = cJSON_AddBoolToObject(o, "left_out", 1) != NULL;
         if (ok && e->tensor[0]) {
             cJSON *shape = cJSON_AddArrayToObject(o, "shape");
             ok = shape && cJSON_AddStringToObject(o, "dtype", par_dtype_name(e->dtype));
