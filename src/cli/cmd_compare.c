@@ -1,5 +1,5 @@
 /* parity compare A B [--policy auto|f64|f32|bf16|bitwise] [--json FILE] [--verbose]
- *                    [--only GLOB]... [--subset]
+ *                    [--only GLOB]... [--subset] [--strict-ties]
  * Exit: 0 equal within policy, 1 mismatch, 2 bad usage or unreadable input. */
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +11,20 @@
 #include "model/compare.h"
 #include "model/rootcause.h"
 #include "parallel/rankof.h"
+
+/* The pick lists that differ in tie order (exact ties of A, ties.K): what
+ * the divergence after them follows from. */
+static void print_ties(const par_compare_report *r)
+{
+    for (int i = 0; i < par_compare_report_count(r); i++) {
+        const par_cmp_entry *e = par_compare_report_entry(r, i);
+        if (e->tie_rows)
+            printf("tie order: %s %s: %lld row%s pick other entries among exact ties of A (the top-k boundary's "
+                   "score shared): a top-k that orders ties otherwise than MODEL.md's lower index; the values after "
+                   "it differ for that reason (docs/gpu-rollout.md, \"Exact ties\")\n", e->file, e->tensor,
+                   (long long)e->tie_rows, e->tie_rows == 1 ? "" : "s");
+    }
+}
 
 /* The first divergent tensor in dataflow order (model/rootcause.h), its
  * first listed element and the rank of each parallel side that owned it. */
@@ -47,7 +61,7 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
 int par_cmd_compare(int argc, char **argv)
 {
     const char *policy_s = "auto", *json = NULL;
-    int verbose = 0, subset = 0;
+    int verbose = 0, subset = 0, strict_ties = 0;
     int64_t max_list = 5;
     par_strlist only = {{0}, 0};
     const par_opt opts[] = {
@@ -62,6 +76,9 @@ int par_cmd_compare(int argc, char **argv)
         {"subset", PAR_OPT_FLAG, &subset, NULL,
          "compare the entries B holds: A's entries missing in B are listed as left out, not failed (a partial or "
          "forward-only dump); B's extra entries still fail"},
+        {"strict-ties", PAR_OPT_FLAG, &strict_ties, NULL,
+         "fail indexer picks that differ only among A's exact ties (tie order; A's ties.K file); by default they "
+         "are reported as TIE and pass"},
     };
     const char *synopsis = "A B [options]\n\n"
                            "Compares two golden-set directories or two safetensors files, tensor by tensor\n"
@@ -98,6 +115,7 @@ int par_cmd_compare(int argc, char **argv)
     o.only = only.items;
     o.n_only = only.count;
     o.subset = subset;
+    o.strict_ties = strict_ties;
     par_compare_report *r;
     par_status st = par_compare_paths(pos.argv[0], pos.argv[1], &o, &r);
     if (st) {
@@ -107,6 +125,7 @@ int par_cmd_compare(int argc, char **argv)
     }
     par_compare_report_print(r, stdout, verbose);
     print_root_cause(r, pos.argv[0], pos.argv[1]);
+    print_ties(r);
     fflush(stdout);
     int code = par_compare_report_ok(r) ? 0 : 1;
     if (json && par_compare_report_write_json(r, json) != PAR_OK) {

@@ -61,6 +61,7 @@ void par_compare_opts_init(par_compare_opts *o)
     o->only = NULL;
     o->n_only = 0;
     o->subset = 0;
+    o->strict_ties = 0;
 }
 
 /* ---- report ----------------------------------------------------------- */
@@ -175,6 +176,13 @@ int par_compare_report_count(const par_compare_report *r) { return r->n; }
 int par_compare_report_failed(const par_compare_report *r) { return r->nfail; }
 int par_compare_report_left_out(const par_compare_report *r) { return r->n_left_out; }
 int par_compare_report_unselected(const par_compare_report *r) { return r->n_unselected; }
+int par_compare_report_tie_entries(const par_compare_report *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        n += r->e[i].tie_rows > 0;
+    return n;
+}
 
 /* Whether an --only pattern matches (file, tensor): "FILEGLOB:TENSORGLOB",
  * or a glob of the tensor name. */
@@ -273,6 +281,8 @@ typedef struct {
     int ncp;
     int64_t cp[2];           /* context-parallel sizes > 1 of A's / B's layout */
     const char *cp_side[2];
+    const par_st_file *ties; /* A's ties.K of this step file, or NULL */
+    int strict_ties;
 } decode_ctx;
 
 /* Finds a name component `key` followed by ".<digits>" (key at the start or
@@ -463,6 +473,64 @@ static inline __attribute__((always_inline)) void float_loop(par_dtype dt, const
     acc->nnf = nnf;
 }
 
+/* Whether row r of two pick lists ([.., k], ascending, -1 padding) differs
+ * only among A's exact ties (tie [.., ne]): every entry in one list and
+ * not the other is a valid index marked tied. */
+static int row_tie_only(const int32_t *pa, const int32_t *pb, int64_t k, const int32_t *tie, int64_t ne)
+{
+    for (int side = 0; side < 2; side++) {
+        const int32_t *x = side ? pb : pa, *y = side ? pa : pb;
+        for (int64_t i = 0; i < k; i++) {
+            int found = 0;
+            for (int64_t j = 0; j < k && !found; j++)
+                found = x[i] == y[j];
+            if (!found && (x[i] < 0 || x[i] >= ne || !tie[x[i]]))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* attn.<block>.selected that differs, with A's ties.K holding
+ * attn.<block>.ties [B, S, ne]: the rows that differ, those that differ only
+ * in tie order; all of them tie order: a pass unless strict (the reason
+ * says so either way). */
+static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                       const decode_ctx *c)
+{
+    size_t nl = strlen(name), sl = strlen(".selected");
+    if (!c->ties || ta->dtype != PAR_I32 || ta->ndim != 3 || nl <= sl || strcmp(name + nl - sl, ".selected"))
+        return;
+    char tname[256];
+    snprintf(tname, sizeof tname, "%.*s.ties", (int)(nl - sl), name);
+    const par_tensor *t = par_st_find(c->ties, tname);
+    if (!t || t->dtype != PAR_I32 || t->ndim != 3 || t->shape[0] != ta->shape[0] || t->shape[1] != ta->shape[1])
+        return;
+    const int64_t rows = ta->shape[0] * ta->shape[1], k = ta->shape[2], ne = t->shape[2];
+    const int32_t *pa = ta->data, *pb = tb->data, *tie = t->data;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!memcmp(pa + r * k, pb + r * k, (size_t)k * sizeof(int32_t)))
+            continue;
+        e->rows_differ++;
+        e->tie_rows += row_tie_only(pa + r * k, pb + r * k, k, tie + r * ne, ne);
+    }
+    if (e->tie_rows == 0) {
+        snprintf(e->reason, sizeof e->reason, "integers differ in %lld of %lld rows, none of them only among exact "
+                 "ties of A (ties.K)", (long long)e->rows_differ, (long long)rows);
+        return;
+    }
+    if (e->tie_rows == e->rows_differ && !c->strict_ties) {
+        e->pass = 1;
+        snprintf(e->reason, sizeof e->reason, "tie order: %lld of %lld rows differ, each only among entries A "
+                 "scores exactly equal at the top-k boundary (ties.K); --strict-ties fails them",
+                 (long long)e->tie_rows, (long long)rows);
+        return;
+    }
+    snprintf(e->reason, sizeof e->reason, "integers differ in %lld of %lld rows: %lld only among exact ties of A "
+             "(tie order%s), %lld elsewhere", (long long)e->rows_differ, (long long)rows, (long long)e->tie_rows,
+             c->strict_ties ? ", failed under --strict-ties" : "", (long long)(e->rows_differ - e->tie_rows));
+}
+
 /* Compares values of two tensors of equal dtype and shape into e. */
 static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
                                  par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
@@ -538,6 +606,8 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
         if (!e->pass)
             snprintf(e->reason, sizeof e->reason, "integers differ at %lld of %lld elements", (long long)ndiff,
                      (long long)numel);
+        if (!e->pass)
+            judge_ties(e, name, ta, tb, ctx);
     } else if (bitwise) {
         e->pass = ndiff == 0;
         if (!e->pass)
@@ -589,6 +659,8 @@ typedef struct {
     int max_list;
     const par_manifest *ma;       /* A's manifest (overrides), or NULL */
     int64_t cp[2];
+    const par_st_file *ties;      /* A's ties.K for the step file compared, or NULL */
+    int strict_ties;
 } file_ctx;
 
 static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
@@ -618,6 +690,8 @@ static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_f
 {
     memset(dc, 0, sizeof *dc);
     dc->is_step = has_prefix(file, "step.");
+    dc->ties = fc->ties;
+    dc->strict_ties = fc->strict_ties;
     if (!dc->is_step)
         return;
     const par_tensor *seg = a ? find_i32_bs(a, "input.segments") : NULL;
@@ -709,8 +783,36 @@ static int clamp_list(int k)
     return k > PAR_CMP_MAX_LIST ? PAR_CMP_MAX_LIST : k;
 }
 
+/* A set's ties.K.safetensors (model/golden.h) in dir, for step k: *out NULL
+ * when there is none (a set written before it, a parallel dump, row
+ * blocks); an error when it is there but unreadable. */
+static par_status open_ties(const char *dir, int64_t k, par_st_file **out)
+{
+    char name[64];
+    snprintf(name, sizeof name, "ties.%lld.safetensors", (long long)k);
+    char *p = par_path_join(dir, name);
+    if (!p)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    struct stat sb;
+    par_status st = PAR_OK;
+    *out = NULL;
+    if (stat(p, &sb) == 0)
+        st = par_st_read(p, out);
+    par_free(p);
+    return st;
+}
+
+static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
+                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out);
+
 par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char *file, const par_compare_opts *o,
                           par_compare_report **out)
+{
+    return compare_st_ties(a, b, file, o, NULL, out);
+}
+
+static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
+                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out)
 {
     par_compare_opts def;
     if (!o) {
@@ -723,7 +825,7 @@ par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char
         return st;
     r->policy = o->policy == PAR_POLICY_AUTO ? PAR_POLICY_F64 : o->policy;
     snprintf(r->policy_why, sizeof r->policy_why, "%s", o->policy == PAR_POLICY_AUTO ? "auto: bare files" : "given");
-    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}};
+    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}, ties, o->strict_ties};
     if (!(st = report_select(r, o)) && !(st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc)))
         st = finish_selection(r);
     if (st) {
@@ -990,7 +1092,7 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         r->policy = o->policy;
         snprintf(r->policy_why, sizeof r->policy_why, "given");
     }
-    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}};
+    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}, NULL, o->strict_ties};
 
     gfile *fa = NULL, *fb = NULL;
     int na = 0, nb = 0;
@@ -1021,8 +1123,14 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
             st = par_st_read(pa, &sa);
         if (!st)
             st = par_st_read(pb, &sb);
+        par_st_file *ties = NULL;
+        if (!st && fa[i - 1].kind == 1)
+            st = open_ties(da, fa[i - 1].k, &ties);
+        fc.ties = ties;
         if (!st)
             st = compare_pair(r, sa, sb, name, &fc);
+        fc.ties = NULL;
+        par_st_close(ties);
         par_st_close(sa);
         par_st_close(sb);
         par_free(pa);
@@ -1072,7 +1180,23 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
             par_st_close(fa);
             return st;
         }
-        st = par_compare_st(fa, fb, base_name(a), o, out);
+        par_st_file *ties = NULL;
+        gfile g;
+        char *dir = NULL;
+        if (parse_gname(base_name(a), &g) && g.kind == 1) { /* a bare step.K: A's ties.K next to it */
+            size_t dl = (size_t)(base_name(a) - a);
+            dir = par_strdup(dl ? a : ".", PAR_TAG_IO);
+            if (!dir)
+                st = par_err(PAR_ENOMEM, "compare: out of memory");
+            else if (dl)
+                dir[dl - 1 > 0 ? dl - 1 : 1] = 0;
+            if (!st)
+                st = open_ties(dir, g.k, &ties);
+        }
+        if (!st)
+            st = compare_st_ties(fa, fb, base_name(a), o, ties, out);
+        par_free(dir);
+        par_st_close(ties);
         par_st_close(fa);
         par_st_close(fb);
         return st;
@@ -1110,11 +1234,11 @@ static void print_entry(FILE *out, const par_cmp_entry *e)
 {
     char sh[160];
     par_shape_str(e->ndim, e->shape, sh, sizeof sh);
-    fprintf(out, "%s %s %s %s %s", e->pass ? "PASS" : "FAIL", e->file, e->tensor[0] ? e->tensor : "-",
+    fprintf(out, "%s %s %s %s %s", !e->pass ? "FAIL" : e->tie_rows ? "TIE " : "PASS", e->file, e->tensor[0] ? e->tensor : "-",
             par_dtype_name(e->dtype), e->tensor[0] ? sh : "");
     if (strcmp(e->mode, "-"))
         fprintf(out, " [%s] max_abs %.3e max_rel %.3e rel_l2 %.3e", e->mode, e->max_abs, e->max_rel, e->rel_l2);
-    if (!e->pass)
+    if (!e->pass || e->tie_rows)
         fprintf(out, ": %s", e->reason);
     fputc('\n', out);
     if (e->override_reason)
@@ -1187,7 +1311,7 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     int npass = 0;
     for (int i = 0; i < r->n; i++) {
         npass += r->e[i].pass && !r->e[i].left_out;
-        if ((verbose && !r->e[i].left_out) || !r->e[i].pass)
+        if ((verbose && !r->e[i].left_out) || !r->e[i].pass || r->e[i].tie_rows)
             print_entry(out, &r->e[i]);
     }
     print_selection(r, out, verbose);
@@ -1197,6 +1321,10 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
         fprintf(out, "; %d left out (in A, not in B: --subset)", r->n_left_out);
     if (r->n_only)
         fprintf(out, "; %d not selected (--only)", r->n_unselected);
+    int nt = par_compare_report_tie_entries(r);
+    if (nt)
+        fprintf(out, "; %d entr%s with rows that differ only in the order of exact ties in A (TIE)", nt,
+                nt == 1 ? "y" : "ies");
     fputc('\n', out);
 }
 
@@ -1303,6 +1431,9 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
             }
             ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
             ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
+            if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
+                ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
+                     cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
             if (ok && e->override_reason)
                 ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
         }

@@ -84,6 +84,8 @@ typedef struct {
     double bound;       /* rtol ||A||_2 + atol sqrt(numel) */
     int64_t n_diff;     /* elements whose bits differ */
     int64_t n_nonfinite;/* positions where NaN/Inf do not agree */
+    int64_t rows_differ; /* attn.*.selected with A's ties.K: rows [B,S] whose picks differ */
+    int64_t tie_rows;    /* of them, rows whose picks differ only among A's exact ties (tie order) */
     int nlist;
     par_cmp_elem *list; /* largest errors first (ties: lower index first) */
 } par_cmp_entry;
@@ -105,6 +107,15 @@ typedef struct {
     const char *const *only;
     int n_only;
     int subset;
+    /* Exact ties (issue 33): a golden set's ties.K.safetensors (model/golden.h
+     * par_golden_write_ties) marks, per indexer query row, the entries scored
+     * exactly the top-k boundary's score where that score spans the boundary.
+     * When A has it (a set's, or the ties.K file next to a bare step.K
+     * file), attn.<block>.selected rows whose picks differ only among those
+     * entries are a tie-order difference: counted (tie_rows), reported, and
+     * the entry passes unless strict_ties.  Rows that differ elsewhere fail
+     * as before. */
+    int strict_ties;
 } par_compare_opts;
 
 void par_compare_opts_init(par_compare_opts *o);
@@ -126,6 +137,7 @@ int par_compare_report_count(const par_compare_report *r);
 int par_compare_report_failed(const par_compare_report *r);   /* failing entries */
 int par_compare_report_left_out(const par_compare_report *r); /* --subset: entries of A not in B */
 int par_compare_report_unselected(const par_compare_report *r); /* --only: tensors matching no pattern */
+int par_compare_report_tie_entries(const par_compare_report *r); /* entries with tie-order rows */
 const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i);
 /* First entry for (file, tensor); file NULL matches any file. */
 const par_cmp_entry *par_compare_report_find(const par_compare_report *r, const char *file, const char *tensor);
