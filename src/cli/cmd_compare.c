@@ -10,7 +10,7 @@
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/rootcause.h"
-#include "parallel/rankof.h"
+#include "matrix/rankof.h"
 
 /* The pick lists that differ in tie order (exact ties of A, ties.K): what
  * the divergence after them follows from. */
