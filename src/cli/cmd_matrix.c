@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backends/registry.h"
+#include "cli/autobackend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/devargs.h"
@@ -38,7 +39,7 @@ typedef struct {
 static int parse_cli(int argc, char **argv, matrix_cli *c)
 {
     memset(c, 0, sizeof *c);
-    c->backend = "threads";
+    c->backend = "auto";
     c->seed = 1234;
     c->mpi_procs = 8;
     const par_opt opts[] = {
@@ -52,7 +53,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
                                                            "table (docs/matrix.md, \"Your own cells\")"},
         {"cell", PAR_OPT_LIST, &c->cells, "NAME", "run only cells of this name, whatever their tier (repeatable)"},
         {"fixture", PAR_OPT_LIST, &c->fixtures, "NAME", "use only this fixture (repeatable; default all)"},
-        {"backend", PAR_OPT_STR, &c->backend, "threads|fiber|mpi", "backend of the layout cells (default threads)"},
+        {"backend", PAR_OPT_STR, &c->backend, "auto|threads|fiber|mpi",
+         "backend of the layout cells (default auto: per cell by its world, threads up to 4 ranks per core, fiber "
+         "beyond, as parity run; a cell's own \"backend\" wins)"},
         {"mpi-procs", PAR_OPT_INT, &c->mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
         {"report", PAR_OPT_STR, &c->report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
@@ -100,8 +103,8 @@ static int check_cli(const matrix_cli *c)
 {
     const char *why = NULL;
     if (strcmp(c->backend, "threads") && strcmp(c->backend, "fiber") && strcmp(c->backend, "mpi") &&
-        strcmp(c->backend, "self"))
-        why = "--backend expects threads, fiber or mpi";
+        strcmp(c->backend, "self") && strcmp(c->backend, "auto"))
+        why = "--backend expects auto, threads, fiber or mpi";
     else if (!strcmp(c->backend, "mpi") && !HAVE_MPI)
         why = "--backend mpi: this build has no MPI (install MPICH and rebuild)";
     else if (c->steps < 0 || c->seed < 0)
@@ -133,8 +136,9 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
         o->runner = par_mpi_run_layout;
         o->runner_ud = mpi;
     } else {
-        o->backend_impl = par_backend_find(c->backend);
+        o->backend_impl = strcmp(c->backend, "auto") ? par_backend_find(c->backend) : NULL;
         o->find_backend = par_backend_find; /* cells of their own backend ("backend": "fiber") */
+        o->pick_backend = par_autobackend_find; /* auto: each cell by its world (cli/autobackend.h) */
     }
     o->steps = c->steps;
     o->seed = (uint64_t)c->seed;

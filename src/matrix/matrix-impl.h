@@ -108,6 +108,8 @@ typedef struct {
     int n_consequences;       /* failing integer entries downstream of the root */
     char diagnosis[1024];     /* one line: why it failed ("" when it passed) */
     par_cell_metrics met;
+    char backend[16];         /* the backend its (last) layout run ran on ("" when none ran in process) */
+    char backend_why[240];    /* how it was chosen: --backend, the cell's own, or the default rule's reason */
     cJSON *run;               /* the layout run's summary (the last run of a pair), or NULL */
     double wall_s;
     char dir[PAR_MX_PATH];    /* the cell's work directory ("" once removed) */

@@ -80,6 +80,10 @@ typedef struct {
     /* The default runner's backend of a cell that names its own ("backend": "fiber"), by name
      * (the CLI's backends/registry.h par_backend_find); NULL: such cells are ERROR. */
     const par_backend *(*find_backend)(const char *name);
+    /* The default runner's backend of a cell that names none when backend_impl is NULL (the
+     * matrix's --backend not given): by the world's size on this machine (the CLI's
+     * cli/autobackend.h rule, the one `parity run` follows); why receives the reason. */
+    const par_backend *(*pick_backend)(int64_t world, char *why, size_t n);
     int64_t steps;            /* rows with steps 0; 0 = the preset's default (tiny 3, mini 1) */
     uint64_t seed;            /* rows without a seed */
     const char *out_dir;      /* results directory: created; must be empty or an earlier matrix's */

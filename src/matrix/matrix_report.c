@@ -180,6 +180,24 @@ static void print_memory(const par__matrix_cell *c, const cJSON *run, FILE *out)
     }
 }
 
+/* Which backend the layout cells ran on, and why (the first cell's reason
+ * per backend: the cell's own, --backend, or the default rule's). */
+static void print_backends(const par_matrix *m, FILE *out)
+{
+    for (int i = 0; i < m->n; i++) {
+        const char *b = m->res[i].backend;
+        int first = b[0] != 0, cnt = 0;
+        for (int j = 0; j < i && first; j++)
+            first = strcmp(m->res[j].backend, b) != 0;
+        if (!first)
+            continue;
+        for (int j = i; j < m->n; j++)
+            cnt += !strcmp(m->res[j].backend, b);
+        fprintf(out, "backend %s: %d layout cell%s (first %s: %s)\n", b, cnt, cnt == 1 ? "" : "s", m->cells[i].row.name,
+                m->res[i].backend_why);
+    }
+}
+
 void par_matrix_print_table(const par_matrix *m, FILE *out)
 {
     fprintf(out, "\nparity matrix: preset %s, tier %s, backend %s, seed %llu, BLAS core %s\n",
@@ -201,6 +219,7 @@ void par_matrix_print_table(const par_matrix *m, FILE *out)
     if (nw)
         fprintf(out, ", %d informational over policy", nw);
     fprintf(out, " (%.1f s); results in %s\n", m->wall_s, m->out_dir);
+    print_backends(m, out);
     for (int i = 0; i < m->n; i++)
         if (m->cells[i].row.tier == PAR_CELL_TIER_SCALE && m->res[i].run)
             print_memory(&m->cells[i], m->res[i].run, out);
@@ -358,6 +377,12 @@ static cJSON *cell_json(const par__matrix_cell *c, const par__matrix_result *r)
     cJSON_AddStringToObject(o, "data", c->data_label);
     cJSON_AddStringToObject(o, "layout", c->layout);
     cJSON_AddStringToObject(o, "cell_backend", c->row.backend); /* "": the matrix's */
+    if (r->backend[0]) { /* the backend its layout run ran on, and why that one */
+        cJSON_AddStringToObject(o, "backend", r->backend);
+        cJSON_AddStringToObject(o, "backend_why", r->backend_why);
+    } else {
+        cJSON_AddNullToObject(o, "backend");
+    }
     cJSON_AddNumberToObject(o, "ranks", (double)c->ranks);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "seed", (double)c->seed);

@@ -35,6 +35,25 @@ const char *par_cell_verdict_name(par_cell_verdict v)
 
 /* ---- layout runs ------------------------------------------------------ */
 
+/* The in-process backend of a layout cell of `world` ranks: the cell's own
+ * ("backend": NAME), else the matrix's --backend, else the default rule
+ * (opts.pick_backend); recorded in res with how it was chosen. */
+static const par_backend *cell_backend(const par_matrix *m, const par__matrix_cell *c, int64_t world,
+                                       par__matrix_result *res)
+{
+    const par_backend *be = m->o.backend_impl;
+    char why[240] = "the matrix's --backend";
+    if (c->row.backend[0]) {
+        be = m->o.find_backend ? m->o.find_backend(c->row.backend) : NULL;
+        par__matrix_fmt(why, sizeof why, "the cell's own \"backend\"");
+    } else if (!be && m->o.pick_backend) {
+        be = m->o.pick_backend(world, why, sizeof why);
+    }
+    par__matrix_fmt(res->backend, sizeof res->backend, "%s", be ? par_backend_name(be) : "");
+    par__matrix_fmt(res->backend_why, sizeof res->backend_why, "%s", why);
+    return be;
+}
+
 par_status par_matrix_run_layout_in_process(const par_layout_job *job, void *ud, cJSON **summary)
 {
     const par_backend *be = ud;
@@ -126,8 +145,8 @@ static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par
     if (m->o.runner) {
         s = m->o.runner(&job, m->o.runner_ud, &doc);
     } else {
-        const par_backend *be = m->o.backend_impl;
-        if (c->row.backend[0] && !(be = m->o.find_backend ? m->o.find_backend(c->row.backend) : NULL))
+        const par_backend *be = cell_backend(m, c, l.world, res);
+        if (!be && c->row.backend[0])
             return par_err(PAR_EUNSUPPORTED, "matrix: cell %s runs on the %s backend, which this matrix cannot find",
                            c->row.name, c->row.backend);
         s = par_matrix_run_layout_in_process(&job, (void *)be, &doc);
