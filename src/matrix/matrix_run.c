@@ -428,6 +428,15 @@ static void diagnose(par__matrix_result *res, const par_compare_report *r, const
 {
     par_root_cause rc;
     par_compare_root_cause(r, &rc);
+    if (rc.root < 0 && rc.n_missing > 0) { /* an entry on one side only is no divergence (model/rootcause.h) */
+        const par_cmp_entry *q = par_compare_report_entry(r, rc.first_missing);
+        char qf[64];
+        short_file(q->file, qf, sizeof qf);
+        par__matrix_fmt(res->diagnosis, sizeof res->diagnosis, "%d of %d entries fail (%s policy), no value "
+                        "diverged: each is on one side only (first %s %s: %s)", res->n_failed, res->n_entries,
+                        res->policy, qf, q->tensor[0] ? q->tensor : "(file)", q->reason);
+        return;
+    }
     if (rc.root < 0)
         return;
     const par_cmp_entry *e = par_compare_report_entry(r, rc.root);
