@@ -29,6 +29,8 @@ static int has_suffix(const char *s, const char *suf)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device, *max_memory;
+    const char *baseline;
+    double baseline_margin;
     int64_t steps, seed, mpi_procs, rows_per_block;
     int quick, keep, list, quiet, full, scale;
     par_strlist cells, fixtures;
@@ -42,6 +44,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
     c->backend = "auto";
     c->seed = 1234;
     c->mpi_procs = 8;
+    c->baseline_margin = 5;
     const par_opt opts[] = {
         {"quick", PAR_OPT_FLAG, &c->quick, NULL, "v4-tiny, tier quick: a minute at most (what CI runs)"},
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
@@ -58,7 +61,13 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
          "beyond, as parity run; a cell's own \"backend\" wins)"},
         {"mpi-procs", PAR_OPT_INT, &c->mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
-        {"report", PAR_OPT_STR, &c->report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
+        {"report", PAR_OPT_STR, &c->report, "FILE",
+         "also write the summary as Markdown (.md), JSON (.json) or JUnit XML (.xml: a testcase per cell)"},
+        {"baseline", PAR_OPT_STR, &c->baseline, "OLD/report.json",
+         "compare with an earlier run's report: cells that changed verdict, comparison figures, and emulated "
+         "step / bubble / exposed comm / rank memory beyond --baseline-margin"},
+        {"baseline-margin", PAR_OPT_DOUBLE, &c->baseline_margin, "PCT",
+         "--baseline: the relative move of a figure that is reported (default 5)", PAR_CHK_NONNEG_REAL, 1e6},
         {"out", PAR_OPT_STR, &c->out, "DIR", "results directory (default out/matrix-<time>); an earlier matrix's is "
                                             "replaced"},
         {"steps", PAR_OPT_INT, &c->steps, "K", "training steps of cells without their own (default: v4-tiny 3, "
@@ -111,8 +120,9 @@ static int check_cli(const matrix_cli *c)
         why = "--steps and --seed must be >= 0";
     else if (c->mpi_procs < 1 || c->mpi_procs > 1024)
         why = "--mpi-procs must be in [1, 1024]";
-    else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json"))
-        why = "--report: the name must end in .md (Markdown) or .json";
+    else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json") &&
+             !has_suffix(c->report, ".xml"))
+        why = "--report: the name must end in .md (Markdown), .json or .xml (JUnit)";
     else if ((c->tier != NULL) + c->full + c->scale > 1)
         why = "give one of --tier, --full and --scale";
     if (!why)
@@ -171,9 +181,12 @@ static int build(const matrix_cli *c, const par_matrix_opts *o, par_matrix **m)
     par_free(rows);
     if (!s && par_matrix_count(*m) == 0)
         s = par_err(PAR_EINVAL, "no cell matches the preset, tier and --cell/--fixture selection");
+    int baseline_err = 0;
+    if (!s && c->baseline) /* read and checked before anything runs */
+        baseline_err = (s = par_matrix_set_baseline(*m, c->baseline, c->baseline_margin)) != PAR_OK;
     if (s) {
         /* a row of the file that names no data: the file too (read errors name it already) */
-        int name_file = c->cells_file && *m && !strstr(par_last_error(), c->cells_file);
+        int name_file = c->cells_file && *m && !baseline_err && !strstr(par_last_error(), c->cells_file);
         fprintf(stderr, "parity matrix: %s%s%s\n", name_file ? c->cells_file : "", name_file ? ": " : "",
                 par_last_error());
         par_matrix_free(*m);
@@ -190,7 +203,7 @@ static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_o
         fprintf(stderr, "parity matrix: %d cells, preset %s, backend %s; results in %s\n", par_matrix_count(m),
                 o->preset ? o->preset : "any", c->backend, par_matrix_out_dir(m));
     int nfail = 0;
-    if (par_matrix_run(m, &nfail) != PAR_OK) {
+    if (par_matrix_run(m, &nfail) != PAR_OK || par_matrix_compare_baseline(m) != PAR_OK) {
         fprintf(stderr, "parity matrix: %s\n", par_last_error());
         return 2;
     }

@@ -402,6 +402,8 @@ void par_matrix_free(par_matrix *m)
         par_free(m->only_cells[i]);
     for (int i = 0; i < m->n; i++)
         cJSON_Delete(m->res[i].run);
+    cJSON_Delete(m->baseline_old);
+    cJSON_Delete(m->baseline_diff);
     par_free(m->only_cells);
     par_free(m->gold);
     par_free(m->cells);

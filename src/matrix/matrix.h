@@ -135,4 +135,14 @@ void par_matrix_print_table(const par_matrix *m, FILE *out);
 void par_matrix_print_cells(const par_matrix *m, FILE *out);
 par_status par_matrix_write_report(const par_matrix *m, const char *path);
 
+/* A run against an earlier one (issue 33 item 6): set before running reads
+ * the earlier report.json now (PAR_EFORMAT / PAR_ENOTFOUND when it is not a
+ * matrix report, before anything runs); margin_pct is the relative move of
+ * a figure that is reported (emulated step time, bubble, exposed comm,
+ * rank memory).  After par_matrix_run, compare_baseline computes the diff:
+ * the table then ends with it, the JSON report holds it as "baseline" and
+ * the JUnit report puts each cell's changes in its system-out. */
+par_status par_matrix_set_baseline(par_matrix *m, const char *path, double margin_pct);
+par_status par_matrix_compare_baseline(par_matrix *m);
+
 #endif

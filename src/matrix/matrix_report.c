@@ -220,6 +220,8 @@ void par_matrix_print_table(const par_matrix *m, FILE *out)
         fprintf(out, ", %d informational over policy", nw);
     fprintf(out, " (%.1f s); results in %s\n", m->wall_s, m->out_dir);
     print_backends(m, out);
+    if (m->baseline_diff)
+        par__matrix_baseline_print(m->baseline_diff, out);
     for (int i = 0; i < m->n; i++)
         if (m->cells[i].row.tier == PAR_CELL_TIER_SCALE && m->res[i].run)
             print_memory(&m->cells[i], m->res[i].run, out);
@@ -410,11 +412,11 @@ static cJSON *cell_json(const par__matrix_cell *c, const par__matrix_result *r)
     return o;
 }
 
-static par_status write_json(const par_matrix *m, const char *path)
+cJSON *par__matrix_report_json(const par_matrix *m)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return par_err(PAR_ENOMEM, "matrix: out of memory");
+        return NULL;
     int np = count_verdict(m, PAR_CELL_PASS), nw = count_verdict(m, PAR_CELL_WARN);
     cJSON_AddStringToObject(root, "format", "parity-matrix");
     cJSON_AddNumberToObject(root, "version", 2);
@@ -438,6 +440,16 @@ static par_status write_json(const par_matrix *m, const char *path)
             break;
         cJSON_AddItemToArray(cells, o);
     }
+    if (m->baseline_diff)
+        cJSON_AddItemToObject(root, "baseline", cJSON_Duplicate(m->baseline_diff, 1));
+    return root;
+}
+
+static par_status write_json(const par_matrix *m, const char *path)
+{
+    cJSON *root = par__matrix_report_json(m);
+    if (!root)
+        return par_err(PAR_ENOMEM, "matrix: out of memory");
     par_status s = par_json_write_file(path, root);
     cJSON_Delete(root);
     return s;
@@ -455,5 +467,7 @@ par_status par_matrix_write_report(const par_matrix *m, const char *path)
         return write_json(m, path);
     if (has_suffix(path, ".md"))
         return write_md(m, path);
-    return par_err(PAR_EINVAL, "matrix: report '%s' must end in .md (Markdown) or .json", path);
+    if (has_suffix(path, ".xml"))
+        return par__matrix_write_junit(m, path);
+    return par_err(PAR_EINVAL, "matrix: report '%s' must end in .md (Markdown), .json or .xml (JUnit)", path);
 }
