@@ -58,25 +58,34 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
     printf("\n");
 }
 
-int par_cmd_compare(int argc, char **argv)
+/* What the command line gave. */
+typedef struct {
+    const char *policy_s, *json;
+    int verbose, subset, strict_ties;
+    int64_t max_list;
+    par_strlist only;
+    par_positional pos;
+} compare_cli;
+
+/* Parses the options into c; 0 fine, -1 --help, 2 a usage error (said). */
+static int parse_cli(int argc, char **argv, compare_cli *c)
 {
-    const char *policy_s = "auto", *json = NULL;
-    int verbose = 0, subset = 0, strict_ties = 0;
-    int64_t max_list = 5;
-    par_strlist only = {{0}, 0};
+    memset(c, 0, sizeof *c);
+    c->policy_s = "auto";
+    c->max_list = 5;
     const par_opt opts[] = {
-        {"policy", PAR_OPT_STR, &policy_s, "auto|f64|f32|bf16|bitwise",
+        {"policy", PAR_OPT_STR, &c->policy_s, "auto|f64|f32|bf16|bitwise",
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
-        {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
-        {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
-        {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
-        {"only", PAR_OPT_LIST, &only, "GLOB",
+        {"json", PAR_OPT_STR, &c->json, "FILE", "write the full report as JSON"},
+        {"verbose", PAR_OPT_FLAG, &c->verbose, NULL, "print every tensor, not only failing ones"},
+        {"max-list", PAR_OPT_INT, &c->max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
+        {"only", PAR_OPT_LIST, &c->only, "GLOB",
          "compare only the tensors whose name matches (repeatable; FILEGLOB:TENSORGLOB for a file's); a pattern "
          "that matches nothing fails"},
-        {"subset", PAR_OPT_FLAG, &subset, NULL,
+        {"subset", PAR_OPT_FLAG, &c->subset, NULL,
          "compare the entries B holds: A's entries missing in B are listed as left out, not failed (a partial or "
          "forward-only dump); B's extra entries still fail"},
-        {"strict-ties", PAR_OPT_FLAG, &strict_ties, NULL,
+        {"strict-ties", PAR_OPT_FLAG, &c->strict_ties, NULL,
          "fail indexer picks that differ only among A's exact ties (tie order; A's ties.K file); by default they "
          "are reported as TIE and pass"},
     };
@@ -85,50 +94,58 @@ int par_cmd_compare(int argc, char **argv)
                            "(A is the reference).  Exit 0: equal within policy; 1: mismatch; 2: bad usage or\n"
                            "unreadable input.  A partial dump: --subset (judge what B holds, list what it left\n"
                            "out) and/or --only GLOB.";
-    par_positional pos;
-    int rc = par_args_parse("compare", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
-    if (rc == 1)
-        return 0;
+    int rc = par_args_parse("compare", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &c->pos);
     if (rc)
-        return 2;
-    if (pos.count != 2) {
-        fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", pos.count);
+        return rc == 1 ? -1 : 2;
+    if (c->pos.count != 2) {
+        fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", c->pos.count);
         return 2;
     }
-    const par_cli_output outs[] = {{"--json", json, PAR_OUT_FILE}};
-    if (par_cli_check_outputs("compare", outs, 1))
+    const par_cli_output outs[] = {{"--json", c->json, PAR_OUT_FILE}};
+    return par_cli_check_outputs("compare", outs, 1) ? 2 : 0;
+}
+
+/* The comparator's options from c; 0 fine, 2 with a message. */
+static int make_opts(const compare_cli *c, par_compare_opts *o)
+{
+    par_compare_opts_init(o);
+    if (par_policy_parse(c->policy_s, &o->policy) != PAR_OK) {
+        fprintf(stderr, "parity compare: %s\n", par_last_error());
         return 2;
+    }
+    if (c->max_list < 0 || c->max_list > PAR_CMP_MAX_LIST) {
+        fprintf(stderr, "parity compare: --max-list %lld is outside 0..%d\n", (long long)c->max_list, PAR_CMP_MAX_LIST);
+        return 2;
+    }
+    o->max_list = (int)c->max_list;
+    o->only = c->only.items;
+    o->n_only = c->only.count;
+    o->subset = c->subset;
+    o->strict_ties = c->strict_ties;
+    return 0;
+}
+
+int par_cmd_compare(int argc, char **argv)
+{
+    compare_cli c;
+    int rc = parse_cli(argc, argv, &c);
+    if (rc)
+        return rc < 0 ? 0 : rc;
     par_compare_opts o;
-    par_compare_opts_init(&o);
     par_err_set_quiet(1);
-    if (par_policy_parse(policy_s, &o.policy) != PAR_OK) {
-        fprintf(stderr, "parity compare: %s\n", par_last_error());
-        par_err_set_quiet(0);
-        return 2;
-    }
-    if (max_list < 0 || max_list > PAR_CMP_MAX_LIST) {
-        fprintf(stderr, "parity compare: --max-list %lld is outside 0..%d\n", (long long)max_list, PAR_CMP_MAX_LIST);
-        par_err_set_quiet(0);
-        return 2;
-    }
-    o.max_list = (int)max_list;
-    o.only = only.items;
-    o.n_only = only.count;
-    o.subset = subset;
-    o.strict_ties = strict_ties;
     par_compare_report *r;
-    par_status st = par_compare_paths(pos.argv[0], pos.argv[1], &o, &r);
-    if (st) {
-        fprintf(stderr, "parity compare: %s\n", par_last_error());
+    if ((rc = make_opts(&c, &o)) || par_compare_paths(c.pos.argv[0], c.pos.argv[1], &o, &r) != PAR_OK) {
+        if (!rc)
+            fprintf(stderr, "parity compare: %s\n", par_last_error());
         par_err_set_quiet(0);
         return 2;
     }
-    par_compare_report_print(r, stdout, verbose);
-    print_root_cause(r, pos.argv[0], pos.argv[1]);
+    par_compare_report_print(r, stdout, c.verbose);
+    print_root_cause(r, c.pos.argv[0], c.pos.argv[1]);
     print_ties(r);
     fflush(stdout);
     int code = par_compare_report_ok(r) ? 0 : 1;
-    if (json && par_compare_report_write_json(r, json) != PAR_OK) {
+    if (c.json && par_compare_report_write_json(r, c.json) != PAR_OK) {
         fprintf(stderr, "parity compare: %s\n", par_last_error());
         code = 2;
     }
