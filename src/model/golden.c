@@ -295,8 +295,12 @@ par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char 
         char pfx[32], name[64];
         if (!(tie[b] = par_malloc((size_t)(T * ne) * sizeof(int32_t), PAR_TAG_IO)))
             s = par_err(PAR_ENOMEM, "golden: out of memory for the indexer's ties (%lld tokens)", (long long)T);
+        const par_attn_dims *dm = &M->adims[b];
+        par_dev_host_read(as->iq, (size_t)(T * dm->iH * dm->ihd) * sizeof(par_real)); /* GPU mode: on the host */
+        par_dev_host_read(as->iw, (size_t)(T * dm->iH) * sizeof(par_real));
+        par_dev_host_read(as->icmp, (size_t)(T * dm->ihd) * sizeof(par_real));
         if (!s)
-            s = PAR_FN(par_indexer_ties)(tie[b], ne, c, as->iq, as->iw, as->icmp, M->batch->pos, &M->adims[b], T);
+            s = PAR_FN(par_indexer_ties)(tie[b], ne, c, as->iq, as->iw, as->icmp, M->batch->pos, dm, T);
         par_golden_block_prefix(&M->cfg, b, pfx, sizeof pfx);
         snprintf(name, sizeof name, "attn.%s.ties", pfx);
         if (!s)
