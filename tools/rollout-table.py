@@ -56,7 +56,13 @@ def main():
     ap.add_argument("--tiny-only", action="store_true", help="only golden/v4-tiny's rows (minutes less)")
     ap.add_argument("--check", help="a document whose rows must equal these (exit 1 when stale)")
     a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("rollout-table: no torch (tools/setup.sh --with-torch): SKIP", file=sys.stderr)
+        return 77
     work = a.work or tempfile.mkdtemp(prefix="rollout-table-")
+    os.makedirs(work, exist_ok=True)
     sets = [("v4-tiny, 3 steps", os.path.join(ROOT, "golden", "v4-tiny"), [])]
     if not a.tiny_only:
         mini = os.path.join(work, "mini")
