@@ -1,6 +1,7 @@
 /* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]
- *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi]
- *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
+ *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi]
+ *               [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]
+ *               [--out DIR] [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (docs/matrix.md): the cells of the built-in table
  * (matrix/cells.h) or of a user's file, each compared with its reference
  * by the comparator of `parity compare`.
@@ -87,8 +88,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
     };
     const char *synopsis =
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
-        "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]]\n"
-        "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
+        "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi [--mpi-procs P]]\n"
+        "       [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]\n"
+        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
         "       [--max-memory SIZE]\n"
         "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
