@@ -680,3 +680,27 @@ Test(matrix, junit_report_validates_and_baseline_diffs, .timeout = 240)
     (void)json;
     par_remove_tree(dir);
 }
+
+/* Issue 33 item 2: the quick tier holds the cells whose goldens take the
+ * math branches no preset golden takes (tools/coverage-math.py measured
+ * them: the SwiGLU clamp, YaRN's correction range clamped below, empty and
+ * above); --list names each with its setting. */
+Test(matrix, quick_tier_takes_the_clamp_and_yarn_ranges, .timeout = 60)
+{
+    char dir[PATH_MAX], log[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    const char *args[] = {"--quick", "--list", NULL};
+    cr_assert_eq(run_matrix(log, args), 0);
+    char *text = slurp(log);
+    static const char *const want[][2] = {{"ep2-swiglu-clamp", "swiglu_limit=1"},
+                                          {"cp2-yarn-short", "original_seq_len=4"},
+                                          {"dp2-yarn-wide", "compress_rope_theta=100"}};
+    for (int i = 0; i < 3; i++) {
+        const char *p = strstr(text, want[i][0]), *e = p ? strchr(p, '\n') : NULL;
+        const char *q = p ? strstr(p, want[i][1]) : NULL;
+        cr_expect(q && (!e || q < e), "%s with %s not in --list:\n%s", want[i][0], want[i][1], text);
+    }
+    par_free(text);
+    par_remove_tree(dir);
+}
