@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages parity needs, if any are missing.  Idempotent;
+# Installs the Debian packages parity needs, if any are missing (libxml2-utils:
+# xmllint, which checks the matrix's JUnit report against tests/cli/junit.xsd).  Idempotent;
 # prints nothing when everything is already there.  Run as root (or with sudo
 # available).
 #   --with-torch   also python3-torch (Debian's PyTorch 1.13, CPU; about 200
@@ -11,7 +12,7 @@
 #                  for the -Doffload=nvptx build (docs/gpu.md)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
-      libcriterion-dev libcjson-dev nettle-dev python3-numpy python3-venv)
+      libcriterion-dev libcjson-dev nettle-dev python3-numpy python3-venv libxml2-utils)
 for a in "$@"; do
   case "$a" in
     --with-torch) pkgs+=(python3-torch) ;;

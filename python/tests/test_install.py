@@ -30,6 +30,16 @@ class InstallTest(TmpCase):
                            text=True, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
 
+    def test_readme_shows_the_tested_commands(self):
+        """python/README.md's install lines are the ones test_fresh_venv_offline runs (issue 33 item 5: it
+        justified another command, --no-build-isolation with Debian's setuptools)."""
+        with open(os.path.join(ROOT, "python", "README.md")) as f:
+            text = f.read()
+        self.assertIn("    python3 -m venv --system-site-packages VENV\n", text)
+        self.assertIn("    VENV/bin/pip install --no-index ./python\n", text)
+        self.assertNotIn("--no-build-isolation", text)
+        self.assertNotIn("Debian's setuptools", text)
+
 
 if __name__ == "__main__":
     unittest.main()

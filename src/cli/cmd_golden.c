@@ -123,6 +123,12 @@ static void print_summary(const par_golden_opts *o, const par_golden_summary *su
         printf("%-5lld %-20.14g %-20.14g %-20.14g %-14.8g %-14.8g %.3f\n", (long long)k, si->loss,
                si->loss_main, si->loss_mtp, si->loss_aux, si->grad_norm, si->wall_s);
     }
+    int64_t rows[2] = {0, 0};
+    for (int64_t k = 0; k < sum->steps; k++)
+        rows[0] += sum->step[k].index_rows[0], rows[1] += sum->step[k].index_rows[1];
+    if (rows[0] > 0)
+        printf("indexer: %lld of %lld query rows with a choice have an exact tie at the top-k boundary (%.1f %%; "
+               "ties.K.safetensors)\n", (long long)rows[1], (long long)rows[0], 100.0 * (double)rows[1] / (double)rows[0]);
     printf("wall time %.3f s (writing included); peak RSS %.1f MiB; tagged peaks:\n", sum->wall_s,
            (double)ru.ru_maxrss / 1024.0);
     print_mib("param", par_alloc_peak(PAR_TAG_PARAM));

@@ -1,6 +1,7 @@
 /* parity matrix [--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]
- *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi]
- *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
+ *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi]
+ *               [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]
+ *               [--out DIR] [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (docs/matrix.md): the cells of the built-in table
  * (matrix/cells.h) or of a user's file, each compared with its reference
  * by the comparator of `parity compare`.
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "backends/registry.h"
+#include "cli/autobackend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/devargs.h"
@@ -28,6 +30,8 @@ static int has_suffix(const char *s, const char *suf)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *backend, *report, *out, *fixtures_dir, *golden, *cells_file, *tier, *device, *max_memory;
+    const char *baseline;
+    double baseline_margin;
     int64_t steps, seed, mpi_procs, rows_per_block;
     int quick, keep, list, quiet, full, scale;
     par_strlist cells, fixtures;
@@ -38,9 +42,10 @@ typedef struct {
 static int parse_cli(int argc, char **argv, matrix_cli *c)
 {
     memset(c, 0, sizeof *c);
-    c->backend = "threads";
+    c->backend = "auto";
     c->seed = 1234;
     c->mpi_procs = 8;
+    c->baseline_margin = 5;
     const par_opt opts[] = {
         {"quick", PAR_OPT_FLAG, &c->quick, NULL, "v4-tiny, tier quick: a minute at most (what CI runs)"},
         {"preset", PAR_OPT_STR, &c->preset, "NAME", "v4-tiny or v4-mini (default v4-mini; --quick: v4-tiny)"},
@@ -52,10 +57,18 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
                                                            "table (docs/matrix.md, \"Your own cells\")"},
         {"cell", PAR_OPT_LIST, &c->cells, "NAME", "run only cells of this name, whatever their tier (repeatable)"},
         {"fixture", PAR_OPT_LIST, &c->fixtures, "NAME", "use only this fixture (repeatable; default all)"},
-        {"backend", PAR_OPT_STR, &c->backend, "threads|fiber|mpi", "backend of the layout cells (default threads)"},
+        {"backend", PAR_OPT_STR, &c->backend, "auto|threads|fiber|mpi",
+         "backend of the layout cells (default auto: per cell by its world, threads up to 4 ranks per core, fiber "
+         "beyond, as parity run; a cell's own \"backend\" wins)"},
         {"mpi-procs", PAR_OPT_INT, &c->mpi_procs, "P",
          "--backend mpi: at most P mpiexec processes per cell (default 8; each hosts N/P thread ranks)"},
-        {"report", PAR_OPT_STR, &c->report, "FILE", "also write the summary as Markdown (.md) or JSON (.json)"},
+        {"report", PAR_OPT_STR, &c->report, "FILE",
+         "also write the summary as Markdown (.md), JSON (.json) or JUnit XML (.xml: a testcase per cell)"},
+        {"baseline", PAR_OPT_STR, &c->baseline, "OLD/report.json",
+         "compare with an earlier run's report: cells that changed verdict, comparison figures, and emulated "
+         "step / bubble / exposed comm / rank memory beyond --baseline-margin"},
+        {"baseline-margin", PAR_OPT_DOUBLE, &c->baseline_margin, "PCT",
+         "--baseline: the relative move of a figure that is reported (default 5)", PAR_CHK_NONNEG_REAL, 1e6},
         {"out", PAR_OPT_STR, &c->out, "DIR", "results directory (default out/matrix-<time>); an earlier matrix's is "
                                             "replaced"},
         {"steps", PAR_OPT_INT, &c->steps, "K", "training steps of cells without their own (default: v4-tiny 3, "
@@ -75,8 +88,9 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
     };
     const char *synopsis =
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
-        "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi [--mpi-procs P]]\n"
-        "       [--report FILE] [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
+        "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi [--mpi-procs P]]\n"
+        "       [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]\n"
+        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
         "       [--max-memory SIZE]\n"
         "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
@@ -100,16 +114,17 @@ static int check_cli(const matrix_cli *c)
 {
     const char *why = NULL;
     if (strcmp(c->backend, "threads") && strcmp(c->backend, "fiber") && strcmp(c->backend, "mpi") &&
-        strcmp(c->backend, "self"))
-        why = "--backend expects threads, fiber or mpi";
+        strcmp(c->backend, "self") && strcmp(c->backend, "auto"))
+        why = "--backend expects auto, threads, fiber or mpi";
     else if (!strcmp(c->backend, "mpi") && !HAVE_MPI)
         why = "--backend mpi: this build has no MPI (install MPICH and rebuild)";
     else if (c->steps < 0 || c->seed < 0)
         why = "--steps and --seed must be >= 0";
     else if (c->mpi_procs < 1 || c->mpi_procs > 1024)
         why = "--mpi-procs must be in [1, 1024]";
-    else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json"))
-        why = "--report: the name must end in .md (Markdown) or .json";
+    else if (c->report && !has_suffix(c->report, ".md") && !has_suffix(c->report, ".json") &&
+             !has_suffix(c->report, ".xml"))
+        why = "--report: the name must end in .md (Markdown), .json or .xml (JUnit)";
     else if ((c->tier != NULL) + c->full + c->scale > 1)
         why = "give one of --tier, --full and --scale";
     if (!why)
@@ -133,8 +148,9 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
         o->runner = par_mpi_run_layout;
         o->runner_ud = mpi;
     } else {
-        o->backend_impl = par_backend_find(c->backend);
+        o->backend_impl = strcmp(c->backend, "auto") ? par_backend_find(c->backend) : NULL;
         o->find_backend = par_backend_find; /* cells of their own backend ("backend": "fiber") */
+        o->pick_backend = par_autobackend_find; /* auto: each cell by its world (cli/autobackend.h) */
     }
     o->steps = c->steps;
     o->seed = (uint64_t)c->seed;
@@ -167,9 +183,12 @@ static int build(const matrix_cli *c, const par_matrix_opts *o, par_matrix **m)
     par_free(rows);
     if (!s && par_matrix_count(*m) == 0)
         s = par_err(PAR_EINVAL, "no cell matches the preset, tier and --cell/--fixture selection");
+    int baseline_err = 0;
+    if (!s && c->baseline) /* read and checked before anything runs */
+        baseline_err = (s = par_matrix_set_baseline(*m, c->baseline, c->baseline_margin)) != PAR_OK;
     if (s) {
         /* a row of the file that names no data: the file too (read errors name it already) */
-        int name_file = c->cells_file && *m && !strstr(par_last_error(), c->cells_file);
+        int name_file = c->cells_file && *m && !baseline_err && !strstr(par_last_error(), c->cells_file);
         fprintf(stderr, "parity matrix: %s%s%s\n", name_file ? c->cells_file : "", name_file ? ": " : "",
                 par_last_error());
         par_matrix_free(*m);
@@ -186,7 +205,7 @@ static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_o
         fprintf(stderr, "parity matrix: %d cells, preset %s, backend %s; results in %s\n", par_matrix_count(m),
                 o->preset ? o->preset : "any", c->backend, par_matrix_out_dir(m));
     int nfail = 0;
-    if (par_matrix_run(m, &nfail) != PAR_OK) {
+    if (par_matrix_run(m, &nfail) != PAR_OK || par_matrix_compare_baseline(m) != PAR_OK) {
         fprintf(stderr, "parity matrix: %s\n", par_last_error());
         return 2;
     }

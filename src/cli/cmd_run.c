@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include "backends/registry.h"
+#include "cli/autobackend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/devargs.h"
@@ -182,7 +183,7 @@ static const char synopsis[] =
 static int parse_cli(int argc, char **argv, run_cli *c)
 {
     memset(c, 0, sizeof *c);
-    c->preset = "v4-tiny", c->precision = "f64", c->backend = "threads", c->moe_dispatch = "flat";
+    c->preset = "v4-tiny", c->precision = "f64", c->backend = NULL, c->moe_dispatch = "flat";
     c->steps = 1, c->seed = 1234;
     par_layout_args_init(&c->la);
     par_net_args_init(&c->na);
@@ -198,8 +199,8 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"seed", PAR_OPT_INT, &c->seed, "N", "seed of the init, the packing plan and the tokens (default 1234)",
          PAR_CHK_NONNEG},
         {"precision", PAR_OPT_STR, &c->precision, "f64|f32", "working precision (default f64)"},
-        {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default threads; fiber: thousands of ranks on a few "
-         "threads; mpi under mpiexec)"},
+        {"backend", PAR_OPT_STR, &c->backend, "NAME", "communication backend: self|threads|fiber|mpi (default: threads up to "
+         "4 ranks per core, fiber beyond; fiber: thousands of ranks on a few threads; mpi under mpiexec)"},
         {"rank-host", PAR_OPT_STR, &c->rank_host, "threads|fiber",
          "--backend mpi: how each process hosts its ranks: one OS thread each or fibers on a few threads (default: fibers above 64 ranks per process)"},
         {"comm-timeout", PAR_OPT_DOUBLE, &c->comm_timeout, "SECONDS",
@@ -535,12 +536,27 @@ static void print_process_peaks(void)
     printf("\n");
 }
 
+/* No --backend: the rule of cli/autobackend.h on the world the layout
+ * flags give (--world-size, else the smallest that folds), said on stdout. */
+static void default_backend(run_cli *c)
+{
+    if (c->backend)
+        return;
+    const par_layout_args *l = &c->la;
+    int64_t world = l->world_size > 0 ? l->world_size : par_layout_default_world(l->tp, l->pp, l->cp, l->ep, l->etp);
+    char why[240];
+    c->backend = par_autobackend_pick(world, par_autobackend_cores(), why, sizeof why);
+    printf("backend %s (%s)\n", c->backend, why);
+    fflush(stdout);
+}
+
 int par_cmd_run(int argc, char **argv)
 {
     run_cli c;
     int rc = parse_cli(argc, argv, &c);
     if (rc)
         return rc == 1 ? 0 : 2;
+    default_backend(&c);
     par_run_opts o;
     par_netmodel netm;
     par_ckpt *ck = NULL;

@@ -295,6 +295,24 @@ par_status PAR_FN(par_indexer_topk)(int32_t *sel,          /* [T, topk] */
                                     const int32_t *pos,    /* [T] */
                                     const par_attn_dims *dm, int64_t t0, int64_t t1);
 
+/* The exact ties at each query's top-k boundary, for a golden set's
+ * ties.K file (model/golden.c): the query's scores as par_indexer_select
+ * computes them (the same additions, host side); on a row with more than
+ * topk visible entries whose topk-th and (topk+1)-th largest scores are
+ * equal, tie[t, i] = 1 for every entry i scored exactly that (MODEL.md's
+ * lower-index rule picks among them; another top-k may pick others), 0
+ * elsewhere and on every other row.  ne >= the most entries a query sees.
+ * counts[0] = rows with a choice (more than topk visible), counts[1] = rows
+ * with such a tie.  Host memory only (not offloaded). */
+par_status PAR_FN(par_indexer_ties)(int32_t *tie,          /* [T, ne] */
+                                    int64_t ne,
+                                    int64_t counts[2],
+                                    const par_real *iq,     /* [T, iH*ihd] */
+                                    const par_real *iw,     /* [T, iH] */
+                                    const par_real *icmp,   /* [T, ihd] */
+                                    const int32_t *pos,     /* [T] */
+                                    const par_attn_dims *dm, int64_t T);
+
 /* ---- (4) core attention -------------------------------------------------- */
 
 /* For queries t in [q0, q1), heads h: keys = kv of the window (flat rows

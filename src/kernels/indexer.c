@@ -194,3 +194,66 @@ par_status PAR_FN(par_indexer_topk)(int32_t *sel,          /* [T, topk] */
     par_free(buf);
     return PAR_OK;
 }
+
+/* The exact ties at query t's top-k boundary: with nvis > K visible entries
+ * scored as par_indexer_select scores them (score_row from 0), when the
+ * K-th and (K+1)-th largest scores are equal, tie[i] = 1 for every entry i
+ * whose score equals them (the picks among them are the lower indices only
+ * by MODEL.md's rule); 0 elsewhere.  Returns 1 when the row has such a tie.
+ * sc, acc: scratch of nvis. */
+static int tie_row(int32_t *tie, int64_t ne, scored *sc, par_real *acc, int64_t t, const par_real *iq,
+                   const par_real *iw, const par_real *icmp, const int32_t *pos, const par_attn_dims *dm)
+{
+    const int64_t nvis = (pos[t] + 1) / 4, K = dm->topk;
+    for (int64_t i = 0; i < ne; i++)
+        tie[i] = 0;
+    if (nvis <= K)
+        return 0;
+    for (int64_t i = 0; i < nvis; i++)
+        acc[i] = 0;
+    score_row(acc, t, iq, iw, icmp, pos, dm->iH, dm->ihd);
+    for (int64_t i = 0; i < nvis; i++) {
+        sc[i].score = (double)acc[i];
+        sc[i].i = (int32_t)i;
+    }
+    qsort(sc, (size_t)nvis, sizeof(scored), by_score_desc);
+    const double kth = sc[K - 1].score;
+    if (sc[K].score != kth)
+        return 0;
+    for (int64_t i = 0; i < nvis; i++)
+        tie[i] = (double)acc[i] == kth;
+    return 1;
+}
+
+par_status PAR_FN(par_indexer_ties)(int32_t *tie,          /* [T, ne] */
+                                    int64_t ne,
+                                    int64_t counts[2],
+                                    const par_real *iq,     /* [T, iH*ihd] */
+                                    const par_real *iw,     /* [T, iH] */
+                                    const par_real *icmp,   /* [T, ihd] */
+                                    const int32_t *pos,     /* [T] */
+                                    const par_attn_dims *dm, int64_t T)
+{
+    const int64_t maxvis = PAR_FN(par_indexer_max_visible)(pos, 0, T);
+    if (maxvis > ne)
+        return par_err(PAR_EINVAL, "indexer_ties: a query sees %lld entries, more than the %lld columns",
+                       (long long)maxvis, (long long)ne);
+    const size_t per = (size_t)(maxvis > 0 ? maxvis : 1);
+    scored *sc = par_malloc(per * sizeof(scored), PAR_TAG_ACT);
+    par_real *acc = par_malloc(per * sizeof(par_real), PAR_TAG_ACT);
+    if (!sc || !acc) {
+        par_free(sc);
+        par_free(acc);
+        return par_err(PAR_ENOMEM, "indexer_ties: scratch of %lld entries", (long long)maxvis);
+    }
+    int64_t choose = 0, tied = 0;
+    for (int64_t t = 0; t < T; t++) {
+        choose += (pos[t] + 1) / 4 > dm->topk;
+        tied += tie_row(tie + t * ne, ne, sc, acc, t, iq, iw, icmp, pos, dm);
+    }
+    par_free(sc);
+    par_free(acc);
+    counts[0] = choose;
+    counts[1] = tied;
+    return PAR_OK;
+}

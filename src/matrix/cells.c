@@ -266,6 +266,19 @@ static const par_cell_spec builtin[] = {
      .layout = {.world_size = 8, .tensor_model_parallel_size = 2, .context_parallel_size = 2,
                 .expert_tensor_parallel_size = 2, .expert_model_parallel_size = 2, .sequence_parallel = 1},
      .note = NOTE_TPCOMP "; TP 2 + SP x CP 2 x Da 2 = ETP 2 x EP 2 x De 2 (the shared expert TP-split)"},
+    /* issue 33 item 2: math branches no other golden takes (tools/coverage-math.py) */
+    {.name = "ep2-swiglu-clamp", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = EP(2, 2),
+     .sets = {"swiglu_limit=1"},
+     .note = "f64 policy, as ep2; swiglu_limit 1: the SwiGLU clamp fires (at the preset's 10 no pre-activation "
+             "reaches it), forward and backward, routed and shared experts"},
+    {.name = "cp2-yarn-short", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = CP(2),
+     .sets = {"original_seq_len=4"},
+     .note = "f64 policy, as cp2; original_seq_len 4: YaRN's correction range below 0 and empty (low "
+             "clamped to 0, low == high)"},
+    {.name = "dp2-yarn-wide", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = DPZ(2, 0, 0),
+     .sets = {"compress_rope_theta=100"},
+     .note = "f64 policy, as dp2; compress_rope_theta 100: YaRN's correction range above rope_head_dim - 1 "
+             "(high clamped)"},
     {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
      .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
      .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},

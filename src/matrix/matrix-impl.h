@@ -109,6 +109,8 @@ typedef struct {
     int n_consequences;       /* failing integer entries downstream of the root */
     char diagnosis[1024];     /* one line: why it failed ("" when it passed) */
     par_cell_metrics met;
+    char backend[16];         /* the backend its (last) layout run ran on ("" when none ran in process) */
+    char backend_why[240];    /* how it was chosen: --backend, the cell's own, or the default rule's reason */
     cJSON *run;               /* the layout run's summary (the last run of a pair), or NULL */
     cJSON *ref_run;           /* a vs-backend cell: the reference run's summary, or NULL */
     double wall_s;
@@ -139,7 +141,25 @@ struct par_matrix {
     int ran;
     cJSON *pins;              /* the emulated-clock pins (par__matrix_pins_path), or NULL: none checked */
     char pins_path[PAR_MX_PATH];
+    /* --baseline (matrix_baseline.c): the earlier report, read when set; the diff once run */
+    cJSON *baseline_old, *baseline_diff;
+    char baseline_path[PAR_MX_PATH];
+    double baseline_margin; /* relative (0.05 = 5 %) */
 };
+
+/* ---- reports (matrix_report.c, matrix_junit.c, matrix_baseline.c) ---- */
+
+/* The report as JSON (what --report FILE.json writes); NULL when out of memory. */
+cJSON *par__matrix_report_json(const par_matrix *m);
+/* --report FILE.xml: JUnit XML, one testcase per cell. */
+par_status par__matrix_write_junit(const par_matrix *m, const char *path);
+/* The diff of this run's report (cur) against an earlier one (old) read from path, margin relative;
+ * NULL when out of memory.  Its arrays: verdict_changed, numbers_changed, figures_moved, new_cells,
+ * gone_cells (matrix_baseline.c). */
+cJSON *par__matrix_baseline_diff(const cJSON *old, const cJSON *cur, const char *path, double margin);
+void par__matrix_baseline_print(const cJSON *diff, FILE *out);
+/* One cell's changes as lines ("baseline: ...\n"; "" when none). */
+void par__matrix_baseline_cell(const cJSON *diff, const char *cell, const char *data, char *buf, size_t n);
 
 /* ---- helpers (matrix.c) ---- */
 int par__matrix_fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -434,6 +434,8 @@ void par_matrix_free(par_matrix *m)
         cJSON_Delete(m->res[i].ref_run);
     }
     cJSON_Delete(m->pins);
+    cJSON_Delete(m->baseline_old);
+    cJSON_Delete(m->baseline_diff);
     par_free(m->only_cells);
     par_free(m->gold);
     par_free(m->cells);

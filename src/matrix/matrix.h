@@ -80,6 +80,10 @@ typedef struct {
     /* The default runner's backend of a cell that names its own ("backend": "fiber"), by name
      * (the CLI's backends/registry.h par_backend_find); NULL: such cells are ERROR. */
     const par_backend *(*find_backend)(const char *name);
+    /* The default runner's backend of a cell that names none when backend_impl is NULL (the
+     * matrix's --backend not given): by the world's size on this machine (the CLI's
+     * cli/autobackend.h rule, the one `parity run` follows); why receives the reason. */
+    const par_backend *(*pick_backend)(int64_t world, char *why, size_t n);
     int64_t steps;            /* rows with steps 0; 0 = the preset's default (tiny 3, mini 1) */
     uint64_t seed;            /* rows without a seed */
     const char *out_dir;      /* results directory: created; must be empty or an earlier matrix's */
@@ -130,5 +134,15 @@ const char *par_matrix_out_dir(const par_matrix *m);
 void par_matrix_print_table(const par_matrix *m, FILE *out);
 void par_matrix_print_cells(const par_matrix *m, FILE *out);
 par_status par_matrix_write_report(const par_matrix *m, const char *path);
+
+/* A run against an earlier one (issue 33 item 6): set before running reads
+ * the earlier report.json now (PAR_EFORMAT / PAR_ENOTFOUND when it is not a
+ * matrix report, before anything runs); margin_pct is the relative move of
+ * a figure that is reported (emulated step time, bubble, exposed comm,
+ * rank memory).  After par_matrix_run, compare_baseline computes the diff:
+ * the table then ends with it, the JSON report holds it as "baseline" and
+ * the JUnit report puts each cell's changes in its system-out. */
+par_status par_matrix_set_baseline(par_matrix *m, const char *path, double margin_pct);
+par_status par_matrix_compare_baseline(par_matrix *m);
 
 #endif

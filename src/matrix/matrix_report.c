@@ -181,6 +181,24 @@ static void print_memory(const par__matrix_cell *c, const cJSON *run, FILE *out)
     }
 }
 
+/* Which backend the layout cells ran on, and why (the first cell's reason
+ * per backend: the cell's own, --backend, or the default rule's). */
+static void print_backends(const par_matrix *m, FILE *out)
+{
+    for (int i = 0; i < m->n; i++) {
+        const char *b = m->res[i].backend;
+        int first = b[0] != 0, cnt = 0;
+        for (int j = 0; j < i && first; j++)
+            first = strcmp(m->res[j].backend, b) != 0;
+        if (!first)
+            continue;
+        for (int j = i; j < m->n; j++)
+            cnt += !strcmp(m->res[j].backend, b);
+        fprintf(out, "backend %s: %d layout cell%s (first %s: %s)\n", b, cnt, cnt == 1 ? "" : "s", m->cells[i].row.name,
+                m->res[i].backend_why);
+    }
+}
+
 void par_matrix_print_table(const par_matrix *m, FILE *out)
 {
     fprintf(out, "\nparity matrix: preset %s, tier %s, backend %s, seed %llu, BLAS core %s\n",
@@ -202,6 +220,9 @@ void par_matrix_print_table(const par_matrix *m, FILE *out)
     if (nw)
         fprintf(out, ", %d informational over policy", nw);
     fprintf(out, " (%.1f s); results in %s\n", m->wall_s, m->out_dir);
+    print_backends(m, out);
+    if (m->baseline_diff)
+        par__matrix_baseline_print(m->baseline_diff, out);
     for (int i = 0; i < m->n; i++)
         if (m->cells[i].row.tier == PAR_CELL_TIER_SCALE && m->res[i].run)
             print_memory(&m->cells[i], m->res[i].run, out);
@@ -360,6 +381,12 @@ static cJSON *cell_json(const par__matrix_cell *c, const par__matrix_result *r)
     cJSON_AddStringToObject(o, "data", c->data_label);
     cJSON_AddStringToObject(o, "layout", c->layout);
     cJSON_AddStringToObject(o, "cell_backend", c->row.backend); /* "": the matrix's */
+    if (r->backend[0]) { /* the backend its layout run ran on, and why that one */
+        cJSON_AddStringToObject(o, "backend", r->backend);
+        cJSON_AddStringToObject(o, "backend_why", r->backend_why);
+    } else {
+        cJSON_AddNullToObject(o, "backend");
+    }
     cJSON_AddNumberToObject(o, "ranks", (double)c->ranks);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "seed", (double)c->seed);
@@ -387,11 +414,11 @@ static cJSON *cell_json(const par__matrix_cell *c, const par__matrix_result *r)
     return o;
 }
 
-static par_status write_json(const par_matrix *m, const char *path)
+cJSON *par__matrix_report_json(const par_matrix *m)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return par_err(PAR_ENOMEM, "matrix: out of memory");
+        return NULL;
     int np = count_verdict(m, PAR_CELL_PASS), nw = count_verdict(m, PAR_CELL_WARN);
     cJSON_AddStringToObject(root, "format", "parity-matrix");
     cJSON_AddNumberToObject(root, "version", 2);
@@ -415,6 +442,16 @@ static par_status write_json(const par_matrix *m, const char *path)
             break;
         cJSON_AddItemToArray(cells, o);
     }
+    if (m->baseline_diff)
+        cJSON_AddItemToObject(root, "baseline", cJSON_Duplicate(m->baseline_diff, 1));
+    return root;
+}
+
+static par_status write_json(const par_matrix *m, const char *path)
+{
+    cJSON *root = par__matrix_report_json(m);
+    if (!root)
+        return par_err(PAR_ENOMEM, "matrix: out of memory");
     par_status s = par_json_write_file(path, root);
     cJSON_Delete(root);
     return s;
@@ -432,5 +469,7 @@ par_status par_matrix_write_report(const par_matrix *m, const char *path)
         return write_json(m, path);
     if (has_suffix(path, ".md"))
         return write_md(m, path);
-    return par_err(PAR_EINVAL, "matrix: report '%s' must end in .md (Markdown) or .json", path);
+    if (has_suffix(path, ".xml"))
+        return par__matrix_write_junit(m, path);
+    return par_err(PAR_EINVAL, "matrix: report '%s' must end in .md (Markdown), .json or .xml (JUnit)", path);
 }

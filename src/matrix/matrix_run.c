@@ -36,6 +36,28 @@ const char *par_cell_verdict_name(par_cell_verdict v)
 
 /* ---- layout runs ------------------------------------------------------ */
 
+/* The in-process backend of a layout run of `world` ranks: be_name (the
+ * cell's own "backend", or a vs-backend cell's reference backend), else the
+ * matrix's --backend, else the default rule (opts.pick_backend); recorded in
+ * res (NULL: not recorded) with how it was chosen. */
+static const par_backend *cell_backend(const par_matrix *m, const char *be_name, int64_t world,
+                                       par__matrix_result *res)
+{
+    const par_backend *be = m->o.backend_impl;
+    char why[240] = "the matrix's --backend";
+    if (be_name[0]) {
+        be = m->o.find_backend ? m->o.find_backend(be_name) : NULL;
+        par__matrix_fmt(why, sizeof why, "the cell's own \"backend\"");
+    } else if (!be && m->o.pick_backend) {
+        be = m->o.pick_backend(world, why, sizeof why);
+    }
+    if (!res)
+        return be;
+    par__matrix_fmt(res->backend, sizeof res->backend, "%s", be ? par_backend_name(be) : "");
+    par__matrix_fmt(res->backend_why, sizeof res->backend_why, "%s", why);
+    return be;
+}
+
 par_status par_matrix_run_layout_in_process(const par_layout_job *job, void *ud, cJSON **summary)
 {
     const par_backend *be = ud;
@@ -100,11 +122,11 @@ static par_status layout_mem_check(const par_matrix *m, const par__matrix_cell *
 }
 
 /* Runs `steps` steps of the cell's data under cl through the runner, on
- * the backend named be_name ("": the matrix's) when in this process; the
- * run's summary in *doc. */
+ * the backend named be_name ("": the matrix's or the default rule's) when in
+ * this process, recorded in res (NULL: not); the run's summary in *out. */
 static par_status run_layout_on(par_matrix *m, const par__matrix_cell *c, const par_cell_layout *cl, int64_t steps,
                                 const char *dump, const char *save, const char *load, const char *work_dir,
-                                const char *tag, const char *be_name, cJSON **out)
+                                const char *tag, const char *be_name, par__matrix_result *res, cJSON **out)
 {
     const char *sets[PAR_CELL_MAX_SETS];
     int ns = 0;
@@ -129,8 +151,8 @@ static par_status run_layout_on(par_matrix *m, const par__matrix_cell *c, const 
     if (m->o.runner) {
         s = m->o.runner(&job, m->o.runner_ud, &doc);
     } else {
-        const par_backend *be = m->o.backend_impl;
-        if (be_name[0] && !(be = m->o.find_backend ? m->o.find_backend(be_name) : NULL))
+        const par_backend *be = cell_backend(m, be_name, l.world, res);
+        if (!be && be_name[0])
             return par_err(PAR_EUNSUPPORTED, "matrix: cell %s runs on the %s backend, which this matrix cannot find",
                            c->row.name, be_name);
         s = par_matrix_run_layout_in_process(&job, (void *)be, &doc);
@@ -146,7 +168,7 @@ static par_status run_layout(par_matrix *m, const par__matrix_cell *c, const par
                              const char *tag, par__matrix_result *res)
 {
     cJSON *doc = NULL;
-    par_status s = run_layout_on(m, c, cl, steps, dump, save, load, work_dir, tag, c->row.backend, &doc);
+    par_status s = run_layout_on(m, c, cl, steps, dump, save, load, work_dir, tag, c->row.backend, res, &doc);
     if (s)
         return s;
     par_run_summary_metrics(doc, &res->met.step_time_s, &res->met.bubble, &res->met.exposed_comm_s);
@@ -169,7 +191,7 @@ static par_status prod_layout(par_matrix *m, const par__matrix_cell *c, const ch
         cJSON_Delete(res->ref_run);
         res->ref_run = NULL;
         par_status s = run_layout_on(m, c, &c->row.layout, c->steps, ref_dir, NULL, NULL, work_dir, "ref",
-                                     c->row.vs_backend, &res->ref_run);
+                                     c->row.vs_backend, NULL, &res->ref_run);
         if (s)
             return s;
     }
@@ -439,6 +461,15 @@ static void diagnose(par__matrix_result *res, const par_compare_report *r, const
 {
     par_root_cause rc;
     par_compare_root_cause(r, &rc);
+    if (rc.root < 0 && rc.n_missing > 0) { /* an entry on one side only is no divergence (model/rootcause.h) */
+        const par_cmp_entry *q = par_compare_report_entry(r, rc.first_missing);
+        char qf[64];
+        short_file(q->file, qf, sizeof qf);
+        par__matrix_fmt(res->diagnosis, sizeof res->diagnosis, "%d of %d entries fail (%s policy), no value "
+                        "diverged: each is on one side only (first %s %s: %s)", res->n_failed, res->n_entries,
+                        res->policy, qf, q->tensor[0] ? q->tensor : "(file)", q->reason);
+        return;
+    }
     if (rc.root < 0)
         return;
     const par_cmp_entry *e = par_compare_report_entry(r, rc.root);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,10 @@ void par_compare_opts_init(par_compare_opts *o)
 {
     o->policy = PAR_POLICY_AUTO;
     o->max_list = 5;
+    o->only = NULL;
+    o->n_only = 0;
+    o->subset = 0;
+    o->strict_ties = 0;
 }
 
 /* ---- report ----------------------------------------------------------- */
@@ -74,6 +79,10 @@ struct par_compare_report {
     int n, cap;
     par_cmp_entry *e;
     int nfail;
+    int subset, n_left_out, n_unselected;
+    int n_only;
+    const char **only;  /* the patterns (owned copies) */
+    int64_t *only_hits; /* entries each pattern matched */
 };
 
 static par_status report_new(const char *a, const char *b, par_compare_report **out)
@@ -106,7 +115,27 @@ void par_compare_report_free(par_compare_report *r)
     par_free(r->e);
     par_free(r->a);
     par_free(r->b);
+    for (int k = 0; k < r->n_only; k++)
+        par_free((void *)r->only[k]);
+    par_free(r->only);
+    par_free(r->only_hits);
     par_free(r);
+}
+
+/* Copies the selection options into r (the patterns and their hit counts). */
+static par_status report_select(par_compare_report *r, const par_compare_opts *o)
+{
+    r->subset = o->subset != 0;
+    if (o->n_only <= 0)
+        return PAR_OK;
+    r->only = par_calloc((size_t)o->n_only, sizeof *r->only, PAR_TAG_IO);
+    r->only_hits = par_calloc((size_t)o->n_only, sizeof *r->only_hits, PAR_TAG_IO);
+    if (!r->only || !r->only_hits)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    for (int k = 0; k < o->n_only; k++, r->n_only++)
+        if (!(r->only[k] = par_strdup(o->only[k], PAR_TAG_IO)))
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+    return PAR_OK;
 }
 
 /* Appends a zeroed entry with names set; NULL when out of memory. */
@@ -145,6 +174,80 @@ static void entry_fail(par_compare_report *r, par_cmp_entry *e)
 int par_compare_report_ok(const par_compare_report *r) { return r->nfail == 0; }
 int par_compare_report_count(const par_compare_report *r) { return r->n; }
 int par_compare_report_failed(const par_compare_report *r) { return r->nfail; }
+int par_compare_report_left_out(const par_compare_report *r) { return r->n_left_out; }
+int par_compare_report_unselected(const par_compare_report *r) { return r->n_unselected; }
+int par_compare_report_tie_entries(const par_compare_report *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        n += r->e[i].tie_rows > 0;
+    return n;
+}
+
+/* Whether an --only pattern matches (file, tensor): "FILEGLOB:TENSORGLOB",
+ * or a glob of the tensor name. */
+static int only_match(const char *pat, const char *file, const char *tensor)
+{
+    const char *colon = strchr(pat, ':');
+    if (!colon)
+        return fnmatch(pat, tensor, 0) == 0;
+    char fg[256];
+    size_t n = (size_t)(colon - pat);
+    if (n >= sizeof fg)
+        return 0;
+    memcpy(fg, pat, n);
+    fg[n] = 0;
+    const char *base = strrchr(file, '/');
+    return fnmatch(fg, base ? base + 1 : file, 0) == 0 && fnmatch(colon + 1, tensor, 0) == 0;
+}
+
+/* Whether the entry (file, tensor) is compared under --only (every pattern
+ * it matches counts the hit). */
+static int entry_selected(par_compare_report *r, const char *file, const char *tensor)
+{
+    if (r->n_only == 0)
+        return 1;
+    int hit = 0;
+    for (int k = 0; k < r->n_only; k++)
+        if (only_match(r->only[k], file, tensor)) {
+            r->only_hits[k]++;
+            hit = 1;
+        }
+    r->n_unselected += !hit;
+    return hit;
+}
+
+/* The selection's own failing entries: an --only pattern that matched
+ * nothing, --subset with nothing compared. */
+static par_status finish_selection(par_compare_report *r)
+{
+    for (int k = 0; k < r->n_only; k++) {
+        if (r->only_hits[k])
+            continue;
+        par_cmp_entry *e = report_add(r, "(--only)", r->only[k]);
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        snprintf(e->reason, sizeof e->reason, "--only '%s' matches no tensor of A or B (a tensor glob, or "
+                 "FILEGLOB:TENSORGLOB)", r->only[k]);
+        e->side = PAR_CMP_SELECTION;
+        e->dtype = PAR_DTYPE_COUNT;
+        entry_fail(r, e);
+    }
+    int compared = 0;
+    for (int i = 0; i < r->n; i++)
+        compared += r->e[i].side == PAR_CMP_BOTH && r->e[i].tensor[0] && strcmp(r->e[i].file, PAR_MANIFEST_NAME);
+    if (r->subset && compared == 0) {
+        par_cmp_entry *e = report_add(r, "(--subset)", "");
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        snprintf(e->reason, sizeof e->reason, "nothing was compared: B holds none of the selected entries of A "
+                 "(%d left out)", r->n_left_out);
+        e->side = PAR_CMP_SELECTION;
+        e->dtype = PAR_DTYPE_COUNT;
+        entry_fail(r, e);
+    }
+    return PAR_OK;
+}
 int par_compare_report_steps(const par_compare_report *r, int64_t cmp[2], int64_t a[2], int64_t b[2])
 {
     if (!r->have_steps)
@@ -178,6 +281,8 @@ typedef struct {
     int ncp;
     int64_t cp[2];           /* context-parallel sizes > 1 of A's / B's layout */
     const char *cp_side[2];
+    const par_st_file *ties; /* A's ties.K of this step file, or NULL */
+    int strict_ties;
 } decode_ctx;
 
 /* Finds a name component `key` followed by ".<digits>" (key at the start or
@@ -368,6 +473,64 @@ static inline __attribute__((always_inline)) void float_loop(par_dtype dt, const
     acc->nnf = nnf;
 }
 
+/* Whether row r of two pick lists ([.., k], ascending, -1 padding) differs
+ * only among A's exact ties (tie [.., ne]): every entry in one list and
+ * not the other is a valid index marked tied. */
+static int row_tie_only(const int32_t *pa, const int32_t *pb, int64_t k, const int32_t *tie, int64_t ne)
+{
+    for (int side = 0; side < 2; side++) {
+        const int32_t *x = side ? pb : pa, *y = side ? pa : pb;
+        for (int64_t i = 0; i < k; i++) {
+            int found = 0;
+            for (int64_t j = 0; j < k && !found; j++)
+                found = x[i] == y[j];
+            if (!found && (x[i] < 0 || x[i] >= ne || !tie[x[i]]))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* attn.<block>.selected that differs, with A's ties.K holding
+ * attn.<block>.ties [B, S, ne]: the rows that differ, those that differ only
+ * in tie order; all of them tie order: a pass unless strict (the reason
+ * says so either way). */
+static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                       const decode_ctx *c)
+{
+    size_t nl = strlen(name), sl = strlen(".selected");
+    if (!c->ties || ta->dtype != PAR_I32 || ta->ndim != 3 || nl <= sl || strcmp(name + nl - sl, ".selected"))
+        return;
+    char tname[256];
+    snprintf(tname, sizeof tname, "%.*s.ties", (int)(nl - sl), name);
+    const par_tensor *t = par_st_find(c->ties, tname);
+    if (!t || t->dtype != PAR_I32 || t->ndim != 3 || t->shape[0] != ta->shape[0] || t->shape[1] != ta->shape[1])
+        return;
+    const int64_t rows = ta->shape[0] * ta->shape[1], k = ta->shape[2], ne = t->shape[2];
+    const int32_t *pa = ta->data, *pb = tb->data, *tie = t->data;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!memcmp(pa + r * k, pb + r * k, (size_t)k * sizeof(int32_t)))
+            continue;
+        e->rows_differ++;
+        e->tie_rows += row_tie_only(pa + r * k, pb + r * k, k, tie + r * ne, ne);
+    }
+    if (e->tie_rows == 0) {
+        snprintf(e->reason, sizeof e->reason, "integers differ in %lld of %lld rows, none of them only among exact "
+                 "ties of A (ties.K)", (long long)e->rows_differ, (long long)rows);
+        return;
+    }
+    if (e->tie_rows == e->rows_differ && !c->strict_ties) {
+        e->pass = 1;
+        snprintf(e->reason, sizeof e->reason, "tie order: %lld of %lld rows differ, each only among entries A "
+                 "scores exactly equal at the top-k boundary (ties.K); --strict-ties fails them",
+                 (long long)e->tie_rows, (long long)rows);
+        return;
+    }
+    snprintf(e->reason, sizeof e->reason, "integers differ in %lld of %lld rows: %lld only among exact ties of A "
+             "(tie order%s), %lld elsewhere", (long long)e->rows_differ, (long long)rows, (long long)e->tie_rows,
+             c->strict_ties ? ", failed under --strict-ties" : "", (long long)(e->rows_differ - e->tie_rows));
+}
+
 /* Compares values of two tensors of equal dtype and shape into e. */
 static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
                                  par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
@@ -443,6 +606,8 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
         if (!e->pass)
             snprintf(e->reason, sizeof e->reason, "integers differ at %lld of %lld elements", (long long)ndiff,
                      (long long)numel);
+        if (!e->pass)
+            judge_ties(e, name, ta, tb, ctx);
     } else if (bitwise) {
         e->pass = ndiff == 0;
         if (!e->pass)
@@ -494,6 +659,8 @@ typedef struct {
     int max_list;
     const par_manifest *ma;       /* A's manifest (overrides), or NULL */
     int64_t cp[2];
+    const par_st_file *ties;      /* A's ties.K for the step file compared, or NULL */
+    int strict_ties;
 } file_ctx;
 
 static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
@@ -502,59 +669,81 @@ static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
     return (t && t->dtype == PAR_I32 && t->ndim == 2) ? t : NULL;
 }
 
+/* An entry one side lacks: failing, or left out (--subset, missing in B). */
+static void entry_missing(par_compare_report *r, par_cmp_entry *e, par_cmp_side side)
+{
+    e->side = side;
+    if (side == PAR_CMP_ONLY_A && r->subset) {
+        snprintf(e->reason, sizeof e->reason, "not in B (left out: --subset)");
+        e->left_out = 1;
+        r->n_left_out++;
+        return;
+    }
+    snprintf(e->reason, sizeof e->reason, side == PAR_CMP_ONLY_A ? "missing in B" : "missing in A (extra in B)");
+    entry_fail(r, e);
+}
+
+/* The decoding context of a file pair (either file may be NULL: a file
+ * one side lacks). */
+static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_file *b, const char *file,
+                            const file_ctx *fc)
+{
+    memset(dc, 0, sizeof *dc);
+    dc->is_step = has_prefix(file, "step.");
+    dc->ties = fc->ties;
+    dc->strict_ties = fc->strict_ties;
+    if (!dc->is_step)
+        return;
+    const par_tensor *seg = a ? find_i32_bs(a, "input.segments") : NULL;
+    if (!seg && b)
+        seg = find_i32_bs(b, "input.segments");
+    const par_tensor *tok = a ? find_i32_bs(a, "input.tokens") : NULL;
+    if (!tok && b)
+        tok = find_i32_bs(b, "input.tokens");
+    const par_tensor *bs = seg ? seg : tok;
+    dc->seg = seg;
+    if (bs) {
+        dc->B = bs->shape[0];
+        dc->S = bs->shape[1];
+    }
+    static const char *side[2] = {"A's layout", "B's layout"};
+    for (int k = 0; k < 2; k++) {
+        if (fc->cp[k] > 1) {
+            dc->cp[dc->ncp] = fc->cp[k];
+            dc->cp_side[dc->ncp] = side[k];
+            dc->ncp++;
+        }
+    }
+    if (dc->ncp == 2 && dc->cp[0] == dc->cp[1]) {
+        dc->ncp = 1;
+        dc->cp_side[0] = "both layouts";
+    }
+}
+
+/* Compares a file pair tensor by tensor; a or b NULL: a file one side
+ * lacks, every tensor of the other side's is an entry missing there. */
 static par_status compare_pair(par_compare_report *r, const par_st_file *a, const par_st_file *b, const char *file,
                                const file_ctx *fc)
 {
     decode_ctx dc;
-    memset(&dc, 0, sizeof dc);
-    dc.is_step = has_prefix(file, "step.");
-    if (dc.is_step) {
-        const par_tensor *seg = find_i32_bs(a, "input.segments");
-        if (!seg)
-            seg = find_i32_bs(b, "input.segments");
-        const par_tensor *tok = find_i32_bs(a, "input.tokens");
-        if (!tok)
-            tok = find_i32_bs(b, "input.tokens");
-        const par_tensor *bs = seg ? seg : tok;
-        dc.seg = seg;
-        if (bs) {
-            dc.B = bs->shape[0];
-            dc.S = bs->shape[1];
-        }
-        static const char *side[2] = {"A's layout", "B's layout"};
-        for (int k = 0; k < 2; k++) {
-            if (fc->cp[k] > 1) {
-                dc.cp[dc.ncp] = fc->cp[k];
-                dc.cp_side[dc.ncp] = side[k];
-                dc.ncp++;
-            }
-        }
-        if (dc.ncp == 2 && dc.cp[0] == dc.cp[1]) {
-            dc.ncp = 1;
-            dc.cp_side[0] = "both layouts";
-        }
-    }
-    int na = par_st_count(a), nb = par_st_count(b);
+    pair_decode_ctx(&dc, a, b, file, fc);
+    int na = a ? par_st_count(a) : 0, nb = b ? par_st_count(b) : 0;
     int i = 0, j = 0;
     char s1[160], s2[160];
     while (i < na || j < nb) {
         int c = i >= na ? 1 : j >= nb ? -1 : strcmp(par_st_name(a, i), par_st_name(b, j));
         const char *name = c <= 0 ? par_st_name(a, i) : par_st_name(b, j);
+        if (!entry_selected(r, file, name)) {
+            i += c <= 0;
+            j += c >= 0;
+            continue;
+        }
         par_cmp_entry *e = report_add(r, file, name);
         if (!e)
             return par_err(PAR_ENOMEM, "compare: out of memory");
-        if (c < 0) {
-            fill_shape(e, par_st_tensor(a, i));
-            snprintf(e->reason, sizeof e->reason, "missing in B");
-            entry_fail(r, e);
-            i++;
-            continue;
-        }
-        if (c > 0) {
-            fill_shape(e, par_st_tensor(b, j));
-            snprintf(e->reason, sizeof e->reason, "missing in A (extra in B)");
-            entry_fail(r, e);
-            j++;
+        if (c != 0) {
+            fill_shape(e, c < 0 ? par_st_tensor(a, i++) : par_st_tensor(b, j++));
+            entry_missing(r, e, c < 0 ? PAR_CMP_ONLY_A : PAR_CMP_ONLY_B);
             continue;
         }
         const par_tensor *ta = par_st_tensor(a, i), *tb = par_st_tensor(b, j);
@@ -594,8 +783,36 @@ static int clamp_list(int k)
     return k > PAR_CMP_MAX_LIST ? PAR_CMP_MAX_LIST : k;
 }
 
+/* A set's ties.K.safetensors (model/golden.h) in dir, for step k: *out NULL
+ * when there is none (a set written before it, a parallel dump, row
+ * blocks); an error when it is there but unreadable. */
+static par_status open_ties(const char *dir, int64_t k, par_st_file **out)
+{
+    char name[64];
+    snprintf(name, sizeof name, "ties.%lld.safetensors", (long long)k);
+    char *p = par_path_join(dir, name);
+    if (!p)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    struct stat sb;
+    par_status st = PAR_OK;
+    *out = NULL;
+    if (stat(p, &sb) == 0)
+        st = par_st_read(p, out);
+    par_free(p);
+    return st;
+}
+
+static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
+                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out);
+
 par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char *file, const par_compare_opts *o,
                           par_compare_report **out)
+{
+    return compare_st_ties(a, b, file, o, NULL, out);
+}
+
+static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
+                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out)
 {
     par_compare_opts def;
     if (!o) {
@@ -608,8 +825,9 @@ par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char
         return st;
     r->policy = o->policy == PAR_POLICY_AUTO ? PAR_POLICY_F64 : o->policy;
     snprintf(r->policy_why, sizeof r->policy_why, "%s", o->policy == PAR_POLICY_AUTO ? "auto: bare files" : "given");
-    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}};
-    st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc);
+    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}, ties, o->strict_ties};
+    if (!(st = report_select(r, o)) && !(st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc)))
+        st = finish_selection(r);
     if (st) {
         par_compare_report_free(r);
         return st;
@@ -825,6 +1043,36 @@ static par_status common_steps(par_compare_report *r, const par_manifest *ma, co
     return PAR_OK;
 }
 
+/* A set file one side lacks: one failing entry for the file; under --only
+ * or --subset the file is read and each of its (selected) tensors is an
+ * entry of its own, missing on the other side (left out under --subset). */
+static par_status missing_file(par_compare_report *r, const char *dir, const char *name, par_cmp_side side,
+                               const file_ctx *fc)
+{
+    if (!r->n_only && !r->subset) {
+        par_cmp_entry *e = report_add(r, name, "");
+        if (!e)
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        e->side = side;
+        snprintf(e->reason, sizeof e->reason, "file %s", side == PAR_CMP_ONLY_A ? "missing in B" :
+                 "missing in A (extra in B)");
+        entry_fail(r, e);
+        r->nfiles++;
+        return PAR_OK;
+    }
+    char *path = par_path_join(dir, name);
+    if (!path)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
+    par_st_file *f = NULL;
+    par_status st = par_st_read(path, &f);
+    par_free(path);
+    if (st)
+        return st;
+    st = side == PAR_CMP_ONLY_A ? compare_pair(r, f, NULL, name, fc) : compare_pair(r, NULL, f, name, fc);
+    par_st_close(f);
+    return st;
+}
+
 static par_status compare_dirs(par_compare_report *r, const char *da, const char *db, const par_compare_opts *o)
 {
     par_manifest ma, mb;
@@ -844,7 +1092,7 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         r->policy = o->policy;
         snprintf(r->policy_why, sizeof r->policy_why, "given");
     }
-    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}};
+    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}, NULL, o->strict_ties};
 
     gfile *fa = NULL, *fb = NULL;
     int na = 0, nb = 0;
@@ -860,14 +1108,8 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         int c = i >= na ? 1 : j >= nb ? -1 : cmp_gfile(&fa[i], &fb[j]);
         if (c != 0) {
             const gfile *g = c < 0 ? &fa[i++] : &fb[j++];
-            par_cmp_entry *e = report_add(r, g->name, "");
-            if (!e) {
-                st = par_err(PAR_ENOMEM, "compare: out of memory");
+            if ((st = missing_file(r, c < 0 ? da : db, g->name, c < 0 ? PAR_CMP_ONLY_A : PAR_CMP_ONLY_B, &fc)))
                 goto done_free_lists;
-            }
-            snprintf(e->reason, sizeof e->reason, "file %s", c < 0 ? "missing in B" : "missing in A (extra in B)");
-            entry_fail(r, e);
-            r->nfiles++;
             continue;
         }
         const char *name = fa[i].name;
@@ -881,8 +1123,14 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
             st = par_st_read(pa, &sa);
         if (!st)
             st = par_st_read(pb, &sb);
+        par_st_file *ties = NULL;
+        if (!st && fa[i - 1].kind == 1)
+            st = open_ties(da, fa[i - 1].k, &ties);
+        fc.ties = ties;
         if (!st)
             st = compare_pair(r, sa, sb, name, &fc);
+        fc.ties = NULL;
+        par_st_close(ties);
         par_st_close(sa);
         par_st_close(sb);
         par_free(pa);
@@ -932,7 +1180,23 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
             par_st_close(fa);
             return st;
         }
-        st = par_compare_st(fa, fb, base_name(a), o, out);
+        par_st_file *ties = NULL;
+        gfile g;
+        char *dir = NULL;
+        if (parse_gname(base_name(a), &g) && g.kind == 1) { /* a bare step.K: A's ties.K next to it */
+            size_t dl = (size_t)(base_name(a) - a);
+            dir = par_strdup(dl ? a : ".", PAR_TAG_IO);
+            if (!dir)
+                st = par_err(PAR_ENOMEM, "compare: out of memory");
+            else if (dl)
+                dir[dl - 1 > 0 ? dl - 1 : 1] = 0;
+            if (!st)
+                st = open_ties(dir, g.k, &ties);
+        }
+        if (!st)
+            st = compare_st_ties(fa, fb, base_name(a), o, ties, out);
+        par_free(dir);
+        par_st_close(ties);
         par_st_close(fa);
         par_st_close(fb);
         return st;
@@ -941,7 +1205,8 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
     par_status st = report_new(a, b, &r);
     if (st)
         return st;
-    st = compare_dirs(r, a, b, o);
+    if (!(st = report_select(r, o)) && !(st = compare_dirs(r, a, b, o)))
+        st = finish_selection(r);
     if (st) {
         par_compare_report_free(r);
         return st;
@@ -969,11 +1234,11 @@ static void print_entry(FILE *out, const par_cmp_entry *e)
 {
     char sh[160];
     par_shape_str(e->ndim, e->shape, sh, sizeof sh);
-    fprintf(out, "%s %s %s %s %s", e->pass ? "PASS" : "FAIL", e->file, e->tensor[0] ? e->tensor : "-",
+    fprintf(out, "%s %s %s %s %s", !e->pass ? "FAIL" : e->tie_rows ? "TIE " : "PASS", e->file, e->tensor[0] ? e->tensor : "-",
             par_dtype_name(e->dtype), e->tensor[0] ? sh : "");
     if (strcmp(e->mode, "-"))
         fprintf(out, " [%s] max_abs %.3e max_rel %.3e rel_l2 %.3e", e->mode, e->max_abs, e->max_rel, e->rel_l2);
-    if (!e->pass)
+    if (!e->pass || e->tie_rows)
         fprintf(out, ": %s", e->reason);
     fputc('\n', out);
     if (e->override_reason)
@@ -982,6 +1247,43 @@ static void print_entry(FILE *out, const par_cmp_entry *e)
         fprintf(out, "      first mismatches, largest error first:\n");
         for (int k = 0; k < e->nlist; k++)
             print_elem(out, e, &e->list[k]);
+    }
+}
+
+/* What a partial comparison left out: --only's patterns with their hits,
+ * --subset's entries of A not in B per file (every name when verbose, else
+ * the first few). */
+static void print_selection(const par_compare_report *r, FILE *out, int verbose)
+{
+    for (int k = 0; k < r->n_only; k++)
+        fprintf(out, "--only %s: %lld entr%s\n", r->only[k], (long long)r->only_hits[k],
+                r->only_hits[k] == 1 ? "y" : "ies");
+    if (!r->n_left_out)
+        return;
+    fprintf(out, "left out (--subset): %d entr%s of A that B does not hold, not judged:\n", r->n_left_out,
+            r->n_left_out == 1 ? "y" : "ies");
+    for (int i = 0; i < r->n;) {
+        if (!r->e[i].left_out) {
+            i++;
+            continue;
+        }
+        int j = i, cnt = 0;
+        for (; j < r->n && !strcmp(r->e[j].file, r->e[i].file); j++)
+            cnt += r->e[j].left_out;
+        fprintf(out, "  %s: %d:", r->e[i].file, cnt);
+        int shown = 0;
+        for (int q = i; q < j; q++) {
+            if (!r->e[q].left_out)
+                continue;
+            if (!verbose && shown == 4) {
+                fprintf(out, " ...");
+                break;
+            }
+            fprintf(out, " %s", r->e[q].tensor[0] ? r->e[q].tensor : "(file)");
+            shown++;
+        }
+        fputc('\n', out);
+        i = j;
     }
 }
 
@@ -1008,12 +1310,22 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     }
     int npass = 0;
     for (int i = 0; i < r->n; i++) {
-        npass += r->e[i].pass;
-        if (verbose || !r->e[i].pass)
+        npass += r->e[i].pass && !r->e[i].left_out;
+        if ((verbose && !r->e[i].left_out) || !r->e[i].pass || r->e[i].tie_rows)
             print_entry(out, &r->e[i]);
     }
-    fprintf(out, "%s: %d file%s, %d entries: %d passed, %d failed\n", r->nfail ? "MISMATCH" : "EQUAL within policy",
-            r->nfiles, r->nfiles == 1 ? "" : "s", r->n, npass, r->nfail);
+    print_selection(r, out, verbose);
+    fprintf(out, "%s: %d file%s, %d entries: %d passed, %d failed", r->nfail ? "MISMATCH" : "EQUAL within policy",
+            r->nfiles, r->nfiles == 1 ? "" : "s", r->n - r->n_left_out, npass, r->nfail);
+    if (r->subset)
+        fprintf(out, "; %d left out (in A, not in B: --subset)", r->n_left_out);
+    if (r->n_only)
+        fprintf(out, "; %d not selected (--only)", r->n_unselected);
+    int nt = par_compare_report_tie_entries(r);
+    if (nt)
+        fprintf(out, "; %d entr%s with rows that differ only in the order of exact ties in A (TIE)", nt,
+                nt == 1 ? "y" : "ies");
+    fputc('\n', out);
 }
 
 static cJSON *num_or_str(double v)
@@ -1045,6 +1357,27 @@ static int steps_json(const par_compare_report *r, cJSON *root)
     return ok && cJSON_AddNumberToObject(st, "skipped_files_b", r->skipped_b);
 }
 
+static const char *const side_names[] = {"both", "a_only", "b_only", "selection"};
+
+/* "subset", "left_out", "only": [{"pattern", "entries"}], "not_selected". */
+static int selection_json(const par_compare_report *r, cJSON *root)
+{
+    int ok = cJSON_AddBoolToObject(root, "subset", r->subset) != NULL;
+    ok = ok && cJSON_AddNumberToObject(root, "left_out", r->n_left_out);
+    ok = ok && cJSON_AddNumberToObject(root, "not_selected", r->n_unselected);
+    cJSON *arr = ok ? cJSON_AddArrayToObject(root, "only") : NULL;
+    ok = arr != NULL;
+    for (int k = 0; k < r->n_only && ok; k++) {
+        cJSON *o = cJSON_CreateObject();
+        ok = o != NULL;
+        if (ok)
+            cJSON_AddItemToArray(arr, o);
+        ok = ok && cJSON_AddStringToObject(o, "pattern", r->only[k]);
+        ok = ok && cJSON_AddNumberToObject(o, "entries", (double)r->only_hits[k]);
+    }
+    return ok;
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -1061,6 +1394,7 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
         ok = steps_json(r, root);
     ok = ok && cJSON_AddNumberToObject(root, "entries", r->n);
     ok = ok && cJSON_AddNumberToObject(root, "failed", r->nfail);
+    ok = ok && selection_json(r, root);
     cJSON *arr = ok ? cJSON_AddArrayToObject(root, "tensors") : NULL;
     ok = arr != NULL;
     for (int i = 0; i < r->n && ok; i++) {
@@ -1072,6 +1406,9 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
         ok = ok && cJSON_AddStringToObject(o, "file", e->file) && cJSON_AddStringToObject(o, "tensor", e->tensor);
         ok = ok && cJSON_AddBoolToObject(o, "pass", e->pass) && cJSON_AddStringToObject(o, "reason", e->reason);
         ok = ok && cJSON_AddStringToObject(o, "mode", e->mode);
+        ok = ok && cJSON_AddStringToObject(o, "side", side_names[e->side]);
+        if (ok && e->left_out)
+            ok = cJSON_AddBoolToObject(o, "left_out", 1) != NULL;
         if (ok && e->tensor[0]) {
             cJSON *shape = cJSON_AddArrayToObject(o, "shape");
             ok = shape && cJSON_AddStringToObject(o, "dtype", par_dtype_name(e->dtype));
@@ -1094,6 +1431,9 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
             }
             ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
             ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
+            if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
+                ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
+                     cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
             if (ok && e->override_reason)
                 ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
         }

@@ -54,10 +54,21 @@ typedef struct {
     char where[200];              /* decoded meaning: layer, expert, row, ... */
 } par_cmp_elem;
 
+/* Which sides hold an entry. */
+typedef enum {
+    PAR_CMP_BOTH = 0,   /* both sides (or an entry about both: a config key, no step in common) */
+    PAR_CMP_ONLY_A,     /* missing in B */
+    PAR_CMP_ONLY_B,     /* missing in A (extra in B) */
+    PAR_CMP_SELECTION,  /* about the selection itself: an --only pattern that matched nothing, --subset with
+                           nothing in common */
+} par_cmp_side;
+
 typedef struct {
     char *file;         /* file name the tensor is in (both sides) */
     char *tensor;       /* tensor name; "" for an entry about a whole file */
     int pass;           /* 1 pass, 0 fail */
+    par_cmp_side side;  /* which sides hold it: a missing entry is no divergence (model/rootcause.h) */
+    int left_out;       /* --subset: in A only, not judged (pass stays 1) */
     char reason[240];   /* why it failed; "" when it passed */
     const char *mode;   /* "f64", "f32", "bf16", "bitwise", "override", "integer", "-" */
     char *override_reason; /* A manifest's reason when an override applied (owned) */
@@ -73,6 +84,8 @@ typedef struct {
     double bound;       /* rtol ||A||_2 + atol sqrt(numel) */
     int64_t n_diff;     /* elements whose bits differ */
     int64_t n_nonfinite;/* positions where NaN/Inf do not agree */
+    int64_t rows_differ; /* attn.*.selected with A's ties.K: rows [B,S] whose picks differ */
+    int64_t tie_rows;    /* of them, rows whose picks differ only among A's exact ties (tie order) */
     int nlist;
     par_cmp_elem *list; /* largest errors first (ties: lower index first) */
 } par_cmp_entry;
@@ -80,6 +93,29 @@ typedef struct {
 typedef struct {
     par_policy policy;  /* default PAR_POLICY_AUTO */
     int max_list;       /* elements listed per failing tensor (default 5, at most PAR_CMP_MAX_LIST) */
+    /* A partial comparison (a dump of a few tensors, a forward-only dump):
+     *   only     n_only glob patterns (fnmatch); an entry is compared when its
+     *            tensor name matches one, or "FILEGLOB:TENSORGLOB" matches
+     *            its file and tensor; the others are not entries at all.  A
+     *            pattern that matches nothing on either side is a failing
+     *            entry (a typo must not pass as "nothing diverged").
+     *   subset   entries of A that B lacks (tensors, and whole files) are
+     *            left out, listed and counted, not failed; B's extra entries
+     *            still fail; nothing in common at all fails.
+     * A file one side lacks is then read from the other side and judged
+     * tensor by tensor.  Config keys (manifest.json) are compared always. */
+    const char *const *only;
+    int n_only;
+    int subset;
+    /* Exact ties (issue 33): a golden set's ties.K.safetensors (model/golden.h
+     * par_golden_write_ties) marks, per indexer query row, the entries scored
+     * exactly the top-k boundary's score where that score spans the boundary.
+     * When A has it (a set's, or the ties.K file next to a bare step.K
+     * file), attn.<block>.selected rows whose picks differ only among those
+     * entries are a tie-order difference: counted (tie_rows), reported, and
+     * the entry passes unless strict_ties.  Rows that differ elsewhere fail
+     * as before. */
+    int strict_ties;
 } par_compare_opts;
 
 void par_compare_opts_init(par_compare_opts *o);
@@ -99,6 +135,9 @@ par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char
 int par_compare_report_ok(const par_compare_report *r);       /* 1 if every entry passed */
 int par_compare_report_count(const par_compare_report *r);
 int par_compare_report_failed(const par_compare_report *r);   /* failing entries */
+int par_compare_report_left_out(const par_compare_report *r); /* --subset: entries of A not in B */
+int par_compare_report_unselected(const par_compare_report *r); /* --only: tensors matching no pattern */
+int par_compare_report_tie_entries(const par_compare_report *r); /* entries with tie-order rows */
 const par_cmp_entry *par_compare_report_entry(const par_compare_report *r, int i);
 /* First entry for (file, tensor); file NULL matches any file. */
 const par_cmp_entry *par_compare_report_find(const par_compare_report *r, const char *file, const char *tensor);

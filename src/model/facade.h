@@ -35,6 +35,9 @@ void par_golden_opts_init(par_golden_opts *o); /* precision 64, steps 1, seed 12
 typedef struct {
     double loss, loss_main, loss_mtp, loss_aux, grad_norm;
     double wall_s;            /* forward + backward + update */
+    int64_t index_rows[2];    /* the indexer's query rows with a choice (more visible entries than index_topk)
+                                 and those with an exact tie at the top-k boundary, over the ratio-4 blocks
+                                 (ties.K.safetensors; 0, 0 without one: no ratio-4 block, or row blocks) */
 } par_golden_step_info;
 
 typedef struct {

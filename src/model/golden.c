@@ -274,6 +274,51 @@ fail_free:
     return s;
 }
 
+/* ties.K.safetensors: attn.<block>.ties I32 [B, S, S/4] of every ratio-4
+ * block whose saved indexer state the forward kept (kernels/attention.h
+ * par_indexer_ties); counts[0], counts[1]: the rows with a choice and with
+ * an exact tie at the top-k boundary, over those blocks.  A model without
+ * any writes nothing. */
+par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2])
+{
+    const int64_t B = M->batch->B, S = M->batch->S, T = B * S, ne = S / 4 > 0 ? S / 4 : 1;
+    int64_t sh[3] = {B, S, ne}, tot[2] = {0, 0};
+    par_st_writer *w = NULL;
+    int32_t **tie = par_calloc((size_t)M->n_blocks, sizeof *tie, PAR_TAG_IO);
+    par_status s = tie ? par_st_writer_new(&w) : par_err(PAR_ENOMEM, "golden: out of memory");
+    int any = 0;
+    for (int b = 0; b < M->n_blocks && !s; b++) {
+        const PAR_FN(par_attn_saved) *as = &M->blk[b].as;
+        if (M->adims[b].m != 4 || !as->iq)
+            continue;
+        int64_t c[2];
+        char pfx[32], name[64];
+        if (!(tie[b] = par_malloc((size_t)(T * ne) * sizeof(int32_t), PAR_TAG_IO)))
+            s = par_err(PAR_ENOMEM, "golden: out of memory for the indexer's ties (%lld tokens)", (long long)T);
+        const par_attn_dims *dm = &M->adims[b];
+        par_dev_host_read(as->iq, (size_t)(T * dm->iH * dm->ihd) * sizeof(par_real)); /* GPU mode: on the host */
+        par_dev_host_read(as->iw, (size_t)(T * dm->iH) * sizeof(par_real));
+        par_dev_host_read(as->icmp, (size_t)(T * dm->ihd) * sizeof(par_real));
+        if (!s)
+            s = PAR_FN(par_indexer_ties)(tie[b], ne, c, as->iq, as->iw, as->icmp, M->batch->pos, dm, T);
+        par_golden_block_prefix(&M->cfg, b, pfx, sizeof pfx);
+        snprintf(name, sizeof name, "attn.%s.ties", pfx);
+        if (!s)
+            s = add(w, name, PAR_I32, 3, sh, tie[b]);
+        if (!s)
+            tot[0] += c[0], tot[1] += c[1], any = 1;
+    }
+    if (!s && any)
+        s = write_file(w, dir, "ties", k);
+    if (!s)
+        counts[0] = tot[0], counts[1] = tot[1];
+    par_st_writer_free(w);
+    for (int b = 0; tie && b < M->n_blocks; b++)
+        par_free(tie[b]);
+    par_free(tie);
+    return s;
+}
+
 /* ---------------------------------------------------------------- data -- */
 
 void PAR_FN(par_golden_data_close)(par_golden_data *ds)
@@ -532,7 +577,8 @@ static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, co
         if ((s = PAR_FN(par_model_forward)(M, batch)) || (s = PAR_FN(par_model_backward)(M)))
             return s;
         t1 = now_s();
-        if ((s = PAR_FN(par_golden_write_step)(M, dir, k)))
+        if ((s = PAR_FN(par_golden_write_step)(M, dir, k)) ||
+            (s = PAR_FN(par_golden_write_ties)(M, dir, k, info->index_rows)))
             return s;
     }
     t2 = now_s();

@@ -80,6 +80,16 @@ par_status PAR_FN(par_golden_write_params)(const PAR_FN(par_model) *M, const cha
 /* Writes dir/step.K.safetensors from the last forward + backward (before the
  * update).  Needs M->have_fwd. */
 par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char *dir, int64_t k);
+/* Writes dir/ties.K.safetensors from the last forward (one shot, the serial
+ * attention's saved indexer state): attn.<block>.ties I32 [B, S, S/4] of
+ * each ratio-4 block, 1 at the entries scored exactly the top-k boundary's
+ * score on rows where that score is shared across the boundary (another
+ * top-k's tie order may pick others there), 0 elsewhere.  The comparator
+ * reads it next to step.K to tell a tie-order difference of
+ * attn.<block>.selected from a real one (docs/golden.md "ties.K").
+ * counts: rows with a choice, rows with such a tie.  No file when no block
+ * has kept indexer state. */
+par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2]);
 
 /* manifest.json of a set in dir (GOLDEN.md keys; steps the total, first_step
  * where a resumed run started); takes ownership of the layout and data

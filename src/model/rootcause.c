@@ -181,8 +181,8 @@ static int cmp_items(const void *x, const void *y)
 
 void par_compare_root_cause(const par_compare_report *r, par_root_cause *out)
 {
-    out->root = out->first_consequence = -1;
-    out->n_failed = out->n_consequences = 0;
+    out->root = out->first_consequence = out->first_missing = -1;
+    out->n_failed = out->n_consequences = out->n_missing = 0;
     int n = par_compare_report_count(r);
     flow_item *v = par_malloc((size_t)(n ? n : 1) * sizeof *v, PAR_TAG_MISC);
     if (!v)
@@ -198,10 +198,14 @@ void par_compare_root_cause(const par_compare_report *r, par_root_cause *out)
     }
     qsort(v, (size_t)nf, sizeof *v, cmp_items);
     out->n_failed = nf;
-    if (nf > 0)
-        out->root = v[0].index;
-    for (int i = 1; i < nf; i++) {
-        if (v[i].e->tensor[0] && !par_dtype_is_float(v[i].e->dtype)) {
+    for (int i = 0; i < nf; i++) {
+        if (v[i].e->side != PAR_CMP_BOTH) {
+            if (out->first_missing < 0)
+                out->first_missing = v[i].index;
+            out->n_missing++;
+        } else if (out->root < 0) {
+            out->root = v[i].index;
+        } else if (v[i].e->tensor[0] && !par_dtype_is_float(v[i].e->dtype)) {
             if (out->first_consequence < 0)
                 out->first_consequence = v[i].index;
             out->n_consequences++;

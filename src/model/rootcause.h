@@ -34,11 +34,16 @@
 int par_dataflow_cmp(const char *file_a, const char *tensor_a, par_dtype dtype_a, const char *file_b,
                      const char *tensor_b, par_dtype dtype_b);
 
+/* Only entries both sides hold can diverge: an entry one side lacks (or an
+ * --only pattern that matched nothing) is counted in n_missing, never named
+ * as the root. */
 typedef struct {
-    int root;              /* entry index of the first failing entry in dataflow order; -1: none failed */
+    int root;              /* entry index of the first failing entry both sides hold, in dataflow order; -1: none */
     int n_failed;          /* failing entries */
     int n_consequences;    /* failing integer entries after the root in dataflow order */
     int first_consequence; /* entry index of the first of them; -1: none */
+    int n_missing;         /* failing entries one side lacks (and failing selection entries) */
+    int first_missing;     /* entry index of the first of them in dataflow order; -1: none */
 } par_root_cause;
 
 void par_compare_root_cause(const par_compare_report *r, par_root_cause *out);

@@ -213,8 +213,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 360)
      * (tp2-all and tp4-all went: every TP layer is the default, they were tp2 and tp4); tp2-sp-cp2,
      * tp2-sp-ep4, tp2-sp-cp2-ep4, tp2-etp2, tp2-etp2-ep2, tp2-sp-etp2, tp2-sp-etp2-ep2; tp2-ep2,
      * tp2-sp-cp2-etp2-ep2 (the TP shared expert under EP / ETP); fiber-cp2-ep2-zero1, fiber-pp2-cp2-ep2,
-     * fiber-cp4-dp17, golden-blocked (issue 35) */
-    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2 + 4, "cells: %lld", (long long)total);
+     * fiber-cp4-dp17, golden-blocked (issue 35); ep2-swiglu-clamp, cp2-yarn-short, dp2-yarn-wide
+     * (issue 33: math branches no other golden takes) */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2 + 4 + 3, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -574,6 +575,135 @@ Test(matrix, cell_over_the_memory_limit_is_an_error_before_it_runs, .timeout = 1
     cr_expect_eq(run_matrix(log, bad), 2, "--max-memory 12XB");
     text = slurp(log);
     cr_expect(strstr(text, "--max-memory '12XB' is not a size"), "%s", text);
+    par_free(text);
+    par_remove_tree(dir);
+}
+
+/* Runs `xmllint --noout --schema XSD FILE` with its output into log; the exit
+ * status, or -1 when xmllint is not installed (tools/setup.sh installs
+ * libxml2-utils). */
+static int xmllint(const char *xsd, const char *file, const char *log)
+{
+    if (access("/usr/bin/xmllint", X_OK) != 0) {
+        cr_log_warn("no /usr/bin/xmllint (tools/setup.sh installs libxml2-utils): the JUnit report is not "
+                    "validated against %s", xsd);
+        return -1;
+    }
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "/usr/bin/xmllint --noout --schema '%s' '%s' >'%s' 2>&1", xsd, file, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -2;
+}
+
+static int count_str(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Issue 33 item 6: --report FILE.xml is JUnit XML that validates against
+ * tests/cli/junit.xsd, one testcase per cell, a failing cell's diagnosis as
+ * its failure message; --baseline OLD/report.json names the cells whose
+ * verdict and comparison figures changed since the earlier run. */
+Test(matrix, junit_report_validates_and_baseline_diffs, .timeout = 240)
+{
+    char dir[PATH_MAX], groot[PATH_MAX + 16], gdir[PATH_MAX + 32], out1[PATH_MAX + 16], out2[PATH_MAX + 16],
+        log[PATH_MAX + 16], xml[PATH_MAX + 16], base[PATH_MAX + 32], xsd[PATH_MAX + 32], json[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(out1, sizeof out1, "%s/out1", dir);
+    snprintf(out2, sizeof out2, "%s/out2", dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    snprintf(xml, sizeof xml, "%s/r.xml", dir);
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    snprintf(base, sizeof base, "%s/report.json", out1);
+    snprintf(xsd, sizeof xsd, "%s/tests/cli/junit.xsd", src_root());
+    char golden[PATH_MAX];
+    snprintf(golden, sizeof golden, "%s/golden", src_root());
+    /* run 1: the checked-in set: both cells pass */
+    const char *args1[] = {"--quick", "--cell", "serial-f64", "--cell", "ep2", "--fixture", "tiny-boundary-mix",
+                           "--golden", golden, "--out", out1, "--report", xml, NULL};
+    int rc = run_matrix(log, args1);
+    char *text = slurp(log);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, text);
+    par_free(text);
+    int v = xmllint(xsd, xml, log);
+    text = slurp(log);
+    cr_expect(v == 0 || v == -1, "xmllint: the report does not validate (%d):\n%s", v, text);
+    par_free(text);
+    char *x = slurp(xml);
+    cr_expect_eq(count_str(x, "<testcase "), 2, "%s", x);
+    cr_expect(strstr(x, "<testcase name=\"serial-f64 (tiny-boundary-mix)\" classname=\"parity.matrix.v4-tiny.golden\""),
+              "%s", x);
+    cr_expect(!strstr(x, "<failure"), "%s", x);
+    par_free(x);
+
+    /* run 2: one wrong gradient element in the set: serial-f64 fails; against run 1 */
+    snprintf(groot, sizeof groot, "%s/golden", dir);
+    cr_assert_eq(mkdir(groot, 0777), 0);
+    snprintf(gdir, sizeof gdir, "%s/v4-tiny", groot);
+    copy_golden(gdir, "step.2.safetensors", "grad.layers.1.ffn.experts.3.w1.weight", 37, 1.0, 0);
+    const char *args2[] = {"--quick", "--cell", "serial-f64", "--cell", "ep2", "--fixture", "tiny-boundary-mix",
+                           "--golden", groot, "--out", out2, "--report", xml, "--baseline", base, NULL};
+    rc = run_matrix(log, args2);
+    text = slurp(log);
+    cr_expect_eq(rc, 1, "exit %d:\n%s", rc, text);
+    cr_expect(has_line(text, "baseline ", "2 cells compared (margin 5 %)"), "%s", text);
+    cr_expect(has_line(text, "    serial-f64 (tiny-boundary-mix): ", "PASS -> FAIL"), "%s", text);
+    cr_expect(has_line(text, "  verdict changed: ", "1"), "%s", text);
+    par_free(text);
+    v = xmllint(xsd, xml, log);
+    text = slurp(log);
+    cr_expect(v == 0 || v == -1, "xmllint: the failing run's report does not validate (%d):\n%s", v, text);
+    par_free(text);
+    x = slurp(xml);
+    cr_expect_eq(count_str(x, "<failure message=\""), 1, "%s", x);
+    cr_expect(strstr(x, "grad.layers.1.ffn.experts.3.w1.weight"), "the diagnosis names the tensor:\n%s", x);
+    cr_expect(strstr(x, "baseline: verdict PASS -&gt; FAIL"), "%s", x);
+    cr_expect(strstr(x, "failures=\"1\""), "%s", x);
+    par_free(x);
+
+    /* the JSON report holds the diff; a file that is no matrix report is refused before running */
+    const char *args3[] = {"--quick", "--cell", "ep2", "--fixture", "tiny-boundary-mix", "--out", out2,
+                           "--baseline", xsd, NULL};
+    cr_expect_eq(run_matrix(log, args3), 2, "--baseline of an XSD file");
+    text = slurp(log);
+    cr_expect(strstr(text, "junit.xsd"), "the baseline file is named: %s", text);
+    par_free(text);
+    char rep2[PATH_MAX + 32];
+    snprintf(rep2, sizeof rep2, "%s/report.json", out2);
+    cJSON *j = NULL;
+    cr_assert_eq(par_json_read_file(rep2, &j), 0, "%s", par_last_error());
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "baseline");
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "verdict_changed")), 1);
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "numbers_changed")), 1,
+                 "serial-f64's comparison figures moved, ep2's did not");
+    cJSON_Delete(j);
+    (void)json;
+    par_remove_tree(dir);
+}
+
+/* Issue 33 item 2: the quick tier holds the cells whose goldens take the
+ * math branches no preset golden takes (tools/coverage-math.py measured
+ * them: the SwiGLU clamp, YaRN's correction range clamped below, empty and
+ * above); --list names each with its setting. */
+Test(matrix, quick_tier_takes_the_clamp_and_yarn_ranges, .timeout = 60)
+{
+    char dir[PATH_MAX], log[PATH_MAX + 16];
+    tmp_dir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/log", dir);
+    const char *args[] = {"--quick", "--list", NULL};
+    cr_assert_eq(run_matrix(log, args), 0);
+    char *text = slurp(log);
+    static const char *const want[][2] = {{"ep2-swiglu-clamp", "swiglu_limit=1"},
+                                          {"cp2-yarn-short", "original_seq_len=4"},
+                                          {"dp2-yarn-wide", "compress_rope_theta=100"}};
+    for (int i = 0; i < 3; i++) {
+        const char *p = strstr(text, want[i][0]), *e = p ? strchr(p, '\n') : NULL;
+        const char *q = p ? strstr(p, want[i][1]) : NULL;
+        cr_expect(q && (!e || q < e), "%s with %s not in --list:\n%s", want[i][0], want[i][1], text);
+    }
     par_free(text);
     par_remove_tree(dir);
 }

@@ -105,6 +105,9 @@ static void small_cfg(par_config *cfg)
     cfg->seq_length = 32;
 }
 
+/* defined below */
+static void check_ties(const char *out, const par_golden_summary *sum);
+
 Test(golden, set_holds_every_name)
 {
     par_golden_opts o;
@@ -207,7 +210,8 @@ Test(golden, set_holds_every_name)
     cr_assert_eq(par_json_read_file(path, &man), 0);
     const cJSON *files = par_json_obj(man, "files");
     cr_assert(files);
-    cr_expect_eq(cJSON_GetArraySize(files), 5);
+    cr_expect_eq(cJSON_GetArraySize(files), 7, "params.0..2, step.0..1, ties.0..1");
+    check_ties(out, &sum);
     cr_expect_str_eq(par_json_str(par_json_obj(man, "layout"), "backend"), "self");
     cr_expect_str_eq(par_json_str(par_json_obj(man, "data"), "source"), "generator");
     cJSON_Delete(man);
@@ -217,6 +221,44 @@ Test(golden, set_holds_every_name)
     par_free(out);
     par_free(dir);
     cr_expect_eq(par_alloc_live_total(), 0, "%lld bytes live", (long long)par_alloc_live_total());
+}
+
+/* ties.K (issue 33): attn.layers.1.ties [B, S, S/4] of v4-tiny's one
+ * ratio-4 layer; on a marked row the tie class spans the top-k boundary:
+ * some marked entries picked, some not, every pick outside it. */
+static void check_ties(const char *out, const par_golden_summary *sum)
+{
+    char path[PATH_MAX];
+    int64_t tied_rows = 0;
+    for (int k = 0; k < 2; k++) {
+        par_st_file *tf = NULL, *sf = NULL;
+        snprintf(path, sizeof path, "%s/ties.%d.safetensors", out, k);
+        cr_assert_eq(par_st_read(path, &tf), 0, "%s", par_last_error());
+        snprintf(path, sizeof path, "%s/step.%d.safetensors", out, k);
+        cr_assert_eq(par_st_read(path, &sf), 0, "%s", par_last_error());
+        const par_tensor *t = par_st_find(tf, "attn.layers.1.ties"), *sel = par_st_find(sf, "attn.layers.1.selected");
+        cr_assert(t && sel && par_st_count(tf) == 1);
+        cr_assert(t->dtype == PAR_I32 && t->ndim == 3 && t->shape[0] == 2 && t->shape[1] == 32 && t->shape[2] == 8);
+        const int32_t *tv = t->data, *sv = sel->data;
+        int64_t rows_tied = 0;
+        for (int64_t r = 0; r < 2 * 32; r++) {
+            int marked = 0, picked_marked = 0;
+            for (int e = 0; e < 8; e++)
+                marked += tv[r * 8 + e];
+            for (int i = 0; i < 4; i++)
+                picked_marked += sv[r * 4 + i] >= 0 && tv[r * 8 + sv[r * 4 + i]];
+            if (!marked)
+                continue;
+            rows_tied++;
+            cr_expect(picked_marked > 0 && picked_marked < marked, "row %lld: %d marked, %d of them picked",
+                      (long long)r, marked, picked_marked);
+        }
+        cr_expect_eq(rows_tied, sum->step[k].index_rows[1]);
+        tied_rows += rows_tied;
+        par_st_close(tf);
+        par_st_close(sf);
+    }
+    cr_expect_gt(tied_rows, 0, "the small config has exact ties (relu zeros of both heads)");
 }
 
 /* A failing run leaves nothing behind and an existing set untouched. */
