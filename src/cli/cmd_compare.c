@@ -37,12 +37,13 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
 int par_cmd_compare(int argc, char **argv)
 {
     const char *policy_s = "auto", *json = NULL;
-    int verbose = 0;
+    int verbose = 0, overwrite = 0;
     int64_t max_list = 5;
     const par_opt opts[] = {
         {"policy", PAR_OPT_STR, &policy_s, "auto|f64|f32|bf16|bitwise",
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
         {"json", PAR_OPT_STR, &json, "FILE", "write the full report as JSON"},
+        {"overwrite", PAR_OPT_FLAG, &overwrite, NULL, PAR_OVERWRITE_HELP},
         {"verbose", PAR_OPT_FLAG, &verbose, NULL, "print every tensor, not only failing ones"},
         {"max-list", PAR_OPT_INT, &max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
     };
@@ -60,7 +61,7 @@ int par_cmd_compare(int argc, char **argv)
         fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", pos.count);
         return 2;
     }
-    const par_cli_output outs[] = {{"--json", json, PAR_OUT_FILE}};
+    const par_cli_output outs[] = {{"--json", json, PAR_OUT_FILE, overwrite}};
     if (par_cli_check_outputs("compare", outs, 1))
         return 2;
     par_compare_opts o;

@@ -8,6 +8,7 @@
 #include "cli/sizearg.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/outdir.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "parallel/planreport.h"
@@ -38,6 +39,7 @@ int par_plan_opts(par_opt *o, int n, int cap, par_plan_args *a)
         {"search", PAR_OPT_FLAG, &a->search, NULL, "enumerate layouts for --world-size and --global-batch-size"},
         {"memory-per-gpu", PAR_OPT_STR, &a->memory, "SIZE", "memory budget of the search, e.g. 80GB (default: none)"},
         {"top", PAR_OPT_INT, &a->top, "K", "candidates the search prints (default 10)"},
+        {"overwrite", PAR_OPT_FLAG, &a->overwrite, NULL, PAR_OVERWRITE_HELP " (--json)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) {
         if (n >= cap)
@@ -144,12 +146,14 @@ int par_plan_args_check(const par_plan_args *a)
         fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
         return 2;
     }
-    return rc;
+    const par_cli_output outs[] = {{"--json", a->json, PAR_OUT_FILE, a->overwrite}};
+    return rc ? rc : par_cli_check_outputs("plan", outs, 1);
 }
 
 static int write_json(const char *path, cJSON *root)
 {
-    char *text = cJSON_Print(root);
+    /* the marker core/outfile.h recognises: a later --json may replace it */
+    char *text = cJSON_AddStringToObject(root, "format", "parity-plan") ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!text) {
         fprintf(stderr, "parity plan: out of memory printing the JSON report\n");

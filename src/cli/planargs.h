@@ -12,6 +12,7 @@
  *   --search                          enumerate layouts for --world-size / --global-batch-size
  *   --memory-per-gpu SIZE             the search's budget (e.g. 80GB)
  *   --top K                           candidates the search prints (default 10)
+ *   --overwrite                       --json may replace a file parity did not write
  * plus the network flags of cli/netargs.h (default: the "reference" preset).
  */
 #ifndef PAR_CLI_PLANARGS_H
@@ -27,7 +28,7 @@
 typedef struct {
     const char *json, *runtime, *precision, *recompute, *memory;
     const char *measured;   /* --measured-loads RUN.json (a `parity run --cost-as` summary) */
-    int guide, search;
+    int guide, search, overwrite;
     double skew, efficiency;
     int64_t top;
     par_net_args net;
