@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The layer rules, checked from the includes (a meson test, suite 'build'):
-#   core <- kernels <- model <- parallel <- cli;  comm on core only;
+#   core <- kernels <- model <- parallel <- matrix <- cli;  comm on core only;
+#   inside src/parallel, one rule per room (folder): the sibling rooms it may include;
+#   no include circle between the files of src/parallel and src/matrix;
+#   a NAME-impl.h header is included only from its own folder;
 #   backends on comm + core only (and backends/host, the shared ranks-hosting code;
 #   no backend includes another backend's directory);  backends/registry.c the
 #   only file with #if HAVE_*;
@@ -31,7 +34,76 @@ rule src/comm comm core
 rule src/kernels kernels core
 rule src/model model kernels core
 rule src/parallel parallel model kernels comm core
-rule src/cli cli parallel model kernels comm core backends
+rule src/matrix matrix parallel model kernels comm core
+rule src/cli cli matrix parallel model kernels comm core backends
+# room DIR ALLOWED...: every '#include "parallel/ROOM/..."' under src/parallel/DIR names DIR or an
+# allowed room (lowest first; docs/architecture.md "src/parallel, room by room" gives the reasons)
+ruled=""
+room() {
+  local dir=$1; shift
+  local allowed="$dir $*" bad=""
+  ruled+=" $dir "
+  while IFS= read -r line; do
+    local r
+    r=$(printf '%s\n' "$line" | sed -E 's/^[^:]*:[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]+"parallel\/([a-z_]+)\/.*/\1/')
+    case " $allowed " in *" $r "*) ;; *) bad+="$line"$'\n' ;; esac
+  done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"parallel/' "src/parallel/$dir" --include='*.c' --include='*.h')
+  if [ -n "$bad" ]; then
+    printf 'room rule: src/parallel/%s may include only the rooms {%s}:\n%s' "$dir" "$allowed" "$bad"
+    failed=$((failed + 1))
+  else
+    passed=$((passed + 1))
+  fi
+}
+room layout
+room schedule
+room plan layout schedule
+room reduce layout
+room tp layout reduce
+room cp layout reduce tp
+room moe layout plan reduce tp
+room dp layout reduce tp
+room ckpt layout reduce dp
+room step layout schedule plan reduce tp cp moe dp
+room train layout plan reduce tp dp ckpt step
+# every folder of src/parallel has its rule above
+v=""
+for d in src/parallel/*/; do
+  d=${d%/}; d=${d#src/parallel/}
+  case "$ruled" in *" $d "*) ;; *) v+="$d " ;; esac
+done
+if [ -n "$v" ]; then
+  printf 'room rule: src/parallel/{%s} has no rule in tools/check-layers.sh\n' "$v"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
+# no include circle: the files of src/parallel and src/matrix as modules (x.c, x.h and x-impl.h are
+# one), each include an arrow; tsort names the modules of a circle
+loops=$(grep -rnoE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"(parallel|matrix)/[a-z_/-]+\.h"' src/parallel src/matrix \
+          --include='*.c' --include='*.h' 2>/dev/null |
+        sed -E 's/^src\/([^:]+)\.[ch]:[0-9]+:.*"([^"]+)\.h"/\1 \2/; s/-impl( |$)/\1/g' |
+        awk '$1 != $2' | sort -u | tsort 2>&1 >/dev/null)
+if [ -n "$loops" ]; then
+  printf 'include circle in src/parallel or src/matrix:\n%s\n' "$loops"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
+# a NAME-impl.h is private to its folder
+v=""
+while IFS= read -r line; do
+  f=${line%%:*}
+  h=$(printf '%s\n' "$line" | sed -E 's/.*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/')
+  case $h in backends/*) hp=$h ;; *) hp=src/$h ;; esac
+  [ "$(dirname "$hp")" = "$(dirname "$f")" ] || v+="$line"$'\n'
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[a-z_/]+-impl\.h"' src backends tests tools --include='*.c' --include='*.h')
+if [ -n "$v" ]; then
+  printf 'impl rule: a NAME-impl.h header is included only from its own folder:\n%s' "$v"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
 rule backends backends comm core
 # each backend sees comm, core, backends/host and its own directory only
 bad=""
@@ -68,7 +140,7 @@ fi
 # (backends/host/sched.c tls_save / tls_load) or scratch used between two
 # switches.  A new one fails here until it is added to one of the two lists.
 tls_carried='src/core/counters.c:tl_counts src/core/alloc.c:cur_scope src/core/status.c:last_msg src/core/log.c:thread_tag'
-tls_scratch='src/parallel/pplayout.c:p src/parallel/pplayout.c:r'
+tls_scratch='src/parallel/layout/pplayout.c:p src/parallel/layout/pplayout.c:r'
 v=""
 while IFS= read -r line; do
   f=${line%%:*}

@@ -6,7 +6,7 @@
 # backend) with --dump, compared under the f64 policy (integers -- routing,
 # loads, attn.*.selected -- exactly equal).  v4-mini also runs CP4 x EP32,
 # EP64, EP128 on 128 ranks (MoE parallel folding).  The cells are rows of the
-# matrix's scale tier (src/parallel/cells.c, docs/matrix.md): cp2_s2 and
+# matrix's scale tier (src/matrix/cells.c, docs/matrix.md): cp2_s2 and
 # cp4_s2 (every fixture), cp2_seedN / cp4_seedN, cp4_epN_s2.
 #
 #   tools/cp_acceptance.sh [PARITY] [tiny|mini|ep|all]     (default: build/parity all)

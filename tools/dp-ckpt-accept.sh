@@ -1,7 +1,7 @@
 #!/bin/sh
 # tools/dp-ckpt-accept.sh - v4-mini acceptance cells of data parallelism (the DP
 # reduction, ZeRO-1) and of distributed checkpoints through `parity run`.  The
-# cells are rows of the matrix's scale tier (src/parallel/cells.c, docs/matrix.md): this runs
+# cells are rows of the matrix's scale tier (src/matrix/cells.c, docs/matrix.md): this runs
 # `parity matrix --preset v4-mini --cell NAME...`.  Minutes per cell; not in CI.
 #
 #   tools/dp-ckpt-accept.sh [-p PARITY] [-w WORKDIR] [CELL...]

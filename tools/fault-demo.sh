@@ -14,7 +14,7 @@
 #     window crosses the CP2 split, the halo is never read, so the fault
 #     cannot show there (it must PASS),
 #   - every other cell passes (PASS, or WARN for the informational one).
-# Faults (meson -Dfault=NAME, src/parallel/cp.c):
+# Faults (meson -Dfault=NAME, src/parallel/cp/cp.c):
 #   cp_halo_short      the forward halo one row short (the row next to the
 #                      boundary left zero): the root cause is a forward tensor
 #   cp_halo_grad_drop  the backward halo gradient of that row dropped: the

@@ -2,7 +2,7 @@
 # v4-mini acceptance cells of issue 7 (pipeline parallelism in `parity run`):
 # 2 training steps of each layout against the serial golden of the same data
 # and seed (f64 policy).  The cells are rows of the matrix's scale tier
-# (src/parallel/cells.c, docs/matrix.md): this runs
+# (src/matrix/cells.c, docs/matrix.md): this runs
 # `parity matrix --preset v4-mini --cell NAME...`.  Minutes per cell; not in
 # CI (tests/parallel/meson.build registers them in the 'slow' suite with
 # -Dslow_tests=true; docs/parallel.md "Pipeline parallelism").

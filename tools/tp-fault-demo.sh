@@ -4,7 +4,7 @@
 # tools/fault-demo.sh does it for CP).
 #
 # Builds parity with one TP bug compiled in (meson -Dfault=NAME, the
-# PAR_TP_FAULT_* bit of src/parallel/tp.h set in every run), in its own build
+# PAR_TP_FAULT_* bit of src/parallel/tp/tp.h set in every run), in its own build
 # directory, runs `parity matrix --quick`, and checks that
 #   - the matrix exits 1,
 #   - every cell the fault reaches FAILs with a diagnosis ("first divergence")

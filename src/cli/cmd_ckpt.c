@@ -11,11 +11,11 @@
 #include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
-#include "parallel/ckpt.h"
-#include "parallel/ckpt_owner.h"
-#include "parallel/driver.h"
-#include "parallel/layout.h"
-#include "parallel/plan.h"
+#include "parallel/ckpt/ckpt.h"
+#include "parallel/ckpt/ckpt_owner.h"
+#include "parallel/train/run.h"
+#include "parallel/layout/layout.h"
+#include "parallel/plan/plan.h"
 
 static int fail(const char *sub)
 {

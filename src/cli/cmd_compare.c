@@ -9,7 +9,7 @@
 #include "core/status.h"
 #include "model/compare.h"
 #include "model/rootcause.h"
-#include "parallel/rankof.h"
+#include "matrix/rankof.h"
 
 /* The first divergent tensor in dataflow order (model/rootcause.h), its
  * first listed element and the rank of each parallel side that owned it. */

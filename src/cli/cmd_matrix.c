@@ -2,7 +2,7 @@
  *               [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend threads|fiber|mpi]
  *               [--report FILE] [--out DIR] [--steps K] [--seed N] [--keep] [--list]
  * The conformance matrix (docs/matrix.md): the cells of the built-in table
- * (parallel/cells.h) or of a user's file, each compared with its reference
+ * (matrix/cells.h) or of a user's file, each compared with its reference
  * by the comparator of `parity compare`.
  * Exit: 0 every cell passed, 1 a cell failed, 2 bad usage or unreadable input. */
 #include <stdio.h>
@@ -17,7 +17,7 @@
 #include "core/alloc.h"
 #include "core/outdir.h"
 #include "core/status.h"
-#include "parallel/matrix.h"
+#include "matrix/matrix.h"
 #include "parity_config.h"
 
 static int has_suffix(const char *s, const char *suf)

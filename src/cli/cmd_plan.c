@@ -9,8 +9,8 @@
 #include "cli/planargs.h"
 #include "core/status.h"
 #include "model/config.h"
-#include "parallel/layout.h"
-#include "parallel/plan.h"
+#include "parallel/layout/layout.h"
+#include "parallel/plan/plan.h"
 
 static int fail(const char *what)
 {
@@ -96,7 +96,7 @@ static int layout_of(par_layout *l, const par_layout_args *la, int64_t mb_group)
     l->distributed_optimizer = la->distributed_optimizer;
     l->sequence_parallel = la->sequence_parallel;
     l->tp_all_layers = la->tp_all_layers || la->sequence_parallel;
-    if ((la->sequence_parallel || la->tp_all_layers) && l->tp <= 1) { /* par_tp_layout_rules' first rule */
+    if ((la->sequence_parallel || la->tp_all_layers) && l->tp <= 1) { /* par_layout_run_rules' first rule */
         fprintf(stderr, "parity plan: --%s needs tensor-model-parallel-size > 1 (got %lld)\n",
                 la->sequence_parallel ? "sequence-parallel" : "tp-all-layers", (long long)l->tp);
         return 2;

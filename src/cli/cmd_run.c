@@ -1,7 +1,7 @@
 /* parity run --preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]
  *            [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...
  *            [--dump DIR] [--summary FILE.json] [--quiet]
- * Training steps under a parallel layout (parallel/driver.h); --dump writes the
+ * Training steps under a parallel layout (parallel/train/run.h); --dump writes the
  * unsharded golden-format set (CLI.md, GOLDEN.md).
  * Exit: 0 success, 2 bad usage, an invalid layout or unreadable input, 1 the run failed. */
 #include <math.h>
@@ -24,9 +24,9 @@
 #include "core/outdir.h"
 #include "core/status.h"
 #include "model/config.h"
-#include "parallel/ckpt.h"
-#include "parallel/driver.h"
-#include "parallel/run_summary.h"
+#include "parallel/ckpt/ckpt.h"
+#include "parallel/train/run.h"
+#include "parallel/train/run_summary.h"
 
 static int exit_code(par_status s)
 {
@@ -76,7 +76,7 @@ static void human_bytes(char *buf, size_t n, double b)
 /* The table's last row: each rank's model structure (its tables: ownership
  * map, expert pointers, holders, plans' entry lists, schedule), the
  * allocator's `model` tag peak of the rank; the memory model's estimate
- * counts the same term (parallel/memmodel.h). */
+ * counts the same term (parallel/plan/memmodel.h). */
 static void print_model_row(const par_run_summary *sum)
 {
     int64_t N = sum->layout.world, lo = INT64_MAX, hi = 0;
@@ -99,7 +99,7 @@ static void print_model_row(const par_run_summary *sum)
     printf("\n");
 }
 
-/* Per-rank memory accounting (parallel/dp_step.h): every rank for N <= 8,
+/* Per-rank memory accounting (parallel/dp/dpw.h): every rank for N <= 8,
  * else min / max over ranks. */
 static void print_memory(const par_run_summary *sum)
 {

@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "core/outdir.h"
 #include "core/status.h"
-#include "parallel/schedule.h"
+#include "parallel/schedule/schedule.h"
 
 int par_cmd_schedule(int argc, char **argv)
 {

@@ -10,7 +10,7 @@
 #include "core/fileio.h"
 #include "core/sha256.h"
 #include "model/config.h"
-#include "parallel/ckpt.h"
+#include "parallel/ckpt/ckpt.h"
 #include "parity_config.h"
 
 typedef struct {

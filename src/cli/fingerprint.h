@@ -7,7 +7,7 @@
 #define PAR_CLI_FINGERPRINT_H
 
 #include "cli/netargs.h"
-#include "parallel/driver.h"
+#include "parallel/train/run.h"
 
 /* A malloc'd text (free it), or NULL on a failure (message set). */
 char *par_run_fingerprint(const par_run_opts *o, const char *moe_dispatch, const par_net_args *na);

@@ -7,14 +7,14 @@
  *
  * (P: the largest divisor of N that is at most mpi_procs; N/P thread ranks
  * per process above that), its output into WORK/TAG.log, and hands back
- * the run's JSON summary (parallel/run_summary.h).  The matrix process
+ * the run's JSON summary (parallel/train/run_summary.h).  The matrix process
  * itself never initializes MPI: a cell that crashes or hangs its MPI job
  * fails alone, with the last lines of its log.
  */
 #ifndef PAR_CLI_MATRIX_MPI_H
 #define PAR_CLI_MATRIX_MPI_H
 
-#include "parallel/matrix.h"
+#include "matrix/matrix.h"
 
 typedef struct {
     const char *mpiexec;  /* the launcher (NULL: "mpiexec") */

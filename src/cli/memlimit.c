@@ -5,7 +5,7 @@
 
 #include "cli/sizearg.h"
 #include "core/status.h"
-#include "parallel/memcheck.h"
+#include "parallel/plan/memcheck.h"
 
 double par_memlimit_limit(const char *cmd, const char *max_memory, char *what, size_t n)
 {

@@ -1,6 +1,6 @@
 /* cli/memlimit.h - `--max-memory SIZE` of `parity run` / `parity golden`:
  * before anything is allocated, the run's memory estimate
- * (parallel/memcheck.h) against min(this machine's memory, SIZE); a run
+ * (parallel/plan/memcheck.h) against min(this machine's memory, SIZE); a run
  * that cannot fit is refused with exit 2 and the estimate in bytes. */
 #ifndef PAR_CLI_MEMLIMIT_H
 #define PAR_CLI_MEMLIMIT_H
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
-#include "parallel/layout.h"
+#include "parallel/layout/layout.h"
 
 #define PAR_MEMLIMIT_HELP "refuse a run the memory model says needs more than SIZE (e.g. 16GB; default: this machine's memory)"
 
@@ -27,7 +27,7 @@ int par_memlimit_golden(const char *cmd, const char *max_memory, const par_confi
 
 /* The same for `parity golden` and its row blocks: *rows > 0 (--rows-per-block)
  * checks the golden over those blocks; *rows == 0 applies the automatic rule
- * (parallel/memcheck.h par_memcheck_golden_rows: one shot when it fits,
+ * (parallel/plan/memcheck.h par_memcheck_golden_rows: one shot when it fits,
  * else the largest halving of the batch that does, said on stderr) and sets
  * *rows (0: one shot). */
 int par_memlimit_golden_rows(const char *cmd, const char *max_memory, const par_config *cfg, int precision,

@@ -2,7 +2,7 @@
  *
  * From the spans a par_netrun recorded (record_spans = 1), sums per group
  * kind (the group name up to ':', e.g. "cp", "ep", "dp-cp", "edp": the
- * names parallel/groups.c gives) and per tier: the bytes ranks sent
+ * names parallel/layout/groups.c gives) and per tier: the bytes ranks sent
  * (collective steps' sends, point-to-point sends) and the exposed
  * communication time (the blocked parts), summed over ranks and the largest
  * rank's.  So `parity run --context-parallel-size 4 --topology ...` reports

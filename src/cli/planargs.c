@@ -11,8 +11,8 @@
 #include "core/outdir.h"
 #include "core/json.h"
 #include "core/status.h"
-#include "parallel/planreport.h"
-#include "parallel/plansearch.h"
+#include "parallel/plan/planrep.h"
+#include "parallel/plan/plan_search.h"
 
 void par_plan_args_init(par_plan_args *a)
 {
@@ -80,12 +80,12 @@ static int measured_loads(const char *path, par_steptime_opts *st)
 }
 
 /* The memory / step-time options and the network, checked. */
-static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *st, par_netmodel *net)
+static int resolve(const par_plan_args *a, par_memmodel_opts *mm, par_steptime_opts *st, par_netmodel *net)
 {
-    par_mm_opts_init(mm);
+    par_memmodel_opts_init(mm);
     if (!strcmp(a->runtime, "parity")) {
         mm->rt = PAR_MM_PARITY;
-        mm->shared_replicas = 1; /* parity run's dense copy per process (parallel/replicas.h) */
+        mm->shared_replicas = 1; /* parity run's dense copy per process (parallel/dp/replicas.h) */
     }
     else if (strcmp(a->runtime, "megatron")) {
         fprintf(stderr, "parity plan: --runtime expects megatron or parity, got '%s'\n", a->runtime);
@@ -131,7 +131,7 @@ static int resolve(const par_plan_args *a, par_mm_opts *mm, par_steptime_opts *s
 
 int par_plan_args_check(const par_plan_args *a)
 {
-    par_mm_opts mm;
+    par_memmodel_opts mm;
     par_steptime_opts st;
     par_netmodel net;
     int rc = resolve(a, &mm, &st, &net);

@@ -23,7 +23,7 @@
 #include "cli/args.h"
 #include "cli/netargs.h"
 #include "model/config.h"
-#include "parallel/layout.h"
+#include "parallel/layout/layout.h"
 
 typedef struct {
     const char *json, *runtime, *precision, *recompute, *memory;

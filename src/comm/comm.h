@@ -204,7 +204,7 @@ par_status par_test_due(par_request **req, int *done);
 /* Waits until *word >= want, where word is memory of THIS process that
  * another rank hosted by the same process advances with
  * par_comm_store_local (the replicated state its ranks hold once,
- * parallel/replicas.h).  The calling rank waits the way it waits in a
+ * parallel/dp/replicas.h).  The calling rank waits the way it waits in a
  * collective (a fiber rank parks and lets the others run; a thread spins,
  * yields, blocks) until that store wakes it: nothing polls the word
  * (comm/local.c).  It moves no bytes and leaves the virtual clock alone.

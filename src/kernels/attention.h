@@ -119,7 +119,7 @@ typedef struct {
  * array, `tok` 1 for a per-token array and 0 for the compressed entries
  * (cmp, icmp: rows at their block's last token).  The widths name the
  * constants PAR_ATTN_SAVED_DIMS(dm) declares.  saved_bytes / saved_carve
- * walk it; so does parallel/cp.c for its window layout. */
+ * walk it; so does parallel/cp/cp.c for its window layout. */
 #define PAR_ATTN_SAVED_FIELDS(X)                                                                    \
     X(qa, par_real, ql, 1, 1) X(qa_rstd, par_real, 1, 1, 1) X(qr, par_real, ql, 1, 1)              \
     X(qb, par_real, H * hd, 1, 1) X(q_rstd, par_real, H, 1, 1) X(q, par_real, H * hd, 1, 1)        \
@@ -272,7 +272,7 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const int32_t *pos,     /* [T] */
                                       const par_attn_dims *dm, int64_t t0, int64_t t1);
 /* par_indexer_select's two steps, for a caller that splits the indexer heads
- * (tensor parallelism, parallel/tp_attn.h).  nv must be at least
+ * (tensor parallelism, parallel/tp/tp_attn.h).  nv must be at least
  * par_indexer_max_visible(pos, t0, t1) (the most entries a query in [t0, t1)
  * sees).  par_indexer_scores ADDS, for every query t in [t0, t1) and visible
  * entry i, the terms iw[t,h] relu(iq[t,h] . icmp[e_i]) of the dm->iH heads

@@ -127,7 +127,7 @@ static par_status need_all(const PAR_FN(par_model) *M, const char *what)
     if (M->e0 != 0 || M->e1 != M->E)
         return par_err(PAR_EINVAL,
                        "golden: %s needs a model holding every expert (this one holds [%lld, %lld) of %lld); "
-                       "a parallel layout gathers first (src/parallel/driver.c)",
+                       "a parallel layout gathers first (src/parallel/train/run.c)",
                        what, (long long)M->e0, (long long)M->e1, (long long)M->E);
     return PAR_OK;
 }

@@ -21,7 +21,7 @@
  *                                         per-sample CE sums, loads, aux statistics,
  *                                         grad sum of squares) as partial sums with
  *                                         ONE combine step, where a parallel layout
- *                                         sums them (src/parallel/reduce.h)
+ *                                         sums them (src/parallel/reduce/reduce.h)
  *   par_model_losses                      scalars from combined statistics
  *   par_model_update                      clip + Muon/AdamW + balance (model/optim.h)
  * par_model_step runs all of it serially on one global batch.
@@ -70,7 +70,7 @@ typedef struct {
     /* The per-sample arrays cover a window of the global batch's samples:
      * window sample q is global sample q0 + q.  The serial step's window is
      * the whole batch (q0 = 0, Ns = Ns_global); a data-parallel rank's is
-     * the samples of its rows (src/parallel/microbatch.c).  Ns_global is the
+     * the samples of its rows (src/parallel/step/exec_setup.c).  Ns_global is the
      * number of samples of the global batch (the aux-loss mean's
      * denominator). */
     int64_t q0, Ns_global;
@@ -111,7 +111,7 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st);
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st);
 /* dst += src, field by field, for two partial statistics of the same window
  * (a layout whose ranks hold different windows combines in
- * src/parallel/reduce.c instead).  PAR_EMISMATCH if the sizes or windows
+ * src/parallel/reduce/reduce.c instead).  PAR_EMISMATCH if the sizes or windows
  * differ. */
 par_status PAR_FN(par_stats_combine)(PAR_FN(par_stats) *dst, const PAR_FN(par_stats) *src);
 /* st->aux[b*Ns + q] = the aux-loss term of window sample q in score-routed
@@ -205,7 +205,7 @@ typedef struct {
 
 /* How a model holds an entry cut over a tensor-parallel group: block `rank`
  * of `P` of its rows (cut 1) or columns (cut 2), packed [rows/P, cols] or
- * [rows, cols/P] (parallel/tp_split.h's PAR_TP_ROWS / PAR_TP_COLS). */
+ * [rows, cols/P] (parallel/layout/tp_split.h's PAR_TP_ROWS / PAR_TP_COLS). */
 typedef struct {
     int16_t cut, rank, P;
 } par_model_cut;
@@ -213,7 +213,7 @@ typedef struct {
 typedef struct PAR_FN(par_model_s) PAR_FN(par_model);
 
 /* Which piece of a step a model call computes: the step executor's
- * per-microbatch context (parallel/executor.h).  The model hands it,
+ * per-microbatch context (parallel/step/exec.h).  The model hands it,
  * unchanged, to the executor hooks below; nothing of it is kept in the
  * model.  The serial step passes slot 0 and all of its rows. */
 #ifndef PAR_MBCTX_DEFINED
@@ -229,7 +229,7 @@ typedef struct {
 
 /* The routed-expert executor of the MoE sub-layer.  NULL functions = the
  * serial kernel path (par_moe_forward / par_moe_backward on every expert,
- * which must all be held).  A parallel layout (src/parallel/ep.c) installs
+ * which must all be held).  A parallel layout (src/parallel/moe/ep.c) installs
  * its own once: fwd computes y = the MoE layer (routed experts in the
  * contract's per-token order, then the shared expert) of block b for the T
  * local tokens from the gate's idx and w; bwd (B) accumulates dx and dw (the
@@ -262,7 +262,7 @@ typedef struct {
 /* The attention executor of block b (the V4 attention layer, MODEL.md 3).
  * NULL functions = the serial kernels (par_attn_forward / _backward_input /
  * _backward_weights on the T local tokens).  A context-parallel layout
- * (src/parallel/cp_hook.c) installs its own once: the local tokens are
+ * (src/parallel/cp/cp_hook.c) installs its own once: the local tokens are
  * slices of rows whose other parts live on other ranks (x->pos_rows); the
  * executor keeps its own saved state per (slot, block).  fwd: y =
  * Attention(xin) on the local tokens, sel (m == 4 layers, may be NULL) the
@@ -290,7 +290,7 @@ typedef struct {
 /* The vocabulary executor: the embedding lookups (the main input and the
  * MTP input's) and the output heads' logits + cross-entropy (MODEL.md 2, 5,
  * 6).  NULL functions = the serial kernels.  A tensor-parallel layout
- * (src/parallel/tp_vocab_hook.c) installs its own once: vocab-parallel,
+ * (src/parallel/tp/tp_vocab_hook.c) installs its own once: vocab-parallel,
  * without gathered logits.  embed: h = embed.weight[ids[t]]; embed_bwd (the
  * weight pass): embed.weight's gradient += dh by ids.  head: ce and lse of
  * the logits xn head.weight^T (key names the head act that owns the call's
@@ -344,7 +344,7 @@ struct PAR_FN(par_model_s) {
     int n_dense;              /* tab.n - n_blocks * 3 * E */
     int64_t n_local;
     par_real *params;         /* [n_local - n_shared] the model's own weights (par_model_ptr) */
-    /* Replicated dense state held once per process (parallel/replicas.h):
+    /* Replicated dense state held once per process (parallel/dp/replicas.h):
      * with a hold's share hook the held dense float entries come first in
      * the local order (offsets [0, n_shared)) and their weights live in shw,
      * the process's copy (not owned); the rest at params[loc - n_shared].
@@ -429,7 +429,7 @@ par_status PAR_FN(par_model_init)(PAR_FN(par_model) *M, const par_config *cfg, u
  * values (slice init). */
 par_status PAR_FN(par_model_init_owned)(PAR_FN(par_model) *M, const par_config *cfg, uint64_t seed,
                                         int64_t e0, int64_t e1);
-/* Which dense parts a pipeline rank holds (parallel/executor.h): the tensors of
+/* Which dense parts a pipeline rank holds (parallel/step/exec.h): the tensors of
  * the blocks with blocks[b] != 0 (NULL: every block), embed.weight, head.weight
  * and the main head's norm.weight + hc_head_* ("final").  NULL hold = all. */
 typedef struct {
@@ -440,7 +440,7 @@ typedef struct {
      * NULL, or a table of another config: the model builds its own */
     const par_param_table *tab;
     /* the held dense weights from storage shared with other ranks of the
-     * process (parallel/replicas.h), or NULL: the model's own.  Called once
+     * process (parallel/dp/replicas.h), or NULL: the model's own.  Called once
      * by the build after the ownership map (dense entries first, M->n_shared
      * their floats) with the model (a PAR_FN(par_model) *): it sets M->shw to
      * the process's copy, filled by the first model through
@@ -448,7 +448,7 @@ typedef struct {
      * copy); a failure stops the build */
     par_status (*share)(void *ctx, void *model);
     void *share_ctx;
-    /* tensor-parallel storage (parallel/tp_split.h), or NULL: every entry
+    /* tensor-parallel storage (parallel/layout/tp_split.h), or NULL: every entry
      * whole.  Called once per float entry by the build: returns how the
      * model holds it (0 whole; 1 rows, 2 cols: block *rank of *P equal
      * blocks of that dimension, the values par_tp_slice of the serial init) */

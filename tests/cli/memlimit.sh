@@ -1,6 +1,6 @@
 #!/bin/sh
 # Issue 13 item 3: absurd sizes are refused BEFORE anything is allocated, by
-# the memory estimate (parallel/memcheck.h): exit 2, the estimate in bytes,
+# the memory estimate (parallel/plan/memcheck.h): exit 2, the estimate in bytes,
 # nothing written; `--max-memory` lowers the limit; a normal run still runs.
 # Usage: memlimit.sh PARITY
 P="$1"

@@ -2,7 +2,7 @@
  * (f64): the v4-tiny model with widened heads, a packed batch's positions,
  * the f64 comparison policy, and a hand-resolved layout with TP / ETP > 1
  * (the layout rules still refuse them for `parity run`; the group generator
- * of parallel/groups.c builds the real Megatron-order groups from it). */
+ * of parallel/layout/groups.c builds the real Megatron-order groups from it). */
 #ifndef PAR_TESTS_TP_WORLD_H
 #define PAR_TESTS_TP_WORLD_H
 
@@ -16,7 +16,7 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/data.h"
-#include "parallel/layout.h"
+#include "parallel/layout/layout.h"
 
 void openblas_set_num_threads(int num_threads);
 

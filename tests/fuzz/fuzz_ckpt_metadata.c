@@ -1,9 +1,9 @@
-/* Fuzz target: checkpoint metadata.json (parallel/ckpt.h par_ckpt_open).  The
+/* Fuzz target: checkpoint metadata.json (parallel/ckpt/ckpt.h par_ckpt_open).  The
  * input is written as metadata.json with a SHA256SUMS that lists its true
  * hash, so the fuzzer reaches the structure checks behind the hash. */
 #include "core/sha256.h"
 #include "fuzz.h"
-#include "parallel/ckpt.h"
+#include "parallel/ckpt/ckpt.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

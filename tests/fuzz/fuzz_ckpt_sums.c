@@ -1,7 +1,7 @@
-/* Fuzz target: a checkpoint's SHA256SUMS (parallel/ckpt.h par_ckpt_open) next
+/* Fuzz target: a checkpoint's SHA256SUMS (parallel/ckpt/ckpt.h par_ckpt_open) next
  * to a fixed, valid metadata.json of an empty checkpoint. */
 #include "fuzz.h"
-#include "parallel/ckpt.h"
+#include "parallel/ckpt/ckpt.h"
 
 static const char meta[] =
     "{\"format\": \"parity-ckpt\", \"version\": 1, \"state\": {\"step\": 1, \"data_cursor\": 8},"

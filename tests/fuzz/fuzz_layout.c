@@ -1,10 +1,10 @@
-/* Fuzz target: parallel layouts (parallel/layout.h, plan.h): byte 0 picks the
+/* Fuzz target: parallel layouts (parallel/layout/layout.h, plan.h): byte 0 picks the
  * preset, bytes 1..6 the sizes PP, VPP, CP, EP, micro-batch, world, byte 7
  * the schedule; the rest is the --pipeline-model-parallel-layout string. */
 #include "fuzz.h"
 #include "model/config.h"
-#include "parallel/layout.h"
-#include "parallel/plan.h"
+#include "parallel/layout/layout.h"
+#include "parallel/plan/plan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

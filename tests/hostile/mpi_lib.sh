@@ -2,7 +2,7 @@
 . "$(dirname "$0")/lib.sh"
 MPIEXEC=$BUILD_ARG
 [ -x "$MPIEXEC" ] || MPIEXEC=$(command -v "$2")
-# MPICH/UCX leak at MPI_Finalize (see tests/parallel/mpi_run_dump.sh)
+# MPICH/UCX leak at MPI_Finalize (see tests/parallel/train/mpi_run_dump.sh)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 # A launcher that does not kill the job when one process dies: each parity
 # process is a child of a shell that ignores hydra's SIGUSR1 notices, so

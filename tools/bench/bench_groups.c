@@ -27,7 +27,7 @@
 #include "backends/registry.h"
 #include "comm/comm.h"
 #include "core/alloc.h"
-#include "parallel/groups.h"
+#include "parallel/layout/groups.h"
 
 static double now(void)
 {

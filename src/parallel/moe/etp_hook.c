@@ -1,0 +1,243 @@
+/* parallel/moe/etp_hook.c - the expert-tensor-parallel MoE hook (see
+ * parallel/moe/etp_hook.h, docs/parallel.md). */
+#include "parallel/moe/etp_hook.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "parallel/moe/etp.h"
+#include "parallel/layout/tp_split.h"
+
+/* What (slot, block) keeps from its forward to its W pass: the slices'
+ * pointers (the held ETP shards; with whole storage w1 / w3 rows point into
+ * the whole weights, w2's columns are copied) and the w2 slices' gradients
+ * until W adds them. */
+typedef struct {
+    PAR_FN(par_etp_moe_saved) sv;
+    const par_real **w;  /* [3, E] the slices */
+    par_real **g;        /* [3, E] their gradients (w1 / w3: into M->grads; w2: dw2) */
+    par_real *w2, *dw2;  /* [E, d, Il] each (w2: the copies, whole storage only; held: dw2 alone) */
+    PAR_FN(par_tp_mlp_shard) shw; /* the TP shared expert's shard (shtp set) */
+    int used;
+} etp_slot;
+
+struct PAR_FN(par_etp_hook_s) {
+    par_tp etp;
+    int nb, n_slots, rank, P, E;
+    int64_t d, I, Il;
+    etp_slot *sl; /* [n_slots, nb] */
+    par_tp_traffic tr;
+    par_tp shtp;          /* the shared expert's TP group (comm NULL: whole) */
+    par_tp_traffic shtr;
+    int64_t sh_units;
+};
+
+static void slot_free(etp_slot *q)
+{
+    PAR_FN(par_etp_moe_saved_free)(&q->sv);
+    par_free(q->w);
+    par_free(q->w2);
+    PAR_FN(par_tp_mlp_shard_free)(&q->shw);
+    memset(q, 0, sizeof *q);
+}
+
+static etp_slot *slot_of(PAR_FN(par_etp_hook) *h, const par_mbctx *x, int b)
+{
+    int k = x ? x->slot : 0;
+    if (k < 0 || k >= h->n_slots || b < 0 || b >= h->nb)
+        return NULL;
+    return &h->sl[(size_t)k * (size_t)h->nb + (size_t)b];
+}
+
+/* 1 when M holds block b's routed experts as this rank's ETP shards (w1 /
+ * w3 rows, w2 columns: parallel/layout/tp_split.h par_tp_storage_cut): read and
+ * accumulated in place. */
+static int held_shards(const PAR_FN(par_model) *M, int b)
+{
+    return PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].expert0) != NULL;
+}
+
+/* The slices of block b's experts (and the pointers of their gradients):
+ * the held shards, or rank r's rows / columns of whole ones (w2 copied). */
+static par_status slices(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M, int b, etp_slot *q)
+{
+    const int E = h->E, held = held_shards(M, b);
+    const int64_t d = h->d, Il = h->Il;
+    const int64_t off = held ? 0 : (int64_t)h->rank * Il * d;
+    q->w = par_calloc((size_t)(6 * E), sizeof *q->w, PAR_TAG_ACT);
+    q->w2 = par_malloc((size_t)((held ? 1 : 2) * E * d * Il + 1) * sizeof(par_real), PAR_TAG_ACT);
+    if (!q->w || !q->w2)
+        return par_err(PAR_ENOMEM, "etp: out of memory for the slices of %d experts", E);
+    q->g = (par_real **)(q->w + 3 * E);
+    q->dw2 = held ? q->w2 : q->w2 + E * d * Il;
+    if (M->e0 != 0 || M->e1 != E)
+        return par_err(PAR_EINVAL, "etp: the model holds experts [%lld, %lld) of %d (ETP needs EP = 1)",
+                       (long long)M->e0, (long long)M->e1, E);
+    const par_real **ew = PAR_FN(par_model_ew_row)(M, b, 0); /* [3, E]: every expert held */
+    par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0);
+    for (int e = 0; e < E; e++) {
+        if (!ew[e] || !ew[E + e] || !ew[2 * E + e])
+            return par_err(PAR_EINVAL, "etp: block %d does not hold expert %d (ETP needs EP = 1)", b, e);
+        const par_real *w2 = ew[E + e];
+        if (!held) {
+            par_real *c = q->w2 + (int64_t)e * d * Il;
+            par_tp_slice(c, ew[E + e], d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+            w2 = c;
+        }
+        q->w[e] = ew[e] + off, q->w[E + e] = w2, q->w[2 * E + e] = ew[2 * E + e] + off;
+        q->g[e] = egw[e] + off, q->g[E + e] = q->dw2 + (int64_t)e * d * Il, q->g[2 * E + e] = egw[2 * E + e] + off;
+    }
+    return PAR_OK;
+}
+
+/* The routed slices and the shared expert: its TP shard (q->shw) or whole. */
+static void weights_of(const etp_slot *q, PAR_FN(par_model) *M, int b, int E, PAR_FN(par_etp_weights) *W)
+{
+    const par_block_params *bp = &M->tab.blocks[b];
+    *W = (PAR_FN(par_etp_weights)){.w1 = q->w, .w2 = q->w + E, .w3 = q->w + 2 * E,
+                                   .sw1 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w1),
+                                   .sw2 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w2),
+                                   .sw3 = PAR_FN(par_model_ptr)(M, M->params, bp->shared_w3)};
+    if (q->shw.buf)
+        W->sw1 = q->shw.w1, W->sw2 = q->shw.w2, W->sw3 = q->shw.w3;
+}
+
+static par_status moe_fwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *y,
+                          const par_real *xin, const int32_t *idx, const par_real *w, const int32_t *tokens,
+                          int64_t T)
+{
+    PAR_FN(par_etp_hook) *h = ctx;
+    etp_slot *q = slot_of(h, x, b);
+    (void)tokens;
+    if (!q)
+        return par_err(PAR_EINVAL, "etp: block %d does not fit the hook (%d blocks, %d slots)", b, h->nb, h->n_slots);
+    slot_free(q);
+    par_status s = slices(h, M, b, q);
+    if (s)
+        return s;
+    const par_tp *shtp = h->shtp.comm ? &h->shtp : NULL;
+    PAR_FN(par_etp_weights) W;
+    weights_of(q, M, b, h->E, &W);
+    if (shtp && (s = PAR_FN(par_tp_mlp_shard_make)(&q->shw, W.sw1, W.sw2, W.sw3, h->d, h->I, shtp,
+                                                        PAR_FN(par_model_cut_of)(M, M->tab.blocks[b].shared_w1) != NULL)))
+        return s;
+    weights_of(q, M, b, h->E, &W);
+    h->sh_units += (shtp && shtp->sp ? T * par_tp_size(shtp) : T) * (shtp ? q->shw.Il : h->I);
+    q->used = 1;
+    return PAR_FN(par_etp_moe_forward)(y, &q->sv, xin, idx, w, &W, T, h->d, h->E, (int)M->K, h->I,
+                                       M->cfg.swiglu_limit, &h->etp, shtp);
+}
+
+/* B: dx, dw and every weight gradient in one pass (the w2 slices' wait for
+ * W in the slot; w1 / w3 rows and the shared expert go straight to M->grads). */
+static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, par_real *dx, par_real *dw,
+                          const par_real *dy, const par_real *xin, const par_real *w, int64_t T)
+{
+    PAR_FN(par_etp_hook) *h = ctx;
+    etp_slot *q = slot_of(h, x, b);
+    (void)xin, (void)w, (void)T;
+    if (!q || !q->used)
+        return par_err(PAR_EINVAL, "etp backward: block %d has no forward", b);
+    const par_block_params *bp = &M->tab.blocks[b];
+    const int E = h->E;
+    memset(q->dw2, 0, (size_t)(E * h->d * h->Il) * sizeof(par_real));
+    PAR_FN(par_etp_weights) W;
+    weights_of(q, M, b, E, &W);
+    PAR_FN(par_etp_grads) G = {.w1 = q->g, .w2 = q->g + E, .w3 = q->g + 2 * E,
+                               .sw1 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w1),
+                               .sw2 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w2),
+                               .sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3)};
+    par_real *g2 = G.sw2;
+    const par_tp *shtp = q->shw.buf ? &h->shtp : NULL;
+    if (shtp) { /* the shard's gradients into this TP rank's block */
+        PAR_FN(par_tp_mlp_shard_grads)(&q->shw, G.sw1, G.sw3, &G.sw1, &G.sw3);
+        G.sw2 = q->shw.dw2;
+    }
+    par_status s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->etp, shtp);
+    if (!s && shtp)
+        PAR_FN(par_tp_mlp_shard_add_dw2)(&q->shw, g2);
+    return s;
+}
+
+/* W: the w2 slices' gradients into the held shards, or rank r's columns
+ * of the whole ones (the same adds). */
+static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, int b, const par_real *dy,
+                          const par_real *xin, int64_t T)
+{
+    PAR_FN(par_etp_hook) *h = ctx;
+    etp_slot *q = slot_of(h, x, b);
+    (void)dy, (void)xin, (void)T;
+    if (!q || !q->used)
+        return par_err(PAR_EINVAL, "etp weights: block %d has no backward", b);
+    const int E = h->E, held = held_shards(M, b);
+    const int64_t n = h->d * h->Il;
+    par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
+    par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
+    for (int e = 0; e < E; e++) {
+        par_real *t = held ? egw[E + e] : tmp + (int64_t)e * n;
+        const par_real *g = q->dw2 + (int64_t)e * n;
+        if (!held)
+            par_tp_slice(t, egw[E + e], h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+        for (int64_t i = 0; i < n; i++)
+            t[i] += g[i];
+        if (!held)
+            par_tp_unslice(egw[E + e], t, h->d, h->I, PAR_TP_COLS, h->rank, h->P, sizeof(par_real));
+    }
+    q->used = 0;
+    return PAR_OK;
+}
+
+par_status PAR_FN(par_etp_hook_create)(PAR_FN(par_etp_hook) **out, par_comm *etp, const PAR_FN(par_model) *M,
+                                       int n_slots, int sp)
+{
+    *out = NULL;
+    const int P = etp ? par_comm_size(etp) : 1;
+    if (!etp || n_slots < 1 || M->I % P != 0)
+        return par_err(PAR_EINVAL, "expert tensor parallelism: expert-tensor-parallel-size %d must divide "
+                       "moe_inter_dim %lld (and the hook needs an ETP group and a slot)", P, (long long)M->I);
+    PAR_FN(par_etp_hook) *h = par_calloc(1, sizeof *h, PAR_TAG_MODEL);
+    if (!h)
+        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory");
+    h->etp = (par_tp){.comm = etp, .sp = sp != 0, .faults = 0, .traffic = &h->tr};
+    h->nb = M->n_blocks, h->n_slots = n_slots, h->rank = par_comm_rank(etp), h->P = P, h->E = (int)M->E;
+    h->d = M->d, h->I = M->I, h->Il = M->I / P;
+    h->sl = par_calloc((size_t)n_slots * (size_t)(h->nb > 0 ? h->nb : 1), sizeof *h->sl, PAR_TAG_ACT);
+    if (!h->sl) {
+        par_free(h);
+        return par_err(PAR_ENOMEM, "expert tensor parallelism: out of memory for %d x %d states", n_slots, h->nb);
+    }
+    *out = h;
+    return PAR_OK;
+}
+
+void PAR_FN(par_etp_hook_set_shared_tp)(PAR_FN(par_etp_hook) *h, par_comm *tp, int sp, unsigned faults)
+{
+    const int P = tp ? par_comm_size(tp) : 1;
+    memset(&h->shtr, 0, sizeof h->shtr);
+    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+}
+
+void PAR_FN(par_etp_hook_shared_stats)(const PAR_FN(par_etp_hook) *h, par_tp_shared_stats *out)
+{
+    *out = (par_tp_shared_stats){.units = h ? h->sh_units : 0, .bytes = h ? par_tp_traffic_bytes(&h->shtr) : 0};
+}
+
+void PAR_FN(par_etp_hook_install)(PAR_FN(par_etp_hook) *h, PAR_FN(par_model) *M)
+{
+    M->moe.fwd = moe_fwd;
+    M->moe.bwd = moe_bwd;
+    M->moe.wgt = moe_wgt;
+    M->moe.ctx = h;
+}
+
+void PAR_FN(par_etp_hook_free)(PAR_FN(par_etp_hook) *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; h->sl && i < h->n_slots * h->nb; i++)
+        slot_free(&h->sl[i]);
+    par_free(h->sl);
+    par_free(h);
+}
