@@ -10,7 +10,7 @@
 #
 # Scenarios, each N times, wall and exit measured:
 #   bitwise   PP2 x CP2 x EP2 (4 ranks, 2 per node) over 2 nodes == one host (threads)
-#   netem     the same under tc netem delay 100ms loss 1% on every node link
+#   netem     the same (1 step) under tc netem delay 100ms loss 1% on every node link
 #   linkdown  node n2's link goes down mid-run: every survivor ends within the
 #             deadline naming the lost process, its ranks and what it waited
 #             on; no parity process left; the --save checkpoint not half-written
@@ -62,7 +62,7 @@ cd "$W"
 fails=0
 declare -A T
 now() { date +%s.%N; }
-record() { T[$1]="${T[$1]:-} $2"; }
+record() { T[$1]="${T[$1]:-} $2"; echo "  time $1 $2"; }
 bytes() { cat /sys/class/net/vp-n1/statistics/tx_bytes /sys/class/net/vp-n2/statistics/tx_bytes | paste -sd+ | bc; }
 ok() { echo "  ok: $*"; }
 bad() { echo "  FAIL: $*"; fails=$((fails + 1)); }
@@ -73,16 +73,16 @@ cluster_run() { # cluster_run DUMP STEPS [extra...]: the 2-node run; its status
   timeout 300 "${MPI[@]}" "$P" run "${L[@]}" --backend mpi --steps "$s" --dump "$d" "$@" >"$d.log" 2>&1
 }
 
-bitwise() { # bitwise LABEL: one run, equal to ref2 bit for bit, traffic over the veths
+bitwise() { # bitwise LABEL STEPS: one run, equal to refSTEPS bit for bit, traffic over the veths
   local b0 t0 rc
   b0=$(bytes)
   t0=$(now)
-  cluster_run c 2
+  cluster_run c "$2"
   rc=$?
   record "$1" "$(echo "$(now) - $t0" | bc)"
   local moved=$(($(bytes) - b0))
   if [ $rc -ne 0 ]; then bad "$1: exit $rc: $(tail -2 c.log)"; return; fi
-  "$P" compare ref2 c --policy bitwise >cmp.log 2>&1 && [ "$moved" -gt 100000 ] &&
+  "$P" compare "ref$2" c --policy bitwise >cmp.log 2>&1 && [ "$moved" -gt 100000 ] &&
     ok "$1: bitwise equal, ${moved} bytes over the node links" || bad "$1: $(tail -1 cmp.log), $moved bytes"
 }
 
@@ -90,7 +90,7 @@ linkdown() { # one run; n2's link down 4 s in
   local t0 tdown rc
   rm -rf ck ck.tmp-*
   t0=$(now)
-  timeout 300 "${MPI[@]}" "$P" run "${L[@]}" --backend mpi --steps 200 --comm-timeout 30 --save ck \
+  timeout 300 "${MPI[@]}" "$P" run "${L[@]}" --backend mpi --steps 200 --comm-timeout 20 --save ck \
     --save-interval 1000 >ld.log 2>&1 &
   local job=$!
   sleep 4
@@ -130,9 +130,9 @@ netem_off() { for h in "${NODES[@]}"; do ip netns exec "par-$h" tc qdisc del dev
 
 for k in $(seq "$runs"); do
   echo "run $k of $runs"
-  bitwise bitwise
+  bitwise bitwise 2
   netem_on
-  bitwise netem
+  bitwise netem 1
   netem_off
   linkdown
   resume
