@@ -63,8 +63,12 @@ typedef struct {
  * online cores shared by `procs` processes on this host (at least 1, at
  * most n); stack = wo->stack_bytes, else PARITY_FIBER_STACK, else 256 KiB;
  * guard 64 KiB; the switch from PARITY_FIBER_SWITCH (asm where available).
- * A bad PARITY_FIBER_SWITCH is PAR_EINVAL; bad sizes warn and use the
- * default.  stop / user are left NULL. */
+ * A bad PARITY_FIBER_SWITCH, PARITY_FIBER_WORKERS (not in 1..min(4096,
+ * OpenBLAS's MAX_THREADS, ulimit -u)) or PARITY_FIBER_STACK (malformed,
+ * below 64 KiB, above the machine's memory, n stacks above 64 TiB) is
+ * PAR_EINVAL naming the numbers; workers and stacks that do not fit the
+ * address-space limit are PAR_ENOMEM (core/hostlim.h).  stop / user are left
+ * NULL. */
 par_status fsched_opts_from(const par_world_opts *wo, int n, int procs, fsched_opts *out);
 
 typedef struct {

@@ -26,6 +26,7 @@
 #include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
+#include "core/hostlim.h"
 
 /* One rank's handle: the shared group and the generation it has reached. */
 typedef struct {
@@ -173,6 +174,11 @@ static par_status t_launch(par__world *w, void *bworld, par__rank_main main_fn)
         return par_err(PAR_EUNSUPPORTED,
                        "threads: %d ranks exceed OpenMP's thread limit %d (OMP_THREAD_LIMIT)", n,
                        omp_get_thread_limit());
+    /* under ulimit -v: a thread, stack or BLAS buffer that cannot be mapped
+     * would hang OpenBLAS or kill the process in libgomp; refuse first */
+    par_status st = par_hostlim_threads_fit("threads", n, par_hostlim_thread_stack(1), 0);
+    if (st)
+        return st;
     int dyn = omp_get_dynamic();
     omp_set_dynamic(0);
     int got = 0;

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "core/outdir.h"
+#include "core/outfile.h"
 #include "core/status.h"
 
 static const par_opt *find_opt(const par_opt *opts, int nopts, const char *name, size_t len)
@@ -263,7 +264,9 @@ int par_cli_check_outputs(const char *cmd, const par_cli_output *outs, int n)
                         outs[j].flag, outs[j].path, outs[i].flag, outs[i].path);
                 return 2;
             }
-        if (par_outdir_check(outs[i].path, (par_out_kind)outs[i].kind, outs[i].flag) != PAR_OK) {
+        if ((outs[i].kind == PAR_OUT_FILE &&
+             par_outfile_guard(outs[i].path, outs[i].overwrite, outs[i].flag) != PAR_OK) ||
+            par_outdir_check(outs[i].path, (par_out_kind)outs[i].kind, outs[i].flag) != PAR_OK) {
             fprintf(stderr, "parity %s: %s\n", cmd, par_last_error());
             return 2;
         }

@@ -79,11 +79,17 @@ typedef struct {
     const char *flag;  /* "--dump", "--save", "--trace", ...      */
     const char *path;
     int kind;          /* par_out_kind (core/outdir.h)             */
+    int overwrite;     /* PAR_OUT_FILE: --overwrite (core/outfile.h) */
 } par_cli_output;
 
+#define PAR_OVERWRITE_HELP                                                                                  \
+    "replace an existing output file even when parity did not write it (never a symlink or a directory)"
+
 /* Checks every given output before anything runs (core/outdir.h): each may
- * be written (a directory only replaced when parity wrote it, parents
- * writable) and no two name the same path.  Prints one message and returns
+ * be written (a directory only replaced when parity wrote it, a file only
+ * when parity wrote it or `overwrite`, never a symlink, parents writable)
+ * and no two name the same path.  File outputs are recorded
+ * (par_outfile_guard) so the final rename applies the rule again.  Prints one message and returns
  * 2, else 0. */
 int par_cli_check_outputs(const char *cmd, const par_cli_output *outs, int n);
 

@@ -116,10 +116,12 @@ static int cmd_reshard(int argc, char **argv)
     return 0;
 }
 
-static int two_paths(const char *sub, const char *synopsis, int argc, char **argv, par_positional *pos)
+/* overwrite: NULL, or where --overwrite (of a file output) goes. */
+static int two_paths(const char *sub, const char *synopsis, int argc, char **argv, par_positional *pos,
+                     int *overwrite)
 {
-    par_opt none[1] = {{0}};
-    int rc = par_args_parse(sub, synopsis, none, 0, argc, argv, pos);
+    par_opt ow[1] = {{"overwrite", PAR_OPT_FLAG, overwrite, NULL, PAR_OVERWRITE_HELP}};
+    int rc = par_args_parse(sub, synopsis, ow, overwrite ? 1 : 0, argc, argv, pos);
     if (rc == 1)
         return 1;
     if (rc)
@@ -136,14 +138,15 @@ static int two_paths(const char *sub, const char *synopsis, int argc, char **arg
 static int cmd_export(int argc, char **argv)
 {
     par_positional pos;
+    int overwrite = 0;
     int rc = two_paths("ckpt export",
                        "SRC FILE\n\nValidates checkpoint SRC and writes every tensor whole into the safetensors\n"
                        "FILE (parameters by the contract's names, optimizer state as opt.<name>.<slot>),\n"
                        "loadable by numpy or torch.",
-                       argc, argv, &pos);
+                       argc, argv, &pos, &overwrite);
     if (rc)
         return rc == 1 ? 0 : 2;
-    const par_cli_output outs[] = {{"FILE", pos.argv[1], PAR_OUT_FILE}};
+    const par_cli_output outs[] = {{"FILE", pos.argv[1], PAR_OUT_FILE, overwrite}};
     if (par_cli_check_outputs("ckpt export", outs, 1))
         return 2;
     par_err_set_quiet(1);
@@ -159,7 +162,7 @@ static int cmd_diff(int argc, char **argv)
     int rc = two_paths("ckpt diff",
                        "A B\n\nCompares the training state and every full tensor of two checkpoints bitwise (their\n"
                        "layouts may differ).  Exit 0: equal; 1: differences (one line each); 2: unreadable.",
-                       argc, argv, &pos);
+                       argc, argv, &pos, NULL);
     if (rc)
         return rc == 1 ? 0 : 2;
     par_err_set_quiet(1);
@@ -177,7 +180,7 @@ static int cmd_info(int argc, char **argv)
 {
     par_positional pos;
     int rc = two_paths("ckpt info", "DIR\n\nValidates a checkpoint and prints its state, layout and shards.", argc,
-                       argv, &pos);
+                       argv, &pos, NULL);
     if (rc)
         return rc == 1 ? 0 : 2;
     par_err_set_quiet(1);

@@ -61,7 +61,7 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
 /* What the command line gave. */
 typedef struct {
     const char *policy_s, *json;
-    int verbose, subset, strict_ties;
+    int verbose, subset, strict_ties, overwrite;
     int64_t max_list;
     par_strlist only;
     par_positional pos;
@@ -77,6 +77,7 @@ static int parse_cli(int argc, char **argv, compare_cli *c)
         {"policy", PAR_OPT_STR, &c->policy_s, "auto|f64|f32|bf16|bitwise",
          "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
         {"json", PAR_OPT_STR, &c->json, "FILE", "write the full report as JSON"},
+        {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP},
         {"verbose", PAR_OPT_FLAG, &c->verbose, NULL, "print every tensor, not only failing ones"},
         {"max-list", PAR_OPT_INT, &c->max_list, "N", "mismatching elements listed per failing tensor (default 5, max 32)", PAR_CHK_NONNEG},
         {"only", PAR_OPT_LIST, &c->only, "GLOB",
@@ -101,7 +102,7 @@ static int parse_cli(int argc, char **argv, compare_cli *c)
         fprintf(stderr, "parity compare: expected two paths A B, got %d (see 'parity compare --help')\n", c->pos.count);
         return 2;
     }
-    const par_cli_output outs[] = {{"--json", c->json, PAR_OUT_FILE}};
+    const par_cli_output outs[] = {{"--json", c->json, PAR_OUT_FILE, c->overwrite}};
     return par_cli_check_outputs("compare", outs, 1) ? 2 : 0;
 }
 

@@ -17,6 +17,7 @@
 #include "cli/matrix_mpi.h"
 #include "cli/memlimit.h"
 #include "core/alloc.h"
+#include "core/outdir.h"
 #include "core/status.h"
 #include "matrix/matrix.h"
 #include "parity_config.h"
@@ -33,7 +34,7 @@ typedef struct {
     const char *baseline;
     double baseline_margin;
     int64_t steps, seed, mpi_procs, rows_per_block;
-    int quick, keep, list, quiet, full, scale;
+    int quick, keep, list, quiet, full, scale, overwrite;
     par_strlist cells, fixtures;
     double mem_limit;   /* --max-memory or this machine's memory (par_memlimit_limit) */
     char mem_what[96];  /* its words */
@@ -84,6 +85,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
          "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no progress lines"},
+        {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP " (--report)"},
         {"device", PAR_OPT_STR, &c->device, "cpu|gpu", PAR_DEVICE_HELP "; the references run there too"},
     };
     const char *synopsis =
@@ -127,8 +129,10 @@ static int check_cli(const matrix_cli *c)
         why = "--report: the name must end in .md (Markdown), .json or .xml (JUnit)";
     else if ((c->tier != NULL) + c->full + c->scale > 1)
         why = "give one of --tier, --full and --scale";
-    if (!why)
-        return 0;
+    if (!why) {
+        const par_cli_output outs[] = {{"--report", c->report, PAR_OUT_FILE, c->overwrite}};
+        return c->list ? 0 : par_cli_check_outputs("matrix", outs, 1);
+    }
     fprintf(stderr, "parity matrix: %s (got --backend %s, --steps %lld, --seed %lld, --mpi-procs %lld%s%s)\n", why,
             c->backend, (long long)c->steps, (long long)c->seed, (long long)c->mpi_procs, c->report ? ", --report " : "",
             c->report ? c->report : "");

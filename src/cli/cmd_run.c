@@ -142,7 +142,7 @@ typedef struct {
     const char *max_memory, *device;
     int64_t save_interval, steps, seed;
     double comm_timeout;
-    int quiet;
+    int quiet, overwrite;
     par_strlist sets;
     par_layout_args la;
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
@@ -217,6 +217,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"summary", PAR_OPT_STR, &c->summary, "FILE.json", "write the run's metrics as JSON (replaced atomically)",
          PAR_CHK_NONEMPTY},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
+        {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP " (--summary, --trace)"},
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", PAR_MEMLIMIT_HELP},
@@ -275,7 +276,8 @@ static int check_cli(const run_cli *c, par_run_opts *o)
     }
     /* before the first step: nothing is lost at the end */
     const par_cli_output outs[] = {{"--dump", c->dump, PAR_OUT_GOLDEN}, {"--save", c->save, PAR_OUT_CKPT},
-                                   {"--trace", c->na.trace, PAR_OUT_FILE}, {"--summary", c->summary, PAR_OUT_FILE}};
+                                   {"--trace", c->na.trace, PAR_OUT_FILE, c->overwrite},
+                                   {"--summary", c->summary, PAR_OUT_FILE, c->overwrite}};
     if (par_cli_check_outputs("run", outs, 4))
         return 2;
     o->precision = strcmp(c->precision, "f32") ? 64 : 32;

@@ -19,6 +19,7 @@ int par_cmd_schedule(int argc, char **argv)
 {
     const char *name = NULL, *svg = NULL, *trace = NULL;
     int64_t pp = 0, vpp = 0, m = 0, group = 0, max_cols = 120;
+    int overwrite = 0;
     par_sched_costs c;
     par_sched_costs_init(&c);
     const par_opt opts[] = {
@@ -36,6 +37,7 @@ int par_cmd_schedule(int argc, char **argv)
         {"latency", PAR_OPT_DOUBLE, &c.latency, "T", "time a message travels (default 0)", PAR_CHK_NONNEG_REAL, 1e12},
         {"svg", PAR_OPT_STR, &svg, "FILE", "write the timeline as SVG"},
         {"trace", PAR_OPT_STR, &trace, "FILE", "write the timeline as Chrome trace JSON (Perfetto)"},
+        {"overwrite", PAR_OPT_FLAG, &overwrite, NULL, PAR_OVERWRITE_HELP},
         {"max-cols", PAR_OPT_INT, &max_cols, "N", "width of the text timeline (default 120)", PAR_CHK_POS, 100000},
     };
     const char *synopsis = "--pipeline-schedule NAME --pipeline-model-parallel-size P --microbatches M [options]\n\n"
@@ -64,7 +66,8 @@ int par_cmd_schedule(int argc, char **argv)
                 (long long)vpp, (long long)m, (long long)group);
         return 2;
     }
-    const par_cli_output outs[] = {{"--svg", svg, PAR_OUT_FILE}, {"--trace", trace, PAR_OUT_FILE}};
+    const par_cli_output outs[] = {{"--svg", svg, PAR_OUT_FILE, overwrite},
+                                   {"--trace", trace, PAR_OUT_FILE, overwrite}};
     if (par_cli_check_outputs("schedule", outs, 2))
         return 2;
     par_err_set_quiet(1);

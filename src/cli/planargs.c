@@ -8,6 +8,7 @@
 #include "cli/sizearg.h"
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "core/outdir.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "parallel/plan/planrep.h"
@@ -19,6 +20,7 @@ void par_plan_args_init(par_plan_args *a)
     a->runtime = "megatron";
     a->precision = "f64";
     a->top = 10;
+    a->search_seconds = 5;
     par_net_args_init(&a->net);
 }
 
@@ -38,6 +40,10 @@ int par_plan_opts(par_opt *o, int n, int cap, par_plan_args *a)
         {"search", PAR_OPT_FLAG, &a->search, NULL, "enumerate layouts for --world-size and --global-batch-size"},
         {"memory-per-gpu", PAR_OPT_STR, &a->memory, "SIZE", "memory budget of the search, e.g. 80GB (default: none)"},
         {"top", PAR_OPT_INT, &a->top, "K", "candidates the search prints (default 10)"},
+        {"search-seconds", PAR_OPT_DOUBLE, &a->search_seconds, "S",
+         "--search: evaluate candidates for at most S seconds, the rest reported as not evaluated (default 5)",
+         PAR_CHK_POS_REAL, 86400},
+        {"overwrite", PAR_OPT_FLAG, &a->overwrite, NULL, PAR_OVERWRITE_HELP " (--json)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) {
         if (n >= cap)
@@ -144,12 +150,14 @@ int par_plan_args_check(const par_plan_args *a)
         fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
         return 2;
     }
-    return rc;
+    const par_cli_output outs[] = {{"--json", a->json, PAR_OUT_FILE, a->overwrite}};
+    return rc ? rc : par_cli_check_outputs("plan", outs, 1);
 }
 
 static int write_json(const char *path, cJSON *root)
 {
-    char *text = cJSON_Print(root);
+    /* the marker core/outfile.h recognises: a later --json may replace it */
+    char *text = cJSON_AddStringToObject(root, "format", "parity-plan") ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!text) {
         fprintf(stderr, "parity plan: out of memory printing the JSON report\n");
@@ -187,6 +195,37 @@ int par_plan_report(const par_plan_args *a, const par_config *cfg, const par_lay
     return write_json(a->json, root);
 }
 
+static void progress(int done, int total, double seconds, void *ud)
+{
+    (void)ud;
+    fprintf(stderr, "parity plan: --search: %d of %d candidates evaluated (%.1f s; all would take about %.0f s)\n",
+            done, total, seconds, done > 0 ? seconds * total / done : 0.0);
+}
+
+/* A budget below every layout's weights: said at once, nothing enumerated. */
+static int nothing_fits(const par_plan_args *a, const par_config *cfg, const par_search_opts *o, double floor)
+{
+    printf("search   %lld GPUs, B %lld, budget %.0f bytes per GPU (%.4g GB): nothing fits: every layout needs at "
+           "least %.0f bytes per GPU for its weights alone (%.0f parameters x 2 bytes / %lld GPUs); nothing was "
+           "searched\n",
+           (long long)o->world, (long long)o->global_batch, o->memory, o->memory / 1e9, floor,
+           floor * (double)o->world / 2.0, (long long)o->world);
+    (void)cfg;
+    if (!a->json)
+        return 0;
+    cJSON *root = cJSON_CreateObject();
+    if (!root || !cJSON_AddArrayToObject(root, "candidates") ||
+        !cJSON_AddNumberToObject(root, "world", (double)o->world) ||
+        !cJSON_AddNumberToObject(root, "memory_per_gpu", o->memory) ||
+        !cJSON_AddNumberToObject(root, "weights_floor_per_gpu", floor) ||
+        !cJSON_AddBoolToObject(root, "nothing_fits", 1)) {
+        cJSON_Delete(root);
+        fprintf(stderr, "parity plan: out of memory building the JSON report\n");
+        return 2;
+    }
+    return write_json(a->json, root);
+}
+
 int par_plan_search_cmd(const par_plan_args *a, const par_config *cfg, const par_layout *given)
 {
     par_netmodel net;
@@ -212,6 +251,11 @@ int par_plan_search_cmd(const par_plan_args *a, const par_config *cfg, const par
         fprintf(stderr, "parity plan: --top must be >= 1 (got %lld)\n", (long long)a->top);
         return 2;
     }
+    double floor = par_plan_search_floor(cfg, o.world);
+    if (o.memory > 0 && floor > o.memory)
+        return nothing_fits(a, cfg, &o, floor);
+    o.max_seconds = a->search_seconds;
+    o.progress = progress;
     par_search_cand *c = NULL;
     int n = 0;
     if (par_plan_search(cfg, &o, &c, &n) != PAR_OK)

@@ -12,6 +12,8 @@
  *   --search                          enumerate layouts for --world-size / --global-batch-size
  *   --memory-per-gpu SIZE             the search's budget (e.g. 80GB)
  *   --top K                           candidates the search prints (default 10)
+ *   --search-seconds S                the search's time bound (default 5; the rest not evaluated)
+ *   --overwrite                       --json may replace a file parity did not write
  * plus the network flags of cli/netargs.h (default: the "reference" preset).
  */
 #ifndef PAR_CLI_PLANARGS_H
@@ -27,8 +29,8 @@
 typedef struct {
     const char *json, *runtime, *precision, *recompute, *memory;
     const char *measured;   /* --measured-loads RUN.json (a `parity run --cost-as` summary) */
-    int guide, search;
-    double skew, efficiency;
+    int guide, search, overwrite;
+    double skew, efficiency, search_seconds;
     int64_t top;
     par_net_args net;
 } par_plan_args;

@@ -85,7 +85,7 @@ par_status par_trace_write_chrome(const par_netrun *r, const char *path)
     char desc[300], esc[400];
     par_netmodel_describe(par_netrun_model(r), desc, sizeof desc);
     json_escape(desc, esc, sizeof esc);
-    out(w, "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"network\": \"%s\"},\n"
+    out(w, "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"generator\": \"parity\", \"network\": \"%s\"},\n"
            " \"traceEvents\": [\n", esc);
     int first = 1;
 #define SEP (first ? (first = 0, "  ") : ",\n  ")

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE /* renameat2 / RENAME_EXCHANGE where glibc has them */
 #include "core/fileio.h"
 #include "core/outdir.h"
+#include "core/outfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -298,6 +299,8 @@ par_status par_afile_commit(par_afile *f)
         st = par_err(PAR_EIO, "%s: close of %s failed: %s", f->path, f->tmp, strerror(errno));
         goto fail_abort;
     }
+    if ((st = par__outfile_commit_check(f->path)))
+        goto fail_abort;
     if (rename(f->tmp, f->path) != 0) {
         st = par_err(PAR_EIO, "%s: rename from %s failed: %s", f->path, f->tmp, strerror(errno));
         goto fail_abort;

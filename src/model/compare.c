@@ -1384,6 +1384,7 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     int ok = root != NULL;
     double rt, at;
     par_policy_tolerance(r->policy, &rt, &at);
+    ok = ok && cJSON_AddStringToObject(root, "format", "parity-compare"); /* core/outfile.h */
     ok = ok && cJSON_AddStringToObject(root, "a", r->a) && cJSON_AddStringToObject(root, "b", r->b);
     ok = ok && cJSON_AddStringToObject(root, "policy", par_policy_name(r->policy));
     ok = ok && cJSON_AddStringToObject(root, "policy_source", r->policy_why);

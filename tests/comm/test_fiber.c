@@ -187,6 +187,39 @@ Test(fiber, bad_switch_is_refused)
               par_last_error());
 }
 
+/* PARITY_FIBER_WORKERS and PARITY_FIBER_STACK are refused before any rank
+ * starts when malformed or out of range (issue 34 items 3, 4; the OpenBLAS
+ * bound is checked against the parity binary: tests/hostile/r3_item34_fiber_env.sh). */
+static par_status env_refused(const char *var, const char *val, const char *needle)
+{
+    setenv(var, val, 1);
+    par_err_set_quiet(1);
+    par_status st = run_fiber(4, pattern_fn, NULL, 0, 0);
+    par_err_set_quiet(0);
+    unsetenv(var);
+    cr_expect_eq(st, PAR_EINVAL, "%s=%s: %s", var, val, par_last_error());
+    cr_expect(strstr(par_last_error(), needle), "%s=%s: %s", var, val, par_last_error());
+    return st;
+}
+
+Test(fiber, bad_worker_and_stack_variables_are_refused)
+{
+    env_refused("PARITY_FIBER_WORKERS", "0", "expected a number of worker threads in 1..");
+    env_refused("PARITY_FIBER_WORKERS", "5000", "PARITY_FIBER_WORKERS=5000");
+    env_refused("PARITY_FIBER_WORKERS", "12abc", "PARITY_FIBER_WORKERS=12abc");
+    env_refused("PARITY_FIBER_STACK", "16K", "below the 64 KiB a rank needs");
+    env_refused("PARITY_FIBER_STACK", "1048576M", "more than this machine's memory");
+    env_refused("PARITY_FIBER_STACK", "lots", "is not a stack size");
+    env_refused("PARITY_FIBER_STACK", "99999999999999999999", "is not a stack size");
+    static double a[4];
+    setenv("PARITY_FIBER_STACK", "64K", 1);
+    setenv("PARITY_FIBER_WORKERS", "2", 1);
+    par_status st = run_fiber(4, pattern_fn, a, 0, 0);
+    unsetenv("PARITY_FIBER_STACK");
+    unsetenv("PARITY_FIBER_WORKERS");
+    cr_expect_eq(st, PAR_OK, "64K stacks on 2 workers: %s", par_last_error());
+}
+
 /* With one worker, a rank polling par_test must let the sender run. */
 static par_status test_loop_fn(par_comm *c, void *arg)
 {

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "parallel/plan/plan.h"
@@ -77,6 +78,86 @@ static par_status evaluate(const par_config *cfg, const par_search_opts *o, cons
     return par_steptime_estimate(cfg, l, o->net, &so, &c->t);
 }
 
+/* Parameters outside and inside the routed experts. */
+static void weight_counts(const par_param_table *t, double *dense, double *experts)
+{
+    *dense = *experts = 0;
+    for (int i = 0; i < t->n; i++)
+        *(t->p[i].expert >= 0 ? experts : dense) += (double)t->p[i].numel;
+}
+
+double par_plan_search_floor(const par_config *cfg, int64_t world)
+{
+    par_param_table tab;
+    if (world < 1 || par_param_table_build(&tab, cfg) != PAR_OK)
+        return 0;
+    double d, e;
+    weight_counts(&tab, &d, &e);
+    par_param_table_free(&tab);
+    return 2.0 * (d + e) / (double)world;
+}
+
+/* 1 (and c dropped for memory) when its weights alone exceed the budget:
+ * the heaviest stage holds >= 1/PP of the dense weights and 1/(PP EP ETP)
+ * of the experts', each element >= 2 bytes. */
+static int over_floor(const par_search_opts *o, const double w[2], par_search_cand *c)
+{
+    double lb = 2.0 * (w[0] / (double)c->pp + w[1] / (double)(c->pp * c->ep * c->etp));
+    if (o->memory <= 0 || lb <= o->memory)
+        return 0;
+    c->status = PAR_CAND_MEMORY;
+    c->mem_peak = lb;
+    snprintf(c->reason, sizeof c->reason, "its weights alone need at least %.0f bytes > %.0f per GPU (%.3g GB; a "
+             "lower bound, the memory model not run)", lb, o->memory, o->memory / 1e9);
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A step coprime with n: visiting k * step mod n spreads a cut-short search
+ * over the whole enumeration. */
+static int64_t stride_of(int n)
+{
+    static const int64_t primes[] = {7919, 7907, 7901};
+    for (int k = 0; n > 1 && k < 3; k++)
+        if (n % primes[k] != 0)
+            return primes[k] % n;
+    return 1;
+}
+
+/* Every candidate: the weight floor, the layout rules, the memory model and
+ * the step time, until o->max_seconds; the rest skipped. */
+static par_status evaluate_all(const par_config *cfg, const par_search_opts *o, const par_param_table *tab,
+                               par_search_cand *c, int n)
+{
+    double w[2], t0 = now_s(), last = t0;
+    weight_counts(tab, &w[0], &w[1]);
+    int64_t step = stride_of(n);
+    par_status s = PAR_OK;
+    for (int k = 0; k < n && !s; k++) {
+        par_search_cand *ci = &c[((int64_t)k * step) % n];
+        double t = now_s();
+        if (o->max_seconds > 0 && t - t0 > o->max_seconds) {
+            ci->status = PAR_CAND_SKIPPED;
+            snprintf(ci->reason, sizeof ci->reason, "not evaluated: the search stopped after %.3g s", o->max_seconds);
+            continue;
+        }
+        if (o->progress && t - last >= 1.0) {
+            o->progress(k, n, t - t0, o->progress_ud);
+            last = t;
+        }
+        par_layout l;
+        if (!over_floor(o, w, ci) && candidate_layout(cfg, o, ci, &l))
+            s = evaluate(cfg, o, tab, ci, &l);
+    }
+    return s;
+}
+
 static int cmp_cand(const void *a, const void *b)
 {
     const par_search_cand *x = a, *y = b;
@@ -135,11 +216,7 @@ par_status par_plan_search(const par_config *cfg, const par_search_opts *o, par_
         par_free(c);
         return s;
     }
-    for (int i = 0; i < n && !s; i++) {
-        par_layout l;
-        if (candidate_layout(cfg, o, &c[i], &l))
-            s = evaluate(cfg, o, &tab, &c[i], &l);
-    }
+    s = evaluate_all(cfg, o, &tab, c, n);
     par_param_table_free(&tab);
     if (s) {
         par_free(c);
@@ -153,8 +230,8 @@ par_status par_plan_search(const par_config *cfg, const par_search_opts *o, par_
 
 static const char *status_name(par_cand_status s)
 {
-    static const char *const names[] = {"kept", "illegal", "unsupported", "memory"};
-    return (unsigned)s < 4 ? names[s] : "?";
+    static const char *const names[] = {"kept", "illegal", "unsupported", "memory", "skipped"};
+    return (unsigned)s < 5 ? names[s] : "?";
 }
 
 static void print_row(FILE *f, int rank, const par_search_cand *c, double unit)
@@ -171,7 +248,7 @@ static void print_row(FILE *f, int rank, const par_search_cand *c, double unit)
 
 void par_plan_search_print(FILE *f, const par_search_cand *c, int n, int top, const par_search_opts *o)
 {
-    int kept = 0, by[4] = {0};
+    int kept = 0, by[5] = {0};
     double top_peak = 0;
     for (int i = 0; i < n; i++) {
         by[c[i].status]++;
@@ -182,16 +259,23 @@ void par_plan_search_print(FILE *f, const par_search_cand *c, int n, int top, co
     const int gb = top_peak >= 1e9 || o->memory >= 1e9;
     const double unit = gb ? 1e9 : 1e6;
     fprintf(f, "search   %lld GPUs, B %lld, budget %s; %d candidates: %d kept, %d illegal, %d unsupported, %d over "
-               "memory; ranked by the analytical step time (network %s)\n",
+               "memory, %d not evaluated; ranked by the analytical step time (network %s)\n",
             LL(o->world), LL(o->global_batch), o->memory > 0 ? "per GPU" : "none", n, kept, by[PAR_CAND_ILLEGAL],
-            by[PAR_CAND_UNSUPPORTED], by[PAR_CAND_MEMORY], o->net->name);
+            by[PAR_CAND_UNSUPPORTED], by[PAR_CAND_MEMORY], by[PAR_CAND_SKIPPED], o->net->name);
+    if (by[PAR_CAND_SKIPPED])
+        fprintf(f, "         stopped after %.3g s: %d of %d candidates evaluated, spread over the enumeration; the "
+                   "ranking is of those (all would take about %.0f s: --search-seconds sets the bound)\n",
+                o->max_seconds, n - by[PAR_CAND_SKIPPED], n,
+                o->max_seconds * n / (n - by[PAR_CAND_SKIPPED] > 0 ? n - by[PAR_CAND_SKIPPED] : 1));
+    if (!kept)
+        fprintf(f, "         nothing fits%s\n", by[PAR_CAND_SKIPPED] ? " among those evaluated" : "");
     if (o->memory > 0)
         fprintf(f, "         memory per GPU %.0f bytes (%.4g GB)\n", o->memory, o->memory / 1e9);
     fprintf(f, "  rank PP  VPP CP  EP   ETP b  Da    De   m     schedule    rcmp peak %s   step s    bub %%  status    "
                "reason\n", gb ? "GB" : "MB");
     for (int i = 0; i < n && i < top && c[i].status == PAR_CAND_KEPT; i++)
         print_row(f, i + 1, &c[i], unit);
-    for (int s = 1; s < 4; s++) { /* the first dropped candidate of each reason */
+    for (int s = 1; s < 5; s++) { /* the first dropped candidate of each reason */
         for (int i = 0; i < n; i++)
             if (c[i].status == (par_cand_status)s) {
                 print_row(f, 0, &c[i], unit);

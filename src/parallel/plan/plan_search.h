@@ -10,6 +10,11 @@
  * divisors of E and N/PP; ETP 1 and 2; b 1, 2, 4.  Layers that do not split
  * evenly over PP * VPP get par_pplayout_suggest's uneven layout.  With
  * recompute_both, every candidate also with full recomputation.
+ *
+ * Bounded: a candidate whose weights alone (a lower bound: (dense params / PP
+ * + expert params / (PP x EP x ETP)) x 2 bytes) exceed the budget is dropped
+ * without building its memory model; candidates are evaluated in a strided
+ * order (spread over the enumeration) until max_seconds, the rest skipped.
  */
 #ifndef PAR_PARALLEL_PLAN_PLAN_SEARCH_H
 #define PAR_PARALLEL_PLAN_PLAN_SEARCH_H
@@ -34,6 +39,12 @@ typedef struct {
     int64_t max_pp;           /* 0: no limit beyond n_layers                   */
     int distributed_optimizer;/* ZeRO-1 for every candidate                    */
     int recompute_both;       /* MEGATRON: try no and full recomputation (else mm.recompute) */
+    /* Bounds (issue 34 item 5): stop evaluating after max_seconds of wall
+     * time (0: none; the rest are PAR_CAND_SKIPPED), and call progress (when
+     * set) at most once a second while evaluating. */
+    double max_seconds;
+    void (*progress)(int done, int total, double seconds, void *ud);
+    void *progress_ud;
 } par_search_opts;
 
 typedef enum {
@@ -41,7 +52,13 @@ typedef enum {
     PAR_CAND_ILLEGAL,     /* a layout or schedule rule refuses it   */
     PAR_CAND_UNSUPPORTED, /* TP / ETP > 1 on the V4 path            */
     PAR_CAND_MEMORY,      /* does not fit the budget                */
+    PAR_CAND_SKIPPED,     /* not evaluated: max_seconds ran out     */
 } par_cand_status;
+
+/* A lower bound of every candidate's heaviest rank on N GPUs: its weights
+ * alone, every parameter held by at least one GPU at >= 2 bytes (bf16):
+ * 2 x params / N.  A budget below it: nothing fits, nothing to search. */
+double par_plan_search_floor(const par_config *cfg, int64_t world);
 
 typedef struct {
     int seq;                  /* enumeration order                        */

@@ -577,6 +577,7 @@ par_status par_sched_write_svg(const par_schedule *s, const par_sched_sim *sim, 
               "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
               "font-family=\"sans-serif\" font-size=\"11\">\n"
+              "<!-- parity schedule -->\n" /* how a later --svg knows it may replace it (core/outfile.h) */
               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
               "<text x=\"%.0f\" y=\"20\" font-size=\"14\">%s: PP %d, VPP %d, m %d; makespan %g, bubble %.2f %%</text>\n",
               width, height, left, par_schedule_kind_name(s->params.kind), p, s->params.vpp, s->params.n_micro,
@@ -617,7 +618,7 @@ par_status par_sched_write_trace(const par_schedule *s, const par_sched_sim *sim
 {
     static const char *const label[4] = {"F", "B", "W", "BW"};
     sbuf b = {0};
-    sb_printf(&b, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    sb_printf(&b, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"generator\": \"parity\"}, \"traceEvents\": [\n");
     int first = 1;
     for (int r = 0; r < s->params.pp; r++) {
         sb_printf(&b,

@@ -192,6 +192,51 @@ Test(guide, search_keeps_what_fits_ranked_by_step_time)
     par_free(c);
 }
 
+/* Issue 34 item 5: the weights floor is below every candidate's peak (so a
+ * budget under it may say "nothing fits" at once), a candidate over its own
+ * floor is dropped without its memory model, and max_seconds bounds the
+ * search (the rest "skipped"). */
+Test(guide, search_is_bounded)
+{
+    par_config cfg;
+    cr_assert_eq(par_config_preset(&cfg, "v4-mini"), PAR_OK);
+    par_netmodel net;
+    cr_assert_eq(par_netmodel_preset("reference", &net), PAR_OK);
+    par_search_opts o;
+    memset(&o, 0, sizeof o);
+    par_memmodel_opts_init(&o.mm);
+    o.world = 16, o.global_batch = 32, o.net = &net, o.distributed_optimizer = 1;
+    par_search_cand *c = NULL;
+    int n = 0;
+    cr_assert_eq(par_plan_search(&cfg, &o, &c, &n), PAR_OK, "%s", par_last_error());
+    double floor = par_plan_search_floor(&cfg, o.world), lo = 1e300;
+    cr_assert_gt(floor, 0);
+    for (int i = 0; i < n; i++)
+        if (c[i].status == PAR_CAND_KEPT)
+            lo = c[i].mem_peak < lo ? c[i].mem_peak : lo;
+    cr_expect_leq(floor, lo, "the floor %.0f is a lower bound of the smallest peak %.0f", floor, lo);
+    par_free(c);
+    /* a budget just under the smallest peak: whatever the floor drops, the model would have */
+    o.memory = lo * 0.999;
+    cr_assert_eq(par_plan_search(&cfg, &o, &c, &n), PAR_OK, "%s", par_last_error());
+    int floored = 0;
+    for (int i = 0; i < n; i++) {
+        cr_expect_neq(c[i].status, PAR_CAND_KEPT);
+        floored += c[i].status == PAR_CAND_MEMORY && strstr(c[i].reason, "lower bound") != NULL;
+    }
+    cr_expect_gt(floored, 0, "some candidates dropped by their weights alone");
+    par_free(c);
+    o.memory = 0;
+    o.max_seconds = 1e-9;
+    cr_assert_eq(par_plan_search(&cfg, &o, &c, &n), PAR_OK, "%s", par_last_error());
+    int skipped = 0;
+    for (int i = 0; i < n; i++)
+        skipped += c[i].status == PAR_CAND_SKIPPED;
+    cr_expect_geq(skipped, n - 1, "%d of %d skipped", skipped, n);
+    cr_expect_gt(n, 1);
+    par_free(c);
+}
+
 /* The memory model's microbatches in flight are the dry run's peak_live
  * (release at B) and, with a split backward, peak_held (release at W: a GPU
  * job and parity alike, which runs real W actions): the same schedule, two
