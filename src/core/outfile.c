@@ -110,6 +110,13 @@ static const char *schedule_svg(const head_t *h)
 
 static const char *matrix_md(const head_t *h) { return starts(h, "# parity matrix\n") ? "matrix report (Markdown)" : NULL; }
 
+static const char *matrix_junit(const head_t *h)
+{
+    return starts(h, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"parity matrix\" ")
+               ? "matrix report (JUnit XML)"
+               : NULL;
+}
+
 static const char *ckpt_export(const head_t *h)
 {
     uint64_t hl = 0;
@@ -129,7 +136,7 @@ static const char *ckpt_export(const head_t *h)
 }
 
 static const char *(*const recognisers[])(const head_t *) = {json_doc, chrome_trace, schedule_svg, matrix_md,
-                                                              ckpt_export};
+                                                              matrix_junit, ckpt_export};
 
 const char *par_outfile_kind(const char *path)
 {

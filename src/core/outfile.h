@@ -1,6 +1,6 @@
 /* core/outfile.h - which single files parity may write over.
  *
- * The file outputs (run --summary, matrix --report .md / .json, compare
+ * The file outputs (run --summary, matrix --report .md / .json / .xml, compare
  * --json, plan --json, schedule --svg / --trace, run --trace, ckpt export
  * FILE) follow the rule of the output directories (core/outdir.h): parity
  * replaces a file only when it is missing or a file parity wrote, which it
@@ -16,6 +16,7 @@
  *   an SVG holding the comment <!-- parity schedule --> or the schedule
  *     timeline's header of older builds;
  *   Markdown whose first line is "# parity matrix";
+ *   JUnit XML whose root is <testsuites name="parity matrix" (matrix --report FILE.xml);
  *   safetensors whose __metadata__ "format" is "parity-ckpt-export".
  *
  * A golden set's or a checkpoint's own files (manifest.json, metadata.json,

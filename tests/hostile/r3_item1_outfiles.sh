@@ -83,4 +83,10 @@ check "the Markdown report starts with its header" test "$(head -1 r.md)" = "# p
 cp m/report.json r.json
 expect 0 "" "$P" matrix --quick --cell serial-f64 --report r.json --out m --quiet
 expect 0 "" "$P" matrix --quick --cell serial-f64 --report r.md --out m --quiet
+# ---- matrix --report .xml (JUnit): its own file replaced, another tool's refused
+expect 0 "" "$P" matrix --quick --cell serial-f64 --report r.xml --out m --quiet
+expect 0 "" "$P" matrix --quick --cell serial-f64 --report r.xml --out m --quiet
+printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites name="pytest">\n' >theirs.xml
+expect 2 "--report theirs.xml: the file exists and was not written by parity" \
+  "$P" matrix --quick --cell serial-f64 --report theirs.xml --out m --quiet
 finish

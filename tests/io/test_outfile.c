@@ -52,6 +52,7 @@ Test(outfile, recognises_what_parity_writes)
         "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"generator\": \"parity\", \"network\": \"n\"},\n",
         "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"network\": \"reference\"},\n \"traceEvents\": [",
         "# parity matrix\n\npreset ...\n",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"parity matrix\" tests=\"1\">\n",
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"3\" "
         "height=\"4\">\n<!-- parity schedule -->\n",
     };
@@ -68,6 +69,7 @@ Test(outfile, recognises_what_parity_writes)
         "{\"displayTimeUnit\": \"ns\", \"traceEvents\": []}", /* another tool's trace */
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"3\">",
         "# parity matrices are fun\n",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"pytest\" tests=\"1\">\n", /* another tool's JUnit */
         "{\"format\": \"parity-run-summary\"", /* not JSON */
     };
     for (size_t i = 0; i < sizeof theirs / sizeof theirs[0]; i++) {
