@@ -72,8 +72,10 @@ typedef struct {
  * writes every parameter of its config's table, in precision `bits` (64 or
  * 32), to the safetensors `out_file` (atomic), with the optimizer state of
  * parity_optimizer.safetensors when the directory has one.  Names go
- * through par_hf_normalize_name; a quantization .scale, an unknown or
- * repeated name, a wrong shape or a missing parameter is an error naming it.
+ * through par_hf_normalize_name; the release's FP8 / FP4 storage (a weight
+ * with its .scale) is dequantized exactly (model/hfquant.h); an unknown or
+ * repeated name, a wrong shape, a missing parameter, a scale without its
+ * weight or bad quantized storage is an error naming it.
  * *info (may be NULL) on success. */
 par_status par_hf_import(const char *dir, int bits, const char *out_file, par_hf_import_info *info);
 
