@@ -185,7 +185,7 @@ static const char *scale_name(const char *w, char *buf, size_t n)
 }
 
 /* Entry i of shard k: converted (or quantized: codes + scale) into conv[*used..]. */
-static par_status add_param(const export_plan *x, int i, par_st_writer *w, par_tensor *conv, int *used)
+static par_status add_param(export_plan *x, int i, par_st_writer *w, par_tensor *conv, int *used)
 {
     const par_param *p = &x->tab->p[i];
     const par_tensor *src = par_st_tensor(x->src, x->src_of[i]);
@@ -200,7 +200,7 @@ static par_status add_param(const export_plan *x, int i, par_st_writer *w, par_t
     const par_tensor *hint = NULL;
     for (int k = 0; !hint && k < x->n_hints; k++)
         hint = par_st_find(x->hints[k], sn);
-    s = par_hfquant_quantize(p->name, st, src, hint, &conv[*used], &conv[*used + 1], &((export_plan *)x)->rescaled);
+    s = par_hfquant_quantize(p->name, st, src, hint, &conv[*used], &conv[*used + 1], &x->rescaled);
     if (s)
         return s;
     *used += 2;
@@ -235,7 +235,7 @@ static void shard_name(char *buf, size_t n, int k, int count)
 
 /* Writes one set of converted tensors: entries with shard_of == k (k >= 0),
  * or the optimizer tensors (k < 0), into dir/name. */
-static par_status write_part(const export_plan *x, int k, const char *dir, const char *name)
+static par_status write_part(export_plan *x, int k, const char *dir, const char *name)
 {
     int n = par_st_count(x->src);
     par_tensor *conv = par_calloc((size_t)(2 * n + 1), sizeof *conv, PAR_TAG_IO);
