@@ -99,8 +99,12 @@ def hf_config(cfg, torch_dtype="float64"):
 
 def parity_config(j):
     """Parity config dict (MODEL.md names) from a config.json with the release's keys."""
-    if "quantization_config" in j:
-        raise ValueError("config.json has a quantization_config: dequantize the checkpoint first")
+    q = j.get("quantization_config")
+    if q is not None and not (isinstance(q, dict) and q.get("quant_method") == "fp8"
+                              and q.get("fmt", "e4m3") == "e4m3" and q.get("scale_fmt", "ue8m0") == "ue8m0"
+                              and list(q.get("weight_block_size", [])) == [128, 128]):
+        raise ValueError("config.json has a quantization_config that is not the release's "
+                         "(fp8, e4m3, ue8m0, weight_block_size [128, 128])")
     if j.get("num_key_value_heads", 1) != 1:
         raise ValueError("num_key_value_heads must be 1")
     if j.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":

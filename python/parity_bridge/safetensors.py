@@ -3,7 +3,8 @@
 Layout (docs/formats.md): u64 little-endian header length N, N bytes of JSON
 ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``,
 then the data section.  Dtypes F64 F32 BF16 I32 I64 (and F16, U8, I8, BOOL on
-read).  BF16 has no numpy dtype: it is read as uint16 bit patterns and
+read; F8_E4M3 and F8_E8M0, the release's quantized storage, as uint8 codes in
+the marker views :class:`F8E4M3` / :class:`F8E8M0`, read and written).  BF16 has no numpy dtype: it is read as uint16 bit patterns and
 widened with :func:`bf16_to_f32` (exact), written from float32/float64 with
 :func:`f32_to_bf16` (round to nearest even).
 """
@@ -18,6 +19,7 @@ DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+    "F8_E4M3": np.dtype("u1"), "F8_E8M0": np.dtype("u1"),
 }
 NAMES = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<i8"): "I64",
          np.dtype("<i4"): "I32", np.dtype("<f2"): "F16", np.dtype("u1"): "U8",
@@ -26,6 +28,17 @@ NAMES = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<i8"): "I64",
 
 class BF16(np.ndarray):
     """Marker view: a uint16 array holding bfloat16 bit patterns (write as BF16)."""
+
+
+class F8E4M3(np.ndarray):
+    """Marker view: uint8 float8_e4m3fn codes (write as F8_E4M3)."""
+
+
+class F8E8M0(np.ndarray):
+    """Marker view: uint8 float8_e8m0fnu codes, 2^(b - 127) (write as F8_E8M0)."""
+
+
+MARKERS = {"F8_E4M3": F8E4M3, "F8_E8M0": F8E8M0}
 
 
 def bf16_to_f32(bits):
@@ -88,6 +101,8 @@ def read(path, bf16="f32"):
         a = np.frombuffer(data[b:end], dtype=dt, count=count).reshape(shape).copy()
         if e["dtype"] == "BF16":
             a = bf16_to_f32(a) if bf16 == "f32" else a.view(BF16)
+        elif e["dtype"] in MARKERS:
+            a = a.view(MARKERS[e["dtype"]])
         out[name] = a
     return out, meta
 
@@ -109,6 +124,9 @@ def encode(tensors, metadata=None):
         a = tensors[name]
         if isinstance(a, BF16):
             dt, b = "BF16", np.ascontiguousarray(a.view(np.uint16), dtype="<u2").tobytes()
+        elif isinstance(a, (F8E4M3, F8E8M0)):
+            dt = "F8_E4M3" if isinstance(a, F8E4M3) else "F8_E8M0"
+            b = np.ascontiguousarray(a.view(np.uint8)).tobytes()
         else:
             a = np.asarray(a)
             if a.dtype.newbyteorder("<") not in NAMES and a.dtype not in NAMES:

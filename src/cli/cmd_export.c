@@ -157,13 +157,20 @@ static par_status open_params(const char *src, int64_t step, const char *config,
 
 static int cmd_hf(int argc, char **argv)
 {
-    const char *dtype_s = "fp64", *config = NULL, *preset = NULL, *shard_s = "4GiB";
+    const char *dtype_s = "fp64", *config = NULL, *preset = NULL, *shard_s = "4GiB", *scales_from = NULL;
     int64_t step = 0;
+    int quantize = 0;
     par_strlist sets;
     memset(&sets, 0, sizeof sets);
     const par_opt opts[] = {
         {"dtype", PAR_OPT_STR, &dtype_s, "bf16|fp32|fp64",
          "float dtype (default fp64, bitwise; bf16 keeps the release's float32 tensors in F32)"},
+        {"quantize", PAR_OPT_FLAG, &quantize, NULL,
+         "the release's storage: FP8 weights (E4M3, 128x128 UE8M0 .scale) and FP4 routed experts (packed E2M1, "
+         "1x32 UE8M0 .scale); --dtype applies to the rest"},
+        {"scales-from", PAR_OPT_STR, &scales_from, "DIR",
+         "with --quantize: reuse the .scale tensors of checkpoint DIR where they represent a tile exactly "
+         "(DIR -> import -> export gives DIR's storage back bit for bit)"},
         {"step", PAR_OPT_INT, &step, "K", "a golden set's params.K (default 0: before the first update)"},
         {"max-shard-size", PAR_OPT_STR, &shard_s, "SIZE", "close a shard before it passes SIZE (default 4GiB)"},
         {"preset", PAR_OPT_STR, &preset, "NAME", "bare file: the model preset"},
@@ -171,7 +178,7 @@ static int cmd_hf(int argc, char **argv)
         {"set", PAR_OPT_LIST, &sets, "key=value", "bare file: override a model key (repeatable)"},
     };
     const char *synopsis =
-        "SET|PARAMS.safetensors OUT [--dtype bf16|fp32|fp64] [--step K] [--max-shard-size SIZE]\n"
+        "SET|PARAMS.safetensors OUT [--dtype bf16|fp32|fp64] [--quantize [--scales-from DIR]] [--step K] [--max-shard-size SIZE]\n"
         "       [--preset NAME | --config FILE] [--set key=value]...\n\n"
         "Writes a Hugging Face-style DeepSeek-V4 checkpoint directory OUT: config.json with the release's\n"
         "key names, model.safetensors.index.json and model-0000i-of-0000N.safetensors shards with the\n"
@@ -182,7 +189,11 @@ static int cmd_hf(int argc, char **argv)
     int rc = par_args_parse("export hf", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
     if (rc)
         return rc == 1 ? 0 : 2;
-    par_hf_export_opts o = {0};
+    par_hf_export_opts o = {.quantize = quantize, .scales_from = scales_from};
+    if (scales_from && !quantize) {
+        fprintf(stderr, "parity export hf: --scales-from needs --quantize\n");
+        return 2;
+    }
     if (pos.count != 2) {
         fprintf(stderr, "parity export hf: expected SET|PARAMS.safetensors OUT, got %d paths (see --help)\n",
                 pos.count);
@@ -213,9 +224,13 @@ static int cmd_hf(int argc, char **argv)
     if (s)
         return fail("hf", s);
     par_err_set_quiet(0);
-    printf("exported %s -> %s: %d tensors in %d shard%s (%lld bytes, %s)%s\n", pos.argv[0], pos.argv[1],
+    printf("exported %s -> %s: %d tensors in %d shard%s (%lld bytes, %s%s)%s\n", pos.argv[0], pos.argv[1],
            info.n_tensors, info.n_shards, info.n_shards == 1 ? "" : "s", (long long)info.total_bytes,
-           par_hf_torch_dtype(o.dtype), info.n_opt ? ", optimizer state in " PAR_HF_OPTIM_NAME : "");
+           par_hf_torch_dtype(o.dtype), info.n_quantized ? ", FP8/FP4 weights quantized with a .scale each" : "",
+           info.n_opt ? ", optimizer state in " PAR_HF_OPTIM_NAME : "");
+    if (scales_from)
+        printf("scales from %s: %lld tile%s not represented exactly by them, rescaled\n", scales_from,
+               (long long)info.n_rescaled, info.n_rescaled == 1 ? "" : "s");
     return 0;
 }
 

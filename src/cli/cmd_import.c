@@ -71,8 +71,9 @@ static int cmd_hf(int argc, char **argv)
         return (s == PAR_ENOMEM || s == PAR_EINTERNAL) ? 1 : 2;
     }
     par_err_set_quiet(0);
-    printf("imported %s -> %s: %d parameters%s, %s (%d shared tensors skipped)\n", pos.argv[0], pos.argv[1],
-           info.n_tensors, info.n_opt ? " and optimizer state" : "", precision, info.n_skipped);
+    printf("imported %s -> %s: %d parameters%s, %s (%d dequantized from FP8/FP4 storage, %d shared tensors "
+           "skipped)\n", pos.argv[0], pos.argv[1], info.n_tensors, info.n_opt ? " and optimizer state" : "", precision,
+           info.n_quantized, info.n_skipped);
     return 0;
 }
 

@@ -22,6 +22,7 @@ typedef struct {
 
 struct par_st_file {
     char *label;
+    int storage;        /* storage-only dtypes accepted (par_st_read_storage) */
     unsigned char *buf; /* the whole file (+1 NUL byte) */
     size_t len;
     int n;
@@ -75,7 +76,8 @@ void par_st_close(par_st_file *f)
 }
 
 /* Parses one tensor entry into *e (name already set). */
-static par_status parse_entry(const char *label, const char *name, const cJSON *j, uint64_t data_len, st_entry *e)
+static par_status parse_entry(const char *label, const char *name, const cJSON *j, uint64_t data_len, int storage,
+                              st_entry *e)
 {
     if (!cJSON_IsObject(j))
         return par_err(PAR_EFORMAT, "%s: tensor '%s': entry is not a JSON object", label, name);
@@ -88,9 +90,9 @@ static par_status parse_entry(const char *label, const char *name, const cJSON *
     if (!cJSON_IsString(jd))
         return par_err(PAR_EFORMAT, "%s: tensor '%s': dtype is not a string", label, name);
     par_dtype dt;
-    if (par_dtype_parse(jd->valuestring, &dt) != PAR_OK)
-        return par_err(PAR_EFORMAT, "%s: tensor '%s': dtype '%s' is not supported (parity reads F64 F32 BF16 I32 I64)",
-                       label, name, jd->valuestring);
+    if ((storage ? par_dtype_parse_storage : par_dtype_parse)(jd->valuestring, &dt) != PAR_OK)
+        return par_err(PAR_EFORMAT, "%s: tensor '%s': dtype '%s' is not supported (parity reads F64 F32 BF16 I32 I64%s)",
+                       label, name, jd->valuestring, storage ? " F8_E4M3 F8_E8M0 I8 U8" : "");
     if (!cJSON_IsArray(js))
         return par_err(PAR_EFORMAT, "%s: tensor '%s': shape is not a list", label, name);
     int nd = cJSON_GetArraySize(js);
@@ -227,7 +229,7 @@ static par_status parse_entries(par_st_file *f, const cJSON *root, uint64_t data
             continue;
         }
         st_entry *e = &f->e[f->n];
-        par_status st = parse_entry(label, it->string, it, data_len, e);
+        par_status st = parse_entry(label, it->string, it, data_len, f->storage, e);
         if (st)
             return st;
         e->name = par_strdup(it->string, PAR_TAG_IO);
@@ -316,7 +318,7 @@ static par_status bind_data(par_st_file *f, unsigned char *base)
 }
 
 /* Takes ownership of buf (len bytes + 1 spare). */
-static par_status parse_owned(unsigned char *buf, size_t len, const char *label, par_st_file **out)
+static par_status parse_owned(unsigned char *buf, size_t len, const char *label, int storage, par_st_file **out)
 {
     par_status st = PAR_OK;
     cJSON *root = NULL;
@@ -327,6 +329,7 @@ static par_status parse_owned(unsigned char *buf, size_t len, const char *label,
     }
     f->buf = buf;
     f->len = len;
+    f->storage = storage;
     f->label = par_strdup(label, PAR_TAG_IO);
     if (!f->label) {
         st = par_err(PAR_ENOMEM, "%s: out of memory", label);
@@ -365,7 +368,17 @@ par_status par_st_read(const char *path, par_st_file **out)
     par_status st = par_file_read(path, PAR_TAG_IO, &buf, &len);
     if (st)
         return st;
-    return parse_owned(buf, len, path, out);
+    return parse_owned(buf, len, path, 0, out);
+}
+
+par_status par_st_read_storage(const char *path, par_st_file **out)
+{
+    void *buf;
+    size_t len;
+    par_status st = par_file_read(path, PAR_TAG_IO, &buf, &len);
+    if (st)
+        return st;
+    return parse_owned(buf, len, path, 1, out);
 }
 
 par_status par_st_read_mem(const void *buf, size_t len, const char *label, par_st_file **out)
@@ -378,7 +391,7 @@ par_status par_st_read_mem(const void *buf, size_t len, const char *label, par_s
     if (len)
         memcpy(c, buf, len);
     c[len] = 0;
-    return parse_owned(c, len, label, out);
+    return parse_owned(c, len, label, 0, out);
 }
 
 const char *par_st_label(const par_st_file *f) { return f->label; }
@@ -516,7 +529,7 @@ static par_status add_entry(par_st_writer *w, const char *name, const par_tensor
         return par_err(PAR_EINVAL, "safetensors writer: NULL name or tensor");
     if (!strcmp(name, "__metadata__"))
         return par_err(PAR_EINVAL, "safetensors writer: the name \"__metadata__\" is reserved");
-    if ((unsigned)t->dtype >= PAR_DTYPE_COUNT || t->ndim < 0 || t->ndim > PAR_MAX_DIMS)
+    if (!par_dtype_valid(t->dtype) || t->ndim < 0 || t->ndim > PAR_MAX_DIMS)
         return par_err(PAR_EINVAL, "safetensors writer: tensor '%s': dtype %d / ndim %d not supported", name,
                        (int)t->dtype, t->ndim);
     int64_t nb = par_shape_numel(t->ndim, t->shape, par_dtype_size(t->dtype));

@@ -32,6 +32,9 @@ typedef struct par_st_file par_st_file;
 
 /* Reads and validates a file. */
 par_status par_st_read(const char *path, par_st_file **out);
+/* Same, also reading the storage-only dtypes of quantized checkpoints
+ * (F8_E4M3, F8_E8M0, I8, U8; core/tensor.h): for the HF import only. */
+par_status par_st_read_storage(const char *path, par_st_file **out);
 /* Same from memory (copied); `label` names it in messages. */
 par_status par_st_read_mem(const void *buf, size_t len, const char *label, par_st_file **out);
 void par_st_close(par_st_file *f); /* NULL is fine */

@@ -4,17 +4,30 @@
 #include <stdio.h>
 #include <string.h>
 
-static const size_t dt_size[PAR_DTYPE_COUNT] = {8, 4, 2, 4, 8};
-static const char *dt_name[PAR_DTYPE_COUNT] = {"F64", "F32", "BF16", "I32", "I64"};
+static const size_t dt_size[PAR_DTYPE_STORAGE_END] = {8, 4, 2, 4, 8, 0, 1, 1, 1, 1};
+static const char *dt_name[PAR_DTYPE_STORAGE_END] = {"F64", "F32", "BF16", "I32", "I64", "?",
+                                                     "F8_E4M3", "F8_E8M0", "I8", "U8"};
 
-size_t par_dtype_size(par_dtype dt) { return (unsigned)dt < PAR_DTYPE_COUNT ? dt_size[dt] : 0; }
-const char *par_dtype_name(par_dtype dt) { return (unsigned)dt < PAR_DTYPE_COUNT ? dt_name[dt] : "?"; }
+int par_dtype_valid(par_dtype dt) { return (unsigned)dt < PAR_DTYPE_STORAGE_END && dt != PAR_DTYPE_COUNT; }
+size_t par_dtype_size(par_dtype dt) { return (unsigned)dt < PAR_DTYPE_STORAGE_END ? dt_size[dt] : 0; }
+const char *par_dtype_name(par_dtype dt) { return (unsigned)dt < PAR_DTYPE_STORAGE_END ? dt_name[dt] : "?"; }
 int par_dtype_is_float(par_dtype dt) { return dt == PAR_F64 || dt == PAR_F32 || dt == PAR_BF16; }
 
 par_status par_dtype_parse(const char *s, par_dtype *out)
 {
     for (int i = 0; i < PAR_DTYPE_COUNT; i++) {
         if (!strcmp(s, dt_name[i])) {
+            *out = (par_dtype)i;
+            return PAR_OK;
+        }
+    }
+    return PAR_EFORMAT;
+}
+
+par_status par_dtype_parse_storage(const char *s, par_dtype *out)
+{
+    for (int i = 0; i < PAR_DTYPE_STORAGE_END; i++) {
+        if (par_dtype_valid((par_dtype)i) && !strcmp(s, dt_name[i])) {
             *out = (par_dtype)i;
             return PAR_OK;
         }
@@ -42,7 +55,7 @@ size_t par_tensor_nbytes(const par_tensor *t) { return (size_t)par_tensor_numel(
 
 par_status par_tensor_alloc(par_tensor *t, par_dtype dt, int ndim, const int64_t *shape, par_tag tag)
 {
-    if ((unsigned)dt >= PAR_DTYPE_COUNT || ndim < 0 || ndim > PAR_MAX_DIMS)
+    if (!par_dtype_valid(dt) || ndim < 0 || ndim > PAR_MAX_DIMS)
         return par_err(PAR_EINVAL, "tensor: dtype %d / ndim %d not supported", (int)dt, ndim);
     int64_t n = par_shape_numel(ndim, shape, par_dtype_size(dt));
     if (n < 0)

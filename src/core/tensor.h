@@ -1,6 +1,10 @@
 /* core/tensor.h - dense contiguous tensors of up to 5 dims.
  *
  * Dtypes are the ones golden files use (GOLDEN.md): F64, F32, BF16, I32, I64.
+ * Past PAR_DTYPE_COUNT, storage-only dtypes of quantized checkpoints (the
+ * DeepSeek release: F8_E4M3 weights, F8_E8M0 scales, I8 packed FP4, U8):
+ * only par_st_read_storage reads them and only the HF import/export use
+ * them; par_dtype_parse and every golden or checkpoint reader refuse them.
  * BF16 values are stored as uint16 bit patterns; conversions round to nearest
  * even and keep NaN a NaN.  Data is row-major ("C order"), little-endian.
  */
@@ -21,7 +25,12 @@ typedef enum {
     PAR_BF16 = 2,
     PAR_I32 = 3,
     PAR_I64 = 4,
-    PAR_DTYPE_COUNT
+    PAR_DTYPE_COUNT, /* the dtypes above; also "no dtype" (name "?") */
+    PAR_F8_E4M3 = 6, /* storage only (see above), 1 byte */
+    PAR_F8_E8M0 = 7,
+    PAR_I8 = 8,
+    PAR_U8 = 9,
+    PAR_DTYPE_STORAGE_END
 } par_dtype;
 
 typedef struct {
@@ -36,6 +45,10 @@ size_t par_dtype_size(par_dtype dt);
 const char *par_dtype_name(par_dtype dt);   /* "F64", "F32", "BF16", "I32", "I64" */
 /* Parses a safetensors dtype name; returns 0 or PAR_EFORMAT (no message). */
 par_status par_dtype_parse(const char *s, par_dtype *out);
+/* The same, storage-only dtypes included ("F8_E4M3", "F8_E8M0", "I8", "U8"). */
+par_status par_dtype_parse_storage(const char *s, par_dtype *out);
+/* dt names a dtype: one of the basic ones or a storage-only one. */
+int par_dtype_valid(par_dtype dt);
 int par_dtype_is_float(par_dtype dt);
 
 int64_t par_tensor_numel(const par_tensor *t);

@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "model/hfquant.h"
 #include "model/params.h"
 
 par_status par_hf_tensor_convert(const par_tensor *t, par_dtype dt, const char *what, par_tensor *out)
@@ -110,6 +111,10 @@ typedef struct {
     const par_st_file *src;
     const char *label;
     par_hf_dtype dtype;
+    int quantize;  /* the release's FP8 / FP4 storage */
+    par_st_file **hints; /* the storage whose .scale tensors to reuse (opts.scales_from) */
+    int n_hints;
+    int64_t rescaled;    /* tiles a reused scale did not represent exactly */
     int *src_of;   /* [tab->n] index of the entry's tensor in src   */
     int *shard_of; /* [tab->n] shard (0-based) of the entry         */
     int n_shards, n_opt;
@@ -150,6 +155,59 @@ static par_status match_source(export_plan *x)
     return PAR_OK;
 }
 
+/* The storage class of entry p in this export: FP8 / FP4 only when quantizing. */
+static par_hf_store export_store(const export_plan *x, const par_param *p)
+{
+    par_hf_store st = par_hf_store_of(p);
+    return (x->quantize && (st == PAR_HF_STORE_FP8 || st == PAR_HF_STORE_FP4)) ? st : PAR_HF_STORE_BF16;
+}
+
+/* Bytes entry p takes in the export (codes + scale when quantized). */
+static int64_t entry_bytes(const export_plan *x, const par_param *p)
+{
+    par_hf_store st = export_store(x, p);
+    if (st == PAR_HF_STORE_BF16 || p->ndim != 2)
+        return p->numel * (int64_t)par_dtype_size(par_hf_export_dtype(p, x->dtype));
+    int64_t out = p->shape[0], in = p->shape[1];
+    if (st == PAR_HF_STORE_FP4)
+        return out * (in / 2) + out * ((in + 31) / 32);
+    return out * in + ((out + 127) / 128) * ((in + 127) / 128);
+}
+
+/* NAME.weight -> NAME.scale into buf. */
+static const char *scale_name(const char *w, char *buf, size_t n)
+{
+    size_t len = strlen(w), sl = strlen(".weight");
+    if (len > sl && !strcmp(w + len - sl, ".weight"))
+        len -= sl;
+    snprintf(buf, n, "%.*s.scale", (int)len, w);
+    return buf;
+}
+
+/* Entry i of shard k: converted (or quantized: codes + scale) into conv[*used..]. */
+static par_status add_param(export_plan *x, int i, par_st_writer *w, par_tensor *conv, int *used)
+{
+    const par_param *p = &x->tab->p[i];
+    const par_tensor *src = par_st_tensor(x->src, x->src_of[i]);
+    par_hf_store st = export_store(x, p);
+    par_status s;
+    if (st == PAR_HF_STORE_BF16 || p->ndim != 2) {
+        s = par_hf_tensor_convert(src, par_hf_export_dtype(p, x->dtype), p->name, &conv[*used]);
+        return s ? s : par_st_writer_add(w, p->name, &conv[(*used)++]);
+    }
+    char sn[PAR_PARAM_NAME_MAX + 16];
+    scale_name(p->name, sn, sizeof sn);
+    const par_tensor *hint = NULL;
+    for (int k = 0; !hint && k < x->n_hints; k++)
+        hint = par_st_find(x->hints[k], sn);
+    s = par_hfquant_quantize(p->name, st, src, hint, &conv[*used], &conv[*used + 1], &x->rescaled);
+    if (s)
+        return s;
+    *used += 2;
+    s = par_st_writer_add(w, p->name, &conv[*used - 2]);
+    return s ? s : par_st_writer_add(w, sn, &conv[*used - 1]);
+}
+
 /* Greedy shards in table order: a shard is closed before it would pass the cap. */
 static void plan_shards(export_plan *x, int64_t cap)
 {
@@ -158,7 +216,7 @@ static void plan_shards(export_plan *x, int64_t cap)
     x->total = 0;
     for (int i = 0; i < x->tab->n; i++) {
         const par_param *p = &x->tab->p[i];
-        int64_t bytes = p->numel * (int64_t)par_dtype_size(par_hf_export_dtype(p, x->dtype));
+        int64_t bytes = entry_bytes(x, p);
         if (cap > 0 && cur > 0 && cur + bytes > cap) {
             k++;
             cur = 0;
@@ -177,23 +235,18 @@ static void shard_name(char *buf, size_t n, int k, int count)
 
 /* Writes one set of converted tensors: entries with shard_of == k (k >= 0),
  * or the optimizer tensors (k < 0), into dir/name. */
-static par_status write_part(const export_plan *x, int k, const char *dir, const char *name)
+static par_status write_part(export_plan *x, int k, const char *dir, const char *name)
 {
     int n = par_st_count(x->src);
-    par_tensor *conv = par_calloc((size_t)(n > 0 ? n : 1), sizeof *conv, PAR_TAG_IO);
+    par_tensor *conv = par_calloc((size_t)(2 * n + 1), sizeof *conv, PAR_TAG_IO);
     par_st_writer *w = NULL;
     par_status s = conv ? par_st_writer_new(&w) : par_err(PAR_ENOMEM, "export: out of memory");
     if (!s)
         s = par_st_writer_meta(w, "format", "pt");
     int used = 0;
     for (int i = 0; !s && k >= 0 && i < x->tab->n; i++) {
-        if (x->shard_of[i] != k)
-            continue;
-        const par_param *p = &x->tab->p[i];
-        s = par_hf_tensor_convert(par_st_tensor(x->src, x->src_of[i]), par_hf_export_dtype(p, x->dtype), p->name,
-                                  &conv[used]);
-        if (!s)
-            s = par_st_writer_add(w, p->name, &conv[used++]);
+        if (x->shard_of[i] == k)
+            s = add_param(x, i, w, conv, &used);
     }
     par_dtype odt = x->dtype == PAR_HF_FP64 ? PAR_F64 : PAR_F32; /* optimizer state: never bf16 */
     for (int j = 0; !s && k < 0 && j < n; j++) {
@@ -221,10 +274,13 @@ static par_status write_index(const export_plan *x, const char *dir)
     cJSON *meta = j ? cJSON_AddObjectToObject(j, "metadata") : NULL;
     cJSON *map = j ? cJSON_AddObjectToObject(j, "weight_map") : NULL;
     int ok = meta && map && cJSON_AddNumberToObject(meta, "total_size", (double)x->total);
-    char shard[64];
+    char shard[64], sn[PAR_PARAM_NAME_MAX + 16];
     for (int i = 0; ok && i < x->tab->n; i++) {
+        const par_param *p = &x->tab->p[i];
         shard_name(shard, sizeof shard, x->shard_of[i], x->n_shards);
-        ok = cJSON_AddStringToObject(map, x->tab->p[i].name, shard) != NULL;
+        ok = cJSON_AddStringToObject(map, p->name, shard) != NULL;
+        if (ok && export_store(x, p) != PAR_HF_STORE_BF16 && p->ndim == 2)
+            ok = cJSON_AddStringToObject(map, scale_name(p->name, sn, sizeof sn), shard) != NULL;
     }
     char *path = ok ? par_path_join(dir, PAR_HF_INDEX_NAME) : NULL;
     par_status s = path ? par_json_write_file(path, j) : par_err(PAR_ENOMEM, "export: out of memory");
@@ -237,11 +293,55 @@ static par_status write_config(const par_config *cfg, par_hf_export_opts *o, con
 {
     cJSON *j = par_hf_config_json(cfg, o->dtype, o->source);
     o->source = NULL;
+    if (j && o->quantize && !par_hf_quant_config_add(j)) {
+        cJSON_Delete(j);
+        j = NULL;
+    }
     char *path = j ? par_path_join(dir, PAR_HF_CONFIG_NAME) : NULL;
     par_status s = path ? par_json_write_file(path, j) : par_err(PAR_ENOMEM, "export: out of memory");
     par_free(path);
     cJSON_Delete(j);
     return s;
+}
+
+/* The shards of checkpoint directory dir (its index's files, or
+ * model.safetensors), opened for their .scale tensors. */
+static par_status open_hints(export_plan *x, const char *dir)
+{
+    cJSON *idx = NULL;
+    char *ip = par_path_join(dir, PAR_HF_INDEX_NAME);
+    par_status s = ip ? PAR_OK : par_err(PAR_ENOMEM, "export: out of memory");
+    int have = ip && par_path_exists(ip);
+    const cJSON *map = NULL;
+    if (!s && have && !(s = par_json_read_file(ip, &idx)) && !(map = par_json_obj(idx, "weight_map")))
+        s = par_err(PAR_EFORMAT, "%s: needs the object 'weight_map'", ip);
+    int n = map ? cJSON_GetArraySize(map) : 1;
+    if (!s && !(x->hints = par_calloc((size_t)(n ? n : 1), sizeof *x->hints, PAR_TAG_IO)))
+        s = par_err(PAR_ENOMEM, "export: out of memory");
+    for (const cJSON *e = map ? map->child : NULL; !s && e; e = e->next) {
+        int seen = !cJSON_IsString(e) || strchr(e->valuestring, '/');
+        for (const cJSON *f = map->child; !seen && f != e; f = f->next)
+            seen = cJSON_IsString(f) && !strcmp(f->valuestring, e->valuestring);
+        char *fp = seen ? NULL : par_path_join(dir, e->valuestring);
+        if (fp && !(s = par_st_read_storage(fp, &x->hints[x->n_hints])))
+            x->n_hints++;
+        par_free(fp);
+    }
+    char *mp = (!s && !map) ? par_path_join(dir, "model.safetensors") : NULL;
+    if (mp && !(s = par_st_read_storage(mp, &x->hints[0])))
+        x->n_hints = 1;
+    par_free(mp);
+    par_free(ip);
+    cJSON_Delete(idx);
+    return s;
+}
+
+static int count_quantized(const export_plan *x)
+{
+    int n = 0;
+    for (int i = 0; i < x->tab->n; i++)
+        n += export_store(x, &x->tab->p[i]) != PAR_HF_STORE_BF16 && x->tab->p[i].ndim == 2;
+    return n;
 }
 
 par_status par_hf_export(const par_config *cfg, const par_st_file *params, const char *label,
@@ -254,11 +354,13 @@ par_status par_hf_export(const par_config *cfg, const par_st_file *params, const
         o->source = NULL;
         return s;
     }
-    export_plan x = {.tab = &tab, .src = params, .label = label, .dtype = o->dtype};
+    export_plan x = {.tab = &tab, .src = params, .label = label, .dtype = o->dtype, .quantize = o->quantize};
     x.src_of = par_calloc((size_t)tab.n, sizeof *x.src_of, PAR_TAG_IO);
     x.shard_of = par_calloc((size_t)tab.n, sizeof *x.shard_of, PAR_TAG_IO);
     char *tmp = NULL;
     s = (x.src_of && x.shard_of) ? match_source(&x) : par_err(PAR_ENOMEM, "export: out of memory");
+    if (!s && o->quantize && o->scales_from)
+        s = open_hints(&x, o->scales_from);
     if (!s) {
         plan_shards(&x, o->max_shard_bytes);
         s = par_adir_begin(out_dir, &tmp);
@@ -283,7 +385,12 @@ par_status par_hf_export(const par_config *cfg, const par_st_file *params, const
     o->source = NULL;
     if (!s && info)
         *info = (par_hf_export_info){.n_tensors = tab.n, .n_shards = x.n_shards, .n_opt = x.n_opt,
-                                     .total_bytes = x.total};
+                                     .total_bytes = x.total, .n_quantized = count_quantized(&x),
+                                     .n_rescaled = x.rescaled};
+    for (int k = 0; k < x.n_hints; k++)
+        par_st_close(x.hints[k]);
+    par_free(x.hints);
+    x.hints = NULL;
     par_free(x.src_of);
     par_free(x.shard_of);
     par_param_table_free(&tab);
@@ -297,6 +404,9 @@ typedef struct {
     par_param_table tab;
     par_dtype fdt;       /* F64 or F32 */
     par_tensor *got;     /* [tab.n]; data NULL until read */
+    par_tensor *qcodes;  /* [tab.n] quantized storage (owned copies), or data NULL */
+    par_tensor *qscale;  /* [tab.n] its .scale (owned copy), or data NULL */
+    int n_quant;         /* weights dequantized */
     par_st_file *optf;   /* parity_optimizer.safetensors, or NULL */
     par_tensor *opt;     /* [count of optf] converted */
     int n_opt, n_skipped;
@@ -311,6 +421,58 @@ static par_status read_json_in(const char *dir, const char *name, cJSON **out)
     par_status s = par_json_read_file(path, out);
     par_free(path);
     return s;
+}
+
+static par_status owned_copy(const par_tensor *t, const char *what, par_tensor *out)
+{
+    par_tensor r;
+    par_status s = par_tensor_alloc(&r, t->dtype, t->ndim, t->shape, PAR_TAG_IO);
+    if (s)
+        return s;
+    memcpy(r.data, t->data, par_tensor_nbytes(t));
+    (void)what;
+    *out = r;
+    return PAR_OK;
+}
+
+/* NAME.scale: kept for NAME.weight (dequantized in import_dequant). */
+static par_status keep_scale(import_ctx *c, const char *where, const char *hf, const char *name, const par_tensor *t)
+{
+    char w[300];
+    size_t n = strlen(name) - strlen(".scale");
+    snprintf(w, sizeof w, "%.*s.weight", (int)n, name);
+    int i = par_param_find(&c->tab, w);
+    if (i < 0)
+        return par_err(PAR_EINVAL, "%s: tensor '%s' is the scale of '%s', which is not a parameter of the "
+                       "config's table", where, hf, w);
+    if (c->qscale[i].data)
+        return par_err(PAR_EINVAL, "%s: tensor '%s' (as '%s') appears twice", where, hf, name);
+    return owned_copy(t, hf, &c->qscale[i]);
+}
+
+/* Pairs every quantized weight with its scale and dequantizes it. */
+static par_status import_dequant(import_ctx *c)
+{
+    for (int i = 0; i < c->tab.n; i++) {
+        const par_param *p = &c->tab.p[i];
+        int hc = c->qcodes[i].data != NULL, hs = c->qscale[i].data != NULL;
+        if (!hc && !hs)
+            continue;
+        if (hs && c->got[i].data)
+            return par_err(PAR_EINVAL, "%s: '%s' is stored unquantized (%s) but has a .scale tensor", c->dir,
+                           p->name, par_dtype_name(c->got[i].dtype));
+        if (hs != hc)
+            return par_err(PAR_ENOTFOUND, "%s: '%s' %s", c->dir, p->name,
+                           hc ? "is quantized but has no .scale tensor" : "has a .scale tensor but no weight");
+        int64_t shape[2] = {p->shape[0], p->ndim == 2 ? p->shape[1] : 1};
+        if (p->ndim != 2)
+            return par_err(PAR_EFORMAT, "%s: '%s' is stored quantized, but it is not a 2-D weight", c->dir, p->name);
+        par_status s = par_hfquant_dequant(c->dir, p->name, shape, &c->qcodes[i], &c->qscale[i], c->fdt, &c->got[i]);
+        if (s)
+            return s;
+        c->n_quant++;
+    }
+    return PAR_OK;
 }
 
 /* One checkpoint tensor: renamed, classified, checked, converted. */
@@ -331,15 +493,16 @@ static par_status import_tensor(import_ctx *c, const char *file, const char *hf,
         return s;
     }
     if (kind == PAR_HF_NAME_SCALE)
-        return par_err(PAR_EUNSUPPORTED, "%s: tensor '%s' is a quantization scale; parity models no "
-                       "quantization: dequantize the checkpoint (bf16/fp32/fp64) first", where, hf);
+        return keep_scale(c, where, hf, name, t);
     int i = par_param_find(&c->tab, name);
     if (i < 0)
         return par_err(PAR_EINVAL, "%s: tensor '%s' (as '%s') is not a parameter of the config's table", where,
                        hf, name);
-    if (c->got[i].data)
+    if (c->got[i].data || c->qcodes[i].data)
         return par_err(PAR_EINVAL, "%s: tensor '%s' (as '%s') appears twice", where, hf, name);
     const par_param *p = &c->tab.p[i];
+    if (par_hfquant_is_codes(t->dtype) && p->dtype == PAR_PDT_REAL)
+        return owned_copy(t, hf, &c->qcodes[i]); /* dequantized once its scale is read */
     if ((s = check_entry(p, t, where, hf)))
         return s;
     s = par_hf_tensor_convert(t, p->dtype == PAR_PDT_REAL ? c->fdt : PAR_I32, hf, &c->got[i]);
@@ -359,7 +522,7 @@ static par_status import_file(import_ctx *c, const char *file, const cJSON *map)
     if (!path)
         return par_err(PAR_ENOMEM, "import: out of memory");
     par_st_file *f = NULL;
-    par_status s = par_st_read(path, &f);
+    par_status s = par_st_read_storage(path, &f);
     par_free(path);
     for (int k = 0; !s && k < par_st_count(f); k++)
         s = import_tensor(c, file, par_st_name(f, k), par_st_tensor(f, k), map);
@@ -480,18 +643,30 @@ par_status par_hf_import(const char *dir, int bits, const char *out_file, par_hf
         return s;
     if ((s = par_param_table_build(&c.tab, &cfg)))
         return s;
-    if (!(c.got = par_calloc((size_t)c.tab.n, sizeof *c.got, PAR_TAG_IO)))
+    c.got = par_calloc((size_t)c.tab.n, sizeof *c.got, PAR_TAG_IO);
+    c.qcodes = par_calloc((size_t)c.tab.n, sizeof *c.qcodes, PAR_TAG_IO);
+    c.qscale = par_calloc((size_t)c.tab.n, sizeof *c.qscale, PAR_TAG_IO);
+    if (!c.got || !c.qcodes || !c.qscale)
         s = par_err(PAR_ENOMEM, "import: out of memory");
     if (!s)
         s = import_shards(&c);
+    if (!s)
+        s = import_dequant(&c);
     if (!s)
         s = import_optim(&c);
     if (!s)
         s = import_write(&c, out_file);
     if (!s && info)
-        *info = (par_hf_import_info){.cfg = cfg, .n_tensors = c.tab.n, .n_opt = c.n_opt, .n_skipped = c.n_skipped};
+        *info = (par_hf_import_info){.cfg = cfg, .n_tensors = c.tab.n, .n_opt = c.n_opt, .n_skipped = c.n_skipped,
+                                     .n_quantized = c.n_quant};
     for (int i = 0; c.got && i < c.tab.n; i++)
         par_tensor_free(&c.got[i]);
+    for (int i = 0; c.qcodes && c.qscale && i < c.tab.n; i++) {
+        par_tensor_free(&c.qcodes[i]);
+        par_tensor_free(&c.qscale[i]);
+    }
+    par_free(c.qcodes);
+    par_free(c.qscale);
     for (int k = 0; c.opt && k < c.n_opt; k++)
         par_tensor_free(&c.opt[k]);
     par_free(c.got);

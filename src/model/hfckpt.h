@@ -34,6 +34,14 @@
 typedef struct {
     par_hf_dtype dtype;      /* float dtype of the parameters                      */
     int64_t max_shard_bytes; /* a shard is closed before it passes this; <= 0: one */
+    int quantize;            /* the release's storage: FP8 weights (128x128 F8_E8M0
+                                scales) and FP4 routed experts (packed I8, 1x32
+                                scales) with their NAME.scale, and config.json's
+                                quantization_config (model/hfquant.h)             */
+    const char *scales_from; /* with quantize, may be NULL: a checkpoint directory in
+                                that storage whose .scale tensors are reused where
+                                they represent a tile exactly (the round trip
+                                storage -> import -> export is then bitwise)      */
     cJSON *source;           /* provenance under config.json "parity"."source"
                                 (consumed by par_hf_export, may be NULL)           */
 } par_hf_export_opts;
@@ -41,6 +49,8 @@ typedef struct {
 typedef struct {
     int n_tensors, n_shards, n_opt; /* parameters written, shards, optimizer tensors */
     int64_t total_bytes;             /* index metadata total_size                     */
+    int n_quantized;                 /* weights written quantized (each + a .scale)   */
+    int64_t n_rescaled;              /* tiles whose reused scale was not exact        */
 } par_hf_export_info;
 
 /* Writes the parameters of `params` (every entry of cfg's table, checked by
@@ -54,6 +64,7 @@ typedef struct {
     par_config cfg;      /* the model read from config.json          */
     int n_tensors, n_opt; /* parameters and optimizer tensors written */
     int n_skipped;       /* tensors convert.py skips (mtp.N embed/head) */
+    int n_quantized;     /* weights read from FP8 / FP4 storage and dequantized */
 } par_hf_import_info;
 
 /* Reads export directory `dir` (or any checkpoint with the release's names
@@ -61,8 +72,10 @@ typedef struct {
  * writes every parameter of its config's table, in precision `bits` (64 or
  * 32), to the safetensors `out_file` (atomic), with the optimizer state of
  * parity_optimizer.safetensors when the directory has one.  Names go
- * through par_hf_normalize_name; a quantization .scale, an unknown or
- * repeated name, a wrong shape or a missing parameter is an error naming it.
+ * through par_hf_normalize_name; the release's FP8 / FP4 storage (a weight
+ * with its .scale) is dequantized exactly (model/hfquant.h); an unknown or
+ * repeated name, a wrong shape, a missing parameter, a scale without its
+ * weight or bad quantized storage is an error naming it.
  * *info (may be NULL) on success. */
 par_status par_hf_import(const char *dir, int bits, const char *out_file, par_hf_import_info *info);
 

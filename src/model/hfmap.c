@@ -282,17 +282,44 @@ static par_status set_real(par_config *c, const cJSON *j, const key_pair *k, con
     return par_config_set(c, k->ours, buf);
 }
 
+int par_hf_quant_config_add(cJSON *j)
+{
+    cJSON *q = cJSON_AddObjectToObject(j, "quantization_config");
+    int ok = q && cJSON_AddStringToObject(q, "activation_scheme", "dynamic") && cJSON_AddStringToObject(q, "fmt", "e4m3")
+             && cJSON_AddStringToObject(q, "quant_method", "fp8") && cJSON_AddStringToObject(q, "scale_fmt", "ue8m0");
+    const int bs[2] = {128, 128};
+    cJSON *b = ok ? cJSON_CreateIntArray(bs, 2) : NULL;
+    return b && cJSON_AddItemToObject(q, "weight_block_size", b);
+}
+
+/* quantization_config: the release's (fp8, e4m3, 128x128 blocks; scale_fmt
+ * ue8m0 or absent, as V3's) or refused: the storage it describes is the
+ * only one import reads (model/hfquant.h). */
+static par_status check_quant_config(const cJSON *q, const char *label)
+{
+    const char *m = par_json_str(q, "quant_method"), *f = par_json_str(q, "fmt"), *sf = par_json_str(q, "scale_fmt");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    int64_t b0 = 0, b1 = 0;
+    int ok = cJSON_IsObject(q) && m && !strcmp(m, "fp8") && (!f || !strcmp(f, "e4m3")) && (!sf || !strcmp(sf, "ue8m0"))
+             && cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2 && par_json_as_int(cJSON_GetArrayItem(b, 0), &b0)
+             && par_json_as_int(cJSON_GetArrayItem(b, 1), &b1) && b0 == 128 && b1 == 128;
+    if (!ok)
+        return par_err(PAR_EUNSUPPORTED, "%s: quantization_config is not the release's (quant_method \"fp8\", fmt "
+                       "\"e4m3\", scale_fmt \"ue8m0\", weight_block_size [128,128]); parity reads only that storage "
+                       "(docs/precisions.md)", label);
+    return PAR_OK;
+}
+
 /* The members with one possible value (the architecture parity models). */
 static par_status check_fixed(const cJSON *j, const char *label)
 {
     int64_t kv;
     const char *s;
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
-    if (cJSON_GetObjectItemCaseSensitive(j, "quantization_config"))
-        return par_err(PAR_EUNSUPPORTED,
-                       "%s: has a quantization_config (an FP8/FP4 checkpoint); parity models no "
-                       "quantization: dequantize the weights to bf16/fp32 first",
-                       label);
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    par_status qs = qc ? check_quant_config(qc, label) : PAR_OK;
+    if (qs)
+        return qs;
     if (par_json_int(j, "num_key_value_heads", &kv) && kv != 1)
         return par_err(PAR_EINVAL, "%s: num_key_value_heads must be 1 (one shared KV head), got %lld", label,
                        (long long)kv);

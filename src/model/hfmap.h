@@ -19,8 +19,9 @@
  *   - dtypes: `gate.tid2eid` is int64 in the checkpoint (int32 in the code and
  *     in parity); hc_*, attn_sink, *.ape and gate.bias are float32 even in
  *     the bf16/fp8 release; the other weights are bf16, FP8 (+ `.scale`) or,
- *     for routed experts, FP4 (+ `.scale`).  parity models no quantization:
- *     an export holds every weight unquantized and no `.scale` tensor.
+ *     for routed experts, FP4 (+ `.scale`).  Import reads that storage and
+ *     dequantizes it exactly; an export is unquantized unless asked for the
+ *     release's storage (model/hfquant.h, docs/precisions.md).
  */
 #ifndef PAR_MODEL_HFMAP_H
 #define PAR_MODEL_HFMAP_H
@@ -85,10 +86,14 @@ par_status par_hf_normalize_name(const char *hf, char *out, size_t n, par_hf_nam
  * NULL when out of memory. */
 cJSON *par_hf_config_json(const par_config *cfg, par_hf_dtype d, cJSON *source);
 
+/* Adds the release's quantization_config (fp8, e4m3, ue8m0, [128,128]) to
+ * an export's config.json; 0 when out of memory. */
+int par_hf_quant_config_add(cJSON *j);
+
 /* The reverse: every model key from the HF keys (all required; the fixed
  * ones checked: num_key_value_heads 1, scoring_func sqrtsoftplus,
- * rope_scaling.type yarn, tie_word_embeddings false, no
- * quantization_config), the training and batch keys from "parity" when
+ * rope_scaling.type yarn, tie_word_embeddings false, a
+ * quantization_config only the release's), the training and batch keys from "parity" when
  * present, else v4-tiny's.  `label` names the file in messages.  *cfg set
  * only on success (validated). */
 par_status par_hf_config_from_json(par_config *cfg, const cJSON *j, const char *label);

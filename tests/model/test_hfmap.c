@@ -409,7 +409,7 @@ Test(hfmap, refusals_name_the_tensor_and_leave_nothing)
     cr_expect_eq(par_hf_export(&mini, g, "golden", out, &o, NULL), PAR_EMISMATCH);
     cr_expect(strstr(par_last_error(), "embed.weight") && strstr(par_last_error(), "[128,32]"));
     cr_expect(!par_path_exists(out), "a failed export leaves no OUT");
-    /* a quantized checkpoint: a .scale tensor next to the weights */
+    /* a .scale tensor next to an unquantized weight */
     export_to(g, out, PAR_HF_FP64, 0, NULL);
     char *sp = sub(out, "model-00001-of-00001.safetensors"), *ip = sub(out, PAR_HF_INDEX_NAME);
     par_st_file *f = NULL;
@@ -429,8 +429,9 @@ Test(hfmap, refusals_name_the_tensor_and_leave_nothing)
     snprintf(cmd, sizeof cmd, "mv '%s' '%s' && rm '%s'", alt, out, ip);
     cr_assert_eq(system(cmd), 0);
     remove(sp); /* only config.json + model.safetensors (no index) remain */
-    cr_expect_eq(par_hf_import(out, 64, back, NULL), PAR_EUNSUPPORTED);
-    cr_expect(strstr(par_last_error(), "wq_a.scale") && strstr(par_last_error(), "dequantize"));
+    cr_expect_eq(par_hf_import(out, 64, back, NULL), PAR_EINVAL);
+    cr_expect(strstr(par_last_error(), "wq_a") && strstr(par_last_error(), "unquantized (F64) but has a .scale"), "%s",
+              par_last_error());
     cr_expect(!par_path_exists(back), "a failed import writes nothing");
     par_err_set_quiet(0);
     par_st_close(g);
