@@ -78,9 +78,12 @@ par_gemm_path_id par_gemm_path(void)
     if (c >= 0)
         return (par_gemm_path_id)c;
     par_gemm_path_id p;
-    if (env_path(&p)) {
+    par_err_set_quiet(1);
+    par_status st = env_path(&p);
+    par_err_set_quiet(0);
+    if (st) {
         p = best_path();
-        PAR_LOG_E("par_gemm: PARITY_GEMM_PATH refused (above); using the %s path", path_names[p]);
+        PAR_LOG_E("par_gemm: %s; using the %s path", par_last_error(), path_names[p]);
     }
     int expect = -1;
     if (!__atomic_compare_exchange_n(&chosen, &expect, (int)p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))

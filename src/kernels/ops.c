@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/counters.h"
 #include "core/log.h"
+#include "core/pmath.h"
 #include "kernels/offload.h"
 
 /* ---------------------------------------------------------------- scalars */
@@ -294,8 +295,8 @@ void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */
                 m = z[v];
         double s = 0;
         for (int64_t v = 0; v < V; v++)
-            s += exp((double)z[v] - m);
-        double l = m + log(s);
+            s += par_pmath_exp((double)z[v] - m);
+        double l = m + par_pmath_log(s);
         lse[t] = (par_real)l;
         int32_t y = target[t];
         if (y < 0)
@@ -327,7 +328,7 @@ void PAR_FN(par_xent_backward)(par_real *dlogits,      /* [T, V] */
         par_real *dz = dlogits + t * V;
         double l = lse[t];
         for (int64_t v = 0; v < V; v++) {
-            double p = exp((double)z[v] - l);
+            double p = par_pmath_exp((double)z[v] - l);
             dz[v] += (par_real)(scale * (v == y ? p - 1.0 : p));
         }
     }
