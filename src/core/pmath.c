@@ -13,6 +13,18 @@
 #pragma omp declare target
 #endif
 
+/* Without -mfma, GCC compiles fma() as a call into libm (exact, but slow:
+ * the golden step spent a third of its time there).  On x86-64 each entry
+ * point is therefore built twice, for CPUs with FMA and without, and the
+ * loader picks one (an ifunc); the helpers are inlined into both.  fma() is
+ * exactly rounded either way, so both give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !(defined(PAR_OFFLOAD) && PAR_OFFLOAD)
+#define PM_ENTRY __attribute__((target_clones("fma", "default")))
+#else
+#define PM_ENTRY
+#endif
+#define PM_INLINE static inline __attribute__((always_inline))
+
 /* ln 2 = LN2_HI + LN2_LO; LN2_HI has 42 bits, so k LN2_HI is exact for |k| < 2^11 */
 #define LN2_HI 0x1.62e42fefa3800p-1
 #define LN2_LO 0x1.ef35793c76730p-45
@@ -56,14 +68,14 @@ static const double cos_c[] = {-0x1.0ce396db7f853p-70, 0x1.e542ba4020225p-62, -0
 
 #define NCOEF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static uint64_t bits_of(double x)
+PM_INLINE uint64_t bits_of(double x)
 {
     uint64_t u;
     memcpy(&u, &x, sizeof u);
     return u;
 }
 
-static double of_bits(uint64_t u)
+PM_INLINE double of_bits(uint64_t u)
 {
     double x;
     memcpy(&x, &u, sizeof x);
@@ -71,10 +83,10 @@ static double of_bits(uint64_t u)
 }
 
 /* 2^k, k in [-1022, 1023] (exact) */
-static double pow2i(int k) { return of_bits((uint64_t)(k + 1023) << 52); }
+PM_INLINE double pow2i(int k) { return of_bits((uint64_t)(k + 1023) << 52); }
 
 /* c[0] z^(n-1) + ... + c[n-1] by Horner's rule with fma */
-static double horner(const double *c, int n, double z)
+PM_INLINE double horner(const double *c, int n, double z)
 {
     double p = c[0];
     for (int i = 1; i < n; i++)
@@ -83,7 +95,7 @@ static double horner(const double *c, int n, double z)
 }
 
 /* s + e = a + b exactly (Knuth's TwoSum) */
-static void two_sum(double a, double b, double *s, double *e)
+PM_INLINE void two_sum(double a, double b, double *s, double *e)
 {
     const double t = a + b, bb = t - a;
     *s = t;
@@ -93,7 +105,7 @@ static void two_sum(double a, double b, double *s, double *e)
 /* ------------------------------------------------------------------ exp */
 
 /* y 2^k without overflow before the end; one rounding into the subnormals */
-static double scale2(double y, int k)
+PM_INLINE double scale2(double y, int k)
 {
     if (k > 1023)
         return y * pow2i(1023) * pow2i(k - 1023);
@@ -105,7 +117,7 @@ static double scale2(double y, int k)
 /* e^(hi + lo), EXP_MIN <= hi <= EXP_MAX, |lo| <= 2^-40 |hi|: hi = k ln2 + r,
  * |r| <= 0.35, e^r = 1 + r + r^2 q(r) (Taylor to r^15/15!) with 1 + r
  * exact in two parts, the low part folded in as e^r (1 + rl). */
-static double exp_dd(double hi, double lo)
+PM_INLINE double exp_dd(double hi, double lo)
 {
     const double kd = (hi * INV_LN2 + SHIFTER) - SHIFTER;
     const double r = fma(-kd, LN2_HI, hi); /* exact (k LN2_HI exact, Sterbenz) */
@@ -118,7 +130,7 @@ static double exp_dd(double hi, double lo)
     return scale2(a + tail, (int)kd);
 }
 
-double par_pmath_exp(double x)
+PM_ENTRY double par_pmath_exp(double x)
 {
     if (x != x)
         return x + x;
@@ -136,7 +148,7 @@ double par_pmath_exp(double x)
 /* ln x = hi + lo (|lo| <= ulp(hi) / 2, about 2^-68 relative) for finite
  * x > 0: x = 2^e m, m in [sqrt(1/2), sqrt(2)], ln m = 2 atanh(f / (2 + f))
  * with f = m - 1 exact and s = f / (2 + f) in double-double. */
-static void log_dd(double x, double *hi, double *lo)
+PM_INLINE void log_dd(double x, double *hi, double *lo)
 {
     int e = 0;
     if (x < 0x1p-1022) { /* subnormal */
@@ -168,7 +180,7 @@ static void log_dd(double x, double *hi, double *lo)
     *lo = l - (*hi - h2);
 }
 
-double par_pmath_log(double x)
+PM_ENTRY double par_pmath_log(double x)
 {
     if (x != x || x == INFINITY)
         return x + x;
@@ -181,7 +193,7 @@ double par_pmath_log(double x)
     return hi;
 }
 
-double par_pmath_log1p(double x)
+PM_ENTRY double par_pmath_log1p(double x)
 {
     if (x != x || x == INFINITY)
         return x + x;
@@ -202,7 +214,7 @@ double par_pmath_log1p(double x)
 
 /* x = n pi/2 + rh + rl, |rh| <= pi/4 (a hair more), q = n mod 4: Cody-Waite
  * in three parts; x - n PIO2_1 is exact, the rest in double-double. */
-static int reduce_pio2(double x, double *rh, double *rl)
+PM_INLINE int reduce_pio2(double x, double *rh, double *rl)
 {
     const double nd = (x * INV_PIO2 + SHIFTER) - SHIFTER;
     const double r1 = fma(-nd, PIO2_1, x);
@@ -216,7 +228,7 @@ static int reduce_pio2(double x, double *rh, double *rl)
 }
 
 /* sin(h + l), |h| <= pi/4 + eps: h + h z S(z) + l (1 - z/2), z = h^2 */
-static double sin_kernel(double h, double l)
+PM_INLINE double sin_kernel(double h, double l)
 {
     const double z = h * h;
     const double corr = fma(-0.5 * z, l, l);
@@ -224,14 +236,14 @@ static double sin_kernel(double h, double l)
 }
 
 /* cos(h + l) = 1 - z/2 + z^2 C(z) - h l; 1 - z/2 kept exact in w + its error */
-static double cos_kernel(double h, double l)
+PM_INLINE double cos_kernel(double h, double l)
 {
     const double z = h * h, hz = 0.5 * z, w = 1.0 - hz;
     const double tail = ((1.0 - w) - hz) + fma(z * z, horner(cos_c, NCOEF(cos_c), z), -h * l);
     return w + tail;
 }
 
-void par_pmath_sincos(double x, double *s, double *c)
+PM_ENTRY void par_pmath_sincos(double x, double *s, double *c)
 {
     if (x != x || x == INFINITY || x == -INFINITY) {
         *s = *c = x - x; /* NaN */
@@ -253,14 +265,14 @@ void par_pmath_sincos(double x, double *s, double *c)
     }
 }
 
-double par_pmath_sin(double x)
+PM_ENTRY double par_pmath_sin(double x)
 {
     double s, c;
     par_pmath_sincos(x, &s, &c);
     return s;
 }
 
-double par_pmath_cos(double x)
+PM_ENTRY double par_pmath_cos(double x)
 {
     double s, c;
     par_pmath_sincos(x, &s, &c);
@@ -270,7 +282,7 @@ double par_pmath_cos(double x)
 /* ------------------------------------------------------------------ pow */
 
 /* 0: y is no integer; 1: an odd one; 2: an even one */
-static int int_kind(double y)
+PM_INLINE int int_kind(double y)
 {
     if (y != y || y == INFINITY || y == -INFINITY)
         return 0;
@@ -283,7 +295,7 @@ static int int_kind(double y)
 }
 
 /* pow(x, y) for the special operands (C's pow): *r set, 1 returned */
-static int pow_special(double x, double y, double *r)
+PM_INLINE int pow_special(double x, double y, double *r)
 {
     const double ax = x < 0 ? -x : x;
     if (y == 0 || x == 1)
@@ -304,7 +316,7 @@ static int pow_special(double x, double y, double *r)
 }
 
 /* x^y = e^(y ln x): ln x in double-double, the product too */
-double par_pmath_pow(double x, double y)
+PM_ENTRY double par_pmath_pow(double x, double y)
 {
     double r;
     if (pow_special(x, y, &r))
