@@ -7,6 +7,8 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/outdir.h"
+#include "core/status.h"
+#include "kernels/gemm_path.h"
 #include "parity_config.h"
 
 typedef struct {
@@ -73,6 +75,14 @@ int main(int argc, char **argv)
     }
     if (i >= argc) {
         usage(stderr);
+        return 2;
+    }
+    /* a forced GEMM path the CPU cannot run: refused before any work */
+    par_err_set_quiet(1);
+    par_status gp = par_gemm_path_check();
+    par_err_set_quiet(0);
+    if (gp != PAR_OK) {
+        fprintf(stderr, "parity: %s\n", par_last_error());
         return 2;
     }
     for (size_t c = 0; commands[c].name; c++)

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "core/pmath.h"
+
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
 #define PHILOX_W0 0x9E3779B9u
@@ -93,7 +95,7 @@ double par_rng_normal(par_philox_key key, uint64_t i, uint32_t word2)
     block(key, i, word2, o);
     double u1 = u53(o[0], o[1]);
     double u2 = u53(o[2], o[3]);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+    return sqrt(-2.0 * par_pmath_log(u1)) * par_pmath_cos(6.283185307179586476925 * u2);
 }
 
 uint64_t par_rng_below(par_philox_key key, uint64_t i, uint32_t word2, uint64_t n)

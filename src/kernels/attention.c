@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pmath.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
 
@@ -386,9 +387,9 @@ par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
                 if (z[k] > mx)
                     mx = z[k];
             }
-            par_real sum = (par_real)exp((double)(sink[h] - mx));
+            par_real sum = (par_real)par_pmath_exp((double)(sink[h] - mx));
             for (int64_t k = 0; k < nk; k++) {
-                z[k] = (par_real)exp((double)(z[k] - mx));
+                z[k] = (par_real)par_pmath_exp((double)(z[k] - mx));
                 sum += z[k];
             }
             par_real *oh = o_ + (t * H + h) * hd;
@@ -398,7 +399,7 @@ par_status PAR_FN(par_attn_core_forward)(par_real *o,           /* [T, H*hd] */
                 for (int64_t e = 0; e < hd; e++)
                     oh[e] += p * kp[k][e];
             }
-            lse_[t * H + h] = mx + (par_real)log((double)sum);
+            lse_[t * H + h] = mx + (par_real)par_pmath_log((double)sum);
         }
         PAR_FN(par_rope_row)(o_ + t * H * hd, (double)pos[t], dd.rope, H, hd, -1.0);
     }
@@ -471,7 +472,7 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
             const par_real L = lse[t * H + h];
             par_real D = 0;
             for (int64_t k = 0; k < nk; k++) {
-                P[k] = (par_real)exp((double)(dot(qh, kp[k], hd) * scale - L));
+                P[k] = (par_real)par_pmath_exp((double)(dot(qh, kp[k], hd) * scale - L));
                 dP[k] = dot(gh, kp[k], hd);
                 D += P[k] * dP[k];
             }
@@ -484,7 +485,7 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
                         dqh[e] += dz * kp[k][e];
                 }
             }
-            ds[(t - q0) * H + h] = -(par_real)exp((double)(sink[h] - L)) * D;
+            ds[(t - q0) * H + h] = -(par_real)par_pmath_exp((double)(sink[h] - L)) * D;
         }
     }
     if (dsink) {
@@ -510,7 +511,7 @@ static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real 
     const int64_t H = dm->H, hd = dm->hd;
     for (int64_t h = 0; h < H; h++) {
         const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
-        par_real p = (par_real)exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
+        par_real p = (par_real)par_pmath_exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
         par_real dp = dot(gh, k, hd);
         par_real dz = p * (dp - Dd[t * H + h]) * scale;
         for (int64_t e = 0; e < hd; e++)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pmath.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
 
@@ -57,7 +58,7 @@ static void slot_softmax_stats(par_real *mx, par_real *sum, const slot_set *s, c
     }
     par_real sm = 0;
     for (int64_t k = 0; k < s->ns; k++)
-        sm += (par_real)exp((double)(z[slot_index(s, k, ch, m, ac)] - mv));
+        sm += (par_real)par_pmath_exp((double)(z[slot_index(s, k, ch, m, ac)] - mv));
     *mx = mv;
     *sum = sm;
 }
@@ -101,7 +102,7 @@ void PAR_FN(par_compress_forward)(par_real *cmp,        /* [T, c] */
             par_real acc = 0;
             for (int64_t k = 0; k < s.ns; k++) {
                 int64_t ix = slot_index(&s, k, ch, m, ac);
-                par_real w = (par_real)exp((double)(z[ix] - mx)) / sum;
+                par_real w = (par_real)par_pmath_exp((double)(z[ix] - mx)) / sum;
                 acc += w * a[ix];
             }
             raw[t * c + ch] = acc;
@@ -164,7 +165,7 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
             par_real C = raw[t * c + ch], gc = draw[ch];
             for (int64_t k = 0; k < s.ns; k++) {
                 int64_t ix = slot_index(&s, k, ch, m, ac);
-                par_real w = (par_real)exp((double)(z[ix] - mx)) / sum;
+                par_real w = (par_real)par_pmath_exp((double)(z[ix] - mx)) / sum;
                 if (da)
                     da[ix] += w * gc;
                 if (dz)

@@ -1,17 +1,26 @@
 /* kernels/gemm_device.c - the device GEMM of the offload build (par_gemm in
- * GPU mode; OpenBLAS is host-only).  Compiled only with -Doffload=nvptx.
+ * GPU mode).  Compiled only with -Doffload=nvptx.
  *
  * C[M,N] = alpha op(A) op(B) + beta C, row-major, as par_gemm.  Each device
  * thread computes one GEMM_TM x GEMM_TN tile of C in registers (loads of A
- * and B are shared by the tile's products); every element is the sum over k
- * in ascending order in the working precision, then alpha * sum + beta * C
- * (beta == 0: C is not read).  So a row's bits do not depend on M or on the
- * row's place (unlike OpenBLAS), and they differ from OpenBLAS's in the last
- * bits: the f64 policy applies between this GEMM and the CPU build, never
- * bitwise (docs/gpu.md).  In the emulation the same loops run on the host.
+ * and B are shared by the tile's products); every element is the definition
+ * of kernels/gemm.h: acc = fma(a_ik, b_kj, acc) over k in ascending order in
+ * the working precision, then alpha * acc (+ beta * C; beta == 0: C is not
+ * read), the same operations as the CPU's par_gemm, so the same bits where
+ * the device's fma is IEEE's (NVIDIA's is).  Not verified on a GPU here (the
+ * K == 0 / alpha == 0 corner keeps this loop's form).  In the emulation the
+ * same loops run on the host.
  */
+#include <math.h>
+
 #include "kernels/offload.h"
 #include "kernels/ops.h"
+
+#if PAR_REAL_BITS == 64
+#define GEMM_FMA fma
+#else
+#define GEMM_FMA fmaf
+#endif
 
 #define GEMM_TM 4
 #define GEMM_TN 4
@@ -57,7 +66,7 @@ void PAR_FN(par__gemm_device)(int ta, int tb, int64_t M, int64_t N, int64_t K, p
                     b[c] = c < nj ? (tb ? B[(j0 + c) * ldb + k] : B[k * ldb + j0 + c]) : 0;
                 for (int r = 0; r < GEMM_TM; r++)
                     for (int c = 0; c < GEMM_TN; c++)
-                        acc[r][c] += a[r] * b[c];
+                        acc[r][c] = GEMM_FMA(a[r], b[c], acc[r][c]);
             }
             for (int r = 0; r < ni; r++) {
                 par_real *cr = C + (i0 + r) * ldc + j0;

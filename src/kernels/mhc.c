@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pmath.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -98,7 +99,7 @@ void PAR_FN(par_hc_head_saved_init)(PAR_FN(par_hc_head_saved) *s, void *buf, int
 PAR_DECLARE_TARGET /* through combine_backward_token: device-callable */
 static par_real sigm(par_real z)
 {
-    return (par_real)(1.0 / (1.0 + exp(-(double)z)));
+    return (par_real)(1.0 / (1.0 + par_pmath_exp(-(double)z)));
 }
 PAR_END_DECLARE_TARGET
 
@@ -166,7 +167,7 @@ static void row_softmax(par_real *S, const par_real *L, int64_t n)
             mx = l[k] > mx ? l[k] : mx;
         par_real sum = 0;
         for (int64_t k = 0; k < n; k++) {
-            S[j * n + k] = (par_real)exp((double)(l[k] - mx));
+            S[j * n + k] = (par_real)par_pmath_exp((double)(l[k] - mx));
             sum += S[j * n + k];
         }
         for (int64_t k = 0; k < n; k++)

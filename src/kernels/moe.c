@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pmath.h"
 #include "core/status.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
@@ -62,7 +63,7 @@ static double dsqrtsoftplus(double l)
     double sp = par_softplus(l);
     if (sp > 0.0)
         return par_sigmoid(l) / (2.0 * sqrt(sp));
-    return 0.5 * exp(0.5 * l);
+    return 0.5 * par_pmath_exp(0.5 * l);
 }
 
 static void sort_small(int32_t *a, int n)

@@ -9,20 +9,14 @@
  */
 #include "kernels/ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/counters.h"
 #include "core/log.h"
+#include "core/pmath.h"
 #include "kernels/offload.h"
-
-#if PAR_REAL_BITS == 64
-#define PAR_GEMM cblas_dgemm
-#else
-#define PAR_GEMM cblas_sgemm
-#endif
 
 /* ---------------------------------------------------------------- scalars */
 
@@ -34,158 +28,6 @@ static inline double silu_grad_d(double x)
     return s * (1.0 + x * (1.0 - s));
 }
 PAR_END_DECLARE_TARGET
-
-/* ------------------------------------------------------------------- gemm */
-
-/* Tiles of the padded GEMM.  OpenBLAS's micro-kernels take rows in blocks
- * of GEMM_UNROLL_M (4 for double on Haswell/Zen, up to 16 on Skylake-X);
- * rows left over at the end of M go through other kernels whose sums can
- * round differently (measured here: OpenBLAS 0.3.21 on Zen, dgemm, the last
- * row of every odd M differs in the last bits from the same row in an even
- * batch).  And OpenBLAS's SkylakeX / Cooperlake / SapphireRapids cores take
- * a "small matrix" kernel when M N K is small, another path with other bits
- * (measured here, OpenBLAS 0.3.21, Cooperlake core, K = 300, N = 130: a
- * 48-row GEMM and three 16-row ones differ in 85 of 6,240 elements; so do
- * the columns of a TP-split head against the whole one).  So an element's
- * bits must not depend on M or N: every call is one [16, 16, K] tile, the
- * same shape -- the same kernel -- for every row and column of every GEMM.
- * Tail rows and columns go through a tile padded with zeros (A's rows, B's
- * columns) whose extra outputs are dropped.  On the Haswell and Zen cores an
- * element's bits were already independent of M and N for full blocks, so
- * there the tiling changes no number (docs/kernels.md). */
-#define GEMM_ROW_BLOCK 16
-#define GEMM_COL_BLOCK 16
-_Static_assert(GEMM_ROW_BLOCK == GEMM_COL_BLOCK, "opnd_pad pads both operands to 16 K reals");
-/* Scratch for the padded tails kept on the stack up to this many reals: the
- * 16 x 16 output tile and both tails up to K = 16 (6 KiB in f64); more comes
- * from the heap.  A rank's stack is small (the fiber backend runs thousands
- * of them) and the BLAS kernel below this frame takes its own ~32 KiB
- * (OpenBLAS's Haswell dgemm kernel, page-aligned), so a large array here
- * (it was 4,096 reals, 32 KiB) deepens every rank's stack by its size:
- * measured at config-c's shape, 512 fiber ranks, 76 -> 48 KiB deepest use. */
-#define GEMM_PAD_STACK 768
-
-static void gemm_raw(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
-                     const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
-                     par_real *C, int64_t ldc)
-{
-    PAR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-             (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C,
-             (blasint)ldc);
-}
-
-/* One operand's view: t is its BLAS transpose flag; the tile index (a row
- * of op(A), a column of op(B)) i starts at p + i when contig (A under ta,
- * B without tb), else at p + i * ld, its K values contiguous. */
-typedef struct {
-    const par_real *p;
-    int64_t ld;
-    int t, contig;
-} gemm_opnd;
-
-static gemm_opnd opnd_at(gemm_opnd o, int64_t i)
-{
-    o.p = o.contig ? o.p + i : o.p + i * o.ld;
-    return o;
-}
-
-/* The tail of n < 16 tile indices from i, copied into pad (16 K reals) with
- * zeros after it: [16, K] (ld K) or, contig, [K, 16] (ld 16). */
-static gemm_opnd opnd_pad(gemm_opnd o, int64_t i, int64_t n, int64_t K, par_real *pad)
-{
-    const int64_t RB = GEMM_ROW_BLOCK;
-    const par_real *src = opnd_at(o, i).p;
-    memset(pad, 0, (size_t)(RB * K) * sizeof(par_real));
-    if (!o.contig) {
-        for (int64_t r = 0; r < n; r++)
-            memcpy(pad + r * K, src + r * o.ld, (size_t)K * sizeof(par_real));
-        return (gemm_opnd){pad, K, o.t, 0};
-    }
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t r = 0; r < n; r++)
-            pad[k * RB + r] = src[k * o.ld + r];
-    return (gemm_opnd){pad, RB, o.t, 1};
-}
-
-/* C's tile [rows, cols] at C from tile operands a, b: in place when whole,
- * else through the scratch c2 [16, 16]. */
-static void gemm_tile(gemm_opnd a, gemm_opnd b, int64_t rows, int64_t cols, int64_t K, par_real alpha,
-                      par_real beta, par_real *C, int64_t ldc, par_real *c2)
-{
-    const int64_t RB = GEMM_ROW_BLOCK, CB = GEMM_COL_BLOCK;
-    if (rows == RB && cols == CB) {
-        gemm_raw(a.t, b.t, RB, CB, K, alpha, a.p, a.ld, b.p, b.ld, beta, C, ldc);
-        return;
-    }
-    memset(c2, 0, (size_t)(RB * CB) * sizeof(par_real));
-    if (beta != 0)
-        for (int64_t i = 0; i < rows; i++)
-            memcpy(c2 + i * CB, C + i * ldc, (size_t)cols * sizeof(par_real));
-    gemm_raw(a.t, b.t, RB, CB, K, alpha, a.p, a.ld, b.p, b.ld, beta, c2, CB);
-    for (int64_t i = 0; i < rows; i++)
-        memcpy(C + i * ldc, c2 + i * CB, (size_t)cols * sizeof(par_real));
-}
-
-/* C = alpha op(A) op(B) + beta C tile by tile (K > 0). */
-static par_status gemm_tiled(gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K, par_real alpha,
-                             par_real beta, par_real *C, int64_t ldc)
-{
-    const int64_t RB = GEMM_ROW_BLOCK, CB = GEMM_COL_BLOCK;
-    int64_t mt = M % RB, nt = N % CB;
-    int64_t need = (mt ? RB * K : 0) + (nt ? CB * K : 0) + RB * CB;
-    par_real stack_buf[GEMM_PAD_STACK];
-    par_real *buf = need > GEMM_PAD_STACK ? par_malloc((size_t)need * sizeof(par_real), PAR_TAG_ACT) : stack_buf;
-    if (!buf)
-        return PAR_ENOMEM;
-    par_real *c2 = buf, *next = buf + RB * CB;
-    gemm_opnd Bt = B, At = A;
-    if (nt) {
-        Bt = opnd_pad(B, N - nt, nt, K, next);
-        next += CB * K;
-    }
-    if (mt)
-        At = opnd_pad(A, M - mt, mt, K, next);
-    for (int64_t i = 0; i < M; i += RB) {
-        int64_t rows = M - i < RB ? M - i : RB;
-        gemm_opnd a = rows == RB ? opnd_at(A, i) : At;
-        for (int64_t j = 0; j < N; j += CB) {
-            int64_t cols = N - j < CB ? N - j : CB;
-            gemm_opnd b = cols == CB ? opnd_at(B, j) : Bt;
-            gemm_tile(a, b, rows, cols, K, alpha, beta, C + i * ldc + j, ldc, c2);
-        }
-    }
-    if (buf != stack_buf)
-        par_free(buf);
-    return PAR_OK;
-}
-
-void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
-                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
-                      par_real *C, int64_t ldc)
-{
-    if (M <= 0 || N <= 0)
-        return;
-    /* the emulated GPU's roofline (core/counters.h): 2MNK flops; A, B read, C written
-     * (and read when beta != 0) */
-    par_count_flops(2u * (uint64_t)M * (uint64_t)N * (uint64_t)(K > 0 ? K : 0));
-    par_count_bytes(sizeof(par_real) * ((uint64_t)M * (uint64_t)(K > 0 ? K : 0) +
-                                        (uint64_t)(K > 0 ? K : 0) * (uint64_t)N +
-                                        (uint64_t)M * (uint64_t)N * (beta != 0 ? 2u : 1u)));
-    if (PAR_GEMM_ON_DEVICE(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-        return; /* GPU mode: the offload build's device GEMM (kernels/gemm_device.c) */
-    if (K <= 0) {
-        /* Empty product: C = beta C (beta == 0 writes zeros, ignoring old C). */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = beta == 0 ? (par_real)0 : beta * C[i * ldc + j];
-        return;
-    }
-    if (gemm_tiled((gemm_opnd){A, lda, ta, ta}, (gemm_opnd){B, ldb, tb, !tb}, M, N, K, alpha, beta, C, ldc)) {
-        PAR_LOG_W("par_gemm: no memory for the padded tiles (K = %lld); computing it untiled "
-                  "(its bits may differ from a batched row)", (long long)K);
-        gemm_raw(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
-}
 
 /* ----------------------------------------------------------------- linear */
 
@@ -453,8 +295,8 @@ void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */
                 m = z[v];
         double s = 0;
         for (int64_t v = 0; v < V; v++)
-            s += exp((double)z[v] - m);
-        double l = m + log(s);
+            s += par_pmath_exp((double)z[v] - m);
+        double l = m + par_pmath_log(s);
         lse[t] = (par_real)l;
         int32_t y = target[t];
         if (y < 0)
@@ -486,7 +328,7 @@ void PAR_FN(par_xent_backward)(par_real *dlogits,      /* [T, V] */
         par_real *dz = dlogits + t * V;
         double l = lse[t];
         for (int64_t v = 0; v < V; v++) {
-            double p = exp((double)z[v] - l);
+            double p = par_pmath_exp((double)z[v] - l);
             dz[v] += (par_real)(scale * (v == y ? p - 1.0 : p));
         }
     }

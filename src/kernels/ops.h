@@ -10,22 +10,8 @@
 
 #include <stdint.h>
 
+#include "kernels/gemm.h" /* par_gemm */
 #include "kernels/real.h"
-
-/* C[M,N] = alpha * op(A) op(B) + beta * C through OpenBLAS (row-major).
- * ta/tb: 0 = as stored, 1 = transposed.  A is [M,K] (or [K,M] if ta), B is
- * [K,N] (or [N,K] if tb).  A GEMM with M == 1 is computed as a 2-row GEMM so
- * that a row's bits do not depend on how many rows it was batched with
- * (OpenBLAS sends 1-row GEMMs through another kernel).  Precisely: rows up
- * to the last multiple of 16 are computed in place and the remaining rows as
- * one 16-row GEMM padded with zero rows, because OpenBLAS 0.3.21 also sends
- * the tail rows of an odd M through other kernels.  With one BLAS thread,
- * f64 rows are then bitwise independent of M and of their place in it (f32
- * rows are not: sgemm kernels differ even within a 16-row block; see
- * docs/kernels.md). */
-void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
-                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
-                      par_real *C, int64_t ldc);
 
 /* out = in W^T */
 void PAR_FN(par_linear_forward)(par_real *out,      /* [T, N] */

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "core/pmath.h"
 #include "kernels/real.h"
 
 #include "kernels/rope-table.h"
@@ -37,7 +38,9 @@ static inline void PAR_FN(par_rope_row)(par_real *x,      /* [nvec, D] in place 
     par_real *xt = x + (D - r->rd);
     for (int i = 0; i < half; i++) {
         double ang = sg * (p * r->freq[i]);
-        par_real c = (par_real)cos(ang), s = (par_real)sin(ang);
+        double cd, sd;
+        par_pmath_sincos(ang, &sd, &cd);
+        par_real c = (par_real)cd, s = (par_real)sd;
         for (int64_t v = 0; v < nvec; v++) {
             par_real *e = xt + v * D + 2 * i;
             par_real a = e[0], b = e[1];

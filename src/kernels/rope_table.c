@@ -4,13 +4,14 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/pmath.h"
 #include "kernels/rope-table.h"
 
 /* find_correction_dim of the reference: the dim index at which a frequency
  * makes `rot` full rotations over `len` positions. */
 static double correction_dim(double rot, int rd, double base, double len)
 {
-    return rd * log(len / (rot * 2.0 * M_PI)) / (2.0 * log(base));
+    return rd * par_pmath_log(len / (rot * 2.0 * M_PI)) / (2.0 * par_pmath_log(base));
 }
 
 void par_rope_init(par_rope *r, int rd, double base, int yarn,
@@ -27,7 +28,7 @@ void par_rope_init(par_rope *r, int rd, double base, int yarn,
     r->rd = rd;
     int half = rd / 2;
     for (int i = 0; i < half; i++)
-        r->freq[i] = 1.0 / pow(base, (double)(2 * i) / (double)rd);
+        r->freq[i] = 1.0 / par_pmath_pow(base, (double)(2 * i) / (double)rd);
     if (!yarn || original_seq_len <= 0)
         return;
     /* find_correction_range(beta_fast, beta_slow, rd, base, original_seq_len) */

@@ -2,19 +2,20 @@
  * once (parity_kernels_common) and shared by both precisions. */
 #include <math.h>
 
+#include "core/pmath.h"
 #include "kernels/scalar.h"
 
 PAR_DECLARE_TARGET
 double par_sigmoid(double x)
 {
     if (x >= 0)
-        return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
+        return 1.0 / (1.0 + par_pmath_exp(-x));
+    double e = par_pmath_exp(x);
     return e / (1.0 + e);
 }
 
 /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|) */
-double par_softplus(double x) { return (x > 0 ? x : 0.0) + log1p(exp(-fabs(x))); }
+double par_softplus(double x) { return (x > 0 ? x : 0.0) + par_pmath_log1p(par_pmath_exp(-fabs(x))); }
 
 double par_silu(double x) { return x * par_sigmoid(x); }
 PAR_END_DECLARE_TARGET

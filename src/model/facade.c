@@ -28,15 +28,8 @@ void par_golden_summary_free(par_golden_summary *s)
     memset(s, 0, sizeof *s);
 }
 
-void openblas_set_num_threads(int num_threads);
-
 par_status par_golden_run(const par_golden_opts *o, par_golden_summary *sum)
 {
-    /* One BLAS thread, as every rank of a parallel run: a threaded GEMM
-     * called from inside the kernels' OpenMP regions splits its work by
-     * whichever threads are free, which made repeated serial v4-mini runs
-     * differ in the last bits of expert weight gradients. */
-    openblas_set_num_threads(1);
     if (o->precision == 64)
         return par_golden_run_f64(o, sum);
     if (o->precision == 32)

@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/device.h"
+#include "core/pmath.h"
 #include "model/compare.h"
 #include "model/optim.h"
 
@@ -19,8 +20,8 @@ static double adamw_ratio_bound(int64_t t)
     const double b1 = PAR_ADAM_BETA1, b2 = PAR_ADAM_BETA2;
     double s = 0.0;
     for (int64_t j = 0; j < t; j++)
-        s += (1.0 - b1) * (1.0 - b1) * pow(b1, 2.0 * (double)j) / ((1.0 - b2) * pow(b2, (double)j));
-    return sqrt(1.0 - pow(b2, (double)t)) / (1.0 - pow(b1, (double)t)) * sqrt(s);
+        s += (1.0 - b1) * (1.0 - b1) * par_pmath_pow(b1, 2.0 * (double)j) / ((1.0 - b2) * par_pmath_pow(b2, (double)j));
+    return sqrt(1.0 - par_pmath_pow(b2, (double)t)) / (1.0 - par_pmath_pow(b1, (double)t)) * sqrt(s);
 }
 
 par_status PAR_FN(par_golden_amp_init)(PAR_FN(par_golden_amp) *a, const PAR_FN(par_model) *M)

@@ -11,6 +11,7 @@
 
 #include "core/alloc.h"
 #include "core/device.h"
+#include "core/pmath.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
 
@@ -180,7 +181,7 @@ void PAR_FN(par_adamw_update)(par_real *w, par_real *m, par_real *v, const par_r
                               double gscale, double lr, double wd, int64_t t)
 {
     const double b1 = PAR_ADAM_BETA1, b2 = PAR_ADAM_BETA2;
-    const double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
+    const double bc1 = 1.0 - par_pmath_pow(b1, (double)t), bc2 = 1.0 - par_pmath_pow(b2, (double)t);
     const double decay = 1.0 - lr * wd;
     PAR_DEV_BEGIN();
     PAR_DIN(g, n);

@@ -51,19 +51,7 @@ static double ref_gemm_elem(int ta, int tb, int64_t i, int64_t j, int64_t K, con
 /* A row's bits must not depend on how many rows it is batched with nor where
  * it sits: every row of a sub-batch of M rows starting at row `off` (and the
  * row alone) must equal, bitwise, the same row of one 48-row GEMM. */
-/* From OpenBLAS's cblas.h, which is not included here: it pulls in
- * <complex.h>, whose macro I breaks the parameter names of kernels/ops.h. */
-void openblas_set_num_threads(int num_threads);
-
-static void blas_one_thread(void)
-{
-    /* A threaded OpenBLAS GEMM blocks K differently from a single-threaded
-     * one, and whether it threads depends on M*N*K: row bits are invariant
-     * only with one BLAS thread (the test environment sets it too). */
-    openblas_set_num_threads(1);
-}
-
-Test(ops, gemm_row_alone_equals_row_in_batch, .init = blas_one_thread)
+Test(ops, gemm_row_alone_equals_row_in_batch)
 {
     const int64_t MB = 48;
     const int64_t Ks[] = {3, 17, 300, 1100};
@@ -127,7 +115,7 @@ Test(ops, gemm_row_alone_equals_row_in_batch, .init = blas_one_thread)
  * a sub-GEMM of N columns from column `off` equals, bitwise, the same column
  * of one 48-column GEMM.  (OpenBLAS's SkylakeX-family cores take another
  * kernel for small M N K: this failed there before par_gemm tiled columns.) */
-Test(ops, gemm_col_alone_equals_col_in_batch, .init = blas_one_thread)
+Test(ops, gemm_col_alone_equals_col_in_batch)
 {
     const int64_t NB = 48, Ms[] = {1, 5, 16, 130}, Ks[] = {3, 64, 300};
     const int64_t Ns[] = {1, 2, 3, 7, 15, 16, 17, 33};

@@ -65,9 +65,10 @@ Test(golden, checked_in_v4_tiny_regenerates)
     const char *fixture = par_json_str(data, "fixture");
     cr_assert(fixture, "the checked-in set comes from a fixture");
     cr_assert_str_eq(par_json_str(man, "precision"), "f64");
+    /* layout.blas_core is information only: parity's GEMM and elementary
+     * functions (kernels/gemm.h, core/pmath.h) give the same bits on every
+     * CPU, so the set is compared bitwise wherever this runs */
     const char *core = par_json_str(par_json_obj(man, "layout"), "blas_core");
-    cr_assert(core);
-    int bitwise = !strcmp(core, par_golden_blas_core_f64());
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.fixture = fixture;
@@ -78,9 +79,9 @@ Test(golden, checked_in_v4_tiny_regenerates)
 
     par_compare_opts co;
     par_compare_opts_init(&co);
-    co.policy = bitwise ? PAR_POLICY_BITWISE : PAR_POLICY_F64;
-    fprintf(stderr, "golden/v4-tiny: manifest BLAS core '%s', this machine '%s': comparing %s\n", core,
-            par_golden_blas_core_f64(), bitwise ? "bitwise" : "with the f64 policy");
+    co.policy = PAR_POLICY_BITWISE;
+    fprintf(stderr, "golden/v4-tiny: made with OpenBLAS core '%s', this machine's '%s' (information only): "
+            "comparing bitwise\n", core ? core : "?", par_golden_blas_core_f64());
     par_compare_report *r = NULL;
     cr_assert_eq(par_compare_paths(path, out, &co, &r), 0, "%s", par_last_error());
     if (!par_compare_report_ok(r))

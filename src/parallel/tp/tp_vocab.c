@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pmath.h"
 #include "kernels/ops.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -149,7 +150,7 @@ static par_status vocab_ce(PAR_FN(par_tp_head_saved) *sv, par_real *ce, const pa
         const par_real *z = sv->logits + t * Vl;
         double s = 0;
         for (int64_t v = 0; v < Vl; v++)
-            s += exp((double)z[v] - mx[t]);
+            s += par_pmath_exp((double)z[v] - mx[t]);
         const int64_t y = sv->target[t] - v0;
         sum[t] = s;
         zy[t] = y >= 0 && y < Vl ? (double)z[y] : 0.0;
@@ -159,7 +160,7 @@ static par_status vocab_ce(PAR_FN(par_tp_head_saved) *sv, par_real *ce, const pa
     if (!st && tp && (tp->faults & PAR_TP_FAULT_CE_LOG_TP)) /* the bug: reduced twice */
         st = PAR_FN(par_tp_reduce_sum_f64)(tp, sum, (size_t)T);
     for (int64_t t = 0; t < T && !st; t++) {
-        const double l = mx[t] + log(sum[t]);
+        const double l = mx[t] + par_pmath_log(sum[t]);
         const int32_t y = sv->target[t];
         sv->lse[t] = (par_real)l;
         ce[t] = y < 0 ? (par_real)0 : y >= sv->V ? (par_real)NAN : (par_real)(l - zy[t]);
@@ -223,7 +224,7 @@ static void xent_backward_cols(par_real *dz, const PAR_FN(par_tp_head_saved) *sv
         par_real *g = dz + t * Vl;
         const double l = sv->lse[t];
         for (int64_t v = 0; v < Vl; v++) {
-            double p = exp((double)z[v] - l);
+            double p = par_pmath_exp((double)z[v] - l);
             g[v] += (par_real)(scale * (sv->v0 + v == y ? p - 1.0 : p));
         }
     }

@@ -1,0 +1,42 @@
+/* core/pmath.h - elementary functions with a fixed operation sequence.
+ *
+ * glibc's exp, log, sin, ... differ between its versions and between its FMA
+ * and non-FMA variants (chosen at run time by the CPU), so a golden made with
+ * them is not portable.  These are parity's own: IEEE double arithmetic and
+ * fma() only, no table, no libm call, no reliance on the compiler's
+ * contraction (the build passes -ffp-contract=off), so they return the same
+ * bits on every machine with IEEE doubles and a correct fma().
+ *
+ * Accuracy, measured against __float128 (libquadmath) in tests/core/
+ * test_pmath.c on random and edge points (docs/kernels.md has the figures);
+ * the bound each test asserts is in brackets:
+ *   par_pmath_exp    [1 ulp]  x in [-745.2, 709.8]; subnormal results may be
+ *                             off by one more in their last place
+ *   par_pmath_log    [1 ulp]  x > 0, subnormals included
+ *   par_pmath_log1p  [1 ulp]  x > -1
+ *   par_pmath_sin/cos[1 ulp]  |x| <= 2^20 (Cody-Waite reduction by pi/2 in
+ *                             three parts); beyond, deterministic but less
+ *                             accurate
+ *   par_pmath_pow    [1 ulp]  x > 0 with |y ln x| < 709 (ln x and the
+ *                             product in double-double); x <= 0 handled
+ *                             for integer y as C's pow
+ * Special values (NaN, +-inf, +-0) follow C's functions.  f32 callers
+ * compute in double and round once. */
+#ifndef PAR_CORE_PMATH_H
+#define PAR_CORE_PMATH_H
+
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp declare target /* called from device loops (kernels/offload.h) */
+#endif
+double par_pmath_exp(double x);
+double par_pmath_log(double x);
+double par_pmath_log1p(double x);
+double par_pmath_sin(double x);
+double par_pmath_cos(double x);
+void par_pmath_sincos(double x, double *s, double *c);
+double par_pmath_pow(double x, double y);
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp end declare target
+#endif
+
+#endif

@@ -1,0 +1,66 @@
+/* kernels/gemm-ukr.h - the micro-kernel of kernels/gemm.c, instantiated once
+ * per instruction set: gemm.c defines the names below and includes this file.
+ *
+ *   UKR_NAME, UKR_ATTR         the function and its target attribute
+ *   UKR_MR, UKR_NV             rows of the tile; vectors per tile row
+ *   VEC, VW                    the vector type and its lanes (scalar: 1)
+ *   V_LOAD(p), V_STORE(p, v), V_SET1(x), V_ZERO(), V_FMA(a, b, c) = a b + c
+ *   fused, V_MUL(a, b), V_ADD(a, b)
+ *
+ * C [UKR_MR, UKR_NV * VW] (ld ldc) from a panel of A, element (r, k) at
+ * Ap[r * ars + k * acs], and one of B, row k at Bp + k * bks (UKR_NV * VW
+ * contiguous reals): packed panels or the operands in place.  Each lane is
+ * one element of C, its accumulator
+ * taken up through k = 0 .. kc-1 in order by one fused multiply-add each
+ * (kernels/gemm.h); e says where the accumulator starts (0 or C's raw
+ * partial sum) and how it is stored. */
+UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
+                              int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e)
+{
+    VEC acc[UKR_MR][UKR_NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < UKR_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < UKR_NV; v++)
+            acc[r][v] = e->load ? V_LOAD(C + r * ldc + v * VW) : V_ZERO();
+    for (int64_t k = 0; k < kc; k++, Ap += acs, Bp += bks) {
+        VEC b[UKR_NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < UKR_NV; v++)
+            b[v] = V_LOAD(Bp + v * VW);
+#pragma GCC unroll 16
+        for (int r = 0; r < UKR_MR; r++) {
+            VEC a = V_SET1(Ap[r * ars]);
+#pragma GCC unroll 8
+            for (int v = 0; v < UKR_NV; v++)
+                acc[r][v] = V_FMA(a, b[v], acc[r][v]);
+        }
+    }
+    const VEC va = V_SET1(e->alpha), vb = V_SET1(e->beta);
+#pragma GCC unroll 16
+    for (int r = 0; r < UKR_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < UKR_NV; v++) {
+            par_real *c = C + r * ldc + v * VW;
+            if (e->store == GEMM_ST_RAW)
+                V_STORE(c, acc[r][v]);
+            else if (e->store == GEMM_ST_ALPHA)
+                V_STORE(c, V_MUL(va, acc[r][v]));
+            else
+                V_STORE(c, V_ADD(V_MUL(va, acc[r][v]), V_MUL(vb, V_LOAD(c))));
+        }
+}
+
+#undef UKR_NAME
+#undef UKR_ATTR
+#undef UKR_MR
+#undef UKR_NV
+#undef VEC
+#undef VW
+#undef V_LOAD
+#undef V_STORE
+#undef V_SET1
+#undef V_ZERO
+#undef V_FMA
+#undef V_MUL
+#undef V_ADD

@@ -1,0 +1,344 @@
+/* kernels/gemm.c - parity's own GEMM (see kernels/gemm.h): the GotoBLAS /
+ * BLIS structure, one thread.
+ *
+ *   for jc over N by NC:  for pc over K by KC:  pack op(B)[pc.., jc..] into
+ *   NR-column panels;  for ic over M by MC:  pack op(A)[ic.., pc..] into
+ *   MR-row panels;  every MR x NR tile of C from one A and one B panel (the
+ *   micro-kernel, kernels/gemm-ukr.h, held in registers).
+ *
+ * Between K blocks a tile's accumulators are stored raw (working precision)
+ * into C and loaded again, so the chain of fused multiply-adds is the one of
+ * the unblocked definition; alpha (and beta) are applied once, by the last
+ * block.  With beta != 0 and K > KC, C still holds the old values the last
+ * block needs: the product goes to a scratch W = alpha acc first and then
+ * C = W + beta C (the same two roundings as alpha acc + beta C).  Tails of M
+ * and N are zero-padded in the panels; their tiles go through a small
+ * scratch tile.  MR, NR and the block sizes differ between paths and change
+ * no bit: a lane is one element of C.
+ */
+#include "kernels/gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/counters.h"
+#include "core/log.h"
+#include "kernels/gemm_path.h"
+#include "kernels/offload.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GEMM_X86 1
+#include <immintrin.h>
+#endif
+
+#if PAR_REAL_BITS == 64
+#define GEMM_FMA fma
+#else
+#define GEMM_FMA fmaf
+#endif
+
+/* how a micro-tile stores its accumulators */
+enum { GEMM_ST_RAW, GEMM_ST_ALPHA, GEMM_ST_AB };
+
+typedef struct {
+    par_real alpha, beta;
+    int load;  /* start from C's raw partial sums (not 0) */
+    int store; /* GEMM_ST_* */
+} gemm_epi;
+
+/* ------------------------------------------------------- micro-kernels */
+
+/* portable C: 4 x 4 scalars, fma() */
+#define UKR_NAME ukr_c
+#define UKR_ATTR
+#define UKR_MR 4
+#define UKR_NV 4
+#define VEC par_real
+#define VW 1
+#define V_LOAD(p) (*(p))
+#define V_STORE(p, v) (*(p) = (v))
+#define V_SET1(x) (x)
+#define V_ZERO() ((par_real)0)
+#define V_FMA(a, b, c) GEMM_FMA(a, b, c)
+#define V_MUL(a, b) ((a) * (b))
+#define V_ADD(a, b) ((a) + (b))
+#include "kernels/gemm-ukr.h"
+
+#ifdef GEMM_X86
+#if PAR_REAL_BITS == 64
+#define X86_V256 __m256d
+#define X86_V512 __m512d
+#define X86_S(op, w) _mm##w##_##op##_pd
+#else
+#define X86_V256 __m256
+#define X86_V512 __m512
+#define X86_S(op, w) _mm##w##_##op##_ps
+#endif
+
+/* AVX2 + FMA: 6 rows x 2 vectors (f64 6 x 8, f32 6 x 16) */
+#define UKR_NAME ukr_avx2
+#define UKR_ATTR __attribute__((target("avx2,fma")))
+#define UKR_MR 6
+#define UKR_NV 2
+#define VEC X86_V256
+#define VW ((int)(32 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 256)(p)
+#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
+#define V_SET1(x) X86_S(set1, 256)(x)
+#define V_ZERO() X86_S(setzero, 256)()
+#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 256)(a, b)
+#define V_ADD(a, b) X86_S(add, 256)(a, b)
+#include "kernels/gemm-ukr.h"
+
+/* AVX-512F: 12 rows x 2 vectors (f64 12 x 16, f32 12 x 32) */
+#define UKR_NAME ukr_avx512
+#define UKR_ATTR __attribute__((target("avx512f")))
+#define UKR_MR 12
+#define UKR_NV 2
+#define VEC X86_V512
+#define VW ((int)(64 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 512)(p)
+#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
+#define V_SET1(x) X86_S(set1, 512)(x)
+#define V_ZERO() X86_S(setzero, 512)()
+#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 512)(a, b)
+#define V_ADD(a, b) X86_S(add, 512)(a, b)
+#include "kernels/gemm-ukr.h"
+#endif
+
+typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
+                         int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
+
+/* A path's micro-kernel and blocking (reals): MC x KC of A stays in L2, a
+ * KC x NR panel of B in L1, KC x NC of B in L3. */
+typedef struct {
+    int mr, nr;
+    int64_t mc, kc, nc;
+    gemm_ukr ukr;
+} gemm_kern;
+
+#define GEMM_F (8 / (int)sizeof(par_real)) /* 1 in f64, 2 in f32 */
+static const gemm_kern kerns[PAR_GEMM_PATH_COUNT] = {
+    [PAR_GEMM_PATH_C] = {4, 4, 64, 256, 2048, ukr_c},
+#ifdef GEMM_X86
+    [PAR_GEMM_PATH_AVX2] = {6, 8 * GEMM_F, 120, 256 + 128 * (GEMM_F - 1), 2048, ukr_avx2},
+    [PAR_GEMM_PATH_AVX512] = {12, 16 * GEMM_F, 144, 256 + 128 * (GEMM_F - 1), 2048, ukr_avx512},
+#endif
+};
+#define GEMM_MAX_TILE (12 * 32) /* the largest MR x NR */
+
+/* ------------------------------------------------------------- packing */
+
+/* One operand as a matrix of (index, k): a row of op(A) or a column of
+ * op(B) is an index; element (i, k) is at p[i * si + k * sk]. */
+typedef struct {
+    const par_real *p;
+    int64_t si, sk;
+} gemm_opnd;
+
+/* Indices [i0, i0 + n) x k [k0, k0 + kc) into panels of w indices:
+ * dst[panel][k][w], the tail panel padded with zeros. */
+static void gemm_pack(gemm_opnd o, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w, par_real *dst)
+{
+    for (int64_t p = 0; p < n; p += w, dst += (int64_t)w * kc) {
+        const int64_t cnt = n - p < w ? n - p : w;
+        const par_real *s = o.p + (i0 + p) * o.si + k0 * o.sk;
+        if (o.sk == 1) { /* k contiguous */
+            for (int64_t i = 0; i < cnt; i++)
+                for (int64_t k = 0; k < kc; k++)
+                    dst[k * w + i] = s[i * o.si + k];
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = 0; i < cnt; i++)
+                    dst[k * w + i] = s[k * o.sk + i * o.si];
+        }
+        if (cnt < w)
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = cnt; i < w; i++)
+                    dst[k * w + i] = 0;
+    }
+}
+
+/* Small operands are read in place (packing would cost as much as the
+ * product): op(A) always can be, op(B) when its columns are contiguous.
+ * Only a tail panel (fewer than MR rows, NR columns) is packed then. */
+#define GEMM_DIRECT_MAX 16384 /* reals of the operand's block */
+
+/* One K block's operand: packed panels at buf, or in place at o (then
+ * only the tail panel is packed, at buf). */
+typedef struct {
+    gemm_opnd o;
+    const par_real *buf;
+    int direct;
+    int64_t i0, k0, n, kc; /* the block: indices [i0, i0 + n), k [k0, k0 + kc) */
+    int w;                 /* MR or NR */
+} gemm_block;
+
+static gemm_block gemm_block_make(gemm_opnd o, int direct, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w,
+                                  par_real *buf)
+{
+    gemm_block b = {o, buf, direct, i0, k0, n, kc, w};
+    if (!direct)
+        gemm_pack(o, i0, k0, n, kc, w, buf);
+    else if (n % w)
+        gemm_pack(o, i0 + n - n % w, k0, n % w, kc, w, buf);
+    return b;
+}
+
+/* The panel from index i of block b: its start, index stride and k stride. */
+static const par_real *gemm_panel(const gemm_block *b, int64_t i, int64_t *si, int64_t *sk)
+{
+    if (b->direct && i + b->w <= b->n) {
+        *si = b->o.si;
+        *sk = b->o.sk;
+        return b->o.p + (b->i0 + i) * b->o.si + b->k0 * b->o.sk;
+    }
+    *si = 1;
+    *sk = b->w;
+    return b->direct ? b->buf : b->buf + i * b->kc;
+}
+
+/* ------------------------------------------------------------- driver */
+
+/* A tile of rows x cols < MR x NR: through the scratch tile t. */
+static void gemm_edge(const gemm_kern *kp, int64_t kc, const par_real *a, int64_t ars, int64_t acs,
+                      const par_real *b, int64_t bks, par_real *C, int64_t ldc, int64_t rows, int64_t cols,
+                      const gemm_epi *e)
+{
+    par_real t[GEMM_MAX_TILE];
+    memset(t, 0, sizeof(par_real) * (size_t)(kp->mr * kp->nr));
+    if (e->load || e->store == GEMM_ST_AB)
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(t + r * kp->nr, C + r * ldc, sizeof(par_real) * (size_t)cols);
+    kp->ukr(kc, a, ars, acs, b, bks, t, kp->nr, e);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(C + r * ldc, t + r * kp->nr, sizeof(par_real) * (size_t)cols);
+}
+
+/* C [mc, nc] from the A block (mc x kc) and the B block (nc x kc). */
+static void gemm_macro(const gemm_kern *kp, const gemm_block *ab, const gemm_block *bb, par_real *C, int64_t ldc,
+                       const gemm_epi *e)
+{
+    for (int64_t jr = 0; jr < bb->n; jr += kp->nr) {
+        const int64_t cols = bb->n - jr < kp->nr ? bb->n - jr : kp->nr;
+        int64_t one, bks, ars, acs;
+        const par_real *b = gemm_panel(bb, jr, &one, &bks);
+        for (int64_t ir = 0; ir < ab->n; ir += kp->mr) {
+            const int64_t rows = ab->n - ir < kp->mr ? ab->n - ir : kp->mr;
+            const par_real *a = gemm_panel(ab, ir, &ars, &acs);
+            if (rows == kp->mr && cols == kp->nr)
+                kp->ukr(ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, e);
+            else
+                gemm_edge(kp, ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, rows, cols, e);
+        }
+    }
+}
+
+/* C = alpha op(A) op(B) (+ beta C when K <= KC), K > 0; pa, pb: the packing
+ * buffers (gemm_run). */
+static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K,
+                         par_real alpha, par_real beta, par_real *C, int64_t ldc, par_real *pa, par_real *pb)
+{
+    const int da = M * K <= GEMM_DIRECT_MAX, db = B.si == 1 && K * N <= GEMM_DIRECT_MAX;
+    for (int64_t jc = 0; jc < N; jc += kp->nc) {
+        const int64_t nc = N - jc < kp->nc ? N - jc : kp->nc;
+        for (int64_t pc = 0; pc < K; pc += kp->kc) {
+            const int64_t kc = K - pc < kp->kc ? K - pc : kp->kc;
+            const int last = pc + kc == K;
+            const gemm_epi e = {alpha, beta, pc > 0,
+                                !last ? GEMM_ST_RAW : beta == 0 ? GEMM_ST_ALPHA : GEMM_ST_AB};
+            const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, pb);
+            for (int64_t ic = 0; ic < M; ic += kp->mc) {
+                const int64_t mc = M - ic < kp->mc ? M - ic : kp->mc;
+                const gemm_block ab = gemm_block_make(A, da, ic, pc, mc, kc, kp->mr, pa);
+                gemm_macro(kp, &ab, &bb, C + ic * ldc + jc, ldc, &e);
+            }
+        }
+    }
+}
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* C = alpha op(A) op(B) + beta C (K > 0, alpha != 0); PAR_ENOMEM when a
+ * buffer cannot be had (nothing written then). */
+static par_status gemm_run(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K,
+                           par_real alpha, par_real beta, par_real *C, int64_t ldc)
+{
+    const int64_t kc = K < kp->kc ? K : kp->kc;
+    const int64_t na = round_up(M < kp->mc ? M : kp->mc, kp->mr) * kc;
+    const int64_t nb = round_up(N < kp->nc ? N : kp->nc, kp->nr) * kc;
+    const int scratch = beta != 0 && K > kp->kc; /* C's old values outlive the first K block */
+    const int64_t nw = scratch ? M * N : 0;
+    par_real *buf = par_malloc(sizeof(par_real) * (size_t)(na + nb + nw), PAR_TAG_ACT);
+    if (!buf)
+        return PAR_ENOMEM;
+    if (!scratch) {
+        gemm_blocked(kp, A, B, M, N, K, alpha, beta, C, ldc, buf, buf + na);
+    } else {
+        par_real *W = buf + na + nb;
+        gemm_blocked(kp, A, B, M, N, K, alpha, 0, W, N, buf, buf + na);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = W[i * N + j] + beta * C[i * ldc + j];
+    }
+    par_free(buf);
+    return PAR_OK;
+}
+
+/* K == 0 or alpha == 0: C = beta C (beta == 0 writes zeros, ignoring old C) */
+static void gemm_scale(int64_t M, int64_t N, par_real beta, par_real *C, int64_t ldc)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++)
+            C[i * ldc + j] = beta == 0 ? (par_real)0 : beta * C[i * ldc + j];
+}
+
+void PAR_FN(par_gemm_reference)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                                const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
+                                par_real beta, par_real *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0 || alpha == 0) {
+        gemm_scale(M, N, beta, C, ldc);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            par_real acc = 0;
+            for (int64_t k = 0; k < K; k++)
+                acc = GEMM_FMA(ta ? A[k * lda + i] : A[i * lda + k], tb ? B[j * ldb + k] : B[k * ldb + j], acc);
+            par_real *c = C + i * ldc + j;
+            *c = beta == 0 ? alpha * acc : alpha * acc + beta * *c;
+        }
+}
+
+void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
+                      par_real *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    /* the emulated GPU's roofline (core/counters.h): 2MNK flops; A, B read, C written
+     * (and read when beta != 0) */
+    const uint64_t k = (uint64_t)(K > 0 ? K : 0);
+    par_count_flops(2u * (uint64_t)M * (uint64_t)N * k);
+    par_count_bytes(sizeof(par_real) *
+                    ((uint64_t)M * k + k * (uint64_t)N + (uint64_t)M * (uint64_t)N * (beta != 0 ? 2u : 1u)));
+    if (PAR_GEMM_ON_DEVICE(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return; /* GPU mode: the offload build's device GEMM (kernels/gemm_device.c) */
+    if (K <= 0 || alpha == 0) {
+        gemm_scale(M, N, beta, C, ldc);
+        return;
+    }
+    const gemm_opnd a = ta ? (gemm_opnd){A, 1, lda} : (gemm_opnd){A, lda, 1};
+    const gemm_opnd b = tb ? (gemm_opnd){B, ldb, 1} : (gemm_opnd){B, 1, ldb};
+    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, alpha, beta, C, ldc)) {
+        PAR_LOG_W("par_gemm: no memory for the packing buffers (M %lld, N %lld, K %lld); computing it "
+                  "with the plain loops (the same bits, slower)", (long long)M, (long long)N, (long long)K);
+        PAR_FN(par_gemm_reference)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}

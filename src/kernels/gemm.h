@@ -1,0 +1,38 @@
+/* kernels/gemm.h - parity's own GEMM (templated: see kernels/real.h).
+ *
+ * C[M,N] = alpha op(A) op(B) + beta C, row-major.  ta/tb: 0 = as stored,
+ * 1 = transposed.  A is [M,K] (or [K,M] if ta), B is [K,N] (or [N,K] if tb).
+ *
+ * The bits are fixed by this definition, whatever the CPU, the dispatch path
+ * (kernels/gemm_path.h), M, N or an element's place in C:
+ *
+ *   acc = 0;  for k = 0 .. K-1 in order:  acc = fma(a_ik, b_kj, acc)
+ *   C_ij = alpha * acc                    (beta == 0: C is not read)
+ *   C_ij = alpha * acc + beta * C_ij      (else; two products, one sum,
+ *                                          each rounded: no fused step)
+ *
+ * in the working precision (f32: fmaf, an f32 accumulator).  K == 0 or
+ * alpha == 0: C = beta C (beta == 0 writes zeros).  Vector lanes hold
+ * different elements of C, never parts of one element's sum, and the K
+ * blocking keeps each accumulator in the working precision between blocks,
+ * so a row computed alone equals the same row inside any batch.
+ * One thread; the emulated GPU's roofline counters are charged (2MNK flops). */
+#ifndef PAR_KERNELS_GEMM_H
+#define PAR_KERNELS_GEMM_H
+
+#include <stdint.h>
+
+#include "kernels/real.h"
+
+void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                      const par_real *A, int64_t lda, const par_real *B, int64_t ldb, par_real beta,
+                      par_real *C, int64_t ldc);
+
+/* The definition above as three plain loops (no packing, no vectors): the
+ * fallback when the packing buffers cannot be allocated, and the reference
+ * of the tests.  The same bits as par_gemm. */
+void PAR_FN(par_gemm_reference)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                                const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
+                                par_real beta, par_real *C, int64_t ldc);
+
+#endif

@@ -1,0 +1,125 @@
+/* core/pmath.h against a 113-bit reference (__float128, libquadmath): the
+ * largest error in ulps of each function on random and edge points, next to
+ * glibc's on the same points (information); special values as C's. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <quadmath.h>
+#include <stdint.h>
+
+#include "core/pmath.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t next_u64(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return rng_state = x;
+}
+
+/* uniform in [a, b) */
+static double unif(double a, double b) { return a + (b - a) * (double)(next_u64() >> 11) * 0x1p-53; }
+
+/* |got - ref| in units of the last place of the double nearest ref */
+static double ulps(double got, __float128 ref)
+{
+    if (isnan(got) || isinfq(ref) || ref == 0)
+        return got == (double)ref ? 0 : 1e9;
+    int e = ilogbq(ref);
+    if (e < -1022)
+        e = -1022;
+    __float128 d = (__float128)got - ref;
+    return (double)(fabsq(d) / ldexpq(1.0Q, e - 52));
+}
+
+typedef struct {
+    double worst, worst_x, worst_y, libm;
+    long n;
+} tally;
+
+static void add(tally *t, double got, double libm_got, __float128 ref, double x, double y)
+{
+    double u = ulps(got, ref), ul = ulps(libm_got, ref);
+    if (u > t->worst)
+        t->worst = u, t->worst_x = x, t->worst_y = y;
+    if (ul > t->libm)
+        t->libm = ul;
+    t->n++;
+}
+
+static void report(const char *name, const tally *t, double bound)
+{
+    cr_log_info("%-6s %7ld points: max %.3f ulp (at x = %a, y = %a); glibc %.3f ulp", name, t->n, t->worst,
+                t->worst_x, t->worst_y, t->libm);
+    cr_expect(t->worst <= bound, "%s: %.3f ulp at x = %a (y = %a), over the stated %g", name, t->worst, t->worst_x,
+              t->worst_y, bound);
+}
+
+#define N 200000
+
+Test(pmath, exp_within_one_ulp)
+{
+    tally t = {0};
+    for (int i = 0; i < N; i++) {
+        double x = i % 4 == 0 ? unif(-745.1, 709.78) : i % 4 == 1 ? unif(-1, 1)
+                 : i % 4 == 2 ? unif(-40, 40) : ldexp(unif(-1, 1), -(int)(next_u64() % 60));
+        add(&t, par_pmath_exp(x), exp(x), expq((__float128)x), x, 0);
+    }
+    report("exp", &t, 1.0);
+    cr_expect(par_pmath_exp(-INFINITY) == 0 && par_pmath_exp(INFINITY) == INFINITY && isnan(par_pmath_exp(NAN)));
+    cr_expect(par_pmath_exp(710) == INFINITY && par_pmath_exp(-746) == 0 && par_pmath_exp(0) == 1);
+}
+
+Test(pmath, log_and_log1p_within_one_ulp)
+{
+    tally t = {0}, t1 = {0};
+    for (int i = 0; i < N; i++) {
+        double x = i % 3 == 0 ? ldexp(unif(1, 2), (int)(next_u64() % 2098) - 1074)
+                 : i % 3 == 1 ? unif(0.5, 2) : 1 + ldexp(unif(-1, 1), -(int)(next_u64() % 50));
+        add(&t, par_pmath_log(x), log(x), logq((__float128)x), x, 0);
+        double y = i % 3 == 0 ? ldexp(unif(-1, 1), -(int)(next_u64() % 70))
+                 : i % 3 == 1 ? -1 + ldexp(unif(0, 1), -(int)(next_u64() % 50)) : ldexp(unif(0, 1), (int)(next_u64() % 1000));
+        add(&t1, par_pmath_log1p(y), log1p(y), log1pq((__float128)y), y, 0);
+    }
+    report("log", &t, 1.0);
+    report("log1p", &t1, 1.0);
+    cr_expect(par_pmath_log(0) == -INFINITY && isnan(par_pmath_log(-1)) && par_pmath_log(1) == 0);
+    cr_expect(par_pmath_log(INFINITY) == INFINITY && par_pmath_log(0x1p-1074) == -0x1.74385446d71c3p+9);
+    cr_expect(par_pmath_log1p(-1) == -INFINITY && isnan(par_pmath_log1p(-2)) && par_pmath_log1p(-0.0) == 0);
+}
+
+Test(pmath, sin_cos_within_one_ulp)
+{
+    tally ts = {0}, tc = {0};
+    for (int i = 0; i < N; i++) {
+        double x = i % 4 == 0 ? unif(-4, 4) : i % 4 == 1 ? unif(-8192, 8192) : i % 4 == 2 ? unif(-0x1p20, 0x1p20)
+                 : (double)(int64_t)(next_u64() % 200000) * 0x1.921fb54442d18p+0 + unif(-1e-6, 1e-6);
+        double s, c;
+        par_pmath_sincos(x, &s, &c);
+        cr_assert(s == par_pmath_sin(x) && c == par_pmath_cos(x));
+        add(&ts, s, sin(x), sinq((__float128)x), x, 0);
+        add(&tc, c, cos(x), cosq((__float128)x), x, 0);
+    }
+    report("sin", &ts, 1.0);
+    report("cos", &tc, 1.0);
+    cr_expect(isnan(par_pmath_sin(INFINITY)) && isnan(par_pmath_cos(NAN)) && par_pmath_cos(0) == 1);
+}
+
+Test(pmath, pow_within_one_ulp)
+{
+    tally t = {0};
+    for (int i = 0; i < N; i++) {
+        double x, y;
+        if (i % 3 == 0) /* YaRN / RoPE: base^(2i/rd) */
+            x = unif(1, 1e6), y = unif(-1, 1);
+        else if (i % 3 == 1) /* Adam's bias corrections: beta^t */
+            x = unif(0.5, 1), y = (double)(next_u64() % 100000);
+        else
+            x = exp(unif(-20, 20)), y = unif(-30, 30);
+        add(&t, par_pmath_pow(x, y), pow(x, y), powq((__float128)x, (__float128)y), x, y);
+    }
+    report("pow", &t, 1.0);
+    cr_expect(par_pmath_pow(-2, 3) == -8 && par_pmath_pow(-2, 2) == 4 && isnan(par_pmath_pow(-2, 0.5)));
+    cr_expect(par_pmath_pow(0, -1) == INFINITY && par_pmath_pow(0, 2) == 0 && par_pmath_pow(NAN, 0) == 1);
+    cr_expect(par_pmath_pow(2, 1024) == INFINITY && par_pmath_pow(2, -1080) == 0 && par_pmath_pow(10, 2) == 100);
+}

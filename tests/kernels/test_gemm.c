@@ -1,0 +1,139 @@
+/* Kernels: parity's own GEMM (kernels/gemm.h), f64 and f32.
+ *
+ * Every dispatch path this CPU runs (kernels/gemm_path.h: c, avx2, avx512)
+ * must give, bit for bit, the definition's fused multiply-add chain
+ * (par_gemm_reference): on every tail of M, N and K from 1 to 40, on large
+ * shapes that cross the K, M and N blocks, with alpha, beta, both transposes
+ * and strided operands; and a row or column computed alone must equal the
+ * same one inside a batch. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "kernels/gemm_path.h"
+
+/* both builds of kernels/gemm.h (a templated header is included once) */
+void par_gemm_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
+                  const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
+void par_gemm_reference_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
+                            int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
+void par_gemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void par_gemm_reference_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* values over many binades (so that any other summation order or rounding
+ * shows in the last bits) */
+static double value(const char *name, uint64_t i)
+{
+    par_philox_key key = par_rng_key(99, name);
+    double u = par_rng_normal(key, i, 0);
+    int e = (int)par_rng_below(key, i, 1, 13) - 6;
+    return ldexp(u, e);
+}
+
+/* One GEMM shape, its operands and the reference output. */
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    double alpha, beta;
+} shape;
+
+#define DEFINE_CHECK(T, SUF)                                                                          \
+    /* count of elements of par_gemm that differ from the reference (0 = bitwise equal) */             \
+    static int64_t check_##SUF(const shape *s, uint64_t seed)                                          \
+    {                                                                                                  \
+        int64_t na = (s->ta ? s->K : s->M) * s->lda, nb = (s->tb ? s->N : s->K) * s->ldb,             \
+                nc = s->M * s->ldc;                                                                    \
+        T *A = malloc(sizeof(T) * (size_t)na), *B = malloc(sizeof(T) * (size_t)nb);                    \
+        T *C = malloc(sizeof(T) * (size_t)nc), *R = malloc(sizeof(T) * (size_t)nc);                    \
+        cr_assert(A && B && C && R);                                                                   \
+        for (int64_t i = 0; i < na; i++)                                                               \
+            A[i] = (T)value("A", seed + (uint64_t)i);                                                  \
+        for (int64_t i = 0; i < nb; i++)                                                               \
+            B[i] = (T)value("B", seed + (uint64_t)i);                                                  \
+        for (int64_t i = 0; i < nc; i++)                                                               \
+            C[i] = R[i] = (T)value("C", seed + (uint64_t)i);                                           \
+        par_gemm_##SUF(s->ta, s->tb, s->M, s->N, s->K, (T)s->alpha, A, s->lda, B, s->ldb, (T)s->beta, C, \
+                       s->ldc);                                                                        \
+        par_gemm_reference_##SUF(s->ta, s->tb, s->M, s->N, s->K, (T)s->alpha, A, s->lda, B, s->ldb,    \
+                                 (T)s->beta, R, s->ldc);                                               \
+        int64_t bad = 0;                                                                               \
+        for (int64_t i = 0; i < nc; i++)                                                               \
+            bad += memcmp(&C[i], &R[i], sizeof(T)) != 0;                                               \
+        free(A), free(B), free(C), free(R);                                                            \
+        return bad;                                                                                    \
+    }
+DEFINE_CHECK(double, f64)
+DEFINE_CHECK(float, f32)
+
+static shape mk(int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t pad, double alpha, double beta)
+{
+    shape s = {ta, tb, M, N, K, (ta ? M : K) + pad, (tb ? K : N) + pad, N + pad, alpha, beta};
+    return s;
+}
+
+/* every path this CPU runs, forced in turn; returns how many */
+static int paths(par_gemm_path_id out[PAR_GEMM_PATH_COUNT])
+{
+    int n = 0;
+    for (int p = 0; p < PAR_GEMM_PATH_COUNT; p++)
+        if (par_gemm_path_available((par_gemm_path_id)p))
+            out[n++] = (par_gemm_path_id)p;
+    return n;
+}
+
+static void expect_equal(const shape *s, uint64_t seed, par_gemm_path_id p, int64_t *checked)
+{
+    int64_t b64 = check_f64(s, seed), b32 = check_f32(s, seed);
+    cr_expect(b64 == 0 && b32 == 0,
+              "path %s, ta %d tb %d, M %lld N %lld K %lld, alpha %g beta %g: %lld f64 / %lld f32 elements differ "
+              "from the fma chain",
+              par_gemm_path_name(p), s->ta, s->tb, (long long)s->M, (long long)s->N, (long long)s->K, s->alpha,
+              s->beta, (long long)b64, (long long)b32);
+    ++*checked;
+}
+
+Test(gemm, every_tail_every_path_equals_the_fma_chain)
+{
+    par_gemm_path_id ps[PAR_GEMM_PATH_COUNT];
+    int np = paths(ps);
+    int64_t checked = 0;
+    for (int ip = 0; ip < np; ip++) {
+        cr_assert_eq(par_gemm_path_set(ps[ip]), PAR_OK);
+        for (int64_t M = 1; M <= 40; M++)
+            for (int64_t N = 1; N <= 40; N++) {
+                int64_t K = (M * 7 + N * 13) % 40 + 1; /* every K 1..40 over the (M, N) grid */
+                int t = (int)((M + 3 * N) % 4);
+                shape s = mk(t & 1, t >> 1, M, N, K, (M + N) % 3, (M + N) % 5 ? 1.0 : -1.25, (M * N) % 3 ? 0.0 : 0.75);
+                expect_equal(&s, (uint64_t)(M * 1000 + N), ps[ip], &checked);
+            }
+        for (int64_t K = 1; K <= 40; K++)
+            for (int t = 0; t < 4; t++) {
+                shape s = mk(t & 1, t >> 1, 13, 17, K, 1, 0.5, 1.0);
+                expect_equal(&s, (uint64_t)K, ps[ip], &checked);
+            }
+    }
+    cr_log_info("%d paths (this CPU), %lld shapes each in f64 and f32: all bitwise the fma chain", np,
+                (long long)checked / (np ? np : 1));
+}
+
+Test(gemm, large_shapes_cross_every_block)
+{
+    /* K > KC with beta != 0 (the scratch path), M > MC, N > NC (2048), M = 1 */
+    const shape ss[] = {
+        mk(0, 1, 130, 257, 1100, 3, 1.0, 0.75), mk(1, 0, 61, 300, 777, 0, -1.5, 1.0),
+        mk(0, 0, 250, 2100, 70, 1, 1.0, 0.0),   mk(1, 1, 1, 3000, 513, 0, 2.0, 0.0),
+        mk(0, 1, 300, 5, 2049, 2, 1.0, 1.0),    mk(1, 1, 129, 33, 600, 5, 1.0, 0.0),
+    };
+    par_gemm_path_id ps[PAR_GEMM_PATH_COUNT];
+    int np = paths(ps);
+    int64_t checked = 0;
+    for (int ip = 0; ip < np; ip++) {
+        cr_assert_eq(par_gemm_path_set(ps[ip]), PAR_OK);
+        for (size_t i = 0; i < sizeof ss / sizeof *ss; i++)
+            expect_equal(&ss[i], 7 + i, ps[ip], &checked);
+    }
+}
