@@ -5,7 +5,7 @@
  * EP rank j of an EP group holds experts [j*E/EP, (j+1)*E/EP) of every
  * block (the model is built with par_model_init_owned).  The gate runs where
  * the token lives (block.c); par_ep_install points M->moe at this executor
- * (once; the microbatch is each call's argument, par_mbctx.slot):
+ * (once; the microbatch is each call's argument, par_mbctx.mb):
  *
  *   forward   rows (token's normed x, routing weight | expert id, token id,
  *             source slot t*K+k) go to the owner of each selected expert by
