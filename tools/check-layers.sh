@@ -13,22 +13,24 @@
 set -uo pipefail
 cd "${1:-$(dirname "$0")/..}"
 passed=0 failed=0
-# rule DIR ALLOWED...: every '#include "LAYER/..."' under DIR names an allowed layer
-rule() {
-  local dir=$1; shift
-  local allowed="$*" bad=""
+# check_includes MSG DIR PREFIX ALLOWED...: every '#include "PREFIX NAME/..."' under DIR names an
+# allowed NAME; otherwise prints "MSG {ALLOWED}:" and the offending lines
+check_includes() {
+  local msg=$1 dir=$2 prefix=$3; shift 3
+  local allowed="$*" bad="" name
   while IFS= read -r line; do
-    local layer
-    layer=$(printf '%s\n' "$line" | sed -E 's/^[^:]*:[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]+"([a-z_]+)\/.*/\1/')
-    case " $allowed " in *" $layer "*) ;; *) bad+="$line"$'\n' ;; esac
-  done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[a-z_]+/' "$dir" --include='*.c' --include='*.h')
+    name=$(printf '%s\n' "$line" | sed -E "s/^[^:]*:[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]+\"${prefix//\//\\/}([a-z_]+)\\/.*/\\1/")
+    case " $allowed " in *" $name "*) ;; *) bad+="$line"$'\n' ;; esac
+  done < <(grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]+\"${prefix}[a-z_]+/" "$dir" --include='*.c' --include='*.h')
   if [ -n "$bad" ]; then
-    printf 'layer rule: %s may include only {%s}:\n%s' "$dir" "$allowed" "$bad"
+    printf '%s {%s}:\n%s' "$msg" "$allowed" "$bad"
     failed=$((failed + 1))
   else
     passed=$((passed + 1))
   fi
 }
+# rule DIR ALLOWED...: every '#include "LAYER/..."' under DIR names an allowed layer
+rule() { check_includes "layer rule: $1 may include only" "$1" "" "${@:2}"; }
 rule src/core core
 rule src/comm comm core
 rule src/kernels kernels core
@@ -40,20 +42,8 @@ rule src/cli cli matrix parallel model kernels comm core backends
 # allowed room (lowest first; docs/architecture.md "src/parallel, room by room" gives the reasons)
 ruled=""
 room() {
-  local dir=$1; shift
-  local allowed="$dir $*" bad=""
-  ruled+=" $dir "
-  while IFS= read -r line; do
-    local r
-    r=$(printf '%s\n' "$line" | sed -E 's/^[^:]*:[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]+"parallel\/([a-z_]+)\/.*/\1/')
-    case " $allowed " in *" $r "*) ;; *) bad+="$line"$'\n' ;; esac
-  done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"parallel/' "src/parallel/$dir" --include='*.c' --include='*.h')
-  if [ -n "$bad" ]; then
-    printf 'room rule: src/parallel/%s may include only the rooms {%s}:\n%s' "$dir" "$allowed" "$bad"
-    failed=$((failed + 1))
-  else
-    passed=$((passed + 1))
-  fi
+  ruled+=" $1 "
+  check_includes "room rule: src/parallel/$1 may include only the rooms" "src/parallel/$1" "parallel/" "$@"
 }
 room layout
 room schedule
