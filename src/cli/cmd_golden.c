@@ -145,7 +145,7 @@ int par_cmd_golden(int argc, char **argv)
     const char *device = NULL;
     const char *max_memory = NULL;
     int64_t steps = 1, seed = 1234, gbs = 0, rows = 0;
-    int quiet = 0;
+    int quiet = 0, bitwise = 0;
     par_strlist sets;
     memset(&sets, 0, sizeof sets);
     const par_opt opts[] = {
@@ -164,13 +164,14 @@ int par_cmd_golden(int argc, char **argv)
          "accumulate gradients over blocks of R rows (R >= B: one shot; default: one shot unless it would not "
          "fit the memory limit)", PAR_CHK_POS},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
+        {"bitwise", PAR_OPT_FLAG, &bitwise, NULL, PAR_BITWISE_HELP},
         {"device", PAR_OPT_STR, &device, "cpu|gpu", PAR_DEVICE_HELP},
         {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
         "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--rows-per-block R]\n"
-        "       [--device cpu|gpu] [--max-memory SIZE] --out DIR\n\n"
+        "       [--device cpu|gpu] [--max-memory SIZE] [--bitwise] --out DIR\n\n"
         "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
         "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
         "synthetic generator with a random packing plan drawn from --seed.";
@@ -184,6 +185,7 @@ int par_cmd_golden(int argc, char **argv)
     par_golden_opts_init(&o);
     if (golden_config(&o, preset, precision, &sets, gbs))
         return 2;
+    o.cfg.bitwise = bitwise;
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.out_dir = out;

@@ -142,7 +142,7 @@ typedef struct {
     const char *max_memory, *device;
     int64_t save_interval, steps, seed;
     double comm_timeout;
-    int quiet, overwrite;
+    int quiet, overwrite, bitwise;
     par_strlist sets;
     par_layout_args la;
     par_net_args na; /* --topology, --gpus-per-node, --nvlink-gbps, --ib-gbps, --trace */
@@ -154,7 +154,7 @@ static const char synopsis[] =
     "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
     "       [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...\n"
     "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n"
-    "       [--device cpu|gpu]\n\n"
+    "       [--device cpu|gpu] [--bitwise]\n\n"
     "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
     "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
     "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
@@ -217,6 +217,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
         {"summary", PAR_OPT_STR, &c->summary, "FILE.json", "write the run's metrics as JSON (replaced atomically)",
          PAR_CHK_NONEMPTY},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
+        {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, PAR_BITWISE_HELP},
         {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP " (--summary, --trace)"},
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
@@ -304,6 +305,7 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
     }
     if (!s)
         s = par_config_check_runnable(&o->cfg);
+    o->cfg.bitwise = c->bitwise;
     par_layout *l = &o->layout;
     l->tp = c->la.tp;
     l->pp = c->la.pp;

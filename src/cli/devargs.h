@@ -8,6 +8,11 @@
     "where the kernels run: cpu (default) or gpu (a build with -Doffload=nvptx; several "   \
     "ranks share a GPU, MPI processes take local rank mod the device count)"
 
+/* --bitwise of golden, run and matrix (docs/bitwise.md). */
+#define PAR_BITWISE_HELP                                                                    \
+    "the bitwise mode: every gradient sum order-free (core/racc.h), so every layout gives "   \
+    "the serial golden's bits (docs/bitwise.md; recorded in the manifest)"
+
 /* Selects the process's device from --device NAME (NULL = cpu).  0, or 2
  * after printing "parity CMD: <why>" to stderr (bad name, no offload in this
  * build, no device seen). */

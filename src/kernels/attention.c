@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/pmath.h"
+#include "kernels/gsum.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
 
@@ -161,10 +162,14 @@ static void ape_backward(par_real *dape, const par_real *dz, const int32_t *pos,
                 dape[(pos[t] % m) * nc + e] += dz[t * nc + e];
         return;
     }
+    const par_racc_view v = par_gsum_of(dape, m * nc);
     for (int64_t t = 0; t < T; t++) {
         par_real *ap = dape + (pos[t] % m) * nc;
         for (int64_t e = 0; e < nc; e++)
-            ap[e] += dz[t * nc + e];
+            if (v.acc)
+                par_gsum_put(v, (pos[t] % m) * nc + e, (double)dz[t * nc + e]);
+            else
+                ap[e] += dz[t * nc + e];
     }
 }
 
@@ -488,7 +493,11 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
             ds[(t - q0) * H + h] = -(par_real)par_pmath_exp((double)(sink[h] - L)) * D;
         }
     }
-    if (dsink) {
+    const par_racc_view vs = PAR_ON_DEVICE() ? (par_racc_view){NULL, 0} : par_gsum_of(dsink, H);
+    for (int64_t t = q0; vs.acc && t < q1; t++) /* the bitwise mode: a term per query */
+        for (int64_t h = 0; h < H; h++)
+            par_gsum_put(vs, h, (double)ds[(t - q0) * H + h]);
+    if (dsink && !vs.acc) {
         /* per head, t ascending (the order of the host's t-major loop) */
         PAR_KLOOP(is_device_ptr(dsink, ds))
         for (int64_t h = 0; h < H; h++)
@@ -613,7 +622,10 @@ par_status PAR_FN(par_attn_out_backward)(par_real *dout,       /* [T, H*hd] or N
         if (dout)
             PAR_FN(par_gemm)(0, 0, T, Dg, ol, 1, dr + g * ol, G * ol, wo_a + g * ol * Dg, Dg, 1,
                              dout + g * Dg, HD);
-        if (dwo_a)
+        const par_racc_view v = par_gsum_of(dwo_a ? dwo_a + g * ol * Dg : NULL, ol * Dg);
+        if (v.acc)
+            PAR_FN(par_gsum_outer)(v, dr + g * ol, G * ol, o + g * Dg, HD, T, ol, Dg, Dg);
+        else if (dwo_a)
             PAR_FN(par_gemm)(1, 0, ol, Dg, T, 1, dr + g * ol, G * ol, o + g * Dg, HD, 1,
                              dwo_a + g * ol * Dg, Dg);
     }

@@ -14,6 +14,7 @@
 
 #include "core/alloc.h"
 #include "core/pmath.h"
+#include "kernels/gsum.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
 
@@ -148,7 +149,10 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
     /* Serial over rows (ascending t): dnorm is summed in that order; the
      * (row, column) slots of different blocks never overlap, so da/dz too
      * get one contribution per element.  On a device: one thread. */
-    PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dnorm, dcmp, raw, rstd, a, z, pos, norm, rope))
+    /* the bitwise mode (host only): each row's dnorm term deposited */
+    const par_racc_view vn = PAR_ON_DEVICE() ? (par_racc_view){NULL, 0} : par_gsum_of(dnorm, c);
+    par_real *dn = vn.acc ? NULL : dnorm;
+    PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dn, dcmp, raw, rstd, a, z, pos, norm, rope))
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = pos[t];
         if ((p + 1) % m != 0)
@@ -157,7 +161,9 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
         int32_t pe = (int32_t)(p + 1 - m);
         PAR_FN(par_rope_row)(g, (double)pe, rope, 1, c, -1.0);
         memset(draw, 0, (size_t)c * sizeof(par_real));
-        PAR_FN(par_rmsnorm_row_backward)(draw, dnorm, g, raw + t * c, norm, rstd[t], c);
+        PAR_FN(par_rmsnorm_row_backward)(draw, dn, g, raw + t * c, norm, rstd[t], c);
+        for (int64_t j = 0; vn.acc && j < c; j++)
+            par_gsum_put(vn, j, (double)g[j] * (double)raw[t * c + j] * (double)rstd[t]);
         for (int64_t ch = 0; ch < c; ch++) {
             slot_set s = slots_of(t, p, ch, c, m);
             par_real mx, sum;

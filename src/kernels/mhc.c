@@ -1,6 +1,8 @@
 /* kernels/mhc.c - mHC residual-stream kernels (see kernels/mhc.h). */
 #include "kernels/mhc.h"
 
+#include "kernels/gsum.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -317,12 +319,18 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
             }
         }
     } else if (dbase || dscale) {
+        /* the bitwise mode: each token's term deposited (kernels/gsum.h) */
+        const par_racc_view vb = par_gsum_of(dbase, P), vs = par_gsum_of(dscale, P == n ? 1 : 3);
         for (int64_t t = 0; t < T; t++) {
             for (int64_t p = 0; p < P; p++) {
                 par_real dz = work[t * P + p];
-                if (dbase)
+                if (vb.acc)
+                    par_gsum_put(vb, p, (double)dz);
+                else if (dbase)
                     dbase[p] += dz;
-                if (dscale)
+                if (vs.acc)
+                    par_gsum_put(vs, group_of(p, n), (double)(dz * mixes[t * P + p]));
+                else if (dscale)
                     dscale[group_of(p, n)] += dz * mixes[t * P + p];
             }
         }
@@ -370,6 +378,8 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
             for (int64_t c = 0; c < nd; c++)
                 for (int64_t t = 0; t < T; t++)
                     dfn[p * nd + c] += work[t * P + p] * X[t * nd + c];
+    } else if (dfn && par_gsum_of(dfn, P * nd).acc) {
+        PAR_FN(par_gsum_outer)(par_gsum_of(dfn, P * nd), work, P, X, nd, T, P, nd, nd);
     } else if (dfn) {
         /* Columns of dfn in blocks, each block owned by one thread; every
          * element sums over t in ascending order. */

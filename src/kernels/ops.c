@@ -16,6 +16,7 @@
 #include "core/counters.h"
 #include "core/log.h"
 #include "core/pmath.h"
+#include "kernels/gsum.h"
 #include "kernels/offload.h"
 
 /* ---------------------------------------------------------------- scalars */
@@ -48,8 +49,25 @@ void PAR_FN(par_linear_backward)(par_real *din,        /* [T, K] or NULL */
 {
     if (din)
         PAR_FN(par_gemm)(0, 0, T, K, N, 1, dout, N, w, K, 1, din, K);
-    if (dw)
+    par_racc_view v = par_gsum_of(dw, N * K);
+    if (v.acc)
+        PAR_FN(par_gsum_outer)(v, dout, N, in, K, T, N, K, K);
+    else if (dw)
         PAR_FN(par_gemm)(1, 0, N, K, T, 1, dout, N, in, K, 1, dw, K);
+}
+
+void PAR_FN(par_gsum_outer)(par_racc_view v, const par_real *a, int64_t lda, const par_real *b, int64_t ldb,
+                            int64_t T, int64_t N, int64_t K, int64_t ldw)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            const double g = (double)a[t * lda + n];
+            if (g == 0.0)
+                continue;
+            const par_real *x = b + t * ldb;
+            for (int64_t k = 0; k < K; k++)
+                par_gsum_put(v, n * ldw + k, g * (double)x[k]);
+        }
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -107,7 +125,11 @@ void PAR_FN(par_rmsnorm_backward)(par_real *din,        /* [T, D] or NULL */
             }
         }
     }
-    if (dw) {
+    par_racc_view v = par_gsum_of(dw, D);
+    for (int64_t t = 0; v.acc && t < T; t++)
+        for (int64_t j = 0; j < D; j++)
+            par_gsum_put(v, j, (double)dout[t * D + j] * (double)in[t * D + j] * (double)rstd[t]);
+    if (dw && !v.acc) {
         /* column j sums over t ascending in double: on the device one thread
          * per column (the same order); on the host in chunks of columns */
         if (PAR_ON_DEVICE()) {
@@ -184,11 +206,15 @@ void PAR_FN(par_embedding_backward)(par_real *dtable,     /* [V, D] */
                 dtable[(int64_t)ids[t] * D + j] += dout[t * D + j];
         return;
     }
+    par_racc_view v = par_gsum_of(dtable, D); /* the table's first row: the others follow it */
     for (int64_t t = 0; t < T; t++) {
         par_real *row = dtable + (int64_t)ids[t] * D;
         const par_real *g = dout + t * D;
         for (int64_t j = 0; j < D; j++)
-            row[j] += g[j];
+            if (v.acc)
+                par_gsum_put(v, (int64_t)ids[t] * D + j, (double)g[j]);
+            else
+                row[j] += g[j];
     }
 }
 

@@ -30,6 +30,9 @@
 typedef struct {
     char preset[32]; /* preset it started from ("custom" if none)          */
     int runnable;    /* 0: planning-only preset (v4-pro, v4-flash)         */
+    int bitwise;     /* 1: the bitwise mode (docs/bitwise.md): every gradient
+                      * sum order-free (core/racc.h); not a config key, set by
+                      * --bitwise and recorded in the manifest's "numerics"  */
 
     /* ---- model (ModelArgs names) ---- */
     int64_t vocab_size;

@@ -44,13 +44,60 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
         const par_param *p = &M->tab.p[i];
         double v = 0.0;
         if (p->dtype == PAR_PDT_REAL && p->has_grad && PAR_FN(par_model_loc)(M, i) >= 0) {
-            v = PAR_FN(par_sumsq)(M->grads + PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i));
+            v = PAR_FN(par_model_sumsq)(M, M->grads + PAR_FN(par_model_loc)(M, i), PAR_FN(par_model_numel)(M, i));
             s += v;
         }
         if (per_entry)
             per_entry[i] = v;
     }
     return s;
+}
+
+double PAR_FN(par_model_sumsq)(const PAR_FN(par_model) *M, const par_real *x, int64_t n)
+{
+    if (!M->cfg.bitwise)
+        return PAR_FN(par_sumsq)(x, n);
+    int32_t e = PAR_RACC_EMPTY;
+    int64_t s0 = 0, s1 = 0, s2 = 0;
+    par_racc a = {.n = 1, .e = &e, .s0 = &s0, .s1 = &s1, .s2 = &s2};
+    for (int64_t j = 0; j < n; j++)
+        par_racc_put(&a, 0, (double)x[j] * (double)x[j]);
+    return par_racc_value(&a, 0);
+}
+
+void PAR_FN(par_model_grads_zero)(PAR_FN(par_model) *M)
+{
+    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real)); /* memset (core/device.h) */
+    if (M->racc.n)
+        par_racc_zero(&M->racc, 0, M->racc.n);
+}
+
+/* The entry whose local range holds offset o (-1: none). */
+static int entry_at(const PAR_FN(par_model) *M, int64_t o)
+{
+    for (int i = 0; i < M->tab.n; i++) {
+        int64_t l = PAR_FN(par_model_loc)(M, i);
+        if (M->tab.p[i].dtype == PAR_PDT_REAL && l >= 0 && o >= l && o < l + PAR_FN(par_model_numel)(M, i))
+            return i;
+    }
+    return -1;
+}
+
+par_status PAR_FN(par_model_grads_settle)(PAR_FN(par_model) *M)
+{
+    if (!M->racc.n)
+        return PAR_OK;
+    for (int64_t o = 0; o < M->n_local; o++)
+        if (M->grads[o] != 0) {
+            int i = entry_at(M, o);
+            return par_err(PAR_EINTERNAL, "bitwise mode: the gradient of %s (element %lld) was written outside "
+                           "the order-free accumulator (%g): a kernel bypassed core/racc.h",
+                           i >= 0 ? M->tab.p[i].name : "?", (long long)(i >= 0 ? o - PAR_FN(par_model_loc)(M, i) : o),
+                           (double)M->grads[o]);
+        }
+    for (int64_t o = 0; o < M->n_local; o++)
+        M->grads[o] = (par_real)par_racc_value(&M->racc, (size_t)o);
+    return PAR_OK;
 }
 
 /* ------------------------------------------------------------ statistics -- */
@@ -318,6 +365,10 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_arena_destroy(&M->arena);
     PAR_FN(par_stats_free)(&M->stats);
     par_free(M->params);
+    if (M->racc.n) {
+        par_racc_unregister(M->grads);
+        par_racc_free(&M->racc);
+    }
     par_free(M->grads);
     par_free(M->opt_m);
     par_free(M->opt_v);
@@ -448,7 +499,12 @@ static par_status alloc_state(PAR_FN(par_model) *M)
     if (!M->params || !M->grads || !M->opt_m || !M->opt_v || !M->i32 || !M->rope || !M->adims || !M->ew ||
         !M->egw || !M->blk || !M->X)
         return par_err(PAR_ENOMEM, "model: out of memory for %lld parameters", (long long)nf);
-    return PAR_OK;
+    if (!M->cfg.bitwise || nf == 0)
+        return PAR_OK;
+    par_status s = par_racc_init(&M->racc, (size_t)nf);
+    if (!s && (s = par_racc_register(M->grads, (size_t)nf, sizeof(par_real), &M->racc)))
+        par_racc_free(&M->racc);
+    return s;
 }
 
 /* Entry idx's held values from the serial init into out: the whole tensor,

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "core/alloc.h"
+#include "core/racc.h"
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/mhc.h"
@@ -343,6 +344,11 @@ struct PAR_FN(par_model_s) {
      * par_model_numel is then the table's numel of every held entry) */
     par_model_cut *cut;       /* [tab.n] or NULL */
     par_real *grads;          /* [n_local] */
+    /* The bitwise mode (cfg.bitwise): grads is registered with core/racc.h
+     * and every contribution lands in racc instead (kernels deposit, the
+     * reduction module merges); par_model_grads_settle rounds racc into
+     * grads once the step's contributions are in.  Else racc.n == 0. */
+    par_racc racc;
     par_real *opt_m, *opt_v;  /* [n_local] optimizer state (model/optim.h) */
     int32_t *i32;             /* [n_i32] tid2eid tables */
     PAR_FN(par_moe_exec) moe; /* routed-expert executor (zeroed: serial), installed once */
@@ -467,6 +473,21 @@ const par_model_cut *PAR_FN(par_model_cut_of)(const PAR_FN(par_model) *M, int id
  * table order).  If per_entry is not NULL, per_entry[idx] = entry idx's sum
  * (0 where not held or without gradient). */
 double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entry /* [tab.n] */);
+
+/* Sum of squares of x[0..n): par_sumsq's element-order sum, or in the
+ * bitwise mode the order-free sum (core/racc.h) of the squares, whose bits
+ * do not depend on how an entry is cut between ranks. */
+double PAR_FN(par_model_sumsq)(const PAR_FN(par_model) *M, const par_real *x, int64_t n);
+
+/* Every gradient zeroed (grads, and in the bitwise mode the accumulator). */
+void PAR_FN(par_model_grads_zero)(PAR_FN(par_model) *M);
+
+/* The bitwise mode: rounds the accumulator into grads, after checking that
+ * no contribution bypassed it (grads still all zero: PAR_EINTERNAL naming
+ * the first entry written directly).  Called once per step, after the last
+ * contribution and before anything reads grads (the serial backward's end,
+ * the parallel step's par_finalize_grads).  A no-op outside the mode. */
+par_status PAR_FN(par_model_grads_settle)(PAR_FN(par_model) *M);
 
 /* ---- pieces (T tokens of whole samples; arrays [T] are token-indexed) ---- */
 

@@ -171,9 +171,9 @@ par_status PAR_FN(par_model_backward)(PAR_FN(par_model) *M)
 {
     if (!M->have_fwd)
         return par_err(PAR_EINVAL, "model backward: no forward to differentiate");
-    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
+    PAR_FN(par_model_grads_zero)(M);
     par_status s = backward_pieces(M);
-    if (s)
+    if (s || (s = PAR_FN(par_model_grads_settle)(M)))
         return s;
     M->stats.grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
     M->last.grad_norm = sqrt(M->stats.grad_sumsq);
@@ -231,7 +231,7 @@ par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const p
     if (!sample)
         return par_err(PAR_ENOMEM, "model step: out of memory for %lld sample numbers", (long long)T);
     par_status s = stats_setup(M, batch, number_samples(sample, batch, T), T);
-    par_dev_zero(M->grads, (size_t)M->n_local * sizeof(par_real));
+    PAR_FN(par_model_grads_zero)(M);
     for (int64_t r0 = 0; r0 < B && !s; r0 += rows) {
         const int64_t R = B - r0 < rows ? B - r0 : rows;
         par_batch v = row_view(batch, r0, R);
@@ -252,7 +252,7 @@ par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const p
     M->T = T;
     M->sample = NULL;
     par_free(sample);
-    if (s)
+    if (s || (s = PAR_FN(par_model_grads_settle)(M)))
         return s;
     M->stats.grad_sumsq = PAR_FN(par_model_grad_sumsq)(M, NULL);
     PAR_FN(par_model_losses)(M, &M->stats, &M->last);

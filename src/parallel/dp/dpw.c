@@ -309,6 +309,50 @@ par_status PAR_FN(par_dpw_reduce)(dpw_t *w, PAR_FN(par_model) *M)
     return PAR_OK;
 }
 
+/* The bitwise mode's shares (docs/bitwise.md): the squares of the same
+ * elements entry_shares and col_shares count on this rank (its segment's
+ * AdamW pieces and owned Muon entries; of a sharded entry its own shard),
+ * each deposited as a term of entry idx's order-free sum, so no chain or
+ * gather is needed: the world merge adds every rank's terms exactly. */
+static void racc_shares(const dpw_t *w, const PAR_FN(par_model) *M, int k, const unsigned char *skip, par_racc *acc)
+{
+    const plan_t *pl = &w->plan[k];
+    const int64_t base = (int64_t)pl->rank * pl->shard;
+    for (int i = 0; i < pl->n; i++) {
+        const par_zero_entry *e = &pl->e[i];
+        if (e->opt != PAR_OPT_ADAMW || col_cut(M->cut, e->idx) || skips(skip, e->idx))
+            continue;
+        int64_t a = e->pos > base ? e->pos : base;
+        int64_t b = e->pos + e->numel < base + pl->shard ? e->pos + e->numel : base + pl->shard;
+        const par_real *g = a < b ? PAR_FN(par_zero_grad_at)(pl, e, a) : NULL;
+        for (int64_t p = 0; g && p < b - a; p++)
+            par_racc_put(acc, (size_t)e->idx, (double)g[p] * (double)g[p]);
+    }
+    for (int j = pl->owned_begin[pl->rank]; j < pl->owned_begin[pl->rank + 1]; j++) {
+        const par_zero_entry *e = &pl->e[pl->owned[j]];
+        if (skips(skip, e->idx))
+            continue;
+        const par_real *x = PAR_FN(par_zero_grad_at)(pl, e, e->pos);
+        for (int64_t q = 0; q < e->numel; q++)
+            par_racc_put(acc, (size_t)e->idx, (double)x[q] * (double)x[q]);
+    }
+}
+
+/* The shares of both plans: in the bitwise mode as order-free sums
+ * registered behind per (the world all-reduce then merges them). */
+static par_status shares_of(dpw_t *w, const PAR_FN(par_model) *M, const unsigned char *skip, double *per,
+                            par_racc *acc)
+{
+    if (!M->cfg.bitwise)
+        return norm_shares(w, M, skip, per);
+    par_status s = par_racc_init(acc, (size_t)(M->tab.n > 0 ? M->tab.n : 1));
+    if (s || (s = par_racc_register(per, (size_t)(M->tab.n > 0 ? M->tab.n : 1), sizeof *per, acc)))
+        return s;
+    racc_shares(w, M, PAR_DPW_DENSE, skip, acc);
+    racc_shares(w, M, PAR_DPW_EXPERT, skip, acc);
+    return PAR_OK;
+}
+
 /* The per-entry shares of this rank's segments, one world all-reduce (an
  * entry held by one segment: x + 0 + ... = x, exact), summed in table order
  * like par_grad_sumsq. */
@@ -319,10 +363,15 @@ par_status PAR_FN(par_dpw_norm)(dpw_t *w, const par_pctx *P, const PAR_FN(par_mo
     double *per = par_calloc((size_t)(t->n > 0 ? t->n : 1), sizeof *per, PAR_TAG_COMM);
     if (!per)
         return par_err(PAR_ENOMEM, "dp step: out of memory for %d norm shares", t->n);
-    par_status s = norm_shares(w, M, skip, per);
+    par_racc acc = {0};
+    par_status s = shares_of(w, M, skip, per, &acc);
     par_field pf = PAR_FIELD(per, t->n, PAR_C_F64);
     if (!s)
         s = par_reduce_fields(P->world, &pf, 1, NULL);
+    if (acc.n) {
+        par_racc_unregister(per);
+        par_racc_free(&acc);
+    }
     double sum = 0.0;
     for (int i = 0; !s && i < t->n; i++)
         if (t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/racc.h"
 #include "model/optim.h"
 #include "parallel/reduce/reduce_sum.h"
 #include "parallel/tp/tp_muon.h"
@@ -352,6 +353,17 @@ par_status PAR_FN(par_dp_reduce_grads)(plan_t *pl, par_comm *comm, par_real *gra
         if ((st = reduce_in_place(pl, comm, grads)))
             return st;
         pl->rg = grads;
+        pl->reduced = 1;
+        return PAR_OK;
+    }
+    if (par_racc_lookup(grads, 1).acc) {
+        /* the bitwise mode: the order-free accumulator merged in place (the
+         * registry backs grads, not the packed copy), then this rank's block */
+        if ((st = reduce_in_place(pl, comm, grads)))
+            return st;
+        memset(pl->buf, 0, total * sizeof *pl->buf);
+        pack(pl, grads, pl->buf);
+        memcpy(pl->red, pl->buf + (size_t)pl->rank * (size_t)pl->seg, (size_t)pl->seg * sizeof *pl->buf);
         pl->reduced = 1;
         return PAR_OK;
     }

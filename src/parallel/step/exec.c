@@ -461,7 +461,7 @@ par_status PAR_FN(par_exec_step)(PAR_FN(par_exec) *ex, const par_pctx *P, PAR_FN
     if ((s = PAR_FN(par__exec_setup)(ex, P, M, tokens, segments)) ||
         (keep && (s = PAR_FN(par__exec_keep_alloc)(ex, M))))
         return s;
-    par_dev_zero(M->grads, (size_t)M->n_local * sizeof *M->grads); /* memset (core/device.h) */
+    PAR_FN(par_model_grads_zero)(M); /* grads (and the bitwise mode's accumulator) */
     M->have_fwd = 0; /* the step's gradients are finished by parallel/step/finalize.h */
     return pipeline_phase(ex, M);
 }

@@ -35,7 +35,7 @@ par_status PAR_FN(par_finalize_grads)(PAR_FN(par_exec) *ex, PAR_FN(par_dpw) *w, 
 {
     double sum = 0.0;
     par_status s;
-    if ((s = layout_sums(ex, P, M)) || (s = PAR_FN(par_dpw_reduce)(w, M)) ||
+    if ((s = PAR_FN(par_model_grads_settle)(M)) || (s = layout_sums(ex, P, M)) || (s = PAR_FN(par_dpw_reduce)(w, M)) ||
         (s = PAR_FN(par_dpw_norm)(w, P, M, ex->norm_skip, &sum)))
         return s;
     const double norm = sqrt(sum);
