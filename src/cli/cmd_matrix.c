@@ -34,7 +34,7 @@ typedef struct {
     const char *baseline;
     double baseline_margin;
     int64_t steps, seed, mpi_procs, rows_per_block;
-    int quick, keep, list, quiet, full, scale, overwrite;
+    int quick, keep, list, quiet, full, scale, overwrite, bitwise;
     par_strlist cells, fixtures;
     double mem_limit;   /* --max-memory or this machine's memory (par_memlimit_limit) */
     char mem_what[96];  /* its words */
@@ -81,6 +81,8 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
                                                                 "of R rows (default: one shot unless it would not fit)",
          PAR_CHK_POS},
         {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
+        {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, "layout and resume cells and their serial references in the "
+         "bitwise mode, compared with --policy bitwise (docs/bitwise.md)"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
          "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
@@ -92,7 +94,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
         "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi [--mpi-procs P]]\n"
         "       [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]\n"
-        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list]\n"
+        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list] [--bitwise]\n"
         "       [--max-memory SIZE]\n"
         "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
@@ -166,6 +168,7 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
     o->only_fixtures = c->fixtures.items;
     o->n_only_fixtures = c->fixtures.count;
     o->keep = c->keep;
+    o->bitwise = c->bitwise;
     o->rows_per_block = c->rows_per_block;
     o->max_memory = c->mem_limit;
     o->max_memory_what = c->mem_what;

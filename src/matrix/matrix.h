@@ -96,6 +96,8 @@ typedef struct {
     int64_t rows_per_block;   /* the serial goldens' row blocks (--rows-per-block; model/facade.h);
                                * 0: the automatic rule (parallel/plan/memcheck.h par_memcheck_golden_rows) */
     int keep;                 /* keep every set (passing cells' and references) */
+    int bitwise;              /* --bitwise: layout and resume cells and their references in the bitwise
+                               * mode (docs/bitwise.md), compared with the bitwise policy */
     /* A cell's memory limit in bytes: before a serial reference, golden or in-process layout run
      * allocates anything, its estimate (parallel/plan/memcheck.h, `parity run --max-memory`'s) must fit,
      * else the cell is ERROR naming the estimate.  0: no check.  max_memory_what names the limit in

@@ -427,6 +427,8 @@ cJSON *par__matrix_report_json(const par_matrix *m)
     cJSON_AddBoolToObject(root, "quick", m->o.quick);
     cJSON_AddStringToObject(root, "backend", m->backend);
     cJSON_AddNumberToObject(root, "seed", (double)m->o.seed);
+    if (m->o.bitwise) /* the tolerance mode's report stays as it was */
+        cJSON_AddBoolToObject(root, "bitwise", 1);
     cJSON_AddStringToObject(root, "blas_core", m->blas_core);
     cJSON_AddStringToObject(root, "out_dir", m->out_dir);
     cJSON_AddNumberToObject(root, "wall_s", m->wall_s);

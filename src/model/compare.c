@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "model/config.h"
 #include "core/json.h"
 #include "core/manifest.h"
 
@@ -70,6 +71,7 @@ struct par_compare_report {
     char *a, *b;
     par_policy policy;
     char policy_why[200];
+    char numerics[2][16]; /* each set's mode: "bitwise" or "tolerance" (manifests' train.numerics) */
     int nfiles;         /* file pairs compared (or listed missing) */
     /* directories: the steps each set holds (manifest first_step..steps)
      * and those compared, the ones in both; files outside are skipped */
@@ -963,8 +965,17 @@ static par_status check_set(const char *dir, const par_manifest *m, const gfile 
 
 /* One failing entry per config key whose value differs between the sets'
  * manifests ("model" and "train": a reported difference, not an error). */
+/* The mode a set was made in (docs/bitwise.md): train.numerics, absent = tolerance. */
+static void numerics_of(const par_manifest *m, char out[16])
+{
+    const cJSON *n = m->train ? cJSON_GetObjectItemCaseSensitive(m->train, PAR_CONFIG_NUMERICS_KEY) : NULL;
+    snprintf(out, 16, "%s", cJSON_IsString(n) ? n->valuestring : "tolerance");
+}
+
 static par_status compare_configs(par_compare_report *r, const par_manifest *ma, const par_manifest *mb)
 {
+    numerics_of(ma, r->numerics[0]);
+    numerics_of(mb, r->numerics[1]);
     const cJSON *sec[2][2] = {{ma->model, mb->model}, {ma->train, mb->train}};
     static const char *const secname[2] = {"model", "train"};
     for (int s = 0; s < 2; s++) {
@@ -972,7 +983,7 @@ static par_status compare_configs(par_compare_report *r, const par_manifest *ma,
             const cJSON *it;
             cJSON_ArrayForEach(it, sec[s][side])
             {
-                if (!it->string)
+                if (!it->string || !strcmp(it->string, PAR_CONFIG_NUMERICS_KEY)) /* the mode: a note (numerics_note) */
                     continue;
                 const cJSON *other = cJSON_GetObjectItemCaseSensitive(sec[s][!side], it->string);
                 if (side == 1 && other)
@@ -1295,6 +1306,9 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     if (r->policy != PAR_POLICY_BITWISE)
         fprintf(out, ": ||B-A||_2 <= %g ||A||_2 + %g sqrt(numel)", rt, at);
     fputc('\n', out);
+    if (r->numerics[0][0] && strcmp(r->numerics[0], r->numerics[1]))
+        fprintf(out, "note: A was made in the %s mode, B in the %s mode (docs/bitwise.md): only a tolerance policy "
+                "can equate them\n", r->numerics[0], r->numerics[1]);
     if (r->have_steps && r->steps_cmp[0] <= r->steps_cmp[1]) {
         const int64_t *c = r->steps_cmp;
         fprintf(out, "steps compared: %lld..%lld (params.%lld..params.%lld", (long long)c[0], (long long)c[1],
@@ -1388,6 +1402,9 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     ok = ok && cJSON_AddStringToObject(root, "a", r->a) && cJSON_AddStringToObject(root, "b", r->b);
     ok = ok && cJSON_AddStringToObject(root, "policy", par_policy_name(r->policy));
     ok = ok && cJSON_AddStringToObject(root, "policy_source", r->policy_why);
+    if (ok && r->numerics[0][0]) /* directories: each set's mode */
+        ok = cJSON_AddStringToObject(root, "numerics_a", r->numerics[0]) &&
+             cJSON_AddStringToObject(root, "numerics_b", r->numerics[1]);
     ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
     ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
     ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);

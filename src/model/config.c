@@ -199,6 +199,12 @@ par_status par_config_get(const par_config *cfg, const char *key, char *buf, int
 static par_status apply_json_key(par_config *cfg, const cJSON *item)
 {
     const char *key = item->string;
+    if (!strcmp(key, PAR_CONFIG_NUMERICS_KEY)) { /* a manifest's mode record, not a model key */
+        if (!cJSON_IsString(item) || (strcmp(item->valuestring, "bitwise") && strcmp(item->valuestring, "tolerance")))
+            return par_err(PAR_EINVAL, "config key '%s': expected \"bitwise\" or \"tolerance\"", key);
+        cfg->bitwise = !strcmp(item->valuestring, "bitwise");
+        return PAR_OK;
+    }
     const key_def *k = find_key(key);
     if (!k)
         return par_err(PAR_ENOTFOUND, "config key '%s': unknown key", key);
@@ -344,6 +350,11 @@ cJSON *par_config_section_to_json(const par_config *cfg, par_config_section sect
             cJSON_Delete(o);
             return NULL;
         }
+    /* the bitwise mode is recorded (the tolerance mode's manifests stay as they were) */
+    if (section == PAR_CFG_TRAIN && cfg->bitwise && !cJSON_AddStringToObject(o, PAR_CONFIG_NUMERICS_KEY, "bitwise")) {
+        cJSON_Delete(o);
+        return NULL;
+    }
     return o;
 }
 

@@ -83,6 +83,11 @@ typedef struct {
     double mu;
 } par_config;
 
+/* The manifest's record of the bitwise mode: "train": {"numerics":
+ * "bitwise"} (absent: the tolerance mode).  Read back by
+ * par_config_from_json; compare reports a difference as a note. */
+#define PAR_CONFIG_NUMERICS_KEY "numerics"
+
 /* Which section of a manifest a key belongs to. */
 typedef enum {
     PAR_CFG_MODEL = 0, /* MODEL.md model keys */

@@ -1,0 +1,43 @@
+#!/bin/sh
+# issue 30, the bitwise mode (docs/bitwise.md): the serial `golden --bitwise`
+# and `run --bitwise` under every layout that is bitwise-ready (DP, ZeRO-1, EP,
+# DP x EP x ZeRO-1, PP under three schedules) give the same bits
+# (`compare --policy bitwise`); the same layouts in the tolerance mode differ
+# from their golden in bits but pass the f64 policy (what the bitwise policy
+# sees that the tolerance policy cannot); the bitwise golden agrees with the
+# tolerance golden under the f64 policy, and compare notes the two modes.
+# Usage: bitwise_layouts.sh PARITY
+P="$1"
+T=$(mktemp -d) || exit 1
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+common="--preset v4-tiny --steps 3 --fixture tiny-boundary-mix --quiet"
+"$P" golden $common --bitwise --out "$T/gb" >/dev/null 2>"$T/err" || fail "golden --bitwise: $(cat "$T/err")"
+"$P" golden $common --out "$T/gt" >/dev/null 2>"$T/err" || fail "golden: $(cat "$T/err")"
+grep -q '"numerics"' "$T/gb/manifest.json" || fail "the bitwise golden's manifest does not record the mode"
+grep -q '"numerics"' "$T/gt/manifest.json" && fail "the tolerance golden's manifest records a mode (it must stay as it was)"
+"$P" compare "$T/gt" "$T/gb" --policy f64 >"$T/cmp" 2>&1 || fail "bitwise vs tolerance golden, f64 policy: $(tail -3 "$T/cmp")"
+grep -q "made in the tolerance mode, B in the bitwise mode" "$T/cmp" || fail "compare does not note the modes"
+n=0
+check() { # NAME LAYOUT-FLAGS...
+    name=$1
+    shift
+    "$P" run $common --bitwise "$@" --dump "$T/$name" >/dev/null 2>"$T/err" || fail "$name: $(tail -2 "$T/err")"
+    "$P" compare "$T/gb" "$T/$name" --policy bitwise >"$T/cmp" 2>&1 || fail "$name --bitwise vs the bitwise golden: $(tail -2 "$T/cmp")"
+    n=$((n + 1))
+    echo "PASS bitwise: $name"
+}
+check dp2 --world-size 2
+check dp2-zero1 --world-size 2 --use-distributed-optimizer
+check ep2 --world-size 2 --expert-model-parallel-size 2
+check dp2-ep2-zero1 --world-size 4 --expert-model-parallel-size 2 --use-distributed-optimizer
+for s in gpipe 1f1b dualpipe; do
+    check "pp2-$s" --world-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' \
+        --pipeline-schedule "$s"
+done
+# the tolerance mode: another summation order, caught by the bitwise policy only
+"$P" run $common --world-size 2 --dump "$T/dp2t" >/dev/null 2>"$T/err" || fail "dp2 (tolerance): $(tail -2 "$T/err")"
+"$P" compare "$T/gt" "$T/dp2t" --policy bitwise >"$T/cmp" 2>&1 && fail "dp2 in the tolerance mode is bitwise equal: the check could not fail"
+grep -q "first divergence" "$T/cmp" || fail "no diagnosis: $(tail -2 "$T/cmp")"
+"$P" compare "$T/gt" "$T/dp2t" --policy f64 >"$T/cmp" 2>&1 || fail "dp2 (tolerance) under the f64 policy: $(tail -2 "$T/cmp")"
+echo "$n layouts bitwise equal to the serial golden; the tolerance mode's dp2 differs in bits and passes f64"
