@@ -710,7 +710,8 @@ static void check_figures(const par_matrix *m, const par__matrix_cell *c, par__m
         if (d)
             return fail_figures(res, what, d, first);
     }
-    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row))
+    /* the pins are the tolerance mode's clock (the bitwise mode's reductions move 4x the bytes) */
+    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row) || c->cfg.bitwise)
         return;
     char key[256];
     par__matrix_fmt(key, sizeof key, "%s %s %s", c->row.preset, c->row.name, c->data_label);

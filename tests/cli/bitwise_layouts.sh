@@ -35,6 +35,25 @@ for s in gpipe 1f1b dualpipe; do
     check "pp2-$s" --world-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' \
         --pipeline-schedule "$s"
 done
+# every backend: fiber ranks, and (where MPICH is installed) MPI processes, alone and hosting fiber ranks
+pp_ep="--world-size 8 --expert-model-parallel-size 4 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*1|t*2mL --use-distributed-optimizer"
+check fiber-pp2-ep4-zero1 --backend fiber $pp_ep
+if command -v mpiexec >/dev/null 2>&1; then
+    mpi() { # NAME NPROC FLAGS...
+        name=$1 np=$2
+        shift 2
+        timeout 240 mpiexec -n "$np" "$P" run --backend mpi $common --bitwise "$@" --dump "$T/$name" >/dev/null 2>"$T/err" ||
+            fail "$name: $(tail -2 "$T/err")"
+        "$P" compare "$T/gb" "$T/$name" --policy bitwise >"$T/cmp" 2>&1 || fail "$name vs the bitwise golden: $(tail -2 "$T/cmp")"
+        n=$((n + 1))
+        echo "PASS bitwise: $name"
+    }
+    mpi mpi4-pp2-ep2 4 --world-size 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+        --pipeline-model-parallel-layout 'Et*1|t*2mL'
+    mpi mpi2xfiber4-pp2-ep4-zero1 2 --rank-host fiber $pp_ep
+else
+    echo "no mpiexec: the MPI layouts are not run"
+fi
 # the tolerance mode: another summation order, caught by the bitwise policy only
 "$P" run $common --world-size 2 --dump "$T/dp2t" >/dev/null 2>"$T/err" || fail "dp2 (tolerance): $(tail -2 "$T/err")"
 "$P" compare "$T/gt" "$T/dp2t" --policy bitwise >"$T/cmp" 2>&1 && fail "dp2 in the tolerance mode is bitwise equal: the check could not fail"
