@@ -19,12 +19,21 @@
 
 /* ---- the rank-order reduction ------------------------------------------- */
 
+#if PAR_FAULT_COMM_REVERSE_SUM
+/* Deliberate fault (meson -Dfault=comm_reverse_sum; docs/bitwise.md): rows summed in rank order
+ * p-1..0, a valid but different order: the tolerance mode's sums move bits (the f64 policy still
+ * passes), the bitwise mode's integer folds do not. */
+#define ROW_AT(rows, j, p, n) ((rows) + ((p) - 1 - (j)) * (n))
+#else
+#define ROW_AT(rows, j, p, n) ((rows) + (j) * (n))
+#endif
+
 #define REDUCE_FLOAT(T)                                                                      \
     static void reduce_##T(T *out, const T *rows, size_t p, size_t n, par_redop op)         \
     {                                                                                        \
-        memcpy(out, rows, n * sizeof(T));                                                   \
+        memcpy(out, ROW_AT(rows, 0, p, n), n * sizeof(T));                                  \
         for (size_t j = 1; j < p; j++) {                                                     \
-            const T *row = rows + j * n;                                                     \
+            const T *row = ROW_AT(rows, j, p, n);                                            \
             if (op == PAR_OP_SUM) {                                                          \
                 for (size_t e = 0; e < n; e++)                                               \
                     out[e] = out[e] + row[e];                                                \
@@ -40,9 +49,9 @@
 #define REDUCE_INT(T, U)                                                                     \
     static void reduce_##T(T *out, const T *rows, size_t p, size_t n, par_redop op)         \
     {                                                                                        \
-        memcpy(out, rows, n * sizeof(T));                                                   \
+        memcpy(out, ROW_AT(rows, 0, p, n), n * sizeof(T));                                  \
         for (size_t j = 1; j < p; j++) {                                                     \
-            const T *row = rows + j * n;                                                     \
+            const T *row = ROW_AT(rows, j, p, n);                                            \
             if (op == PAR_OP_SUM) {                                                          \
                 for (size_t e = 0; e < n; e++)                                               \
                     out[e] = (T)((U)out[e] + (U)row[e]);                                     \

@@ -35,6 +35,13 @@ for s in gpipe 1f1b dualpipe; do
     check "pp2-$s" --world-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' \
         --pipeline-schedule "$s"
 done
+# f32: the same mode in the other working precision
+"$P" golden $common --precision f32 --bitwise --out "$T/gf" >/dev/null 2>"$T/err" || fail "golden f32 --bitwise: $(cat "$T/err")"
+"$P" run $common --precision f32 --bitwise --world-size 4 --expert-model-parallel-size 2 --use-distributed-optimizer \
+    --dump "$T/f32" >/dev/null 2>"$T/err" || fail "f32 dp2-ep2-zero1: $(tail -2 "$T/err")"
+"$P" compare "$T/gf" "$T/f32" --policy bitwise >"$T/cmp" 2>&1 || fail "f32 dp2-ep2-zero1 vs the f32 bitwise golden: $(tail -2 "$T/cmp")"
+n=$((n + 1))
+echo "PASS bitwise: f32 dp2-ep2-zero1"
 # every backend: fiber ranks, and (where MPICH is installed) MPI processes, alone and hosting fiber ranks
 pp_ep="--world-size 8 --expert-model-parallel-size 4 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*1|t*2mL --use-distributed-optimizer"
 check fiber-pp2-ep4-zero1 --backend fiber $pp_ep
