@@ -100,6 +100,14 @@ double par_racc_value(const par_racc *a, size_t i)
     return ldexp((double)v, e - 2 * PAR_RACC_W); /* one rounding (RNE), an exact scale unless subnormal */
 }
 
+void par_racc_copy(par_racc *dst, size_t di, const par_racc *src, size_t si, size_t n)
+{
+    memcpy(dst->e + di, src->e + si, n * sizeof *dst->e);
+    memcpy(dst->s0 + di, src->s0 + si, n * sizeof *dst->s0);
+    memcpy(dst->s1 + di, src->s1 + si, n * sizeof *dst->s1);
+    memcpy(dst->s2 + di, src->s2 + si, n * sizeof *dst->s2);
+}
+
 void par_racc_merge(par_racc *dst, const par_racc *src, size_t i0, size_t n)
 {
     for (size_t i = i0; i < i0 + n; i++) {

@@ -104,6 +104,9 @@ double par_racc_value(const par_racc *a, size_t i);
  * larger term would move them).  e must be a grid exponent. */
 void par_racc_align(par_racc *a, size_t i, int32_t e);
 
+/* dst's elements [di, di + n) = src's [si, si + n) (the state, not a value). */
+void par_racc_copy(par_racc *dst, size_t di, const par_racc *src, size_t si, size_t n);
+
 /* dst += src element-wise over [i0, i0 + n) of both (a merge: exact, order
  * free). */
 void par_racc_merge(par_racc *dst, const par_racc *src, size_t i0, size_t n);

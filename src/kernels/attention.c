@@ -537,6 +537,43 @@ static int selected_has(const int32_t *st, int64_t K, int64_t i)
 }
 PAR_END_DECLARE_TARGET
 
+/* The bitwise mode (host): query t's contribution to key k's gradient, one
+ * term per (head, element) into v at element j*hd (key_grad's terms). */
+static void key_terms(par_racc_view v, int64_t j, const par_real *k, int64_t t, const par_real *dop,
+                      const par_real *Dd, const par_real *lse, const par_real *q, const par_attn_dims *dm,
+                      par_real scale)
+{
+    const int64_t H = dm->H, hd = dm->hd;
+    for (int64_t h = 0; h < H; h++) {
+        const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
+        par_real p = (par_real)par_pmath_exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
+        par_real dp = dot(gh, k, hd);
+        par_real dz = p * (dp - Dd[t * H + h]) * scale;
+        for (int64_t e = 0; e < hd; e++)
+            par_gsum_put(v, j * hd + e, (double)(dz * qh[e] + p * gh[e]));
+    }
+}
+
+/* The entries' key side in the bitwise mode: every (query, head) term
+ * deposited into the accumulator behind dcmp (any order: the layouts split
+ * an entry's queries between ranks). */
+static void entry_terms(par_racc_view v, const par_real *dop, const par_real *Dd, const par_real *lse,
+                        const par_real *q, const par_real *cmp, const int32_t *sel, const int32_t *pos,
+                        const par_attn_dims *dm, int64_t k0, int64_t k1, int64_t nq)
+{
+    const int64_t hd = dm->hd, m = dm->m;
+    const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    for (int64_t j = k0; j < k1; j++) {
+        const int64_t pj = pos[j];
+        if ((pj + 1) % m != 0)
+            continue;
+        const int64_t i = (pj + 1) / m - 1;
+        for (int64_t t = j; t < nq && pos[t] == pj + (t - j); t++)
+            if (m != 4 || selected_has(sel + t * dm->topk, dm->topk, i))
+                key_terms(v, j, cmp + j * hd, t, dop, Dd, lse, q, dm, scale);
+    }
+}
+
 void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL */
                                        par_real *dcmp,        /* [T, hd] or NULL */
                                        const par_real *dop,   /* [T, H*hd] */
@@ -552,6 +589,13 @@ void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL
 {
     const int64_t hd = dm->hd, m = dm->m, H = dm->H;
     const par_real scale = (par_real)(1.0 / sqrt((double)hd));
+    const par_racc_view ve = dcmp && m > 0 && !PAR_ON_DEVICE() ? par_gsum_of(dcmp, k1 * hd) : (par_racc_view){NULL, 0};
+    if (ve.acc) { /* the bitwise mode: the entries as terms, then only dkv below */
+        entry_terms(ve, dop, Dd, lse, q, cmp, sel, pos, dm, k0, k1, nq);
+        dcmp = NULL;
+        if (!dkv)
+            return;
+    }
     PAR_DEV_BEGIN();
     const int64_t T = nq > k1 ? nq : k1; /* rows read: keys [k0, k1), queries [0, nq) */
     PAR_DIN(dop, nq * H * hd);
@@ -694,6 +738,33 @@ void PAR_FN(par_attn_keep_carve)(PAR_FN(par_attn_keep) *k, void *buf, const par_
     }
 }
 
+/* par_attn_core_backward_kv over the whole batch into keep; in the bitwise
+ * mode (host) keep->dcmp is backed by an order-free accumulator for the
+ * call, then rounded into it (the serial form of what context parallelism
+ * merges over ranks). */
+static par_status entries_kv_backward(PAR_FN(par_attn_keep) *keep, const par_real *dop, const par_real *Dd,
+                                      const PAR_FN(par_attn_saved) *s, const int32_t *pos, const par_attn_dims *dm,
+                                      int64_t T)
+{
+    const int64_t m = dm->m, n = T * dm->hd;
+    par_racc acc = {0};
+    const int exact = m > 0 && dm->bitwise && n > 0 && !PAR_ON_DEVICE();
+    par_status st = exact ? par_racc_init(&acc, (size_t)n) : PAR_OK;
+    if (!st && exact && (st = par_racc_register(keep->dcmp, (size_t)n, sizeof(par_real), &acc)))
+        par_racc_free(&acc);
+    if (st)
+        return st;
+    PAR_FN(par_attn_core_backward_kv)(keep->dkv, m > 0 ? keep->dcmp : NULL, dop, Dd, s->lse, s->q, s->kv, s->cmp,
+                                      s->sel, pos, dm, 0, T, T);
+    if (exact) {
+        par_racc_unregister(keep->dcmp);
+        for (int64_t i = 0; i < n; i++)
+            keep->dcmp[i] = (par_real)par_racc_value(&acc, (size_t)i);
+        par_racc_free(&acc);
+    }
+    return PAR_OK;
+}
+
 par_status PAR_FN(par_attn_backward_input)(par_real *dx, par_real *dsink, PAR_FN(par_attn_keep) *keep,
                                            const par_real *dy, const PAR_FN(par_attn_saved) *saved,
                                            const par_real *x, const int32_t *pos,
@@ -721,8 +792,8 @@ par_status PAR_FN(par_attn_backward_input)(par_real *dx, par_real *dsink, PAR_FN
     if ((st = PAR_FN(par_attn_core_backward_q)(keep->dq, dsink, dop, Dd, dO, s->lse, s->q, s->kv, s->cmp,
                                                s->sel, pos, W->attn_sink, dm, 0, T)))
         goto fail_free_scratch;
-    PAR_FN(par_attn_core_backward_kv)(keep->dkv, m > 0 ? keep->dcmp : NULL, dop, Dd, s->lse, s->q, s->kv,
-                                      s->cmp, s->sel, pos, dm, 0, T, T);
+    if ((st = entries_kv_backward(keep, dop, Dd, s, pos, dm, T)))
+        goto fail_free_scratch;
     if (m > 0 && (st = PAR_FN(par_compress_backward)(keep->dca, keep->dcz, NULL, keep->dcmp, s->cmp_raw,
                                                      s->cmp_rstd, s->ca, s->cz, pos, W->cmp_norm, dm->rope, 0,
                                                      T, hd, m)))

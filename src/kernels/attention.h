@@ -57,6 +57,8 @@ typedef struct {
     int64_t topk;     /* index_topk       (m == 4)                      */
     double norm_eps;
     const par_rope *rope; /* the layer's table (YaRN when m > 0)        */
+    int bitwise;      /* the bitwise mode (docs/bitwise.md): the entries'
+                       * gradients over queries as order-free terms      */
 } par_attn_dims;
 #endif
 

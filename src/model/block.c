@@ -188,6 +188,8 @@ par_status PAR_FN(par_block_forward)(PAR_FN(par_model) *M, const par_mbctx *x, i
         else if (!a->hash)
             s = PAR_FN(par_moe_aux_stats)(st->cnt + r * st->Ns * E, st->psum + r * st->Ns * E, st->ntok + r * st->Ns,
                                           a->gs, a->idx, sample, T, (int)E, (int)K, st->Ns);
+        if (!s && !a->hash)
+            PAR_FN(par_stats_psum_terms)(st, r, a->gs, sample, T); /* the bitwise mode (a no-op outside) */
     }
     par_free(a->gs);
     par_free(a->glog);

@@ -140,8 +140,11 @@ par_status PAR_FN(par_head_forward)(PAR_FN(par_model) *M, const par_mbctx *x, in
         PAR_HOST_READ(h->ce, T); /* CE sums per sample on the host, in token order */
         PAR_HOST_READ(target, T);
         PAR_HOST_READ(sample, T);
+        const par_racc_view v = par_racc_lookup(ce_sum, 1); /* the bitwise mode: a term per token */
         for (int64_t t = 0; t < T; t++)
-            if (target[t] >= 0)
+            if (target[t] >= 0 && v.acc)
+                par_racc_put(v.acc, v.at + (size_t)sample[t], (double)h->ce[t]);
+            else if (target[t] >= 0)
                 ce_sum[sample[t]] += (double)h->ce[t];
     }
     return PAR_OK;

@@ -194,6 +194,19 @@ par_status PAR_FN(par_stats_view)(PAR_FN(par_stats) *v, const PAR_FN(par_stats) 
     v->Ns = nq;
     v->q0 = win->q0 + q;
     v->ce_main = v->ce_mtp = NULL;
+    v->ce_acc = NULL;
+    v->psum_acc = NULL;
+    if (win->ce_acc) { /* the bitwise mode: the view's psum terms, arena memory like psum */
+        const size_t np = nr * n * E;
+        par_racc *a = par_arena_alloc(ar, sizeof *a, 64);
+        int32_t *e = par_arena_alloc(ar, np * sizeof *e + 1, 64);
+        int64_t *s = par_arena_alloc(ar, 3 * np * sizeof *s + 1, 64);
+        if (!a || !e || !s)
+            return par_err(PAR_ENOMEM, "stats view: out of memory for the order-free aux sums (%zu)", np);
+        *a = (par_racc){.n = np, .e = e, .s0 = s, .s1 = s + np, .s2 = s + 2 * np};
+        par_racc_zero(a, 0, np);
+        v->psum_acc = a;
+    }
     v->aux = NULL;
     v->cnt = cnt;
     v->psum = psum;
@@ -211,6 +224,10 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
     /* kernels read cnt/ntok (the aux backward): the host owns them again */
     memset(st->ce_main, 0, ns * sizeof(double));
     memset(st->ce_mtp, 0, ns * sizeof(double));
+    for (int k = 0; st->ce_acc && k < 2; k++)
+        par_racc_zero(&st->ce_acc[k], 0, st->ce_acc[k].n);
+    if (st->psum_acc)
+        par_racc_zero(st->psum_acc, 0, st->psum_acc->n);
     memset(st->loads, 0, nb * E * sizeof(int64_t));
     memset(st->aux, 0, nb * ns * sizeof(par_real));
     if (!st->cnt) /* a window of terms only (par_stats_alloc_terms) */
@@ -222,8 +239,78 @@ void PAR_FN(par_stats_zero)(PAR_FN(par_stats) *st)
     memset(st->ntok, 0, nr * ns * sizeof(int64_t));
 }
 
+par_status PAR_FN(par_stats_exact)(PAR_FN(par_stats) *st)
+{
+    if (st->ce_acc)
+        return PAR_OK;
+    const size_t ns = (size_t)(st->Ns > 0 ? st->Ns : 1);
+    par_racc *a = par_calloc(2, sizeof *a, PAR_TAG_ACT);
+    par_status s = a ? PAR_OK : par_err(PAR_ENOMEM, "stats: out of memory for the order-free CE sums");
+    for (int k = 0; !s && k < 2; k++)
+        if (!(s = par_racc_init(&a[k], ns)) &&
+            (s = par_racc_register(k ? st->ce_mtp : st->ce_main, ns, sizeof(double), &a[k])))
+            par_racc_free(&a[k]);
+    if (s && a) {
+        par_racc_unregister(st->ce_main);
+        for (int k = 0; k < 2; k++)
+            if (a[k].n)
+                par_racc_free(&a[k]);
+        par_free(a);
+        return s;
+    }
+    st->ce_acc = a;
+    if (!st->psum)
+        return PAR_OK;
+    const size_t np = (size_t)(st->n_rows > 0 ? st->n_rows : 1) * ns * (size_t)st->E;
+    if (!(st->psum_acc = par_calloc(1, sizeof *st->psum_acc, PAR_TAG_ACT)) || par_racc_init(st->psum_acc, np)) {
+        par_free(st->psum_acc);
+        st->psum_acc = NULL;
+        return par_err(PAR_ENOMEM, "stats: out of memory for the order-free aux sums (%zu)", np);
+    }
+    return PAR_OK;
+}
+
+void PAR_FN(par_stats_psum_terms)(PAR_FN(par_stats) *st, int64_t r, const par_real *s, const int32_t *sample_of,
+                                  int64_t T)
+{
+    const int64_t E = st->E;
+    for (int64_t t = 0; st->psum_acc && r >= 0 && t < T; t++) {
+        const par_real *st_ = s + t * E;
+        par_real S = 0;
+        for (int64_t e = 0; e < E; e++)
+            S += st_[e];
+        for (int64_t e = 0; e < E; e++)
+            par_racc_put(st->psum_acc, (size_t)((r * st->Ns + sample_of[t]) * E + e), (double)(st_[e] / S));
+    }
+}
+
+/* psum = the order-free sums (the bitwise mode; a no-op outside it). */
+static void psum_settle(const PAR_FN(par_stats) *st)
+{
+    for (size_t i = 0; st->psum_acc && i < st->psum_acc->n; i++)
+        st->psum[i] = (par_real)par_racc_value(st->psum_acc, i);
+}
+
+void PAR_FN(par_stats_settle)(PAR_FN(par_stats) *st)
+{
+    for (int k = 0; st->ce_acc && k < 2; k++)
+        for (int64_t q = 0; q < st->Ns; q++)
+            (k ? st->ce_mtp : st->ce_main)[q] = par_racc_value(&st->ce_acc[k], (size_t)q);
+}
+
 void PAR_FN(par_stats_free)(PAR_FN(par_stats) *st)
 {
+    if (st->ce_acc) {
+        par_racc_unregister(st->ce_main);
+        par_racc_unregister(st->ce_mtp);
+        par_racc_free(&st->ce_acc[0]);
+        par_racc_free(&st->ce_acc[1]);
+        par_free(st->ce_acc);
+    }
+    if (st->psum_acc) {
+        par_racc_free(st->psum_acc);
+        par_free(st->psum_acc);
+    }
     par_free(st->ce_main);
     par_free(st->ce_mtp);
     par_free(st->loads);
@@ -286,6 +373,7 @@ static void aux_block(par_real *dst, const PAR_FN(par_stats) *src, int64_t r, in
 void PAR_FN(par_stats_aux_terms)(PAR_FN(par_stats) *st, const par_param_table *tab, int K)
 {
     int64_t Ns = st->Ns;
+    psum_settle(st);
     for (int64_t b = 0; b < st->n_blocks; b++) {
         par_real *a = st->aux + b * Ns;
         int64_t r = PAR_FN(par_stats_row)(st, b);
@@ -301,6 +389,7 @@ void PAR_FN(par_stats_aux_view)(PAR_FN(par_stats) *win, const PAR_FN(par_stats) 
                                 const par_param_table *tab, int K)
 {
     const int64_t qd = v->q0 - win->q0;
+    psum_settle(v); /* the bitwise mode: psum from its order-free sums */
     for (int j = 0; j < n; j++) {
         int b = blocks[j];
         int64_t r = PAR_FN(par_stats_row)(v, b);
@@ -347,6 +436,7 @@ void PAR_FN(par_model_losses_from)(const PAR_FN(par_model) *M, int64_t n_main, i
 
 void PAR_FN(par_model_losses)(const PAR_FN(par_model) *M, PAR_FN(par_stats) *st, par_step_scalars *out)
 {
+    PAR_FN(par_stats_settle)(st);
     PAR_FN(par_stats_aux_terms)(st, &M->tab, (int)M->K);
     PAR_FN(par_model_losses_from)(M, st->n_main, st->n_mtp, st->ce_main, st->ce_mtp, st->aux, st->Ns, out);
     out->grad_norm = sqrt(st->grad_sumsq);
@@ -584,6 +674,7 @@ static par_status block_setup(PAR_FN(par_model) *M, int b)
     dm->topk = cfg->index_topk;
     dm->norm_eps = cfg->norm_eps;
     dm->rope = &M->rope[m > 0];
+    dm->bitwise = cfg->bitwise;
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;

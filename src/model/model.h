@@ -69,6 +69,11 @@ typedef struct {
     int64_t *ntok;       /* [n_rows, Ns]                             */
     par_real *aux;       /* [n_blocks, Ns] per-sample aux-loss terms (par_stats_aux_terms) */
     double grad_sumsq;   /* sum of squared gradients                 */
+    par_racc *ce_acc;    /* the bitwise mode: [2] order-free sums behind ce_main, ce_mtp
+                          * (par_stats_exact; NULL: plain sums)     */
+    par_racc *psum_acc;  /* the bitwise mode: psum's terms, [n_rows, Ns, E] (not registered:
+                          * par_stats_psum_terms deposits, par_reduce_mb_stats merges over CP,
+                          * the aux terms settle it into psum first); NULL: plain */
     /* The per-sample arrays cover a window of the global batch's samples:
      * window sample q is global sample q0 + q.  The serial step's window is
      * the whole batch (q0 = 0, Ns = Ns_global); a data-parallel rank's is
@@ -477,6 +482,17 @@ double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entr
 /* Sum of squares of x[0..n): par_sumsq's element-order sum, or in the
  * bitwise mode the order-free sum (core/racc.h) of the squares, whose bits
  * do not depend on how an entry is cut between ranks. */
+/* The bitwise mode: ce_main and ce_mtp become order-free sums (core/racc.h,
+ * registered behind the buffers: the heads deposit a term per token, the
+ * reduction module merges them over CP); par_stats_settle rounds them into
+ * the buffers before the losses read them.  Idempotent. */
+par_status PAR_FN(par_stats_exact)(PAR_FN(par_stats) *st);
+void PAR_FN(par_stats_settle)(PAR_FN(par_stats) *st);
+/* The bitwise mode's psum: token t's terms s_te / sum_e s_te into psum_acc
+ * (row r of the statistics), as par_moe_aux_stats adds them to psum. */
+void PAR_FN(par_stats_psum_terms)(PAR_FN(par_stats) *st, int64_t r, const par_real *s, const int32_t *sample_of,
+                                  int64_t T);
+
 double PAR_FN(par_model_sumsq)(const PAR_FN(par_model) *M, const par_real *x, int64_t n);
 
 /* Every gradient zeroed (grads, and in the bitwise mode the accumulator). */

@@ -80,6 +80,9 @@ static par_status stats_setup(PAR_FN(par_model) *M, const par_batch *batch, int6
             return s;
     }
     PAR_FN(par_stats) *st = &M->stats;
+    par_status s = M->cfg.bitwise ? PAR_FN(par_stats_exact)(st) : PAR_OK;
+    if (s)
+        return s;
     PAR_FN(par_stats_zero)(st);
     st->n_tokens = T;
     st->n_main = batch->n_labels;

@@ -1,7 +1,8 @@
 #!/bin/sh
 # issue 30, the bitwise mode (docs/bitwise.md): the serial `golden --bitwise`
 # and `run --bitwise` under every layout that is bitwise-ready (DP, ZeRO-1, EP,
-# DP x EP x ZeRO-1, PP under three schedules) give the same bits
+# CP, DP x EP x ZeRO-1, PP under three schedules, PP x CP x EP x ZeRO-1; threads,
+# fiber, MPI, MPI x fiber; f64 and f32) give the same bits
 # (`compare --policy bitwise`); the same layouts in the tolerance mode differ
 # from their golden in bits but pass the f64 policy (what the bitwise policy
 # sees that the tolerance policy cannot); the bitwise golden agrees with the
@@ -31,6 +32,10 @@ check dp2 --world-size 2
 check dp2-zero1 --world-size 2 --use-distributed-optimizer
 check ep2 --world-size 2 --expert-model-parallel-size 2
 check dp2-ep2-zero1 --world-size 4 --expert-model-parallel-size 2 --use-distributed-optimizer
+check cp2 --world-size 2 --context-parallel-size 2
+check cp4-ep2 --world-size 4 --context-parallel-size 4 --expert-model-parallel-size 2
+check pp2-cp2-ep2-zero1 --world-size 8 --context-parallel-size 2 --expert-model-parallel-size 2 \
+    --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' --use-distributed-optimizer
 for s in gpipe 1f1b dualpipe; do
     check "pp2-$s" --world-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*1|t*2mL' \
         --pipeline-schedule "$s"

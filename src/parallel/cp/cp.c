@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/racc.h"
 #include "kernels/ops.h"
 #include "parallel/layout/layout.h"
 #include "parallel/reduce/reduce_sum.h"
@@ -32,7 +33,7 @@
 
 /* p2p tags (one per direction; messages of one tag between two ranks keep
  * their order, so consecutive layers need no distinct tags) */
-enum { TAG_HALO_FWD = 6101, TAG_HALO_BWD = 6102 };
+enum { TAG_HALO_FWD = 6101, TAG_HALO_BWD = 6102, TAG_BW_QUERIES = 6103, TAG_BW_DCZ = 6104 };
 
 #define LL(x) ((long long)(x))
 
@@ -597,17 +598,34 @@ static par_status entries_to_owners(const PAR_FN(par_cp_attn_saved) *sv, const c
         return par_err(PAR_ENOMEM, "context parallel attention backward: entry gradients of %zu reals",
                        blk * (size_t)(g->ncp + 1));
     par_real *mine = rb + blk * (size_t)g->ncp;
+    /* the bitwise mode: dcmp's order-free accumulator packed (folds, not values) behind rb */
+    const par_racc_view src = par_racc_lookup(dcmp, (size_t)(g->Tt * g->hd));
+    par_racc acc = {0};
+    par_status st = src.acc ? par_racc_init(&acc, blk * (size_t)g->ncp) : PAR_OK;
+    if (!st && src.acc && (st = par_racc_register(rb, blk * (size_t)g->ncp, sizeof(par_real), &acc)))
+        par_racc_free(&acc);
+    if (st) {
+        par_free(rb);
+        return st;
+    }
     for (int64_t q = 0; q < g->ncp; q++) {
         par_real *w = rb + blk * (size_t)q;
         for (int64_t b = 0; b < g->rows; b++)
             for (int64_t t = b * g->S + q * g->L; t < b * g->S + (q + 1) * g->L; t++)
                 if (is_entry(sv->pos[t], g->m)) {
-                    memcpy(w, dcmp + t * g->hd, (size_t)g->hd * sizeof(par_real));
+                    if (src.acc)
+                        par_racc_copy(&acc, (size_t)(w - rb), src.acc, src.at + (size_t)(t * g->hd), (size_t)g->hd);
+                    else
+                        memcpy(w, dcmp + t * g->hd, (size_t)g->hd * sizeof(par_real));
                     w += g->hd;
                 }
     }
     par_field f = PAR_FIELD(rb, blk * (size_t)g->ncp, CP_CTYPE);
-    par_status st = par_reduce_fields(cp, &f, 1, mine);
+    st = par_reduce_fields(cp, &f, 1, mine);
+    if (src.acc) {
+        par_racc_unregister(rb);
+        par_racc_free(&acc);
+    }
     if (!st) {
         const par_real *rd = mine;
         for (int64_t b = 0; b < g->rows; b++)
@@ -726,6 +744,169 @@ static par_status dx_assemble(const cp_geom *g, const par_real *dxw, par_real *d
     return st;
 }
 
+/* ---- the bitwise mode (docs/bitwise.md, "Context parallelism") --------- */
+
+/* Rows of window w0.. of arrays of widths HD, HD, H, H (q, dop, Dd, lse)
+ * packed into / out of buf, n rows. */
+static void bw_rows(par_real *buf, par_real *q, par_real *dop, par_real *Dd, par_real *lse, int64_t n,
+                    const cp_geom *g, int out)
+{
+    const int64_t HD = g->HD, H = g->H, per = 2 * HD + 2 * H;
+    for (int64_t i = 0; i < n; i++) {
+        par_real *r = buf + i * per;
+        par_real *dst[4] = {q + i * HD, dop + i * HD, Dd + i * H, lse + i * H};
+        const int64_t wd[4] = {HD, HD, H, H};
+        for (int k = 0, o = 0; k < 4; o += (int)wd[k], k++)
+            memcpy(out ? dst[k] : r + o, out ? r + o : dst[k], (size_t)wd[k] * sizeof(par_real));
+    }
+}
+
+/* The keys of this rank's local rows get the gradient of EVERY query that
+ * sees them, in the serial kernel's order: rank r+1's first D query rows
+ * (q, dop, D, lse) come here, appended to each row's window, and the key
+ * side runs on the local keys over the extended queries.  The halo keys are
+ * left to their owner (zero here). */
+static par_status bw_keys(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, par_comm *cp)
+{
+    const int64_t D = g->D, W_ = g->W_, HD = g->HD, H = g->H, per = 2 * HD + 2 * H;
+    const int next = cp && g->r + 1 < g->ncp;
+    const int64_t ne = next ? D : 0, nw = W_ + ne;
+    const size_t nh = (size_t)(g->rows * D * per);
+    par_real *hb = par_calloc(2 * nh + (size_t)(nw * per) + 1, sizeof(par_real), PAR_TAG_COMM);
+    if (!hb)
+        return par_err(PAR_ENOMEM, "context parallel attention backward (bitwise): %zu reals of query halo", 2 * nh);
+    par_real *hs = hb, *hr = hb + nh, *e = hr + nh;
+    par_real *eq = e, *edop = eq + nw * HD, *eD = edop + nw * HD, *lse_e = eD + nw * H;
+    for (int64_t b = 0; g->Dh > 0 && b < g->rows; b++) { /* my first D local rows, to r-1 */
+        const int64_t w = b * W_ + g->Dh;
+        bw_rows(hs + b * D * per, sv->s.q + w * HD, x->dop + w * HD, x->Dd + w * H, sv->s.lse + w * H, D, g, 0);
+    }
+    par_status st = cp ? shift_exchange(cp, hs, hr, nh, -1, TAG_BW_QUERIES) : PAR_OK;
+    for (int64_t b = 0; !st && b < g->rows; b++) {
+        const int64_t w = b * W_;
+        memcpy(eq, sv->s.q + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
+        memcpy(edop, x->dop + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
+        memcpy(eD, x->Dd + w * H, (size_t)(W_ * H) * sizeof(par_real));
+        memcpy(lse_e, sv->s.lse + w * H, (size_t)(W_ * H) * sizeof(par_real));
+        if (next)
+            bw_rows(hr + b * D * per, eq + W_ * HD, edop + W_ * HD, eD + W_ * H, lse_e + W_ * H, D, g, 1);
+        memset(x->dkv + w * g->hd, 0, (size_t)(W_ * g->hd) * sizeof(par_real));
+        PAR_FN(par_attn_core_backward_kv)(x->dkv + w * g->hd, NULL, edop, eD, lse_e, eq, sv->s.kv + w * g->hd, NULL,
+                                          NULL, sv->pos + b * g->S + g->h0, &sv->dm, g->Dh, W_, nw);
+    }
+    par_free(hb);
+    return st;
+}
+
+/* The compressor's gradients that reach into my halo rows (blocks of my
+ * entries starting on rank r-1) go to r-1, which adds them to its last D
+ * rows (one block writes each slot: x + 0, exact); mine are then zero. */
+static par_status bw_dcz_halo(const cp_geom *g, bwd_scratch *x, par_comm *cp)
+{
+    const int64_t D = g->D, nc = g->nc, W_ = g->W_;
+    const size_t nh = (size_t)(g->rows * D * 2 * nc);
+    if (!cp || nc == 0 || nh == 0)
+        return PAR_OK;
+    par_real *hb = par_calloc(2 * nh + 1, sizeof(par_real), PAR_TAG_COMM);
+    if (!hb)
+        return par_err(PAR_ENOMEM, "context parallel attention backward (bitwise): %zu reals of halo", 2 * nh);
+    par_real *hs = hb, *hr = hb + nh;
+    for (int64_t b = 0; g->Dh > 0 && b < g->rows; b++) {
+        memcpy(hs + b * D * 2 * nc, x->dca + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
+        memcpy(hs + (b * D * 2 + D) * nc, x->dcz + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
+        memset(x->dca + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
+        memset(x->dcz + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
+    }
+    par_status st = shift_exchange(cp, hs, hr, nh, -1, TAG_BW_DCZ);
+    for (int64_t b = 0; !st && g->r + 1 < g->ncp && b < g->rows; b++)
+        for (int64_t i = 0; i < D * nc; i++) {
+            x->dca[(b * W_ + W_ - D) * nc + i] += hr[b * D * 2 * nc + i];
+            x->dcz[(b * W_ + W_ - D) * nc + i] += hr[(b * D * 2 + D) * nc + i];
+        }
+    par_free(hb);
+    return st;
+}
+
+/* proj_side in the bitwise mode: the compressor's backward, its halo rows to
+ * their owner, the weight pass's inputs kept (halo rows zero), then (1) on
+ * the LOCAL rows only: every gradient there is complete, so dx needs no
+ * halo exchange and every token's weight-gradient terms are the serial
+ * ones. */
+static par_status bw_proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
+                               const PAR_FN(par_attn_weights) *W, par_comm *cp)
+{
+    const par_attn_dims *dm = &sv->dm;
+    par_status st;
+    for (int64_t b = 0; b < g->rows && g->m > 0; b++) {
+        PAR_FN(par_attn_saved) sh;
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_;
+        if ((st = PAR_FN(par_compress_backward)(x->dca + w * g->nc, x->dcz + w * g->nc, NULL,
+                                                x->dcmp + (b * g->S + g->h0) * g->hd, sh.cmp_raw, sh.cmp_rstd, sh.ca,
+                                                sh.cz, pb, W->cmp_norm, dm->rope, g->Dh, g->W_, g->hd, g->m)))
+            return st;
+    }
+    if ((g->m > 0 && (st = bw_dcz_halo(g, x, cp))) || (st = keep_alloc(sv, g)))
+        return st;
+    keep_window(sv->kq, x->dq, g->HD, g->W_, 0, g);
+    keep_window(sv->kkv, x->dkv, g->hd, g->W_, 0, g);
+    if (g->m > 0) {
+        keep_window(sv->kcmp, x->dcmp, g->hd, g->S, g->h0, g);
+        keep_window(sv->kca, x->dca, g->nc, g->W_, 0, g);
+        keep_window(sv->kcz, x->dcz, g->nc, g->W_, 0, g);
+    }
+    for (int64_t b = 0; b < g->rows && want_dx; b++) {
+        PAR_FN(par_attn_saved) sh, sl;
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_ + g->Dh;
+        saved_shift(&sl, &sh, g->Dh, dm);
+        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + w * g->d, NULL, x->dq + w * g->HD, x->dkv + w * g->hd,
+                                                 g->m > 0 ? x->dca + w * g->nc : NULL,
+                                                 g->m > 0 ? x->dcz + w * g->nc : NULL, &sl, sv->xw + w * g->d,
+                                                 pb + g->Dh, W, dm, g->L)))
+            return st;
+    }
+    return PAR_OK;
+}
+
+/* The bitwise mode's dcmp: backed by an order-free accumulator for the key
+ * side (the kernels deposit a term per query and head), merged over CP by
+ * entries_to_owners. */
+static par_status bw_open(const cp_geom *g, bwd_scratch *x, par_racc *acc)
+{
+    const size_t n = (size_t)(g->Tt * g->hd);
+    par_status st = g->m > 0 && n ? par_racc_init(acc, n) : PAR_OK;
+    if (!st && g->m > 0 && n && (st = par_racc_register(x->dcmp, n, sizeof(par_real), acc)))
+        par_racc_free(acc);
+    return st;
+}
+
+static void bw_close(bwd_scratch *x, par_racc *acc)
+{
+    if (!acc->n)
+        return;
+    par_racc_unregister(x->dcmp);
+    par_racc_free(acc);
+}
+
+/* The backward's input half in the bitwise mode (the same steps as below,
+ * with bw_keys, bw_proj_side and no halo exchange of dx). */
+static par_status bw_backward_input(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, par_real *dxp,
+                                    par_real *dsink, const par_real *dy_local, const PAR_FN(par_attn_weights) *W,
+                                    par_comm *cp, par_cp_traffic *traffic)
+{
+    par_racc acc = {0};
+    par_status st = bw_open(g, x, &acc);
+    if (!st && !(st = query_side(sv, g, x, dsink, dy_local, W)) && !(st = bw_keys(sv, g, x, cp)) &&
+        !(st = g->m > 0 && cp && g->ncp > 1 ? entries_to_owners(sv, g, x->dcmp, cp, traffic) : PAR_OK) &&
+        !(st = bw_proj_side(sv, g, x, dxp != NULL, W, cp)) && dxp)
+        for (int64_t b = 0; b < g->rows; b++)
+            for (int64_t e = 0; e < g->L * g->d; e++)
+                dxp[b * g->L * g->d + e] += x->dxw[(b * g->W_ + g->Dh) * g->d + e];
+    bw_close(x, &acc);
+    return st;
+}
+
 par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsink, const par_real *dy_local,
                                               PAR_FN(par_cp_attn_saved) *saved, const PAR_FN(par_attn_weights) *W,
                                               par_comm *cp, par_cp_traffic *traffic)
@@ -750,9 +931,11 @@ par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsin
     par_real *dxp = sv->tp.comm && dx_local ? par_calloc(nx + 1, sizeof(par_real), PAR_TAG_ACT) : dx_local;
     if (sv->tp.comm && dx_local && !dxp)
         st = par_err(PAR_ENOMEM, "context x tensor parallel attention backward: dx of %zu reals", nx);
-    if (!st && !(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
-        !(st = g.m > 0 && cp && ncp > 1 ? entries_to_owners(sv, &g, x.dcmp, cp, traffic) : PAR_OK) &&
-        !(st = proj_side(sv, &g, &x, dx_local != NULL, W)) && dx_local)
+    if (!st && sv->dm.bitwise)
+        st = bw_backward_input(sv, &g, &x, dx_local ? dxp : NULL, dsink, dy_local, W, cp, traffic);
+    else if (!st && !(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
+             !(st = g.m > 0 && cp && ncp > 1 ? entries_to_owners(sv, &g, x.dcmp, cp, traffic) : PAR_OK) &&
+             !(st = proj_side(sv, &g, &x, dx_local != NULL, W)) && dx_local)
         st = dx_assemble(&g, x.dxw, dxp, cp, traffic);
     if (!st && dxp != dx_local && !(st = PAR_FN(par_tp_reduce_sum)(&sv->tp, dxp, nx)))
         for (size_t e = 0; e < nx; e++)

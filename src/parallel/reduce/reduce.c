@@ -3,6 +3,8 @@
  * parallel/reduce/reduce.h, docs/parallel.md "The reduction module"). */
 #include "parallel/reduce/reduce.h"
 
+#include "core/racc.h"
+
 #include <string.h>
 
 #include "core/alloc.h"
@@ -189,6 +191,7 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
     /* sequence parallelism: the TP ranks hold column slices of the same rows, as CP's do */
     par_comm *sp = P->lay->sequence_parallel ? P->g.g[PAR_GROUP_TP] : NULL;
     par_status s;
+    PAR_FN(par_stats_settle)(st); /* the bitwise mode's CE sums as values (CP merges them again, exactly) */
     if ((cp && par_comm_size(cp) > 1 && ((s = cp_window_check(cp, st)) || (s = par_reduce_fields(cp, f, nf, NULL)))) ||
         (sp && par_comm_size(sp) > 1 && ((s = cp_window_check(sp, st)) || (s = par_reduce_fields(sp, f, nf, NULL)))))
         return s;
@@ -202,6 +205,21 @@ par_status PAR_FN(par_reduce_stats)(const par_pctx *P, PAR_FN(par_model) *M)
 }
 
 /* ------------------------------------------------ CP counts, shared grads -- */
+
+/* The bitwise mode: elements [i0, i0 + n) of an order-free accumulator
+ * merged over c through the module (a buffer registered behind them for the
+ * call) and rounded into out. */
+static par_status racc_reduce_into(par_comm *c, par_racc *a, size_t i0, size_t n, par_real *out)
+{
+    par_racc alias = {.n = n, .e = a->e + i0, .s0 = a->s0 + i0, .s1 = a->s1 + i0, .s2 = a->s2 + i0};
+    par_status s = par_racc_register(out, n, sizeof *out, &alias);
+    if (s)
+        return s;
+    par_field f = PAR_FIELD(out, n, PAR_C_REAL);
+    s = par_reduce_fields(c, &f, 1, NULL);
+    par_racc_unregister(out);
+    return s;
+}
 
 par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const int *blocks, int n_blocks)
 {
@@ -224,6 +242,11 @@ par_status PAR_FN(par_reduce_mb_stats)(par_comm *c, PAR_FN(par_stats) *v, const 
     }
     par_status s = par_reduce_fields(c, f, nf, NULL);
     par_free(f);
+    for (int j = 0; !s && v->psum_acc && j < n_blocks; j++) { /* the bitwise mode: psum's terms, exactly */
+        int64_t r = blocks[j] < 0 ? -1 : PAR_FN(par_stats_row)(v, blocks[j]);
+        if (r >= 0)
+            s = racc_reduce_into(c, v->psum_acc, (size_t)(r * Ns * E), (size_t)(Ns * E), v->psum + r * Ns * E);
+    }
     return s;
 }
 

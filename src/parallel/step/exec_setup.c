@@ -125,6 +125,8 @@ static par_status stats_window(exec_t *ex, PAR_FN(par_model) *M, PAR_FN(par_stat
     par_status s;
     if ((!st->ce_main || st->Ns != Nl) && (s = stats_held(ex, M, st, Nl)))
         return s;
+    if (M->cfg.bitwise && (s = PAR_FN(par_stats_exact)(st))) /* order-free CE sums (docs/bitwise.md) */
+        return s;
     PAR_FN(par_stats_zero)(st);
     st->q0 = q0;
     st->Ns_global = Ng;
