@@ -66,6 +66,9 @@ if command -v mpiexec >/dev/null 2>&1; then
 else
     echo "no mpiexec: the MPI layouts are not run"
 fi
+# tensor parallelism is not bitwise-ready: refused before anything runs, exit 2, nothing written
+"$P" run $common --bitwise --world-size 2 --tensor-model-parallel-size 2 --dump "$T/tp2" >/dev/null 2>"$T/err"
+[ $? -eq 2 ] && grep -q "not bitwise-ready" "$T/err" && [ ! -e "$T/tp2" ] || fail "TP2 --bitwise: $(cat "$T/err")"
 # the tolerance mode: another summation order, caught by the bitwise policy only
 "$P" run $common --world-size 2 --dump "$T/dp2t" >/dev/null 2>"$T/err" || fail "dp2 (tolerance): $(tail -2 "$T/err")"
 "$P" compare "$T/gt" "$T/dp2t" --policy bitwise >"$T/cmp" 2>&1 && fail "dp2 in the tolerance mode is bitwise equal: the check could not fail"

@@ -415,6 +415,19 @@ static par_status open_data(shared *R, par_golden_opts *go, par_golden_data *ds)
 }
 
 /* The layout against the model and the data; the schedule's own rules. */
+/* The bitwise mode covers DP, ZeRO-1, EP, CP and PP (docs/bitwise.md);
+ * tensor parallelism (TP, SP, ETP) is refused before anything runs. */
+static par_status bitwise_ready(const shared *R)
+{
+    const par_layout *l = &R->lay;
+    if (!R->cfg.bitwise || (l->tp <= 1 && l->etp <= 1 && !l->sequence_parallel))
+        return PAR_OK;
+    return par_err(PAR_EUNSUPPORTED, "--bitwise: tensor parallelism (TP = %lld, ETP = %lld%s) is not bitwise-ready "
+                   "yet; the mode covers DP, ZeRO-1, EP, CP and PP and their compositions (docs/bitwise.md): run "
+                   "this layout without --bitwise", (long long)l->tp, (long long)l->etp,
+                   l->sequence_parallel ? ", sequence parallel" : "");
+}
+
 static par_status resolve_layout(shared *R, par_golden_opts *go)
 {
     R->lay = R->o->layout;
@@ -622,7 +635,7 @@ par_status PAR_FN(par_run)(const par_run_opts *o, par_run_summary *sum)
     if ((s = open_data(&R, &go, &ds)))
         return s;
     par_netrun *net = NULL; /* with o->netmodel: the emulated clocks (to sum->net) */
-    if ((s = resolve_layout(&R, &go)) || (s = cost_as(&R)) ||
+    if ((s = resolve_layout(&R, &go)) || (s = bitwise_ready(&R)) || (s = cost_as(&R)) ||
         (o->load && (s = PAR_FN(par_ckpt_model_check)(o->load, &R.cfg))))
         goto fail_data;
     if (R.n < 1) { /* loaded at or past --steps (Megatron's --train-iters): checked, nothing runs or is written */
