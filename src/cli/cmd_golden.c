@@ -179,7 +179,8 @@ int par_cmd_golden(int argc, char **argv)
     int rc = par_args_parse("golden", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, &pos);
     if (rc == 1)
         return 0;
-    if (rc || check_usage(&pos, out, data, fixture, steps, seed, device))
+    if (rc || check_usage(&pos, out, data, fixture, steps, seed, device) ||
+        par_cli_bitwise_device("golden", bitwise, device))
         return 2;
     par_golden_opts o;
     par_golden_opts_init(&o);

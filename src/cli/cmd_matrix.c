@@ -245,7 +245,7 @@ int par_cmd_matrix(int argc, char **argv)
                         "launch them elsewhere (use --backend threads)\n");
         return 2;
     }
-    if (!c.list && par_cli_device_layouts("matrix", c.device))
+    if (!c.list && (par_cli_bitwise_device("matrix", c.bitwise, c.device) || par_cli_device_layouts("matrix", c.device)))
         return 2;
     par_matrix_opts o;
     par_mpi_runner mpi;

@@ -63,3 +63,12 @@ void par_cli_device_report(FILE *f)
             (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (long long)st.twins,
             (double)st.twin_bytes_peak / mib);
 }
+
+int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device)
+{
+    if (!bitwise || !device || !strcmp(device, "cpu"))
+        return 0;
+    fprintf(stderr, "parity %s: --bitwise runs on the CPU only (--device %s: the device path has no order-free "
+            "accumulator, docs/bitwise.md)\n", cmd, device);
+    return 2;
+}

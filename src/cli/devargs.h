@@ -13,6 +13,10 @@
     "the bitwise mode: every gradient sum order-free (core/racc.h), so every layout gives "   \
     "the serial golden's bits (docs/bitwise.md; recorded in the manifest)"
 
+/* --bitwise with --device gpu: 2 after the message (the device path has no
+ * order-free accumulator), else 0. */
+int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device);
+
 /* Selects the process's device from --device NAME (NULL = cpu).  0, or 2
  * after printing "parity CMD: <why>" to stderr (bad name, no offload in this
  * build, no device seen). */

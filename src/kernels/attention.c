@@ -589,7 +589,7 @@ void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL
 {
     const int64_t hd = dm->hd, m = dm->m, H = dm->H;
     const par_real scale = (par_real)(1.0 / sqrt((double)hd));
-    const par_racc_view ve = dcmp && m > 0 && !PAR_ON_DEVICE() ? par_gsum_of(dcmp, k1 * hd) : (par_racc_view){NULL, 0};
+    const par_racc_view ve = dcmp && m > 0 && !par_dev_gpu() ? par_gsum_of(dcmp, k1 * hd) : (par_racc_view){NULL, 0};
     if (ve.acc) { /* the bitwise mode: the entries as terms, then only dkv below */
         entry_terms(ve, dop, Dd, lse, q, cmp, sel, pos, dm, k0, k1, nq);
         dcmp = NULL;
@@ -748,7 +748,7 @@ static par_status entries_kv_backward(PAR_FN(par_attn_keep) *keep, const par_rea
 {
     const int64_t m = dm->m, n = T * dm->hd;
     par_racc acc = {0};
-    const int exact = m > 0 && dm->bitwise && n > 0 && !PAR_ON_DEVICE();
+    const int exact = m > 0 && dm->bitwise && n > 0 && !par_dev_gpu();
     par_status st = exact ? par_racc_init(&acc, (size_t)n) : PAR_OK;
     if (!st && exact && (st = par_racc_register(keep->dcmp, (size_t)n, sizeof(par_real), &acc)))
         par_racc_free(&acc);
