@@ -152,6 +152,12 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
     /* the bitwise mode (host only): each row's dnorm term deposited */
     const par_racc_view vn = PAR_ON_DEVICE() ? (par_racc_view){NULL, 0} : par_gsum_of(dnorm, c);
     par_real *dn = vn.acc ? NULL : dnorm;
+    /* ... through per-row scratch, deposited after the loop (no host call in a target region) */
+    par_real *dnr = vn.acc ? par_calloc((size_t)((t1 - t0) * c + 1), sizeof *dnr, PAR_TAG_ACT) : NULL;
+    if (vn.acc && !dnr) {
+        par_free(g_host);
+        return par_err(PAR_ENOMEM, "compressor backward: %lld rows of norm terms", (long long)(t1 - t0));
+    }
     PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dn, dcmp, raw, rstd, a, z, pos, norm, rope))
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = pos[t];
@@ -161,9 +167,7 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
         int32_t pe = (int32_t)(p + 1 - m);
         PAR_FN(par_rope_row)(g, (double)pe, rope, 1, c, -1.0);
         memset(draw, 0, (size_t)c * sizeof(par_real));
-        PAR_FN(par_rmsnorm_row_backward)(draw, dn, g, raw + t * c, norm, rstd[t], c);
-        for (int64_t j = 0; vn.acc && j < c; j++)
-            par_gsum_put(vn, j, (double)g[j] * (double)raw[t * c + j] * (double)rstd[t]);
+        PAR_FN(par_rmsnorm_row_backward)(draw, dnr ? dnr + (t - t0) * c : dn, g, raw + t * c, norm, rstd[t], c);
         for (int64_t ch = 0; ch < c; ch++) {
             slot_set s = slots_of(t, p, ch, c, m);
             par_real mx, sum;
@@ -179,6 +183,9 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
             }
         }
     }
+    for (int64_t i = 0; dnr && i < (t1 - t0) * c; i++) /* a term per row (rows without an entry: zeros) */
+        par_gsum_put(vn, i % c, (double)dnr[i]);
+    par_free(dnr);
     par_free(g_host);
     return PAR_OK;
 }
