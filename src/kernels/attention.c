@@ -511,6 +511,16 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
 }
 
 PAR_DECLARE_TARGET
+/* Query t's head h against key vector k: the probability *p and the scaled
+ * score gradient *dz (qh, gh: the head's q and dO W rows). */
+static void key_coefs(par_real *p, par_real *dz, const par_real *qh, const par_real *gh, const par_real *k,
+                      par_real lse, par_real D, int64_t hd, par_real scale)
+{
+    *p = (par_real)par_pmath_exp((double)(dot(qh, k, hd) * scale - lse));
+    par_real dp = dot(gh, k, hd);
+    *dz = *p * (dp - D) * scale;
+}
+
 /* dk += sum over (t, h) of dz scale q + p dop for one key vector k seen by
  * query t. */
 static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real *dop,
@@ -520,9 +530,8 @@ static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real 
     const int64_t H = dm->H, hd = dm->hd;
     for (int64_t h = 0; h < H; h++) {
         const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
-        par_real p = (par_real)par_pmath_exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
-        par_real dp = dot(gh, k, hd);
-        par_real dz = p * (dp - Dd[t * H + h]) * scale;
+        par_real p, dz;
+        key_coefs(&p, &dz, qh, gh, k, lse[t * H + h], Dd[t * H + h], hd, scale);
         for (int64_t e = 0; e < hd; e++)
             dk[e] += dz * qh[e] + p * gh[e];
     }
@@ -546,9 +555,8 @@ static void key_terms(par_racc_view v, int64_t j, const par_real *k, int64_t t, 
     const int64_t H = dm->H, hd = dm->hd;
     for (int64_t h = 0; h < H; h++) {
         const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
-        par_real p = (par_real)par_pmath_exp((double)(dot(qh, k, hd) * scale - lse[t * H + h]));
-        par_real dp = dot(gh, k, hd);
-        par_real dz = p * (dp - Dd[t * H + h]) * scale;
+        par_real p, dz;
+        key_coefs(&p, &dz, qh, gh, k, lse[t * H + h], Dd[t * H + h], hd, scale);
         for (int64_t e = 0; e < hd; e++)
             par_gsum_put(v, j * hd + e, (double)(dz * qh[e] + p * gh[e]));
     }

@@ -664,10 +664,40 @@ static par_status keep_alloc(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g)
     return PAR_OK;
 }
 
-/* (2) backward on owned blocks (da/dz reach into the halo), the weight
- * pass's inputs kept, then (1) on halo + local rows for dx. */
-static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
-                            const PAR_FN(par_attn_weights) *W)
+/* The compressor's gradients that reach into my halo rows (blocks of my
+ * entries starting on rank r-1) go to r-1, which adds them to its last D
+ * rows (one block writes each slot: x + 0, exact); mine are then zero. */
+static par_status bw_dcz_halo(const cp_geom *g, bwd_scratch *x, par_comm *cp)
+{
+    const int64_t D = g->D, nc = g->nc, W_ = g->W_;
+    const size_t nh = (size_t)(g->rows * D * 2 * nc);
+    if (!cp || nc == 0 || nh == 0)
+        return PAR_OK;
+    par_real *hb = par_calloc(2 * nh + 1, sizeof(par_real), PAR_TAG_COMM);
+    if (!hb)
+        return par_err(PAR_ENOMEM, "context parallel attention backward (bitwise): %zu reals of halo", 2 * nh);
+    par_real *hs = hb, *hr = hb + nh;
+    for (int64_t b = 0; g->Dh > 0 && b < g->rows; b++) {
+        memcpy(hs + b * D * 2 * nc, x->dca + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
+        memcpy(hs + (b * D * 2 + D) * nc, x->dcz + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
+        memset(x->dca + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
+        memset(x->dcz + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
+    }
+    par_status st = shift_exchange(cp, hs, hr, nh, -1, TAG_BW_DCZ);
+    for (int64_t b = 0; !st && g->r + 1 < g->ncp && b < g->rows; b++)
+        for (int64_t i = 0; i < D * nc; i++) {
+            x->dca[(b * W_ + W_ - D) * nc + i] += hr[b * D * 2 * nc + i];
+            x->dcz[(b * W_ + W_ - D) * nc + i] += hr[(b * D * 2 + D) * nc + i];
+        }
+    par_free(hb);
+    return st;
+}
+
+/* (2) backward on owned blocks (da/dz reach into the halo); in the bitwise
+ * mode the halo rows' da/dz go to their owner (bw_dcz_halo); then the weight
+ * pass's inputs kept. */
+static par_status compress_keep(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x,
+                                const PAR_FN(par_attn_weights) *W, par_comm *cp)
 {
     const par_attn_dims *dm = &sv->dm;
     par_status st;
@@ -680,7 +710,7 @@ static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd
                                                 sh.cz, pb, W->cmp_norm, dm->rope, g->Dh, g->W_, g->hd, g->m)))
             return st;
     }
-    if ((st = keep_alloc(sv, g)))
+    if ((dm->bitwise && g->m > 0 && (st = bw_dcz_halo(g, x, cp))) || (st = keep_alloc(sv, g)))
         return st;
     keep_window(sv->kq, x->dq, g->HD, g->W_, 0, g);
     keep_window(sv->kkv, x->dkv, g->hd, g->W_, 0, g);
@@ -689,17 +719,28 @@ static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd
         keep_window(sv->kca, x->dca, g->nc, g->W_, 0, g);
         keep_window(sv->kcz, x->dcz, g->nc, g->W_, 0, g);
     }
-    for (int64_t b = 0; b < g->rows && want_dx; b++) {
-        PAR_FN(par_attn_saved) sh;
-        const int32_t *pb = row_view(&sh, sv, b);
-        const int64_t w = b * g->W_;
-        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + w * g->d, NULL, x->dq + w * g->HD, x->dkv + w * g->hd,
-                                                 g->m > 0 ? x->dca + w * g->nc : NULL,
-                                                 g->m > 0 ? x->dcz + w * g->nc : NULL, &sh, sv->xw + w * g->d, pb, W,
-                                                 dm, g->W_)))
-            return st;
-    }
     return PAR_OK;
+}
+
+/* compress_keep, then (1) for dx on rows [first, first + n) of each row's
+ * working rows: halo + local (n = W_), or, in the bitwise mode, the local
+ * rows only (their gradients are complete: no halo exchange of dx). */
+static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
+                            const PAR_FN(par_attn_weights) *W, par_comm *cp)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t first = dm->bitwise ? g->Dh : 0, n = g->W_ - first;
+    par_status st = compress_keep(sv, g, x, W, cp);
+    for (int64_t b = 0; !st && b < g->rows && want_dx; b++) {
+        PAR_FN(par_attn_saved) sh, sl;
+        const int32_t *pb = row_view(&sh, sv, b);
+        const int64_t w = b * g->W_ + first;
+        saved_shift(&sl, &sh, first, dm);
+        st = PAR_FN(par_attn_proj_backward)(x->dxw + w * g->d, NULL, x->dq + w * g->HD, x->dkv + w * g->hd,
+                                            g->m > 0 ? x->dca + w * g->nc : NULL, g->m > 0 ? x->dcz + w * g->nc : NULL,
+                                            &sl, sv->xw + w * g->d, pb + first, W, dm, n);
+    }
+    return st;
 }
 
 /* dx: own contribution first, then the halo gradients of rank r+1 on my
@@ -798,77 +839,6 @@ static par_status bw_keys(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g,
     return st;
 }
 
-/* The compressor's gradients that reach into my halo rows (blocks of my
- * entries starting on rank r-1) go to r-1, which adds them to its last D
- * rows (one block writes each slot: x + 0, exact); mine are then zero. */
-static par_status bw_dcz_halo(const cp_geom *g, bwd_scratch *x, par_comm *cp)
-{
-    const int64_t D = g->D, nc = g->nc, W_ = g->W_;
-    const size_t nh = (size_t)(g->rows * D * 2 * nc);
-    if (!cp || nc == 0 || nh == 0)
-        return PAR_OK;
-    par_real *hb = par_calloc(2 * nh + 1, sizeof(par_real), PAR_TAG_COMM);
-    if (!hb)
-        return par_err(PAR_ENOMEM, "context parallel attention backward (bitwise): %zu reals of halo", 2 * nh);
-    par_real *hs = hb, *hr = hb + nh;
-    for (int64_t b = 0; g->Dh > 0 && b < g->rows; b++) {
-        memcpy(hs + b * D * 2 * nc, x->dca + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
-        memcpy(hs + (b * D * 2 + D) * nc, x->dcz + b * W_ * nc, (size_t)(D * nc) * sizeof(par_real));
-        memset(x->dca + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
-        memset(x->dcz + b * W_ * nc, 0, (size_t)(D * nc) * sizeof(par_real));
-    }
-    par_status st = shift_exchange(cp, hs, hr, nh, -1, TAG_BW_DCZ);
-    for (int64_t b = 0; !st && g->r + 1 < g->ncp && b < g->rows; b++)
-        for (int64_t i = 0; i < D * nc; i++) {
-            x->dca[(b * W_ + W_ - D) * nc + i] += hr[b * D * 2 * nc + i];
-            x->dcz[(b * W_ + W_ - D) * nc + i] += hr[(b * D * 2 + D) * nc + i];
-        }
-    par_free(hb);
-    return st;
-}
-
-/* proj_side in the bitwise mode: the compressor's backward, its halo rows to
- * their owner, the weight pass's inputs kept (halo rows zero), then (1) on
- * the LOCAL rows only: every gradient there is complete, so dx needs no
- * halo exchange and every token's weight-gradient terms are the serial
- * ones. */
-static par_status bw_proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
-                               const PAR_FN(par_attn_weights) *W, par_comm *cp)
-{
-    const par_attn_dims *dm = &sv->dm;
-    par_status st;
-    for (int64_t b = 0; b < g->rows && g->m > 0; b++) {
-        PAR_FN(par_attn_saved) sh;
-        const int32_t *pb = row_view(&sh, sv, b);
-        const int64_t w = b * g->W_;
-        if ((st = PAR_FN(par_compress_backward)(x->dca + w * g->nc, x->dcz + w * g->nc, NULL,
-                                                x->dcmp + (b * g->S + g->h0) * g->hd, sh.cmp_raw, sh.cmp_rstd, sh.ca,
-                                                sh.cz, pb, W->cmp_norm, dm->rope, g->Dh, g->W_, g->hd, g->m)))
-            return st;
-    }
-    if ((g->m > 0 && (st = bw_dcz_halo(g, x, cp))) || (st = keep_alloc(sv, g)))
-        return st;
-    keep_window(sv->kq, x->dq, g->HD, g->W_, 0, g);
-    keep_window(sv->kkv, x->dkv, g->hd, g->W_, 0, g);
-    if (g->m > 0) {
-        keep_window(sv->kcmp, x->dcmp, g->hd, g->S, g->h0, g);
-        keep_window(sv->kca, x->dca, g->nc, g->W_, 0, g);
-        keep_window(sv->kcz, x->dcz, g->nc, g->W_, 0, g);
-    }
-    for (int64_t b = 0; b < g->rows && want_dx; b++) {
-        PAR_FN(par_attn_saved) sh, sl;
-        const int32_t *pb = row_view(&sh, sv, b);
-        const int64_t w = b * g->W_ + g->Dh;
-        saved_shift(&sl, &sh, g->Dh, dm);
-        if ((st = PAR_FN(par_attn_proj_backward)(x->dxw + w * g->d, NULL, x->dq + w * g->HD, x->dkv + w * g->hd,
-                                                 g->m > 0 ? x->dca + w * g->nc : NULL,
-                                                 g->m > 0 ? x->dcz + w * g->nc : NULL, &sl, sv->xw + w * g->d,
-                                                 pb + g->Dh, W, dm, g->L)))
-            return st;
-    }
-    return PAR_OK;
-}
-
 /* The bitwise mode's dcmp: backed by an order-free accumulator for the key
  * side (the kernels deposit a term per query and head), merged over CP by
  * entries_to_owners. */
@@ -899,7 +869,7 @@ static par_status bw_backward_input(PAR_FN(par_cp_attn_saved) *sv, const cp_geom
     par_status st = bw_open(g, x, &acc);
     if (!st && !(st = query_side(sv, g, x, dsink, dy_local, W)) && !(st = bw_keys(sv, g, x, cp)) &&
         !(st = g->m > 0 && cp && g->ncp > 1 ? entries_to_owners(sv, g, x->dcmp, cp, traffic) : PAR_OK) &&
-        !(st = bw_proj_side(sv, g, x, dxp != NULL, W, cp)) && dxp)
+        !(st = proj_side(sv, g, x, dxp != NULL, W, cp)) && dxp)
         for (int64_t b = 0; b < g->rows; b++)
             for (int64_t e = 0; e < g->L * g->d; e++)
                 dxp[b * g->L * g->d + e] += x->dxw[(b * g->W_ + g->Dh) * g->d + e];
@@ -935,7 +905,7 @@ par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsin
         st = bw_backward_input(sv, &g, &x, dx_local ? dxp : NULL, dsink, dy_local, W, cp, traffic);
     else if (!st && !(st = query_side(sv, &g, &x, dsink, dy_local, W)) &&
              !(st = g.m > 0 && cp && ncp > 1 ? entries_to_owners(sv, &g, x.dcmp, cp, traffic) : PAR_OK) &&
-             !(st = proj_side(sv, &g, &x, dx_local != NULL, W)) && dx_local)
+             !(st = proj_side(sv, &g, &x, dx_local != NULL, W, cp)) && dx_local)
         st = dx_assemble(&g, x.dxw, dxp, cp, traffic);
     if (!st && dxp != dx_local && !(st = PAR_FN(par_tp_reduce_sum)(&sv->tp, dxp, nx)))
         for (size_t e = 0; e < nx; e++)
