@@ -292,6 +292,27 @@ static int64_t group_of(int64_t p, int64_t n)
 
 PAR_END_DECLARE_TARGET
 
+/* dbase and dscale on the host, tokens in order; in the bitwise mode each
+ * token's term deposited instead (kernels/gsum.h). */
+static void base_scale_backward(par_real *dbase, par_real *dscale, const par_real *work, const par_real *mixes,
+                                int64_t T, int64_t n, int64_t P)
+{
+    const par_racc_view vb = par_gsum_of(dbase, P), vs = par_gsum_of(dscale, P == n ? 1 : 3);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t p = 0; p < P; p++) {
+            par_real dz = work[t * P + p];
+            if (vb.acc)
+                par_gsum_put(vb, p, (double)dz);
+            else if (dbase)
+                dbase[p] += dz;
+            if (vs.acc)
+                par_gsum_put(vs, group_of(p, n), (double)(dz * mixes[t * P + p]));
+            else if (dscale)
+                dscale[group_of(p, n)] += dz * mixes[t * P + p];
+        }
+    }
+}
+
 /* From work[t][p] = dLoss/dz_p (z = mixes * scale[g] + base): reduce dbase and
  * dscale over tokens in order, then back through mixes = proj * rsq and
  * proj = fn v into dX and dfn.  Overwrites work with dLoss/dproj.  Every
@@ -319,21 +340,7 @@ static void project_backward(par_real *dX, par_real *dfn, par_real *dbase, par_r
             }
         }
     } else if (dbase || dscale) {
-        /* the bitwise mode: each token's term deposited (kernels/gsum.h) */
-        const par_racc_view vb = par_gsum_of(dbase, P), vs = par_gsum_of(dscale, P == n ? 1 : 3);
-        for (int64_t t = 0; t < T; t++) {
-            for (int64_t p = 0; p < P; p++) {
-                par_real dz = work[t * P + p];
-                if (vb.acc)
-                    par_gsum_put(vb, p, (double)dz);
-                else if (dbase)
-                    dbase[p] += dz;
-                if (vs.acc)
-                    par_gsum_put(vs, group_of(p, n), (double)(dz * mixes[t * P + p]));
-                else if (dscale)
-                    dscale[group_of(p, n)] += dz * mixes[t * P + p];
-            }
-        }
+        base_scale_backward(dbase, dscale, work, mixes, T, n, P);
     }
     if (!dX && !dfn)
         return;

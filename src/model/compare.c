@@ -965,6 +965,13 @@ static par_status check_set(const char *dir, const par_manifest *m, const gfile 
 
 /* One failing entry per config key whose value differs between the sets'
  * manifests ("model" and "train": a reported difference, not an error). */
+/* Directories: each set's mode in the JSON report (1, or 0 out of memory). */
+static int numerics_json(const par_compare_report *r, cJSON *root)
+{
+    return !r->numerics[0][0] || (cJSON_AddStringToObject(root, "numerics_a", r->numerics[0]) &&
+                                  cJSON_AddStringToObject(root, "numerics_b", r->numerics[1]));
+}
+
 /* The mode a set was made in (docs/bitwise.md): train.numerics, absent = tolerance. */
 static void numerics_of(const par_manifest *m, char out[16])
 {
@@ -1402,9 +1409,7 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     ok = ok && cJSON_AddStringToObject(root, "a", r->a) && cJSON_AddStringToObject(root, "b", r->b);
     ok = ok && cJSON_AddStringToObject(root, "policy", par_policy_name(r->policy));
     ok = ok && cJSON_AddStringToObject(root, "policy_source", r->policy_why);
-    if (ok && r->numerics[0][0]) /* directories: each set's mode */
-        ok = cJSON_AddStringToObject(root, "numerics_a", r->numerics[0]) &&
-             cJSON_AddStringToObject(root, "numerics_b", r->numerics[1]);
+    ok = ok && numerics_json(r, root);
     ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
     ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
     ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);
