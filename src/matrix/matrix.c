@@ -714,8 +714,10 @@ static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_conf
         par__matrix_fmt(last, sizeof last, "%s", par_last_error());
         return par_err(s, "cell '%s': \"layout\": %s", r->name, last);
     }
-    if (m->o.bitwise && (r->kind == PAR_KIND_LAYOUT || r->kind == PAR_KIND_RESUME)) {
-        /* the bitwise mode: the cell and its reference (a key of their own) */
+    if (m->o.bitwise && (r->kind == PAR_KIND_LAYOUT || r->kind == PAR_KIND_RESUME ||
+                         (r->kind == PAR_KIND_REPEAT && r->rows_per_block))) {
+        /* the bitwise mode: the cell and its reference (a key of their own); a row-blocked
+         * golden then equals the one-shot golden bit for bit */
         c.cfg.bitwise = 1;
         c.policy = PAR_POLICY_BITWISE;
         size_t o = strlen(c.cfgkey);

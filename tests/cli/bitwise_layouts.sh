@@ -19,6 +19,9 @@ grep -q '"numerics"' "$T/gb/manifest.json" || fail "the bitwise golden's manifes
 grep -q '"numerics"' "$T/gt/manifest.json" && fail "the tolerance golden's manifest records a mode (it must stay as it was)"
 "$P" compare "$T/gt" "$T/gb" --policy f64 >"$T/cmp" 2>&1 || fail "bitwise vs tolerance golden, f64 policy: $(tail -3 "$T/cmp")"
 grep -q "made in the tolerance mode, B in the bitwise mode" "$T/cmp" || fail "compare does not note the modes"
+# row blocks: in the bitwise mode the row-blocked golden is the one-shot golden, bit for bit
+"$P" golden $common --bitwise --rows-per-block 3 --out "$T/gb3" >/dev/null 2>"$T/err" || fail "golden --rows-per-block 3: $(cat "$T/err")"
+"$P" compare "$T/gb" "$T/gb3" --policy bitwise --subset >"$T/cmp" 2>&1 || fail "row-blocked vs one-shot: $(tail -2 "$T/cmp")"
 n=0
 check() { # NAME LAYOUT-FLAGS...
     name=$1
