@@ -166,6 +166,56 @@ static par_status gate_refusal(int code, int det, int64_t t, const int32_t *idx,
     }
 }
 
+/* The K-th largest of the row's biased scores v (the gate's own sum) and
+ * whether the (K+1)-th equals it; v [E] scratch. */
+static int tie_at_boundary(par_real *v, par_real *bK, const par_real *st_, const par_real *bias, int E, int K)
+{
+    for (int e = 0; e < E; e++)
+        v[e] = bias ? st_[e] + bias[e] : st_[e];
+    int above = 0, equal = 0; /* of the K-th largest: entries strictly above, equal */
+    par_real kth = v[0];
+    for (int e = 0; e < E; e++) { /* kth = the value with < K above and >= K above-or-equal */
+        above = equal = 0;
+        for (int f = 0; f < E; f++) {
+            above += v[f] > v[e];
+            equal += v[f] == v[e];
+        }
+        if (above < K && above + equal >= K) {
+            kth = v[e];
+            break;
+        }
+    }
+    *bK = kth;
+    return K < E && above + equal > K; /* more tied at the K-th value than places left */
+}
+
+par_status PAR_FN(par_moe_gate_ties)(int32_t *tie,         /* [T, E] out */
+                                     int64_t counts[2],
+                                     const par_real *s,    /* [T, E] */
+                                     const par_real *bias, /* [E] or NULL */
+                                     int64_t T, int E, int K)
+{
+    par_status st = check_dims("moe gate ties", T, 1, E, K);
+    if (st)
+        return st;
+    par_real *v = par_malloc((size_t)E * sizeof *v, PAR_TAG_ACT);
+    if (!v)
+        return par_err(PAR_ENOMEM, "moe gate ties: %d scores of scratch", E);
+    int64_t tied = 0;
+    for (int64_t t = 0; t < T; t++) {
+        par_real bK;
+        int32_t *row = tie + t * E;
+        int at = tie_at_boundary(v, &bK, s + t * E, bias, E, K);
+        for (int e = 0; e < E; e++)
+            row[e] = at && v[e] == bK;
+        tied += at;
+    }
+    par_free(v);
+    counts[0] = K < E ? T : 0;
+    counts[1] = tied;
+    return PAR_OK;
+}
+
 /* s = sqrt(softplus(logits)), the gate's scores (the forward's and the
  * backward's recompute: the same bits). */
 void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
