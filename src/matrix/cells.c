@@ -279,6 +279,10 @@ static const par_cell_spec builtin[] = {
      .sets = {"compress_rope_theta=100"},
      .note = "f64 policy, as dp2; compress_rope_theta 100: YaRN's correction range above rope_head_dim - 1 "
              "(high clamped)"},
+    {.name = "ep2-swiglu-off", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = EP(2, 2),
+     .sets = {"swiglu_limit=0"},
+     .note = "f64 policy, as ep2; swiglu_limit 0: no clamp at all (the L > 0 test's other side, forward and "
+             "backward, routed and shared experts)"},
     /* issue 33: exact router ties and hash layers past the first stage (docs/matrix.md "Router ties") */
     {.name = "dp4-ep2-router-ties", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = DPZ(4, 2, 0),
      .sets = {"bias_update_rate=1e17"},
