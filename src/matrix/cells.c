@@ -283,6 +283,10 @@ static const par_cell_spec builtin[] = {
      .sets = {"swiglu_limit=0"},
      .note = "f64 policy, as ep2; swiglu_limit 0: no clamp at all (the L > 0 test's other side, forward and "
              "backward, routed and shared experts)"},
+    {.name = "pp2-no-mtp", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = PPS(2, "1f1b", "Et*1|t*2L"),
+     .sets = {"n_mtp_layers=0", "compress_ratios=0,4,16"},
+     .note = "f64 policy, as pp2-1f1b; n_mtp_layers 0: a model without the MTP block (no MTP loss term, its "
+             "statistics and head absent), the head alone after layer 2"},
     /* issue 33: exact router ties and hash layers past the first stage (docs/matrix.md "Router ties") */
     {.name = "dp4-ep2-router-ties", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = DPZ(4, 2, 0),
      .sets = {"bias_update_rate=1e17"},
