@@ -166,27 +166,26 @@ static par_status gate_refusal(int code, int det, int64_t t, const int32_t *idx,
     }
 }
 
-/* The K-th largest of the row's biased scores v (the gate's own sum) and
- * whether the (K+1)-th equals it; v [E] scratch. */
-static int tie_at_boundary(par_real *v, par_real *bK, const par_real *st_, const par_real *bias, int E, int K)
+/* The row's biased scores v (the gate's own sum), the K-th largest of them
+ * (*bK) and whether the (K+1)-th equals it: the K+1 largest kept in top
+ * [K+1] (descending, by insertion: O(E K)). */
+static int tie_at_boundary(par_real *v, par_real *top, par_real *bK, const par_real *st_, const par_real *bias, int E,
+                           int K)
 {
-    for (int e = 0; e < E; e++)
-        v[e] = bias ? st_[e] + bias[e] : st_[e];
-    int above = 0, equal = 0; /* of the K-th largest: entries strictly above, equal */
-    par_real kth = v[0];
-    for (int e = 0; e < E; e++) { /* kth = the value with < K above and >= K above-or-equal */
-        above = equal = 0;
-        for (int f = 0; f < E; f++) {
-            above += v[f] > v[e];
-            equal += v[f] == v[e];
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        par_real x = v[e] = bias ? st_[e] + bias[e] : st_[e];
+        if (n == K + 1 && !(x > top[K]))
+            continue;
+        int j = n < K + 1 ? n++ : K;
+        while (j > 0 && top[j - 1] < x) {
+            top[j] = top[j - 1];
+            j--;
         }
-        if (above < K && above + equal >= K) {
-            kth = v[e];
-            break;
-        }
+        top[j] = x;
     }
-    *bK = kth;
-    return K < E && above + equal > K; /* more tied at the K-th value than places left */
+    *bK = top[K - 1];
+    return K < E && top[K] == top[K - 1]; /* more tied at the K-th value than places left */
 }
 
 par_status PAR_FN(par_moe_gate_ties)(int32_t *tie,         /* [T, E] out */
@@ -198,14 +197,14 @@ par_status PAR_FN(par_moe_gate_ties)(int32_t *tie,         /* [T, E] out */
     par_status st = check_dims("moe gate ties", T, 1, E, K);
     if (st)
         return st;
-    par_real *v = par_malloc((size_t)E * sizeof *v, PAR_TAG_ACT);
+    par_real *v = par_malloc((size_t)(E + K + 1) * sizeof *v, PAR_TAG_ACT);
     if (!v)
-        return par_err(PAR_ENOMEM, "moe gate ties: %d scores of scratch", E);
+        return par_err(PAR_ENOMEM, "moe gate ties: %d scores of scratch", E + K + 1);
     int64_t tied = 0;
     for (int64_t t = 0; t < T; t++) {
         par_real bK;
         int32_t *row = tie + t * E;
-        int at = tie_at_boundary(v, &bK, s + t * E, bias, E, K);
+        int at = tie_at_boundary(v, v + E, &bK, s + t * E, bias, E, K);
         for (int e = 0; e < E; e++)
             row[e] = at && v[e] == bK;
         tied += at;

@@ -321,6 +321,33 @@ Test(moe, gate_ties_marks_the_boundary)
     cr_assert_eq(par_moe_gate_ties_f64(tie, c, &sc[0][0], NULL, 1, E, E), PAR_OK);
     cr_expect_eq(c[0], 0);
     cr_expect_eq(c[1], 0);
+    /* rows of few distinct values (ties everywhere), K = 1 .. E, against a sort */
+    enum { NR = 200 };
+    static double rs_[NR * E];
+    static int32_t rt[NR * E];
+    seed(81);
+    for (int i = 0; i < NR * E; i++)
+        rs_[i] = 0.25 * (double)(int)(2.0 + 2.0 * urand()); /* 0, 0.25, 0.5, 0.75 */
+    for (int k = 1; k <= E; k++) {
+        cr_assert_eq(par_moe_gate_ties_f64(rt, c, rs_, NULL, NR, E, k), PAR_OK);
+        int64_t tied = 0;
+        for (int r = 0; r < NR; r++) {
+            double srt[E];
+            memcpy(srt, rs_ + r * E, sizeof srt);
+            for (int i = 1; i < E; i++) /* descending insertion sort */
+                for (int j = i; j > 0 && srt[j - 1] < srt[j]; j--) {
+                    double x = srt[j];
+                    srt[j] = srt[j - 1];
+                    srt[j - 1] = x;
+                }
+            int at = k < E && srt[k] == srt[k - 1];
+            tied += at;
+            for (int e = 0; e < E; e++)
+                cr_expect_eq(rt[r * E + e], at && rs_[r * E + e] == srt[k - 1], "K=%d row %d expert %d", k, r, e);
+        }
+        cr_expect_eq(c[1], tied, "K=%d", k);
+        cr_expect_eq(c[0], k < E ? NR : 0, "K=%d", k);
+    }
     /* the gate forward picks the lower indices of each tie */
     static gate_ctx g;
     gate_init(&g, 71, 0);
