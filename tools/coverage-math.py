@@ -9,6 +9,7 @@ matrix, whose goldens are what a GPU team compares against).
     ninja -C build-cov parity
     flock /work/heavy.lock nice python3 tools/coverage-math.py [--build build-cov]
           [--run "matrix --quick --fixture tiny-boundary-mix"] [--no-run] [--json FILE]
+          [--diff OLD.json]
 
 Zeroes the counters, runs `BUILD/parity RUN --out TMP` (unless --no-run),
 then reads every .gcda of BUILD/src/kernels and BUILD/src/model with
@@ -18,7 +19,10 @@ took it.  Prints, per directory, conditional branches taken of the total
 and lines never run; then every line with a branch never taken, split into
 math (the rest) and plumbing (lines that only handle an error, an
 allocation, a NULL or a bad argument: par_err, PAR_E*, goto fail*, return
-with a status, `if (!p)`), with its source text.  --json writes all of it.
+with a status, `if (!p)`), with its source text.  --json writes all of it.  --diff OLD.json (an
+earlier --json) prints what changed against it: the math lines taken now
+that were not, and those untaken now that were not listed, matched by file
+and source text (line numbers move when a file is edited).
 """
 import argparse
 import collections
@@ -102,6 +106,31 @@ def text_of(src, line, cache={}):
     return t[line - 1].strip() if 0 < line <= len(t) else ""
 
 
+def print_diff(path, summary, math):
+    """The math lines that changed against an earlier --json, by (file, source text, branches)."""
+    with open(path) as f:
+        old = json.load(f)
+    for d in DIRS + ("math",):
+        o, n = old["summary"].get(d), summary.get(d)
+        if o and n:
+            print(f"vs {path}: {d}: {o['taken']} of {o['branches']} -> {n['taken']} of {n['branches']} taken")
+    key = lambda r: (r["file"], r["text"])
+    was = collections.defaultdict(list)
+    for r in old["math"]:
+        was[key(r)].append(r)
+    now = collections.defaultdict(list)
+    for r in math:
+        now[key(r)].append(r)
+    gone = [r for k, rs in was.items() for r in rs[len(now.get(k, [])):]]
+    new = [r for k, rs in now.items() for r in rs[len(was.get(k, [])):]]
+    print(f"math lines taken now that were not ({len(gone)}; old line numbers):")
+    for r in gone:
+        print(f"  {r['file']}:{r['line']} [{r['taken']}] {r['text']}")
+    print(f"math lines untaken now that were not listed ({len(new)}):")
+    for r in new:
+        print(f"  {r['file']}:{r['line']} [{r['taken']}] {r['text']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build-cov"))
@@ -109,6 +138,7 @@ def main():
     ap.add_argument("--no-run", action="store_true", help="read the counters as they are")
     ap.add_argument("--json", help="write the full result as JSON")
     ap.add_argument("--list", type=int, default=400, help="untaken math branch lines printed (default 400)")
+    ap.add_argument("--diff", help="an earlier --json: print the math lines that changed against it")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     if not a.no_run:
@@ -142,6 +172,7 @@ def main():
                "text": t}
         (plumbing if is_plumbing(src, ln, t) else math).append(row)
     mb = [v for k, v in br.items() if k[0].startswith(MATH)]
+    summary["math"] = {"branches": sum(len(v) for v in mb), "taken": sum(sum(v) for v in mb)}
     print(f"math files ({', '.join(MATH)}): {sum(sum(v) for v in mb)} of {sum(len(v) for v in mb)} conditional "
           f"branches taken")
     print(f"math-file lines with a branch never taken: {len(untaken)} ({len(math)} math, {len(plumbing)} plumbing: "
@@ -152,6 +183,8 @@ def main():
     print("math lines with a branch never taken (file:line [taken per branch, line runs] text):")
     for r in math[:a.list]:
         print(f"  {r['file']}:{r['line']} [{r['taken']}, {r['runs']}] {r['text']}")
+    if a.diff:
+        print_diff(a.diff, summary, math)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"workload": a.run, "summary": summary, "math": math, "plumbing": plumbing}, f, indent=1)

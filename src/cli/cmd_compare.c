@@ -87,7 +87,8 @@ static int parse_cli(int argc, char **argv, compare_cli *c)
          "compare the entries B holds: A's entries missing in B are listed as left out, not failed (a partial or "
          "forward-only dump); B's extra entries still fail"},
         {"strict-ties", PAR_OPT_FLAG, &c->strict_ties, NULL,
-         "fail indexer picks that differ only among A's exact ties (tie order; A's ties.K file); by default they "
+         "fail indexer and router picks (and the router loads they move) that differ only among A's exact ties "
+         "(tie order; A's ties.K file); by default they "
          "are reported as TIE and pass"},
     };
     const char *synopsis = "A B [options]\n\n"

@@ -126,6 +126,12 @@ static void print_summary(const par_golden_opts *o, const par_golden_summary *su
     int64_t rows[2] = {0, 0};
     for (int64_t k = 0; k < sum->steps; k++)
         rows[0] += sum->step[k].index_rows[0], rows[1] += sum->step[k].index_rows[1];
+    int64_t rr[2] = {0, 0};
+    for (int64_t k = 0; k < sum->steps; k++)
+        rr[0] += sum->step[k].router_rows[0], rr[1] += sum->step[k].router_rows[1];
+    if (rr[1] > 0) /* the presets' continuous scores never tie: a line only when some router did */
+        printf("router: %lld of %lld score-routed rows have an exact tie at the top-K boundary (%.1f %%; "
+               "ties.K.safetensors)\n", (long long)rr[1], (long long)rr[0], 100.0 * (double)rr[1] / (double)rr[0]);
     if (rows[0] > 0)
         printf("indexer: %lld of %lld query rows with a choice have an exact tie at the top-k boundary (%.1f %%; "
                "ties.K.safetensors)\n", (long long)rows[1], (long long)rows[0], 100.0 * (double)rows[1] / (double)rows[0]);

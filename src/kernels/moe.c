@@ -166,6 +166,55 @@ static par_status gate_refusal(int code, int det, int64_t t, const int32_t *idx,
     }
 }
 
+/* The row's biased scores v (the gate's own sum), the K-th largest of them
+ * (*bK) and whether the (K+1)-th equals it: the K+1 largest kept in top
+ * [K+1] (descending, by insertion: O(E K)). */
+static int tie_at_boundary(par_real *v, par_real *top, par_real *bK, const par_real *st_, const par_real *bias, int E,
+                           int K)
+{
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        par_real x = v[e] = bias ? st_[e] + bias[e] : st_[e];
+        if (n == K + 1 && !(x > top[K]))
+            continue;
+        int j = n < K + 1 ? n++ : K;
+        while (j > 0 && top[j - 1] < x) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = x;
+    }
+    *bK = top[K - 1];
+    return K < E && top[K] == top[K - 1]; /* more tied at the K-th value than places left */
+}
+
+par_status PAR_FN(par_moe_gate_ties)(int32_t *tie,         /* [T, E] out */
+                                     int64_t counts[2],
+                                     const par_real *s,    /* [T, E] */
+                                     const par_real *bias, /* [E] or NULL */
+                                     int64_t T, int E, int K)
+{
+    par_status st = check_dims("moe gate ties", T, 1, E, K);
+    if (st)
+        return st;
+    par_real *v = par_malloc((size_t)(E + K + 1) * sizeof *v, PAR_TAG_ACT);
+    if (!v)
+        return par_err(PAR_ENOMEM, "moe gate ties: %d scores of scratch", E + K + 1);
+    int64_t tied = 0;
+    for (int64_t t = 0; t < T; t++) {
+        par_real bK;
+        int32_t *row = tie + t * E;
+        int at = tie_at_boundary(v, v + E, &bK, s + t * E, bias, E, K);
+        for (int e = 0; e < E; e++)
+            row[e] = at && v[e] == bK;
+        tied += at;
+    }
+    par_free(v);
+    counts[0] = K < E ? T : 0;
+    counts[1] = tied;
+    return PAR_OK;
+}
+
 /* s = sqrt(softplus(logits)), the gate's scores (the forward's and the
  * backward's recompute: the same bits). */
 void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */

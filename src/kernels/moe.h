@@ -65,6 +65,22 @@ par_status PAR_FN(par_moe_gate_forward)(int32_t *idx,            /* [T, K] out, 
                                         int64_t V, int64_t T, int64_t d, int E, int K,
                                         double route_scale);
 
+/* The exact ties of a score layer's selection (the router's part of a
+ * golden's ties.K, docs/golden.md "ties.K"): for each row t, with
+ * v_e = s[t][e] + bias[e] summed in par_real exactly as the gate forward
+ * does (bias NULL = 0), let b_K be the K-th largest v.  When the (K+1)-th
+ * largest equals b_K (K < E; an exact tie at the top-K boundary, which the
+ * lower-index rule decides), tie[t][e] = 1 for every e with v_e == b_K
+ * (the experts another tie order may pick instead), else the row is all 0.
+ * counts[0] = rows that make a choice (T when K < E, else 0), counts[1] =
+ * rows with such a tie.  Scores must be finite (the forward refuses
+ * others); PAR_EINVAL for bad dimensions. */
+par_status PAR_FN(par_moe_gate_ties)(int32_t *tie,          /* [T, E] out */
+                                     int64_t counts[2],
+                                     const par_real *s,     /* [T, E] */
+                                     const par_real *bias,  /* [E] or NULL */
+                                     int64_t T, int E, int K);
+
 /* The gate's logits = x Wg^T: what par_moe_gate_forward computes first, so
  * a caller that keeps only x gets the same bits back in its backward. */
 void PAR_FN(par_moe_gate_logits)(par_real *logits,   /* [T, E] out */

@@ -279,6 +279,24 @@ static const par_cell_spec builtin[] = {
      .sets = {"compress_rope_theta=100"},
      .note = "f64 policy, as dp2; compress_rope_theta 100: YaRN's correction range above rope_head_dim - 1 "
              "(high clamped)"},
+    {.name = "ep2-swiglu-off", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = EP(2, 2),
+     .sets = {"swiglu_limit=0"},
+     .note = "f64 policy, as ep2; swiglu_limit 0: no clamp at all (the L > 0 test's other side, forward and "
+             "backward, routed and shared experts)"},
+    {.name = "pp2-no-mtp", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = PPS(2, "1f1b", "Et*1|t*2L"),
+     .sets = {"n_mtp_layers=0", "compress_ratios=0,4,16"},
+     .note = "f64 policy, as pp2-1f1b; n_mtp_layers 0: a model without the MTP block (no MTP loss term, its "
+             "statistics and head absent), the head alone after layer 2"},
+    /* issue 33: exact router ties and hash layers past the first stage (docs/matrix.md "Router ties") */
+    {.name = "dp4-ep2-router-ties", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = DPZ(4, 2, 0),
+     .sets = {"bias_update_rate=1e17"},
+     .note = "f64 policy, routing exact; bias_update_rate 1e17: from step 1 gate.bias is 0 or +-1e17, s + bias "
+             "rounds to the bias: every score-routed row an exact tie, the lower index wins (ties.K: "
+             "router.*.ties)"},
+    {.name = "pp2-hash-later", .preset = TINY, .kind = LAYOUT, .tier = Q, .layout = PPS(2, "1f1b", "Et*1|t*2mL"),
+     .sets = {"n_hash_layers=2"},
+     .note = "f64 policy, as pp2-1f1b; n_hash_layers 2: layer 1, a hash layer, on the second stage (its token ids "
+             "sent with the microbatch), layer 2 and the MTP score-routed"},
     {.name = "tp2-to-tp1-to-tp4", .preset = TINY, .kind = PAR_KIND_RESUME, .tier = Q, .steps = 3, .split = 1,
      .layout = TPL(2, 2), .load_layout = {.world_size = 1}, .chain_layout = TPL(4, 4),
      .sets = {"n_heads=4", "o_groups=4", "index_n_heads=4"},

@@ -285,6 +285,7 @@ typedef struct {
     const char *cp_side[2];
     const par_st_file *ties; /* A's ties.K of this step file, or NULL */
     int strict_ties;
+    const par_st_file *fa, *fb; /* the pair's files (a router load reads its block's idx) */
 } decode_ctx;
 
 /* Finds a name component `key` followed by ".<digits>" (key at the start or
@@ -493,20 +494,38 @@ static int row_tie_only(const int32_t *pa, const int32_t *pb, int64_t k, const i
     return 1;
 }
 
-/* attn.<block>.selected that differs, with A's ties.K holding
- * attn.<block>.ties [B, S, ne]: the rows that differ, those that differ only
- * in tie order; all of them tie order: a pass unless strict (the reason
- * says so either way). */
+/* The ties tensor of a pick list: attn.<block>.selected [B, S, k] ->
+ * attn.<block>.ties [B, S, S/4] (the indexer), router.<block>.idx [B, S, K]
+ * -> router.<block>.ties [B, S, E] (a score-routed gate); NULL when A's
+ * ties.K has none (no exact tie at a boundary in that block). */
+static const par_tensor *ties_of(const char *name, const par_tensor *ta, const decode_ctx *c)
+{
+    static const char *const sfx[2][2] = {{"attn.", ".selected"}, {"router.", ".idx"}};
+    size_t nl = strlen(name);
+    if (!c->ties || ta->dtype != PAR_I32 || ta->ndim != 3)
+        return NULL;
+    for (int i = 0; i < 2; i++) {
+        size_t sl = strlen(sfx[i][1]);
+        if (nl <= sl || !has_prefix(name, sfx[i][0]) || strcmp(name + nl - sl, sfx[i][1]))
+            continue;
+        char tname[256];
+        snprintf(tname, sizeof tname, "%.*s.ties", (int)(nl - sl), name);
+        const par_tensor *t = par_st_find(c->ties, tname);
+        if (t && t->dtype == PAR_I32 && t->ndim == 3 && t->shape[0] == ta->shape[0] && t->shape[1] == ta->shape[1])
+            return t;
+    }
+    return NULL;
+}
+
+/* A pick list (attn.<block>.selected, router.<block>.idx) that differs,
+ * with its ties in A's ties.K: the rows that differ, those that differ
+ * only in tie order; all of them tie order: a pass unless strict (the
+ * reason says so either way). */
 static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
                        const decode_ctx *c)
 {
-    size_t nl = strlen(name), sl = strlen(".selected");
-    if (!c->ties || ta->dtype != PAR_I32 || ta->ndim != 3 || nl <= sl || strcmp(name + nl - sl, ".selected"))
-        return;
-    char tname[256];
-    snprintf(tname, sizeof tname, "%.*s.ties", (int)(nl - sl), name);
-    const par_tensor *t = par_st_find(c->ties, tname);
-    if (!t || t->dtype != PAR_I32 || t->ndim != 3 || t->shape[0] != ta->shape[0] || t->shape[1] != ta->shape[1])
+    const par_tensor *t = ties_of(name, ta, c);
+    if (!t)
         return;
     const int64_t rows = ta->shape[0] * ta->shape[1], k = ta->shape[2], ne = t->shape[2];
     const int32_t *pa = ta->data, *pb = tb->data, *tie = t->data;
@@ -531,6 +550,44 @@ static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta,
     snprintf(e->reason, sizeof e->reason, "integers differ in %lld of %lld rows: %lld only among exact ties of A "
              "(tie order%s), %lld elsewhere", (long long)e->rows_differ, (long long)rows, (long long)e->tie_rows,
              c->strict_ties ? ", failed under --strict-ties" : "", (long long)(e->rows_differ - e->tie_rows));
+}
+
+/* router.<block>.load [E] that differs: a consequence of tie order when the
+ * block's idx differs only in A's ties (judge_ties would pass it) and the
+ * load difference is exactly what those rows move (B's picks counted in,
+ * A's out).  Marked as tie rows then: a pass unless strict. */
+static void judge_load_ties(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                            const decode_ctx *c)
+{
+    size_t nl = strlen(name), sl = strlen(".load");
+    if (!c->fa || !c->fb || ta->dtype != PAR_I64 || ta->ndim != 1 || !has_prefix(name, "router.") || nl <= sl ||
+        strcmp(name + nl - sl, ".load"))
+        return;
+    char iname[256];
+    snprintf(iname, sizeof iname, "%.*s.idx", (int)(nl - sl), name);
+    const par_tensor *ia = par_st_find(c->fa, iname), *ib = par_st_find(c->fb, iname);
+    if (!ia || !ib || !par_tensor_same_shape(ia, ib) || !ties_of(iname, ia, c))
+        return;
+    par_cmp_entry ie = {0};
+    judge_ties(&ie, iname, ia, ib, &(decode_ctx){.ties = c->ties});
+    const int64_t E = ta->shape[0], n = par_tensor_numel(ia);
+    const int32_t *xa = ia->data, *xb = ib->data;
+    const int64_t *la = ta->data, *lb = tb->data;
+    int64_t moved = 0;
+    for (int64_t e2 = 0; e2 < E && ie.pass; e2++) {
+        int64_t d = 0;
+        for (int64_t i = 0; i < n; i++)
+            d += (xb[i] == e2) - (xa[i] == e2);
+        ie.pass = lb[e2] - la[e2] == d;
+        moved += d > 0 ? d : 0;
+    }
+    if (!ie.pass)
+        return;
+    e->rows_differ = e->tie_rows = ie.tie_rows;
+    e->pass = !c->strict_ties;
+    snprintf(e->reason, sizeof e->reason, "tie order: %lld picks move, exactly those of the %lld "
+             "rows of %.48s that differ only among A's exact ties (ties.K)%s", (long long)moved,
+             (long long)ie.tie_rows, iname, c->strict_ties ? ", failed under --strict-ties" : "");
 }
 
 /* Compares values of two tensors of equal dtype and shape into e. */
@@ -610,6 +667,8 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
                      (long long)numel);
         if (!e->pass)
             judge_ties(e, name, ta, tb, ctx);
+        if (!e->pass && !e->tie_rows)
+            judge_load_ties(e, name, ta, tb, ctx);
     } else if (bitwise) {
         e->pass = ndiff == 0;
         if (!e->pass)
@@ -694,6 +753,8 @@ static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_f
     dc->is_step = has_prefix(file, "step.");
     dc->ties = fc->ties;
     dc->strict_ties = fc->strict_ties;
+    dc->fa = a;
+    dc->fb = b;
     if (!dc->is_step)
         return;
     const par_tensor *seg = a ? find_i32_bs(a, "input.segments") : NULL;

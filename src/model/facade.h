@@ -38,6 +38,8 @@ typedef struct {
     int64_t index_rows[2];    /* the indexer's query rows with a choice (more visible entries than index_topk)
                                  and those with an exact tie at the top-k boundary, over the ratio-4 blocks
                                  (ties.K.safetensors; 0, 0 without one: no ratio-4 block, or row blocks) */
+    int64_t router_rows[2];   /* the score-routed gates' rows with a choice (K < E) and those with an exact tie
+                                 at the top-K boundary, over those blocks (0, 0 with row blocks) */
 } par_golden_step_info;
 
 typedef struct {

@@ -274,17 +274,65 @@ fail_free:
     return s;
 }
 
+/* router.<block>.ties I32 [B, S, E] of every score-routed block whose
+ * selection has an exact tie at the top-K boundary in some row (kernels/moe.h
+ * par_moe_gate_ties), from the scores recomputed from the block's saved
+ * input and the weights and bias the forward used (the update has not run
+ * yet).  Blocks without such a row write nothing, so a golden of continuous
+ * scores (the presets) keeps its ties.K unchanged; *any is set when one
+ * is added.  keep[b] holds block b's tensor until the file is written;
+ * rc: rows with a choice and with a tie over those blocks. */
+static par_status PAR_FN(router_ties)(const PAR_FN(par_model) *M, par_st_writer *w, int32_t **keep, int64_t rc[2],
+                                      int *any)
+{
+    const int64_t T = M->batch->B * M->batch->S, E = M->E, K = M->K;
+    int64_t sh[3] = {M->batch->B, M->batch->S, E};
+    par_real *lg = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *lg, PAR_TAG_IO);
+    par_real *sc = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *sc, PAR_TAG_IO);
+    par_status s = lg && sc ? PAR_OK : par_err(PAR_ENOMEM, "golden: out of memory for the router's ties");
+    rc[0] = rc[1] = 0;
+    for (int b = 0; b < M->n_blocks && !s; b++) {
+        const PAR_FN(par_block_act) *a = &M->blk[b];
+        if (a->hash || !a->xfn || a->T != T)
+            continue;
+        const par_real *wg = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_weight);
+        const par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+        par_dev_host_read(a->xfn, (size_t)(T * M->d) * sizeof(par_real)); /* GPU mode: on the host */
+        PAR_FN(par_moe_gate_logits)(lg, a->xfn, wg, T, M->d, (int)E);
+        PAR_FN(par_moe_gate_scores)(sc, lg, T * E);
+        par_dev_host_read(sc, (size_t)(T * E) * sizeof(par_real));
+        int64_t c[2];
+        int32_t *tie = keep[b] = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *tie, PAR_TAG_IO);
+        if (!tie)
+            s = par_err(PAR_ENOMEM, "golden: out of memory for the router's ties (%lld tokens)", (long long)T);
+        if (s || (s = PAR_FN(par_moe_gate_ties)(tie, c, sc, bias, T, (int)E, (int)K)))
+            continue;
+        rc[0] += c[0], rc[1] += c[1];
+        if (c[1] == 0)
+            continue;
+        char pfx[32], name[64];
+        par_golden_block_prefix(&M->cfg, b, pfx, sizeof pfx);
+        snprintf(name, sizeof name, "router.%s.ties", pfx);
+        if (!(s = add(w, name, PAR_I32, 3, sh, tie)))
+            *any = 1;
+    }
+    par_free(lg);
+    par_free(sc);
+    return s;
+}
+
 /* ties.K.safetensors: attn.<block>.ties I32 [B, S, S/4] of every ratio-4
  * block whose saved indexer state the forward kept (kernels/attention.h
  * par_indexer_ties); counts[0], counts[1]: the rows with a choice and with
  * an exact tie at the top-k boundary, over those blocks.  A model without
  * any writes nothing. */
-par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2])
+par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2],
+                                         int64_t rcounts[2])
 {
     const int64_t B = M->batch->B, S = M->batch->S, T = B * S, ne = S / 4 > 0 ? S / 4 : 1;
     int64_t sh[3] = {B, S, ne}, tot[2] = {0, 0};
     par_st_writer *w = NULL;
-    int32_t **tie = par_calloc((size_t)M->n_blocks, sizeof *tie, PAR_TAG_IO);
+    int32_t **tie = par_calloc((size_t)(2 * M->n_blocks), sizeof *tie, PAR_TAG_IO); /* indexer, router */
     par_status s = tie ? par_st_writer_new(&w) : par_err(PAR_ENOMEM, "golden: out of memory");
     int any = 0;
     for (int b = 0; b < M->n_blocks && !s; b++) {
@@ -308,12 +356,14 @@ par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char 
         if (!s)
             tot[0] += c[0], tot[1] += c[1], any = 1;
     }
+    if (!s)
+        s = PAR_FN(router_ties)(M, w, tie + M->n_blocks, rcounts, &any);
     if (!s && any)
         s = write_file(w, dir, "ties", k);
     if (!s)
         counts[0] = tot[0], counts[1] = tot[1];
     par_st_writer_free(w);
-    for (int b = 0; tie && b < M->n_blocks; b++)
+    for (int b = 0; tie && b < 2 * M->n_blocks; b++)
         par_free(tie[b]);
     par_free(tie);
     return s;
@@ -578,7 +628,7 @@ static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, co
             return s;
         t1 = now_s();
         if ((s = PAR_FN(par_golden_write_step)(M, dir, k)) ||
-            (s = PAR_FN(par_golden_write_ties)(M, dir, k, info->index_rows)))
+            (s = PAR_FN(par_golden_write_ties)(M, dir, k, info->index_rows, info->router_rows)))
             return s;
     }
     t2 = now_s();

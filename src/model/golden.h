@@ -87,9 +87,14 @@ par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char 
  * top-k's tie order may pick others there), 0 elsewhere.  The comparator
  * reads it next to step.K to tell a tie-order difference of
  * attn.<block>.selected from a real one (docs/golden.md "ties.K").
- * counts: rows with a choice, rows with such a tie.  No file when no block
- * has kept indexer state. */
-par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2]);
+ * Also router.<block>.ties I32 [B, S, E] of each score-routed block with
+ * an exact tie at its top-K boundary in some row (kernels/moe.h
+ * par_moe_gate_ties; none on the presets, whose scores are continuous),
+ * for router.<block>.idx and .load.
+ * counts, rcounts: rows with a choice, rows with such a tie, of the indexer
+ * and of the routers.  No file when neither has anything to write. */
+par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2],
+                                         int64_t rcounts[2]);
 
 /* manifest.json of a set in dir (GOLDEN.md keys; steps the total, first_step
  * where a resumed run started); takes ownership of the layout and data

@@ -337,3 +337,160 @@ Test(compare, rollout_setting_without_exact_ties, .timeout = 120)
     }
     par_remove_tree(dir);
 }
+
+/* ---- router ties (issue 33: score-routed top-K with exact ties) ------- */
+
+/* dir/<name>: what `parity golden` writes for v4-tiny on tiny-boundary-mix,
+ * 2 steps, with bias_update_rate 1e17: after step 0 every gate.bias is 0 or
+ * +-1e17, s + bias rounds to the bias (ulp 16 > s), and every score-routed
+ * row of step 1 ties among the experts of its top bias class. */
+static void router_tie_golden(const char *dir, const char *name, char *out, size_t n)
+{
+    char log[PATH_MAX];
+    snprintf(out, n, "%s/%s", dir, name);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    static const char *const golden_cmd[] = {"golden", NULL};
+    const char *args[] = {"--preset", "v4-tiny", "--fixture", "tiny-boundary-mix", "--steps", "2", "--out", out,
+                          "--set", "bias_update_rate=1e17", NULL};
+    cr_assert_eq(parity_exec(log, golden_cmd, args), 0);
+    char *txt = slurp(log);
+    cr_expect(strstr(txt, "router: 1536 of 3072 score-routed rows have an exact tie at the top-K boundary"), "%s",
+              txt);
+    free(txt);
+    /* MODEL.md: ties go to the lower e -- the picks among a row's tied experts are its lowest tied indices */
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/ties.1.safetensors", out);
+    par_st_file *tf, *f;
+    cr_assert_eq(par_st_read(p, &tf), PAR_OK, "%s", par_last_error());
+    snprintf(p, sizeof p, "%s/step.1.safetensors", out);
+    cr_assert_eq(par_st_read(p, &f), PAR_OK, "%s", par_last_error());
+    const par_tensor *tie = par_st_find(tf, "router.layers.1.ties"), *idx = par_st_find(f, "router.layers.1.idx");
+    cr_assert(tie && idx);
+    const int64_t rows = idx->shape[0] * idx->shape[1], k = idx->shape[2], E = tie->shape[2];
+    const int32_t *iv = idx->data, *tv = tie->data;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t nt = 0, seen = 0;
+        for (int64_t i = 0; i < k; i++)
+            nt += tv[r * E + iv[r * k + i]];
+        for (int32_t e = 0; e < E && seen < nt; e++)
+            if (tv[r * E + e]) {
+                int picked = 0;
+                for (int64_t i = 0; i < k; i++)
+                    picked |= iv[r * k + i] == e;
+                cr_assert(picked, "row %lld: tied expert %d not picked though %lld tied picks are lower-index", (long long)r,
+                          e, (long long)nt);
+                seen++;
+            }
+    }
+    par_st_close(f);
+    par_st_close(tf);
+}
+
+/* Rewrites step.1 of the set in dir: router.layers.1.idx re-picked on every
+ * row by `order` (1: the highest tied indices, as a top-k that breaks ties
+ * the other way; 2: row 0's first pick replaced by an expert that is not
+ * tied, a real difference), router.layers.1.load recounted from it. */
+static void repick_router(const char *dir, int order)
+{
+    char p[PATH_MAX + 32];
+    par_manifest m;
+    cr_assert_eq(par_manifest_read(dir, &m), PAR_OK, "%s", par_last_error());
+    snprintf(p, sizeof p, "%s/ties.1.safetensors", dir);
+    par_st_file *tf, *f;
+    cr_assert_eq(par_st_read(p, &tf), PAR_OK, "%s", par_last_error());
+    const par_tensor *tie = par_st_find(tf, "router.layers.1.ties");
+    cr_assert(tie && tie->ndim == 3, "no router.layers.1.ties in %s", p);
+    snprintf(p, sizeof p, "%s/step.1.safetensors", dir);
+    cr_assert_eq(par_st_read(p, &f), PAR_OK, "%s", par_last_error());
+    const par_tensor *idx = par_st_find(f, "router.layers.1.idx");
+    const int64_t rows = idx->shape[0] * idx->shape[1], k = idx->shape[2], E = tie->shape[2];
+    int32_t *pick = malloc((size_t)(rows * k) * sizeof *pick);
+    int64_t *load = calloc((size_t)E, sizeof *load);
+    memcpy(pick, idx->data, (size_t)(rows * k) * sizeof *pick);
+    const int32_t *tv = tie->data;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t *s = pick + r * k;
+        const int32_t *t = tv + r * E;
+        if (order == 1) { /* keep the untied picks, fill the rest from the top tied index down */
+            int64_t nt = 0;
+            for (int64_t i = 0; i < k; i++)
+                nt += t[s[i]];
+            int64_t j = 0;
+            for (int64_t i = 0; i < k; i++)
+                if (!t[s[i]])
+                    s[j++] = s[i];
+            for (int32_t e = (int32_t)E - 1; e >= 0 && nt > 0; e--)
+                if (t[e])
+                    s[j++] = e, nt--;
+            qsort(s, (size_t)k, sizeof *s, cmp_i32);
+        } else if (r == 0) {
+            for (int32_t e = 0; e < E; e++) {
+                int picked = 0;
+                for (int64_t i = 0; i < k; i++)
+                    picked |= s[i] == e;
+                if (!picked && !t[e]) {
+                    s[0] = e;
+                    break;
+                }
+            }
+            qsort(s, (size_t)k, sizeof *s, cmp_i32);
+        }
+        for (int64_t i = 0; i < k; i++)
+            load[s[i]]++;
+    }
+    par_st_writer *w;
+    cr_assert_eq(par_st_writer_new(&w), PAR_OK);
+    for (int i = 0; i < par_st_count(f); i++) {
+        par_tensor t = *par_st_tensor(f, i);
+        if (!strcmp(par_st_name(f, i), "router.layers.1.idx"))
+            t.data = pick;
+        if (!strcmp(par_st_name(f, i), "router.layers.1.load"))
+            t.data = load;
+        cr_assert_eq(par_st_writer_add(w, par_st_name(f, i), &t), PAR_OK);
+    }
+    cr_assert_eq(par_st_writer_write(w, p), PAR_OK, "%s", par_last_error());
+    par_st_writer_free(w);
+    par_st_close(f);
+    par_st_close(tf);
+    free(pick);
+    free(load);
+    cr_assert_eq(par_manifest_write(&m, dir), PAR_OK, "%s", par_last_error()); /* the files' hashes again */
+    par_manifest_free(&m);
+}
+
+Test(compare, router_tie_order_is_told_from_a_real_difference, .timeout = 120)
+{
+    char dir[] = "/tmp/parity-compare-test-XXXXXX", a[PATH_MAX], b[PATH_MAX], log[PATH_MAX];
+    cr_assert(mkdtemp(dir));
+    snprintf(log, sizeof log, "%s/log", dir);
+    router_tie_golden(dir, "a", a, sizeof a);
+    router_tie_golden(dir, "b", b, sizeof b);
+    const char *args[] = {a, b, NULL};
+    cr_expect_eq(compare(log, args), 0, "the same run twice");
+    repick_router(b, 1);
+    int rc = compare(log, args);
+    char *out = slurp(log);
+    cr_expect_eq(rc, 0, "a router tie-order difference passes by default:\n%s", out);
+    cr_expect(strstr(out, "TIE  step.1.safetensors router.layers.1.idx"), "%s", out);
+    cr_expect(strstr(out, "TIE  step.1.safetensors router.layers.1.load"), "%s", out);
+    cr_expect(strstr(out, "exactly those of the 512 rows of router.layers.1.idx that differ only among A's exact ties"),
+              "%s", out);
+    free(out);
+    const char *strict[] = {a, b, "--strict-ties", NULL};
+    cr_expect_eq(compare(log, strict), 1, "--strict-ties fails it");
+    out = slurp(log);
+    cr_expect(strstr(out, "512 only among exact ties of A (tie order, failed under --strict-ties), 0 elsewhere"), "%s",
+              out);
+    free(out);
+    /* one pick moved to an expert that is not tied: a real difference, idx and load both fail */
+    par_remove_tree(b);
+    router_tie_golden(dir, "b", b, sizeof b);
+    repick_router(b, 2);
+    cr_expect_eq(compare(log, args), 1);
+    out = slurp(log);
+    cr_expect(strstr(out, "FAIL step.1.safetensors router.layers.1.idx"), "%s", out);
+    cr_expect(strstr(out, "integers differ in 1 of 512 rows, none of them only among exact ties of A"), "%s", out);
+    cr_expect(strstr(out, "FAIL step.1.safetensors router.layers.1.load"), "%s", out);
+    free(out);
+    par_remove_tree(dir);
+}

@@ -214,8 +214,9 @@ Test(matrix, quick_passes_and_reports, .timeout = 360)
      * tp2-sp-ep4, tp2-sp-cp2-ep4, tp2-etp2, tp2-etp2-ep2, tp2-sp-etp2, tp2-sp-etp2-ep2; tp2-ep2,
      * tp2-sp-cp2-etp2-ep2 (the TP shared expert under EP / ETP); fiber-cp2-ep2-zero1, fiber-pp2-cp2-ep2,
      * fiber-cp4-dp17, golden-blocked (issue 35); ep2-swiglu-clamp, cp2-yarn-short, dp2-yarn-wide
-     * (issue 33: math branches no other golden takes) */
-    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2 + 4 + 3, "cells: %lld", (long long)total);
+     * (issue 33: math branches no other golden takes); ep2-swiglu-off, pp2-no-mtp, dp4-ep2-router-ties,
+     * pp2-hash-later (issue 33: no clamp, no MTP block, exact router ties, a hash layer on the second stage) */
+    cr_expect_eq(total, 6 + 4 + 5 + 8 + 11 + 9 + 5 + 4 + 7 + 7 + 2 + 4 + 3 + 4, "cells: %lld", (long long)total);
     cr_expect_geq(passed, total - 1);
     cr_expect_eq(failed, 0);
     const cJSON *cells = cJSON_GetObjectItemCaseSensitive(r, "cells");
@@ -687,7 +688,8 @@ Test(matrix, junit_report_validates_and_baseline_diffs, .timeout = 240)
 /* Issue 33 item 2: the quick tier holds the cells whose goldens take the
  * math branches no preset golden takes (tools/coverage-math.py measured
  * them: the SwiGLU clamp, YaRN's correction range clamped below, empty and
- * above); --list names each with its setting. */
+ * above; off: swiglu_limit 0), a model without MTP, exact router ties (bias_update_rate 1e17) and a hash layer on a
+ * later stage; --list names each with its setting. */
 Test(matrix, quick_tier_takes_the_clamp_and_yarn_ranges, .timeout = 60)
 {
     char dir[PATH_MAX], log[PATH_MAX + 16];
@@ -698,8 +700,12 @@ Test(matrix, quick_tier_takes_the_clamp_and_yarn_ranges, .timeout = 60)
     char *text = slurp(log);
     static const char *const want[][2] = {{"ep2-swiglu-clamp", "swiglu_limit=1"},
                                           {"cp2-yarn-short", "original_seq_len=4"},
-                                          {"dp2-yarn-wide", "compress_rope_theta=100"}};
-    for (int i = 0; i < 3; i++) {
+                                          {"dp2-yarn-wide", "compress_rope_theta=100"},
+                                          {"ep2-swiglu-off", "swiglu_limit=0"},
+                                          {"pp2-no-mtp", "n_mtp_layers=0"},
+                                          {"dp4-ep2-router-ties", "bias_update_rate=1e17"},
+                                          {"pp2-hash-later", "n_hash_layers=2"}};
+    for (int i = 0; i < 7; i++) {
         const char *p = strstr(text, want[i][0]), *e = p ? strchr(p, '\n') : NULL;
         const char *q = p ? strstr(p, want[i][1]) : NULL;
         cr_expect(q && (!e || q < e), "%s with %s not in --list:\n%s", want[i][0], want[i][1], text);

@@ -280,6 +280,88 @@ Test(moe, gate_ties_go_to_lower_index)
     }
 }
 
+/* par_moe_gate_ties: the rows whose top-K boundary is an exact tie of the
+ * biased scores, and the experts tied there (what another tie order may
+ * pick: torch.topk on CPU picks [6, 5] of 8 equal scores for K = 2). */
+Test(moe, gate_ties_marks_the_boundary)
+{
+    enum { R = 5 };
+    const double sc[R][E] = {
+        {0.5, 0.5, 0.5, 0.5, 0.5, 0.5}, /* all equal: every expert tied */
+        {0.9, 0.5, 0.5, 0.1, 0.5, 0.2}, /* 0.9 then three 0.5 for one place */
+        {0.875, 0.75, 0.5, 0.5, 0.125, 0.25}, /* the tie below the boundary: none */
+        {0.9, 0.9, 0.9, 0.1, 0.2, 0.3}, /* three 0.9 for two places */
+        {0.1, 0.7, 0.7, 0.2, 0.3, 0.4}, /* two 0.7 for two places: no choice among them */
+    };
+    const int32_t want[R][E] = {
+        {1, 1, 1, 1, 1, 1}, {0, 1, 1, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, {1, 1, 1, 0, 0, 0}, {0, 0, 0, 0, 0, 0},
+    };
+    int32_t tie[R * E];
+    int64_t c[2];
+    cr_assert_eq(par_moe_gate_ties_f64(tie, c, &sc[0][0], NULL, R, E, K), PAR_OK);
+    for (int r = 0; r < R; r++)
+        for (int e = 0; e < E; e++)
+            cr_expect_eq(tie[r * E + e], want[r][e], "row %d expert %d", r, e);
+    cr_expect_eq(c[0], R);
+    cr_expect_eq(c[1], 3);
+    /* the bias decides: row 2's 0.5 + 0.375 ties 0.875 + 0 and 0.75 + 0.125 (exact in binary) */
+    const double bias[E] = {0, 0.125, 0.375, 0, 0, 0};
+    cr_assert_eq(par_moe_gate_ties_f64(tie, c, &sc[2][0], bias, 1, E, K), PAR_OK);
+    const int32_t want2[E] = {1, 1, 1, 0, 0, 0};
+    for (int e = 0; e < E; e++)
+        cr_expect_eq(tie[e], want2[e], "biased row, expert %d", e);
+    cr_expect_eq(c[1], 1);
+    /* a bias that swamps the scores (bias_update_rate 1e17): s + b == b, every expert of a class ties */
+    const double big[E] = {1e17, -1e17, 1e17, 1e17, 0, -1e17};
+    cr_assert_eq(par_moe_gate_ties_f64(tie, c, &sc[1][0], big, 1, E, K), PAR_OK);
+    const int32_t want3[E] = {1, 0, 1, 1, 0, 0};
+    for (int e = 0; e < E; e++)
+        cr_expect_eq(tie[e], want3[e], "swamped row, expert %d", e);
+    /* K == E: nothing to choose */
+    cr_assert_eq(par_moe_gate_ties_f64(tie, c, &sc[0][0], NULL, 1, E, E), PAR_OK);
+    cr_expect_eq(c[0], 0);
+    cr_expect_eq(c[1], 0);
+    /* rows of few distinct values (ties everywhere), K = 1 .. E, against a sort */
+    enum { NR = 200 };
+    static double rs_[NR * E];
+    static int32_t rt[NR * E];
+    seed(81);
+    for (int i = 0; i < NR * E; i++)
+        rs_[i] = 0.25 * (double)(int)(2.0 + 2.0 * urand()); /* 0, 0.25, 0.5, 0.75 */
+    for (int k = 1; k <= E; k++) {
+        cr_assert_eq(par_moe_gate_ties_f64(rt, c, rs_, NULL, NR, E, k), PAR_OK);
+        int64_t tied = 0;
+        for (int r = 0; r < NR; r++) {
+            double srt[E];
+            memcpy(srt, rs_ + r * E, sizeof srt);
+            for (int i = 1; i < E; i++) /* descending insertion sort */
+                for (int j = i; j > 0 && srt[j - 1] < srt[j]; j--) {
+                    double x = srt[j];
+                    srt[j] = srt[j - 1];
+                    srt[j - 1] = x;
+                }
+            int at = k < E && srt[k] == srt[k - 1];
+            tied += at;
+            for (int e = 0; e < E; e++)
+                cr_expect_eq(rt[r * E + e], at && rs_[r * E + e] == srt[k - 1], "K=%d row %d expert %d", k, r, e);
+        }
+        cr_expect_eq(c[1], tied, "K=%d", k);
+        cr_expect_eq(c[0], k < E ? NR : 0, "K=%d", k);
+    }
+    /* the gate forward picks the lower indices of each tie */
+    static gate_ctx g;
+    gate_init(&g, 71, 0);
+    memset(g.wg, 0, sizeof g.wg);
+    g.use_bias = 1;
+    memcpy(g.bias, big, sizeof big);
+    gate_run(&g);
+    for (int t = 0; t < T; t++) {
+        cr_expect_eq(g.idx[t * K + 0], 0, "t=%d", t);
+        cr_expect_eq(g.idx[t * K + 1], 2, "t=%d", t);
+    }
+    check_no_leaks();
+}
+
 Test(moe, gate_errors)
 {
     static gate_ctx c;
@@ -322,6 +404,13 @@ Test(moe, gate_tiny_scores_backward_is_finite)
         cr_expect(isfinite(dx[j]));
     for (int i = 0; i < E * D; i++)
         cr_expect(isfinite(dwg[i]));
+    /* softplus underflows to 0 at l = -800 and -900 (dsqrtsoftplus's other branch): d s / d l is the limit
+     * exp(l/2)/2, with ds = 1 from dse and x = e_0 (the sigmoid/(2 sqrt(softplus)) form is 0/0 there) */
+    cr_expect_eq(s[3], 0.0, "s underflows to 0 at l = -800");
+    cr_expect(fabs(dwg[3 * D] - 0.5 * exp(-400.0)) <= 1e-13 * 0.5 * exp(-400.0), "l = -800: %g vs %g", dwg[3 * D],
+              0.5 * exp(-400.0));
+    cr_expect(fabs(dwg[4 * D] - 0.5 * exp(-450.0)) <= 1e-13 * 0.5 * exp(-450.0), "l = -900: %g vs %g", dwg[4 * D],
+              0.5 * exp(-450.0));
     /* d s / d l = s / 2 in the tail (softplus ~ e^l): expert 5, row x = e_0 */
     cr_expect(fabs(dwg[5 * D] - s[5] / 2) < 1e-12 * s[5] + 1e-300, "%g vs %g", dwg[5 * D],
               s[5] / 2);

@@ -249,6 +249,15 @@ Test(data, fixtures_load_and_cover_their_case, .init = quiet)
         par_fixture_free(&f);
 #undef LOAD
     }
+    /* tiny-one-token (issue 33): every sample one token, so no token has a target in its sample */
+    par_fixture f;
+    cr_assert_eq(par_fixture_load_named(&f, "tiny-one-token", dir), PAR_OK, "%s", par_last_error());
+    cr_expect(f.description[0]);
+    cr_expect_eq(f.seq_length, 64);
+    for (int64_t i = 0; i < f.row_off[f.n_rows]; i++)
+        cr_expect_eq(f.lengths[i], 1, "sample %lld", (long long)i);
+    cr_expect_eq(f.row_off[f.n_rows], 64);
+    par_fixture_free(&f);
 }
 
 Test(data, fixture_rows_repeat_cyclically, .init = quiet)
