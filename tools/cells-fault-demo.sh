@@ -24,8 +24,9 @@
 #                         bytes FAILs (a resume cell pins its last leg, which
 #                         is serial in the *-to-tp1 / *-to-etp1 cells)
 #                         with "emulated clock vs ..." naming the first figure
-#       zero1_state_unsharded  parallel/dp/zero.c: ZeRO-1 allocates the whole
-#                         group's AdamW state on every rank (the update uses
+#       zero1_state_unsharded  parallel/dp/zero.c: ZeRO-1 allocates the
+#                         replicated state's sizes on every rank (the whole
+#                         group's AdamW m, v and Muon momentum; the update uses
 #                         its shard: the numerics and the clock are the same):
 #                         every cell whose run the planner models with a
 #                         ZeRO-1 group of more than one rank FAILs with "plan
