@@ -24,7 +24,17 @@
 #                         bytes FAILs (a resume cell pins its last leg, which
 #                         is serial in the *-to-tp1 / *-to-etp1 cells)
 #                         with "emulated clock vs ..." naming the first figure
+#       zero1_state_unsharded  parallel/dp/zero.c: ZeRO-1 allocates the
+#                         replicated state's sizes on every rank (the whole
+#                         group's AdamW m, v and Muon momentum; the update uses
+#                         its shard: the numerics and the clock are the same):
+#                         every cell whose run the planner models with a
+#                         ZeRO-1 group of more than one rank FAILs with "plan
+#                         vs run ... memory.optim" (matrix_plan.c), and no
+#                         other check of the matrix sees it
 #   - every other cell passes (PASS, or WARN for the informational one).
+# PARITY_FAULT_SELECT="--preset v4-mini" runs that selection instead of --quick
+# (the default tier's pins: net_nvlink_bw).
 # Usage: tools/cells-fault-demo.sh FAULT [BUILD_DIR]   (default build-fault-FAULT)
 #        PARITY_FAULT_CELLS="fiber-cp4-dp17 cp2 ..." runs only those cells.
 # A build, then the quick matrix (2-3 minutes on 2 cores); run it under
@@ -33,8 +43,8 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 fault=${1:-}
 case $fault in
-fiber_short_copy | comm_chunk_floor | golden_block_zero | net_nvlink_bw) ;;
-*) echo "usage: tools/cells-fault-demo.sh fiber_short_copy|comm_chunk_floor|golden_block_zero|net_nvlink_bw [BUILD_DIR]" >&2; exit 2 ;;
+fiber_short_copy | comm_chunk_floor | golden_block_zero | net_nvlink_bw | zero1_state_unsharded) ;;
+*) echo "usage: tools/cells-fault-demo.sh fiber_short_copy|comm_chunk_floor|golden_block_zero|net_nvlink_bw|zero1_state_unsharded [BUILD_DIR]" >&2; exit 2 ;;
 esac
 bdir=${2:-$root/build-fault-$fault}
 . "$root/tools/fault-lib.sh"
@@ -62,6 +72,14 @@ for c in r["cells"]:
         sends = any(r["bytes"]["nvlink"] + r["bytes"]["ib"] > 0 for r in em.get("ranks", []))
         hit = sends and "%s %s %s" % (c["preset"], c["cell"], c["data"]) in pins
         want = "emulated clock vs "
+    elif fault == "zero1_state_unsharded":
+        # a run the planner models (matrix_plan.c) whose ZeRO-1 plans span more than one rank
+        run = c["run"] or {}
+        lay, plan = run.get("layout") or {}, run.get("plan") or {}
+        groups = lay.get("data_parallel_size", 1) * lay.get("context_parallel_size", 1)
+        hit = (lay.get("use_distributed_optimizer") and "memory" in plan and
+               (groups > 1 or lay.get("expert_data_parallel_size", 1) > 1))
+        want = "plan vs run "
     else:
         hit = name in reach[fault]
         want = "first divergence"

@@ -3,6 +3,7 @@
 # own build directory, run the quick matrix with it, and insist it exits 1.
 # Sourced, not run.  fault_matrix TAG FAULT BUILD_DIR [matrix args...] leaves
 # $out/report.json, $out/table.txt and $out/stderr.txt; $out is removed on exit.
+# PARITY_FAULT_SELECT: the matrix's selection instead of --quick (e.g. "--preset v4-mini").
 
 fault_matrix() {
     tag=$1 fault=$2 bdir=$3
@@ -18,7 +19,8 @@ fault_matrix() {
     ninja -C "$bdir" -j2 parity >/dev/null
     export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
     set +e
-    "$bdir/parity" matrix --quick --quiet "$@" --out "$out/m" --report "$out/report.json" \
+    # shellcheck disable=SC2086
+    "$bdir/parity" matrix ${PARITY_FAULT_SELECT:---quick} --quiet "$@" --out "$out/m" --report "$out/report.json" \
         >"$out/table.txt" 2>"$out/stderr.txt"
     rc=$?
     set -e

@@ -2,7 +2,8 @@
 # tools/pin-emulated.sh - regenerates golden/emulated-clock.json, the pinned
 # emulated clock (issue 35; docs/matrix.md "The emulated clock, pinned").
 #
-# Runs the matrix with the pins switched off (PARITY_EMULATED_PINS=none),
+# Runs the matrix with the pins switched off (PARITY_EMULATED_PINS=none;
+# the plan comparison too, PARITY_PLAN_CHECK=none: the clock is what is pinned),
 # in this process (threads; the cells that name fiber run on fiber), and
 # writes, for every layout / resume cell that passed, the run summary's
 # clock figures -- "emulated" (step time, exposed communication, per rank
@@ -29,7 +30,7 @@ out=$(mktemp -d /tmp/parity-pin-emulated-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 set +e
-PARITY_EMULATED_PINS=none "$bdir/parity" matrix --quiet --backend threads "$@" --out "$out/m" \
+PARITY_EMULATED_PINS=none PARITY_PLAN_CHECK=none "$bdir/parity" matrix --quiet --backend threads "$@" --out "$out/m" \
     --report "$out/report.json" >"$out/table.txt" 2>"$out/stderr.txt"
 rc=$?
 set -e

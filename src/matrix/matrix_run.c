@@ -20,6 +20,7 @@
 #include "parallel/ckpt/ckpt_owner.h"
 #include "parallel/train/run.h"
 #include "matrix/matrix-impl.h"
+#include "matrix/matrix_plan.h"
 #include "matrix/rankof.h"
 #include "parallel/train/run_summary.h"
 
@@ -101,6 +102,8 @@ par_status par_matrix_run_layout_in_process(const par_layout_job *job, void *ud,
     if (s)
         return s;
     cJSON *doc = par_run_summary_json(&sum, job->preset, job->precision);
+    if (doc) /* the planner's figures next to the run's (matrix_plan.c) */
+        par__matrix_plan_attach(doc, job->cfg, job->precision, &sum, &net);
     par_run_summary_free(&sum);
     if (!doc)
         return par_err(PAR_ENOMEM, "matrix: out of memory for a run summary");
@@ -783,6 +786,7 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
         res->verdict = PAR_CELL_ERROR;
     else if (res->verdict == PAR_CELL_PASS)
         check_figures(m, c, res);
+    par__matrix_plan_check(res); /* a passing cell only (matrix_plan.c) */
 }
 
 void par__matrix_run_cell(par_matrix *m, int idx)

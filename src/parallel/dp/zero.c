@@ -86,8 +86,16 @@ par_status PAR_FN(par_zero_plan_build_sized)(plan_t *pl, const par_param_table *
     }
     /* state and workspace */
     const int zero1 = mode == PAR_DP_ZERO1;
+#if PAR_FAULT_ZERO1_STATE_UNSHARDED
+    /* the deliberate bug (-Dfault, docs/matrix.md "The plan against the run"): ZeRO-1 shards the
+     * update but every rank allocates the replicated state's sizes (the whole group's AdamW m, v
+     * and Muon momentum; only its shard is used) */
+    const size_t nad = (size_t)((int64_t)dp * z.shard);
+    const size_t nmo = (size_t)z.n_muon;
+#else
     const size_t nad = (size_t)(zero1 ? z.shard : (int64_t)dp * z.shard);
     const size_t nmo = (size_t)(zero1 ? z.load[rank] : z.n_muon);
+#endif
     if (get && !zero1) { /* the process's copy of the replicated state */
         PAR_FN(par_zero_state) ext = {0};
         if ((st = get(ctx, nad, nmo, &ext)))

@@ -175,8 +175,11 @@ static void seg_costs(const par_config *g, const par_netmodel *net, const par_la
             hot = (sk - 1) * moe * 2 * T * (double)g->n_activated_experts * 3 * (double)g->dim * (double)g->moe_inter_dim;
         }
         double comp = (fl[s] + hot) / (net->peak_flops * eff), ep = 0, by[PAR_TIER_COUNT] = {0};
+        /* with SP the MoE's tokens are split over the TP group: each rank dispatches its T / TP
+         * (without SP every TP rank sends its copy: the run's counts, matrix_plan.c) */
+        double sp = l->sequence_parallel && l->tp > 1 ? (double)l->tp : 1;
         if (moe > 0 && l->ep > 1)
-            ep = moe * ep_a2a(net, l, r, T * (double)g->n_activated_experts, (double)g->dim, sk, by);
+            ep = moe * ep_a2a(net, l, r, T * (double)g->n_activated_experts / sp, (double)g->dim, sk, by);
         double cp = cp_gather(g, net, l, r, s, T);
         for (int t = 0; t < PAR_TIER_COUNT; t++) /* every rank of the stage, per microbatch */
             st->ep_bytes_world[t] += (4 + 2 * rc) * moe * by[t] * (double)per;
