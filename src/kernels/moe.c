@@ -60,9 +60,10 @@ PAR_DECLARE_TARGET /* the gate's per-row pieces run inside device loops */
  * exp(l/2)/2 (softplus(l) ~ sigmoid(l) ~ e^l there). */
 static double dsqrtsoftplus(double l)
 {
-    double sp = par_softplus(l);
+    double sg;
+    const double sp = par_softplus_sigmoid(l, &sg); /* one e^-|l| for both (kernels/scalar.h) */
     if (sp > 0.0)
-        return par_sigmoid(l) / (2.0 * sqrt(sp));
+        return sg / (2.0 * sqrt(sp));
     return 0.5 * par_pmath_exp(0.5 * l);
 }
 
