@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,14 @@ static char *with_suffix(const char *path, const char *suffix)
     return p;
 }
 
+static _Atomic int durable = 1; /* par_file_set_durable */
+
+int par_file_set_durable(int on) { return atomic_exchange(&durable, on ? 1 : 0); }
+
 static par_status fsync_dir(const char *dir)
 {
+    if (!atomic_load(&durable))
+        return PAR_OK;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return par_err(PAR_EIO, "%s: cannot open directory to fsync it: %s", dir, strerror(errno));
@@ -289,7 +296,7 @@ void par_afile_abort(par_afile *f)
 par_status par_afile_commit(par_afile *f)
 {
     par_status st = PAR_OK;
-    if (fsync(f->fd) != 0) {
+    if (atomic_load(&durable) && fsync(f->fd) != 0) {
         st = par_err(PAR_EIO, "%s: fsync of %s failed: %s", f->path, f->tmp, strerror(errno));
         goto fail_abort;
     }

@@ -50,6 +50,13 @@ par_status par_afile_commit(par_afile *f);
 /* Removes the temporary file and frees f (NULL is fine). */
 void par_afile_abort(par_afile *f);
 
+/* Durability of the atomic writes above: on (fsync) by default.  Off, a
+ * file is still written to a temporary and renamed (readers never see half a
+ * file), but neither it nor its directory is fsync'ed: after an OS crash it
+ * may be lost.  For scratch output only (the matrix's cell sets, removed
+ * when they pass: src/matrix).  Process-wide; returns the previous setting. */
+int par_file_set_durable(int on);
+
 /* Creates DIR.tmp-XXXXXX next to dir; *tmp receives its path (par_malloc'd,
  * tag IO), set only on success. */
 par_status par_adir_begin(const char *dir, char **tmp);

@@ -336,3 +336,139 @@ PM_ENTRY double par_pmath_pow(double x, double y)
 #if defined(PAR_OFFLOAD) && PAR_OFFLOAD
 #pragma omp end declare target
 #endif
+
+/* ------------------------------------------------- softplus, four lanes */
+
+/* par_pmath_softplus_parts (pmath.h): exp_dd(-|x|, 0) and log1p's path
+ * through log_dd, written again on four lanes with the same operations in
+ * the same order (an IEEE operation rounds the same in a vector lane), for
+ * |x| in [2^-54, 700]: exp's scale2 is then one multiply by 2^k (k >= -1010)
+ * and log1p's u = 1 + e lies in [1, 2] (no subnormal).  Other lanes: the
+ * scalar calls. */
+static void softplus_parts_scalar(const double *x, double *e, double *lp, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        e[i] = par_pmath_exp(-fabs(x[i]));
+        lp[i] = par_pmath_log1p(e[i]);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !(defined(PAR_OFFLOAD) && PAR_OFFLOAD)
+#include <immintrin.h>
+#define SP_ATTR __attribute__((target("avx2,fma")))
+#define V4 __m256d
+#define S4(x) _mm256_set1_pd(x)
+
+SP_ATTR static inline V4 v_horner(const double *c, int n, V4 z)
+{
+    V4 p = S4(c[0]);
+    for (int i = 1; i < n; i++)
+        p = _mm256_fmadd_pd(p, z, S4(c[i]));
+    return p;
+}
+
+SP_ATTR static inline void v_two_sum(V4 a, V4 b, V4 *s, V4 *e)
+{
+    const V4 t = _mm256_add_pd(a, b), bb = _mm256_sub_pd(t, a);
+    *s = t;
+    *e = _mm256_add_pd(_mm256_sub_pd(a, _mm256_sub_pd(t, bb)), _mm256_sub_pd(b, bb));
+}
+
+SP_ATTR static inline V4 v_neg(V4 a) { return _mm256_xor_pd(a, S4(-0.0)); }
+
+/* exp_dd(hi, 0), hi in [-700, -2^-54] */
+SP_ATTR static V4 v_exp_neg(V4 hi)
+{
+    const V4 t = _mm256_add_pd(_mm256_mul_pd(hi, S4(INV_LN2)), S4(SHIFTER));
+    const V4 kd = _mm256_sub_pd(t, S4(SHIFTER)), nkd = v_neg(kd);
+    const V4 r = _mm256_fmadd_pd(nkd, S4(LN2_HI), hi);
+    const V4 rl = _mm256_fmadd_pd(nkd, S4(LN2_LO), S4(0.0));
+    const V4 q = v_horner(exp_c, NCOEF(exp_c), r);
+    V4 a, ae;
+    v_two_sum(S4(1.0), r, &a, &ae);
+    const V4 p = _mm256_fmadd_pd(_mm256_mul_pd(r, r), q, ae);
+    const V4 tail = _mm256_fmadd_pd(rl, _mm256_add_pd(a, p), p);
+    /* t = SHIFTER + k exactly, so its bits are SHIFTER's + k; 2^k's are (k + 1023) << 52 */
+    const __m256i k = _mm256_sub_epi64(_mm256_castpd_si256(t), _mm256_castpd_si256(S4(SHIFTER)));
+    const V4 p2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(k, _mm256_set1_epi64x(1023)), 52));
+    return _mm256_mul_pd(_mm256_add_pd(a, tail), p2);
+}
+
+/* log_dd(u, hi, lo) for u in [1, 2] */
+SP_ATTR static void v_log_dd(V4 u, V4 *hi, V4 *lo)
+{
+    const __m256i mant = _mm256_and_si256(_mm256_castpd_si256(u), _mm256_set1_epi64x(0x000fffffffffffffll));
+    V4 m = _mm256_castsi256_pd(_mm256_or_si256(mant, _mm256_set1_epi64x(0x3ff0000000000000ll)));
+    const V4 big = _mm256_cmp_pd(m, S4(SQRT2), _CMP_GT_OQ);
+    m = _mm256_blendv_pd(m, _mm256_mul_pd(m, S4(0.5)), big);
+    /* e: the exponent of u (0, or 1 for u = 2) plus 1 where m was halved */
+    const V4 ed = _mm256_add_pd(_mm256_and_pd(_mm256_cmp_pd(u, S4(2.0), _CMP_GE_OQ), S4(1.0)),
+                                _mm256_and_pd(big, S4(1.0)));
+    const V4 f = _mm256_sub_pd(m, S4(1.0));
+    const V4 d = _mm256_add_pd(S4(2.0), f), de = _mm256_sub_pd(f, _mm256_sub_pd(d, S4(2.0)));
+    const V4 sh = _mm256_div_pd(f, d);
+    const V4 sl = _mm256_div_pd(_mm256_sub_pd(_mm256_fmadd_pd(v_neg(sh), d, f), _mm256_mul_pd(sh, de)), d);
+    const V4 zh = _mm256_mul_pd(sh, sh), zl = _mm256_fmadd_pd(sh, sh, v_neg(zh));
+    const V4 c3 = _mm256_mul_pd(sh, zh);
+    const V4 c3l = _mm256_add_pd(_mm256_fmadd_pd(sh, zh, v_neg(c3)),
+                                 _mm256_add_pd(_mm256_mul_pd(sh, zl),
+                                               _mm256_mul_pd(_mm256_mul_pd(S4(3.0), sl), zh)));
+    const V4 t1 = _mm256_mul_pd(S4(LOG_C3_HI), c3);
+    const V4 t1l = _mm256_add_pd(_mm256_fmadd_pd(S4(LOG_C3_HI), c3, v_neg(t1)),
+                                 _mm256_add_pd(_mm256_mul_pd(S4(LOG_C3_HI), c3l), _mm256_mul_pd(S4(LOG_C3_LO), c3)));
+    const V4 t2 = _mm256_mul_pd(_mm256_mul_pd(v_horner(log_c, NCOEF(log_c) - 1, zh), zh), c3);
+    V4 h, err, h2, err2;
+    v_two_sum(_mm256_mul_pd(ed, S4(LN2_HI)), _mm256_mul_pd(S4(2.0), sh), &h, &err);
+    v_two_sum(h, t1, &h2, &err2);
+    const V4 rest = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(S4(2.0), sl), t1l), t2),
+                                  _mm256_mul_pd(ed, S4(LN2_LO)));
+    const V4 l = _mm256_add_pd(_mm256_add_pd(err, err2), rest);
+    *hi = _mm256_add_pd(h2, l);
+    *lo = _mm256_sub_pd(l, _mm256_sub_pd(*hi, h2));
+}
+
+/* log1p(e), e in (0, 1] (e < 2^-54: e itself) */
+SP_ATTR static V4 v_log1p_unit(V4 e)
+{
+    const V4 u = _mm256_add_pd(S4(1.0), e);
+    const V4 err = _mm256_blendv_pd(_mm256_sub_pd(S4(1.0), _mm256_sub_pd(u, e)),
+                                    _mm256_sub_pd(e, _mm256_sub_pd(u, S4(1.0))),
+                                    _mm256_cmp_pd(e, S4(1.0), _CMP_LT_OQ));
+    V4 hi, lo;
+    v_log_dd(u, &hi, &lo);
+    const V4 r = _mm256_add_pd(hi, _mm256_add_pd(lo, _mm256_div_pd(err, u)));
+    return _mm256_blendv_pd(r, e, _mm256_cmp_pd(e, S4(0x1p-54), _CMP_LT_OQ));
+}
+
+SP_ATTR static void softplus_parts_avx2(const double *x, double *e, double *lp, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const V4 ax = _mm256_andnot_pd(S4(-0.0), _mm256_loadu_pd(x + i));
+        const int in = _mm256_movemask_pd(_mm256_and_pd(_mm256_cmp_pd(ax, S4(0x1p-54), _CMP_GE_OQ),
+                                                        _mm256_cmp_pd(ax, S4(700.0), _CMP_LE_OQ)));
+        const V4 ev = v_exp_neg(v_neg(ax));
+        _mm256_storeu_pd(e + i, ev);
+        _mm256_storeu_pd(lp + i, v_log1p_unit(ev));
+        if (in != 15)
+            for (int j = 0; j < 4; j++)
+                if (!(in >> j & 1))
+                    softplus_parts_scalar(x + i + j, e + i + j, lp + i + j, 1);
+    }
+    softplus_parts_scalar(x + i, e + i, lp + i, n - i);
+}
+
+void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n)
+{
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        softplus_parts_avx2(x, e, lp, n);
+    else
+        softplus_parts_scalar(x, e, lp, n);
+}
+#else
+void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n)
+{
+    softplus_parts_scalar(x, e, lp, n);
+}
+#endif
+

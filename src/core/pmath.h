@@ -39,4 +39,12 @@ double par_pmath_pow(double x, double y);
 #pragma omp end declare target
 #endif
 
+#include <stdint.h>
+/* The pieces of softplus for n arguments (host only): e[i] =
+ * par_pmath_exp(-fabs(x[i])) and lp[i] = par_pmath_log1p(e[i]), the same bits
+ * as those calls (the same operations in the same order), four lanes at a
+ * time on a CPU with AVX2 + FMA; arguments outside |x| in [2^-54, 700] (and
+ * NaN) go through the scalar calls.  The MoE gate's scores (kernels/moe.c). */
+void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n);
+
 #endif

@@ -19,6 +19,8 @@
 #include "kernels/gemm.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -262,6 +264,58 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* The packing buffers, kept per thread between calls: at up to (MC + NC) KC
+ * reals (4.2 MB for avx2 f64) they are above malloc's mmap threshold
+ * (core/alloc.h), so a buffer per call was a fresh mapping every call, a page
+ * fault and a cleared page per 4 KiB of it every time.  Freed when the thread
+ * ends (a pthread key); plain aligned_alloc, outside the tagged accounting
+ * (like a thread's stack).  A fiber (backends/fiber) shares its OS thread's:
+ * a GEMM never yields. */
+static pthread_key_t pack_key;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+static int pack_key_ok;
+
+typedef struct {
+    size_t n; /* reals */
+    par_real *p;
+} gemm_packbuf;
+
+static void pack_free(void *v)
+{
+    gemm_packbuf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void pack_key_make(void) { pack_key_ok = pthread_key_create(&pack_key, pack_free) == 0; }
+
+/* This thread's buffer of at least n reals (64-byte aligned), NULL when none. */
+static par_real *pack_get(size_t n)
+{
+    pthread_once(&pack_once, pack_key_make);
+    if (!pack_key_ok)
+        return NULL;
+    gemm_packbuf *b = pthread_getspecific(pack_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b)))
+            return NULL;
+        if (pthread_setspecific(pack_key, b)) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->n < n) {
+        size_t bytes = (sizeof(par_real) * n + 63) / 64 * 64;
+        par_real *p = aligned_alloc(64, bytes);
+        if (!p)
+            return NULL;
+        free(b->p);
+        b->p = p;
+        b->n = n;
+    }
+    return b->p;
+}
+
 /* C = alpha op(A) op(B) + beta C (K > 0, alpha != 0); PAR_ENOMEM when a
  * buffer cannot be had (nothing written then). */
 static par_status gemm_run(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K,
@@ -271,20 +325,21 @@ static par_status gemm_run(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_
     const int64_t na = round_up(M < kp->mc ? M : kp->mc, kp->mr) * kc;
     const int64_t nb = round_up(N < kp->nc ? N : kp->nc, kp->nr) * kc;
     const int scratch = beta != 0 && K > kp->kc; /* C's old values outlive the first K block */
-    const int64_t nw = scratch ? M * N : 0;
-    par_real *buf = par_malloc(sizeof(par_real) * (size_t)(na + nb + nw), PAR_TAG_ACT);
+    par_real *buf = pack_get((size_t)(na + nb));
     if (!buf)
         return PAR_ENOMEM;
     if (!scratch) {
         gemm_blocked(kp, A, B, M, N, K, alpha, beta, C, ldc, buf, buf + na);
-    } else {
-        par_real *W = buf + na + nb;
-        gemm_blocked(kp, A, B, M, N, K, alpha, 0, W, N, buf, buf + na);
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = W[i * N + j] + beta * C[i * ldc + j];
+        return PAR_OK;
     }
-    par_free(buf);
+    par_real *W = par_malloc(sizeof(par_real) * (size_t)(M * N), PAR_TAG_ACT);
+    if (!W)
+        return PAR_ENOMEM;
+    gemm_blocked(kp, A, B, M, N, K, alpha, 0, W, N, buf, buf + na);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++)
+            C[i * ldc + j] = W[i * N + j] + beta * C[i * ldc + j];
+    par_free(W);
     return PAR_OK;
 }
 

@@ -54,17 +54,59 @@ par_status PAR_FN(par_moe_tid2eid)(int32_t *table, /* [V, K] */
     return PAR_OK;
 }
 
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#define GATE_HOST_PARTS 0
+#else
+#define GATE_HOST_PARTS 1
+#endif
+
+#if !GATE_HOST_PARTS
 PAR_DECLARE_TARGET /* the gate's per-row pieces run inside device loops */
 /* d sqrt(softplus(l)) / dl = sigmoid(l) / (2 sqrt(softplus(l))), in double.
  * When softplus underflows to 0 (l below about -745) the ratio tends to
  * exp(l/2)/2 (softplus(l) ~ sigmoid(l) ~ e^l there). */
 static double dsqrtsoftplus(double l)
 {
-    double sp = par_softplus(l);
+    double sg;
+    const double sp = par_softplus_sigmoid(l, &sg); /* one e^-|l| for both (kernels/scalar.h) */
     if (sp > 0.0)
-        return par_sigmoid(l) / (2.0 * sqrt(sp));
+        return sg / (2.0 * sqrt(sp));
     return 0.5 * par_pmath_exp(0.5 * l);
 }
+PAR_END_DECLARE_TARGET
+#endif
+
+/* The host build computes the gate's softplus GATE_BLK logits at a time
+ * through par_pmath_softplus_parts (four lanes where the CPU has AVX2 + FMA,
+ * the same bits as par_softplus / par_sigmoid: tests/core/test_pmath.c); the
+ * offload build keeps the per-element calls inside its device loops. */
+#if GATE_HOST_PARTS
+#define GATE_BLK 64
+
+/* r[i] *= d sqrt(softplus(l[i])) / dl for i < n: dsqrtsoftplus's operations
+ * (the offload build's, above) per element, rounded as that loop */
+static void gate_dlogit_row(par_real *r, const par_real *logit, int64_t n)
+{
+    for (int64_t b = 0; b < n; b += GATE_BLK) {
+        const int64_t m = n - b < GATE_BLK ? n - b : GATE_BLK;
+        double l[GATE_BLK], e[GATE_BLK], lp[GATE_BLK];
+        for (int64_t i = 0; i < m; i++)
+            l[i] = (double)logit[b + i];
+        par_pmath_softplus_parts(l, e, lp, m);
+        for (int64_t i = 0; i < m; i++) {
+            const double x = l[i], sp = (x > 0 ? x : 0.0) + lp[i]; /* par_softplus_sigmoid */
+            double d;
+            if (sp > 0.0) {
+                const double sg = x >= 0 ? 1.0 / (1.0 + e[i]) : x < 0 ? e[i] / (1.0 + e[i]) : par_sigmoid(x);
+                d = sg / (2.0 * sqrt(sp));
+            } else {
+                d = 0.5 * par_pmath_exp(0.5 * x);
+            }
+            r[b + i] = (par_real)((double)r[b + i] * d);
+        }
+    }
+}
+#endif
 
 static void sort_small(int32_t *a, int n)
 {
@@ -221,12 +263,25 @@ void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
                                  const par_real *logits, /* [n] */
                                  int64_t n)
 {
+#if GATE_HOST_PARTS
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t b = 0; b < n; b += GATE_BLK) {
+        const int64_t m = n - b < GATE_BLK ? n - b : GATE_BLK;
+        double l[GATE_BLK], e[GATE_BLK], lp[GATE_BLK];
+        for (int64_t i = 0; i < m; i++)
+            l[i] = (double)logits[b + i];
+        par_pmath_softplus_parts(l, e, lp, m);
+        for (int64_t i = 0; i < m; i++) /* par_softplus: max(l, 0) + log1p(e^-|l|) */
+            s[b + i] = (par_real)sqrt((l[i] > 0 ? l[i] : 0.0) + lp[i]);
+    }
+#else
     PAR_DEV_BEGIN();
     const par_real *l_d = PAR_DIN_AS(logits, n);
     par_real *s_d = PAR_DOUT_AS(s, n);
     PAR_KLOOP_PAR(n > 65536, is_device_ptr(l_d, s_d))
     for (int64_t i = 0; i < n; i++)
         s_d[i] = (par_real)sqrt(par_softplus((double)l_d[i]));
+#endif
 }
 
 void PAR_FN(par_moe_gate_logits)(par_real *logits,   /* [T, E] out */
@@ -363,8 +418,12 @@ par_status PAR_FN(par_moe_gate_backward)(par_real *dx,             /* [T, d] or 
             for (int k = 0; k < K; k++)
                 r[it[k]] += ((par_real)route_scale * dwt[k] - dot) / S;
         }
+#if GATE_HOST_PARTS
+        gate_dlogit_row(r, logits + t * E, E);
+#else
         for (int e = 0; e < E; e++)
             r[e] = (par_real)((double)r[e] * dsqrtsoftplus((double)logits[t * E + e]));
+#endif
     }
     PAR_FN(par_linear_backward)(dx, dwg, dl, x, wg, T, d, E);
     par_free(dl_host);

@@ -544,6 +544,9 @@ static par_status compare_cell(const par__matrix_cell *c, par__matrix_result *re
     par_compare_opts co;
     par_compare_opts_init(&co);
     co.policy = c->policy;
+    /* Both sets were written (and hashed) by this run a moment ago; a checked-in
+     * set (a golden cell's reference) is hashed as any user's input. */
+    co.trust_hashes = c->ref != PAR_REF_DIR;
     par_compare_report *r = NULL;
     if ((s = par_compare_paths(ref, cand, &co, &r)))
         return par__matrix_last_error(res->diagnosis, sizeof res->diagnosis, "compare: "), s;
@@ -864,12 +867,16 @@ par_status par_matrix_run(par_matrix *m, int *n_failed)
             return par_err(PAR_ENOMEM, "matrix: out of memory");
         r->last_use = i;
     }
+    /* The references and cell sets are scratch (removed once used unless
+     * --keep or a cell fails): written atomically, not fsync'ed. */
+    int durable = par_file_set_durable(0);
     int nf = 0;
     for (int i = 0; i < m->n; i++) {
         par__matrix_run_cell(m, i);
         nf += m->res[i].verdict == PAR_CELL_FAIL || m->res[i].verdict == PAR_CELL_ERROR;
         release_refs(m, i);
     }
+    par_file_set_durable(durable);
     if (!m->o.keep) {
         char d[PAR_MX_PATH + 8];
         par__matrix_fmt(d, sizeof d, "%s/ref", m->out_dir);

@@ -2,9 +2,13 @@
 #include "model/init.h"
 
 #define CHUNK 512
+#define INIT_OMP_MIN 16384 /* elements: smaller slices stay on one thread */
 
 void PAR_FN(par_init_params)(par_real *flat, int32_t *i32, const par_param_table *t, uint64_t seed)
 {
+    /* tensors in parallel (v4-mini's 11.4M values are mostly 1024-element
+     * expert matrices): each is a disjoint range, each value its own draw */
+#pragma omp parallel for schedule(dynamic, 16) if (t->n_float >= INIT_OMP_MIN)
     for (int idx = 0; idx < t->n; idx++) {
         const par_param *p = &t->p[idx];
         if (p->dtype == PAR_PDT_REAL)
@@ -33,8 +37,11 @@ par_status PAR_FN(par_init_param_slice)(par_real *out, const par_param_table *t,
         return st;
     if (t->p[idx].dtype != PAR_PDT_REAL)
         return par_err(PAR_EINVAL, "init: '%s' is an int32 tensor", t->p[idx].name);
-    double buf[CHUNK];
+    /* every element is its own counter-based draw (core/rng.h): chunks in any
+     * order or thread give the same bits */
+#pragma omp parallel for schedule(static) if (end - begin >= INIT_OMP_MIN)
     for (int64_t i = begin; i < end; i += CHUNK) {
+        double buf[CHUNK];
         int64_t e = end - i < CHUNK ? end : i + CHUNK;
         par_param_init_values(t, idx, seed, i, e, buf);
         for (int64_t k = i; k < e; k++)

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <quadmath.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/pmath.h"
 
@@ -122,4 +123,41 @@ Test(pmath, pow_within_one_ulp)
     cr_expect(par_pmath_pow(-2, 3) == -8 && par_pmath_pow(-2, 2) == 4 && isnan(par_pmath_pow(-2, 0.5)));
     cr_expect(par_pmath_pow(0, -1) == INFINITY && par_pmath_pow(0, 2) == 0 && par_pmath_pow(NAN, 0) == 1);
     cr_expect(par_pmath_pow(2, 1024) == INFINITY && par_pmath_pow(2, -1080) == 0 && par_pmath_pow(10, 2) == 100);
+}
+
+/* par_pmath_softplus_parts (four lanes with AVX2 + FMA) gives the bits of
+ * the scalar calls: wide random arguments, the edges of its vector domain
+ * (|x| = 2^-54, 700, the log1p cut near 37.4, e = 1), specials, and every
+ * length 0..9 (the scalar tail). */
+Test(pmath, softplus_parts_bitwise_scalar)
+{
+    enum { NP = 1 << 16 };
+    static double x[NP], e[NP], lp[NP];
+    static const double edge[] = {0.0, -0.0, 0x1p-54, -0x1p-54, 0x1.fffffffffffffp-55, 0x1p-53, 0x1p-60, 1e-300,
+                                  700.0, -700.0, 0x1.5e00000000001p+9, 701.0, 745.0, 746.0, 1e300, 37.0, 37.4,
+                                  37.5, 38.0, 0.3465, 0.881373587, 1.0, -1.0, INFINITY, -INFINITY, NAN, -NAN};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    uint64_t st = 0x243f6a8885a308d3ull;
+    for (int round = 0; round < 40; round++) {
+        for (int i = 0; i < NP; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            const double u = (double)(st >> 11) * 0x1p-53;
+            const double mag = round % 4 == 0 ? 1.0 : round % 4 == 1 ? 10.0 : round % 4 == 2 ? 50.0 : 800.0;
+            x[i] = i % 97 < ne && round == 0 ? edge[i % 97] : (2.0 * u - 1.0) * mag;
+        }
+        par_pmath_softplus_parts(x, e, lp, NP);
+        for (int i = 0; i < NP; i++) {
+            const double e0 = par_pmath_exp(-fabs(x[i])), l0 = par_pmath_log1p(e0);
+            cr_assert(!memcmp(&e0, &e[i], 8) && !memcmp(&l0, &lp[i], 8), "x = %a: parts (%a, %a), scalar (%a, %a)",
+                      x[i], e[i], lp[i], e0, l0);
+        }
+    }
+    for (int n = 0; n < 10; n++) { /* the tails; nothing written past n */
+        for (int i = 0; i < 12; i++)
+            x[i] = 0.37 * (i + 1), e[i] = lp[i] = -1.0;
+        par_pmath_softplus_parts(x, e, lp, n);
+        for (int i = 0; i < 12; i++)
+            cr_assert(i < n ? e[i] == par_pmath_exp(-x[i]) && lp[i] == par_pmath_log1p(e[i])
+                            : e[i] == -1.0 && lp[i] == -1.0, "n %d i %d", n, i);
+    }
 }

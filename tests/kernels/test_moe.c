@@ -903,3 +903,30 @@ Test(moe, chain_fd_gate_layer_aux)
     par_moe_saved_free_f64(&c.l.sv);
     check_no_leaks();
 }
+
+/* The gate backward's fused softplus + sigmoid (one e^-|l|) is bitwise the
+ * two separate calls, on wide and special arguments (issue 29: speed without
+ * moving a bit). */
+Test(moe, softplus_sigmoid_fused_is_bitwise)
+{
+    static const double special[] = {0.0, -0.0, 1e-300, -1e-300, 0x1p-54, -0x1p-54, 0x1p-60, 1.0, -1.0,
+                                     36.0, -36.0, 700.0, -700.0, 745.5, -745.5, 800.0, -800.0, 1e308, -1e308,
+                                     INFINITY, -INFINITY, NAN};
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    int n_special = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < 2000000 + n_special; i++) {
+        double x;
+        if (i < n_special) {
+            x = special[i];
+        } else {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(st >> 11) * 0x1p-53;          /* [0, 1) */
+            double mag = i % 3 == 0 ? 40.0 : i % 3 == 1 ? 1.0 : 900.0;
+            x = (2.0 * u - 1.0) * mag;
+        }
+        double sg, sp = par_softplus_sigmoid(x, &sg);
+        double sp0 = par_softplus(x), sg0 = par_sigmoid(x);
+        cr_assert(!memcmp(&sp, &sp0, sizeof sp) && !memcmp(&sg, &sg0, sizeof sg),
+                  "x = %a: fused (%a, %a), separate (%a, %a)", x, sp, sg, sp0, sg0);
+    }
+}

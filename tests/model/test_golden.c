@@ -424,3 +424,54 @@ Test(golden, f32_agrees_with_f64_on_the_loss)
     par_remove_tree(dir);
     par_free(dir);
 }
+
+/* The matrix's shortcuts (issue 29 item 4): a set written with durability
+ * off is the same set, and a compare with trust_hashes skips the sha256 of the
+ * files (a manifest whose listed hash no longer matches: refused when
+ * verified, compared when trusted). */
+Test(golden, scratch_writes_and_trusted_hashes)
+{
+    char *dir = tmp_dir();
+    char *a = par_path_join(dir, "a"), *b = par_path_join(dir, "b");
+    par_golden_opts o;
+    opts_init(&o);
+    small_cfg(&o.cfg);
+    o.out_dir = a;
+    cr_assert_eq(par_golden_run_f64(&o, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(par_file_set_durable(0), 1, "durable by default");
+    o.out_dir = b;
+    cr_assert_eq(par_golden_run_f64(&o, NULL), 0, "%s", par_last_error());
+    cr_assert_eq(par_file_set_durable(1), 0);
+    par_compare_opts co;
+    par_compare_opts_init(&co);
+    cr_expect_eq(co.trust_hashes, 0);
+    co.policy = PAR_POLICY_BITWISE;
+    par_compare_report *r = NULL;
+    cr_assert_eq(par_compare_paths(a, b, &co, &r), 0, "%s", par_last_error());
+    cr_expect(par_compare_report_ok(r), "a set written without fsync differs");
+    par_compare_report_free(r);
+    /* B's manifest lists another hash for params.0 */
+    char *m = par_path_join(b, "manifest.json");
+    char *text = NULL;
+    size_t n = 0;
+    cr_assert_eq(par_file_read(m, PAR_TAG_MISC, (void **)&text, &n), 0);
+    char *at = strstr(text, "\"params.0.safetensors\"");
+    cr_assert(at);
+    at = strchr(at + 22, '"');
+    cr_assert(at);
+    at[1] = at[1] == '0' ? '1' : '0';
+    cr_assert_eq(par_file_write_atomic(m, text, n), 0);
+    par_err_set_quiet(1);
+    cr_expect_eq(par_compare_paths(a, b, &co, &r), PAR_EMISMATCH, "verified: the hash is checked");
+    par_err_set_quiet(0);
+    co.trust_hashes = 1;
+    cr_assert_eq(par_compare_paths(a, b, &co, &r), 0, "%s", par_last_error());
+    cr_expect(par_compare_report_ok(r));
+    par_compare_report_free(r);
+    par_free(text);
+    par_free(m);
+    par_remove_tree(dir);
+    par_free(a);
+    par_free(b);
+    par_free(dir);
+}
