@@ -85,23 +85,51 @@ static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_provided = -1;   /* thread level MPI gave            */
 static int g_broken;          /* an MPI operation was left pending */
 static _Atomic int g_peer_gone; /* a process died or never finished: no MPI_Finalize */
+static int g_multi_host;       /* hydra's MPI_LOCALNRANKS < PMI_SIZE: no MPI_Finalize */
+static par_status wait_start_req(MPI_Request *req, double deadline, const char *what);
 
 /* Hydra (mpiexec -disable-auto-cleanup) tells the survivors of a dead
  * process with SIGUSR1, whose default action would kill them before they
  * report: the watchdog finds the dead process itself. */
 static void on_sigusr1(int sig) { (void)sig; }
 
-static void keep_sigusr1(void)
+/* MPICH 4.0.2 installs its own handler, which makes the next progress call
+ * ask hydra for the failed processes (MPIR_pmi_get_failed_procs, a blocking
+ * PMI read, whose answer it then drops): when the network to mpiexec is down
+ * (a node's link lost), that read never returns, and the watchdog, holding
+ * the engine lock, blocked every rank of the process (the cluster tier's
+ * linkdown scenario: one survivor of three left running).  So parity's
+ * handler replaces MPI's, unless the program had its own before MPI_Init
+ * (before: the disposition then, read by par_mpi_procs; SIG_IGN, as under a
+ * wrapper shell that ignores hydra's notices, is not a handler). */
+static void keep_sigusr1(const struct sigaction *before)
 {
-    struct sigaction old;
-    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO))
-        return; /* somebody (MPI itself?) handles it */
+    if ((before->sa_flags & SA_SIGINFO) || (before->sa_handler != SIG_DFL && before->sa_handler != SIG_IGN))
+        return; /* the program handles it */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigusr1;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* The processes of a job on several hosts end without MPI_Finalize, after a
+ * barrier (polled, a minute at most).  MPICH 4.0.2's MPI_Finalize closes
+ * every UCX endpoint and then waits in PMI's barrier, where it no longer
+ * progresses UCX; a process whose endpoint close (a TCP one) needs that
+ * peer's progress spun in MPI_Finalize for ever, and the others waited for it
+ * in the barrier: measured on the cluster tier (network namespaces,
+ * UCX_TLS=tcp,self), 6 of 10 runs of a 4-process MPI program with one
+ * 512 KiB MPI_Allreduce before MPI_Finalize hung, and every parity run of
+ * tools/cluster-tier.sh.  MPICH 4.2 drops that barrier (pmodels/mpich#6596).
+ * After the barrier no process sends anything, so leaving is safe; hydra ends
+ * the job with the processes' exit statuses. */
+static void end_without_finalize(void)
+{
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS)
+        (void)wait_start_req(&req, par__now() + 60, "waiting for every process at the end (MPI_Ibarrier)");
 }
 
 static void mpi_at_exit(void)
@@ -116,6 +144,8 @@ static void mpi_at_exit(void)
         return;
     if (g_broken)
         MPI_Abort(MPI_COMM_WORLD, 1);
+    else if (g_multi_host)
+        end_without_finalize();
     else
         MPI_Finalize();
 }
@@ -135,10 +165,11 @@ static void mpi_at_exit(void)
  * See docs/comm.md ("A process dies"). */
 static void ucx_transports(void)
 {
+    const char *local = getenv("MPI_LOCALNRANKS"), *size = getenv("PMI_SIZE");
+    g_multi_host = local && size && atoi(local) < atoi(size);
     if (getenv("UCX_TLS"))
         return;
     setenv("UCX_TLS", "^cma", 0);
-    const char *local = getenv("MPI_LOCALNRANKS"), *size = getenv("PMI_SIZE");
     if (local && size && !strcmp(local, size))
         setenv("UCX_MAX_RNDV_LANES", "0", 0);
 }
@@ -156,6 +187,8 @@ par_status par_mpi_procs(int *nprocs, int *proc)
     }
     if (!inited) {
         int prov = 0;
+        struct sigaction usr1;
+        sigaction(SIGUSR1, NULL, &usr1);
         ucx_transports();
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS) {
             st = par_err(PAR_ECOMM, "mpi: MPI_Init_thread failed");
@@ -165,7 +198,7 @@ par_status par_mpi_procs(int *nprocs, int *proc)
         /* a failed peer must not abort this process from inside MPI: calls
          * return errors and the engine's liveness checks report it */
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-        keep_sigusr1();
+        keep_sigusr1(&usr1);
     }
     if (g_provided < 0)
         MPI_Query_thread(&g_provided);
@@ -300,6 +333,7 @@ typedef struct {
     _Atomic int wd_want;    /* the watchdog waits for mu: the ranks let it have it first */
     /* liveness: under mu but ndead (read anywhere) */
     long *pids;             /* [nprocs] each process's pid                           */
+    char (*hosts)[64];      /* [nprocs] each process's host name (for the reports)   */
     unsigned char *same_host; /* [nprocs] on this host (its pid can be checked)      */
     double *heard;          /* [nprocs] when anything last came from it             */
     double *hb_sent;        /* [nprocs] when our last heartbeat went to it          */
@@ -879,7 +913,6 @@ static void fiber_rank(void *ud, int i)
 
 /* ---- liveness ------------------------------------------------------------- */
 
-static par_status wait_start_req(MPI_Request *req, double deadline, const char *what);
 
 /* Drops what the engine holds for process q, which is gone: its control
  * messages and orphaned sends are abandoned, point-to-point requests with it
@@ -934,9 +967,10 @@ static void e_proc_dead(mworld *e, int q, const char *why)
     atomic_fetch_add(&e->ndead, 1);
     atomic_store(&g_peer_gone, 1);
     e_forget(e, q);
-    char msg[640];
-    size_t k = (size_t)snprintf(msg, sizeof msg, "MPI process %d (world ranks %d..%d, pid %ld) died: %s; waiting here:",
-                                q, q * e->R, q * e->R + e->R - 1, e->pids[q], why);
+    char msg[720];
+    size_t k = (size_t)snprintf(msg, sizeof msg,
+                                "MPI process %d (world ranks %d..%d, pid %ld on host %s) died: %s; waiting here:", q,
+                                q * e->R, q * e->R + e->R - 1, e->pids[q], e->hosts[q], why);
     for (int r = e->proc * e->R; r < (e->proc + 1) * e->R && k + 8 < sizeof msg; r++) {
         char d[200];
         par__rank_describe(e->w, r, d, sizeof d);
@@ -1039,6 +1073,7 @@ static par_status liveness_start(mworld *e, double timeout)
     int P = e->nprocs;
     e->pids = par_calloc((size_t)P, sizeof *e->pids, PAR_TAG_COMM);
     e->same_host = par_calloc((size_t)P, 1, PAR_TAG_COMM);
+    e->hosts = par_calloc((size_t)P, sizeof *e->hosts, PAR_TAG_COMM);
     e->heard = par_calloc((size_t)P, sizeof *e->heard, PAR_TAG_COMM);
     e->hb_sent = par_calloc((size_t)P, sizeof *e->hb_sent, PAR_TAG_COMM);
     e->dead = par_calloc((size_t)P, 1, PAR_TAG_COMM);
@@ -1048,7 +1083,7 @@ static par_status liveness_start(mworld *e, double timeout)
         char host[120];
     } ident;
     ident *all = par_calloc((size_t)P, sizeof *all, PAR_TAG_COMM);
-    if (!e->pids || !e->same_host || !e->heard || !e->hb_sent || !e->dead || !e->gone_since || !all) {
+    if (!e->pids || !e->same_host || !e->hosts || !e->heard || !e->hb_sent || !e->dead || !e->gone_since || !all) {
         par_free(all);
         return par_err(PAR_ENOMEM, "mpi: no memory for %d processes", P);
     }
@@ -1061,6 +1096,7 @@ static par_status liveness_start(mworld *e, double timeout)
     for (int q = 0; q < P && !st; q++) {
         e->pids[q] = (long)all[q].pid;
         e->same_host[q] = !strcmp(all[q].host, me.host);
+        snprintf(e->hosts[q], sizeof e->hosts[q], "%s", all[q].host);
         e->heard[q] = now;
     }
     par_free(all);
@@ -2142,6 +2178,7 @@ static void mworld_free(mworld *e)
     par_free(e->rep_msg);
     par_free(e->pids);
     par_free(e->same_host);
+    par_free(e->hosts);
     par_free(e->heard);
     par_free(e->hb_sent);
     par_free(e->dead);
