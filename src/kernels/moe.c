@@ -83,16 +83,24 @@ PAR_END_DECLARE_TARGET
 #if GATE_HOST_PARTS
 #define GATE_BLK 64
 
+/* Block [b, b + m) of x (m = min(GATE_BLK, n - b), returned) into l, and
+ * its e^-|l| and log1p(e^-|l|) (core/pmath.h par_pmath_softplus_parts). */
+static int64_t gate_parts(double *l, double *e, double *lp, const par_real *x, int64_t b, int64_t n)
+{
+    const int64_t m = n - b < GATE_BLK ? n - b : GATE_BLK;
+    for (int64_t i = 0; i < m; i++)
+        l[i] = (double)x[b + i];
+    par_pmath_softplus_parts(l, e, lp, m);
+    return m;
+}
+
 /* r[i] *= d sqrt(softplus(l[i])) / dl for i < n: dsqrtsoftplus's operations
  * (the offload build's, above) per element, rounded as that loop */
 static void gate_dlogit_row(par_real *r, const par_real *logit, int64_t n)
 {
     for (int64_t b = 0; b < n; b += GATE_BLK) {
-        const int64_t m = n - b < GATE_BLK ? n - b : GATE_BLK;
         double l[GATE_BLK], e[GATE_BLK], lp[GATE_BLK];
-        for (int64_t i = 0; i < m; i++)
-            l[i] = (double)logit[b + i];
-        par_pmath_softplus_parts(l, e, lp, m);
+        const int64_t m = gate_parts(l, e, lp, logit, b, n);
         for (int64_t i = 0; i < m; i++) {
             const double x = l[i], sp = (x > 0 ? x : 0.0) + lp[i]; /* par_softplus_sigmoid */
             double d;
@@ -266,11 +274,8 @@ void PAR_FN(par_moe_gate_scores)(par_real *s,            /* [n] out */
 #if GATE_HOST_PARTS
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t b = 0; b < n; b += GATE_BLK) {
-        const int64_t m = n - b < GATE_BLK ? n - b : GATE_BLK;
         double l[GATE_BLK], e[GATE_BLK], lp[GATE_BLK];
-        for (int64_t i = 0; i < m; i++)
-            l[i] = (double)logits[b + i];
-        par_pmath_softplus_parts(l, e, lp, m);
+        const int64_t m = gate_parts(l, e, lp, logits, b, n);
         for (int64_t i = 0; i < m; i++) /* par_softplus: max(l, 0) + log1p(e^-|l|) */
             s[b + i] = (par_real)sqrt((l[i] > 0 ? l[i] : 0.0) + lp[i]);
     }
