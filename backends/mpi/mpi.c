@@ -1096,7 +1096,7 @@ static par_status liveness_start(mworld *e, double timeout)
     for (int q = 0; q < P && !st; q++) {
         e->pids[q] = (long)all[q].pid;
         e->same_host[q] = !strcmp(all[q].host, me.host);
-        snprintf(e->hosts[q], sizeof e->hosts[q], "%s", all[q].host);
+        snprintf(e->hosts[q], sizeof e->hosts[q], "%.*s", (int)sizeof e->hosts[q] - 1, all[q].host); /* cut to fit */
         e->heard[q] = now;
     }
     par_free(all);
