@@ -2,6 +2,7 @@
 #include "core/racc.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -132,17 +133,29 @@ void par_racc_merge(par_racc *dst, const par_racc *src, size_t i0, size_t n)
 
 /* ---- the registry ------------------------------------------------------ */
 
-#define RACC_MAX 8192
-
 typedef struct {
     uintptr_t lo, hi; /* [lo, hi) bytes */
     size_t elsize;
     par_racc *acc;
 } reg_entry;
 
-static reg_entry reg[RACC_MAX];
-static int reg_n;
+/* sorted by lo; grows by doubling (a world of 8,192 fiber ranks registers
+ * three buffers per rank) */
+static reg_entry *reg;
+static int reg_n, reg_cap;
 static pthread_rwlock_t reg_lock = PTHREAD_RWLOCK_INITIALIZER;
+
+/* Twice the table (the write lock held). */
+static par_status grow(void)
+{
+    const int cap = reg_cap ? 2 * reg_cap : 64;
+    reg_entry *r = realloc(reg, (size_t)cap * sizeof *r); /* not par_malloc: a process-wide table, never freed */
+    if (!r)
+        return par_err(PAR_ENOMEM, "racc register: out of memory for %d registered buffers", cap);
+    reg = r;
+    reg_cap = cap;
+    return PAR_OK;
+}
 
 par_status par_racc_register(void *base, size_t n, size_t elsize, par_racc *a)
 {
@@ -155,9 +168,9 @@ par_status par_racc_register(void *base, size_t n, size_t elsize, par_racc *a)
     int at = 0;
     while (at < reg_n && reg[at].lo < lo)
         at++;
-    if (reg_n == RACC_MAX)
-        s = par_err(PAR_ENOMEM, "racc register: %d buffers registered already", RACC_MAX);
-    else if ((at < reg_n && reg[at].lo < hi) || (at > 0 && reg[at - 1].hi > lo))
+    if (reg_n == reg_cap)
+        s = grow();
+    if (!s && ((at < reg_n && reg[at].lo < hi) || (at > 0 && reg[at - 1].hi > lo)))
         s = par_err(PAR_EINVAL, "racc register: buffer %p of %zu elements overlaps a registered one", base, n);
     if (!s) {
         memmove(reg + at + 1, reg + at, (size_t)(reg_n - at) * sizeof *reg);

@@ -157,3 +157,27 @@ Test(racc, registry_finds_interior_pointers_only)
     cr_assert_eq(par_racc_registered(), 0);
     par_racc_free(&a);
 }
+
+Test(racc, registry_grows_past_its_first_table)
+{
+    /* a world of 8,192 fiber ranks registers three buffers per rank: the
+     * table must grow (it held 8,192 entries at first, and config-b failed) */
+    enum { NB = 300 };
+    static double bufs[NB][4];
+    static par_racc acc[NB];
+    for (int i = 0; i < NB; i++) {
+        cr_assert_eq(par_racc_init(&acc[i], 4), PAR_OK);
+        cr_assert_eq(par_racc_register(bufs[i], 4, sizeof(double), &acc[i]), PAR_OK, "buffer %d", i);
+    }
+    cr_assert_eq(par_racc_registered(), NB);
+    for (int i = 0; i < NB; i++) {
+        par_racc_view v = par_racc_lookup(bufs[i] + 3, 1);
+        cr_assert_eq(v.acc, &acc[i], "buffer %d", i);
+        cr_assert_eq(v.at, 3);
+    }
+    for (int i = NB - 1; i >= 0; i--) {
+        par_racc_unregister(bufs[i]);
+        par_racc_free(&acc[i]);
+    }
+    cr_assert_eq(par_racc_registered(), 0);
+}
