@@ -75,13 +75,14 @@ static par_racc_view racc_of(const par_field *f)
     return par_racc_lookup(f->p, f->n);
 }
 
-/* Every accumulator-backed field's elements merged over c, exactly and in
- * any order: the grid exponents' maximum (one all-reduce), each element
- * moved to it, the three integer folds summed (one all-reduce: integer sums
- * are associative, so the rank order of the transport cannot move a bit),
- * and the result rounded into the field.  The fields' elements, in order,
- * are the packed vector; nothing else is read. */
-static par_status reduce_racc(par_comm *c, const par_field *f, int n, size_t count)
+/* Every accumulator-backed field's elements (v[i].acc: field i's view,
+ * looked up once by split_racc) merged over c, exactly and in any order: the
+ * grid exponents' maximum (one all-reduce), each element moved to it, the
+ * three integer folds summed (one all-reduce: integer sums are associative,
+ * so the rank order of the transport cannot move a bit), and the result
+ * rounded into the field.  The fields' elements, in order, are the packed
+ * vector; nothing else is read. */
+static par_status reduce_racc(par_comm *c, const par_field *f, const par_racc_view *views, int n, size_t count)
 {
     int64_t *buf = par_malloc((count * 3 + 1) * sizeof *buf, PAR_TAG_COMM);
     if (!buf)
@@ -89,14 +90,14 @@ static par_status reduce_racc(par_comm *c, const par_field *f, int n, size_t cou
                        par_comm_name(c), count);
     size_t at = 0;
     for (int i = 0; i < n; i++) {
-        par_racc_view v = racc_of(&f[i]);
+        const par_racc_view v = views[i];
         for (size_t j = 0; v.acc && j < f[i].n; j++)
             buf[at++] = v.acc->e[v.at + j];
     }
     par_status s = par_allreduce(c, buf, buf, count, PAR_C_I64, PAR_OP_MAX);
     at = 0;
     for (int i = 0; !s && i < n; i++) {
-        par_racc_view v = racc_of(&f[i]);
+        const par_racc_view v = views[i];
         for (size_t j = 0; v.acc && j < f[i].n; j++, at++) {
             if (buf[at] != PAR_RACC_EMPTY)
                 par_racc_align(v.acc, v.at + j, (int32_t)buf[at]);
@@ -109,7 +110,7 @@ static par_status reduce_racc(par_comm *c, const par_field *f, int n, size_t cou
         s = par_allreduce(c, buf, buf, 3 * count, PAR_C_I64, PAR_OP_SUM);
     at = 0;
     for (int i = 0; !s && i < n; i++) {
-        par_racc_view v = racc_of(&f[i]);
+        const par_racc_view v = views[i];
         for (size_t j = 0; v.acc && j < f[i].n; j++, at++) {
             const size_t k = v.at + j;
             v.acc->s0[k] = buf[at], v.acc->s1[k] = buf[count + 2 * at], v.acc->s2[k] = buf[count + 2 * at + 1];
@@ -132,15 +133,21 @@ static par_status split_racc(par_comm *c, const par_field *f, int n, par_field *
 {
     size_t count = 0;
     *n_rest = *taken = 0;
+    par_racc_view *views = par_malloc((size_t)n * sizeof *views, PAR_TAG_COMM);
+    if (!views)
+        return par_err(PAR_ENOMEM, "reduce: out of memory for %d fields", n);
     for (int i = 0; i < n; i++) {
-        if (racc_of(&f[i]).acc) {
+        views[i] = racc_of(&f[i]);
+        if (views[i].acc) {
             count += f[i].n;
             ++*taken;
         } else {
             rest[(*n_rest)++] = f[i];
         }
     }
-    return *taken && c ? reduce_racc(c, f, n, count) : PAR_OK;
+    par_status s = *taken && c ? reduce_racc(c, f, views, n, count) : PAR_OK;
+    par_free(views);
+    return s;
 }
 
 static par_status reduce_plain(par_comm *c, const par_field *f, int n, void *out);
