@@ -239,10 +239,16 @@ static void gemm_macro(const gemm_kern *kp, const gemm_block *ab, const gemm_blo
     }
 }
 
+/* How gemm_blocked starts and ends an element's chain: par_gemm's (from 0,
+ * alpha and beta by the last K block), or par_gemm_part's (raw accumulators
+ * stored; from 0, or continuing C's raw ones). */
+enum { GEMM_WHOLE, GEMM_PART_NEW, GEMM_PART_MORE };
+
 /* C = alpha op(A) op(B) (+ beta C when K <= KC), K > 0; pa, pb: the packing
- * buffers (gemm_run). */
+ * buffers (gemm_run).  part: GEMM_WHOLE or par_gemm_part's chain. */
 static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K,
-                         par_real alpha, par_real beta, par_real *C, int64_t ldc, par_real *pa, par_real *pb)
+                         par_real alpha, par_real beta, par_real *C, int64_t ldc, par_real *pa, par_real *pb,
+                         int part)
 {
     const int da = M * K <= GEMM_DIRECT_MAX, db = B.si == 1 && K * N <= GEMM_DIRECT_MAX;
     for (int64_t jc = 0; jc < N; jc += kp->nc) {
@@ -250,8 +256,10 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
         for (int64_t pc = 0; pc < K; pc += kp->kc) {
             const int64_t kc = K - pc < kp->kc ? K - pc : kp->kc;
             const int last = pc + kc == K;
-            const gemm_epi e = {alpha, beta, pc > 0,
-                                !last ? GEMM_ST_RAW : beta == 0 ? GEMM_ST_ALPHA : GEMM_ST_AB};
+            const gemm_epi e = {alpha, beta, pc > 0 || part == GEMM_PART_MORE,
+                                !last || part != GEMM_WHOLE ? GEMM_ST_RAW
+                                : beta == 0                ? GEMM_ST_ALPHA
+                                                           : GEMM_ST_AB};
             const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, pb);
             for (int64_t ic = 0; ic < M; ic += kp->mc) {
                 const int64_t mc = M - ic < kp->mc ? M - ic : kp->mc;
@@ -319,23 +327,23 @@ static par_real *pack_get(size_t n)
 /* C = alpha op(A) op(B) + beta C (K > 0, alpha != 0); PAR_ENOMEM when a
  * buffer cannot be had (nothing written then). */
 static par_status gemm_run(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t M, int64_t N, int64_t K,
-                           par_real alpha, par_real beta, par_real *C, int64_t ldc)
+                           par_real alpha, par_real beta, par_real *C, int64_t ldc, int part)
 {
     const int64_t kc = K < kp->kc ? K : kp->kc;
     const int64_t na = round_up(M < kp->mc ? M : kp->mc, kp->mr) * kc;
     const int64_t nb = round_up(N < kp->nc ? N : kp->nc, kp->nr) * kc;
-    const int scratch = beta != 0 && K > kp->kc; /* C's old values outlive the first K block */
+    const int scratch = part == GEMM_WHOLE && beta != 0 && K > kp->kc; /* C's old values outlive the first K block */
     par_real *buf = pack_get((size_t)(na + nb));
     if (!buf)
         return PAR_ENOMEM;
     if (!scratch) {
-        gemm_blocked(kp, A, B, M, N, K, alpha, beta, C, ldc, buf, buf + na);
+        gemm_blocked(kp, A, B, M, N, K, alpha, beta, C, ldc, buf, buf + na, part);
         return PAR_OK;
     }
     par_real *W = par_malloc(sizeof(par_real) * (size_t)(M * N), PAR_TAG_ACT);
     if (!W)
         return PAR_ENOMEM;
-    gemm_blocked(kp, A, B, M, N, K, alpha, 0, W, N, buf, buf + na);
+    gemm_blocked(kp, A, B, M, N, K, alpha, 0, W, N, buf, buf + na, GEMM_WHOLE);
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++)
             C[i * ldc + j] = W[i * N + j] + beta * C[i * ldc + j];
@@ -391,9 +399,51 @@ void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real 
     }
     const gemm_opnd a = ta ? (gemm_opnd){A, 1, lda} : (gemm_opnd){A, lda, 1};
     const gemm_opnd b = tb ? (gemm_opnd){B, ldb, 1} : (gemm_opnd){B, 1, ldb};
-    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, alpha, beta, C, ldc)) {
+    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, alpha, beta, C, ldc, GEMM_WHOLE)) {
         PAR_LOG_W("par_gemm: no memory for the packing buffers (M %lld, N %lld, K %lld); computing it "
                   "with the plain loops (the same bits, slower)", (long long)M, (long long)N, (long long)K);
         PAR_FN(par_gemm_reference)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
+}
+
+/* The reference loops of par_gemm_part (the fallback without packing buffers). */
+static void gemm_part_reference(int ta, int tb, int64_t M, int64_t N, int64_t K, const par_real *A, int64_t lda,
+                                const par_real *B, int64_t ldb, int load, par_real *P, int64_t ldp)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            par_real acc = load ? P[i * ldp + j] : 0;
+            for (int64_t k = 0; k < K; k++)
+                acc = GEMM_FMA(ta ? A[k * lda + i] : A[i * lda + k], tb ? B[j * ldb + k] : B[k * ldb + j], acc);
+            P[i * ldp + j] = acc;
+        }
+}
+
+void PAR_FN(par_gemm_part)(int ta, int tb, int64_t M, int64_t N, int64_t K, const par_real *A, int64_t lda,
+                           const par_real *B, int64_t ldb, int load, par_real *P, int64_t ldp)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    const uint64_t k = (uint64_t)(K > 0 ? K : 0);
+    par_count_flops(2u * (uint64_t)M * (uint64_t)N * k);
+    par_count_bytes(sizeof(par_real) * ((uint64_t)M * k + k * (uint64_t)N + (uint64_t)M * (uint64_t)N * 2u));
+    if (K <= 0) {
+        if (!load)
+            gemm_scale(M, N, 0, P, ldp);
+        return;
+    }
+    const gemm_opnd a = ta ? (gemm_opnd){A, 1, lda} : (gemm_opnd){A, lda, 1};
+    const gemm_opnd b = tb ? (gemm_opnd){B, ldb, 1} : (gemm_opnd){B, 1, ldb};
+    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, 1, 0, P, ldp, load ? GEMM_PART_MORE : GEMM_PART_NEW))
+        gemm_part_reference(ta, tb, M, N, K, A, lda, B, ldb, load, P, ldp);
+}
+
+void PAR_FN(par_gemm_finish)(int64_t M, int64_t N, par_real alpha, const par_real *P, int64_t ldp, par_real beta,
+                             par_real *C, int64_t ldc)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            par_real *c = C + i * ldc + j;
+            *c = beta == 0 ? alpha * P[i * ldp + j] : alpha * P[i * ldp + j] + beta * *c;
+        }
 }

@@ -35,4 +35,19 @@ void PAR_FN(par_gemm_reference)(int ta, int tb, int64_t M, int64_t N, int64_t K,
                                 const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
                                 par_real beta, par_real *C, int64_t ldc);
 
+/* The same sum split over K and continued piece after piece (the bitwise
+ * mode's tensor-parallel sums: rank r continues rank r-1's accumulators with
+ * its shard of K, docs/bitwise.md).  P [M, N] (ld ldp) holds raw
+ * accumulators: load == 0 starts them at 0, load != 0 continues P's; each k
+ * of this call is one fma in order.  Calling it over K's pieces in order gives
+ * the accumulators par_gemm forms over the whole K; par_gemm_finish then makes
+ * C exactly what par_gemm(.., alpha, .., beta, C) would have (alpha and beta
+ * applied as its last K block does).  Host only: no device path. */
+void PAR_FN(par_gemm_part)(int ta, int tb, int64_t M, int64_t N, int64_t K, const par_real *A, int64_t lda,
+                           const par_real *B, int64_t ldb, int load,
+                           par_real *P, int64_t ldp); /* P [M, N] raw accumulators */
+void PAR_FN(par_gemm_finish)(int64_t M, int64_t N, par_real alpha,
+                             const par_real *P, int64_t ldp, /* [M, N] */
+                             par_real beta, par_real *C, int64_t ldc); /* C [M, N] */
+
 #endif

@@ -137,3 +137,69 @@ Test(gemm, large_shapes_cross_every_block)
             expect_equal(&ss[i], 7 + i, ps[ip], &checked);
     }
 }
+
+void par_gemm_part_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, const double *A, int64_t lda,
+                       const double *B, int64_t ldb, int load, double *P, int64_t ldp);
+void par_gemm_finish_f64(int64_t M, int64_t N, double alpha, const double *P, int64_t ldp, double beta, double *C,
+                         int64_t ldc);
+void par_gemm_part_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, int load, float *P, int64_t ldp);
+void par_gemm_finish_f32(int64_t M, int64_t N, float alpha, const float *P, int64_t ldp, float beta, float *C,
+                         int64_t ldc);
+
+/* par_gemm_part over K cut into np pieces (cuts[0..np]), continued piece after
+ * piece, then par_gemm_finish: elements that differ from par_gemm. */
+#define DEFINE_CHAIN(T, SUF)                                                                              \
+    static int64_t chain_##SUF(const shape *s, const int64_t *cuts, int np, uint64_t seed)                 \
+    {                                                                                                      \
+        int64_t na = (s->ta ? s->K : s->M) * s->lda, nb = (s->tb ? s->N : s->K) * s->ldb,                 \
+                nc = s->M * s->ldc;                                                                        \
+        T *A = malloc(sizeof(T) * (size_t)na), *B = malloc(sizeof(T) * (size_t)nb);                        \
+        T *C = malloc(sizeof(T) * (size_t)nc), *R = malloc(sizeof(T) * (size_t)nc);                        \
+        T *P = malloc(sizeof(T) * (size_t)(s->M * s->N));                                                  \
+        cr_assert(A && B && C && R && P);                                                                  \
+        for (int64_t i = 0; i < na; i++)                                                                   \
+            A[i] = (T)value("A", seed + (uint64_t)i);                                                      \
+        for (int64_t i = 0; i < nb; i++)                                                                   \
+            B[i] = (T)value("B", seed + (uint64_t)i);                                                      \
+        for (int64_t i = 0; i < nc; i++)                                                                   \
+            C[i] = R[i] = (T)value("C", seed + (uint64_t)i);                                               \
+        for (int p = 0; p < np; p++) {                                                                     \
+            const int64_t k0 = cuts[p], kn = cuts[p + 1] - k0;                                             \
+            const T *Ak = s->ta ? A + k0 * s->lda : A + k0, *Bk = s->tb ? B + k0 : B + k0 * s->ldb;      \
+            par_gemm_part_##SUF(s->ta, s->tb, s->M, s->N, kn, Ak, s->lda, Bk, s->ldb, p > 0, P, s->N);     \
+        }                                                                                                  \
+        par_gemm_finish_##SUF(s->M, s->N, (T)s->alpha, P, s->N, (T)s->beta, C, s->ldc);                    \
+        par_gemm_##SUF(s->ta, s->tb, s->M, s->N, s->K, (T)s->alpha, A, s->lda, B, s->ldb, (T)s->beta, R,   \
+                       s->ldc);                                                                            \
+        int64_t bad = 0;                                                                                   \
+        for (int64_t i = 0; i < nc; i++)                                                                   \
+            bad += memcmp(&C[i], &R[i], sizeof(T)) != 0;                                                   \
+        free(A), free(B), free(C), free(R), free(P);                                                       \
+        return bad;                                                                                        \
+    }
+DEFINE_CHAIN(double, f64)
+DEFINE_CHAIN(float, f32)
+
+Test(gemm, a_sum_split_over_k_and_continued_equals_the_whole)
+{
+    /* K cut as a tensor-parallel group would (equal shards) and unevenly,
+     * pieces of one k, pieces crossing KC; every path, both transposes */
+    const shape ss[] = {mk(0, 1, 37, 29, 96, 1, 1.0, 0.0), mk(0, 0, 33, 41, 96, 0, 1.0, 1.0),
+                        mk(1, 0, 17, 70, 1300, 2, -0.75, 0.5), mk(1, 1, 5, 9, 7, 0, 2.0, 1.0)};
+    const int64_t cuts[][6] = {{0, 48, 96}, {0, 24, 48, 72, 96}, {0, 1, 700, 1299, 1300}, {0, 1, 2, 7}};
+    const int npieces[] = {2, 4, 4, 3};
+    par_gemm_path_id ps[PAR_GEMM_PATH_COUNT];
+    int np = paths(ps);
+    int64_t checked = 0;
+    for (int ip = 0; ip < np; ip++) {
+        cr_assert_eq(par_gemm_path_set(ps[ip]), PAR_OK);
+        for (size_t i = 0; i < sizeof ss / sizeof *ss; i++) {
+            int64_t b64 = chain_f64(&ss[i], cuts[i], npieces[i], 11 + i), b32 = chain_f32(&ss[i], cuts[i], npieces[i], 11 + i);
+            cr_expect(b64 == 0 && b32 == 0, "path %s, shape %zu: %lld f64 / %lld f32 elements of the chained sum differ",
+                      par_gemm_path_name(ps[ip]), i, (long long)b64, (long long)b32);
+            checked++;
+        }
+    }
+    cr_assert_gt(checked, 0);
+}
