@@ -111,11 +111,17 @@ void par_racc_copy(par_racc *dst, size_t di, const par_racc *src, size_t si, siz
 
 void par_racc_merge(par_racc *dst, const par_racc *src, size_t i0, size_t n)
 {
-    for (size_t i = i0; i < i0 + n; i++) {
-        int32_t es = src->e[i];
+    par_racc_merge_at(dst, i0, src, i0, n);
+}
+
+void par_racc_merge_at(par_racc *dst, size_t di, const par_racc *src, size_t si, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        const size_t i = di + j, k = si + j;
+        int32_t es = src->e[k];
         if (es == PAR_RACC_EMPTY)
             continue;
-        int64_t s[3] = {src->s0[i], src->s1[i], src->s2[i]};
+        int64_t s[3] = {src->s0[k], src->s1[k], src->s2[k]};
         if (es == PAR_RACC_NAN || dst->e[i] == PAR_RACC_NAN) {
             par_racc_align(dst, i, PAR_RACC_NAN);
             continue;

@@ -110,6 +110,8 @@ void par_racc_copy(par_racc *dst, size_t di, const par_racc *src, size_t si, siz
 /* dst += src element-wise over [i0, i0 + n) of both (a merge: exact, order
  * free). */
 void par_racc_merge(par_racc *dst, const par_racc *src, size_t i0, size_t n);
+/* dst's [di, di + n) += src's [si, si + n) (the same merge at other places). */
+void par_racc_merge_at(par_racc *dst, size_t di, const par_racc *src, size_t si, size_t n);
 
 /* ---- the registry ------------------------------------------------------ */
 

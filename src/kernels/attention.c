@@ -214,33 +214,34 @@ void PAR_FN(par_attn_proj_forward)(PAR_FN(par_attn_saved) *s,
     }
 }
 
-par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NULL */
-                                          PAR_FN(par_attn_weights) *dW,
-                                          par_real *dq,          /* [T, H*hd] scratch */
-                                          par_real *dkv,         /* [T, hd] scratch */
-                                          const par_real *dca,   /* [T, coff*hd] or NULL */
-                                          const par_real *dcz,   /* [T, coff*hd] or NULL */
-                                          const PAR_FN(par_attn_saved) *s,
-                                          const par_real *x,     /* [T, d] */
-                                          const int32_t *pos,    /* [T] */
-                                          const PAR_FN(par_attn_weights) *W,
-                                          const par_attn_dims *dm, int64_t T)
+void PAR_FN(par_attn_proj_backward_dqb)(par_real *dqb,        /* [T, H*hd] */
+                                        par_real *dq,         /* [T, H*hd] scratch */
+                                        const PAR_FN(par_attn_saved) *s, const int32_t *pos, /* [T] */
+                                        const par_attn_dims *dm, int64_t T)
 {
-    const int64_t d = dm->d, H = dm->H, hd = dm->hd, ql = dm->q_lora, m = dm->m;
-    PAR_FN(par_attn_weights) none;
-    memset(&none, 0, sizeof none);
-    if (!dW)
-        dW = &none;
-    size_t n = (size_t)(T * H * hd + 2 * T * ql + T * hd);
+    PAR_FN(par_rope_apply)(dq, pos, dm->rope, T, dm->H, dm->hd, -1);
+    PAR_FN(par_rmsnorm_backward)(dqb, NULL, dq, s->qb, NULL, s->q_rstd, T * dm->H, dm->hd);
+}
+
+par_status PAR_FN(par_attn_proj_backward_rest)(par_real *dx,          /* [T, d] or NULL */
+                                               PAR_FN(par_attn_weights) *dW,
+                                               const par_real *dqr,   /* [T, q_lora] */
+                                               par_real *dkv,         /* [T, hd] scratch */
+                                               const par_real *dca,   /* [T, coff*hd] or NULL */
+                                               const par_real *dcz,   /* [T, coff*hd] or NULL */
+                                               const PAR_FN(par_attn_saved) *s,
+                                               const par_real *x,     /* [T, d] */
+                                               const int32_t *pos,    /* [T] */
+                                               const PAR_FN(par_attn_weights) *W,
+                                               const par_attn_dims *dm, int64_t T)
+{
+    const int64_t d = dm->d, hd = dm->hd, ql = dm->q_lora, m = dm->m;
+    size_t n = (size_t)(T * ql + T * hd);
     par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
     if (!buf)
         return par_err(PAR_ENOMEM, "attention proj_backward: scratch of %zu reals", n);
-    par_real *dqb = buf, *dqr = dqb + T * H * hd, *dqa = dqr + T * ql, *dkva = dqa + T * ql;
-
-    /* query path */
-    PAR_FN(par_rope_apply)(dq, pos, dm->rope, T, H, hd, -1);
-    PAR_FN(par_rmsnorm_backward)(dqb, NULL, dq, s->qb, NULL, s->q_rstd, T * H, hd);
-    PAR_FN(par_linear_backward)(dqr, dW->wq_b, dqb, s->qr, W->wq_b, T, ql, H * hd);
+    par_real *dqa = buf, *dkva = dqa + T * ql;
+    /* query path from the low-rank input */
     PAR_FN(par_rmsnorm_backward)(dqa, dW->q_norm, dqr, s->qa, W->q_norm, s->qa_rstd, T, ql);
     PAR_FN(par_linear_backward)(dx, dW->wq_a, dqa, x, W->wq_a, T, d, ql);
     /* kv path */
@@ -260,6 +261,35 @@ par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NU
     }
     par_free(buf);
     return PAR_OK;
+}
+
+par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NULL */
+                                          PAR_FN(par_attn_weights) *dW,
+                                          par_real *dq,          /* [T, H*hd] scratch */
+                                          par_real *dkv,         /* [T, hd] scratch */
+                                          const par_real *dca,   /* [T, coff*hd] or NULL */
+                                          const par_real *dcz,   /* [T, coff*hd] or NULL */
+                                          const PAR_FN(par_attn_saved) *s,
+                                          const par_real *x,     /* [T, d] */
+                                          const int32_t *pos,    /* [T] */
+                                          const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int64_t T)
+{
+    const int64_t H = dm->H, hd = dm->hd, ql = dm->q_lora;
+    PAR_FN(par_attn_weights) none;
+    memset(&none, 0, sizeof none);
+    if (!dW)
+        dW = &none;
+    size_t n = (size_t)(T * H * hd + T * ql);
+    par_real *buf = par_calloc(n, sizeof(par_real), PAR_TAG_ACT);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "attention proj_backward: scratch of %zu reals", n);
+    par_real *dqb = buf, *dqr = dqb + T * H * hd;
+    PAR_FN(par_attn_proj_backward_dqb)(dqb, dq, s, pos, dm, T);
+    PAR_FN(par_linear_backward)(dqr, dW->wq_b, dqb, s->qr, W->wq_b, T, ql, H * hd);
+    par_status st = PAR_FN(par_attn_proj_backward_rest)(dx, dW, dqr, dkv, dca, dcz, s, x, pos, W, dm, T);
+    par_free(buf);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -537,6 +567,24 @@ static void key_grad(par_real *dk, const par_real *k, int64_t t, const par_real 
     }
 }
 
+/* The bitwise mode's order for a window key j: heads outer, then the
+ * queries t in [j, t1), so that a tensor-parallel group (heads split in rank
+ * order) continues one chain rank after rank (docs/bitwise.md). */
+static void key_grad_by_head(par_real *dk, const par_real *k, int64_t j, int64_t t1, const par_real *dop,
+                             const par_real *Dd, const par_real *lse, const par_real *q,
+                             const par_attn_dims *dm, par_real scale)
+{
+    const int64_t H = dm->H, hd = dm->hd;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t t = j; t < t1; t++) {
+            const par_real *qh = q + (t * H + h) * hd, *gh = dop + (t * H + h) * hd;
+            par_real p, dz;
+            key_coefs(&p, &dz, qh, gh, k, lse[t * H + h], Dd[t * H + h], hd, scale);
+            for (int64_t e = 0; e < hd; e++)
+                dk[e] += dz * qh[e] + p * gh[e];
+        }
+}
+
 static int selected_has(const int32_t *st, int64_t K, int64_t i)
 {
     for (int64_t k = 0; k < K && st[k] >= 0; k++)
@@ -622,7 +670,12 @@ void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL
     for (int64_t j = k0; j < k1; j++) {
         const int64_t pj = pos[j];
         /* window: queries t = j .. j + window - 1 of the same sample */
-        if (dkv)
+        if (dkv && dd.bitwise) {
+            int64_t t1 = j;
+            while (t1 < nq && t1 < j + dd.window && pos[t1] == pj + (t1 - j))
+                t1++;
+            key_grad_by_head(dkv + j * hd, kv + j * hd, j, t1, dop, Dd, lse, q, &dd, scale);
+        } else if (dkv)
             for (int64_t t = j; t < nq && t < j + dd.window && pos[t] == pj + (t - j); t++)
                 key_grad(dkv + j * hd, kv + j * hd, t, dop, Dd, lse, q, &dd, scale);
         /* entry i at its block's last row: every later query of the sample */
@@ -647,11 +700,19 @@ void PAR_FN(par_attn_out_forward)(par_real *y,           /* [T, d] */
                                   const par_real *wo_b,  /* [d, o_groups*o_lora] */
                                   const par_attn_dims *dm, int64_t T)
 {
+    PAR_FN(par_attn_out_groups)(r, o, wo_a, dm, T);
+    PAR_FN(par_linear_forward)(y, r, wo_b, T, dm->o_groups * dm->o_lora, dm->d);
+}
+
+void PAR_FN(par_attn_out_groups)(par_real *r,          /* [T, o_groups*o_lora] */
+                                 const par_real *o,    /* [T, H*hd] */
+                                 const par_real *wo_a, /* [o_groups*o_lora, H*hd/o_groups] */
+                                 const par_attn_dims *dm, int64_t T)
+{
     const int64_t G = dm->o_groups, ol = dm->o_lora, HD = dm->H * dm->hd, Dg = HD / G;
     for (int64_t g = 0; g < G; g++)
         PAR_FN(par_gemm)(0, 1, T, ol, Dg, 1, o + g * Dg, HD, wo_a + g * ol * Dg, Dg, 0,
                          r + g * ol, G * ol);
-    PAR_FN(par_linear_forward)(y, r, wo_b, T, G * ol, dm->d);
 }
 
 par_status PAR_FN(par_attn_out_backward)(par_real *dout,       /* [T, H*hd] or NULL: d(o) += */

@@ -232,6 +232,27 @@ par_status PAR_FN(par_attn_proj_backward)(par_real *dx,          /* [T, d] or NU
                                           const PAR_FN(par_attn_weights) *W,
                                           const par_attn_dims *dm, int64_t T);
 
+/* par_attn_proj_backward in its two halves around wq_b's input gradient (the
+ * bitwise mode's tensor parallelism sums dqr over the heads' ranks between
+ * them): dqb = the per-head norm's and rope's backward of dq (consumed);
+ * then from dqr = dqb wq_b (complete) on: q_norm, wq_a, the kv path and
+ * the compressor's projections. */
+void PAR_FN(par_attn_proj_backward_dqb)(par_real *dqb,        /* [T, H*hd] */
+                                        par_real *dq,         /* [T, H*hd] scratch */
+                                        const PAR_FN(par_attn_saved) *s, const int32_t *pos, /* [T] */
+                                        const par_attn_dims *dm, int64_t T);
+par_status PAR_FN(par_attn_proj_backward_rest)(par_real *dx,          /* [T, d] or NULL */
+                                               PAR_FN(par_attn_weights) *dW,
+                                               const par_real *dqr,   /* [T, q_lora] */
+                                               par_real *dkv,         /* [T, hd] scratch */
+                                               const par_real *dca,   /* [T, coff*hd] or NULL */
+                                               const par_real *dcz,   /* [T, coff*hd] or NULL */
+                                               const PAR_FN(par_attn_saved) *s,
+                                               const par_real *x,     /* [T, d] */
+                                               const int32_t *pos,    /* [T] */
+                                               const PAR_FN(par_attn_weights) *W,
+                                               const par_attn_dims *dm, int64_t T);
+
 /* ---- (2) compressor ----------------------------------------------------- */
 
 /* For every row t in [t0, t1) that ends a block ((pos[t]+1) % m == 0, block
@@ -348,8 +369,9 @@ par_status PAR_FN(par_attn_core_backward_q)(par_real *dq,          /* [T, H*hd] 
                                             const par_real *sink,  /* [H] */
                                             const par_attn_dims *dm, int64_t q0, int64_t q1);
 /* Key side, key rows [k0, k1): dkv += , dcmp += over the queries that see
- * each key (ascending query, then head), reading queries up to nq (exclusive,
- * normally T): deterministic, one owner per key row. */
+ * each key (ascending query, then head; in the bitwise mode the window keys
+ * head, then query, and the entries as terms), reading queries up to nq
+ * (exclusive, normally T): deterministic, one owner per key row. */
 void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL */
                                        par_real *dcmp,        /* [T, hd] or NULL */
                                        const par_real *dop,   /* [T, H*hd] */
@@ -372,6 +394,11 @@ void PAR_FN(par_attn_out_forward)(par_real *y,           /* [T, d] */
                                   const par_real *wo_a,  /* [o_groups*o_lora, H*hd/o_groups] */
                                   const par_real *wo_b,  /* [d, o_groups*o_lora] */
                                   const par_attn_dims *dm, int64_t T);
+/* The first half: r_g = o_g wo_a[g]^T. */
+void PAR_FN(par_attn_out_groups)(par_real *r,          /* [T, o_groups*o_lora] */
+                                 const par_real *o,    /* [T, H*hd] */
+                                 const par_real *wo_a, /* [o_groups*o_lora, H*hd/o_groups] */
+                                 const par_attn_dims *dm, int64_t T);
 par_status PAR_FN(par_attn_out_backward)(par_real *dout,       /* [T, H*hd] or NULL: d(o) += */
                                          par_real *dwo_a,      /* or NULL */
                                          par_real *dwo_b,      /* or NULL */

@@ -94,6 +94,7 @@ par_status PAR_FN(par__ep_shared_forward)(ep_t *x, blk_state *S, const PAR_FN(pa
     if (s)
         return s;
     x->sh_units += Tl * S->shw.Il;
+    x->shtp.bitwise = M->cfg.bitwise;
     return PAR_FN(par_tp_mlp_forward)(ysh, &S->shs, x_in, S->shw.w1, S->shw.w2, S->shw.w3, Tl, M->d, M->I,
                                       M->cfg.swiglu_limit, &x->shtp);
 }

@@ -145,12 +145,13 @@ static par_status moe_bwd(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
                                .sw3 = PAR_FN(par_model_ptr)(M, M->grads, bp->shared_w3)};
     par_real *g2 = G.sw2;
     const par_tp *shtp = q->shw.buf ? &h->shtp : NULL;
+    const int direct = shtp && shtp->bitwise && q->shw.held; /* the bitwise mode: w2's terms into the held shard */
     if (shtp) { /* the shard's gradients into this TP rank's block */
         PAR_FN(par_tp_mlp_shard_grads)(&q->shw, G.sw1, G.sw3, &G.sw1, &G.sw3);
-        G.sw2 = q->shw.dw2;
+        G.sw2 = direct ? g2 : q->shw.dw2;
     }
     par_status s = PAR_FN(par_etp_moe_backward)(dx, dw, &G, dy, &q->sv, &W, &h->etp, shtp);
-    if (!s && shtp)
+    if (!s && shtp && !direct)
         PAR_FN(par_tp_mlp_shard_add_dw2)(&q->shw, g2);
     return s;
 }
@@ -189,10 +190,11 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
  * the output reduce-scattered; else the output all-reduced), the shard's
  * gradients into this TP rank's block of the whole ones (par_reduce_tp_grads,
  * PAR_TPG_SHARED).  A group of one runs it whole. */
-static void shared_tp(etp_hook *h, par_comm *tp, int sp, unsigned faults)
+static void shared_tp(etp_hook *h, par_comm *tp, int sp, unsigned faults, int bitwise)
 {
     const int P = tp ? par_comm_size(tp) : 1;
-    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr};
+    h->shtp = (par_tp){.comm = P > 1 ? tp : NULL, .sp = P > 1 && sp, .faults = faults, .traffic = &h->shtr,
+                       .bitwise = bitwise};
 }
 
 /* ----------------------------------------------------------- the entry -- */
@@ -227,7 +229,7 @@ static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M
     h->rank = etp ? par_comm_rank(etp) : 0, h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
     if (par_tp_shared_expert_split(l))
-        shared_tp(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults);
+        shared_tp(h, e->P->g.g[PAR_GROUP_TP], l->sequence_parallel, e->tp_faults, M->cfg.bitwise);
     M->moe = (PAR_FN(par_moe_exec)){.fwd = moe_fwd, .bwd = moe_bwd, .wgt = moe_wgt, .ctx = h};
     *out = h;
     return PAR_OK;

@@ -273,6 +273,8 @@ static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i
     if (kind & TP_KIND_ETP)
         return p->expert >= 0;
     const char *a = strstr(p->name, ".attn.");
+    if (a && M->cfg.bitwise) /* the bitwise mode: complete and the same on every rank (tp_attn.c) */
+        return 0;
     if (a && (kind & PAR_TPG_SKIP_WKV) && strcmp(a, ".attn.wkv.weight") == 0)
         return 0;
     if (a || ((kind & PAR_TPG_ALL) && p->expert < 0))
@@ -280,6 +282,16 @@ static int tp_wanted(const par_param_table *t, const PAR_FN(par_model) *M, int i
     if ((kind & PAR_TPG_VOCAB) && (i == t->top.embed || i == t->top.head))
         return 1;
     return (kind & PAR_TPG_SHARED) && strstr(p->name, ".shared_experts.") != NULL;
+}
+
+/* g[0..n) = 0, and in the bitwise mode its accumulator emptied too (the
+ * next merge reads the accumulator, not g). */
+static void grads_clear(par_real *g, int64_t n)
+{
+    const par_racc_view v = par_racc_lookup(g, (size_t)n);
+    if (v.acc)
+        par_racc_zero(v.acc, v.at, (size_t)n);
+    memset(g, 0, (size_t)n * sizeof *g);
 }
 
 /* Every entry of `kind` summed over c. */
@@ -316,7 +328,7 @@ par_status PAR_FN(par_reduce_tp_grads)(PAR_FN(par_model) *M, par_comm *tp, unsig
     const int all_experts = M->e0 == 0 && M->e1 == M->E; /* EP > 1: ep_tp.c leaves the TP copies out instead */
     for (int i = 0; !s && !(what & (PAR_TPG_ALL | PAR_TPG_KEEP_EXPERTS)) && all_experts && par_comm_rank(tp) != 0 && i < t->n; i++)
         if (t->p[i].expert >= 0 && t->p[i].dtype == PAR_PDT_REAL && t->p[i].has_grad && PAR_FN(par_model_loc)(M, i) >= 0)
-            memset(M->grads + PAR_FN(par_model_loc)(M, i), 0, (size_t)t->p[i].numel * sizeof *M->grads);
+            grads_clear(M->grads + PAR_FN(par_model_loc)(M, i), t->p[i].numel);
     return s;
 }
 

@@ -79,6 +79,8 @@ typedef struct {
     int sp;                  /* 1: the ranks hold disjoint token slices (above)     */
     unsigned faults;         /* PAR_TP_FAULT_* bits; 0 in real runs                 */
     par_tp_traffic *traffic; /* may be NULL                                         */
+    int bitwise;             /* the bitwise mode: split sums as chains in rank order
+                                (docs/bitwise.md "Tensor parallelism")               */
 } par_tp;
 
 static inline int par_tp_rank(const par_tp *tp) { return tp && tp->comm ? par_comm_rank(tp->comm) : 0; }

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/racc.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/layout/tp_split.h"
@@ -301,6 +303,21 @@ static par_status select_entries(PAR_FN(par_tp_attn_saved) *sv, const par_tp *tp
     return st;
 }
 
+/* The bitwise mode's row-parallel output (docs/bitwise.md): y [T, d] on
+ * every rank = r wo_b^T as the serial GEMM's one chain over the groups,
+ * continued rank after rank. */
+static par_status out_chain(par_real *y, PAR_FN(par_tp_attn_saved) *sv, const PAR_FN(par_attn_weights) *Wl,
+                            const par_tp *tp)
+{
+    const par_attn_dims *dl = &sv->dl;
+    const int64_t T = sv->T, d = dl->d, K = dl->o_groups * dl->o_lora;
+    PAR_FN(par_attn_out_groups)(sv->s.r, sv->s.o, Wl->wo_a, dl, T);
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 1, T, d, K, sv->s.r, K, Wl->wo_b, K, y);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, d, 1, y, d, 0, y, d);
+    return st;
+}
+
 par_status PAR_FN(par_tp_attn_forward)(par_real *y,                 /* [Tx, d] */
                                        PAR_FN(par_tp_attn_saved) *saved,
                                        int32_t *selected,           /* [Tx, topk] or NULL */
@@ -335,9 +352,15 @@ par_status PAR_FN(par_tp_attn_forward)(par_real *y,                 /* [Tx, d] *
                      LL(T * d));
         goto fail_free_saved;
     }
-    PAR_FN(par_attn_out_forward)(yp, sv.s.r, sv.s.o, Wl->wo_a, Wl->wo_b, &sv.dl, T);
-    st = sv.sp ? PAR_FN(par_tp_reduce_scatter_tokens)(tp, y, yp, Tx, d)
-               : PAR_FN(par_tp_reduce_sum)(tp, y, (size_t)(T * d));
+    if (dm->bitwise) {
+        st = out_chain(yp, &sv, Wl, tp);
+        if (!st && sv.sp)
+            memcpy(y, yp + (int64_t)sv.rank * Tx * d, (size_t)(Tx * d) * sizeof(par_real));
+    } else {
+        PAR_FN(par_attn_out_forward)(yp, sv.s.r, sv.s.o, Wl->wo_a, Wl->wo_b, &sv.dl, T);
+        st = sv.sp ? PAR_FN(par_tp_reduce_scatter_tokens)(tp, y, yp, Tx, d)
+                   : PAR_FN(par_tp_reduce_sum)(tp, y, (size_t)(T * d));
+    }
     if (st)
         goto fail_free_saved;
     if (selected && dm->m == 4)
@@ -417,6 +440,108 @@ static par_status shard_backward(bwd_scratch *b, PAR_FN(par_attn_weights) *dW, c
                                           m > 0 ? b->dcz : NULL, s, sv->x, sv->pos, W, dl, T);
 }
 
+/* ---- the bitwise mode (docs/bitwise.md "Tensor parallelism") ----------- */
+
+/* The entries' gradient as (query, head) terms of the rank's heads, merged
+ * over the group exactly (the reduction module merges accumulators): dcmp
+ * complete on every rank. */
+static par_status entries_merged(bwd_scratch *b, const PAR_FN(par_tp_attn_saved) *sv, const par_tp *tp)
+{
+    const PAR_FN(par_attn_saved) *s = &sv->s;
+    const size_t n = (size_t)(sv->T * sv->dl.hd);
+    par_racc acc = {0};
+    par_status st = par_racc_init(&acc, n);
+    if (st)
+        return st;
+    if ((st = par_racc_register(b->dcmp, n, sizeof(par_real), &acc))) {
+        par_racc_free(&acc);
+        return st;
+    }
+    PAR_FN(par_attn_core_backward_kv)(NULL, b->dcmp, b->dop, b->Dd, s->lse, s->q, s->kv, s->cmp, s->sel, sv->pos,
+                                      &sv->dl, 0, sv->T, sv->T);
+    st = PAR_FN(par_tp_reduce_sum)(tp, b->dcmp, n); /* merged and rounded into dcmp */
+    par_racc_unregister(b->dcmp);
+    for (size_t i = 0; !st && par_tp_size(tp) == 1 && i < n; i++)
+        b->dcmp[i] = (par_real)par_racc_value(&acc, i);
+    par_racc_free(&acc);
+    return st;
+}
+
+typedef struct {
+    bwd_scratch *b;
+    const PAR_FN(par_tp_attn_saved) *sv;
+} keys_link;
+
+static void keys_add(void *ctx, par_real *dkv)
+{
+    const keys_link *k = ctx;
+    const PAR_FN(par_attn_saved) *s = &k->sv->s;
+    PAR_FN(par_attn_core_backward_kv)(dkv, NULL, k->b->dop, k->b->Dd, s->lse, s->q, s->kv, s->cmp, s->sel,
+                                      k->sv->pos, &k->sv->dl, 0, k->sv->T, k->sv->T);
+}
+
+/* The window keys' gradient: the kernel's head-outer order (the bitwise
+ * mode's) continued over the ranks' heads in rank order, then broadcast. */
+static par_status keys_chained(bwd_scratch *b, const PAR_FN(par_tp_attn_saved) *sv, const par_tp *tp)
+{
+    keys_link k = {b, sv};
+    const size_t n = (size_t)(sv->T * sv->dl.hd);
+    par_status st = PAR_FN(par_tp_reduce_chain)(tp, b->dkv, n, keys_add, &k);
+    return st ? st : PAR_FN(par_tp_reduce_bcast)(tp, b->dkv, n, par_tp_size(tp) - 1);
+}
+
+/* dqr = dqb wq_b over all heads: the serial GEMM's chain continued over the
+ * ranks' heads (wq_b's gradient: the rank's rows, as terms). */
+static par_status dqr_chained(par_real *dqr, bwd_scratch *b, PAR_FN(par_attn_weights) *dW,
+                              const PAR_FN(par_tp_attn_saved) *sv, const PAR_FN(par_attn_weights) *W,
+                              const par_tp *tp)
+{
+    const par_attn_dims *dl = &sv->dl;
+    const int64_t T = sv->T, ql = dl->q_lora, K = dl->H * dl->hd;
+    par_real *dqb = b->dO, *P = par_malloc((size_t)(T * ql + 1) * sizeof *P, PAR_TAG_ACT);
+    if (!P)
+        return par_err(PAR_ENOMEM, "tensor parallel attention backward: %lld query sums", LL(T * ql));
+    memset(dqb, 0, (size_t)(T * K) * sizeof *dqb); /* dO is spent */
+    PAR_FN(par_attn_proj_backward_dqb)(dqb, b->dq, &sv->s, sv->pos, dl, T);
+    PAR_FN(par_linear_backward)(NULL, dW->wq_b, dqb, sv->s.qr, W->wq_b, T, ql, K);
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, ql, K, dqb, K, W->wq_b, ql, P);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, ql, 1, P, ql, 1, dqr, ql);
+    par_free(P);
+    return st;
+}
+
+/* The layer's backward in the bitwise mode: every sum over heads is the
+ * serial one (a chain in rank order, or order-free terms), so dx and the
+ * replicated weights' gradients are complete and the same on every rank
+ * (dxf [T, d]: += them; the TP gradient sum leaves the replicated ones
+ * alone, parallel/reduce/reduce.c). */
+static par_status backward_bitwise(bwd_scratch *b, par_real *dxf, PAR_FN(par_attn_weights) *dW, const par_real *dy,
+                                   const PAR_FN(par_tp_attn_saved) *sv, const PAR_FN(par_attn_weights) *W,
+                                   const par_tp *tp)
+{
+    const par_attn_dims *dl = &sv->dl;
+    const PAR_FN(par_attn_saved) *s = &sv->s;
+    const int64_t T = sv->T, m = dl->m;
+    par_real *dqr = NULL;
+    par_status st;
+    if ((st = PAR_FN(par_attn_out_backward)(b->dO, dW->wo_a, dW->wo_b, dy, s->r, s->o, W->wo_a, W->wo_b, dl, T)) ||
+        (st = PAR_FN(par_attn_core_backward_q)(b->dq, dW->attn_sink, b->dop, b->Dd, b->dO, s->lse, s->q, s->kv,
+                                               s->cmp, s->sel, sv->pos, W->attn_sink, dl, 0, T)) ||
+        (m > 0 && (st = entries_merged(b, sv, tp))) || (st = keys_chained(b, sv, tp)))
+        return st;
+    if (m > 0 && (st = PAR_FN(par_compress_backward)(b->dca, b->dcz, dW->cmp_norm, b->dcmp, s->cmp_raw, s->cmp_rstd,
+                                                     s->ca, s->cz, sv->pos, W->cmp_norm, dl->rope, 0, T, dl->hd, m)))
+        return st;
+    if (!(dqr = par_calloc((size_t)(T * dl->q_lora + 1), sizeof *dqr, PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "tensor parallel attention backward: %lld query gradients", LL(T * dl->q_lora));
+    if (!(st = dqr_chained(dqr, b, dW, sv, W, tp)))
+        st = PAR_FN(par_attn_proj_backward_rest)(dxf, dW, dqr, b->dkv, m > 0 ? b->dca : NULL, m > 0 ? b->dcz : NULL,
+                                                 s, sv->x, sv->pos, W, dl, T);
+    par_free(dqr);
+    return st;
+}
+
 par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] or NULL */
                                         PAR_FN(par_attn_weights) *dWl, /* or NULL */
                                         const par_real *dy,          /* [Tx, d] */
@@ -443,6 +568,18 @@ par_status PAR_FN(par_tp_attn_backward)(par_real *dx,                /* [Tx, d] 
         if ((st = PAR_FN(par_tp_reduce_gather_tokens)(tp, b.dyf, dy, Tx, d)))
             goto free_scratch;
         dyf = b.dyf;
+    }
+    if (sv->dm.bitwise) {
+        if (!dWl) {
+            st = par_err(PAR_EINVAL, "tensor parallel attention backward (bitwise mode): no gradients");
+            goto free_scratch;
+        }
+        par_real *dxf = sv->sp ? b.dxs : dx; /* b.dxs: zeroed */
+        if ((st = backward_bitwise(&b, dx ? dxf : NULL, dW, dyf, sv, Wl, tp)) || !dx || !sv->sp)
+            goto free_scratch;
+        for (int64_t e = 0; e < Tx * d; e++)
+            dx[e] += b.dxs[(int64_t)sv->rank * Tx * d + e];
+        goto free_scratch;
     }
     if ((st = shard_backward(&b, dW, dyf, sv, Wl)) || !dx)
         goto free_scratch;
@@ -510,18 +647,6 @@ par_status PAR_FN(par_tp_attn_reduce_grads)(PAR_FN(par_attn_weights) *dWl,
 
 /* ------------------------------------------------- a hook's local shard -- */
 
-par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
-                                          const par_attn_dims *dm, int rank, int P, int held, const char *who)
-{
-    memset(L, 0, sizeof *L);
-    L->shard = PAR_FN(par_tp_attn_shard_count)(dm, P);
-    L->rank = rank, L->P = P, L->held = held; /* held: the weights read in place, the gradients added in place */
-    if (!(L->buf = par_malloc((size_t)((held ? 1 : 3) * L->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
-        return par_err(PAR_ENOMEM, "%s: out of memory for a shard of %lld reals", who, (long long)L->shard);
-    PAR_FN(par_tp_attn_shard_held)(&L->Wl, L->buf, W, dm, rank, P, held);
-    return PAR_OK;
-}
-
 /* The gradient shard (after Wl's copy unless held) and the add's scratch
  * (NULL when held: par_tp_attn_grads_add_held adds in place). */
 static par_real *local_dwl(const PAR_FN(par_tp_attn_local) *L)
@@ -534,11 +659,53 @@ static par_real *local_scratch(const PAR_FN(par_tp_attn_local) *L)
     return L->held ? NULL : L->buf + 2 * L->shard;
 }
 
+par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
+                                          const par_attn_dims *dm, int rank, int P, int held, const char *who)
+{
+    memset(L, 0, sizeof *L);
+    L->shard = PAR_FN(par_tp_attn_shard_count)(dm, P);
+    L->rank = rank, L->P = P, L->held = held; /* held: the weights read in place, the gradients added in place */
+    if (!(L->buf = par_malloc((size_t)((held ? 1 : 3) * L->shard + 1) * sizeof(par_real), PAR_TAG_ACT)))
+        return par_err(PAR_ENOMEM, "%s: out of memory for a shard of %lld reals", who, (long long)L->shard);
+    PAR_FN(par_tp_attn_shard_held)(&L->Wl, L->buf, W, dm, rank, P, held);
+    if (!dm->bitwise)
+        return PAR_OK;
+    par_status st = held ? par_racc_init(&L->acc, (size_t)L->shard)
+                         : par_err(PAR_EUNSUPPORTED, "%s: the bitwise mode needs the model to hold its TP shards", who);
+    if (!st && (st = par_racc_register(local_dwl(L), (size_t)L->shard, sizeof(par_real), &L->acc)))
+        par_racc_free(&L->acc);
+    if (st)
+        PAR_FN(par_tp_attn_local_free)(L);
+    return st;
+}
+
+/* The bitwise mode: the accumulator of each field of g (the gradient shard)
+ * merged into the model's behind the same field of dW (held: the same
+ * shape), exactly; returns 0 when the mode is off. */
+static int local_merge(const PAR_FN(par_attn_weights) *dW, const PAR_FN(par_attn_weights) *g, const par_attn_dims *dm,
+                       int P)
+{
+    if (!dm->bitwise)
+        return 0;
+    for (int k = 0; k < NFIELD; k++) {
+        const par_real *dst = field_get(dW, k), *src = field_get(g, k);
+        const int64_t n = shard_numel(dm, k, P);
+        if (n == 0 || !dst || !src)
+            continue;
+        const par_racc_view vd = par_racc_lookup(dst, (size_t)n), vs = par_racc_lookup(src, (size_t)n);
+        if (vd.acc && vs.acc)
+            par_racc_merge_at(vd.acc, vd.at, vs.acc, vs.at, (size_t)n);
+    }
+    return 1;
+}
+
 void PAR_FN(par_tp_attn_local_zero)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
                                     const par_attn_dims *dm)
 {
     PAR_FN(par_tp_attn_shard)(&L->dWl, local_dwl(L), W, dm, L->rank, L->P);
     memset(local_dwl(L), 0, (size_t)L->shard * sizeof(par_real));
+    if (L->acc.e)
+        par_racc_zero(&L->acc, 0, (size_t)L->shard);
 }
 
 void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *dsink, const par_attn_dims *dm)
@@ -548,7 +715,8 @@ void PAR_FN(par_tp_attn_local_add_sink)(PAR_FN(par_tp_attn_local) *L, par_real *
     PAR_FN(par_attn_weights) sink, only = {.attn_sink = L->dWl.attn_sink};
     memset(&sink, 0, sizeof sink);
     sink.attn_sink = dsink;
-    PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, dm, L->rank, L->P, local_scratch(L), L->held);
+    if (!local_merge(&sink, &only, dm, L->P))
+        PAR_FN(par_tp_attn_grads_add_held)(&sink, &only, dm, L->rank, L->P, local_scratch(L), L->held);
 }
 
 void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *dW,
@@ -556,11 +724,16 @@ void PAR_FN(par_tp_attn_local_add)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(pa
 {
     PAR_FN(par_attn_weights) d = *dW;
     d.attn_sink = NULL; /* the input pass's */
-    PAR_FN(par_tp_attn_grads_add_held)(&d, g, dm, L->rank, L->P, local_scratch(L), L->held);
+    if (!local_merge(&d, g, dm, L->P))
+        PAR_FN(par_tp_attn_grads_add_held)(&d, g, dm, L->rank, L->P, local_scratch(L), L->held);
 }
 
 void PAR_FN(par_tp_attn_local_free)(PAR_FN(par_tp_attn_local) *L)
 {
+    if (L->acc.e) {
+        par_racc_unregister(local_dwl(L));
+        par_racc_free(&L->acc);
+    }
     par_free(L->buf);
     memset(L, 0, sizeof *L);
 }

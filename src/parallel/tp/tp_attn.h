@@ -48,6 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/racc.h"
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/real.h"
@@ -96,9 +97,12 @@ typedef struct {
     par_real *buf;  /* [3 * shard]: Wl, dWl, scratch; held: [shard], dWl alone */
     int64_t shard;
     int rank, P, held; /* held: the model holds the cuts as the rank's shards (par_tp_attn_shard_held) */
+    par_racc acc;      /* the bitwise mode: dWl's accumulator (registered), merged into the model's */
 } PAR_FN(par_tp_attn_local);
 
-/* The forward's: buf for the shard, Wl = rank r's shard of W.
+/* The forward's: buf for the shard, Wl = rank r's shard of W.  In the
+ * bitwise mode (dm->bitwise; held cuts only) the gradient shard is backed by
+ * an accumulator that the weight pass merges into the model's.
  * PAR_ENOMEM naming who. */
 par_status PAR_FN(par_tp_attn_local_make)(PAR_FN(par_tp_attn_local) *L, const PAR_FN(par_attn_weights) *W,
                                           const par_attn_dims *dm, int rank, int P, int held, const char *who);

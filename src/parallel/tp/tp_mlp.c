@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "kernels/moe.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/layout/tp_split.h"
@@ -43,6 +45,27 @@ static par_status setup(PAR_FN(par_tp_mlp_saved) *sv, int64_t T, int64_t d, int6
     return PAR_OK;
 }
 
+static int chained(const par_tp *tp)
+{
+    return tp && tp->bitwise && par_tp_size(tp) > 1;
+}
+
+/* The bitwise mode's forward: the hidden units of the rank's columns, then
+ * y [T, d] (every rank) = h w2^T as the serial GEMM's one chain over the
+ * hidden units, continued rank after rank. */
+static par_status forward_chained(par_real *y, PAR_FN(par_tp_mlp_saved) *sv, const par_real *w1,
+                                  const par_real *w2, const par_real *w3, const par_tp *tp)
+{
+    const int64_t T = sv->T, d = sv->d, Il = sv->Il;
+    PAR_FN(par_linear_forward)(sv->g, sv->x, w1, T, d, Il);
+    PAR_FN(par_linear_forward)(sv->u, sv->x, w3, T, d, Il);
+    PAR_FN(par_swiglu_forward)(sv->h, sv->g, sv->u, NULL, T, Il, sv->L);
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 1, T, d, Il, sv->h, Il, w2, Il, y);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, d, 1, y, d, 0, y, d);
+    return st;
+}
+
 par_status PAR_FN(par_tp_mlp_forward)(par_real *y,              /* [Tx, d] */
                                       PAR_FN(par_tp_mlp_saved) *saved,
                                       const par_real *x,        /* [Tx, d] */
@@ -68,8 +91,11 @@ par_status PAR_FN(par_tp_mlp_forward)(par_real *y,              /* [Tx, d] */
         st = par_err(PAR_ENOMEM, "tensor parallel MLP: partial output of %lld reals", LL(T * d));
         goto fail_free_saved;
     }
-    PAR_FN(par_moe_expert_forward)(yp, sv.g, sv.u, sv.h, sv.x, NULL, w1, w2, w3, T, d, sv.Il, L);
-    if (tp && (tp->faults & PAR_TP_FAULT_SHARED_NO_REDUCE)) { /* the deliberate bug: y keeps the rank's share */
+    if (chained(tp)) {
+        if (!(st = forward_chained(yp, &sv, w1, w2, w3, tp)) && sv.sp)
+            memcpy(y, yp + (int64_t)sv.rank * sv.Tx * d, (size_t)(sv.Tx * d) * sizeof(par_real));
+    } else if (PAR_FN(par_moe_expert_forward)(yp, sv.g, sv.u, sv.h, sv.x, NULL, w1, w2, w3, T, d, sv.Il, L),
+               tp && (tp->faults & PAR_TP_FAULT_SHARED_NO_REDUCE)) { /* the deliberate bug: y keeps the rank's share */
         if (sv.sp)
             memcpy(y, yp + (int64_t)sv.rank * sv.Tx * d, (size_t)(sv.Tx * d) * sizeof(par_real));
     } else
@@ -87,6 +113,45 @@ fail_free_saved:
     if (yp != y)
         par_free(yp);
     PAR_FN(par_tp_mlp_saved_free)(&sv);
+    return st;
+}
+
+/* dxs [T, d] (zeroed) = dg w1 + du w3 over all hidden units as the serial
+ * expert's two GEMMs (each a chain over the ranks' columns), in its order. */
+static par_status dx_chained(par_real *dxs, const par_real *dg, const par_real *du, const par_real *w1,
+                             const par_real *w3, int64_t T, int64_t d, int64_t Il, const par_tp *tp)
+{
+    par_real *P = par_malloc((size_t)(T * d + 1) * sizeof *P, PAR_TAG_ACT);
+    if (!P)
+        return par_err(PAR_ENOMEM, "tensor parallel MLP backward: %lld sums", LL(T * d));
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, Il, dg, Il, w1, d, P);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
+    if (!st && !(st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, Il, du, Il, w3, d, P)))
+        PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
+    par_free(P);
+    return st;
+}
+
+/* The bitwise mode's backward (the serial expert's steps, the input sums
+ * chained): weights as terms of the rank's columns, dxs complete. */
+static par_status backward_chained(par_real *dxs, par_real *dw1, par_real *dw2, par_real *dw3, const par_real *dy,
+                                   const PAR_FN(par_tp_mlp_saved) *sv, const par_real *w1, const par_real *w2,
+                                   const par_real *w3, const par_tp *tp)
+{
+    const int64_t T = sv->T, d = sv->d, Il = sv->Il;
+    if (dw2)
+        PAR_FN(par_linear_backward)(NULL, dw2, dy, sv->h, w2, T, Il, d);
+    par_real *dh = par_calloc((size_t)(3 * T * Il + 1), sizeof *dh, PAR_TAG_ACT);
+    if (!dh)
+        return par_err(PAR_ENOMEM, "tensor parallel MLP backward: 3 x %lld x %lld", LL(T), LL(Il));
+    par_real *dg = dh + T * Il, *du = dg + T * Il;
+    PAR_FN(par_linear_backward)(dh, NULL, dy, sv->h, w2, T, Il, d);
+    PAR_FN(par_swiglu_backward)(dg, du, NULL, dh, sv->g, sv->u, NULL, T, Il, sv->L);
+    PAR_FN(par_linear_backward)(NULL, dw1, dg, sv->x, w1, T, d, Il);
+    PAR_FN(par_linear_backward)(NULL, dw3, du, sv->x, w3, T, d, Il);
+    par_status st = dxs ? dx_chained(dxs, dg, du, w1, w3, T, d, Il, tp) : PAR_OK;
+    par_free(dh);
     return st;
 }
 
@@ -112,6 +177,14 @@ par_status PAR_FN(par_tp_mlp_backward)(par_real *dx,            /* [Tx, d] or NU
     par_status st = PAR_OK;
     if (sv->sp && (st = PAR_FN(par_tp_reduce_gather_tokens)(tp, dyf, dy, Tx, d)))
         goto free_scratch;
+    if (chained(tp)) {
+        if ((st = backward_chained(dx ? dxs : NULL, dw1, dw2, dw3, dyf, sv, w1, w2, w3, tp)) || !dx)
+            goto free_scratch;
+        const par_real *mine = dxs + (sv->sp ? (int64_t)sv->rank * Tx * d : 0);
+        for (int64_t e = 0; e < Tx * d; e++)
+            dx[e] += mine[e];
+        goto free_scratch;
+    }
     if ((st = PAR_FN(par_moe_expert_backward)(dx ? dxs : NULL, dw1, dw2, dw3, NULL, dyf, sv->x, NULL,
                                               w1, w2, w3, sv->g, sv->u, sv->h, T, d, sv->Il,
                                               sv->L)) || !dx)
@@ -191,6 +264,10 @@ par_status PAR_FN(par_tp_mlp_backward_whole)(par_real *dx,      /* [Tx, d] or NU
         return par_err(PAR_EINVAL, "tensor parallel MLP backward: no shard");
     par_real *o1, *o3;
     PAR_FN(par_tp_mlp_shard_grads)(s, g1, g3, &o1, &o3);
+    if (chained(tp) && s->held) /* the bitwise mode: the held shard's gradient takes its terms itself */
+        return PAR_FN(par_tp_mlp_backward)(dx, o1, g2, o3, dy, saved, s->w1, s->w2, s->w3, tp);
+    if (chained(tp))
+        return par_err(PAR_EUNSUPPORTED, "tensor parallel MLP (bitwise mode): the model must hold its TP shards");
     par_status st = PAR_FN(par_tp_mlp_backward)(dx, o1, g2 ? s->dw2 : NULL, o3, dy, saved, s->w1, s->w2, s->w3, tp);
     if (!st)
         PAR_FN(par_tp_mlp_shard_add_dw2)(s, g2);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/gemm.h"
 #include "parallel/reduce/reduce_sum.h"
 
 /* point-to-point tags of the TP group (distinct from CP's 61xx) */
@@ -263,4 +264,58 @@ par_status PAR_FN(par_tp_reduce_from_owner)(const par_tp *tp, int owner, par_rea
             return st;
     }
     return PAR_OK;
+}
+
+par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n, int root)
+{
+    if (!multi(tp) || n == 0)
+        return PAR_OK;
+    if (par_comm_rank(tp->comm) == root)
+        add_bytes(TRAFFIC(tp, bcast), n * sizeof(par_real));
+    return par_bcast(tp->comm, buf, n, PAR_TP_CREAL, root);
+}
+
+/* par_tp_reduce_gemm_chain's step: this rank's K shard continues the chain. */
+typedef struct {
+    int ta, tb, load;
+    int64_t M, N, K, lda, ldb;
+    const par_real *A, *B;
+} gemm_link;
+
+static void gemm_link_add(void *ctx, par_real *P)
+{
+    const gemm_link *g = ctx;
+    PAR_FN(par_gemm_part)(g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, g->load, P, g->N);
+}
+
+par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
+                                            const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
+                                            par_real *P)
+{
+    const int r = par_tp_rank(tp), G = multi(tp) ? par_tp_size(tp) : 1;
+    gemm_link g = {ta, tb, r > 0, M, N, Kl, lda, ldb, A, B};
+    par_status st = PAR_FN(par_tp_reduce_chain)(tp, P, (size_t)(M * N), gemm_link_add, &g);
+    return st ? st : PAR_FN(par_tp_reduce_bcast)(tp, P, (size_t)(M * N), G - 1);
+}
+
+par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t n,
+                                           void (*add)(void *ctx, double *buf), void *ctx)
+{
+    if (!multi(tp)) {
+        add(ctx, buf);
+        return PAR_OK;
+    }
+    const int r = par_comm_rank(tp->comm), P = par_comm_size(tp->comm);
+    par_status st;
+    if (r > 0 && (st = par_recv(tp->comm, buf, n, PAR_C_F64, r - 1, TAG_CHAIN)))
+        return st;
+    add(ctx, buf);
+    if (r + 1 < P) {
+        add_bytes(TRAFFIC(tp, chain), n * sizeof(double));
+        if ((st = par_send(tp->comm, buf, n, PAR_C_F64, r + 1, TAG_CHAIN)))
+            return st;
+    }
+    if (n && r == P - 1)
+        add_bytes(TRAFFIC(tp, bcast), n * sizeof(double));
+    return n ? par_bcast(tp->comm, buf, n, PAR_C_F64, P - 1) : PAR_OK;
 }

@@ -63,6 +63,22 @@ par_status PAR_FN(par_tp_reduce_scatter_tokens)(const par_tp *tp, par_real *loca
  * per-head sums continued shard after shard: bitwise the serial sums). */
 par_status PAR_FN(par_tp_reduce_chain)(const par_tp *tp, par_real *buf, size_t n,
                                  void (*add)(void *ctx, par_real *buf), void *ctx);
+/* par_tp_reduce_chain on doubles, the last rank's result then broadcast to
+ * every rank (the vocab-parallel CE's sums in the bitwise mode). */
+par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t n,
+                                           void (*add)(void *ctx, double *buf), void *ctx);
+/* reals buf[0..n) from group rank root to every rank. */
+par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n, int root);
+/* The bitwise mode's row-parallel sum (docs/bitwise.md "Tensor
+ * parallelism"): P [M, N] = the raw accumulators of op(A) op(B) over the
+ * whole K, which the group holds in rank-order shards of Kl each (A, B: this
+ * rank's shard, par_gemm's conventions): rank r continues rank r-1's
+ * accumulators with its shard (par_gemm_part, a chain), the last rank
+ * broadcasts them, so every rank ends with the serial GEMM's chain bit for
+ * bit; par_gemm_finish applies alpha and beta.  One rank: par_gemm_part. */
+par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
+                                            const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
+                                            par_real *P); /* [M, N] */
 /* int32 buf[0..n) from group rank root to every rank. */
 par_status PAR_FN(par_tp_reduce_bcast_i32)(const par_tp *tp, int32_t *buf, size_t n, int root);
 

@@ -7,6 +7,8 @@
 
 #include "core/alloc.h"
 #include "core/pmath.h"
+#include "kernels/gemm.h"
+#include "kernels/gsum.h"
 #include "kernels/ops.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -84,13 +86,16 @@ par_status PAR_FN(par_tp_embed_backward)(par_real *demb,           /* [V/P, d] *
         }
         dh = full;
     }
+    const par_racc_view acc = par_gsum_of(demb, Vl * d); /* the bitwise mode: a term per token */
     for (int64_t t = 0; t < T; t++) {
         const int64_t v = ids[t] - v0;
         if (v < 0 || v >= Vl)
             continue;
         par_real *o = demb + v * d;
         const par_real *g = dh + t * d;
-        for (int64_t c = 0; c < d; c++)
+        for (int64_t c = 0; acc.acc && c < d; c++)
+            par_gsum_put(acc, v * d + c, (double)g[c]);
+        for (int64_t c = 0; !acc.acc && c < d; c++)
             o[c] += g[c];
     }
     par_free(full);
@@ -128,6 +133,42 @@ static par_status head_setup(PAR_FN(par_tp_head_saved) *sv, const int32_t *targe
     return PAR_OK;
 }
 
+static int chained(const par_tp *tp)
+{
+    return tp && tp->bitwise && par_tp_size(tp) > 1;
+}
+
+typedef struct {
+    const PAR_FN(par_tp_head_saved) *sv;
+    const double *mx;
+} exp_link;
+
+/* sum[t] continued over the rank's vocabulary in order (the serial CE's one
+ * sequential sum, rank after rank: the bitwise mode). */
+static void exp_add(void *ctx, double *sum)
+{
+    const exp_link *c = ctx;
+    const int64_t Vl = c->sv->Vl;
+    for (int64_t t = 0; t < c->sv->T; t++) {
+        const par_real *z = c->sv->logits + t * Vl;
+        double s = sum[t];
+        for (int64_t v = 0; v < Vl; v++)
+            s += par_pmath_exp((double)z[v] - c->mx[t]);
+        sum[t] = s;
+    }
+}
+
+/* The exp sums of every token over the group: the bitwise mode's chain
+ * (sum [T] zeroed), or each rank's own sums, all-reduced. */
+static par_status exp_sums(double *sum, const PAR_FN(par_tp_head_saved) *sv, const double *mx, const par_tp *tp)
+{
+    exp_link c = {sv, mx};
+    if (chained(tp))
+        return PAR_FN(par_tp_reduce_chain_f64)(tp, sum, (size_t)sv->T, exp_add, &c);
+    exp_add(&c, sum);
+    return PAR_OK;
+}
+
 /* lse and ce of every token from the rank's logits: max over the group,
  * then the exp sum and the target's logit summed over the group (double). */
 static par_status vocab_ce(PAR_FN(par_tp_head_saved) *sv, par_real *ce, const par_tp *tp)
@@ -147,16 +188,15 @@ static par_status vocab_ce(PAR_FN(par_tp_head_saved) *sv, par_real *ce, const pa
     }
     par_status st = PAR_FN(par_tp_reduce_max_f64)(tp, mx, (size_t)T);
     for (int64_t t = 0; t < T && !st; t++) {
-        const par_real *z = sv->logits + t * Vl;
-        double s = 0;
-        for (int64_t v = 0; v < Vl; v++)
-            s += par_pmath_exp((double)z[v] - mx[t]);
         const int64_t y = sv->target[t] - v0;
-        sum[t] = s;
-        zy[t] = y >= 0 && y < Vl ? (double)z[y] : 0.0;
+        sum[t] = 0;
+        zy[t] = y >= 0 && y < Vl ? (double)sv->logits[t * Vl + y] : 0.0;
     }
     if (!st)
-        st = PAR_FN(par_tp_reduce_sum_f64)(tp, sum, (size_t)(2 * T));
+        st = exp_sums(sum, sv, mx, tp);
+    if (!st) /* the bitwise mode: the target's logit alone (one rank's, the others' 0: exact) */
+        st = chained(tp) ? PAR_FN(par_tp_reduce_sum_f64)(tp, zy, (size_t)T)
+                         : PAR_FN(par_tp_reduce_sum_f64)(tp, sum, (size_t)(2 * T));
     if (!st && tp && (tp->faults & PAR_TP_FAULT_CE_LOG_TP)) /* the bug: reduced twice */
         st = PAR_FN(par_tp_reduce_sum_f64)(tp, sum, (size_t)T);
     for (int64_t t = 0; t < T && !st; t++) {
@@ -240,14 +280,25 @@ par_status PAR_FN(par_tp_head_backward)(par_real *dxn,             /* [Tx, d] or
     if (!sv || !sv->buf)
         return par_err(PAR_EINVAL, "vocab-parallel head backward: no saved forward");
     const int64_t T = sv->T, d = sv->d, Tx = sv->Tx;
-    const size_t n = (size_t)(T * sv->Vl + T * d + Tx * d);
+    const size_t n = (size_t)(T * sv->Vl + T * d + Tx * d + (chained(tp) ? T * d : 0));
     par_real *buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
     if (!buf)
         return par_err(PAR_ENOMEM, "vocab-parallel head backward: scratch of %zu reals", n);
-    par_real *dz = buf, *dxs = dz + T * sv->Vl, *mine = dxs + T * d;
+    par_real *dz = buf, *dxs = dz + T * sv->Vl, *mine = dxs + T * d, *P = mine + Tx * d; /* P: the chain's */
     xent_backward_cols(dz, sv, scale);
-    PAR_FN(par_linear_backward)(dxn ? dxs : NULL, dhead, dz, sv->xn, head, T, d, sv->Vl);
     par_status st = PAR_OK;
+    if (chained(tp)) { /* dx = dz head over the whole vocabulary: one chain over the ranks' rows */
+        PAR_FN(par_linear_backward)(NULL, dhead, dz, sv->xn, head, T, d, sv->Vl);
+        if (dxn && !(st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, sv->Vl, dz, sv->Vl, head, d, P))) {
+            PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
+            const par_real *src = dxs + (sv->sp ? (int64_t)sv->rank * Tx * d : 0);
+            for (int64_t e = 0; e < Tx * d; e++)
+                dxn[e] += src[e];
+        }
+        par_free(buf);
+        return st;
+    }
+    PAR_FN(par_linear_backward)(dxn ? dxs : NULL, dhead, dz, sv->xn, head, T, d, sv->Vl);
     if (dxn) {
         st = sv->sp ? PAR_FN(par_tp_reduce_scatter_tokens)(tp, mine, dxs, Tx, d)
                     : PAR_FN(par_tp_reduce_sum)(tp, dxs, (size_t)(T * d));

@@ -146,7 +146,8 @@ static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M
     if (s || (s = par_mbstate_hook_new((void **)&h, sizeof *h, "vocab-parallel head", e->n_mb, 2, NULL,
                                        sizeof(PAR_FN(par_tp_head_saved)), saved_drop)))
         return s;
-    h->tp = (par_tp){.comm = tp, .sp = e->P->lay->sequence_parallel, .faults = e->tp_faults, .traffic = &h->tr};
+    h->tp = (par_tp){.comm = tp, .sp = e->P->lay->sequence_parallel, .faults = e->tp_faults, .traffic = &h->tr,
+                     .bitwise = M->cfg.bitwise};
     h->rank = par_comm_rank(tp), h->P = par_comm_size(tp);
     h->V = M->V, h->Vl = M->V / h->P, h->d = M->d;
     M->vocab = (PAR_FN(par_vocab_exec)){
