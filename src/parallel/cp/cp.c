@@ -20,6 +20,7 @@
 
 #include "core/alloc.h"
 #include "core/racc.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/layout/layout.h"
 #include "parallel/reduce/reduce_sum.h"
@@ -392,10 +393,19 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
         if ((st = PAR_FN(par_attn_core_forward)(sh.o, sh.lse, sh.q, sh.kv, sh.cmp, sh.sel, pb, W->attn_sink, dm,
                                                 Dh, W_)))
             return st;
+        if (sv->tp.comm && dm->bitwise) { /* the serial GEMM's chain over the groups, rank after rank */
+            par_real *yb = y_local + b * L * d;
+            PAR_FN(par_attn_out_groups)(sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, dm, L);
+            if ((st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 1, L, d, GL, sh.r + Dh * GL, GL, W->wo_b, GL, yb)))
+                return st;
+            PAR_FN(par_gemm_finish)(L, d, 1, yb, d, 0, yb, d);
+            continue;
+        }
         PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, W->wo_b, dm,
                                      L);
     }
-    return sv->tp.comm ? PAR_FN(par_tp_reduce_sum)(&sv->tp, y_local, (size_t)(sv->rows * L * d)) : PAR_OK;
+    return sv->tp.comm && !dm->bitwise ? PAR_FN(par_tp_reduce_sum)(&sv->tp, y_local, (size_t)(sv->rows * L * d))
+                                       : PAR_OK;
 }
 
 static par_status cp_forward(par_real *y_local, PAR_FN(par_cp_attn_saved) *saved, int32_t *selected_local,
@@ -653,7 +663,8 @@ static par_status keep_alloc(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g)
 {
     par_free(sv->kbuf);
     size_t rw = (size_t)(g->rows * g->W_);
-    sv->kbuf = par_malloc(rw * (size_t)(g->HD + 2 * g->hd + 2 * g->nc) * sizeof(par_real) + 1, PAR_TAG_ACT);
+    const size_t nq = sv->tp.comm && sv->dm.bitwise ? rw * (size_t)sv->dm.q_lora : 0; /* kdqr */
+    sv->kbuf = par_malloc((rw * (size_t)(g->HD + 2 * g->hd + 2 * g->nc) + nq) * sizeof(par_real) + 1, PAR_TAG_ACT);
     if (!sv->kbuf)
         return par_err(PAR_ENOMEM, "context parallel attention backward: %zu rows kept for the weight pass", rw);
     sv->kq = sv->kbuf;
@@ -661,6 +672,9 @@ static par_status keep_alloc(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g)
     sv->kcmp = sv->kkv + rw * (size_t)g->hd;
     sv->kca = g->nc ? sv->kcmp + rw * (size_t)g->hd : NULL;
     sv->kcz = g->nc ? sv->kca + rw * (size_t)g->nc : NULL;
+    sv->kdqr = nq ? sv->kcmp + rw * (size_t)(g->hd + 2 * g->nc) : NULL;
+    if (nq)
+        memset(sv->kdqr, 0, nq * sizeof(par_real));
     return PAR_OK;
 }
 
@@ -725,13 +739,45 @@ static par_status compress_keep(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g,
 /* compress_keep, then (1) for dx on rows [first, first + n) of each row's
  * working rows: halo + local (n = W_), or, in the bitwise mode, the local
  * rows only (their gradients are complete: no halo exchange of dx). */
+/* The bitwise mode under TP, row b's local rows: dqr = dqb wq_b over all
+ * heads (the serial GEMM's chain over the ranks' heads; kept complete for
+ * the weight pass), then the rest of (1) once with complete inputs. */
+static par_status bw_proj_tp(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
+                             const PAR_FN(par_attn_weights) *W, int64_t b)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t first = g->Dh, n = g->L, ql = dm->q_lora, w = b * g->W_ + first;
+    PAR_FN(par_attn_saved) sh, sl;
+    const int32_t *pb = row_view(&sh, sv, b);
+    saved_shift(&sl, &sh, first, dm);
+    par_real *dqb = par_calloc((size_t)(n * (g->HD + ql) + 1), sizeof *dqb, PAR_TAG_ACT), *P = dqb + n * g->HD;
+    if (!dqb)
+        return par_err(PAR_ENOMEM, "context x tensor parallel attention backward: %lld query rows", LL(n));
+    PAR_FN(par_attn_proj_backward_dqb)(dqb, x->dq + w * g->HD, &sl, pb + first, dm, n);
+    par_real *dqr = sv->kdqr + w * ql;
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 0, n, ql, g->HD, dqb, g->HD, W->wq_b, ql, P);
+    PAR_FN(par_attn_weights) none;
+    memset(&none, 0, sizeof none);
+    if (!st) {
+        PAR_FN(par_gemm_finish)(n, ql, 1, P, ql, 1, dqr, ql);
+        st = PAR_FN(par_attn_proj_backward_rest)(want_dx ? x->dxw + w * g->d : NULL, &none, dqr, x->dkv + w * g->hd,
+                                                 g->m > 0 ? x->dca + w * g->nc : NULL,
+                                                 g->m > 0 ? x->dcz + w * g->nc : NULL, &sl, sv->xw + w * g->d,
+                                                 pb + first, W, dm, n);
+    }
+    par_free(dqb);
+    return st;
+}
+
 static par_status proj_side(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, int want_dx,
                             const PAR_FN(par_attn_weights) *W, par_comm *cp)
 {
     const par_attn_dims *dm = &sv->dm;
     const int64_t first = dm->bitwise ? g->Dh : 0, n = g->W_ - first;
     par_status st = compress_keep(sv, g, x, W, cp);
-    for (int64_t b = 0; !st && b < g->rows && want_dx; b++) {
+    for (int64_t b = 0; !st && sv->kdqr && b < g->rows; b++)
+        st = bw_proj_tp(sv, g, x, want_dx, W, b);
+    for (int64_t b = 0; !st && !sv->kdqr && b < g->rows && want_dx; b++) {
         PAR_FN(par_attn_saved) sh, sl;
         const int32_t *pb = row_view(&sh, sv, b);
         const int64_t w = b * g->W_ + first;
@@ -807,6 +853,36 @@ static void bw_rows(par_real *buf, par_real *q, par_real *dop, par_real *Dd, par
  * (q, dop, D, lse) come here, appended to each row's window, and the key
  * side runs on the local keys over the extended queries.  The halo keys are
  * left to their owner (zero here). */
+typedef struct {
+    const PAR_FN(par_cp_attn_saved) *sv;
+    const cp_geom *g;
+    bwd_scratch *x;
+    const par_real *hr; /* rank r+1's query rows, or NULL */
+    par_real *e;        /* [W_ + D rows] of q, dop, D, lse: the extended window */
+} keys_link;
+
+/* Every row's local keys over its extended queries (into dkv as given: a
+ * TP rank continues the previous one's sums with its heads). */
+static void keys_add(void *ctx, par_real *dkv)
+{
+    const keys_link *k = ctx;
+    const cp_geom *g = k->g;
+    const int64_t D = g->D, W_ = g->W_, HD = g->HD, H = g->H, per = 2 * HD + 2 * H, nw = W_ + (k->hr ? D : 0);
+    par_real *eq = k->e, *edop = eq + nw * HD, *eD = edop + nw * HD, *lse_e = eD + nw * H;
+    for (int64_t b = 0; b < g->rows; b++) {
+        const int64_t w = b * W_;
+        memcpy(eq, k->sv->s.q + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
+        memcpy(edop, k->x->dop + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
+        memcpy(eD, k->x->Dd + w * H, (size_t)(W_ * H) * sizeof(par_real));
+        memcpy(lse_e, k->sv->s.lse + w * H, (size_t)(W_ * H) * sizeof(par_real));
+        if (k->hr)
+            bw_rows((par_real *)(uintptr_t)(k->hr + b * D * per), eq + W_ * HD, edop + W_ * HD, eD + W_ * H,
+                    lse_e + W_ * H, D, g, 1);
+        PAR_FN(par_attn_core_backward_kv)(dkv + w * g->hd, NULL, edop, eD, lse_e, eq, k->sv->s.kv + w * g->hd, NULL,
+                                          NULL, k->sv->pos + b * g->S + g->h0, &k->sv->dm, g->Dh, W_, nw);
+    }
+}
+
 static par_status bw_keys(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bwd_scratch *x, par_comm *cp)
 {
     const int64_t D = g->D, W_ = g->W_, HD = g->HD, H = g->H, per = 2 * HD + 2 * H;
@@ -816,25 +892,19 @@ static par_status bw_keys(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g,
     par_real *hb = par_calloc(2 * nh + (size_t)(nw * per) + 1, sizeof(par_real), PAR_TAG_COMM);
     if (!hb)
         return par_err(PAR_ENOMEM, "context parallel attention backward (bitwise): %zu reals of query halo", 2 * nh);
-    par_real *hs = hb, *hr = hb + nh, *e = hr + nh;
-    par_real *eq = e, *edop = eq + nw * HD, *eD = edop + nw * HD, *lse_e = eD + nw * H;
+    par_real *hs = hb, *hr = hb + nh;
     for (int64_t b = 0; g->Dh > 0 && b < g->rows; b++) { /* my first D local rows, to r-1 */
         const int64_t w = b * W_ + g->Dh;
         bw_rows(hs + b * D * per, sv->s.q + w * HD, x->dop + w * HD, x->Dd + w * H, sv->s.lse + w * H, D, g, 0);
     }
     par_status st = cp ? shift_exchange(cp, hs, hr, nh, -1, TAG_BW_QUERIES) : PAR_OK;
-    for (int64_t b = 0; !st && b < g->rows; b++) {
-        const int64_t w = b * W_;
-        memcpy(eq, sv->s.q + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
-        memcpy(edop, x->dop + w * HD, (size_t)(W_ * HD) * sizeof(par_real));
-        memcpy(eD, x->Dd + w * H, (size_t)(W_ * H) * sizeof(par_real));
-        memcpy(lse_e, sv->s.lse + w * H, (size_t)(W_ * H) * sizeof(par_real));
-        if (next)
-            bw_rows(hr + b * D * per, eq + W_ * HD, edop + W_ * HD, eD + W_ * H, lse_e + W_ * H, D, g, 1);
-        memset(x->dkv + w * g->hd, 0, (size_t)(W_ * g->hd) * sizeof(par_real));
-        PAR_FN(par_attn_core_backward_kv)(x->dkv + w * g->hd, NULL, edop, eD, lse_e, eq, sv->s.kv + w * g->hd, NULL,
-                                          NULL, sv->pos + b * g->S + g->h0, &sv->dm, g->Dh, W_, nw);
-    }
+    keys_link k = {sv, g, x, next ? hr : NULL, hr + nh};
+    const size_t nk = (size_t)(g->Tw * g->hd);
+    memset(x->dkv, 0, nk * sizeof(par_real));
+    if (!st && !sv->tp.comm)
+        keys_add(&k, x->dkv);
+    else if (!st && !(st = PAR_FN(par_tp_reduce_chain)(&sv->tp, x->dkv, nk, keys_add, &k))) /* heads in rank order */
+        st = PAR_FN(par_tp_reduce_bcast)(&sv->tp, x->dkv, nk, par_tp_size(&sv->tp) - 1);
     par_free(hb);
     return st;
 }
@@ -868,6 +938,8 @@ static par_status bw_backward_input(PAR_FN(par_cp_attn_saved) *sv, const cp_geom
     par_racc acc = {0};
     par_status st = bw_open(g, x, &acc);
     if (!st && !(st = query_side(sv, g, x, dsink, dy_local, W)) && !(st = bw_keys(sv, g, x, cp)) &&
+        !(st = g->m > 0 && sv->tp.comm ? PAR_FN(par_tp_reduce_sum)(&sv->tp, x->dcmp, (size_t)(g->Tt * g->hd))
+                                       : PAR_OK) && /* the entries' terms merged over TP's heads, then CP's queries */
         !(st = g->m > 0 && cp && g->ncp > 1 ? entries_to_owners(sv, g, x->dcmp, cp, traffic) : PAR_OK) &&
         !(st = proj_side(sv, g, x, dxp != NULL, W, cp)) && dxp)
         for (int64_t b = 0; b < g->rows; b++)
@@ -898,8 +970,9 @@ par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsin
         return st;
     /* TP: this TP rank's share of dx assembled apart, then summed over TP */
     const size_t nx = (size_t)(g.rows * g.L * g.d);
-    par_real *dxp = sv->tp.comm && dx_local ? par_calloc(nx + 1, sizeof(par_real), PAR_TAG_ACT) : dx_local;
-    if (sv->tp.comm && dx_local && !dxp)
+    const int tp_sum = sv->tp.comm && !sv->dm.bitwise; /* the bitwise mode's dx is complete on every TP rank */
+    par_real *dxp = tp_sum && dx_local ? par_calloc(nx + 1, sizeof(par_real), PAR_TAG_ACT) : dx_local;
+    if (tp_sum && dx_local && !dxp)
         st = par_err(PAR_ENOMEM, "context x tensor parallel attention backward: dx of %zu reals", nx);
     if (!st && sv->dm.bitwise)
         st = bw_backward_input(sv, &g, &x, dx_local ? dxp : NULL, dsink, dy_local, W, cp, traffic);
@@ -914,6 +987,26 @@ par_status PAR_FN(par_cp_attn_backward_input)(par_real *dx_local, par_real *dsin
         par_free(dxp);
     par_free(x.buf);
     return st;
+}
+
+/* The weight pass's (1) in the bitwise mode under TP: wq_b's terms from
+ * the rank's heads, the rest from the input pass's complete dqr. */
+static par_status bw_weights_tp(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, PAR_FN(par_attn_weights) *gw,
+                                const PAR_FN(par_attn_saved) *sh, const int32_t *pb, const PAR_FN(par_attn_weights) *W,
+                                int64_t b)
+{
+    const par_attn_dims *dm = &sv->dm;
+    const int64_t k = b * g->W_, n = g->W_, ql = dm->q_lora;
+    par_real *dqb = par_calloc((size_t)(n * g->HD + 1), sizeof *dqb, PAR_TAG_ACT);
+    if (!dqb)
+        return par_err(PAR_ENOMEM, "context x tensor parallel attention weights: %lld query rows", LL(n));
+    PAR_FN(par_attn_proj_backward_dqb)(dqb, sv->kq + k * g->HD, sh, pb, dm, n);
+    PAR_FN(par_linear_backward)(NULL, gw->wq_b, dqb, sh->qr, W->wq_b, n, ql, g->HD);
+    par_free(dqb);
+    return PAR_FN(par_attn_proj_backward_rest)(NULL, gw, sv->kdqr + k * ql, sv->kkv + k * g->hd,
+                                               g->m > 0 ? sv->kca + k * g->nc : NULL,
+                                               g->m > 0 ? sv->kcz + k * g->nc : NULL, sh, sv->xw + k * g->d, pb, W,
+                                               dm, n);
 }
 
 par_status PAR_FN(par_cp_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, const par_real *dy_local,
@@ -941,13 +1034,15 @@ par_status PAR_FN(par_cp_attn_backward_weights)(PAR_FN(par_attn_weights) *dW, co
             (st = PAR_FN(par_compress_backward)(NULL, NULL, gw.cmp_norm, sv->kcmp + k * g.hd, sh.cmp_raw, sh.cmp_rstd,
                                                 sh.ca, sh.cz, pb, W->cmp_norm, dm->rope, g.Dh, g.W_, g.hd, g.m)))
             break;
-        st = PAR_FN(par_attn_proj_backward)(NULL, &gw, sv->kq + k * g.HD, sv->kkv + k * g.hd,
-                                            g.m > 0 ? sv->kca + k * g.nc : NULL, g.m > 0 ? sv->kcz + k * g.nc : NULL,
-                                            &sh, sv->xw + k * g.d, pb, W, dm, g.W_);
+        st = sv->kdqr ? bw_weights_tp(sv, &g, &gw, &sh, pb, W, b)
+                      : PAR_FN(par_attn_proj_backward)(NULL, &gw, sv->kq + k * g.HD, sv->kkv + k * g.hd,
+                                                       g.m > 0 ? sv->kca + k * g.nc : NULL,
+                                                       g.m > 0 ? sv->kcz + k * g.nc : NULL, &sh, sv->xw + k * g.d, pb,
+                                                       W, dm, g.W_);
     }
     par_free(sv->kbuf);
     sv->kbuf = NULL;
-    sv->kq = sv->kkv = sv->kcmp = sv->kca = sv->kcz = NULL;
+    sv->kq = sv->kkv = sv->kcmp = sv->kca = sv->kcz = sv->kdqr = NULL;
     return st;
 }
 

@@ -90,6 +90,7 @@ typedef struct {
      * [rows, Dh+L, width]); kbuf owns them */
     void *kbuf;
     par_real *kq, *kkv, *kcmp, *kca, *kcz; /* widths H*hd, hd, hd, coff*hd, coff*hd */
+    par_real *kdqr; /* the bitwise mode under TP: the complete dqr [rows, Dh+L, q_lora], or NULL */
     /* TP x CP (par_cp_attn_forward_tp): the TP group (comm NULL: none) and
      * the layer's index heads (the indexer weights' scale); dm is the shard's */
     par_tp tp;

@@ -416,17 +416,15 @@ static par_status open_data(shared *R, par_golden_opts *go, par_golden_data *ds)
 
 /* The layout against the model and the data; the schedule's own rules. */
 /* The bitwise mode covers DP, ZeRO-1, EP, CP, PP, TP and SP (docs/bitwise.md);
- * expert tensor parallelism and TP x CP are refused before anything runs. */
+ * expert tensor parallelism is refused before anything runs. */
 static par_status bitwise_ready(const shared *R)
 {
     const par_layout *l = &R->lay;
-    if (!R->cfg.bitwise || (l->etp <= 1 && (l->tp <= 1 || l->cp <= 1)))
+    if (!R->cfg.bitwise || l->etp <= 1)
         return PAR_OK;
-    return par_err(PAR_EUNSUPPORTED, "--bitwise: %s (TP = %lld, CP = %lld, ETP = %lld) is not bitwise-ready yet; the "
-                   "mode covers DP, ZeRO-1, EP, CP, PP, TP and SP and their compositions but TP x CP and ETP "
-                   "(docs/bitwise.md): run this layout without --bitwise",
-                   l->etp > 1 ? "expert tensor parallelism" : "tensor parallelism with context parallelism",
-                   (long long)l->tp, (long long)l->cp, (long long)l->etp);
+    return par_err(PAR_EUNSUPPORTED, "--bitwise: expert tensor parallelism (ETP = %lld) is not bitwise-ready yet; the "
+                   "mode covers DP, ZeRO-1, EP, CP, PP, TP and SP and their compositions (docs/bitwise.md): run this "
+                   "layout without --bitwise", (long long)l->etp);
 }
 
 static par_status resolve_layout(shared *R, par_golden_opts *go)
