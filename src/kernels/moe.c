@@ -450,10 +450,24 @@ void PAR_FN(par_moe_expert_forward)(par_real *y,        /* [n, d] */
 {
     if (n <= 0)
         return;
+    PAR_FN(par_moe_expert_hidden)(g, u, h, x, rw, w1, w3, n, d, I, L);
+    PAR_FN(par_linear_forward)(y, h, w2, n, I, d);
+}
+
+void PAR_FN(par_moe_expert_hidden)(par_real *g,        /* [n, I] */
+                                   par_real *u,        /* [n, I] */
+                                   par_real *h,        /* [n, I] */
+                                   const par_real *x,  /* [n, d] */
+                                   const par_real *rw, /* [n] or NULL */
+                                   const par_real *w1, /* [I, d] */
+                                   const par_real *w3, /* [I, d] */
+                                   int64_t n, int64_t d, int64_t I, double L)
+{
+    if (n <= 0)
+        return;
     PAR_FN(par_linear_forward)(g, x, w1, n, d, I);
     PAR_FN(par_linear_forward)(u, x, w3, n, d, I);
     PAR_FN(par_swiglu_forward)(h, g, u, rw, n, I, L);
-    PAR_FN(par_linear_forward)(y, h, w2, n, I, d);
 }
 
 par_status PAR_FN(par_moe_expert_backward)(par_real *dx,        /* [n, d] or NULL */

@@ -118,6 +118,16 @@ par_status PAR_FN(par_moe_gate_backward)(par_real *dx,             /* [T, d] or 
 
 /* -------------------------------------------------------------- expert -- */
 
+/* The hidden units of par_moe_expert_forward (g, u, h), without y. */
+void PAR_FN(par_moe_expert_hidden)(par_real *g,        /* [n, I] */
+                                   par_real *u,        /* [n, I] */
+                                   par_real *h,        /* [n, I] */
+                                   const par_real *x,  /* [n, d] */
+                                   const par_real *rw, /* [n] or NULL */
+                                   const par_real *w1, /* [I, d] */
+                                   const par_real *w3, /* [I, d] */
+                                   int64_t n, int64_t d, int64_t I, double L);
+
 /* One expert on n gathered rows:
  *   g = x w1^T, u = x w3^T, h = swiglu(g, u, rw, L) (rw applied BEFORE w2,
  *   par_swiglu_forward), y = h w2^T.  g, u, h are saved.  rw NULL = 1. */

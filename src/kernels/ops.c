@@ -299,6 +299,29 @@ void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, nI] or NULL */
     }
 }
 
+void PAR_FN(par_swiglu_drw_part)(double *acc,         /* [T] */
+                                 const par_real *dh,  /* [T, nI] */
+                                 const par_real *g,   /* [T, nI] */
+                                 const par_real *u,   /* [T, nI] */
+                                 int64_t T, int64_t nI, double L)
+{
+    for (int64_t t = 0; t < T; t++) {
+        double racc = acc[t];
+        for (int64_t i = 0; i < nI; i++) {
+            const int64_t k = t * nI + i;
+            double gv = g[k], uv = u[k];
+            if (L > 0) {
+                gv = gv > L ? L : gv;
+                uv = uv > L ? L : uv < -L ? -L : uv;
+            }
+            double d = dh[k];
+            double s = par_silu(gv);
+            racc += d * s * uv;
+        }
+        acc[t] = racc;
+    }
+}
+
 /* ------------------------------------------------------------------- xent */
 
 void PAR_FN(par_xent_forward)(par_real *ce,           /* [T] */

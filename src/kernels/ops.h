@@ -74,6 +74,17 @@ void PAR_FN(par_swiglu_backward)(par_real *dg,        /* [T, nI] or NULL */
                                  const par_real *rw,  /* [T] or NULL */
                                  int64_t T, int64_t nI, double L);
 
+/* The routing weight's gradient of par_swiglu_backward as a sum continued
+ * over split hidden units (the bitwise mode's expert tensor parallelism):
+ * acc[t] += dh s(g) u over i in order, in double, with the same clamps and
+ * the same products; par_swiglu_backward's drw[t] += (real)acc[t] once the
+ * last slice has run.  Host only. */
+void PAR_FN(par_swiglu_drw_part)(double *acc,         /* [T] */
+                                 const par_real *dh,  /* [T, nI] */
+                                 const par_real *g,   /* [T, nI] */
+                                 const par_real *u,   /* [T, nI] */
+                                 int64_t T, int64_t nI, double L);
+
 /* Softmax cross-entropy per row.  For rows with target[t] >= 0:
  *   ce[t] = logsumexp(logits[t]) - logits[t][target[t]],  lse[t] saved;
  * rows with target < 0 get ce = 0 (no label). */

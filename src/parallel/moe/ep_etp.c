@@ -81,6 +81,7 @@ par_status PAR_FN(par__ep_etp_forward)(ep_t *x, blk_state *S, const PAR_FN(par_m
         return par_err(PAR_ENOMEM, "ep: block %d: out of memory for %lld ETP rows", b, (long long)S->nrecv);
     const int64_t El = x->El;
     const par_real *const *w = S->esw;
+    x->etp.bitwise = M->cfg.bitwise;
     s = PAR_FN(par_etp_rows_forward)(yg, &S->ers, S->xg, S->rwg, le, S->nrecv, w, w + El, w + 2 * El, (int)El,
                                      M->d, M->I, M->cfg.swiglu_limit, &x->etp);
     par_free(le);
@@ -123,12 +124,17 @@ par_status PAR_FN(par__ep_etp_backward)(ep_t *x, blk_state *S, PAR_FN(par_model)
     if (!dw2p)
         return par_err(PAR_ENOMEM, "ep: block %d: out of memory for %lld slice gradients", b, (long long)El);
     memset(dw2, 0, (size_t)(El * n) * sizeof *dw2);
+    const int direct = x->etp.bitwise && held_shards(x, M, b); /* the bitwise mode: w2's terms into the held shard */
+    if (x->etp.bitwise && !direct) {
+        par_free(dw2p);
+        return par_err(PAR_EUNSUPPORTED, "ep: block %d: the bitwise mode needs the model to hold its ETP shards", b);
+    }
     for (int64_t l = 0; l < El; l++)
-        dw2p[l] = dw2 + l * n;
+        dw2p[l] = direct ? PAR_FN(par_model_egw_row)(M, b, 1)[l] : dw2 + l * n;
     const par_real *const *w = S->esw;
     par_status s = PAR_FN(par_etp_rows_backward)(dxg, drwg, S->esg, dw2p, S->esg + El, S->dyg,
                                                  &S->ers, w, w + El, w + 2 * El, &x->etp);
-    if (!s)
+    if (!s && !direct)
         add_w2_grads(x, S, M, b);
     par_free(dw2p);
     return s;

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "kernels/moe.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -136,6 +138,141 @@ static par_status return_rows(const PAR_FN(par_etp_rows_saved) *sv, par_real *mi
     return st;
 }
 
+/* ---- the bitwise mode (docs/bitwise.md "Tensor parallelism") ----------- */
+
+static int chained(const par_tp *etp)
+{
+    return etp && etp->bitwise && par_tp_size(etp) > 1;
+}
+
+/* The first gathered row that is this rank's own (sp: after the ranks
+ * before it; else every row is). */
+static int64_t own_first(const PAR_FN(par_etp_rows_saved) *sv)
+{
+    int64_t f = 0;
+    for (int q = 0; sv->sp && q < sv->rank; q++)
+        f += sv->counts[q];
+    return f;
+}
+
+/* One chain link of a split GEMM per expert: P rows of expert e (sorted)
+ * continued with the rank's slice: op = 0: y = h w2^T (K = the hidden
+ * units); 1: dx = dg w1; 2: dx = du w3. */
+typedef struct {
+    const PAR_FN(par_etp_rows_saved) *sv;
+    const par_real *a;          /* [N, Il]: h, dg or du (sorted) */
+    const par_real *const *w;   /* w2, w1 or w3 slices */
+    int op, load;
+} etp_link;
+
+static void link_add(void *ctx, par_real *P)
+{
+    const etp_link *k = ctx;
+    const PAR_FN(par_etp_rows_saved) *sv = k->sv;
+    const int64_t d = sv->d, Il = sv->Il;
+    for (int e = 0; e < sv->nE; e++) {
+        const int64_t o = sv->off[e], ne = sv->off[e + 1] - o;
+        if (ne > 0)
+            PAR_FN(par_gemm_part)(0, k->op == 0, ne, d, Il, k->a + o * Il, Il, k->w[e], k->op == 0 ? Il : d, k->load,
+                                  P + o * d, d);
+    }
+}
+
+/* P [N, d] = the link's sums over all hidden units, the same on every rank:
+ * the serial expert's GEMM chain continued over the ranks' slices. */
+static par_status rows_chain(par_real *P, const PAR_FN(par_etp_rows_saved) *sv, const par_real *a,
+                             const par_real *const *w, int op, const par_tp *etp)
+{
+    etp_link k = {sv, a, w, op, par_tp_rank(etp) > 0};
+    const size_t n = (size_t)(sv->N * sv->d);
+    par_status st = PAR_FN(par_tp_reduce_chain)(etp, P, n, link_add, &k);
+    return st ? st : PAR_FN(par_tp_reduce_bcast)(etp, P, n, par_tp_size(etp) - 1);
+}
+
+typedef struct {
+    const PAR_FN(par_etp_rows_saved) *sv;
+    const par_real *dh;
+} drw_link;
+
+static void drw_add(void *ctx, double *acc)
+{
+    const drw_link *k = ctx;
+    PAR_FN(par_swiglu_drw_part)(acc, k->dh, k->sv->g, k->sv->u, k->sv->N, k->sv->Il, k->sv->L);
+}
+
+/* The bitwise mode's forward after the sort: every expert's hidden units,
+ * then y of all the group's rows (gathered order yg [N, d], complete). */
+static par_status rows_forward_chained(PAR_FN(par_etp_rows_saved) *sv, par_real *ys, par_real *yg,
+                                       const par_real *const *w1, const par_real *const *w2,
+                                       const par_real *const *w3, const par_tp *etp)
+{
+    const int64_t N = sv->N, d = sv->d, Il = sv->Il;
+    for (int e = 0; e < sv->nE; e++) {
+        const int64_t o = sv->off[e], ne = sv->off[e + 1] - o;
+        PAR_FN(par_moe_expert_hidden)(sv->g + o * Il, sv->u + o * Il, sv->h + o * Il, sv->xs + o * d, sv->rws + o,
+                                      w1[e], w3[e], ne, d, Il, sv->L);
+    }
+    par_status st = rows_chain(ys, sv, sv->h, w2, 0, etp);
+    if (st)
+        return st;
+    PAR_FN(par_gemm_finish)(N, d, 1, ys, d, 0, ys, d);
+    for (int64_t p = 0; p < N; p++)
+        memcpy(yg + sv->order[p] * d, ys + p * d, (size_t)d * sizeof(par_real));
+    return PAR_OK;
+}
+
+/* One expert's local steps of par_moe_expert_backward on its sorted rows:
+ * w2's terms, dh, dg and du, w1's and w3's terms (the input sums wait). */
+static void expert_local_backward(const PAR_FN(par_etp_rows_saved) *sv, int e, par_real *dh, par_real *dg,
+                                  par_real *du, par_real *dw1, par_real *dw2, par_real *dw3, const par_real *dys,
+                                  const par_real *w2)
+{
+    const int64_t o = sv->off[e], ne = sv->off[e + 1] - o, d = sv->d, Il = sv->Il;
+    if (ne <= 0)
+        return;
+    const par_real *h = sv->h + o * Il, *x = sv->xs + o * d, *dy = dys + o * d;
+    if (dw2)
+        PAR_FN(par_linear_backward)(NULL, dw2, dy, h, w2, ne, Il, d);
+    PAR_FN(par_linear_backward)(dh + o * Il, NULL, dy, h, w2, ne, Il, d);
+    PAR_FN(par_swiglu_backward)(dg + o * Il, du + o * Il, NULL, dh + o * Il, sv->g + o * Il, sv->u + o * Il,
+                                sv->rws + o, ne, Il, sv->L);
+    PAR_FN(par_linear_backward)(NULL, dw1, dg + o * Il, x, NULL, ne, d, Il);
+    PAR_FN(par_linear_backward)(NULL, dw3, du + o * Il, x, NULL, ne, d, Il);
+}
+
+/* The bitwise mode's backward on the sorted rows: weight terms of the
+ * rank's slices; dxs [N, d] (zeroed) and drs [N] (zeroed) complete on every
+ * rank: dx's two GEMMs and drw's sum continued over the ranks' slices. */
+static par_status rows_backward_chained(const PAR_FN(par_etp_rows_saved) *sv, par_real *dxs, par_real *drs,
+                                        par_real *const *dw1, par_real *const *dw2, par_real *const *dw3,
+                                        const par_real *dys, const par_real *const *w1,
+                                        const par_real *const *w2, const par_real *const *w3, const par_tp *etp)
+{
+    const int64_t N = sv->N, d = sv->d, Il = sv->Il;
+    const size_t nb = (size_t)(3 * N * Il + N * d) * sizeof(par_real) + (size_t)N * sizeof(double);
+    par_real *dh = par_calloc(nb + 1, 1, PAR_TAG_ACT);
+    if (!dh)
+        return par_err(PAR_ENOMEM, "expert tensor parallel backward: scratch of %zu bytes", nb);
+    par_real *dg = dh + N * Il, *du = dg + N * Il, *P = du + N * Il;
+    double *acc = (double *)(void *)(P + N * d);
+    for (int e = 0; e < sv->nE; e++)
+        expert_local_backward(sv, e, dh, dg, du, dw1 ? dw1[e] : NULL, dw2 ? dw2[e] : NULL, dw3 ? dw3[e] : NULL, dys,
+                              w2[e]);
+    par_status st = rows_chain(P, sv, dg, w1, 1, etp);
+    if (!st) {
+        PAR_FN(par_gemm_finish)(N, d, 1, P, d, 1, dxs, d);
+        st = rows_chain(P, sv, du, w3, 2, etp);
+    }
+    if (!st)
+        PAR_FN(par_gemm_finish)(N, d, 1, P, d, 1, dxs, d);
+    drw_link k = {sv, dh};
+    if (!st && !(st = PAR_FN(par_tp_reduce_chain_f64)(etp, acc, (size_t)N, drw_add, &k)))
+        for (int64_t p = 0; p < N; p++)
+            drs[p] += (par_real)acc[p];
+    par_free(dh);
+    return st;
+}
+
 par_status PAR_FN(par_etp_rows_forward)(par_real *y,              /* [n, d] */
                                         PAR_FN(par_etp_rows_saved) *saved,
                                         const par_real *x,        /* [n, d] */
@@ -158,6 +295,15 @@ par_status PAR_FN(par_etp_rows_forward)(par_real *y,              /* [n, d] */
         goto fail_free_saved;
     }
     par_real *yg = ys + N * d;
+    if (chained(etp)) {
+        if ((st = rows_forward_chained(&sv, ys, yg, w1, w2, w3, etp)))
+            goto fail_free_saved;
+        memcpy(y, yg + own_first(&sv) * d, (size_t)(n * d) * sizeof(par_real));
+        par_free(ys);
+        PAR_FN(par_etp_rows_saved_free)(saved);
+        *saved = sv;
+        return PAR_OK;
+    }
     for (int e = 0; e < nE; e++) {
         const int64_t o = sv.off[e], ne = sv.off[e + 1] - o;
         PAR_FN(par_moe_expert_forward)(ys + o * d, sv.g + o * Il, sv.u + o * Il, sv.h + o * Il,
@@ -206,7 +352,11 @@ par_status PAR_FN(par_etp_rows_backward)(par_real *dx,            /* [n, d] or N
         memcpy(dyg, dy, (size_t)(n * d) * sizeof(par_real));
     for (int64_t p = 0; p < N && !st; p++)
         memcpy(dys + p * d, dyg + sv->order[p] * d, (size_t)d * sizeof(par_real));
-    for (int e = 0; e < sv->nE && !st; e++) {
+    if (!st && chained(etp)) {
+        if ((st = rows_backward_chained(sv, dxs, drs, dw1, dw2, dw3, dys, w1, w2, w3, etp)))
+            goto free_scratch;
+    }
+    for (int e = 0; e < sv->nE && !st && !chained(etp); e++) {
         const int64_t o = sv->off[e], ne = sv->off[e + 1] - o;
         st = PAR_FN(par_moe_expert_backward)(
             dx ? dxs + o * d : NULL, dw1 ? dw1[e] : NULL, dw2 ? dw2[e] : NULL, dw3 ? dw3[e] : NULL,
@@ -220,7 +370,9 @@ par_status PAR_FN(par_etp_rows_backward)(par_real *dx,            /* [n, d] or N
         memcpy(r, dxs + p * d, (size_t)d * sizeof(par_real));
         r[d] = drs[p];
     }
-    if ((st = return_rows(sv, mine, out, w, etp)))
+    if (chained(etp)) /* complete on every rank: this rank's own rows */
+        memcpy(mine, out + own_first(sv) * w, (size_t)(n * w) * sizeof(par_real));
+    else if ((st = return_rows(sv, mine, out, w, etp)))
         goto free_scratch;
     for (int64_t i = 0; i < n; i++) {
         for (int64_t c = 0; c < d && dx; c++)

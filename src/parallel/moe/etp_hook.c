@@ -83,8 +83,11 @@ static par_status slices(etp_hook *h, PAR_FN(par_model) *M, int b, etp_state *q)
         }
         q->w[e] = ew[e] + off, q->w[E + e] = w2, q->w[2 * E + e] = ew[2 * E + e] + off;
         q->g[e] = egw[e] + off, q->g[2 * E + e] = egw[2 * E + e] + off;
-        q->g[E + e] = h->whole ? egw[E + e] : q->dw2 + (int64_t)e * d * Il;
+        /* the bitwise mode: w2's terms straight into the held shard (its accumulator) */
+        q->g[E + e] = h->whole || (h->etp.bitwise && held) ? egw[E + e] : q->dw2 + (int64_t)e * d * Il;
     }
+    if (h->etp.bitwise && !held)
+        return par_err(PAR_EUNSUPPORTED, "etp (bitwise mode): the model must hold its ETP shards");
     return PAR_OK;
 }
 
@@ -170,7 +173,7 @@ static par_status moe_wgt(void *ctx, const par_mbctx *x, PAR_FN(par_model) *M, i
     const int64_t n = h->d * h->Il;
     par_real *tmp = q->w2; /* the forward's w2 slices are no longer needed */
     par_real **egw = PAR_FN(par_model_egw_row)(M, b, 0); /* [3, E]: every expert held (slices checked) */
-    for (int e = 0; !h->whole && e < E; e++) { /* ETP = 1: B added them */
+    for (int e = 0; !h->whole && !h->etp.bitwise && e < E; e++) { /* ETP = 1 or the bitwise mode: B added them */
         par_real *t = held ? egw[E + e] : tmp + (int64_t)e * n;
         const par_real *g = q->dw2 + (int64_t)e * n;
         if (!held)
@@ -224,7 +227,8 @@ static par_status create(void **out, const par_hook_env *e, PAR_FN(par_model) *M
                                         state_drop);
     if (s)
         return s;
-    h->etp = (par_tp){.comm = etp, .sp = etp && (l->tp <= 1 || l->sequence_parallel), .faults = 0, .traffic = &h->tr};
+    h->etp = (par_tp){.comm = etp, .sp = etp && (l->tp <= 1 || l->sequence_parallel), .faults = 0, .traffic = &h->tr,
+                      .bitwise = M->cfg.bitwise};
     h->whole = !etp;
     h->rank = etp ? par_comm_rank(etp) : 0, h->P = P, h->E = (int)M->E;
     h->d = M->d, h->I = M->I, h->Il = M->I / P;
