@@ -1,14 +1,16 @@
 #!/bin/sh
 # issue 30, the bitwise mode (docs/bitwise.md): the serial `golden --bitwise`
-# and `run --bitwise` under every layout that is bitwise-ready (DP, ZeRO-1, EP,
-# CP, DP x EP x ZeRO-1, PP under three schedules, PP x CP x EP x ZeRO-1; threads,
-# fiber, MPI, MPI x fiber; f64 and f32) give the same bits
+# and `run --bitwise` under every parallel dimension (DP, ZeRO-1, EP, CP,
+# DP x EP x ZeRO-1, PP under three schedules, PP x CP x EP x ZeRO-1, TP, SP,
+# TP x CP, ETP, PP x CP x EP x TP; threads, fiber, MPI, MPI x fiber; f64 and
+# f32) give the same bits
 # (`compare --policy bitwise`); the same layouts in the tolerance mode differ
 # from their golden in bits but pass the f64 policy (what the bitwise policy
 # sees that the tolerance policy cannot); the bitwise golden agrees with the
 # tolerance golden under the f64 policy, and compare notes the two modes.
 # Usage: bitwise_layouts.sh PARITY
 P="$1"
+set -f # the layouts' '*' are not file patterns
 T=$(mktemp -d) || exit 1
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -69,9 +71,24 @@ if command -v mpiexec >/dev/null 2>&1; then
 else
     echo "no mpiexec: the MPI layouts are not run"
 fi
-# tensor parallelism is not bitwise-ready: refused before anything runs, exit 2, nothing written
-"$P" run $common --bitwise --world-size 2 --tensor-model-parallel-size 2 --dump "$T/tp2" >/dev/null 2>"$T/err"
-[ $? -eq 2 ] && grep -q "not bitwise-ready" "$T/err" && [ ! -e "$T/tp2" ] || fail "TP2 --bitwise: $(cat "$T/err")"
+# tensor parallelism: TP, SP, TP x CP, ETP (and their compositions), threads, fiber, MPI, MPI x fiber, f32
+check tp2 --world-size 2 --tensor-model-parallel-size 2
+check tp2-sp --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+check tp2-cp2-sp --world-size 4 --tensor-model-parallel-size 2 --context-parallel-size 2 --sequence-parallel
+check etp2-ep2 --world-size 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2
+check tp2-etp2-sp --world-size 2 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 2 --sequence-parallel
+pctp="--world-size 8 --context-parallel-size 2 --expert-model-parallel-size 2 --tensor-model-parallel-size 2 \
+--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*1|t*2mL"
+check pp2-cp2-ep2-tp2 $pctp
+check fiber-pp2-cp2-ep2-tp2 --backend fiber $pctp
+"$P" run $common --precision f32 --bitwise $pctp --dump "$T/f32tp" >/dev/null 2>"$T/err" || fail "f32 pp2-cp2-ep2-tp2: $(tail -2 "$T/err")"
+"$P" compare "$T/gf" "$T/f32tp" --policy bitwise >"$T/cmp" 2>&1 || fail "f32 pp2-cp2-ep2-tp2 vs the f32 bitwise golden: $(tail -2 "$T/cmp")"
+n=$((n + 1))
+echo "PASS bitwise: f32 pp2-cp2-ep2-tp2"
+if command -v mpiexec >/dev/null 2>&1; then
+    mpi mpi8-pp2-cp2-ep2-tp2 8 $pctp
+    mpi mpi2xfiber4-pp2-cp2-ep2-tp2 2 --rank-host fiber $pctp
+fi
 # the tolerance mode: another summation order, caught by the bitwise policy only
 "$P" run $common --world-size 2 --dump "$T/dp2t" >/dev/null 2>"$T/err" || fail "dp2 (tolerance): $(tail -2 "$T/err")"
 "$P" compare "$T/gt" "$T/dp2t" --policy bitwise >"$T/cmp" 2>&1 && fail "dp2 in the tolerance mode is bitwise equal: the check could not fail"
