@@ -9,7 +9,8 @@
 #                                                  (default build/parity 2)
 #
 # PRESET (default v4-mini, 1 step) picks the model; the layouts are those the
-# mode makes bitwise (DP2, EP2, CP2, PP2 1F1B) on the default backend.
+# mode makes bitwise (DP2, EP2, CP2, PP2 1F1B, TP2, TP2 + SP, ETP2) on the
+# default backend.
 set -u
 P=${1:-build/parity}
 N=${2:-2}
@@ -64,3 +65,6 @@ row "ep2" run --world-size 2 --expert-model-parallel-size 2
 row "cp2" run --world-size 2 --context-parallel-size 2
 row "pp2 1f1b" run --world-size 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "$PPL" \
     --pipeline-schedule 1f1b
+row "tp2" run --world-size 2 --tensor-model-parallel-size 2
+row "tp2 sp" run --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+row "etp2" run --world-size 2 --expert-tensor-parallel-size 2

@@ -288,12 +288,35 @@ static void gemm_link_add(void *ctx, par_real *P)
     PAR_FN(par_gemm_part)(g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, g->load, P, g->N);
 }
 
+#if PAR_FAULT_TP_CHAIN_REVERSE
+/* Deliberate fault (meson -Dfault=tp_chain_reverse; docs/bitwise.md): the
+ * bitwise mode's split GEMMs continued over the ranks in the order P-1..0,
+ * a valid sum in another order: the bitwise policy names the first tensor,
+ * the f64 policy passes. */
+static par_status gemm_chain_reversed(const par_tp *tp, gemm_link *g, par_real *P, size_t n)
+{
+    const int r = par_tp_rank(tp), G = par_tp_size(tp);
+    par_status st;
+    g->load = r < G - 1;
+    if (r < G - 1 && (st = par_recv(tp->comm, P, n, PAR_TP_CREAL, r + 1, TAG_CHAIN)))
+        return st;
+    gemm_link_add(g, P);
+    if (r > 0 && (st = par_send(tp->comm, P, n, PAR_TP_CREAL, r - 1, TAG_CHAIN)))
+        return st;
+    return PAR_FN(par_tp_reduce_bcast)(tp, P, n, 0);
+}
+#endif
+
 par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
                                             const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
                                             par_real *P)
 {
     const int r = par_tp_rank(tp), G = multi(tp) ? par_tp_size(tp) : 1;
     gemm_link g = {ta, tb, r > 0, M, N, Kl, lda, ldb, A, B};
+#if PAR_FAULT_TP_CHAIN_REVERSE
+    if (G > 1)
+        return gemm_chain_reversed(tp, &g, P, (size_t)(M * N));
+#endif
     par_status st = PAR_FN(par_tp_reduce_chain)(tp, P, (size_t)(M * N), gemm_link_add, &g);
     return st ? st : PAR_FN(par_tp_reduce_bcast)(tp, P, (size_t)(M * N), G - 1);
 }
