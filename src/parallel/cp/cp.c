@@ -903,8 +903,8 @@ static par_status bw_keys(const PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g,
     memset(x->dkv, 0, nk * sizeof(par_real));
     if (!st && !sv->tp.comm)
         keys_add(&k, x->dkv);
-    else if (!st && !(st = PAR_FN(par_tp_reduce_chain)(&sv->tp, x->dkv, nk, keys_add, &k))) /* heads in rank order */
-        st = PAR_FN(par_tp_reduce_bcast)(&sv->tp, x->dkv, nk, par_tp_size(&sv->tp) - 1);
+    else if (!st) /* the heads in rank order */
+        st = PAR_FN(par_tp_reduce_chain_bcast)(&sv->tp, x->dkv, nk, keys_add, &k);
     par_free(hb);
     return st;
 }

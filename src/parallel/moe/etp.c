@@ -183,10 +183,8 @@ static void link_add(void *ctx, par_real *P)
 static par_status rows_chain(par_real *P, const PAR_FN(par_etp_rows_saved) *sv, const par_real *a,
                              const par_real *const *w, int op, const par_tp *etp)
 {
-    etp_link k = {sv, a, w, op, par_tp_rank(etp) > 0};
-    const size_t n = (size_t)(sv->N * sv->d);
-    par_status st = PAR_FN(par_tp_reduce_chain)(etp, P, n, link_add, &k);
-    return st ? st : PAR_FN(par_tp_reduce_bcast)(etp, P, n, par_tp_size(etp) - 1);
+    etp_link k = {sv, a, w, op, !PAR_FN(par_tp_chain_first)(etp)};
+    return PAR_FN(par_tp_reduce_chain_bcast)(etp, P, (size_t)(sv->N * sv->d), link_add, &k);
 }
 
 typedef struct {

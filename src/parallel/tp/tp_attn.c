@@ -486,8 +486,7 @@ static par_status keys_chained(bwd_scratch *b, const PAR_FN(par_tp_attn_saved) *
 {
     keys_link k = {b, sv};
     const size_t n = (size_t)(sv->T * sv->dl.hd);
-    par_status st = PAR_FN(par_tp_reduce_chain)(tp, b->dkv, n, keys_add, &k);
-    return st ? st : PAR_FN(par_tp_reduce_bcast)(tp, b->dkv, n, par_tp_size(tp) - 1);
+    return PAR_FN(par_tp_reduce_chain_bcast)(tp, b->dkv, n, keys_add, &k);
 }
 
 /* dqr = dqb wq_b over all heads: the serial GEMM's chain continued over the

@@ -266,6 +266,51 @@ par_status PAR_FN(par_tp_reduce_from_owner)(const par_tp *tp, int owner, par_rea
     return PAR_OK;
 }
 
+/* The bitwise mode's chains: this rank's place in the chain, its
+ * neighbours (-1: none). */
+typedef struct {
+    int pos, prev, next, last;
+} chain_place;
+
+static chain_place place_of(const par_tp *tp)
+{
+    const int r = par_tp_rank(tp), G = par_tp_size(tp);
+#if PAR_FAULT_TP_CHAIN_REVERSE
+    /* Deliberate fault (meson -Dfault=tp_chain_reverse; docs/bitwise.md): the
+     * bitwise mode's split sums continued over the ranks in the order
+     * P-1..0, a valid sum in another order: the bitwise policy names the
+     * first tensor that moved, the f64 policy passes. */
+    return (chain_place){G - 1 - r, r + 1 < G ? r + 1 : -1, r - 1, 0};
+#else
+    return (chain_place){r, r - 1, r + 1 < G ? r + 1 : -1, G - 1};
+#endif
+}
+
+int PAR_FN(par_tp_chain_first)(const par_tp *tp)
+{
+    return !multi(tp) || place_of(tp).pos == 0;
+}
+
+par_status PAR_FN(par_tp_reduce_chain_bcast)(const par_tp *tp, par_real *buf, size_t n,
+                                             void (*add)(void *ctx, par_real *buf), void *ctx)
+{
+    if (!multi(tp)) {
+        add(ctx, buf);
+        return PAR_OK;
+    }
+    const chain_place c = place_of(tp);
+    par_status st;
+    if (c.prev >= 0 && (st = par_recv(tp->comm, buf, n, PAR_TP_CREAL, c.prev, TAG_CHAIN)))
+        return st;
+    add(ctx, buf);
+    if (c.next >= 0) {
+        add_bytes(TRAFFIC(tp, chain), n * sizeof(par_real));
+        if ((st = par_send(tp->comm, buf, n, PAR_TP_CREAL, c.next, TAG_CHAIN)))
+            return st;
+    }
+    return PAR_FN(par_tp_reduce_bcast)(tp, buf, n, c.last);
+}
+
 par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n, int root)
 {
     if (!multi(tp) || n == 0)
@@ -288,37 +333,12 @@ static void gemm_link_add(void *ctx, par_real *P)
     PAR_FN(par_gemm_part)(g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, g->load, P, g->N);
 }
 
-#if PAR_FAULT_TP_CHAIN_REVERSE
-/* Deliberate fault (meson -Dfault=tp_chain_reverse; docs/bitwise.md): the
- * bitwise mode's split GEMMs continued over the ranks in the order P-1..0,
- * a valid sum in another order: the bitwise policy names the first tensor,
- * the f64 policy passes. */
-static par_status gemm_chain_reversed(const par_tp *tp, gemm_link *g, par_real *P, size_t n)
-{
-    const int r = par_tp_rank(tp), G = par_tp_size(tp);
-    par_status st;
-    g->load = r < G - 1;
-    if (r < G - 1 && (st = par_recv(tp->comm, P, n, PAR_TP_CREAL, r + 1, TAG_CHAIN)))
-        return st;
-    gemm_link_add(g, P);
-    if (r > 0 && (st = par_send(tp->comm, P, n, PAR_TP_CREAL, r - 1, TAG_CHAIN)))
-        return st;
-    return PAR_FN(par_tp_reduce_bcast)(tp, P, n, 0);
-}
-#endif
-
 par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
                                             const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
                                             par_real *P)
 {
-    const int r = par_tp_rank(tp), G = multi(tp) ? par_tp_size(tp) : 1;
-    gemm_link g = {ta, tb, r > 0, M, N, Kl, lda, ldb, A, B};
-#if PAR_FAULT_TP_CHAIN_REVERSE
-    if (G > 1)
-        return gemm_chain_reversed(tp, &g, P, (size_t)(M * N));
-#endif
-    par_status st = PAR_FN(par_tp_reduce_chain)(tp, P, (size_t)(M * N), gemm_link_add, &g);
-    return st ? st : PAR_FN(par_tp_reduce_bcast)(tp, P, (size_t)(M * N), G - 1);
+    gemm_link g = {ta, tb, !PAR_FN(par_tp_chain_first)(tp), M, N, Kl, lda, ldb, A, B};
+    return PAR_FN(par_tp_reduce_chain_bcast)(tp, P, (size_t)(M * N), gemm_link_add, &g);
 }
 
 par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t n,
@@ -328,17 +348,17 @@ par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t
         add(ctx, buf);
         return PAR_OK;
     }
-    const int r = par_comm_rank(tp->comm), P = par_comm_size(tp->comm);
+    const chain_place c = place_of(tp);
     par_status st;
-    if (r > 0 && (st = par_recv(tp->comm, buf, n, PAR_C_F64, r - 1, TAG_CHAIN)))
+    if (c.prev >= 0 && (st = par_recv(tp->comm, buf, n, PAR_C_F64, c.prev, TAG_CHAIN)))
         return st;
     add(ctx, buf);
-    if (r + 1 < P) {
+    if (c.next >= 0) {
         add_bytes(TRAFFIC(tp, chain), n * sizeof(double));
-        if ((st = par_send(tp->comm, buf, n, PAR_C_F64, r + 1, TAG_CHAIN)))
+        if ((st = par_send(tp->comm, buf, n, PAR_C_F64, c.next, TAG_CHAIN)))
             return st;
     }
-    if (n && r == P - 1)
+    if (n && par_comm_rank(tp->comm) == c.last)
         add_bytes(TRAFFIC(tp, bcast), n * sizeof(double));
-    return n ? par_bcast(tp->comm, buf, n, PAR_C_F64, P - 1) : PAR_OK;
+    return n ? par_bcast(tp->comm, buf, n, PAR_C_F64, c.last) : PAR_OK;
 }

@@ -67,6 +67,13 @@ par_status PAR_FN(par_tp_reduce_chain)(const par_tp *tp, par_real *buf, size_t n
  * every rank (the vocab-parallel CE's sums in the bitwise mode). */
 par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t n,
                                            void (*add)(void *ctx, double *buf), void *ctx);
+/* The bitwise mode's chain with its result on every rank: the ranks in
+ * rank order (rank r receives buf from r-1, calls add, sends it on), then a
+ * broadcast from the last; -Dfault=tp_chain_reverse reverses the order.
+ * par_tp_chain_first: 1 on the rank that starts the chain (buf as given). */
+int PAR_FN(par_tp_chain_first)(const par_tp *tp);
+par_status PAR_FN(par_tp_reduce_chain_bcast)(const par_tp *tp, par_real *buf, size_t n,
+                                             void (*add)(void *ctx, par_real *buf), void *ctx);
 /* reals buf[0..n) from group rank root to every rank. */
 par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n, int root);
 /* The bitwise mode's row-parallel sum (docs/bitwise.md "Tensor
