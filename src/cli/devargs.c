@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "kernels/recipe.h"
 #include "core/device.h"
 #include "core/status.h"
 
@@ -71,4 +72,20 @@ int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device)
     fprintf(stderr, "parity %s: --bitwise runs on the CPU only (--device %s: the device path has no order-free "
             "accumulator, docs/bitwise.md)\n", cmd, device);
     return 2;
+}
+
+int par_cli_recipe(const char *cmd, const char *name, const char *device, par_config *cfg)
+{
+    par_recipe r;
+    if (par_recipe_parse(name, &r)) {
+        fprintf(stderr, "parity %s: --recipe: %s\n", cmd, par_last_error());
+        return 2;
+    }
+    if (r != PAR_RECIPE_NONE && device && strcmp(device, "cpu")) {
+        fprintf(stderr, "parity %s: --recipe %s runs on the CPU only (--device %s: the device GEMM has no cast "
+                "hook, docs/recipes.md)\n", cmd, name, device);
+        return 2;
+    }
+    cfg->recipe = r;
+    return 0;
 }

@@ -4,6 +4,8 @@
 
 #include <stdio.h>
 
+#include "model/config.h"
+
 #define PAR_DEVICE_HELP                                                                     \
     "where the kernels run: cpu (default) or gpu (a build with -Doffload=nvptx; several "   \
     "ranks share a GPU, MPI processes take local rank mod the device count)"
@@ -16,6 +18,15 @@
 /* --bitwise with --device gpu: 2 after the message (the device path has no
  * order-free accumulator), else 0. */
 int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device);
+
+/* --recipe of golden, run and matrix (docs/recipes.md). */
+#define PAR_RECIPE_HELP                                                                     \
+    "the casts of a GPU training recipe: none (default), bf16, fp8 (block-scaled, fp32 "     \
+    "scales) or v4 (UE8M0 scales, MXFP4 experts, FP4 indexer); recorded in the manifest"
+
+/* --recipe NAME into cfg->recipe: 0, or 2 after the message (an unknown name;
+ * --device gpu: the device GEMM has no cast hook). */
+int par_cli_recipe(const char *cmd, const char *name, const char *device, par_config *cfg);
 
 /* Selects the process's device from --device NAME (NULL = cpu).  0, or 2
  * after printing "parity CMD: <why>" to stderr (bad name, no offload in this
