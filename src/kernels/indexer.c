@@ -89,28 +89,32 @@ PAR_END_DECLARE_TARGET
 
 /* The indexer's inputs under a recipe's FP4 path (dm->fp4_index; model.py
  * Indexer.forward: rotate_activation then fp4_act_quant on q and on the
- * compressed k): q rows [t0, t1) and k rows [0, t1) cast (kernels/qcast.h)
+ * compressed k): q rows [t0, t1) and the k rows they read (from the
+ * earliest row start t - pos[t], before 0 in a CP window) cast (kernels/qcast.h)
  * into *buf, *iq and *icmp pointed there; otherwise nothing changes.  The
  * casts are row-local (1x32 tiles inside one head's ihd), so the rows a
  * layout holds cast as the serial model's do. */
 static par_status fp4_inputs(const par_real **iq, const par_real **icmp, par_real **buf, const par_attn_dims *dm,
-                             int64_t t0, int64_t t1)
+                             const int32_t *pos, int64_t t0, int64_t t1)
 {
-    if (!dm->fp4_index || t1 <= 0)
+    if (!dm->fp4_index || t1 <= t0)
         return PAR_OK;
-    const int64_t qn = t1 * dm->iH * dm->ihd, kn = t1 * dm->ihd;
+    int64_t lo = 0; /* the first k row read: a row's start t - pos[t] (before 0 in a CP window) */
+    for (int64_t t = t0; t < t1; t++)
+        lo = t - pos[t] < lo ? t - pos[t] : lo;
+    const int64_t qn = t1 * dm->iH * dm->ihd, kn = (t1 - lo) * dm->ihd;
     par_real *b = par_calloc((size_t)(qn + kn), sizeof(par_real), PAR_TAG_ACT);
     if (!b)
         return par_err(PAR_ENOMEM, "indexer: the FP4 copies of q and k (%lld values)", (long long)(qn + kn));
     const int64_t q0 = t0 * dm->iH * dm->ihd;
     par_status st = PAR_FN(par_qcast_fp4_rows)(b + q0, *iq + q0, (t1 - t0) * dm->iH, dm->ihd);
     if (!st)
-        st = PAR_FN(par_qcast_fp4_rows)(b + qn, *icmp, t1, dm->ihd);
+        st = PAR_FN(par_qcast_fp4_rows)(b + qn, *icmp + lo * dm->ihd, t1 - lo, dm->ihd);
     if (st) {
         par_free(b);
         return st;
     }
-    *iq = b, *icmp = b + qn, *buf = b;
+    *iq = b, *icmp = b + qn - lo * dm->ihd, *buf = b;
     return PAR_OK;
 }
 
@@ -151,7 +155,7 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
     const int64_t iH = dm->iH, ihd = dm->ihd, K = dm->topk;
     PAR_HOST_READ(pos + t0, t1 - t0);
     par_real *qbuf = NULL;
-    par_status qst = fp4_inputs(&iq, &icmp, &qbuf, dm, t0, t1);
+    par_status qst = fp4_inputs(&iq, &icmp, &qbuf, dm, pos, t0, t1);
     if (qst)
         return qst;
     const int64_t maxvis = PAR_FN(par_indexer_max_visible)(pos, t0, t1);
@@ -206,7 +210,7 @@ void PAR_FN(par_indexer_scores)(par_real *acc,          /* [t1-t0, nv] */
                                 const par_attn_dims *dm, int64_t t0, int64_t t1)
 {
     par_real *qbuf = NULL;
-    if (fp4_inputs(&iq, &icmp, &qbuf, dm, t0, t1)) {
+    if (fp4_inputs(&iq, &icmp, &qbuf, dm, pos, t0, t1)) {
         par_recipe_note_failure(); /* no status to return: the step fails on the count */
         return;
     }
@@ -286,7 +290,7 @@ par_status PAR_FN(par_indexer_ties)(int32_t *tie,          /* [T, ne] */
                        (long long)maxvis, (long long)ne);
     const size_t per = (size_t)(maxvis > 0 ? maxvis : 1);
     par_real *qbuf = NULL;
-    par_status qst = fp4_inputs(&iq, &icmp, &qbuf, dm, 0, T);
+    par_status qst = fp4_inputs(&iq, &icmp, &qbuf, dm, pos, 0, T);
     if (qst)
         return qst;
     scored *sc = par_malloc(per * sizeof(scored), PAR_TAG_ACT);

@@ -99,13 +99,14 @@ int par_recipe_fp4_indexer(par_recipe r)
 typedef struct {
     uintptr_t lo, hi;
     const par_recipe_cast *cast;
+    const void *owner; /* who registered it: a buffer shared by several models is registered by each */
 } entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *reg;
 static int64_t n_reg, cap_reg;
 
-par_status par_recipe_register(const void *w, int64_t bytes, par_recipe r, par_wclass c)
+par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c)
 {
     const par_recipe_cast *k = par_recipe_cast_of(r, c);
     if (r == PAR_RECIPE_NONE || (k->act == PAR_CAST_NONE && k->wt == PAR_CAST_NONE) || bytes <= 0)
@@ -124,19 +125,18 @@ par_status par_recipe_register(const void *w, int64_t bytes, par_recipe r, par_w
     int64_t i = n_reg;
     while (i > 0 && reg[i - 1].lo > lo)
         reg[i] = reg[i - 1], i--;
-    reg[i] = (entry){lo, lo + (uintptr_t)bytes, k};
+    reg[i] = (entry){lo, lo + (uintptr_t)bytes, k, owner};
     __atomic_store_n(&n_reg, n_reg + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&lock);
     return PAR_OK;
 }
 
-void par_recipe_unregister_range(const void *base, int64_t bytes)
+void par_recipe_unregister(const void *owner)
 {
-    uintptr_t lo = (uintptr_t)base, hi = lo + (uintptr_t)(bytes > 0 ? bytes : 0);
     pthread_mutex_lock(&lock);
     int64_t j = 0;
     for (int64_t i = 0; i < n_reg; i++)
-        if (!(reg[i].lo >= lo && reg[i].lo < hi))
+        if (reg[i].owner != owner)
             reg[j++] = reg[i];
     __atomic_store_n(&n_reg, j, __ATOMIC_RELEASE);
     if (!n_reg) {

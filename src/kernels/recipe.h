@@ -71,11 +71,13 @@ const par_recipe_cast *par_recipe_cast_of(par_recipe r, par_wclass c);
 /* Whether recipe r puts the indexer's q and k in FP4 and its scores in BF16. */
 int par_recipe_fp4_indexer(par_recipe r);
 
-/* Registers [w, w + bytes) as a weight of class c under recipe r (a no-op for
- * PAR_RECIPE_NONE).  Thread-safe: ranks register their models concurrently. */
-par_status par_recipe_register(const void *w, int64_t bytes, par_recipe r, par_wclass c);
-/* Removes every registration inside [base, base + bytes). */
-void par_recipe_unregister_range(const void *base, int64_t bytes);
+/* Registers [w, w + bytes) as a weight of class c under recipe r for owner
+ * (a model; a no-op for PAR_RECIPE_NONE and for casts that do nothing).
+ * Thread-safe: ranks register their models concurrently; a buffer several
+ * models share (DP replicas of one process) is registered by each. */
+par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c);
+/* Removes every registration of owner. */
+void par_recipe_unregister(const void *owner);
 /* The casts for a GEMM whose weight starts at w (NULL: not registered, or a
  * class the recipe leaves alone). */
 const par_recipe_cast *par_recipe_lookup(const void *w);

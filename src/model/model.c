@@ -455,8 +455,8 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free(M->X);
     par_arena_destroy(&M->arena);
     PAR_FN(par_stats_free)(&M->stats);
-    if (M->params && M->cfg.recipe) /* the recipe's weight registrations (kernels/recipe.h) */
-        par_recipe_unregister_range(M->params, (M->n_local - (M->shw ? M->n_shared : 0)) * (int64_t)sizeof(par_real));
+    if (M->cfg.recipe) /* the recipe's weight registrations (kernels/recipe.h) */
+        par_recipe_unregister(M);
     par_free(M->params);
     if (M->racc.n) {
         par_racc_unregister(M->grads);
@@ -650,22 +650,18 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
     return PAR_OK;
 }
 
-/* Under a recipe: every held 2-D weight of the model's own buffer registered
- * with its class (kernels/recipe.h), so that the linear kernels cast it. */
+/* Under a recipe: every held 2-D weight (its own buffer or the process's
+ * shared copy) registered with its class (kernels/recipe.h), so that the linear kernels cast it. */
 static par_status register_recipe(const PAR_FN(par_model) *M)
 {
     if (M->cfg.recipe == PAR_RECIPE_NONE)
         return PAR_OK;
-    const int64_t own = M->n_local - (M->shw ? M->n_shared : 0);
     for (int i = 0; i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
-        const int64_t l = PAR_FN(par_model_loc)(M, i);
-        if (p->dtype != PAR_PDT_REAL || p->ndim != 2 || l < 0 || (M->shw && l < M->n_shared))
+        par_real *w = PAR_FN(par_model_ptr)(M, M->params, i); /* own or shared (DP replicas) */
+        if (p->dtype != PAR_PDT_REAL || p->ndim != 2 || PAR_FN(par_model_loc)(M, i) < 0 || !w)
             continue;
-        par_real *w = PAR_FN(par_model_ptr)(M, M->params, i);
-        if (w < M->params || w >= M->params + own)
-            continue;
-        par_status st = par_recipe_register(w, PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
+        par_status st = par_recipe_register(M, w, PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
                                              (par_recipe)M->cfg.recipe, par_recipe_wclass_of(p->name));
         if (st)
             return st;
