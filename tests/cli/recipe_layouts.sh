@@ -7,6 +7,8 @@
 #     and compare names the two recipes;
 #   - layouts that cut no tile (DP, EP, CP, PP; bf16 also TP) equal the
 #     recipe's serial golden under the f64 policy;
+#   - under --bitwise, v4's CP 2 and EP 2 are bit-identical to the bitwise
+#     recipe golden;
 #   - a block-scaled recipe under TP is refused (exit 2), and run anyway with
 #     layout-local tiles (PARITY_RECIPE_LOCAL_TILES=1) it fails the compare.
 # Usage: recipe_layouts.sh PATH/TO/parity
@@ -47,6 +49,14 @@ lay v4 v4-cp2 --context-parallel-size 2
 lay v4 v4-pp2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*2|tmL'
 lay fp8 fp8-cp2-ep2 --context-parallel-size 2 --expert-model-parallel-size 2 --world-size 2
 lay bf16 bf16-tp2 --tensor-model-parallel-size 2
+# the bitwise mode under a recipe: the same layouts give the recipe golden's bits
+gold g-v4-bw --recipe v4 --bitwise
+for l in "cp2 --context-parallel-size 2" "ep2 --expert-model-parallel-size 2 --world-size 2"; do
+  set -- $l; n=v4-bw-$1; shift
+  "$P" run --preset v4-tiny --quiet --recipe v4 --bitwise "$@" --dump "$n" > "$n.log" 2>&1 || bad "run $n"
+  line=$("$P" compare g-v4-bw "$n" --policy bitwise 2>&1 | grep -E '^(EQUAL|MISMATCH)')
+  case $line in EQUAL*) ok "$n (bitwise policy): $line" ;; *) bad "$n (bitwise policy): $line" ;; esac
+done
 "$P" run --preset v4-tiny --quiet --recipe fp8 --tensor-model-parallel-size 2 --dump fp8-tp2 > tp.log 2>&1
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "cut per shard" tp.log && [ ! -e fp8-tp2 ] && ok "fp8 under TP 2 refused (exit 2, nothing written)" \
