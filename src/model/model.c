@@ -455,8 +455,8 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free(M->X);
     par_arena_destroy(&M->arena);
     PAR_FN(par_stats_free)(&M->stats);
-    if (M->cfg.recipe) /* the recipe's weight registrations (kernels/recipe.h) */
-        par_recipe_unregister(M);
+    if (M->cfg.recipe && M->params) /* the recipe's weight registrations (kernels/recipe.h) */
+        par_recipe_unregister(M->params);
     par_free(M->params);
     if (M->racc.n) {
         par_racc_unregister(M->grads);
@@ -661,7 +661,7 @@ static par_status register_recipe(const PAR_FN(par_model) *M)
         par_real *w = PAR_FN(par_model_ptr)(M, M->params, i); /* own or shared (DP replicas) */
         if (p->dtype != PAR_PDT_REAL || p->ndim != 2 || PAR_FN(par_model_loc)(M, i) < 0 || !w)
             continue;
-        par_status st = par_recipe_register(M, w, PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
+        par_status st = par_recipe_register(M->params, w, /* owner: the model's own buffer, whatever holds *M */ PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
                                              (par_recipe)M->cfg.recipe, par_recipe_wclass_of(p->name));
         if (st)
             return st;
