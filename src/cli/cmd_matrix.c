@@ -86,7 +86,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, "layout and resume cells and their serial references in the "
          "bitwise mode, compared with --policy bitwise (docs/bitwise.md)"},
         {"recipe", PAR_OPT_STR, &c->recipe, "NAME", "layout and resume cells and their serial references under a "
-         "recipe's casts: bf16, fp8, v4 (docs/recipes.md; fp8/v4 leave out TP/ETP and MPI cells)"},
+         "recipe's casts: bf16, fp8, v4 (docs/recipes.md; MPI cells left out)"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
          "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
@@ -226,8 +226,8 @@ static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_o
     }
     par_matrix_print_table(m, stdout);
     if (o->recipe && par_matrix_recipe_left_out(m))
-        printf("recipe %s: %d layout/resume cells left out (TP or ETP > 1 would cut the recipe's tiles per shard, or "
-               "an MPI backend; docs/recipes.md)\n", par_recipe_name((par_recipe)o->recipe), par_matrix_recipe_left_out(m));
+        printf("recipe %s: %d layout/resume cells left out (an MPI backend: its launcher passes no recipe; "
+               "docs/recipes.md)\n", par_recipe_name((par_recipe)o->recipe), par_matrix_recipe_left_out(m));
     fflush(stdout);
     int code = nfail ? 1 : 0;
     char own[1200];

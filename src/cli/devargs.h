@@ -28,9 +28,10 @@ int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device);
 /* --recipe NAME into cfg->recipe: 0, or 2 after the message (an unknown name;
  * --device gpu: the device GEMM has no cast hook). */
 int par_cli_recipe(const char *cmd, const char *name, const char *device, par_config *cfg);
-/* A recipe with block-scaled tiles (fp8, v4) under TP or ETP > 1: 2 after the
- * message (tiles would be cut per shard), else 0.  PARITY_RECIPE_LOCAL_TILES=1
- * lets it run with a warning (to show that such a run differs). */
+/* A recipe with block-scaled tiles (fp8, v4) under TP or ETP > 1: its tiles
+ * are the whole tensors' (kernels/recipe.h).  PARITY_RECIPE_LOCAL_TILES=1
+ * cuts them per shard instead (with a warning), to show that such a run
+ * differs.  Returns 0. */
 int par_cli_recipe_layout(const char *cmd, const par_config *cfg, int64_t tp, int64_t etp);
 
 /* Selects the process's device from --device NAME (NULL = cpu).  0, or 2

@@ -157,6 +157,11 @@ static double dequant_one(const par_qspec *s, uint8_t c, float scale)
     return s->scale == PAR_QSCALE_F32 ? (double)(float)(v * (double)scale) : v * (double)scale;
 }
 
+double par_quant_sim_value(const par_qspec *s, double x, float scale)
+{
+    return dequant_one(s, quant_one(s, x, scale), scale);
+}
+
 /* The loops are written once over a value getter: X(i) reads element i. */
 #define QUANTIZE_BODY(X)                                                                   \
     do {                                                                                   \

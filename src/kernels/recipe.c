@@ -89,6 +89,16 @@ const par_recipe_cast *par_recipe_cast_of(par_recipe r, par_wclass c)
     return &casts[r][c];
 }
 
+int par_recipe_has_tiles(par_recipe r)
+{
+    for (int c = 0; c < PAR_WCLASS_COUNT; c++) {
+        const par_recipe_cast *k = par_recipe_cast_of(r, (par_wclass)c);
+        if (k->act == PAR_CAST_QUANT || k->wt == PAR_CAST_QUANT)
+            return 1;
+    }
+    return 0;
+}
+
 int par_recipe_fp4_indexer(par_recipe r)
 {
     return r == PAR_RECIPE_V4;
@@ -100,13 +110,15 @@ typedef struct {
     uintptr_t lo, hi;
     const par_recipe_cast *cast;
     const void *owner; /* who registered it: a buffer shared by several models is registered by each */
+    par_recipe_shard shard;
 } entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *reg;
 static int64_t n_reg, cap_reg;
 
-par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c)
+par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c,
+                               const par_recipe_shard *shard)
 {
     const par_recipe_cast *k = par_recipe_cast_of(r, c);
     if (r == PAR_RECIPE_NONE || (k->act == PAR_CAST_NONE && k->wt == PAR_CAST_NONE) || bytes <= 0)
@@ -125,7 +137,9 @@ par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, 
     int64_t i = n_reg;
     while (i > 0 && reg[i - 1].lo > lo)
         reg[i] = reg[i - 1], i--;
-    reg[i] = (entry){lo, lo + (uintptr_t)bytes, k, owner};
+    reg[i] = (entry){lo, lo + (uintptr_t)bytes, k, owner, {0}};
+    if (shard)
+        reg[i].shard = *shard;
     __atomic_store_n(&n_reg, n_reg + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&lock);
     return PAR_OK;
@@ -146,12 +160,20 @@ void par_recipe_unregister(const void *owner)
     pthread_mutex_unlock(&lock);
 }
 
-const par_recipe_cast *par_recipe_lookup(const void *w)
+static int local_tiles;
+
+void par_recipe_set_local_tiles(int on)
+{
+    __atomic_store_n(&local_tiles, on, __ATOMIC_RELAXED);
+}
+
+const par_recipe_cast *par_recipe_lookup(const void *w, par_recipe_shard *shard)
 {
     if (!__atomic_load_n(&n_reg, __ATOMIC_ACQUIRE)) /* no recipe anywhere: today's bits, no lock */
         return NULL;
     uintptr_t p = (uintptr_t)w;
     const par_recipe_cast *k = NULL;
+    int interior = 0;
     pthread_mutex_lock(&lock);
     int64_t a = 0, b = n_reg; /* the last entry with lo <= p */
     while (a < b) {
@@ -161,9 +183,20 @@ const par_recipe_cast *par_recipe_lookup(const void *w)
         else
             b = m;
     }
-    if (a > 0 && p < reg[a - 1].hi)
-        k = reg[a - 1].cast;
+    if (a > 0 && p < reg[a - 1].hi) {
+        interior = p != reg[a - 1].lo;
+        if (!interior) {
+            k = reg[a - 1].cast;
+            if (shard) {
+                *shard = reg[a - 1].shard;
+                if (__atomic_load_n(&local_tiles, __ATOMIC_RELAXED))
+                    shard->cut = 0;
+            }
+        }
+    }
     pthread_mutex_unlock(&lock);
+    if (interior)
+        par_recipe_note_failure();
     return k;
 }
 

@@ -68,23 +68,44 @@ par_status par_recipe_parse(const char *s, par_recipe *out);
 par_wclass par_recipe_wclass_of(const char *name);
 /* The casts of class c under recipe r (never NULL). */
 const par_recipe_cast *par_recipe_cast_of(par_recipe r, par_wclass c);
+/* Whether recipe r cuts tiles (block scales) anywhere (fp8, v4). */
+int par_recipe_has_tiles(par_recipe r);
 /* Whether recipe r puts the indexer's q and k in FP4 and its scores in BF16. */
 int par_recipe_fp4_indexer(par_recipe r);
+
+/* A weight held as one of P equal blocks of its rows (cut 1) or columns
+ * (cut 2) over a TP or ETP group: its tiles are the whole tensor's, and a
+ * tile cut over the group takes the group's amax (tile_max: the element-wise
+ * max, NaN wins, of n amaxes over the group that cuts `name`; a collective,
+ * so every rank of the group casts the same GEMMs in the same order). */
+typedef struct {
+    int cut, rank, P; /* cut 0: whole */
+    par_status (*tile_max)(void *ctx, const char *name, double *amax, int64_t n);
+    void *ctx;
+    char name[80];
+} par_recipe_shard;
 
 /* Registers [w, w + bytes) as a weight of class c under recipe r for owner
  * (a model; a no-op for PAR_RECIPE_NONE and for casts that do nothing).
  * Thread-safe: ranks register their models concurrently; a buffer several
  * models share (DP replicas of one process) is registered by each. */
-par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c);
+par_status par_recipe_register(const void *owner, const void *w, int64_t bytes, par_recipe r, par_wclass c,
+                               const par_recipe_shard *shard /* NULL: whole */);
 /* Removes every registration of owner. */
 void par_recipe_unregister(const void *owner);
 /* The casts for a GEMM whose weight starts at w (NULL: not registered, or a
- * class the recipe leaves alone). */
-const par_recipe_cast *par_recipe_lookup(const void *w);
+ * class the recipe leaves alone); *shard (may be NULL) its cut.  A pointer
+ * inside a registered weight but not at its start is counted as a failure
+ * (par_recipe_note_failure: its tiles would be unknown) and gets NULL. */
+const par_recipe_cast *par_recipe_lookup(const void *w, par_recipe_shard *shard);
 /* A cast that could not be applied (out of memory in a kernel, which has no
  * status to return): counted; a recipe step fails when the count moved. */
 void par_recipe_note_failure(void);
 int64_t par_recipe_failures(void);
+/* 1: ignore every registration's cut, so that a TP/ETP block is cast with
+ * tiles of its own (layout-local tiles: the bug class the global tiles
+ * avoid; `PARITY_RECIPE_LOCAL_TILES=1`, to show that such a run differs). */
+void par_recipe_set_local_tiles(int on);
 /* Registrations alive (tests). */
 int64_t par_recipe_registered(void);
 

@@ -682,20 +682,10 @@ static par_status append_cell(par_matrix *m, const par__matrix_cell *c)
     return PAR_OK;
 }
 
-/* Whether a cell's layouts would cut a block-scaled recipe's tiles per shard
- * (TP or ETP > 1), or run on MPI (whose launcher passes no recipe). */
-static int recipe_cuts_shards(int recipe, const par_cell_spec *r)
+/* Whether a cell runs on MPI (whose launcher passes no recipe). */
+static int recipe_left_out(const par_cell_spec *r)
 {
-    int tiles = 0;
-    for (int k = 0; k < PAR_WCLASS_COUNT; k++) {
-        const par_recipe_cast *cc = par_recipe_cast_of((par_recipe)recipe, (par_wclass)k);
-        tiles |= cc->act == PAR_CAST_QUANT || cc->wt == PAR_CAST_QUANT;
-    }
-    const par_cell_layout *ls[3] = {&r->layout, &r->load_layout, &r->chain_layout};
-    int cut = 0;
-    for (int i = 0; i < 3; i++)
-        cut |= ls[i]->tensor_model_parallel_size > 1 || ls[i]->expert_tensor_parallel_size > 1;
-    return (tiles && cut) || !strcmp(r->backend, "mpi");
+    return !strcmp(r->backend, "mpi");
 }
 
 /* The cell of row r on data (fixture name, "" + data_path, or "" for the
@@ -741,7 +731,7 @@ static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_conf
         par__matrix_fmt(c.cfgkey + o, sizeof c.cfgkey - o, ";bitwise");
     }
     if (m->o.recipe && (r->kind == PAR_KIND_LAYOUT || r->kind == PAR_KIND_RESUME)) {
-        if (recipe_cuts_shards(m->o.recipe, r)) {
+        if (recipe_left_out(r)) {
             m->recipe_left_out++; /* counted and named in the report's note, not run */
             return PAR_OK;
         }

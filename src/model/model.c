@@ -2,6 +2,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/device.h"
@@ -652,7 +653,7 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
 
 /* Under a recipe: every held 2-D weight (its own buffer or the process's
  * shared copy) registered with its class (kernels/recipe.h), so that the linear kernels cast it. */
-static par_status register_recipe(const PAR_FN(par_model) *M)
+static par_status register_recipe(const PAR_FN(par_model) *M, const par_model_hold *hold)
 {
     if (M->cfg.recipe == PAR_RECIPE_NONE)
         return PAR_OK;
@@ -661,8 +662,16 @@ static par_status register_recipe(const PAR_FN(par_model) *M)
         par_real *w = PAR_FN(par_model_ptr)(M, M->params, i); /* own or shared (DP replicas) */
         if (p->dtype != PAR_PDT_REAL || p->ndim != 2 || PAR_FN(par_model_loc)(M, i) < 0 || !w)
             continue;
-        par_status st = par_recipe_register(M->params, w, /* owner: the model's own buffer, whatever holds *M */ PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
-                                             (par_recipe)M->cfg.recipe, par_recipe_wclass_of(p->name));
+        const par_model_cut *cut = PAR_FN(par_model_cut_of)(M, i);
+        par_recipe_shard sh = {0};
+        if (cut) { /* a TP/ETP block: the whole tensor's tiles, cut ones maxed over the group */
+            sh = (par_recipe_shard){cut->cut, cut->rank, cut->P, hold ? hold->tile_max : NULL,
+                                    hold ? hold->tile_ctx : NULL, ""};
+            snprintf(sh.name, sizeof sh.name, "%s", p->name);
+        }
+        /* owner: the model's own buffer, whatever holds *M */
+        par_status st = par_recipe_register(M->params, w, PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
+                                             (par_recipe)M->cfg.recipe, par_recipe_wclass_of(p->name), &sh);
         if (st)
             return st;
     }
@@ -751,7 +760,7 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
         goto fail_free_model;
     if (!M->shw)
         M->n_shared = 0; /* not shared: the local order stays as built, all of it the model's */
-    if ((st = alloc_state(M)) || (st = init_values(M, seed)) || (st = register_recipe(M)))
+    if ((st = alloc_state(M)) || (st = init_values(M, seed)) || (st = register_recipe(M, hold)))
         goto fail_free_model;
     for (int b = 0; b < M->n_blocks; b++)
         if ((st = block_setup(M, b)))

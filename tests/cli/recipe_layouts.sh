@@ -9,8 +9,10 @@
 #     recipe's serial golden under the f64 policy;
 #   - under --bitwise, v4's CP 2 and EP 2 are bit-identical to the bitwise
 #     recipe golden;
-#   - a block-scaled recipe under TP is refused (exit 2), and run anyway with
-#     layout-local tiles (PARITY_RECIPE_LOCAL_TILES=1) it fails the compare.
+#   - under TP / ETP (with SP, CP, DP, EP) a 1x128 tile of a row-parallel
+#     GEMM and a 128x128 / 1x32 weight tile are cut across ranks: cast with the
+#     whole tensor's tiles they equal the golden; cut per shard
+#     (PARITY_RECIPE_LOCAL_TILES=1) they fail the compare.
 # Usage: recipe_layouts.sh PATH/TO/parity
 set -u
 P=$(realpath "$1")
@@ -57,10 +59,14 @@ for l in "cp2 --context-parallel-size 2" "ep2 --expert-model-parallel-size 2 --w
   line=$("$P" compare g-v4-bw "$n" --policy bitwise 2>&1 | grep -E '^(EQUAL|MISMATCH)')
   case $line in EQUAL*) ok "$n (bitwise policy): $line" ;; *) bad "$n (bitwise policy): $line" ;; esac
 done
-"$P" run --preset v4-tiny --quiet --recipe fp8 --tensor-model-parallel-size 2 --dump fp8-tp2 > tp.log 2>&1
-rc=$?
-[ "$rc" -eq 2 ] && grep -q "cut per shard" tp.log && [ ! -e fp8-tp2 ] && ok "fp8 under TP 2 refused (exit 2, nothing written)" \
-  || bad "fp8 under TP 2: exit $rc: $(tail -1 tp.log)"
+# tiles cut by TP / ETP: the whole tensors' tiles, amaxes maxed over the group
+lay fp8 fp8-tp2 --tensor-model-parallel-size 2
+lay fp8 fp8-tp2-sp --tensor-model-parallel-size 2 --sequence-parallel
+lay v4 v4-tp2-cp2 --tensor-model-parallel-size 2 --context-parallel-size 2
+lay v4 v4-tp2-dp2 --tensor-model-parallel-size 2 --world-size 4
+lay v4 v4-etp2-ep2 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 --world-size 4
+lay v4 v4-tp2-etp2-ep2-sp --tensor-model-parallel-size 2 --expert-tensor-parallel-size 2 \
+  --expert-model-parallel-size 2 --world-size 4 --sequence-parallel
 PARITY_RECIPE_LOCAL_TILES=1 "$P" run --preset v4-tiny --quiet --recipe fp8 --tensor-model-parallel-size 2 \
   --dump fp8-tp2-local > tpl.log 2>&1 || bad "the layout-local run failed: $(tail -1 tpl.log)"
 line=$(cmp_line g-fp8 fp8-tp2-local)

@@ -106,7 +106,7 @@ static void check_recipe(par_recipe r, par_wclass cl)
     else
         cr_assert_eq(par_quant_sim_f64(&c->wt_spec, qw, N_, K_), PAR_OK);
     par_linear_forward_f64(plain, x, w, T_, K_, N_);
-    cr_assert_eq(par_recipe_register(w, w, (int64_t)sizeof w, r, cl), PAR_OK);
+    cr_assert_eq(par_recipe_register(w, w, (int64_t)sizeof w, r, cl, NULL), PAR_OK);
     par_linear_forward_f64(out, x, w, T_, K_, N_);
     double ref[T_ * N_];
     par_linear_forward_f64(want, qx, qw, T_, K_, N_); /* unregistered copies: no cast */
@@ -145,10 +145,10 @@ Test(recipe, bf16_fp8_v4_linear_hook)
 Test(recipe, f32_class_and_none_register_nothing)
 {
     double w[4] = {0};
-    cr_expect_eq(par_recipe_register(w, w, sizeof w, PAR_RECIPE_V4, PAR_WCLASS_F32), PAR_OK);
-    cr_expect_eq(par_recipe_register(w, w, sizeof w, PAR_RECIPE_NONE, PAR_WCLASS_FP8), PAR_OK);
+    cr_expect_eq(par_recipe_register(w, w, sizeof w, PAR_RECIPE_V4, PAR_WCLASS_F32, NULL), PAR_OK);
+    cr_expect_eq(par_recipe_register(w, w, sizeof w, PAR_RECIPE_NONE, PAR_WCLASS_FP8, NULL), PAR_OK);
     cr_expect_eq(par_recipe_registered(), 0);
-    cr_expect_null(par_recipe_lookup(w));
+    cr_expect_null(par_recipe_lookup(w, NULL));
 }
 
 /* The indexer's rows: bf16, Hadamard (an involution up to rounding), bf16, MXFP4. */

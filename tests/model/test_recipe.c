@@ -29,8 +29,8 @@ Test(model_recipe, registers_its_weights_and_removes_them)
     const int wq_a = par_param_find(&M.tab, "layers.0.attn.wq_a.weight");
     const int gate = par_param_find(&M.tab, "layers.1.ffn.gate.weight");
     cr_assert(wq_a >= 0 && gate >= 0);
-    cr_expect_not_null(par_recipe_lookup(par_model_ptr_f64(&M, M.params, wq_a)));
-    cr_expect_null(par_recipe_lookup(par_model_ptr_f64(&M, M.params, gate)), "the gate is float32: never cast");
+    cr_expect_not_null(par_recipe_lookup(par_model_ptr_f64(&M, M.params, wq_a), NULL));
+    cr_expect_null(par_recipe_lookup(par_model_ptr_f64(&M, M.params, gate), NULL), "the gate is float32: never cast");
     par_model_free_f64(&M);
     cr_expect_eq(par_recipe_registered(), 0, "%lld registrations outlive the model",
                  (long long)par_recipe_registered());
