@@ -149,7 +149,7 @@ int par_cmd_golden(int argc, char **argv)
 {
     const char *preset = "v4-tiny", *data = NULL, *fixture = NULL, *precision = "f64", *out = NULL;
     const char *device = NULL;
-    const char *max_memory = NULL;
+    const char *max_memory = NULL, *recipe = "none";
     int64_t steps = 1, seed = 1234, gbs = 0, rows = 0;
     int quiet = 0, bitwise = 0;
     par_strlist sets;
@@ -171,13 +171,14 @@ int par_cmd_golden(int argc, char **argv)
          "fit the memory limit)", PAR_CHK_POS},
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"bitwise", PAR_OPT_FLAG, &bitwise, NULL, PAR_BITWISE_HELP},
+        {"recipe", PAR_OPT_STR, &recipe, "NAME", PAR_RECIPE_HELP},
         {"device", PAR_OPT_STR, &device, "cpu|gpu", PAR_DEVICE_HELP},
         {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
         "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--rows-per-block R]\n"
-        "       [--device cpu|gpu] [--max-memory SIZE] [--bitwise] --out DIR\n\n"
+        "       [--device cpu|gpu] [--max-memory SIZE] [--bitwise] [--recipe none|bf16|fp8|v4] --out DIR\n\n"
         "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
         "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
         "synthetic generator with a random packing plan drawn from --seed.";
@@ -193,6 +194,10 @@ int par_cmd_golden(int argc, char **argv)
     if (golden_config(&o, preset, precision, &sets, gbs))
         return 2;
     o.cfg.bitwise = bitwise;
+    if (par_cli_recipe("golden", recipe, device, &o.cfg)) {
+        par_err_set_quiet(0);
+        return 2;
+    }
     o.steps = steps;
     o.seed = (uint64_t)seed;
     o.out_dir = out;

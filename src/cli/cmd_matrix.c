@@ -16,6 +16,7 @@
 #include "cli/devargs.h"
 #include "cli/matrix_mpi.h"
 #include "cli/memlimit.h"
+#include "kernels/recipe.h"
 #include "core/alloc.h"
 #include "core/outdir.h"
 #include "core/status.h"
@@ -35,6 +36,7 @@ typedef struct {
     double baseline_margin;
     int64_t steps, seed, mpi_procs, rows_per_block;
     int quick, keep, list, quiet, full, scale, overwrite, bitwise;
+    const char *recipe;
     par_strlist cells, fixtures;
     double mem_limit;   /* --max-memory or this machine's memory (par_memlimit_limit) */
     char mem_what[96];  /* its words */
@@ -83,6 +85,8 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"keep", PAR_OPT_FLAG, &c->keep, NULL, "keep every golden set (default: only failing cells')"},
         {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, "layout and resume cells and their serial references in the "
          "bitwise mode, compared with --policy bitwise (docs/bitwise.md)"},
+        {"recipe", PAR_OPT_STR, &c->recipe, "NAME", "layout and resume cells and their serial references under a "
+         "recipe's casts: bf16, fp8, v4 (docs/recipes.md; MPI cells left out)"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
          "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
@@ -94,7 +98,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         "[--quick | --preset v4-tiny|v4-mini] [--tier quick|default|full|scale | --full | --scale]\n"
         "       [--cells FILE.json] [--cell NAME]... [--fixture NAME]... [--backend auto|threads|fiber|mpi [--mpi-procs P]]\n"
         "       [--report FILE.md|.json|.xml] [--baseline OLD/report.json [--baseline-margin PCT]]\n"
-        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list] [--bitwise]\n"
+        "       [--out DIR] [--steps K] [--seed N] [--rows-per-block R] [--keep] [--list] [--bitwise] [--recipe NAME]\n"
         "       [--max-memory SIZE]\n"
         "       [--device cpu|gpu]\n\n"
         "Runs the conformance matrix: every cell of the built-in table (or of --cells FILE) that the\n"
@@ -169,6 +173,10 @@ static par_status fill_opts(const matrix_cli *c, par_matrix_opts *o, par_mpi_run
     o->n_only_fixtures = c->fixtures.count;
     o->keep = c->keep;
     o->bitwise = c->bitwise;
+    par_config rc; /* --recipe, checked in par_cmd_matrix */
+    memset(&rc, 0, sizeof rc);
+    if (c->recipe && !par_cli_recipe("matrix", c->recipe, c->device, &rc))
+        o->recipe = (int)rc.recipe;
     o->rows_per_block = c->rows_per_block;
     o->max_memory = c->mem_limit;
     o->max_memory_what = c->mem_what;
@@ -217,6 +225,9 @@ static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_o
         return 2;
     }
     par_matrix_print_table(m, stdout);
+    if (o->recipe && par_matrix_recipe_left_out(m))
+        printf("recipe %s: %d layout/resume cells left out (an MPI backend: its launcher passes no recipe; "
+               "docs/recipes.md)\n", par_recipe_name((par_recipe)o->recipe), par_matrix_recipe_left_out(m));
     fflush(stdout);
     int code = nfail ? 1 : 0;
     char own[1200];
@@ -243,6 +254,14 @@ int par_cmd_matrix(int argc, char **argv)
     if (c.device && !strcmp(c.device, "gpu") && !strcmp(c.backend, "mpi")) {
         fprintf(stderr, "parity matrix: --device gpu runs the cells in this process; --backend mpi would "
                         "launch them elsewhere (use --backend threads)\n");
+        return 2;
+    }
+    par_config rcheck;
+    if (c.recipe && par_cli_recipe("matrix", c.recipe, c.device, &rcheck))
+        return 2;
+    if (c.recipe && rcheck.recipe && !strcmp(c.backend, "mpi")) {
+        fprintf(stderr, "parity matrix: --recipe with --backend mpi: the MPI launcher passes no recipe to its runs "
+                "(docs/recipes.md)\n");
         return 2;
     }
     if (!c.list && (par_cli_bitwise_device("matrix", c.bitwise, c.device) || par_cli_device_layouts("matrix", c.device)))

@@ -20,6 +20,7 @@
 #include "cli/netargs.h"
 #include "cli/netgroups.h"
 #include "comm/trace.h"
+#include "kernels/recipe.h"
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/outdir.h"
@@ -139,7 +140,7 @@ static void print_memory(const par_run_summary *sum)
 /* What the command line gave. */
 typedef struct {
     const char *preset, *data, *fixture, *precision, *dump, *save, *load, *backend, *moe_dispatch, *summary;
-    const char *max_memory, *device;
+    const char *max_memory, *device, *recipe;
     int64_t save_interval, steps, seed;
     double comm_timeout;
     int quiet, overwrite, bitwise;
@@ -154,7 +155,7 @@ static const char synopsis[] =
     "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
     "       [--precision f64|f32] [--backend self|threads|fiber|mpi] [layout flags] [--set key=value]...\n"
     "       [--dump DIR] [--save DIR [--save-interval K]] [--load DIR] [--summary FILE.json] [--quiet]\n"
-    "       [--device cpu|gpu] [--bitwise]\n\n"
+    "       [--device cpu|gpu] [--bitwise] [--recipe none|bf16|fp8|v4]\n\n"
     "Runs training steps under a parallel layout (data parallelism, expert parallelism with\n"
     "MoE parallel folding: N/PP = TP*CP*Da = ETP*EP*De) on the chosen backend.  The batches are\n"
     "those of `parity golden` with the same data and seed, so `parity compare GOLDEN DUMP`\n"
@@ -218,6 +219,7 @@ static int parse_cli(int argc, char **argv, run_cli *c)
          PAR_CHK_NONEMPTY},
         {"quiet", PAR_OPT_FLAG, &c->quiet, NULL, "no per-step progress lines"},
         {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, PAR_BITWISE_HELP},
+        {"recipe", PAR_OPT_STR, &c->recipe, "NAME", PAR_RECIPE_HELP},
         {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP " (--summary, --trace)"},
         {"moe-dispatch", PAR_OPT_STR, &c->moe_dispatch, "flat|hierarchical",
          "EP all-to-all: flat (default) or node-aware (once per destination node over IB, then NVLink)"},
@@ -306,6 +308,9 @@ static par_status build_config(const run_cli *c, par_run_opts *o)
     if (!s)
         s = par_config_check_runnable(&o->cfg);
     o->cfg.bitwise = c->bitwise;
+    par_recipe recipe;
+    if (c->recipe && !par_recipe_parse(c->recipe, &recipe)) /* a bad name: refused by par_cmd_run first */
+        o->cfg.recipe = recipe;
     par_layout *l = &o->layout;
     l->tp = c->la.tp;
     l->pp = c->la.pp;
@@ -566,8 +571,11 @@ int par_cmd_run(int argc, char **argv)
     par_ckpt *ck = NULL;
     if (par_cli_bitwise_device("run", c.bitwise, c.device) || par_cli_device_layouts("run", c.device))
         return 2;
+    par_config rcfg; /* --recipe checked before anything runs; applied in build_opts */
+    if (par_cli_recipe("run", c.recipe ? c.recipe : "none", c.device, &rcfg))
+        return 2;
     par_err_set_quiet(1);
-    if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */
+    if (!(rc = build_opts(&c, &o, &netm, &ck)) && !(rc = par_cli_recipe_layout("run", &o.cfg, o.layout.tp, o.layout.etp)))
         rc = par_memlimit_run("run", c.max_memory, &o.cfg, &o.layout, o.precision, c.steps,
                               strcmp(c.backend, "mpi") ? 0 : (c.la.ranks_per_process ? c.la.ranks_per_process : 1));
     if (rc) {

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "kernels/recipe.h"
 #include "core/device.h"
 #include "core/status.h"
 
@@ -71,4 +72,35 @@ int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device)
     fprintf(stderr, "parity %s: --bitwise runs on the CPU only (--device %s: the device path has no order-free "
             "accumulator, docs/bitwise.md)\n", cmd, device);
     return 2;
+}
+
+int par_cli_recipe(const char *cmd, const char *name, const char *device, par_config *cfg)
+{
+    int r = 0; /* looked up here: par_recipe_parse would report the error a second time */
+    while (r < PAR_RECIPE_COUNT && strcmp(name, par_recipe_name((par_recipe)r)))
+        r++;
+    if (r == PAR_RECIPE_COUNT) {
+        fprintf(stderr, "parity %s: --recipe '%s' is not one of none, bf16, fp8, v4\n", cmd, name);
+        return 2;
+    }
+    if (r != PAR_RECIPE_NONE && device && strcmp(device, "cpu")) {
+        fprintf(stderr, "parity %s: --recipe %s runs on the CPU only (--device %s: the device GEMM has no cast "
+                "hook, docs/recipes.md)\n", cmd, name, device);
+        return 2;
+    }
+    cfg->recipe = (par_recipe)r;
+    return 0;
+}
+
+int par_cli_recipe_layout(const char *cmd, const par_config *cfg, int64_t tp, int64_t etp)
+{
+    if (!par_recipe_has_tiles((par_recipe)cfg->recipe) || (tp <= 1 && etp <= 1))
+        return 0;
+    const char *local = getenv("PARITY_RECIPE_LOCAL_TILES");
+    if (local && !strcmp(local, "1")) {
+        par_recipe_set_local_tiles(1);
+        fprintf(stderr, "parity %s: warning: PARITY_RECIPE_LOCAL_TILES=1: the recipe's tiles are cut on each TP/ETP "
+                "shard (layout-local), so this run is not the recipe's golden (docs/recipes.md)\n", cmd);
+    }
+    return 0;
 }

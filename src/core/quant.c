@@ -157,6 +157,11 @@ static double dequant_one(const par_qspec *s, uint8_t c, float scale)
     return s->scale == PAR_QSCALE_F32 ? (double)(float)(v * (double)scale) : v * (double)scale;
 }
 
+double par_quant_sim_value(const par_qspec *s, double x, float scale)
+{
+    return dequant_one(s, quant_one(s, x, scale), scale);
+}
+
 /* The loops are written once over a value getter: X(i) reads element i. */
 #define QUANTIZE_BODY(X)                                                                   \
     do {                                                                                   \
@@ -296,7 +301,10 @@ static int64_t fp4_block_to_fp8(const uint8_t *codes4, const float *scales4, int
     *scale8 = (float)base;
     for (int64_t r = br * 128; r < br * 128 + 128; r++)
         for (int64_t c = bc * 128; c < bc * 128 + 128; c++) {
-            double v = par_e2m1_to_f64(codes4[r * cols + c]) * ((double)scales4[r * sc4 + c / 32] / base);
+            /* convert.py's FP4_TABLE holds +0.0 for code 8 (-0): the FP8 code is 0x00 */
+            uint8_t c4 = codes4[r * cols + c];
+            double x4 = (c4 & 7) ? par_e2m1_to_f64(c4) : 0.0;
+            double v = x4 * ((double)scales4[r * sc4 + c / 32] / base);
             codes8[r * cols + c] = par_e4m3_from_f64(v);
             inexact += !(par_e4m3_to_f64(codes8[r * cols + c]) == v) && !isnan(v);
         }

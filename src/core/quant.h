@@ -102,6 +102,12 @@ par_status par_dequantize_f32(const par_qspec *s, const uint8_t *codes, const fl
 par_status par_quant_sim_f64(const par_qspec *s, double *x, int64_t rows, int64_t cols);
 par_status par_quant_sim_f32(const par_qspec *s, float *x, int64_t rows, int64_t cols);
 
+/* One element's quantize-then-dequantize with its tile's scale (what
+ * par_quant_sim does to each element): a tile cut over several ranks is cast
+ * by each with the scale of the whole tile (par_qscale_of_amax of the tile's
+ * amax; NaN scale: NaN). */
+double par_quant_sim_value(const par_qspec *s, double x, float scale);
+
 /* ---- storage helpers ---- */
 /* FP4 codes [n] (n even) -> bytes [n/2]: element 2j in the low nibble,
  * 2j+1 in the high one (the release's int8 layout, convert.py). */

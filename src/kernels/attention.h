@@ -59,6 +59,8 @@ typedef struct {
     const par_rope *rope; /* the layer's table (YaRN when m > 0)        */
     int bitwise;      /* the bitwise mode (docs/bitwise.md): the entries'
                        * gradients over queries as order-free terms      */
+    int fp4_index;    /* a recipe's FP4 indexer (kernels/qcast.h): q and k
+                       * rotated and MXFP4-simulated, scores in BF16     */
 } par_attn_dims;
 #endif
 

@@ -18,6 +18,7 @@
 #include "core/pmath.h"
 #include "kernels/gsum.h"
 #include "kernels/offload.h"
+#include "kernels/qcast.h"
 
 /* ---------------------------------------------------------------- scalars */
 
@@ -37,7 +38,10 @@ void PAR_FN(par_linear_forward)(par_real *out,      /* [T, N] */
                                 const par_real *w,  /* [N, K] */
                                 int64_t T, int64_t K, int64_t N)
 {
+    par_real *qtmp = NULL; /* a recipe's cast operands (kernels/qcast.h); none: today's bits */
+    PAR_FN(par_qcast_operands)(&in, &w, &qtmp, T, K, N);
     PAR_FN(par_gemm)(0, 1, T, N, K, 1, in, K, w, K, 0, out, N);
+    par_qcast_release(qtmp);
 }
 
 void PAR_FN(par_linear_backward)(par_real *din,        /* [T, K] or NULL */
@@ -47,6 +51,8 @@ void PAR_FN(par_linear_backward)(par_real *din,        /* [T, K] or NULL */
                                  const par_real *w,    /* [N, K] */
                                  int64_t T, int64_t K, int64_t N)
 {
+    par_real *qtmp = NULL; /* a recipe: the forward's cast operands, straight-through */
+    PAR_FN(par_qcast_operands)(&in, &w, &qtmp, T, K, N);
     if (din)
         PAR_FN(par_gemm)(0, 0, T, K, N, 1, dout, N, w, K, 1, din, K);
     par_racc_view v = par_gsum_of(dw, N * K);
@@ -54,6 +60,7 @@ void PAR_FN(par_linear_backward)(par_real *din,        /* [T, K] or NULL */
         PAR_FN(par_gsum_outer)(v, dout, N, in, K, T, N, K, K);
     else if (dw)
         PAR_FN(par_gemm)(1, 0, N, K, T, 1, dout, N, in, K, 1, dw, K);
+    par_qcast_release(qtmp);
 }
 
 void PAR_FN(par_gsum_outer)(par_racc_view v, const par_real *a, int64_t lda, const par_real *b, int64_t ldb,

@@ -716,8 +716,9 @@ static void check_figures(const par_matrix *m, const par__matrix_cell *c, par__m
         if (d)
             return fail_figures(res, what, d, first);
     }
-    /* the pins are the tolerance mode's clock (the bitwise mode's reductions move 4x the bytes) */
-    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row) || c->cfg.bitwise)
+    /* the pins are the tolerance mode's clock without a recipe (the bitwise mode's reductions move
+     * 4x the bytes; a recipe routes other tokens and exchanges tile amaxes) */
+    if (!m->pins || !res->run || m->o.runner || !builtin_row(&c->row) || c->cfg.bitwise || c->cfg.recipe)
         return;
     char key[256];
     par__matrix_fmt(key, sizeof key, "%s %s %s", c->row.preset, c->row.name, c->data_label);
@@ -789,7 +790,9 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
         res->verdict = PAR_CELL_ERROR;
     else if (res->verdict == PAR_CELL_PASS)
         check_figures(m, c, res);
-    if (!c->cfg.bitwise) /* the memory model is the tolerance mode's (the accumulator adds 28 B per gradient) */
+    /* the memory model is the tolerance mode's without a recipe (the accumulator adds 28 B per
+     * gradient; a recipe's TP/ETP run keeps its own dense weights and casts into scratch) */
+    if (!c->cfg.bitwise && !c->cfg.recipe)
         par__matrix_plan_check(res); /* a passing cell only (matrix_plan.c) */
 }
 

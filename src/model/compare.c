@@ -73,6 +73,7 @@ struct par_compare_report {
     par_policy policy;
     char policy_why[200];
     char numerics[2][16]; /* each set's mode: "bitwise" or "tolerance" (manifests' train.numerics) */
+    char recipe[2][16];   /* each set's recipe (train.recipe, absent: "none"; docs/recipes.md) */
     int nfiles;         /* file pairs compared (or listed missing) */
     /* directories: the steps each set holds (manifest first_step..steps)
      * and those compared, the ones in both; files outside are skipped */
@@ -1031,7 +1032,9 @@ static par_status check_set(const char *dir, const par_manifest *m, const gfile 
 static int numerics_json(const par_compare_report *r, cJSON *root)
 {
     return !r->numerics[0][0] || (cJSON_AddStringToObject(root, "numerics_a", r->numerics[0]) &&
-                                  cJSON_AddStringToObject(root, "numerics_b", r->numerics[1]));
+                                  cJSON_AddStringToObject(root, "numerics_b", r->numerics[1]) &&
+                                  cJSON_AddStringToObject(root, "recipe_a", r->recipe[0]) &&
+                                  cJSON_AddStringToObject(root, "recipe_b", r->recipe[1]));
 }
 
 /* The mode a set was made in (docs/bitwise.md): train.numerics, absent = tolerance. */
@@ -1041,10 +1044,19 @@ static void numerics_of(const par_manifest *m, char out[16])
     snprintf(out, 16, "%s", cJSON_IsString(n) ? n->valuestring : "tolerance");
 }
 
+/* The recipe a set was made under (docs/recipes.md): train.recipe, absent = none. */
+static void recipe_of(const par_manifest *m, char out[16])
+{
+    const cJSON *n = m->train ? cJSON_GetObjectItemCaseSensitive(m->train, PAR_CONFIG_RECIPE_KEY) : NULL;
+    snprintf(out, 16, "%s", cJSON_IsString(n) ? n->valuestring : "none");
+}
+
 static par_status compare_configs(par_compare_report *r, const par_manifest *ma, const par_manifest *mb)
 {
     numerics_of(ma, r->numerics[0]);
     numerics_of(mb, r->numerics[1]);
+    recipe_of(ma, r->recipe[0]);
+    recipe_of(mb, r->recipe[1]);
     const cJSON *sec[2][2] = {{ma->model, mb->model}, {ma->train, mb->train}};
     static const char *const secname[2] = {"model", "train"};
     for (int s = 0; s < 2; s++) {
@@ -1052,7 +1064,8 @@ static par_status compare_configs(par_compare_report *r, const par_manifest *ma,
             const cJSON *it;
             cJSON_ArrayForEach(it, sec[s][side])
             {
-                if (!it->string || !strcmp(it->string, PAR_CONFIG_NUMERICS_KEY)) /* the mode: a note (numerics_note) */
+                if (!it->string || !strcmp(it->string, PAR_CONFIG_NUMERICS_KEY) || /* the mode: a note */
+                    !strcmp(it->string, PAR_CONFIG_RECIPE_KEY))                     /* the recipe: a note */
                     continue;
                 const cJSON *other = cJSON_GetObjectItemCaseSensitive(sec[s][!side], it->string);
                 if (side == 1 && other)
@@ -1380,6 +1393,10 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     if (r->numerics[0][0] && strcmp(r->numerics[0], r->numerics[1]))
         fprintf(out, "note: A was made in the %s mode, B in the %s mode (docs/bitwise.md): only a tolerance policy "
                 "can equate them\n", r->numerics[0], r->numerics[1]);
+    if (r->recipe[0][0] && strcmp(r->recipe[0], r->recipe[1]))
+        fprintf(out, "note: A was made under the recipe %s, B under %s (docs/recipes.md): their casts differ, so "
+                "their numbers do; a layout run under a recipe is judged against that recipe's golden\n",
+                r->recipe[0], r->recipe[1]);
     if (r->have_steps && r->steps_cmp[0] <= r->steps_cmp[1]) {
         const int64_t *c = r->steps_cmp;
         fprintf(out, "steps compared: %lld..%lld (params.%lld..params.%lld", (long long)c[0], (long long)c[1],

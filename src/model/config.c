@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/fileio.h"
+#include "kernels/recipe.h"
 #include "model/params.h"
 
 typedef enum { KT_INT, KT_REAL, KT_RATIOS } key_type;
@@ -205,6 +206,13 @@ static par_status apply_json_key(par_config *cfg, const cJSON *item)
         cfg->bitwise = !strcmp(item->valuestring, "bitwise");
         return PAR_OK;
     }
+    if (!strcmp(key, PAR_CONFIG_RECIPE_KEY)) { /* a manifest's recipe record */
+        par_recipe r;
+        if (!cJSON_IsString(item) || par_recipe_parse(item->valuestring, &r))
+            return par_err(PAR_EINVAL, "config key '%s': expected one of \"none\", \"bf16\", \"fp8\", \"v4\"", key);
+        cfg->recipe = r;
+        return PAR_OK;
+    }
     const key_def *k = find_key(key);
     if (!k)
         return par_err(PAR_ENOTFOUND, "config key '%s': unknown key", key);
@@ -352,6 +360,12 @@ cJSON *par_config_section_to_json(const par_config *cfg, par_config_section sect
         }
     /* the bitwise mode is recorded (the tolerance mode's manifests stay as they were) */
     if (section == PAR_CFG_TRAIN && cfg->bitwise && !cJSON_AddStringToObject(o, PAR_CONFIG_NUMERICS_KEY, "bitwise")) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    /* so is a recipe (a set without one stays as it was) */
+    if (section == PAR_CFG_TRAIN && cfg->recipe != PAR_RECIPE_NONE &&
+        !cJSON_AddStringToObject(o, PAR_CONFIG_RECIPE_KEY, par_recipe_name((par_recipe)cfg->recipe))) {
         cJSON_Delete(o);
         return NULL;
     }

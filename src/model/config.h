@@ -33,6 +33,9 @@ typedef struct {
     int bitwise;     /* 1: the bitwise mode (docs/bitwise.md): every gradient
                       * sum order-free (core/racc.h); not a config key, set by
                       * --bitwise and recorded in the manifest's "numerics"  */
+    int64_t recipe;  /* par_recipe (kernels/recipe.h): the casts of a GPU
+                      * training recipe (docs/recipes.md); not a config key,
+                      * set by --recipe and recorded as train.recipe       */
 
     /* ---- model (ModelArgs names) ---- */
     int64_t vocab_size;
@@ -87,6 +90,9 @@ typedef struct {
  * "bitwise"} (absent: the tolerance mode).  Read back by
  * par_config_from_json; compare reports a difference as a note. */
 #define PAR_CONFIG_NUMERICS_KEY "numerics"
+/* The manifest's record of a recipe: "train": {"recipe": "v4"} (absent:
+ * none).  Read back by par_config_from_json; compare notes a difference. */
+#define PAR_CONFIG_RECIPE_KEY "recipe"
 
 /* Which section of a manifest a key belongs to. */
 typedef enum {

@@ -2,10 +2,12 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/device.h"
 #include "core/log.h"
+#include "kernels/recipe.h"
 #include "model/init.h"
 #include "model/optim.h"
 
@@ -454,6 +456,8 @@ void PAR_FN(par_model_free)(PAR_FN(par_model) *M)
     par_free(M->X);
     par_arena_destroy(&M->arena);
     PAR_FN(par_stats_free)(&M->stats);
+    if (M->cfg.recipe && M->params) /* the recipe's weight registrations (kernels/recipe.h) */
+        par_recipe_unregister(M->params);
     par_free(M->params);
     if (M->racc.n) {
         par_racc_unregister(M->grads);
@@ -647,6 +651,33 @@ par_status PAR_FN(par_model_fill_shared)(const PAR_FN(par_model) *M, par_real *w
     return PAR_OK;
 }
 
+/* Under a recipe: every held 2-D weight (its own buffer or the process's
+ * shared copy) registered with its class (kernels/recipe.h), so that the linear kernels cast it. */
+static par_status register_recipe(const PAR_FN(par_model) *M, const par_model_hold *hold)
+{
+    if (M->cfg.recipe == PAR_RECIPE_NONE)
+        return PAR_OK;
+    for (int i = 0; i < M->tab.n; i++) {
+        const par_param *p = &M->tab.p[i];
+        par_real *w = PAR_FN(par_model_ptr)(M, M->params, i); /* own or shared (DP replicas) */
+        if (p->dtype != PAR_PDT_REAL || p->ndim != 2 || PAR_FN(par_model_loc)(M, i) < 0 || !w)
+            continue;
+        const par_model_cut *cut = PAR_FN(par_model_cut_of)(M, i);
+        par_recipe_shard sh = {0};
+        if (cut) { /* a TP/ETP block: the whole tensor's tiles, cut ones maxed over the group */
+            sh = (par_recipe_shard){cut->cut, cut->rank, cut->P, hold ? hold->tile_max : NULL,
+                                    hold ? hold->tile_ctx : NULL, ""};
+            snprintf(sh.name, sizeof sh.name, "%s", p->name);
+        }
+        /* owner: the model's own buffer, whatever holds *M */
+        par_status st = par_recipe_register(M->params, w, PAR_FN(par_model_numel)(M, i) * (int64_t)sizeof(par_real),
+                                             (par_recipe)M->cfg.recipe, par_recipe_wclass_of(p->name), &sh);
+        if (st)
+            return st;
+    }
+    return PAR_OK;
+}
+
 /* Block b's RoPE table and attention dims (checked), and its experts'
  * weight and gradient pointers. */
 static par_status block_setup(PAR_FN(par_model) *M, int b)
@@ -675,6 +706,7 @@ static par_status block_setup(PAR_FN(par_model) *M, int b)
     dm->norm_eps = cfg->norm_eps;
     dm->rope = &M->rope[m > 0];
     dm->bitwise = cfg->bitwise;
+    dm->fp4_index = par_recipe_fp4_indexer((par_recipe)cfg->recipe);
     par_status st = PAR_FN(par_attn_check_dims)(dm);
     if (st)
         return st;
@@ -728,7 +760,7 @@ par_status PAR_FN(par_model_init_held)(PAR_FN(par_model) *M, const par_config *c
         goto fail_free_model;
     if (!M->shw)
         M->n_shared = 0; /* not shared: the local order stays as built, all of it the model's */
-    if ((st = alloc_state(M)) || (st = init_values(M, seed)))
+    if ((st = alloc_state(M)) || (st = init_values(M, seed)) || (st = register_recipe(M, hold)))
         goto fail_free_model;
     for (int b = 0; b < M->n_blocks; b++)
         if ((st = block_setup(M, b)))

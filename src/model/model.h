@@ -452,6 +452,10 @@ typedef struct {
      * blocks of that dimension, the values par_tp_slice of the serial init) */
     int (*cut_of)(void *ctx, const char *name, int *rank, int *P);
     void *cut_ctx;
+    /* under a recipe (kernels/recipe.h), for cut entries: the element-wise
+     * max of n tile amaxes over the group that cuts `name` (NULL: none) */
+    par_status (*tile_max)(void *ctx, const char *name, double *amax, int64_t n);
+    void *tile_ctx;
 } par_model_hold;
 
 /* par_model_init_owned holding only what `hold` names (routed experts

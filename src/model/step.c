@@ -1,5 +1,6 @@
 /* model/step.c - the serial training step: forward of the whole model, the
  * loss, backward, update (see model/model.h, MODEL.md sections 1-7). */
+#include "kernels/recipe.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -267,6 +268,9 @@ par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)
 {
     if (!M->have_fwd)
         return par_err(PAR_EINVAL, "model update: no step to apply");
+    if (M->cfg.recipe && par_recipe_failures()) /* a kernel could not cast (kernels/recipe.h) */
+        return par_err(PAR_ENOMEM, "recipe %s: %lld casts could not be applied (out of memory): the step is not "
+                       "the recipe's", par_recipe_name((par_recipe)M->cfg.recipe), (long long)par_recipe_failures());
     double f = par_clip_factor(sqrt(M->stats.grad_sumsq), M->cfg.clip_grad);
     /* par_optim_apply and par_balance_apply over the held entries (the same
      * per-entry calls in table order) */

@@ -158,8 +158,8 @@ def ref_block_quant(x, rows, cols, tr, tc, fmt, pow2):
 
 
 def ref_fp4_to_fp8(codes, scales, rows, cols):
-    """convert.py cast_e2m1fn_to_e4m3fn."""
-    x = e2m1_value(codes).astype(F32).reshape(rows, cols)
+    """convert.py cast_e2m1fn_to_e4m3fn (its FP4_TABLE has +0.0 for code 8)."""
+    x = (e2m1_value(codes) + 0.0).astype(F32).reshape(rows, cols)
     s = scales.reshape(rows, cols // 32).astype(F32)
     c8 = np.zeros((rows, cols), np.uint8)
     s8 = np.zeros((rows // 128, cols // 128), F32)

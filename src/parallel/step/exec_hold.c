@@ -2,9 +2,13 @@
  * and items, the model of its stages, and the lowest pipeline holder of
  * every table entry (it counts the entry in the norm and supplies it to a
  * dump).  Part of the step executor (parallel/step/exec-impl.h). */
+#include <math.h>
 #include <string.h>
 
 #include "parallel/step/exec-impl.h"
+
+#include "core/alloc.h"
+#include "kernels/recipe.h"
 #include "parallel/layout/tp_split.h"
 
 /* Blocks and top-level parts of segment `seg` into hold / blocks. */
@@ -153,6 +157,32 @@ static int storage_cut(void *ctx, const char *name, int *rank, int *P)
     return c == PAR_TP_ROWS ? 1 : 2;
 }
 
+/* A recipe's tile amaxes of a GEMM on a TP/ETP-cut weight (kernels/recipe.h):
+ * the element-wise max over the group that cuts `name`, NaN winning.  A
+ * gather, not a sum (the one sum seam stays parallel/reduce's). */
+static par_status tile_max(void *ctx, const char *name, double *amax, int64_t n)
+{
+    const exec_t *ex = ctx;
+    par_comm *g = par_tp_split_of(name).group == PAR_TP_GROUP_ETP ? ex->etpc : ex->tpc;
+    if (!g || n <= 0)
+        return PAR_OK;
+    const int P = par_comm_size(g);
+    double *all = par_malloc((size_t)(n * P) * sizeof(double), PAR_TAG_COMM);
+    if (!all)
+        return par_err(PAR_ENOMEM, "recipe: %lld tile amaxes over %d ranks", (long long)n, P);
+    par_status s = par_allgather(g, amax, all, (size_t)n, PAR_C_F64);
+    for (int64_t i = 0; !s && i < n; i++) {
+        double m = all[i];
+        for (int p = 1; p < P; p++) {
+            const double v = all[(int64_t)p * n + i];
+            m = (v > m || isnan(v)) && !isnan(m) ? v : m;
+        }
+        amax[i] = m;
+    }
+    par_free(all);
+    return s;
+}
+
 par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t seed, int64_t e0, int64_t e1,
                                   const par_exec_opts *o)
 {
@@ -162,11 +192,17 @@ par_status PAR_FN(par__exec_hold)(exec_t *ex, PAR_FN(par_model) *M, uint64_t see
     par_model_hold hold;
     rank_hold(ex, ex->me, ex->blocks, &hold);
     hold.tab = o->tab;
-    hold.share = o->share;
-    hold.share_ctx = o->share_ctx;
+    /* a recipe's tiles cut by TP/ETP are maxed over the caller's group (tile_max
+     * with this rank's exec): such a run keeps its own weights, not the process's
+     * shared DP x CP copy, whose registration would name another rank's group */
+    const int own = par_recipe_has_tiles((par_recipe)ex->cfg.recipe) && (ex->lay->tp > 1 || ex->lay->etp > 1);
+    hold.share = own ? NULL : o->share;
+    hold.share_ctx = own ? NULL : o->share_ctx;
     if (ex->lay->tp > 1 || ex->lay->etp > 1) {
         hold.cut_of = storage_cut;
         hold.cut_ctx = ex;
+        hold.tile_max = tile_max;
+        hold.tile_ctx = ex;
     }
     if ((s = PAR_FN(par_model_init_held)(M, &ex->cfg, seed, e0, e1, &hold)))
         return s;
