@@ -7,7 +7,7 @@
 #     and compare names the two recipes;
 #   - layouts that cut no tile (DP, EP, CP, PP; bf16 also TP) equal the
 #     recipe's serial golden under the f64 policy;
-#   - under --bitwise, v4's CP 2 and EP 2 are bit-identical to the bitwise
+#   - under --bitwise, v4's CP 2, EP 2, TP 2 x CP 2 and TP 2 x ETP 2 x EP 2 + SP are bit-identical to the bitwise
 #     recipe golden;
 #   - under TP / ETP (with SP, CP, DP, EP) a 1x128 tile of a row-parallel
 #     GEMM and a 128x128 / 1x32 weight tile are cut across ranks: cast with the
@@ -53,7 +53,9 @@ lay fp8 fp8-cp2-ep2 --context-parallel-size 2 --expert-model-parallel-size 2 --w
 lay bf16 bf16-tp2 --tensor-model-parallel-size 2
 # the bitwise mode under a recipe: the same layouts give the recipe golden's bits
 gold g-v4-bw --recipe v4 --bitwise
-for l in "cp2 --context-parallel-size 2" "ep2 --expert-model-parallel-size 2 --world-size 2"; do
+for l in "cp2 --context-parallel-size 2" "ep2 --expert-model-parallel-size 2 --world-size 2" \
+  "tp2-cp2 --tensor-model-parallel-size 2 --context-parallel-size 2" \
+  "tp2-etp2-ep2-sp --tensor-model-parallel-size 2 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 --world-size 4 --sequence-parallel"; do
   set -- $l; n=v4-bw-$1; shift
   "$P" run --preset v4-tiny --quiet --recipe v4 --bitwise "$@" --dump "$n" > "$n.log" 2>&1 || bad "run $n"
   line=$("$P" compare g-v4-bw "$n" --policy bitwise 2>&1 | grep -E '^(EQUAL|MISMATCH)')

@@ -22,6 +22,7 @@
 #include "core/racc.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "kernels/qcast.h"
 #include "parallel/layout/layout.h"
 #include "parallel/reduce/reduce_sum.h"
 #include "parallel/tp/tp_reduce.h"
@@ -396,7 +397,12 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
         if (sv->tp.comm && dm->bitwise) { /* the serial GEMM's chain over the groups, rank after rank */
             par_real *yb = y_local + b * L * d;
             PAR_FN(par_attn_out_groups)(sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, dm, L);
-            if ((st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 1, L, d, GL, sh.r + Dh * GL, GL, W->wo_b, GL, yb)))
+            const par_real *rr = sh.r + Dh * GL, *wb = W->wo_b;
+            par_real *q = NULL; /* a recipe's casts, as par_linear_forward's */
+            PAR_FN(par_qcast_operands)(&rr, &wb, &q, L, GL, d);
+            st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 1, L, d, GL, rr, GL, wb, GL, yb);
+            par_qcast_release(q);
+            if (st)
                 return st;
             PAR_FN(par_gemm_finish)(L, d, 1, yb, d, 0, yb, d);
             continue;
@@ -755,7 +761,11 @@ static par_status bw_proj_tp(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bw
         return par_err(PAR_ENOMEM, "context x tensor parallel attention backward: %lld query rows", LL(n));
     PAR_FN(par_attn_proj_backward_dqb)(dqb, x->dq + w * g->HD, &sl, pb + first, dm, n);
     par_real *dqr = sv->kdqr + w * ql;
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 0, n, ql, g->HD, dqb, g->HD, W->wq_b, ql, P);
+    const par_real *qx = sl.qr, *wq = W->wq_b;
+    par_real *q = NULL; /* a recipe's casts, as par_linear_backward's */
+    PAR_FN(par_qcast_operands)(&qx, &wq, &q, n, ql, g->HD);
+    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 0, n, ql, g->HD, dqb, g->HD, wq, ql, P);
+    par_qcast_release(q);
     PAR_FN(par_attn_weights) none;
     memset(&none, 0, sizeof none);
     if (!st) {

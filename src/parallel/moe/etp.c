@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "kernels/qcast.h"
 #include "kernels/moe.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -158,10 +159,15 @@ static int64_t own_first(const PAR_FN(par_etp_rows_saved) *sv)
 /* One chain link of a split GEMM per expert: P rows of expert e (sorted)
  * continued with the rank's slice: op = 0: y = h w2^T (K = the hidden
  * units); 1: dx = dg w1; 2: dx = du w3. */
+/* One expert's operands of a chained GEMM (a recipe's casts in tmp). */
+typedef struct {
+    const par_real *a, *w; /* its rows of h, dg or du; its w2, w1 or w3 slice */
+    par_real *tmp;
+} etp_op;
+
 typedef struct {
     const PAR_FN(par_etp_rows_saved) *sv;
-    const par_real *a;          /* [N, Il]: h, dg or du (sorted) */
-    const par_real *const *w;   /* w2, w1 or w3 slices */
+    etp_op *ops; /* [nE] */
     int op, load;
 } etp_link;
 
@@ -173,8 +179,25 @@ static void link_add(void *ctx, par_real *P)
     for (int e = 0; e < sv->nE; e++) {
         const int64_t o = sv->off[e], ne = sv->off[e + 1] - o;
         if (ne > 0)
-            PAR_FN(par_gemm_part)(0, k->op == 0, ne, d, Il, k->a + o * Il, Il, k->w[e], k->op == 0 ? Il : d, k->load,
-                                  P + o * d, d);
+            PAR_FN(par_gemm_part)(0, k->op == 0, ne, d, Il, k->ops[e].a, Il, k->ops[e].w, k->op == 0 ? Il : d,
+                                  k->load, P + o * d, d);
+    }
+}
+
+/* Every expert's operands as par_linear_forward (op 0: h, w2) or
+ * par_linear_backward (dx: the slice w1 / w3, the rows' x) cast them under a
+ * recipe, before the chain (the casts' tile exchanges are collective). */
+static void link_operands(etp_link *k, const par_real *a, const par_real *const *w)
+{
+    const PAR_FN(par_etp_rows_saved) *sv = k->sv;
+    const int64_t d = sv->d, Il = sv->Il;
+    for (int e = 0; e < sv->nE; e++) {
+        const int64_t o = sv->off[e], ne = sv->off[e + 1] - o;
+        etp_op *q = &k->ops[e];
+        const par_real *x = sv->xs + o * d;
+        q->a = a + o * Il, q->w = w[e];
+        PAR_FN(par_qcast_operands)(k->op == 0 ? &q->a : &x, &q->w, &q->tmp, ne, k->op == 0 ? Il : d,
+                                   k->op == 0 ? d : Il);
     }
 }
 
@@ -183,8 +206,16 @@ static void link_add(void *ctx, par_real *P)
 static par_status rows_chain(par_real *P, const PAR_FN(par_etp_rows_saved) *sv, const par_real *a,
                              const par_real *const *w, int op, const par_tp *etp)
 {
-    etp_link k = {sv, a, w, op, !PAR_FN(par_tp_chain_first)(etp)};
-    return PAR_FN(par_tp_reduce_chain_bcast)(etp, P, (size_t)(sv->N * sv->d), link_add, &k);
+    etp_link k = {sv, par_calloc((size_t)sv->nE + 1, sizeof(etp_op), PAR_TAG_ACT), op,
+                  !PAR_FN(par_tp_chain_first)(etp)};
+    if (!k.ops)
+        return par_err(PAR_ENOMEM, "expert tensor parallel: %d experts' operands", sv->nE);
+    link_operands(&k, a, w);
+    par_status st = PAR_FN(par_tp_reduce_chain_bcast)(etp, P, (size_t)(sv->N * sv->d), link_add, &k);
+    for (int e = 0; e < sv->nE; e++)
+        par_qcast_release(k.ops[e].tmp);
+    par_free(k.ops);
+    return st;
 }
 
 typedef struct {
@@ -223,7 +254,7 @@ static par_status rows_forward_chained(PAR_FN(par_etp_rows_saved) *sv, par_real 
  * w2's terms, dh, dg and du, w1's and w3's terms (the input sums wait). */
 static void expert_local_backward(const PAR_FN(par_etp_rows_saved) *sv, int e, par_real *dh, par_real *dg,
                                   par_real *du, par_real *dw1, par_real *dw2, par_real *dw3, const par_real *dys,
-                                  const par_real *w2)
+                                  const par_real *w1, const par_real *w2, const par_real *w3)
 {
     const int64_t o = sv->off[e], ne = sv->off[e + 1] - o, d = sv->d, Il = sv->Il;
     if (ne <= 0)
@@ -234,8 +265,8 @@ static void expert_local_backward(const PAR_FN(par_etp_rows_saved) *sv, int e, p
     PAR_FN(par_linear_backward)(dh + o * Il, NULL, dy, h, w2, ne, Il, d);
     PAR_FN(par_swiglu_backward)(dg + o * Il, du + o * Il, NULL, dh + o * Il, sv->g + o * Il, sv->u + o * Il,
                                 sv->rws + o, ne, Il, sv->L);
-    PAR_FN(par_linear_backward)(NULL, dw1, dg + o * Il, x, NULL, ne, d, Il);
-    PAR_FN(par_linear_backward)(NULL, dw3, du + o * Il, x, NULL, ne, d, Il);
+    PAR_FN(par_linear_backward)(NULL, dw1, dg + o * Il, x, w1, ne, d, Il); /* w: a recipe's cast of x */
+    PAR_FN(par_linear_backward)(NULL, dw3, du + o * Il, x, w3, ne, d, Il);
 }
 
 /* The bitwise mode's backward on the sorted rows: weight terms of the
@@ -255,7 +286,7 @@ static par_status rows_backward_chained(const PAR_FN(par_etp_rows_saved) *sv, pa
     double *acc = (double *)(void *)(P + N * d);
     for (int e = 0; e < sv->nE; e++)
         expert_local_backward(sv, e, dh, dg, du, dw1 ? dw1[e] : NULL, dw2 ? dw2[e] : NULL, dw3 ? dw3[e] : NULL, dys,
-                              w2[e]);
+                              w1[e], w2[e], w3[e]);
     par_status st = rows_chain(P, sv, dg, w1, 1, etp);
     if (!st) {
         PAR_FN(par_gemm_finish)(N, d, 1, P, d, 1, dxs, d);

@@ -9,6 +9,7 @@
 #include "core/pmath.h"
 #include "kernels/gemm.h"
 #include "kernels/gsum.h"
+#include "kernels/qcast.h"
 #include "kernels/ops.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -289,7 +290,12 @@ par_status PAR_FN(par_tp_head_backward)(par_real *dxn,             /* [Tx, d] or
     par_status st = PAR_OK;
     if (chained(tp)) { /* dx = dz head over the whole vocabulary: one chain over the ranks' rows */
         PAR_FN(par_linear_backward)(NULL, dhead, dz, sv->xn, head, T, d, sv->Vl);
-        if (dxn && !(st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, sv->Vl, dz, sv->Vl, head, d, P))) {
+        const par_real *xq = sv->xn, *hq = head;
+        par_real *q = NULL; /* a recipe's casts, as par_linear_backward's (the head: none in V4's) */
+        PAR_FN(par_qcast_operands)(&xq, &hq, &q, T, d, sv->Vl);
+        st = dxn ? PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, sv->Vl, dz, sv->Vl, hq, d, P) : PAR_OK;
+        par_qcast_release(q);
+        if (dxn && !st) {
             PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
             const par_real *src = dxs + (sv->sp ? (int64_t)sv->rank * Tx * d : 0);
             for (int64_t e = 0; e < Tx * d; e++)
