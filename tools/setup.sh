@@ -10,7 +10,8 @@
 #   --with-offload gcc-12-offload-nvptx (GCC's OpenMP offload compiler for
 #                  NVIDIA GPUs, with nvptx-tools and libgomp's nvptx plugin),
 #                  for the -Doffload=nvptx build (docs/gpu.md)
-#   --with-cluster iproute2 (ip netns, tc netem), util-linux (unshare) and bc for the opt-in
+#   --with-cluster iproute2 (ip netns), util-linux (unshare), bc, iptables, iputils-ping and
+#                  libnetfilter-queue-dev (the netem scenario's delayer) for the opt-in
 #                  cluster tier (tools/cluster-tier.sh, docs/testing.md)
 set -euo pipefail
 pkgs=(gcc meson ninja-build pkg-config libmpich-dev mpich libhwloc-dev libopenblas-dev
@@ -20,7 +21,7 @@ for a in "$@"; do
     --with-torch) pkgs+=(python3-torch) ;;
     --with-fuzz) pkgs+=(clang libclang-rt-14-dev libomp-dev) ;;
     --with-offload) pkgs+=(gcc-12-offload-nvptx libgomp-plugin-nvptx1) ;;
-    --with-cluster) pkgs+=(iproute2 util-linux bc) ;;
+    --with-cluster) pkgs+=(iproute2 util-linux bc iptables iputils-ping libnetfilter-queue-dev) ;;
     *) echo "parity setup: unknown option '$a' (known: --with-torch, --with-fuzz, --with-offload, --with-cluster)" >&2; exit 2 ;;
   esac
 done
