@@ -1202,9 +1202,9 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         if (!pa || !pb)
             st = par_err(PAR_ENOMEM, "compare: out of memory");
         if (!st)
-            st = par_st_read(pa, &sa);
+            st = par_st_map(pa, &sa);
         if (!st)
-            st = par_st_read(pb, &sb);
+            st = par_st_map(pb, &sb);
         par_st_file *ties = NULL;
         if (!st && fa[i - 1].kind == 1)
             st = open_ties(da, fa[i - 1].k, &ties);
