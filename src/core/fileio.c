@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -151,6 +152,38 @@ par_status par_file_open_read(const char *path, int *fd_out, int64_t *size)
 }
 
 /* ---- whole-file read -------------------------------------------------- */
+
+par_status par_file_map(const char *path, void **data, size_t *len)
+{
+    int fd;
+    int64_t fsize;
+    par_status st = par_file_open_read(path, &fd, &fsize);
+    if (st)
+        return st;
+    if ((unsigned long long)fsize >= (unsigned long long)SIZE_MAX) {
+        close(fd);
+        return par_err(PAR_ERANGE, "%s: %lld bytes do not fit in memory", path, (long long)fsize);
+    }
+    void *p = NULL;
+    if (fsize > 0) {
+        p = mmap(NULL, (size_t)fsize, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return par_err(PAR_EIO, "%s: mmap of %lld bytes failed: %s", path, (long long)fsize, strerror(e));
+        }
+    }
+    close(fd);
+    *data = p;
+    *len = (size_t)fsize;
+    return PAR_OK;
+}
+
+void par_file_unmap(void *data, size_t len)
+{
+    if (data && len)
+        (void)munmap(data, len);
+}
 
 par_status par_file_read(const char *path, par_tag tag, void **data, size_t *len)
 {

@@ -33,6 +33,13 @@ par_status par_file_open_read(const char *path, int *fd, int64_t *size);
  * one extra NUL byte (not counted in *len).  *data and *len are set only on
  * success; the caller frees *data with par_free. */
 par_status par_file_read(const char *path, par_tag tag, void **data, size_t *len);
+/* The whole file mapped read-only into memory (private, populated: for
+ * files read once from the page cache, as the comparator reads two golden
+ * sets, this spares the copy and the fresh buffer's page faults of
+ * par_file_read).  *len = 0 and *data = NULL for an empty file (nothing
+ * mapped).  Unmapped by par_file_unmap(data, len). */
+par_status par_file_map(const char *path, void **data, size_t *len);
+void par_file_unmap(void *data, size_t len);
 
 /* Writes n bytes to path atomically (see above). */
 par_status par_file_write_atomic(const char *path, const void *data, size_t n);

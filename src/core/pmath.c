@@ -339,6 +339,8 @@ PM_ENTRY double par_pmath_pow(double x, double y)
 
 /* ------------------------------------------------- softplus, four lanes */
 
+#define BM_TWO_PI 6.283185307179586476925 /* the literal of rng.c's par_rng_normal */
+
 /* par_pmath_softplus_parts (pmath.h): exp_dd(-|x|, 0) and log1p's path
  * through log_dd, written again on four lanes with the same operations in
  * the same order (an IEEE operation rounds the same in a vector lane), for
@@ -351,6 +353,13 @@ static void softplus_parts_scalar(const double *x, double *e, double *lp, int64_
         e[i] = par_pmath_exp(-fabs(x[i]));
         lp[i] = par_pmath_log1p(e[i]);
     }
+}
+
+/* par_pmath_box_muller (pmath.h): rng.c's par_rng_normal after its draws */
+static void box_muller_scalar(const double *u1, const double *u2, double *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = sqrt(-2.0 * par_pmath_log(u1[i])) * par_pmath_cos(BM_TWO_PI * u2[i]);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !(defined(PAR_OFFLOAD) && PAR_OFFLOAD)
@@ -394,16 +403,9 @@ SP_ATTR static V4 v_exp_neg(V4 hi)
     return _mm256_mul_pd(_mm256_add_pd(a, tail), p2);
 }
 
-/* log_dd(u, hi, lo) for u in [1, 2] */
-SP_ATTR static void v_log_dd(V4 u, V4 *hi, V4 *lo)
+/* log_dd's body from m (in [sqrt(1/2), sqrt(2)]) and e (as a double) on */
+SP_ATTR static inline void v_log_core(V4 m, V4 ed, V4 *hi, V4 *lo)
 {
-    const __m256i mant = _mm256_and_si256(_mm256_castpd_si256(u), _mm256_set1_epi64x(0x000fffffffffffffll));
-    V4 m = _mm256_castsi256_pd(_mm256_or_si256(mant, _mm256_set1_epi64x(0x3ff0000000000000ll)));
-    const V4 big = _mm256_cmp_pd(m, S4(SQRT2), _CMP_GT_OQ);
-    m = _mm256_blendv_pd(m, _mm256_mul_pd(m, S4(0.5)), big);
-    /* e: the exponent of u (0, or 1 for u = 2) plus 1 where m was halved */
-    const V4 ed = _mm256_add_pd(_mm256_and_pd(_mm256_cmp_pd(u, S4(2.0), _CMP_GE_OQ), S4(1.0)),
-                                _mm256_and_pd(big, S4(1.0)));
     const V4 f = _mm256_sub_pd(m, S4(1.0));
     const V4 d = _mm256_add_pd(S4(2.0), f), de = _mm256_sub_pd(f, _mm256_sub_pd(d, S4(2.0)));
     const V4 sh = _mm256_div_pd(f, d);
@@ -425,6 +427,39 @@ SP_ATTR static void v_log_dd(V4 u, V4 *hi, V4 *lo)
     const V4 l = _mm256_add_pd(_mm256_add_pd(err, err2), rest);
     *hi = _mm256_add_pd(h2, l);
     *lo = _mm256_sub_pd(l, _mm256_sub_pd(*hi, h2));
+}
+
+/* x's mantissa as m in [1, 2) and where log_dd halves it (m > sqrt 2) */
+SP_ATTR static inline V4 v_log_mant(V4 x, V4 *big)
+{
+    const __m256i mant = _mm256_and_si256(_mm256_castpd_si256(x), _mm256_set1_epi64x(0x000fffffffffffffll));
+    const V4 m = _mm256_castsi256_pd(_mm256_or_si256(mant, _mm256_set1_epi64x(0x3ff0000000000000ll)));
+    *big = _mm256_cmp_pd(m, S4(SQRT2), _CMP_GT_OQ);
+    return _mm256_blendv_pd(m, _mm256_mul_pd(m, S4(0.5)), *big);
+}
+
+/* log_dd(u, hi, lo) for u in [1, 2] */
+SP_ATTR static void v_log_dd(V4 u, V4 *hi, V4 *lo)
+{
+    V4 big;
+    const V4 m = v_log_mant(u, &big);
+    /* e: the exponent of u (0, or 1 for u = 2) plus 1 where m was halved */
+    const V4 ed = _mm256_add_pd(_mm256_and_pd(_mm256_cmp_pd(u, S4(2.0), _CMP_GE_OQ), S4(1.0)),
+                                _mm256_and_pd(big, S4(1.0)));
+    v_log_core(m, ed, hi, lo);
+}
+
+/* log_dd(x, hi, lo) for a positive normal finite x: e = its unbiased exponent
+ * (+1 where m was halved), made a double exactly from the exponent bits */
+SP_ATTR static void v_log_dd_normal(V4 x, V4 *hi, V4 *lo)
+{
+    V4 big;
+    const V4 m = v_log_mant(x, &big);
+    const __m256i eb = _mm256_srli_epi64(_mm256_castpd_si256(x), 52); /* biased exponent, 1 .. 2046 */
+    const V4 ebd = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(eb, _mm256_castpd_si256(S4(0x1p52)))),
+                                 S4(0x1p52));
+    const V4 ed = _mm256_add_pd(_mm256_sub_pd(ebd, S4(1023.0)), _mm256_and_pd(big, S4(1.0)));
+    v_log_core(m, ed, hi, lo);
 }
 
 /* log1p(e), e in (0, 1] (e < 2^-54: e itself) */
@@ -465,10 +500,73 @@ void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n)
     else
         softplus_parts_scalar(x, e, lp, n);
 }
+
+/* cos(x) for x in [2^-27, 2pi]: reduce_pio2, both kernels, the quadrant's pick */
+SP_ATTR static V4 v_cos_small(V4 x)
+{
+    const V4 t = _mm256_add_pd(_mm256_mul_pd(x, S4(INV_PIO2)), S4(SHIFTER));
+    const V4 nd = _mm256_sub_pd(t, S4(SHIFTER)), nnd = v_neg(nd);
+    const V4 r1 = _mm256_fmadd_pd(nnd, S4(PIO2_1), x);
+    const V4 p = _mm256_mul_pd(nd, S4(PIO2_2)), pe = _mm256_fmadd_pd(nd, S4(PIO2_2), v_neg(p));
+    V4 r2, e2;
+    v_two_sum(r1, v_neg(p), &r2, &e2);
+    const V4 l = _mm256_sub_pd(_mm256_sub_pd(e2, pe), _mm256_mul_pd(nd, S4(PIO2_3)));
+    const V4 h = _mm256_add_pd(r2, l), hl = _mm256_sub_pd(l, _mm256_sub_pd(h, r2));
+    const V4 z = _mm256_mul_pd(h, h);
+    const V4 corr = _mm256_fmadd_pd(_mm256_mul_pd(S4(-0.5), z), hl, hl);
+    const V4 sn = _mm256_add_pd(h, _mm256_fmadd_pd(_mm256_mul_pd(h, z), v_horner(sin_c, NCOEF(sin_c), z), corr));
+    const V4 hz = _mm256_mul_pd(S4(0.5), z), w = _mm256_sub_pd(S4(1.0), hz);
+    const V4 tail = _mm256_add_pd(_mm256_sub_pd(_mm256_sub_pd(S4(1.0), w), hz),
+                                  _mm256_fmadd_pd(_mm256_mul_pd(z, z), v_horner(cos_c, NCOEF(cos_c), z),
+                                                  _mm256_mul_pd(v_neg(h), hl)));
+    const V4 cs = _mm256_add_pd(w, tail);
+    /* q = n mod 4: t = SHIFTER + n exactly, so n is its bits less SHIFTER's */
+    const __m256i q = _mm256_and_si256(_mm256_sub_epi64(_mm256_castpd_si256(t), _mm256_castpd_si256(S4(SHIFTER))),
+                                       _mm256_set1_epi64x(3));
+    V4 c = cs;
+    c = _mm256_blendv_pd(c, v_neg(sn), _mm256_castsi256_pd(_mm256_cmpeq_epi64(q, _mm256_set1_epi64x(1))));
+    c = _mm256_blendv_pd(c, v_neg(cs), _mm256_castsi256_pd(_mm256_cmpeq_epi64(q, _mm256_set1_epi64x(2))));
+    return _mm256_blendv_pd(c, sn, _mm256_castsi256_pd(_mm256_cmpeq_epi64(q, _mm256_set1_epi64x(3))));
+}
+
+/* Lanes with u1 in [2^-1022, 1] and 2pi u2 in [2^-27, 2pi] (every draw of
+ * rng.c's u53 but u2 < 2^-29.6); other lanes: the scalar calls. */
+SP_ATTR static void box_muller_avx2(const double *u1, const double *u2, double *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const V4 a = _mm256_loadu_pd(u1 + i), x = _mm256_mul_pd(S4(BM_TWO_PI), _mm256_loadu_pd(u2 + i));
+        const V4 ok = _mm256_and_pd(_mm256_and_pd(_mm256_cmp_pd(a, S4(0x1p-1022), _CMP_GE_OQ),
+                                                  _mm256_cmp_pd(a, S4(1.0), _CMP_LE_OQ)),
+                                    _mm256_and_pd(_mm256_cmp_pd(x, S4(0x1p-27), _CMP_GE_OQ),
+                                                  _mm256_cmp_pd(x, S4(BM_TWO_PI), _CMP_LE_OQ)));
+        const int in = _mm256_movemask_pd(ok);
+        V4 hi, lo;
+        v_log_dd_normal(a, &hi, &lo);
+        _mm256_storeu_pd(out + i, _mm256_mul_pd(_mm256_sqrt_pd(_mm256_mul_pd(S4(-2.0), hi)), v_cos_small(x)));
+        if (in != 15)
+            for (int j = 0; j < 4; j++)
+                if (!(in >> j & 1))
+                    box_muller_scalar(u1 + i + j, u2 + i + j, out + i + j, 1);
+    }
+    box_muller_scalar(u1 + i, u2 + i, out + i, n - i);
+}
+
+void par_pmath_box_muller(const double *u1, const double *u2, double *out, int64_t n)
+{
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        box_muller_avx2(u1, u2, out, n);
+    else
+        box_muller_scalar(u1, u2, out, n);
+}
 #else
 void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n)
 {
     softplus_parts_scalar(x, e, lp, n);
 }
-#endif
 
+void par_pmath_box_muller(const double *u1, const double *u2, double *out, int64_t n)
+{
+    box_muller_scalar(u1, u2, out, n);
+}
+#endif

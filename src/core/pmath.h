@@ -46,5 +46,11 @@ double par_pmath_pow(double x, double y);
  * time on a CPU with AVX2 + FMA; arguments outside |x| in [2^-54, 700] (and
  * NaN) go through the scalar calls.  The MoE gate's scores (kernels/moe.c). */
 void par_pmath_softplus_parts(const double *x, double *e, double *lp, int64_t n);
+/* Box-Muller for n pairs (host only): out[i] = sqrt(-2 par_pmath_log(u1[i]))
+ * * par_pmath_cos(6.283185307179586476925 u2[i]), the bits of those calls
+ * (core/rng.c's par_rng_normal), four lanes at a time with AVX2 + FMA for
+ * u1 in [2^-1022, 1] and 2 pi u2 in [2^-27, 2 pi]; other pairs (NaN too) go
+ * through the scalar calls.  Parameter init (core/rng.h par_rng_normal_n). */
+void par_pmath_box_muller(const double *u1, const double *u2, double *out, int64_t n);
 
 #endif

@@ -98,6 +98,22 @@ double par_rng_normal(par_philox_key key, uint64_t i, uint32_t word2)
     return sqrt(-2.0 * par_pmath_log(u1)) * par_pmath_cos(6.283185307179586476925 * u2);
 }
 
+void par_rng_normal_n(par_philox_key key, uint64_t i0, uint32_t word2, double *out, int64_t n)
+{
+    enum { CH = 256 };
+    double u1[CH], u2[CH];
+    for (int64_t b = 0; b < n; b += CH) {
+        const int m = n - b < CH ? (int)(n - b) : CH;
+        for (int j = 0; j < m; j++) {
+            uint32_t o[4];
+            block(key, i0 + (uint64_t)(b + j), word2, o);
+            u1[j] = u53(o[0], o[1]);
+            u2[j] = u53(o[2], o[3]);
+        }
+        par_pmath_box_muller(u1, u2, out + b, m);
+    }
+}
+
 uint64_t par_rng_below(par_philox_key key, uint64_t i, uint32_t word2, uint64_t n)
 {
     uint32_t o[4];

@@ -28,6 +28,9 @@ par_philox_key par_rng_key(uint64_t seed, const char *name);
 double par_rng_uniform(par_philox_key key, uint64_t i, uint32_t word2);
 /* Standard normal for element i (Box-Muller on the block's four words). */
 double par_rng_normal(par_philox_key key, uint64_t i, uint32_t word2);
+/* out[j] = par_rng_normal(key, i0 + j, word2) for j < n, the same bits
+ * (its Box-Muller four lanes at a time: core/pmath.h par_pmath_box_muller). */
+void par_rng_normal_n(par_philox_key key, uint64_t i0, uint32_t word2, double *out, int64_t n);
 /* Uniform integer in [0, n) for element i (n >= 1). */
 uint64_t par_rng_below(par_philox_key key, uint64_t i, uint32_t word2, uint64_t n);
 

@@ -23,8 +23,9 @@ typedef struct {
 struct par_st_file {
     char *label;
     int storage;        /* storage-only dtypes accepted (par_st_read_storage) */
-    unsigned char *buf; /* the whole file (+1 NUL byte) */
+    unsigned char *buf; /* the whole file (+1 NUL byte, unless mapped) */
     size_t len;
+    int mapped;         /* buf is a mapping of the file (par_st_map): unmapped, not freed */
     int n;
     st_entry *e;        /* sorted by name */
     int nmeta;
@@ -70,7 +71,10 @@ void par_st_close(par_st_file *f)
     par_free(f->e);
     par_free(f->mkey);
     par_free(f->mval);
-    par_free(f->buf);
+    if (f->mapped)
+        par_file_unmap(f->buf, f->len);
+    else
+        par_free(f->buf);
     par_free(f->label);
     par_free(f);
 }
@@ -317,18 +321,23 @@ static par_status bind_data(par_st_file *f, unsigned char *base)
     return PAR_OK;
 }
 
-/* Takes ownership of buf (len bytes + 1 spare). */
-static par_status parse_owned(unsigned char *buf, size_t len, const char *label, int storage, par_st_file **out)
+/* Takes ownership of buf (len bytes + 1 spare; or a mapping of len bytes). */
+static par_status parse_owned(unsigned char *buf, size_t len, const char *label, int storage, int mapped,
+                              par_st_file **out)
 {
     par_status st = PAR_OK;
     cJSON *root = NULL;
     par_st_file *f = par_calloc(1, sizeof *f, PAR_TAG_IO);
     if (!f) {
-        par_free(buf);
+        if (mapped)
+            par_file_unmap(buf, len);
+        else
+            par_free(buf);
         return par_err(PAR_ENOMEM, "%s: out of memory", label);
     }
     f->buf = buf;
     f->len = len;
+    f->mapped = mapped;
     f->storage = storage;
     f->label = par_strdup(label, PAR_TAG_IO);
     if (!f->label) {
@@ -368,7 +377,19 @@ par_status par_st_read(const char *path, par_st_file **out)
     par_status st = par_file_read(path, PAR_TAG_IO, &buf, &len);
     if (st)
         return st;
-    return parse_owned(buf, len, path, 0, out);
+    return parse_owned(buf, len, path, 0, 0, out);
+}
+
+par_status par_st_map(const char *path, par_st_file **out)
+{
+    void *buf;
+    size_t len;
+    par_status st = par_file_map(path, &buf, &len);
+    if (st)
+        return st;
+    if (!len) /* nothing mapped: the reader's own message for an empty file */
+        return par_st_read(path, out);
+    return parse_owned(buf, len, path, 0, 1, out);
 }
 
 par_status par_st_read_storage(const char *path, par_st_file **out)
@@ -378,7 +399,7 @@ par_status par_st_read_storage(const char *path, par_st_file **out)
     par_status st = par_file_read(path, PAR_TAG_IO, &buf, &len);
     if (st)
         return st;
-    return parse_owned(buf, len, path, 1, out);
+    return parse_owned(buf, len, path, 1, 0, out);
 }
 
 par_status par_st_read_mem(const void *buf, size_t len, const char *label, par_st_file **out)
@@ -391,7 +412,7 @@ par_status par_st_read_mem(const void *buf, size_t len, const char *label, par_s
     if (len)
         memcpy(c, buf, len);
     c[len] = 0;
-    return parse_owned(c, len, label, 0, out);
+    return parse_owned(c, len, label, 0, 0, out);
 }
 
 const char *par_st_label(const par_st_file *f) { return f->label; }

@@ -32,6 +32,10 @@ typedef struct par_st_file par_st_file;
 
 /* Reads and validates a file. */
 par_status par_st_read(const char *path, par_st_file **out);
+/* Same through a read-only mapping of the file (core/fileio.h par_file_map):
+ * the same checks and views, without the copy into a fresh buffer; the file
+ * must not change while the par_st_file is open (the comparator's sets). */
+par_status par_st_map(const char *path, par_st_file **out);
 /* Same, also reading the storage-only dtypes of quantized checkpoints
  * (F8_E4M3, F8_E8M0, I8, U8; core/tensor.h): for the HF import only. */
 par_status par_st_read_storage(const char *path, par_st_file **out);

@@ -755,14 +755,17 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
     if (!s && c->row.kind == PAR_KIND_LAYOUT && !m->o.runner) /* before its reference: a run that cannot fit */
         s = layout_mem_check(m, c, &c->row.layout, prec, c->steps);
     char ref_set[PAR_MX_PATH + 16];
+    double t0 = par__matrix_now(), t1 = t0, t2 = t0; /* the phases' walls: --log debug */
     if (!s && c->ref == PAR_REF_SERIAL)
         s = par__matrix_serial(m, c, c->row.kind == PAR_KIND_LAYOUT ? prec : 64, 1, &ref);
     else if (c->ref == PAR_REF_DIR)
         ref = c->ref_dir;
     else if (c->ref == PAR_REF_BACKEND) /* prod_layout makes it */
         ref = (par__matrix_fmt(ref_set, sizeof ref_set, "%s/ref-set", res->dir), ref_set);
+    t1 = par__matrix_now();
     if (!s)
         s = produce(m, c, res->dir, set_dir, &cand, res);
+    t2 = par__matrix_now();
     if (s) { /* a check inside the producer (ckpt-reshard) fails the cell; anything else is an error */
         res->verdict = s == PAR_ECHECK ? PAR_CELL_FAIL : PAR_CELL_ERROR;
         par__matrix_last_error(res->diagnosis, sizeof res->diagnosis, s == PAR_ECHECK ? "check: " : "");
@@ -786,7 +789,10 @@ static void evaluate(par_matrix *m, const par__matrix_cell *c, par__matrix_resul
         res->verdict = PAR_CELL_PASS;
         return;
     }
-    if (compare_cell(c, res, ref, cand))
+    int ce = compare_cell(c, res, ref, cand) != PAR_OK;
+    PAR_LOG_D("matrix: %s: reference %.2f s, run %.2f s, compare %.2f s", c->row.name, t1 - t0, t2 - t1,
+              par__matrix_now() - t2);
+    if (ce)
         res->verdict = PAR_CELL_ERROR;
     else if (res->verdict == PAR_CELL_PASS)
         check_figures(m, c, res);

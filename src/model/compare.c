@@ -785,6 +785,37 @@ static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_f
     }
 }
 
+/* A pair of tensors to compare into entry e of the report. */
+typedef struct {
+    int e;
+    const char *name;
+    const par_tensor *ta, *tb;
+    const par_tol_override *ov;
+    par_status st;
+} cmp_job;
+
+/* The values of a file's pairs: each entry is computed from its two tensors
+ * alone (compare_values touches nothing else), so they run in parallel, and
+ * the failures are counted afterwards in the entries' order: the report is
+ * the one a loop over them would make. */
+static par_status run_jobs(par_compare_report *r, cmp_job *jobs, int nj, const file_ctx *fc, const decode_ctx *dc)
+{
+#pragma omp parallel for schedule(dynamic, 1) if (nj > 1)
+    for (int k = 0; k < nj; k++)
+        jobs[k].st = compare_values(&r->e[jobs[k].e], jobs[k].name, jobs[k].ta, jobs[k].tb, fc->policy, jobs[k].ov,
+                                    fc->max_list, dc);
+    for (int k = 0; k < nj; k++) {
+        if (jobs[k].st) /* out of memory (its message was made on a worker thread) */
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+        par_cmp_entry *e = &r->e[jobs[k].e];
+        if (!e->pass) {
+            e->pass = 1; /* let entry_fail count it */
+            entry_fail(r, e);
+        }
+    }
+    return PAR_OK;
+}
+
 /* Compares a file pair tensor by tensor; a or b NULL: a file one side
  * lacks, every tensor of the other side's is an entry missing there. */
 static par_status compare_pair(par_compare_report *r, const par_st_file *a, const par_st_file *b, const char *file,
@@ -793,8 +824,11 @@ static par_status compare_pair(par_compare_report *r, const par_st_file *a, cons
     decode_ctx dc;
     pair_decode_ctx(&dc, a, b, file, fc);
     int na = a ? par_st_count(a) : 0, nb = b ? par_st_count(b) : 0;
-    int i = 0, j = 0;
+    int i = 0, j = 0, nj = 0;
     char s1[160], s2[160];
+    cmp_job *jobs = par_malloc((size_t)(na < nb ? na : nb) * sizeof *jobs + 1, PAR_TAG_IO);
+    if (!jobs)
+        return par_err(PAR_ENOMEM, "compare: out of memory");
     while (i < na || j < nb) {
         int c = i >= na ? 1 : j >= nb ? -1 : strcmp(par_st_name(a, i), par_st_name(b, j));
         const char *name = c <= 0 ? par_st_name(a, i) : par_st_name(b, j);
@@ -804,8 +838,10 @@ static par_status compare_pair(par_compare_report *r, const par_st_file *a, cons
             continue;
         }
         par_cmp_entry *e = report_add(r, file, name);
-        if (!e)
+        if (!e) {
+            par_free(jobs);
             return par_err(PAR_ENOMEM, "compare: out of memory");
+        }
         if (c != 0) {
             fill_shape(e, c < 0 ? par_st_tensor(a, i++) : par_st_tensor(b, j++));
             entry_missing(r, e, c < 0 ? PAR_CMP_ONLY_A : PAR_CMP_ONLY_B);
@@ -829,14 +865,12 @@ static par_status compare_pair(par_compare_report *r, const par_st_file *a, cons
             continue;
         }
         const par_tol_override *ov = fc->ma ? par_manifest_tolerance(fc->ma, name) : NULL;
-        par_status st = compare_values(e, name, ta, tb, fc->policy, ov, fc->max_list, &dc);
-        if (st)
-            return st;
-        if (!e->pass) {
-            e->pass = 1; /* let entry_fail count it */
-            entry_fail(r, e);
-        }
+        jobs[nj++] = (cmp_job){(int)(e - r->e), name, ta, tb, ov, PAR_OK};
     }
+    par_status st = run_jobs(r, jobs, nj, fc, &dc);
+    par_free(jobs);
+    if (st)
+        return st;
     r->nfiles++;
     return PAR_OK;
 }
@@ -1215,9 +1249,9 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         if (!pa || !pb)
             st = par_err(PAR_ENOMEM, "compare: out of memory");
         if (!st)
-            st = par_st_read(pa, &sa);
+            st = par_st_map(pa, &sa);
         if (!st)
-            st = par_st_read(pb, &sb);
+            st = par_st_map(pb, &sb);
         par_st_file *ties = NULL;
         if (!st && fa[i - 1].kind == 1)
             st = open_ties(da, fa[i - 1].k, &ties);

@@ -366,6 +366,12 @@ void par_param_init_values(const par_param_table *t, int idx, uint64_t seed, int
 {
     const par_param *p = &t->p[idx];
     par_philox_key key = par_rng_key(seed, p->name);
+    if (p->init == PAR_INIT_NORMAL) { /* value_at's product, the draws in a batch */
+        par_rng_normal_n(key, (uint64_t)begin, 0, out, end - begin);
+        for (int64_t i = begin; i < end; i++)
+            out[i - begin] = p->init_a * out[i - begin];
+        return;
+    }
     for (int64_t i = begin; i < end; i++)
         out[i - begin] = value_at(t, p, key, i);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/pmath.h"
+#include "core/rng.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -159,5 +160,61 @@ Test(pmath, softplus_parts_bitwise_scalar)
         for (int i = 0; i < 12; i++)
             cr_assert(i < n ? e[i] == par_pmath_exp(-x[i]) && lp[i] == par_pmath_log1p(e[i])
                             : e[i] == -1.0 && lp[i] == -1.0, "n %d i %d", n, i);
+    }
+}
+
+/* par_pmath_box_muller (four lanes with AVX2 + FMA) gives the bits of the
+ * scalar expression of rng.c's par_rng_normal: random u in (0, 1), the edges
+ * of its vector domain (u1 = 2^-1022, 1, the smallest draws; 2 pi u2 around
+ * 2^-27, near each multiple of pi/2, at 2 pi), specials, every length 0..9. */
+Test(pmath, box_muller_bitwise_scalar)
+{
+    enum { NP = 1 << 16 };
+    static double u1[NP], u2[NP], o[NP];
+    static const double edge[] = {0x1p-1022, 0x1p-1023, 0x1p-54, 0x1p-53, 0.5, 1.0, 0x1.fffffffffffffp-1,
+                                  0x1p-30, 0x1.45f306dc9c882p-30, 0x1.45f306dc9c884p-30, 0.25, 0.5, 0.75,
+                                  0x1.fffffffffffffp-3, 0x1.0000000000001p-2, 0x1.fffffffffffffp-2, 0.0, -0.5,
+                                  1.0000000000000002, NAN, INFINITY};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    for (int round = 0; round < 24; round++) {
+        for (int i = 0; i < NP; i++) {
+            const double a = (double)(next_u64() >> 11) * 0x1p-53 + 0x1p-54;
+            const double b = (double)(next_u64() >> 11) * 0x1p-53 + 0x1p-54;
+            u1[i] = round == 0 && i % 89 < ne ? edge[i % 89] : round % 3 == 1 ? a * 0x1p-40 : a;
+            u2[i] = round == 0 && i % 83 < ne ? edge[i % 83] : round % 3 == 2 ? b * 0x1p-30 : b;
+        }
+        par_pmath_box_muller(u1, u2, o, NP);
+        for (int i = 0; i < NP; i++) {
+            const double r = sqrt(-2.0 * par_pmath_log(u1[i])) * par_pmath_cos(6.283185307179586476925 * u2[i]);
+            cr_assert(!memcmp(&r, &o[i], 8) || (r != r && o[i] != o[i]), "u1 %a u2 %a: lanes %a, scalar %a", u1[i],
+                      u2[i], o[i], r);
+        }
+    }
+    for (int n = 0; n < 10; n++) { /* the tails; nothing written past n */
+        for (int i = 0; i < 12; i++)
+            u1[i] = 0.07 * (i + 1), u2[i] = 0.083 * (i + 1), o[i] = -7.0;
+        par_pmath_box_muller(u1, u2, o, n);
+        for (int i = 0; i < 12; i++)
+            cr_assert(i < n ? o[i] == sqrt(-2.0 * par_pmath_log(u1[i])) * par_pmath_cos(6.283185307179586476925 * u2[i])
+                            : o[i] == -7.0, "n %d i %d", n, i);
+    }
+}
+
+/* par_rng_normal_n: par_rng_normal's bits for consecutive counters, across
+ * the counter's 32-bit carry, for several keys, words and lengths. */
+Test(pmath, rng_normal_n_bitwise)
+{
+    static double o[5003];
+    const uint64_t starts[] = {0, 1, 0xffffffffull - 1500, 0x123456789abull};
+    for (int k = 0; k < 3; k++) {
+        par_philox_key key = par_rng_key(1234 + 977 * (uint64_t)k, k == 2 ? "layers.0.ffn.experts.3.w1" : "embed.weight");
+        for (int s = 0; s < 4; s++)
+            for (int n = 0; n <= 5003; n += n < 12 ? 1 : 1249) {
+                par_rng_normal_n(key, starts[s], (uint32_t)k, o, n);
+                for (int j = 0; j < n; j++) {
+                    const double r = par_rng_normal(key, starts[s] + (uint64_t)j, (uint32_t)k);
+                    cr_assert(!memcmp(&r, &o[j], 8), "key %d start %d n %d j %d: %a vs %a", k, s, n, j, o[j], r);
+                }
+            }
     }
 }
