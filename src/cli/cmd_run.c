@@ -564,7 +564,7 @@ int par_cmd_run(int argc, char **argv)
     par_run_opts o;
     par_netmodel netm;
     par_ckpt *ck = NULL;
-    if (par_cli_bitwise_device("run", c.bitwise, c.device) || par_cli_device_layouts("run", c.device))
+    if (par_cli_bitwise_device("run", c.bitwise, c.device) || par_cli_device("run", c.device))
         return 2;
     par_err_set_quiet(1);
     if (!(rc = build_opts(&c, &o, &netm, &ck))) /* the memory estimate before anything big is allocated */

@@ -35,20 +35,6 @@ int par_cli_device(const char *cmd, const char *name)
     return 0;
 }
 
-int par_cli_device_layouts(const char *cmd, const char *name)
-{
-    if (par_cli_device(cmd, name))
-        return 2;
-    if (!par_dev_gpu())
-        return 0;
-    fprintf(stderr,
-            "parity %s: --device gpu: the layouts do not run on the device yet (the parallel layer's "
-            "host code is not annotated for device residency, docs/gpu.md); the serial step does: "
-            "parity golden --device gpu\n",
-            cmd);
-    return 2;
-}
-
 void par_cli_device_report(FILE *f)
 {
     if (!par_dev_gpu())
