@@ -44,9 +44,9 @@ void par_cli_device_report(FILE *f)
     const double mib = 1024.0 * 1024.0;
     fprintf(f,
             "device: %s (host to device %.2f MiB in %lld copies, device to host %.2f MiB in %lld "
-            "copies, %lld twins, %.2f MiB device memory at most)\n",
+            "copies, device to device %.2f MiB, %lld twins, %.2f MiB device memory at most)\n",
             par_dev_describe(), (double)st.h2d_bytes / mib, (long long)st.h2d_calls,
-            (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (long long)st.twins,
+            (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (double)st.d2d_bytes / mib, (long long)st.twins,
             (double)st.twin_bytes_peak / mib);
 }
 
