@@ -57,7 +57,20 @@ FIX=${PARITY_GPU_FIXTURE:-tiny-boundary-mix}
 sel=""
 [ "$CELLS" = all ] || for c in $CELLS; do sel="$sel --cell $c"; done
 [ "$FIX" = all ] || sel="$sel --fixture $FIX"
-"$P" matrix --quick --device cpu --keep --quiet $sel --out "$T/mcpu" >"$T/mcpu.log" 2>&1 ||
+# The CPU side only makes the CPU goldens: threads ranks, and not the cells of
+# their own fiber backend (an offload build's CPU mode on fiber ranks aborts
+# in etp2-ep4-de2 with heap corruption, 3 December 2026: docs/gpu.md; their
+# data's goldens come from the other cells, or the cell is judged by the
+# matrix only)
+csel=$sel
+if [ "$CELLS" = all ]; then
+    csel=""
+    for c in $("$P" matrix --quick --list | awk 'NR > 1 {print $2}' | sort -u); do
+        case $c in fiber-*) ;; *) csel="$csel --cell $c" ;; esac
+    done
+    [ "$FIX" = all ] || csel="$csel --fixture $FIX"
+fi
+"$P" matrix --quick --device cpu --backend threads --keep --quiet $csel --out "$T/mcpu" >"$T/mcpu.log" 2>&1 ||
     fail "matrix cpu: $(tail -5 "$T/mcpu.log")"
 "$P" matrix --quick --device gpu --keep $sel --out "$T/mgpu" >"$T/mgpu.log" 2>&1 ||
     fail "matrix gpu ($MODE): $(grep -E 'FAIL|ERROR|error' "$T/mgpu.log" | head -5)"
