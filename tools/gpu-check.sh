@@ -15,9 +15,12 @@
 #       .gpu-root/parity, a wrapper that starts build-gpu/parity with the
 #       unpacked loader and libraries (the host's libcuda.so.1 found after
 #       them), and runs tests/gpu/against_cpu.sh real: the serial golden in
-#       f64 and f32 and two layout cells on the GPU against the CPU golden, then
-#       the step time on the GPU and the CPU (v4-mini, one step).  A few
-#       minutes; the log is also written to $OUT/gpu-check.log when OUT is set.
+#       f64 and f32, then every quick-tier matrix cell on the GPU (PASS against
+#       the serial reference on the GPU, and each set against the CPU golden:
+#       f64 policy, f32 cells' steps under the f32 policy), then the step time
+#       on the GPU and the CPU (v4-mini, one step).  At most 8 minutes there
+#       (not measured: no GPU lent yet); the log is also written to
+#       $OUT/gpu-check.log when OUT is set.
 #
 # Options of the second half: --emulated runs the same checks on the host's
 # emulated device (what tests/gpu/host_fallback.sh does), to try the unpack
@@ -111,7 +114,9 @@ check() {
   unpack || return $?
   echo "gpu-check: $(date -u +%FT%TZ) on $(uname -n); mode $mode" | tee "$log"
   command -v nvidia-smi >/dev/null && nvidia-smi -L 2>&1 | tee -a "$log"
-  sh tests/gpu/against_cpu.sh "$ROOT/parity" "$mode" 2>&1 | tee -a "$log"
+  # every quick-tier cell on every fixture (PARITY_GPU_CELLS / _FIXTURE narrow it)
+  PARITY_GPU_CELLS=${PARITY_GPU_CELLS:-all} PARITY_GPU_FIXTURE=${PARITY_GPU_FIXTURE:-all} \
+    sh tests/gpu/against_cpu.sh "$ROOT/parity" "$mode" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || { echo "gpu-check: checks exit $rc" | tee -a "$log"; return "$rc"; }
   if [ "$mode" = emulated ]; then # the host emulation's time means nothing

@@ -264,7 +264,7 @@ int par_cmd_matrix(int argc, char **argv)
                 "(docs/recipes.md)\n");
         return 2;
     }
-    if (!c.list && (par_cli_bitwise_device("matrix", c.bitwise, c.device) || par_cli_device_layouts("matrix", c.device)))
+    if (!c.list && (par_cli_bitwise_device("matrix", c.bitwise, c.device) || par_cli_device("matrix", c.device)))
         return 2;
     par_matrix_opts o;
     par_mpi_runner mpi;
@@ -278,6 +278,8 @@ int par_cmd_matrix(int argc, char **argv)
             par_matrix_print_cells(m, stdout);
         else
             rc = run_and_report(m, &c, &o);
+        if (!c.list && !c.quiet)
+            par_cli_device_report(stdout); /* GPU mode: the process's transfers, every cell's */
     }
     par_err_set_quiet(0);
     par_matrix_free(m);

@@ -569,7 +569,7 @@ int par_cmd_run(int argc, char **argv)
     par_run_opts o;
     par_netmodel netm;
     par_ckpt *ck = NULL;
-    if (par_cli_bitwise_device("run", c.bitwise, c.device) || par_cli_device_layouts("run", c.device))
+    if (par_cli_bitwise_device("run", c.bitwise, c.device) || par_cli_device("run", c.device))
         return 2;
     par_config rcfg; /* --recipe checked before anything runs; applied in build_opts */
     if (par_cli_recipe("run", c.recipe ? c.recipe : "none", c.device, &rcfg))

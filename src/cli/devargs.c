@@ -36,20 +36,6 @@ int par_cli_device(const char *cmd, const char *name)
     return 0;
 }
 
-int par_cli_device_layouts(const char *cmd, const char *name)
-{
-    if (par_cli_device(cmd, name))
-        return 2;
-    if (!par_dev_gpu())
-        return 0;
-    fprintf(stderr,
-            "parity %s: --device gpu: the layouts do not run on the device yet (the parallel layer's "
-            "host code is not annotated for device residency, docs/gpu.md); the serial step does: "
-            "parity golden --device gpu\n",
-            cmd);
-    return 2;
-}
-
 void par_cli_device_report(FILE *f)
 {
     if (!par_dev_gpu())
@@ -59,9 +45,9 @@ void par_cli_device_report(FILE *f)
     const double mib = 1024.0 * 1024.0;
     fprintf(f,
             "device: %s (host to device %.2f MiB in %lld copies, device to host %.2f MiB in %lld "
-            "copies, %lld twins, %.2f MiB device memory at most)\n",
+            "copies, device to device %.2f MiB, %lld twins, %.2f MiB device memory at most)\n",
             par_dev_describe(), (double)st.h2d_bytes / mib, (long long)st.h2d_calls,
-            (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (long long)st.twins,
+            (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (double)st.d2d_bytes / mib, (long long)st.twins,
             (double)st.twin_bytes_peak / mib);
 }
 

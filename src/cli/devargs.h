@@ -38,10 +38,6 @@ int par_cli_recipe_layout(const char *cmd, const par_config *cfg, int64_t tp, in
  * after printing "parity CMD: <why>" to stderr (bad name, no offload in this
  * build, no device seen). */
 int par_cli_device(const char *cmd, const char *name);
-/* par_cli_device for parity run / matrix: the layouts' parallel layer is not
- * on the device path yet (docs/gpu.md), so GPU mode, once selected, is
- * refused here too (0, or 2 with the message). */
-int par_cli_device_layouts(const char *cmd, const char *name);
 /* In GPU mode, one line "device: <what> (h2d ... MiB in N copies, d2h ...)". */
 void par_cli_device_report(FILE *f);
 

@@ -110,6 +110,8 @@ int par_alloc_scope_enter(int id)
     return prev;
 }
 
+int par_alloc_scope_current(void) { return cur_scope; }
+
 void par_alloc_scope_reset_peaks(int id)
 {
     if (id < 1 || id > PAR_ALLOC_SCOPES)

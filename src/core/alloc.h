@@ -78,6 +78,8 @@ int par_alloc_scope_open(void);
 void par_alloc_scope_close(int id);
 /* Makes scope id (0: none) this thread's current one; returns the previous. */
 int par_alloc_scope_enter(int id);
+/* This thread's current scope (0: none). */
+int par_alloc_scope_current(void);
 /* Peaks := live bytes now (a measurement window starts). */
 void par_alloc_scope_reset_peaks(int id);
 /* Copies the counters of scope id (zeros for 0 or a closed scope). */

@@ -32,6 +32,7 @@ par_status par_dev_parse(const char *name, par_device_kind *kind)
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/log.h"
 
 enum { ST_HOST = 0, ST_DEV = 1, ST_BOTH = 2 };
@@ -49,6 +50,7 @@ typedef struct {
     size_t dev_cap; /* bytes of the twin (>= n) */
     seg *segs;
     int nseg, cap;
+    int scope;      /* the allocator scope that made it (core/alloc.h: a rank) */
 } blk;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -65,6 +67,17 @@ static seg *g_scratch;  /* set_range's output list */
 static int g_scap;
 static par_dev_stats g_st;
 static int64_t g_dev_live;
+/* per allocator scope: PAR_DEV_MODE_HOST or _DEVICE (par_dev_mode_set); read
+ * without the lock, written only by the scope's own rank */
+static unsigned char g_mode[PAR_ALLOC_SCOPES + 1];
+
+static int host_mode(void)
+{
+    if (!g_gpu)
+        return 0;
+    int sc = par_alloc_scope_current();
+    return sc >= 0 && sc <= PAR_ALLOC_SCOPES && g_mode[sc] == PAR_DEV_MODE_HOST;
+}
 
 /* ------------------------------------------------------------ failure -- */
 
@@ -83,11 +96,37 @@ static void die(const char *what, const void *p, size_t bytes)
 
 /* The poison of a stale copy: bytes FF FF F8 7F repeated from the block's
  * start (a NaN as f32 and f64, about 2.1e9 as int32). */
+static const unsigned char g_pat[64] = {
+#define P4 0xFF, 0xFF, 0xF8, 0x7F
+    P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4, P4
+#undef P4
+};
+
 static void poison(char *p, size_t off, size_t len)
 {
-    static const unsigned char pat[4] = {0xFF, 0xFF, 0xF8, 0x7F};
-    for (size_t i = 0; i < len; i++)
-        p[off + i] = (char)pat[(off + i) & 3];
+    size_t i = 0;
+    for (; i < len && ((off + i) & 63); i++)
+        p[off + i] = (char)g_pat[(off + i) & 3];
+    for (; i + 64 <= len; i += 64)
+        memcpy(p + off + i, g_pat, 64);
+    for (; i < len; i++)
+        p[off + i] = (char)g_pat[(off + i) & 3];
+}
+
+/* The first byte of [off, off + len) of p that is not poison, or len. */
+static size_t unpoisoned(const char *p, size_t off, size_t len)
+{
+    size_t i = 0;
+    for (; i < len && ((off + i) & 63); i++)
+        if ((unsigned char)p[off + i] != g_pat[(off + i) & 3])
+            return i;
+    for (; i + 64 <= len; i += 64)
+        if (memcmp(p + off + i, g_pat, 64) != 0)
+            break;
+    for (; i < len; i++)
+        if ((unsigned char)p[off + i] != g_pat[(off + i) & 3])
+            return i;
+    return len;
 }
 
 /* Twin cache of the real runtime: freed twins by power-of-two size class,
@@ -271,6 +310,7 @@ void par__dev_register(void *p, size_t n)
     b->segs = s;
     b->cap = 4;
     b->nseg = 1;
+    b->scope = par_alloc_scope_current();
     s[0].off = 0;
     s[0].len = n;
     s[0].st = ST_HOST;
@@ -368,7 +408,6 @@ static void check_piece(const blk *b, size_t off, size_t len, int st, dev_op op)
      * piece is lost on a real device too (and meant nothing) */
     if ((op == OP_OUT || op == OP_ZERO) && st == ST_BOTH)
         return;
-    static const unsigned char pat[4] = {0xFF, 0xFF, 0xF8, 0x7F};
     const char *stale = st == ST_DEV ? b->host : st == ST_HOST ? b->dev : NULL;
     if (st == ST_BOTH) {
         if (memcmp(b->host + off, b->dev + off, len) != 0)
@@ -378,11 +417,11 @@ static void check_piece(const blk *b, size_t off, size_t len, int st, dev_op op)
     }
     if (!stale)
         return;
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)stale[off + i] != pat[(off + i) & 3])
-            die(st == ST_DEV ? "host code wrote device-owned memory without par_dev_host_write"
-                             : "device memory of a host-owned range was written",
-                b->host + off + i, len - i);
+    size_t i = unpoisoned(stale, off, len);
+    if (i < len)
+        die(st == ST_DEV ? "host code wrote device-owned memory without par_dev_host_write"
+                         : "device memory of a host-owned range was written",
+            b->host + off + i, len - i);
 }
 
 static void push_seg(int *n, size_t off, size_t len, int st)
@@ -437,10 +476,24 @@ static void set_range(blk *b, size_t off, size_t len, dev_op op)
 /* ------------------------------------------------------------- the API -- */
 
 /* Kernel operand [p, p + bytes): the device address after op. */
+static void host_op(const void *p, size_t bytes, dev_op op);
+
+/* Host mode: a kernel's operand is host memory after the host's transition
+ * (in: read, out / zero: set, inout: write). */
+static void *host_kernel_op(const void *p, size_t bytes, dev_op op)
+{
+    host_op(p, bytes, op == OP_IN ? OP_HREAD : op == OP_INOUT ? OP_HWRITE : OP_HSET);
+    if (op == OP_ZERO && bytes)
+        memset((void *)(uintptr_t)p, 0, bytes);
+    return (void *)(uintptr_t)p;
+}
+
 static void *kernel_op(const void *p, size_t bytes, dev_op op)
 {
     if (!g_gpu || !p)
         return (void *)(uintptr_t)p;
+    if (host_mode())
+        return host_kernel_op(p, bytes, op);
     pthread_mutex_lock(&g_mu);
     int is_dev;
     blk *b = lookup(p, &is_dev);
@@ -499,7 +552,7 @@ void par_dev_zero(void *p, size_t bytes)
         known = b && (b->dev || is_dev);
         pthread_mutex_unlock(&g_mu);
     }
-    if (known)
+    if (known || host_mode())
         kernel_op(p, bytes, OP_ZERO);
     else
         memset(p, 0, bytes); /* host memory, or a block no kernel has used yet */
@@ -517,7 +570,7 @@ void par_dev_copy(void *dst, const void *src, size_t bytes)
         on_dev = bd && bs && (bd->dev || di) && (bs->dev || si);
         pthread_mutex_unlock(&g_mu);
     }
-    if (!on_dev) {
+    if (!on_dev || host_mode()) {
         par_dev_host_read(src, bytes);
         par_dev_host_set(dst, bytes);
         memmove(dst, src, bytes);
@@ -551,7 +604,31 @@ void par_dev_host_all(void) { all_blocks(OP_HWRITE); }
 /* ---------------------------------------------------------------- mode -- */
 
 int par_dev_gpu(void) { return g_gpu; }
-int par_dev_real(void) { return g_real; }
+int par_dev_real(void) { return g_real && !host_mode(); }
+
+int par_dev_mode_set(int mode)
+{
+    int sc = par_alloc_scope_current();
+    if (!g_gpu || sc < 0 || sc > PAR_ALLOC_SCOPES)
+        return PAR_DEV_MODE_DEVICE;
+    int prev = g_mode[sc];
+    mode = mode == PAR_DEV_MODE_HOST ? PAR_DEV_MODE_HOST : PAR_DEV_MODE_DEVICE;
+    if (mode == prev)
+        return prev;
+    /* both ways the scope's blocks end host-owned: entering host mode pulls
+     * what is current only on the device (host code may then write any byte:
+     * a BOTH piece would go stale on the device unseen); entering device
+     * mode finds them so (and makes sure of it) */
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_nh; i++) {
+        blk *b = g_host[i];
+        if (b->scope == sc && b->dev && b->n)
+            set_range(b, 0, b->n, OP_HWRITE);
+    }
+    pthread_mutex_unlock(&g_mu);
+    g_mode[sc] = (unsigned char)mode;
+    return prev;
+}
 const char *par_dev_describe(void) { return g_desc; }
 
 void par_dev_get_stats(par_dev_stats *out)

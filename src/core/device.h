@@ -48,6 +48,9 @@ typedef struct {
     int64_t twins, twin_bytes_peak; /* device twins created, most device bytes live */
 } par_dev_stats;
 
+/* A rank's mode (par_dev_mode_set). */
+enum { PAR_DEV_MODE_DEVICE = 0, PAR_DEV_MODE_HOST = 1 };
+
 /* "cpu" or "gpu" -> *kind; anything else PAR_EINVAL naming the choices. */
 par_status par_dev_parse(const char *name, par_device_kind *kind);
 
@@ -88,6 +91,17 @@ void par_dev_copy(void *dst, const void *src, size_t bytes);
  * (host_all: the next kernel moves what it uses). */
 void par_dev_sync_host(void);
 void par_dev_host_all(void);
+/* The mode of this thread's allocator scope (core/alloc.h: a layout's rank;
+ * scope 0 for code outside a rank), set, returning the one before.  HOST: the
+ * rank runs the parallel layer's host code (docs/gpu.md "The parallel layer
+ * on the device path"); its kernels run on the host on host memory
+ * (par_dev_real() is 0, the operand calls return p after the host's
+ * transition) and host code may touch any byte of the rank's blocks.
+ * DEVICE (the default): kernels on the device, host code annotated.
+ * DEVICE -> HOST pulls every byte of the scope's blocks that is current only
+ * on the device; HOST -> DEVICE makes the scope's blocks host-owned (the next
+ * kernel moves what it reads). */
+int par_dev_mode_set(int mode);
 
 /* core/alloc.c's hooks: a block is born (HOST), resized, or freed. */
 void par__dev_register(void *p, size_t n);
@@ -118,6 +132,7 @@ static inline void par_dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static inline void par_dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void par_dev_sync_host(void) {}
 static inline void par_dev_host_all(void) {}
+static inline int par_dev_mode_set(int mode) { (void)mode; return 0; }
 static inline void par__dev_register(void *p, size_t n) { (void)p; (void)n; }
 static inline void par__dev_unregister(void *p) { (void)p; }
 

@@ -116,6 +116,7 @@ static void gate_dlogit_row(par_real *r, const par_real *logit, int64_t n)
 }
 #endif
 
+PAR_DECLARE_TARGET /* sort_small, gate_row: inside the gate's device loops */
 static void sort_small(int32_t *a, int n)
 {
     for (int i = 1; i < n; i++) {

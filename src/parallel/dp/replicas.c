@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/device.h"
 
 struct PAR_FN(par_replica_s) {
     int64_t group;            /* the key: dp-cp group (world rank of its rank 0), */
@@ -193,6 +194,9 @@ int64_t PAR_FN(par_replicas_phases)(void)
 void PAR_FN(par_replica_publish)(ticket_t *t, par_counts work)
 {
     atomic_fetch_add(&phases, 1);
+    /* GPU mode: the writer wrote the weights on the host (host mode); the
+     * members' kernels read them on the device: their twin is stale now */
+    par_dev_host_write(t->rep->w, (size_t)t->rep->n * sizeof *t->rep->w);
     t->rep->work = work;
     par_comm_store_local(&t->rep->gen, ++t->gen);
 }

@@ -62,6 +62,10 @@ struct PAR_FN(par_exec_s) {
     par_comm *pc;             /* the PP group (peers = pipeline ranks) */
     par_comm *pair;           /* DualPipe: {r, p-1-r} of the PP group; else NULL */
     void *hooks[PAR__EXEC_MAX_HOOKS]; /* each hook set's hook (exec_hooks.c's table), NULL: not this layout's */
+    /* GPU mode: the installed executors, called in host mode by M's wrappers (exec_hooks.c) */
+    PAR_FN(par_attn_exec) dev_attn;
+    PAR_FN(par_moe_exec) dev_moe;
+    PAR_FN(par_vocab_exec) dev_vocab;
     par_comm *cpc;            /* CP > 1: the CP group */
     par_comm *tpc;            /* TP > 1: the TP group */
     int tp_rank, etp_rank;    /* this rank's TP and ETP coordinates (the shards it stores) */

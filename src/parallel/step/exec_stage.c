@@ -198,7 +198,10 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
         return s;
     const par_real *X = sl->xin;
     for (int j = 0; j < ls->n_items; j++) {
-        if ((s = item_forward(ex, M, sl, ls, j, mb, &X)))
+        int mode = par_dev_mode_set(PAR_DEV_MODE_DEVICE); /* the model's kernels (docs/gpu.md) */
+        s = item_forward(ex, M, sl, ls, j, mb, &X);
+        par_dev_mode_set(mode);
+        if (s)
             return s;
         if (ex->keep && ls->block[j] >= 0)
             keep_block(ex, M, &sl->blk[j], ls->block[j], mb);
@@ -356,10 +359,12 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             par_dev_copy(dX, sl->gout, xb);
     }
     for (int j = ls->n_items - 1; j >= 0 && !s; j--) {
+        int mode = par_dev_mode_set(PAR_DEV_MODE_DEVICE); /* the model's kernels (docs/gpu.md) */
         if (kind == PAR_ACT_W)
             s = item_weights(ex, M, sl, ls, j, mb);
         else if (!(s = item_outs(sl, ls, j, xb, out)))
             s = item_input(ex, M, sl, ls, j, mb, kind == PAR_ACT_BW, &dX, out);
+        par_dev_mode_set(mode);
     }
     if (s)
         return s;

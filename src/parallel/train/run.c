@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/device.h"
 #include "core/fileio.h"
 #include "core/log.h"
 #include "model/golden.h"
@@ -308,6 +309,7 @@ static par_status rank_main(par_comm *world, void *arg)
     rank_state S;
     memset(&S, 0, sizeof S);
     S.ascope = par_alloc_scope_open(); /* this rank's allocator truth (alloc.h) */
+    par_dev_mode_set(PAR_DEV_MODE_HOST); /* GPU mode: the parallel layer's host code (docs/gpu.md) */
     par_status s = rank_setup(R, world, &S);
     par_alloc_scope_reset_peaks(S.ascope); /* the window: the steps */
     for (int64_t k = 0; k < R->n && !s; k++)
@@ -315,6 +317,7 @@ static par_status rank_main(par_comm *world, void *arg)
     if (!s)
         s = rank_report(R, &S);
     rank_free(&S);
+    par_dev_mode_set(PAR_DEV_MODE_DEVICE); /* the scope's next owner starts as any code does */
     par_alloc_scope_close(S.ascope);
     return s;
 }
