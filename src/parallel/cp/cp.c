@@ -20,9 +20,7 @@
 
 #include "core/alloc.h"
 #include "core/racc.h"
-#include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "kernels/qcast.h"
 #include "parallel/layout/layout.h"
 #include "parallel/reduce/reduce_sum.h"
 #include "parallel/tp/tp_reduce.h"
@@ -397,14 +395,8 @@ static par_status local_queries(PAR_FN(par_cp_attn_saved) *sv, par_real *y_local
         if (sv->tp.comm && dm->bitwise) { /* the serial GEMM's chain over the groups, rank after rank */
             par_real *yb = y_local + b * L * d;
             PAR_FN(par_attn_out_groups)(sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, dm, L);
-            const par_real *rr = sh.r + Dh * GL, *wb = W->wo_b;
-            par_real *q = NULL; /* a recipe's casts, as par_linear_forward's */
-            PAR_FN(par_qcast_operands)(&rr, &wb, &q, L, GL, d);
-            st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 1, L, d, GL, rr, GL, wb, GL, yb);
-            par_qcast_release(q);
-            if (st)
+            if ((st = PAR_FN(par_tp_reduce_linear_forward)(&sv->tp, yb, sh.r + Dh * GL, W->wo_b, L, GL, d)))
                 return st;
-            PAR_FN(par_gemm_finish)(L, d, 1, yb, d, 0, yb, d);
             continue;
         }
         PAR_FN(par_attn_out_forward)(y_local + b * L * d, sh.r + Dh * GL, sh.o + Dh * HD, W->wo_a, W->wo_b, dm,
@@ -756,20 +748,15 @@ static par_status bw_proj_tp(PAR_FN(par_cp_attn_saved) *sv, const cp_geom *g, bw
     PAR_FN(par_attn_saved) sh, sl;
     const int32_t *pb = row_view(&sh, sv, b);
     saved_shift(&sl, &sh, first, dm);
-    par_real *dqb = par_calloc((size_t)(n * (g->HD + ql) + 1), sizeof *dqb, PAR_TAG_ACT), *P = dqb + n * g->HD;
+    par_real *dqb = par_calloc((size_t)(n * g->HD + 1), sizeof *dqb, PAR_TAG_ACT);
     if (!dqb)
         return par_err(PAR_ENOMEM, "context x tensor parallel attention backward: %lld query rows", LL(n));
     PAR_FN(par_attn_proj_backward_dqb)(dqb, x->dq + w * g->HD, &sl, pb + first, dm, n);
     par_real *dqr = sv->kdqr + w * ql;
-    const par_real *qx = sl.qr, *wq = W->wq_b;
-    par_real *q = NULL; /* a recipe's casts, as par_linear_backward's */
-    PAR_FN(par_qcast_operands)(&qx, &wq, &q, n, ql, g->HD);
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(&sv->tp, 0, 0, n, ql, g->HD, dqb, g->HD, wq, ql, P);
-    par_qcast_release(q);
+    par_status st = PAR_FN(par_tp_reduce_linear_din)(&sv->tp, dqr, dqb, sl.qr, W->wq_b, n, ql, g->HD);
     PAR_FN(par_attn_weights) none;
     memset(&none, 0, sizeof none);
     if (!st) {
-        PAR_FN(par_gemm_finish)(n, ql, 1, P, ql, 1, dqr, ql);
         st = PAR_FN(par_attn_proj_backward_rest)(want_dx ? x->dxw + w * g->d : NULL, &none, dqr, x->dkv + w * g->hd,
                                                  g->m > 0 ? x->dca + w * g->nc : NULL,
                                                  g->m > 0 ? x->dcz + w * g->nc : NULL, &sl, sv->xw + w * g->d,

@@ -13,9 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/racc.h"
-#include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "kernels/qcast.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/layout/tp_split.h"
 
@@ -313,14 +311,7 @@ static par_status out_chain(par_real *y, PAR_FN(par_tp_attn_saved) *sv, const PA
     const par_attn_dims *dl = &sv->dl;
     const int64_t T = sv->T, d = dl->d, K = dl->o_groups * dl->o_lora;
     PAR_FN(par_attn_out_groups)(sv->s.r, sv->s.o, Wl->wo_a, dl, T);
-    const par_real *r = sv->s.r, *w = Wl->wo_b;
-    par_real *q = NULL; /* a recipe's casts, as par_linear_forward's */
-    PAR_FN(par_qcast_operands)(&r, &w, &q, T, K, d);
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 1, T, d, K, r, K, w, K, y);
-    par_qcast_release(q);
-    if (!st)
-        PAR_FN(par_gemm_finish)(T, d, 1, y, d, 0, y, d);
-    return st;
+    return PAR_FN(par_tp_reduce_linear_forward)(tp, y, sv->s.r, Wl->wo_b, T, K, d);
 }
 
 par_status PAR_FN(par_tp_attn_forward)(par_real *y,                 /* [Tx, d] */
@@ -502,21 +493,11 @@ static par_status dqr_chained(par_real *dqr, bwd_scratch *b, PAR_FN(par_attn_wei
 {
     const par_attn_dims *dl = &sv->dl;
     const int64_t T = sv->T, ql = dl->q_lora, K = dl->H * dl->hd;
-    par_real *dqb = b->dO, *P = par_malloc((size_t)(T * ql + 1) * sizeof *P, PAR_TAG_ACT);
-    if (!P)
-        return par_err(PAR_ENOMEM, "tensor parallel attention backward: %lld query sums", LL(T * ql));
+    par_real *dqb = b->dO;
     memset(dqb, 0, (size_t)(T * K) * sizeof *dqb); /* dO is spent */
     PAR_FN(par_attn_proj_backward_dqb)(dqb, b->dq, &sv->s, sv->pos, dl, T);
     PAR_FN(par_linear_backward)(NULL, dW->wq_b, dqb, sv->s.qr, W->wq_b, T, ql, K);
-    const par_real *x = sv->s.qr, *w = W->wq_b;
-    par_real *q = NULL; /* a recipe's casts, as par_linear_backward's */
-    PAR_FN(par_qcast_operands)(&x, &w, &q, T, ql, K);
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, ql, K, dqb, K, w, ql, P);
-    par_qcast_release(q);
-    if (!st)
-        PAR_FN(par_gemm_finish)(T, ql, 1, P, ql, 1, dqr, ql);
-    par_free(P);
-    return st;
+    return PAR_FN(par_tp_reduce_linear_din)(tp, dqr, dqb, sv->s.qr, W->wq_b, T, ql, K);
 }
 
 /* The layer's backward in the bitwise mode: every sum over heads is the

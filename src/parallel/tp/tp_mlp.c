@@ -4,9 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "kernels/qcast.h"
 #include "kernels/moe.h"
 #include "parallel/tp/tp_reduce.h"
 #include "parallel/layout/tp_split.h"
@@ -61,14 +59,7 @@ static par_status forward_chained(par_real *y, PAR_FN(par_tp_mlp_saved) *sv, con
     PAR_FN(par_linear_forward)(sv->g, sv->x, w1, T, d, Il);
     PAR_FN(par_linear_forward)(sv->u, sv->x, w3, T, d, Il);
     PAR_FN(par_swiglu_forward)(sv->h, sv->g, sv->u, NULL, T, Il, sv->L);
-    const par_real *h = sv->h;
-    par_real *q = NULL; /* a recipe's casts, as par_linear_forward's */
-    PAR_FN(par_qcast_operands)(&h, &w2, &q, T, Il, d);
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 1, T, d, Il, h, Il, w2, Il, y);
-    par_qcast_release(q);
-    if (!st)
-        PAR_FN(par_gemm_finish)(T, d, 1, y, d, 0, y, d);
-    return st;
+    return PAR_FN(par_tp_reduce_linear_forward)(tp, y, sv->h, w2, T, Il, d);
 }
 
 par_status PAR_FN(par_tp_mlp_forward)(par_real *y,              /* [Tx, d] */
@@ -123,34 +114,6 @@ fail_free_saved:
 
 /* dxs [T, d] (zeroed) = dg w1 + du w3 over all hidden units as the serial
  * expert's two GEMMs (each a chain over the ranks' columns), in its order. */
-/* dxs += dh w (the chain over the ranks' hidden units, w cast as
- * par_linear_backward's under a recipe; x: the layer's input). */
-static par_status dx_chain_add(par_real *dxs, par_real *P, const par_real *dh, const par_real *x, const par_real *w,
-                               int64_t T, int64_t d, int64_t Il, const par_tp *tp)
-{
-    par_real *q = NULL;
-    PAR_FN(par_qcast_operands)(&x, &w, &q, T, d, Il);
-    par_status st = PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, Il, dh, Il, w, d, P);
-    par_qcast_release(q);
-    if (!st)
-        PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
-    return st;
-}
-
-static par_status dx_chained(par_real *dxs, const par_real *dg, const par_real *du, const par_real *x,
-                             const par_real *w1, const par_real *w3, int64_t T, int64_t d, int64_t Il,
-                             const par_tp *tp)
-{
-    par_real *P = par_malloc((size_t)(T * d + 1) * sizeof *P, PAR_TAG_ACT);
-    if (!P)
-        return par_err(PAR_ENOMEM, "tensor parallel MLP backward: %lld sums", LL(T * d));
-    par_status st = dx_chain_add(dxs, P, dg, x, w1, T, d, Il, tp);
-    if (!st)
-        st = dx_chain_add(dxs, P, du, x, w3, T, d, Il, tp);
-    par_free(P);
-    return st;
-}
-
 /* The bitwise mode's backward (the serial expert's steps, the input sums
  * chained): weights as terms of the rank's columns, dxs complete. */
 static par_status backward_chained(par_real *dxs, par_real *dw1, par_real *dw2, par_real *dw3, const par_real *dy,
@@ -168,7 +131,10 @@ static par_status backward_chained(par_real *dxs, par_real *dw1, par_real *dw2, 
     PAR_FN(par_swiglu_backward)(dg, du, NULL, dh, sv->g, sv->u, NULL, T, Il, sv->L);
     PAR_FN(par_linear_backward)(NULL, dw1, dg, sv->x, w1, T, d, Il);
     PAR_FN(par_linear_backward)(NULL, dw3, du, sv->x, w3, T, d, Il);
-    par_status st = dxs ? dx_chained(dxs, dg, du, sv->x, w1, w3, T, d, Il, tp) : PAR_OK;
+    /* dxs = dg w1 + du w3 over all hidden units, the serial expert's two GEMMs in its order */
+    par_status st = dxs ? PAR_FN(par_tp_reduce_linear_din)(tp, dxs, dg, sv->x, w1, T, d, Il) : PAR_OK;
+    if (!st && dxs)
+        st = PAR_FN(par_tp_reduce_linear_din)(tp, dxs, du, sv->x, w3, T, d, Il);
     par_free(dh);
     return st;
 }

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "kernels/gemm.h"
+#include "kernels/qcast.h"
 #include "parallel/reduce/reduce_sum.h"
 
 /* point-to-point tags of the TP group (distinct from CP's 61xx) */
@@ -333,12 +334,40 @@ static void gemm_link_add(void *ctx, par_real *P)
     PAR_FN(par_gemm_part)(g->ta, g->tb, g->M, g->N, g->K, g->A, g->lda, g->B, g->ldb, g->load, P, g->N);
 }
 
-par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
-                                            const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
-                                            par_real *P)
+/* P [M, N] = the raw accumulators of op(A) op(B) over the whole K, each
+ * rank continuing the chain with its K shard of Kl, the same on every rank. */
+static par_status gemm_chain(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl, const par_real *A,
+                             int64_t lda, const par_real *B, int64_t ldb, par_real *P)
 {
     gemm_link g = {ta, tb, !PAR_FN(par_tp_chain_first)(tp), M, N, Kl, lda, ldb, A, B};
     return PAR_FN(par_tp_reduce_chain_bcast)(tp, P, (size_t)(M * N), gemm_link_add, &g);
+}
+
+par_status PAR_FN(par_tp_reduce_linear_forward)(const par_tp *tp, par_real *y, const par_real *in, const par_real *w,
+                                                int64_t T, int64_t Kl, int64_t N)
+{
+    par_real *q = NULL; /* a recipe's casts, as par_linear_forward's */
+    PAR_FN(par_qcast_operands)(&in, &w, &q, T, Kl, N);
+    par_status st = gemm_chain(tp, 0, 1, T, N, Kl, in, Kl, w, Kl, y);
+    par_qcast_release(q);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, N, 1, y, N, 0, y, N);
+    return st;
+}
+
+par_status PAR_FN(par_tp_reduce_linear_din)(const par_tp *tp, par_real *din, const par_real *dout, const par_real *in,
+                                            const par_real *w, int64_t T, int64_t K, int64_t Nl)
+{
+    par_real *P = par_malloc((size_t)(T * K + 1) * sizeof *P, PAR_TAG_ACT), *q = NULL;
+    if (!P)
+        return par_err(PAR_ENOMEM, "tensor parallel input gradient: %lld sums", (long long)(T * K));
+    PAR_FN(par_qcast_operands)(&in, &w, &q, T, K, Nl); /* a recipe's casts, as par_linear_backward's */
+    par_status st = gemm_chain(tp, 0, 0, T, K, Nl, dout, Nl, w, K, P);
+    par_qcast_release(q);
+    if (!st)
+        PAR_FN(par_gemm_finish)(T, K, 1, P, K, 1, din, K);
+    par_free(P);
+    return st;
 }
 
 par_status PAR_FN(par_tp_reduce_chain_f64)(const par_tp *tp, double *buf, size_t n,

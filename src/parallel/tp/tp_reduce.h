@@ -76,16 +76,19 @@ par_status PAR_FN(par_tp_reduce_chain_bcast)(const par_tp *tp, par_real *buf, si
                                              void (*add)(void *ctx, par_real *buf), void *ctx);
 /* reals buf[0..n) from group rank root to every rank. */
 par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n, int root);
-/* The bitwise mode's row-parallel sum (docs/bitwise.md "Tensor
- * parallelism"): P [M, N] = the raw accumulators of op(A) op(B) over the
- * whole K, which the group holds in rank-order shards of Kl each (A, B: this
- * rank's shard, par_gemm's conventions): rank r continues rank r-1's
- * accumulators with its shard (par_gemm_part, a chain), the last rank
- * broadcasts them, so every rank ends with the serial GEMM's chain bit for
- * bit; par_gemm_finish applies alpha and beta.  One rank: par_gemm_part. */
-par_status PAR_FN(par_tp_reduce_gemm_chain)(const par_tp *tp, int ta, int tb, int64_t M, int64_t N, int64_t Kl,
-                                            const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
-                                            par_real *P); /* [M, N] */
+/* The bitwise mode's sums over a split K (docs/bitwise.md "Tensor
+ * parallelism"): the group holds K in rank-order shards; rank r continues
+ * rank r-1's raw accumulators with its shard (par_gemm_part, a chain), the
+ * last rank broadcasts them, so every rank ends with the serial kernel's
+ * bits, a recipe's casts applied as it applies them.
+ * _forward: y [T, N] = in W^T as par_linear_forward (in [T, Kl], w [N, Kl]:
+ * this rank's columns of K).  _din: din [T, K] += dout W as
+ * par_linear_backward's input gradient (dout [T, Nl], w [Nl, K]: this
+ * rank's rows of N; in [T, K] the layer's input, for the recipe's lookup). */
+par_status PAR_FN(par_tp_reduce_linear_forward)(const par_tp *tp, par_real *y, const par_real *in, const par_real *w,
+                                                int64_t T, int64_t Kl, int64_t N);
+par_status PAR_FN(par_tp_reduce_linear_din)(const par_tp *tp, par_real *din, const par_real *dout, const par_real *in,
+                                            const par_real *w, int64_t T, int64_t K, int64_t Nl);
 /* int32 buf[0..n) from group rank root to every rank. */
 par_status PAR_FN(par_tp_reduce_bcast_i32)(const par_tp *tp, int32_t *buf, size_t n, int root);
 

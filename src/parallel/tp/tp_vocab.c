@@ -7,9 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/pmath.h"
-#include "kernels/gemm.h"
 #include "kernels/gsum.h"
-#include "kernels/qcast.h"
 #include "kernels/ops.h"
 #include "parallel/tp/tp_reduce.h"
 
@@ -281,22 +279,16 @@ par_status PAR_FN(par_tp_head_backward)(par_real *dxn,             /* [Tx, d] or
     if (!sv || !sv->buf)
         return par_err(PAR_EINVAL, "vocab-parallel head backward: no saved forward");
     const int64_t T = sv->T, d = sv->d, Tx = sv->Tx;
-    const size_t n = (size_t)(T * sv->Vl + T * d + Tx * d + (chained(tp) ? T * d : 0));
+    const size_t n = (size_t)(T * sv->Vl + T * d + Tx * d);
     par_real *buf = par_calloc(n + 1, sizeof(par_real), PAR_TAG_ACT);
     if (!buf)
         return par_err(PAR_ENOMEM, "vocab-parallel head backward: scratch of %zu reals", n);
-    par_real *dz = buf, *dxs = dz + T * sv->Vl, *mine = dxs + T * d, *P = mine + Tx * d; /* P: the chain's */
+    par_real *dz = buf, *dxs = dz + T * sv->Vl, *mine = dxs + T * d;
     xent_backward_cols(dz, sv, scale);
     par_status st = PAR_OK;
     if (chained(tp)) { /* dx = dz head over the whole vocabulary: one chain over the ranks' rows */
         PAR_FN(par_linear_backward)(NULL, dhead, dz, sv->xn, head, T, d, sv->Vl);
-        const par_real *xq = sv->xn, *hq = head;
-        par_real *q = NULL; /* a recipe's casts, as par_linear_backward's (the head: none in V4's) */
-        PAR_FN(par_qcast_operands)(&xq, &hq, &q, T, d, sv->Vl);
-        st = dxn ? PAR_FN(par_tp_reduce_gemm_chain)(tp, 0, 0, T, d, sv->Vl, dz, sv->Vl, hq, d, P) : PAR_OK;
-        par_qcast_release(q);
-        if (dxn && !st) {
-            PAR_FN(par_gemm_finish)(T, d, 1, P, d, 1, dxs, d);
+        if (dxn && !(st = PAR_FN(par_tp_reduce_linear_din)(tp, dxs, dz, sv->xn, head, T, d, sv->Vl))) {
             const par_real *src = dxs + (sv->sp ? (int64_t)sv->rank * Tx * d : 0);
             for (int64_t e = 0; e < Tx * d; e++)
                 dxn[e] += src[e];
