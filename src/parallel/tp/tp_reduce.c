@@ -321,7 +321,7 @@ par_status PAR_FN(par_tp_reduce_bcast)(const par_tp *tp, par_real *buf, size_t n
     return par_bcast(tp->comm, buf, n, PAR_TP_CREAL, root);
 }
 
-/* par_tp_reduce_gemm_chain's step: this rank's K shard continues the chain. */
+/* gemm_chain's step: this rank's K shard continues the chain. */
 typedef struct {
     int ta, tb, load;
     int64_t M, N, K, lda, ldb;
