@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/racc.h"
+#include "kernels/gsum_row.h"
 #include "kernels/real.h"
 
 /* The accumulator behind gradient g[0..n), or {NULL}: the kernel's own sum. */

@@ -69,11 +69,8 @@ void PAR_FN(par_gsum_outer)(par_racc_view v, const par_real *a, int64_t lda, con
     for (int64_t t = 0; t < T; t++)
         for (int64_t n = 0; n < N; n++) {
             const double g = (double)a[t * lda + n];
-            if (g == 0.0)
-                continue;
-            const par_real *x = b + t * ldb;
-            for (int64_t k = 0; k < K; k++)
-                par_gsum_put(v, n * ldw + k, g * (double)x[k]);
+            if (g != 0.0)
+                PAR_FN(par_gsum_row_put)(v.acc, v.at + (size_t)(n * ldw), g, b + t * ldb, (size_t)K);
         }
 }
 
