@@ -94,11 +94,99 @@ typedef struct {
 #define V_ADD(a, b) X86_S(add, 256)(a, b)
 #include "kernels/gemm-ukr.h"
 
+/* narrower AVX2 tiles for small M or N (kernels[] below picks by shape) */
+#define UKR_NAME ukr_avx2_4x2
+#define UKR_ATTR __attribute__((target("avx2,fma")))
+#define UKR_MR 4
+#define UKR_NV 2
+#define VEC X86_V256
+#define VW ((int)(32 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 256)(p)
+#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
+#define V_SET1(x) X86_S(set1, 256)(x)
+#define V_ZERO() X86_S(setzero, 256)()
+#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 256)(a, b)
+#define V_ADD(a, b) X86_S(add, 256)(a, b)
+#include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx2_6x1
+#define UKR_ATTR __attribute__((target("avx2,fma")))
+#define UKR_MR 6
+#define UKR_NV 1
+#define VEC X86_V256
+#define VW ((int)(32 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 256)(p)
+#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
+#define V_SET1(x) X86_S(set1, 256)(x)
+#define V_ZERO() X86_S(setzero, 256)()
+#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 256)(a, b)
+#define V_ADD(a, b) X86_S(add, 256)(a, b)
+#include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx2_4x1
+#define UKR_ATTR __attribute__((target("avx2,fma")))
+#define UKR_MR 4
+#define UKR_NV 1
+#define VEC X86_V256
+#define VW ((int)(32 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 256)(p)
+#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
+#define V_SET1(x) X86_S(set1, 256)(x)
+#define V_ZERO() X86_S(setzero, 256)()
+#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 256)(a, b)
+#define V_ADD(a, b) X86_S(add, 256)(a, b)
+#include "kernels/gemm-ukr.h"
+
 /* AVX-512F: 12 rows x 2 vectors (f64 12 x 16, f32 12 x 32) */
 #define UKR_NAME ukr_avx512
 #define UKR_ATTR __attribute__((target("avx512f")))
 #define UKR_MR 12
 #define UKR_NV 2
+#define VEC X86_V512
+#define VW ((int)(64 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 512)(p)
+#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
+#define V_SET1(x) X86_S(set1, 512)(x)
+#define V_ZERO() X86_S(setzero, 512)()
+#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 512)(a, b)
+#define V_ADD(a, b) X86_S(add, 512)(a, b)
+#include "kernels/gemm-ukr.h"
+
+/* narrower AVX-512 tiles for small M or N */
+#define UKR_NAME ukr_avx512_8x2
+#define UKR_ATTR __attribute__((target("avx512f")))
+#define UKR_MR 8
+#define UKR_NV 2
+#define VEC X86_V512
+#define VW ((int)(64 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 512)(p)
+#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
+#define V_SET1(x) X86_S(set1, 512)(x)
+#define V_ZERO() X86_S(setzero, 512)()
+#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 512)(a, b)
+#define V_ADD(a, b) X86_S(add, 512)(a, b)
+#include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx512_12x1
+#define UKR_ATTR __attribute__((target("avx512f")))
+#define UKR_MR 12
+#define UKR_NV 1
+#define VEC X86_V512
+#define VW ((int)(64 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 512)(p)
+#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
+#define V_SET1(x) X86_S(set1, 512)(x)
+#define V_ZERO() X86_S(setzero, 512)()
+#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 512)(a, b)
+#define V_ADD(a, b) X86_S(add, 512)(a, b)
+#include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx512_8x1
+#define UKR_ATTR __attribute__((target("avx512f")))
+#define UKR_MR 8
+#define UKR_NV 1
 #define VEC X86_V512
 #define VW ((int)(64 / sizeof(par_real)))
 #define V_LOAD(p) X86_S(loadu, 512)(p)
@@ -117,17 +205,29 @@ typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t ac
 /* A path's micro-kernel and blocking (reals): MC x KC of A stays in L2, a
  * KC x NR panel of B in L1, KC x NC of B in L3. */
 typedef struct {
-    int mr, nr;
+    int mr, nr, nv; /* the tile: mr rows x nr columns, nv vectors a row */
     int64_t mc, kc, nc;
     gemm_ukr ukr;
 } gemm_kern;
 
 #define GEMM_F (8 / (int)sizeof(par_real)) /* 1 in f64, 2 in f32 */
-static const gemm_kern kerns[PAR_GEMM_PATH_COUNT] = {
-    [PAR_GEMM_PATH_C] = {4, 4, 64, 256, 2048, ukr_c},
+#define GEMM_KC (256 + 128 * (GEMM_F - 1))
+#define GEMM_TILES 4 /* the most micro-tiles of one path */
+/* Each path's micro-tiles, the widest first; gemm_pick takes one per call by
+ * its shape.  Which tile computes an element never changes its bits (each
+ * lane is one element's fma chain), only the time: a v4-mini expert's N = 16
+ * would leave half of a 12 x 32 f32 AVX-512 tile empty. */
+static const gemm_kern kerns[PAR_GEMM_PATH_COUNT][GEMM_TILES] = {
+    [PAR_GEMM_PATH_C] = {{4, 4, 4, 64, 256, 2048, ukr_c}},
 #ifdef GEMM_X86
-    [PAR_GEMM_PATH_AVX2] = {6, 8 * GEMM_F, 120, 256 + 128 * (GEMM_F - 1), 2048, ukr_avx2},
-    [PAR_GEMM_PATH_AVX512] = {12, 16 * GEMM_F, 144, 256 + 128 * (GEMM_F - 1), 2048, ukr_avx512},
+    [PAR_GEMM_PATH_AVX2] = {{6, 8 * GEMM_F, 2, 120, GEMM_KC, 2048, ukr_avx2},
+                            {4, 8 * GEMM_F, 2, 120, GEMM_KC, 2048, ukr_avx2_4x2},
+                            {6, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_6x1},
+                            {4, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_4x1}},
+    [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512},
+                              {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2},
+                              {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1},
+                              {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1}},
 #endif
 };
 #define GEMM_MAX_TILE (12 * 32) /* the largest MR x NR */
@@ -272,6 +372,41 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* The index of the current path's tile for C [M, N]: the least time by a
+ * simple model, ties to the wider.  Per k a tile loads mr + nv operands and
+ * does mr nv vector FMAs (two of either per cycle), over the padded M x N. */
+static int gemm_pick_index(int64_t M, int64_t N)
+{
+    const gemm_kern *ks = kerns[par_gemm_path()];
+    int best = 0;
+    double best_cost = 0;
+    for (int i = 0; i < GEMM_TILES && ks[i].ukr; i++) {
+        const double fma = (double)ks[i].mr * ks[i].nv, ld = (double)(ks[i].mr + ks[i].nv);
+        const double cost = (double)round_up(M, ks[i].mr) * (double)round_up(N, ks[i].nr) * (fma > ld ? fma : ld) / fma;
+        if (i == 0 || cost < best_cost)
+            best = i, best_cost = cost;
+    }
+    return best;
+}
+
+static const gemm_kern *gemm_pick(int64_t M, int64_t N) { return &kerns[par_gemm_path()][gemm_pick_index(M, N)]; }
+
+int PAR_FN(par_gemm_tile)(int64_t M, int64_t N, int *mr, int *nr)
+{
+    const gemm_kern *k = gemm_pick(M, N);
+    *mr = k->mr;
+    *nr = k->nr;
+    return gemm_pick_index(M, N);
+}
+
+int PAR_FN(par_gemm_tiles)(void)
+{
+    int n = 0;
+    while (n < GEMM_TILES && kerns[par_gemm_path()][n].ukr)
+        n++;
+    return n;
+}
+
 /* The packing buffers, kept per thread between calls: at up to (MC + NC) KC
  * reals (4.2 MB for avx2 f64) they are above malloc's mmap threshold
  * (core/alloc.h), so a buffer per call was a fresh mapping every call, a page
@@ -399,7 +534,7 @@ void PAR_FN(par_gemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real 
     }
     const gemm_opnd a = ta ? (gemm_opnd){A, 1, lda} : (gemm_opnd){A, lda, 1};
     const gemm_opnd b = tb ? (gemm_opnd){B, ldb, 1} : (gemm_opnd){B, 1, ldb};
-    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, alpha, beta, C, ldc, GEMM_WHOLE)) {
+    if (gemm_run(gemm_pick(M, N), a, b, M, N, K, alpha, beta, C, ldc, GEMM_WHOLE)) {
         PAR_LOG_W("par_gemm: no memory for the packing buffers (M %lld, N %lld, K %lld); computing it "
                   "with the plain loops (the same bits, slower)", (long long)M, (long long)N, (long long)K);
         PAR_FN(par_gemm_reference)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -434,7 +569,7 @@ void PAR_FN(par_gemm_part)(int ta, int tb, int64_t M, int64_t N, int64_t K, cons
     }
     const gemm_opnd a = ta ? (gemm_opnd){A, 1, lda} : (gemm_opnd){A, lda, 1};
     const gemm_opnd b = tb ? (gemm_opnd){B, ldb, 1} : (gemm_opnd){B, 1, ldb};
-    if (gemm_run(&kerns[par_gemm_path()], a, b, M, N, K, 1, 0, P, ldp, load ? GEMM_PART_MORE : GEMM_PART_NEW))
+    if (gemm_run(gemm_pick(M, N), a, b, M, N, K, 1, 0, P, ldp, load ? GEMM_PART_MORE : GEMM_PART_NEW))
         gemm_part_reference(ta, tb, M, N, K, A, lda, B, ldb, load, P, ldp);
 }
 

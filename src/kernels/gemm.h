@@ -35,6 +35,12 @@ void PAR_FN(par_gemm_reference)(int ta, int tb, int64_t M, int64_t N, int64_t K,
                                 const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
                                 par_real beta, par_real *C, int64_t ldc);
 
+/* The micro-tile par_gemm takes for C [M, N] on the current path (never a
+ * matter of bits, only of time): its rows and columns, and its index among
+ * the path's par_gemm_tiles() tiles.  For tests and benchmarks. */
+int PAR_FN(par_gemm_tile)(int64_t M, int64_t N, int *mr, int *nr);
+int PAR_FN(par_gemm_tiles)(void);
+
 /* The same sum split over K and continued piece after piece (the bitwise
  * mode's tensor-parallel sums: rank r continues rank r-1's accumulators with
  * its shard of K, docs/bitwise.md).  P [M, N] (ld ldp) holds raw

@@ -23,6 +23,10 @@ void par_gemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void par_gemm_reference_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+int par_gemm_tile_f64(int64_t M, int64_t N, int *mr, int *nr);
+int par_gemm_tile_f32(int64_t M, int64_t N, int *mr, int *nr);
+int par_gemm_tiles_f64(void);
+int par_gemm_tiles_f32(void);
 
 /* values over many binades (so that any other summation order or rounding
  * shows in the last bits) */
@@ -103,13 +107,21 @@ Test(gemm, every_tail_every_path_equals_the_fma_chain)
     int64_t checked = 0;
     for (int ip = 0; ip < np; ip++) {
         cr_assert_eq(par_gemm_path_set(ps[ip]), PAR_OK);
+        int used64[8] = {0}, used32[8] = {0}, mr, nr;
         for (int64_t M = 1; M <= 40; M++)
             for (int64_t N = 1; N <= 40; N++) {
+                used64[par_gemm_tile_f64(M, N, &mr, &nr)] = 1;
+                used32[par_gemm_tile_f32(M, N, &mr, &nr)] = 1;
                 int64_t K = (M * 7 + N * 13) % 40 + 1; /* every K 1..40 over the (M, N) grid */
                 int t = (int)((M + 3 * N) % 4);
                 shape s = mk(t & 1, t >> 1, M, N, K, (M + N) % 3, (M + N) % 5 ? 1.0 : -1.25, (M * N) % 3 ? 0.0 : 0.75);
                 expect_equal(&s, (uint64_t)(M * 1000 + N), ps[ip], &checked);
             }
+        /* every micro-tile of the path took part in the grid above */
+        for (int i = 0; i < par_gemm_tiles_f64(); i++)
+            cr_expect(used64[i], "path %s: f64 tile %d never picked on the 40 x 40 grid", par_gemm_path_name(ps[ip]), i);
+        for (int i = 0; i < par_gemm_tiles_f32(); i++)
+            cr_expect(used32[i], "path %s: f32 tile %d never picked on the 40 x 40 grid", par_gemm_path_name(ps[ip]), i);
         for (int64_t K = 1; K <= 40; K++)
             for (int t = 0; t < 4; t++) {
                 shape s = mk(t & 1, t >> 1, 13, 17, K, 1, 0.5, 1.0);
