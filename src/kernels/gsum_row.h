@@ -6,11 +6,11 @@
  * The elements are distinct, so the order in which a row's terms go in
  * cannot matter, and every path performs, per element, exactly the
  * operations of par_racc_put (the term's product, its three cuts, the
- * integer adds): the portable C path and the AVX2 path (four elements per
- * vector; a group with a first term, a larger one or a non-finite one takes
- * par_racc_put) leave the same state bit for bit.  The path is the one
- * par_gemm uses (kernels/gemm_path.h: PARITY_GEMM_PATH=c forces C;
- * avx512 CPUs run the AVX2 code). */
+ * integer adds): the portable C path, the AVX2 path (four elements per
+ * vector) and the AVX-512F path (eight) leave the same state bit for bit; a
+ * group with a first term, a larger one or a non-finite one takes
+ * par_racc_put.  The path is the one par_gemm uses (kernels/gemm_path.h:
+ * PARITY_GEMM_PATH=c|avx2|avx512 forces one). */
 #ifndef PAR_KERNELS_GSUM_ROW_H
 #define PAR_KERNELS_GSUM_ROW_H
 
