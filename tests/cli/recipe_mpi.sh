@@ -7,7 +7,9 @@
 #   - v4 TP 2 x ETP 2 x EP 2 + SP (2 processes x 2 thread ranks; the 1x32 MXFP4 tiles of w2 cut);
 #   - bf16 DP 2 x PP 2 (2 processes x 2 fiber ranks);
 #   - under --bitwise, v4 TP 2 x CP 2 (4 processes) bit-identical to the bitwise recipe golden;
-#   - the control: fp8 TP 2 with PARITY_RECIPE_LOCAL_TILES=1 (tiles cut per shard) fails.
+#   - the control: fp8 TP 2 with PARITY_RECIPE_LOCAL_TILES=1 (tiles cut per shard) fails;
+#   - `parity matrix --backend mpi --recipe v4 --bitwise`: its launcher passes both flags to the
+#     MPI runs (cells tp2 and cp2 against their references made under v4 in the bitwise mode).
 # Usage: recipe_mpi.sh PATH/TO/parity PATH/TO/mpiexec
 set -u
 P=$(realpath "$1")
@@ -45,5 +47,10 @@ if PARITY_RECIPE_LOCAL_TILES=1 timeout 240 "$MPIEXEC" -n 2 "$P" run --backend mp
   line=$("$P" compare g-fp8 fp8-local 2>&1 | grep -E '^(EQUAL|MISMATCH)')
   case $line in MISMATCH*) ok "layout-local tiles under MPI fail: $line" ;; *) bad "layout-local tiles passed: $line" ;; esac
 else bad "the layout-local run failed: $(tail -1 local.log)"; fi
+if timeout 280 "$P" matrix --quick --backend mpi --recipe v4 --bitwise --cell tp2 --cell cp2 \
+    --fixture tiny-boundary-mix --quiet --out mx > mx.log 2>&1; then
+  grep -q "2 cells: 2 passed" mx.log && ok "matrix --backend mpi --recipe v4 --bitwise: $(grep 'cells:' mx.log)" ||
+    bad "matrix: $(grep 'cells:' mx.log)"
+else bad "matrix --backend mpi --recipe v4 --bitwise: $(grep -E 'cells:|FAIL|parity matrix' mx.log | head -3)"; fi
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
