@@ -105,16 +105,14 @@ def run(args, precision, out_dir, hf_dir, batch_dir, blockwise):
     import torch
     from parity_torch import v4
     gs = GoldenSet(args.golden)
-    recipe = gs.manifest["train"].get("recipe", "none")
-    if recipe != "none":  # the C golden's casts (docs/recipes.md) are not implemented here
-        raise SystemExit(f"parity_torch: {args.golden} was made under the recipe {recipe!r}; parity_torch runs "
-                         "no recipe yet (docs/recipes.md): compare with a golden made without --recipe")
+    recipe = args.recipe or gs.manifest["train"].get("recipe", "none")  # the golden's casts (docs/recipes.md)
     fdt = GOLDEN_DTYPES[gs.precision]
     cfg, params, opt = hf.load(hf_dir)
     cfg = {**gs.config, **cfg}
     dev = torch.device(args.device)
     wdt = torch.float64 if precision == "f64" else torch.float32
     model = v4.V4(cfg).to(device=dev, dtype=wdt)
+    model.set_recipe(recipe)
     model.load_parity_state(params)
     optim = v4.MuonAdamW(model, cfg)
     bs = BatchSet(batch_dir)
@@ -124,7 +122,7 @@ def run(args, precision, out_dir, hf_dir, batch_dir, blockwise):
         optim.state.setdefault(name, {})[slot] = torch.from_numpy(a).to(device=dev, dtype=wdt)
     optim.t = ks[0]
     layout = {"framework": "pytorch", "torch": torch.__version__, "device": str(dev), "precision": precision,
-              "world_size": 1, "backend": "parity_torch"}
+              "world_size": 1, "backend": "parity_torch", "recipe": recipe}
     w = GoldenWriter(out_dir, gs.manifest["model"], gs.manifest["train"], precision,
                      generator=("parity_torch", "0.1.0"), layout=layout, data=gs.manifest["data"], first_step=ks[0])
     t0 = time.time()
@@ -225,6 +223,36 @@ def worst(rows):
     return max(fl, key=lambda r: r["ratio"]) if fl else None
 
 
+def tensor_class(file, tensor):
+    """The class a row is reported under: 'params' (the parameters after an update), or a
+    step tensor's kind: act, grad, out, router (ids, loads), attn (indexer selections)."""
+    if file.startswith("params."):
+        return "params"
+    if file.startswith("blockwise."):
+        return "blockwise"
+    if tensor in ("out.logits", "out.mtp_logits"):
+        return "logits"
+    return tensor.split(".", 1)[0]
+
+
+def by_class(rows):
+    """{class: the largest error of its tensors}: floats by rel_l2 (and the largest max_abs),
+    integer tensors by the count of differing elements."""
+    out = {}
+    for r in rows:
+        if "rel_l2" not in r and "n_diff" not in r:
+            continue
+        c = out.setdefault(tensor_class(r["file"], r["tensor"]), {"tensors": 0})
+        c["tensors"] += 1
+        if "n_diff" in r:
+            c["n_diff"] = c.get("n_diff", 0) + r["n_diff"]
+            continue
+        if r["rel_l2"] >= c.get("rel_l2", -1.0):
+            c.update(rel_l2=r["rel_l2"], worst=f"{r['file']}:{r['tensor']}")
+        c["max_abs"] = max(c.get("max_abs", 0.0), r["max_abs"])
+    return out
+
+
 def summarize(precision, rows, wall, forced, pc=None):
     w = worst([r for r in rows if r["gating"]])
     fails = [r for r in rows if not r["pass"] and r["gating"]]
@@ -237,6 +265,7 @@ def summarize(precision, rows, wall, forced, pc=None):
          "blockwise_worst": ({k: wb[k] for k in ("file", "tensor", "rel_l2", "ratio")}
                              if (wb := worst([r for r in rows if r["file"].startswith("blockwise.")])) else None),
          "worst": {k: w[k] for k in ("file", "tensor", "rel_l2", "diff_norm", "bound", "ratio", "max_abs")} if w else None,
+         "classes": by_class(rows),
          "failures": [{k: r.get(k) for k in ("file", "tensor", "reason", "n_diff", "rel_l2", "ratio")} for r in fails[:40]]}
     if pc is not None:
         s["parity_compare"] = {"exit": pc[0], "pass": pc[1].get("pass"), "entries": pc[1].get("entries"),
@@ -258,6 +287,8 @@ def main(argv=None):
                     help="take routing and indexer selections from the golden (isolates continuous error)")
     ap.add_argument("--blockwise", action="store_true",
                     help="also run each block on the golden's input and judge its output alone (gating)")
+    ap.add_argument("--recipe", help="run under this recipe (none, bf16, fp8, v4; default: the golden's, "
+                    "its manifest's train.recipe)")
     ap.add_argument("--report", help="write the summary as JSON")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
     ap.add_argument("--verbose", action="store_true", help="print every tensor's line")

@@ -20,20 +20,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from parity_torch import recipe as qr_recipe
+
 NEG_INF = float("-inf")
 
 
 # --------------------------------------------------------------- helpers --
 
 class Lin(nn.Module):
-    """Linear without bias, weight [out, in]: y = x W^T."""
+    """Linear without bias, weight [out, in]: y = x W^T; under a recipe (V4.set_recipe)
+    with its weight class's casts and the straight-through backward (parity_torch.recipe)."""
 
     def __init__(self, out_f, in_f):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(out_f, in_f))
+        self.cast = None
 
     def forward(self, x):
-        return x @ self.weight.t()
+        return qr_recipe.linear(x, self.weight, self.cast)
 
 
 class Norm(nn.Module):
@@ -197,6 +201,7 @@ class Indexer(nn.Module):
         self.wq_b = Lin(self.iH * self.ihd, q)
         self.weights_proj = Lin(self.iH, d)
         self.compressor = Compressor(d, self.ihd, 4, cfg["norm_eps"])
+        self.fp4 = False  # v4: q, k rotated and MXFP4, scores in BF16 (docs/recipes.md)
 
     @torch.no_grad()
     def forward(self, x, qr, bt, f):
@@ -205,7 +210,12 @@ class Indexer(nn.Module):
         qi = rope(self.wq_b(qr).view(B, S, self.iH, self.ihd), bt.pos.unsqueeze(-1), f)
         ki = self.compressor(x, bt, f)
         w = self.weights_proj(x) * (self.ihd ** -0.5 * self.iH ** -0.5)
-        score = torch.einsum("bsh,bshj->bsj", w, torch.einsum("bshd,bjd->bshj", qi, ki).clamp_min(0))
+        if self.fp4:
+            qi, ki = qr_recipe.fp4_rows(qi), qr_recipe.fp4_rows(ki)
+            dots = qr_recipe.bf16(torch.einsum("bshd,bjd->bshj", qi, ki)).to(x.dtype).clamp_min(0)
+            score = qr_recipe.bf16(torch.einsum("bsh,bshj->bsj", w, dots)).to(x.dtype)
+        else:
+            score = torch.einsum("bsh,bshj->bsj", w, torch.einsum("bshd,bjd->bshj", qi, ki).clamp_min(0))
         vis = bt.visible(4)
         score = score.masked_fill(~vis, NEG_INF).double()
         k = min(self.topk, S)
@@ -440,6 +450,18 @@ class V4(nn.Module):
         L = cfg["n_layers"]
         self.mtp = nn.ModuleList(MTPBlock(cfg, L + i) for i in range(cfg["n_mtp_layers"]))
         self.logits_tap, self.mtp_logits_tap = Tap(), Tap()
+
+    def set_recipe(self, name):
+        """Applies a recipe of docs/recipes.md ('none', 'bf16', 'fp8', 'v4'): each Lin gets its
+        weight class's casts, and under v4 the indexers their FP4 QK path."""
+        if name not in qr_recipe.RECIPES:
+            raise ValueError(f"unknown recipe {name!r} (known: {', '.join(qr_recipe.RECIPES)})")
+        self.recipe = name
+        for mname, m in self.named_modules():
+            if isinstance(m, Lin):
+                m.cast = qr_recipe.Cast(name, qr_recipe.weight_class(mname))
+            if isinstance(m, Indexer):
+                m.fp4 = name == "v4"
 
     def load_parity_state(self, params):
         """Loads {parity name: array or tensor} (every parameter and tid2eid),

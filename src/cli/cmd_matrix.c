@@ -86,7 +86,7 @@ static int parse_cli(int argc, char **argv, matrix_cli *c)
         {"bitwise", PAR_OPT_FLAG, &c->bitwise, NULL, "layout and resume cells and their serial references in the "
          "bitwise mode, compared with --policy bitwise (docs/bitwise.md)"},
         {"recipe", PAR_OPT_STR, &c->recipe, "NAME", "layout and resume cells and their serial references under a "
-         "recipe's casts: bf16, fp8, v4 (docs/recipes.md; MPI cells left out)"},
+         "recipe's casts: bf16, fp8, v4 (docs/recipes.md)"},
         {"list", PAR_OPT_FLAG, &c->list, NULL, "list the cells and exit"},
         {"max-memory", PAR_OPT_STR, &c->max_memory, "SIZE", "a cell whose run the memory model says needs more than "
          "SIZE is ERROR before it allocates (e.g. 16GB; default: this machine's memory)"},
@@ -225,9 +225,6 @@ static int run_and_report(par_matrix *m, const matrix_cli *c, const par_matrix_o
         return 2;
     }
     par_matrix_print_table(m, stdout);
-    if (o->recipe && par_matrix_recipe_left_out(m))
-        printf("recipe %s: %d layout/resume cells left out (an MPI backend: its launcher passes no recipe; "
-               "docs/recipes.md)\n", par_recipe_name((par_recipe)o->recipe), par_matrix_recipe_left_out(m));
     fflush(stdout);
     int code = nfail ? 1 : 0;
     char own[1200];
@@ -259,11 +256,6 @@ int par_cmd_matrix(int argc, char **argv)
     par_config rcheck;
     if (c.recipe && par_cli_recipe("matrix", c.recipe, c.device, &rcheck))
         return 2;
-    if (c.recipe && rcheck.recipe && !strcmp(c.backend, "mpi")) {
-        fprintf(stderr, "parity matrix: --recipe with --backend mpi: the MPI launcher passes no recipe to its runs "
-                "(docs/recipes.md)\n");
-        return 2;
-    }
     if (!c.list && (par_cli_bitwise_device("matrix", c.bitwise, c.device) || par_cli_device("matrix", c.device)))
         return 2;
     par_matrix_opts o;

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/status.h"
+#include "kernels/recipe.h"
 
 #define MAX_ARGS 72
 #define ARG_CAP 1100
@@ -76,6 +77,10 @@ static void build_argv(const par_layout_job *job, const par_mpi_runner *r, int64
         arg_pair(v, "data", job->data_path);
     if (job->precision == 32)
         arg_pair(v, "precision", "f32");
+    if (job->cfg && job->cfg->bitwise) /* the mode and the casts are the cell's, not config keys */
+        arg(v, "--bitwise");
+    if (job->cfg && job->cfg->recipe)
+        arg_pair(v, "recipe", par_recipe_name((par_recipe)job->cfg->recipe));
     for (int i = 0; i < job->n_sets; i++)
         arg_pair(v, "set", job->sets[i]);
     par_cell_layout_args(job->layout, add_flag, v);

@@ -131,7 +131,6 @@ struct par_matrix {
     char fixtures[PAR_MX_MAX_FIXTURES][64]; /* the selected fixtures of every preset, sorted */
     int ngold;
     par__matrix_golden *gold;
-    int recipe_left_out; /* cells --recipe did not run (an MPI backend) */
     int n, cap;
     par__matrix_cell *cells;
     par__matrix_result *res;

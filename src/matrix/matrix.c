@@ -682,12 +682,6 @@ static par_status append_cell(par_matrix *m, const par__matrix_cell *c)
     return PAR_OK;
 }
 
-/* Whether a cell runs on MPI (whose launcher passes no recipe). */
-static int recipe_left_out(const par_cell_spec *r)
-{
-    return !strcmp(r->backend, "mpi");
-}
-
 /* The cell of row r on data (fixture name, "" + data_path, or "" for the
  * generator). */
 static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_config *cfg, const char *fixture,
@@ -731,10 +725,6 @@ static par_status add_cell(par_matrix *m, const par_cell_spec *r, const par_conf
         par__matrix_fmt(c.cfgkey + o, sizeof c.cfgkey - o, ";bitwise");
     }
     if (m->o.recipe && (r->kind == PAR_KIND_LAYOUT || r->kind == PAR_KIND_RESUME)) {
-        if (recipe_left_out(r)) {
-            m->recipe_left_out++; /* counted and named in the report's note, not run */
-            return PAR_OK;
-        }
         c.cfg.recipe = m->o.recipe; /* the cell and its reference: a key of their own */
         size_t o = strlen(c.cfgkey);
         par__matrix_fmt(c.cfgkey + o, sizeof c.cfgkey - o, ";recipe=%s", par_recipe_name((par_recipe)m->o.recipe));
@@ -1003,9 +993,4 @@ par_status par__matrix_serial(par_matrix *m, const par__matrix_cell *c, int prec
         return par_err(r->status, "%s", r->error);
     *dir = raw && precision == 32 ? r->raw : r->dir;
     return PAR_OK;
-}
-
-int par_matrix_recipe_left_out(const par_matrix *m)
-{
-    return m->recipe_left_out;
 }

@@ -99,8 +99,8 @@ typedef struct {
     int bitwise;              /* --bitwise: layout and resume cells and their references in the bitwise
                                * mode (docs/bitwise.md), compared with the bitwise policy */
     int recipe;               /* --recipe (par_recipe): layout and resume cells and their references
-                               * under a recipe's casts (docs/recipes.md); cells on an MPI backend
-                               * are left out (par_matrix_recipe_left_out) */
+                               * under a recipe's casts (docs/recipes.md); on an MPI backend too:
+                               * its launcher passes --recipe (and --bitwise) to each run */
     /* A cell's memory limit in bytes: before a serial reference, golden or in-process layout run
      * allocates anything, its estimate (parallel/plan/memcheck.h, `parity run --max-memory`'s) must fit,
      * else the cell is ERROR naming the estimate.  0: no check.  max_memory_what names the limit in
@@ -149,8 +149,5 @@ par_status par_matrix_write_report(const par_matrix *m, const char *path);
  * the JUnit report puts each cell's changes in its system-out. */
 par_status par_matrix_set_baseline(par_matrix *m, const char *path, double margin_pct);
 par_status par_matrix_compare_baseline(par_matrix *m);
-
-/* Cells --recipe left out (cells on an MPI backend). */
-int par_matrix_recipe_left_out(const par_matrix *m);
 
 #endif

@@ -4,7 +4,7 @@
  *
  *   IN                          OUT
  *   e4m3, e2m1, bf16: f64[n]    codes u8[n] (bf16: u16[n])
- *   act128 kv64 w128 mxfp4 act128f32: f64[rows*cols] (f32 input when the
+ *   act128 kv64 w128 mxfp4 act128f32 w128f32: f64[rows*cols] (f32 input when the
  *       mode ends in "_in32": f32[rows*cols])
  *                               codes u8[rows*cols], scales f32[...],
  *                               simulated values f64[rows*cols]
@@ -52,7 +52,8 @@ static int blocks(const char *mode, const void *in, int64_t rows, int64_t cols, 
         const char *name;
         par_qspec spec;
     } specs[] = {{"act128", PAR_QSPEC_ACT_FP8}, {"kv64", PAR_QSPEC_KV_FP8}, {"w128", PAR_QSPEC_WEIGHT_FP8},
-                 {"mxfp4", PAR_QSPEC_MXFP4}, {"act128f32", {PAR_QFMT_E4M3, PAR_QSCALE_F32, 1, 128}}};
+                 {"mxfp4", PAR_QSPEC_MXFP4}, {"act128f32", {PAR_QFMT_E4M3, PAR_QSCALE_F32, 1, 128}},
+                 {"w128f32", {PAR_QFMT_E4M3, PAR_QSCALE_F32, 128, 128}}};
     size_t len = strcspn(mode, "_");
     int in32 = !strcmp(mode + len, "_in32");
     for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
