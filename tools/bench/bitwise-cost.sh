@@ -10,7 +10,10 @@
 #
 # PRESET (default v4-mini, 1 step) picks the model; the layouts are those the
 # mode makes bitwise (DP2, EP2, CP2, PP2 1F1B, TP2, TP2 + SP, ETP2) on the
-# default backend.
+# default backend.  MATRIX=1 adds the default tier (`parity matrix` against
+# `parity matrix --bitwise`, 24 cells): the 1.5x rule of issue 30 is about it.
+# Beside wall and peak RSS each line gives the CPU time (user + sys), which a
+# shared machine's load changes less than the wall.
 set -u
 P=${1:-build/parity}
 N=${2:-2}
@@ -23,42 +26,47 @@ case $PRESET in
     *) PPL='Et*4|t*4mL' ;;
 esac
 
-# one timed command; prints "wall rss" (s, MiB) or FAILED
+# one timed command; prints "wall rss cpu" (s, MiB, s) or "- - -" when it failed
 timed() {
     rm -rf "$T/out"
-    if ! /usr/bin/time -f 'TIME %e %M' "$@" >"$T/log" 2>&1; then
+    if ! /usr/bin/time -f 'TIME %e %M %U %S' "$@" >"$T/log" 2>&1; then
         echo "FAILED: $* : $(grep -v '^TIME' "$T/log" | tail -1)" >&2
-        echo "- -"
+        echo "- - -"
         return
     fi
-    sed -n 's/^TIME \([0-9.]*\) \([0-9]*\)$/\1 \2/p' "$T/log" | awk '{printf "%s %.1f\n", $1, $2 / 1024}'
+    awk '/^TIME /{printf "%s %.1f %.2f\n", $2, $3 / 1024, $4 + $5}' "$T/log"
 }
 
-row() { # LABEL KIND ARGS...   KIND golden|run
+row() { # LABEL KIND ARGS...   KIND golden|run|matrix
     label=$1 kind=$2
     shift 2
-    tw=999999 tr=0 bw=999999 br=0 i=0
+    tw=999999 tr=0 tc=0 bw=999999 br=0 bc=0 i=0
     while [ $i -lt "$N" ]; do
-        if [ "$kind" = golden ]; then
-            set -- "$@"
-            r=$(timed "$P" golden $C "$@" --out "$T/out")
-            b=$(timed "$P" golden $C "$@" --bitwise --out "$T/out")
-        else
-            r=$(timed "$P" run $C "$@")
-            b=$(timed "$P" run $C "$@" --bitwise)
-        fi
-        w=${r% *} m=${r#* }
-        [ "$w" != - ] && awk "BEGIN{exit !($w < $tw)}" && tw=$w tr=$m
-        w=${b% *} m=${b#* }
-        [ "$w" != - ] && awk "BEGIN{exit !($w < $bw)}" && bw=$w br=$m
+        case $kind in
+            golden)
+                r=$(timed "$P" golden $C "$@" --out "$T/out")
+                b=$(timed "$P" golden $C "$@" --bitwise --out "$T/out") ;;
+            matrix)
+                r=$(timed "$P" matrix "$@" --out "$T/out")
+                b=$(timed "$P" matrix "$@" --bitwise --out "$T/out") ;;
+            *)
+                r=$(timed "$P" run $C "$@")
+                b=$(timed "$P" run $C "$@" --bitwise) ;;
+        esac
+        w=${r%% *} m=$(echo "$r" | cut -d' ' -f2) c=${r##* }
+        [ "$w" != - ] && awk "BEGIN{exit !($w < $tw)}" && tw=$w tr=$m tc=$c
+        w=${b%% *} m=$(echo "$b" | cut -d' ' -f2) c=${b##* }
+        [ "$w" != - ] && awk "BEGIN{exit !($w < $bw)}" && bw=$w br=$m bc=$c
         i=$((i + 1))
     done
-    awk -v l="$label" -v tw="$tw" -v tr="$tr" -v bw="$bw" -v br="$br" \
-        'BEGIN{printf "%-22s %9.2f %9.1f %9.2f %9.1f %7.2fx %7.2fx\n", l, tw, tr, bw, br, bw / tw, br / tr}'
+    awk -v l="$label" -v tw="$tw" -v tr="$tr" -v tc="$tc" -v bw="$bw" -v br="$br" -v bc="$bc" \
+        'BEGIN{printf "%-22s %9.2f %9.1f %9.2f %9.2f %9.1f %9.2f %7.2fx %7.2fx %7.2fx\n", l, tw, tr, tc, bw, br, bc,
+               bw / tw, br / tr, (tc > 0 ? bc / tc : 0)}'
 }
 
 echo "bitwise-cost: $PRESET, best of $N; $(nproc) cores; $(uptime)"
-printf "%-22s %9s %9s %9s %9s %8s %8s\n" "" "tol s" "tol MiB" "bit s" "bit MiB" "wall" "rss"
+printf "%-22s %9s %9s %9s %9s %9s %9s %8s %8s %8s\n" "" "tol s" "tol MiB" "tol cpu" "bit s" "bit MiB" "bit cpu" \
+    "wall" "rss" "cpu"
 row "serial golden" golden
 row "dp2" run --world-size 2
 row "ep2" run --world-size 2 --expert-model-parallel-size 2
@@ -68,3 +76,4 @@ row "pp2 1f1b" run --world-size 2 --pipeline-model-parallel-size 2 --pipeline-mo
 row "tp2" run --world-size 2 --tensor-model-parallel-size 2
 row "tp2 sp" run --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 row "etp2" run --world-size 2 --expert-tensor-parallel-size 2
+[ "${MATRIX:-0}" = 1 ] && row "matrix (default tier)" matrix
