@@ -597,14 +597,17 @@ void par_dev_copy(void *dst, const void *src, size_t bytes)
 }
 
 /* Under g_mu: 1 when every byte of [off, off + len) of b is current on the
- * device (DEV or BOTH). */
+ * device and trusted there: DEV, or BOTH in a kept block (host code
+ * announces its writes there; a BOTH piece of another block may have been
+ * written by a rank in host mode unannounced). */
 static int on_device(const blk *b, size_t off, size_t len)
 {
     if (!b->dev)
         return 0;
     for (int i = 0; i < b->nseg; i++) {
         const seg *s = &b->segs[i];
-        if (s->off < off + len && s->off + s->len > off && s->st == ST_HOST)
+        if (s->off < off + len && s->off + s->len > off &&
+            (s->st == ST_HOST || (s->st == ST_BOTH && !b->keep)))
             return 0;
     }
     return 1;

@@ -92,7 +92,8 @@ void par_dev_copy(void *dst, const void *src, size_t bytes);
 /* The comm layer's copy of one rank's buffer into another's (the in-process
  * backends' exchanges and point-to-point messages; the ranks share this
  * process's device).  Device to device when every byte of the source is
- * current on the device and the destination's block has a twin: the
+ * current on the device (DEV, or BOTH in a par_dev_keep block) and the
+ * destination's block has a twin: the
  * destination becomes device-owned (its rank's host code reads it only
  * through par_dev_host_read, or a kernel); otherwise on the host, as
  * host code that says so (the source pulled, the destination set). */
