@@ -25,6 +25,7 @@
 #include "backends/host/sched.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/log.h"
 
 #define CNT_BITS 24
@@ -194,7 +195,7 @@ static par_status receive(par_comm *c, fgroup *g, const par__callmeta *m, const 
             rb -= 8;
 #endif
         if (src != dst)
-            memcpy(dst, src, rb);
+            par_dev_comm_copy(dst, src, rb); /* memcpy, or device to device (core/device.h) */
     }
     return st;
 }

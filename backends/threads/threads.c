@@ -26,6 +26,7 @@
 #include "backends/host/tsync.h"
 #include "comm/backend.h"
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/hostlim.h"
 
 /* One rank's handle: the shared group and the generation it has reached. */
@@ -74,7 +75,7 @@ static par_status t_exchange(par_comm *c, const par__callmeta *m, const par__xfe
             const char *src = xj->sbase + par__col_at(&xj->soff, me);
             char *dst = x->rbase + par__col_at(&x->roff, j);
             if (src != dst)
-                memcpy(dst, src, rb);
+                par_dev_comm_copy(dst, src, rb); /* memcpy, or device to device (core/device.h) */
         }
     }
     /* Nobody leaves before all copies are done, even if the world failed. */

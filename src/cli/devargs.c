@@ -45,10 +45,12 @@ void par_cli_device_report(FILE *f)
     const double mib = 1024.0 * 1024.0;
     fprintf(f,
             "device: %s (host to device %.2f MiB in %lld copies, device to host %.2f MiB in %lld "
-            "copies, device to device %.2f MiB, %lld twins, %.2f MiB device memory at most)\n",
+            "copies, device to device %.2f MiB, %lld twins, %.2f MiB device memory at most; "
+            "between ranks: device to device %.2f MiB in %lld copies, on the host %.2f MiB)\n",
             par_dev_describe(), (double)st.h2d_bytes / mib, (long long)st.h2d_calls,
             (double)st.d2h_bytes / mib, (long long)st.d2h_calls, (double)st.d2d_bytes / mib, (long long)st.twins,
-            (double)st.twin_bytes_peak / mib);
+            (double)st.twin_bytes_peak / mib, (double)st.comm_d2d_bytes / mib, (long long)st.comm_d2d_calls,
+            (double)st.comm_host_bytes / mib);
 }
 
 int par_cli_bitwise_device(const char *cmd, int bitwise, const char *device)

@@ -15,6 +15,7 @@
 
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/log.h"
 
 static void describe_req(const par_request *r, char *buf, size_t n)
@@ -44,7 +45,8 @@ static void complete_pair(par_request *send, par_request *recv)
         memcpy(send->msg, msg, sizeof msg);
         memcpy(recv->msg, msg, sizeof msg);
     } else if (send->count) {
-        memcpy(recv->buf, send->buf, send->count * par_ctype_size(send->dtype));
+        /* device to device when both sides are there (ranks sharing one GPU) */
+        par_dev_comm_copy(recv->buf, send->buf, send->count * par_ctype_size(send->dtype));
     }
     send->vpeer = recv->vpost; /* the virtual clocks of the two sides */
     recv->vpeer = send->vpost;

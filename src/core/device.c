@@ -36,7 +36,9 @@ par_status par_dev_parse(const char *name, par_device_kind *kind)
 #include "core/log.h"
 
 enum { ST_HOST = 0, ST_DEV = 1, ST_BOTH = 2 };
-typedef enum { OP_IN, OP_OUT, OP_INOUT, OP_HREAD, OP_HWRITE, OP_HSET, OP_ZERO } dev_op;
+/* OP_LEAVE_HOST: a rank leaves host mode (HOST and BOTH pieces become
+ * host-owned, DEV pieces stay) */
+typedef enum { OP_IN, OP_OUT, OP_INOUT, OP_HREAD, OP_HWRITE, OP_HSET, OP_ZERO, OP_LEAVE_HOST } dev_op;
 
 typedef struct {
     size_t off, len;
@@ -51,6 +53,7 @@ typedef struct {
     seg *segs;
     int nseg, cap;
     int scope;      /* the allocator scope that made it (core/alloc.h: a rank) */
+    int keep;       /* par_dev_keep: mode changes leave it alone */
 } blk;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -384,6 +387,12 @@ static int transit(blk *b, size_t off, size_t len, int st, dev_op op)
             return ST_BOTH;
         }
         return st;
+    case OP_LEAVE_HOST:
+        if (st == ST_DEV)
+            return ST_DEV; /* written on the device by the comm layer: host code did not touch it */
+        if (st == ST_BOTH && !g_real) /* host code may have written it */
+            poison(b->dev, off, len);
+        return ST_HOST;
     case OP_HWRITE:
     case OP_HSET:
         if (st == ST_DEV && op == OP_HWRITE)
@@ -402,7 +411,7 @@ static void check_piece(const blk *b, size_t off, size_t len, int st, dev_op op)
 {
     /* set: whatever the host wrote is the new content; write (rmw) pulls
      * only DEV pieces, so only there an earlier host write would be lost */
-    if (op == OP_HSET || (op == OP_HWRITE && st != ST_DEV))
+    if (op == OP_HSET || ((op == OP_HWRITE || op == OP_LEAVE_HOST) && st != ST_DEV))
         return;
     /* out / zero overwrite the device copy: an earlier host write to a BOTH
      * piece is lost on a real device too (and meant nothing) */
@@ -587,6 +596,83 @@ void par_dev_copy(void *dst, const void *src, size_t bytes)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* Under g_mu: 1 when every byte of [off, off + len) of b is current on the
+ * device and trusted there: DEV, or BOTH in a kept block (host code
+ * announces its writes there; a BOTH piece of another block may have been
+ * written by a rank in host mode unannounced). */
+static int on_device(const blk *b, size_t off, size_t len)
+{
+    if (!b->dev)
+        return 0;
+    for (int i = 0; i < b->nseg; i++) {
+        const seg *s = &b->segs[i];
+        if (s->off < off + len && s->off + s->len > off &&
+            (s->st == ST_HOST || (s->st == ST_BOTH && !b->keep)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Under g_mu: the block holding host range [p, p + bytes), or NULL (host
+ * memory this module does not know, or a device address). */
+static blk *host_block(const void *p, size_t bytes)
+{
+    int is_dev;
+    blk *b = lookup(p, &is_dev);
+    if (!b || is_dev)
+        return NULL;
+    if ((size_t)((const char *)p - b->host) + bytes > b->n)
+        die("a comm copy past the end of its block", p, bytes);
+    return b;
+}
+
+void par_dev_comm_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!g_gpu || !bytes) {
+        if (bytes)
+            memcpy(dst, src, bytes);
+        return;
+    }
+    pthread_mutex_lock(&g_mu);
+    blk *bs = host_block(src, bytes), *bd = host_block(dst, bytes);
+    size_t so = bs ? (size_t)((const char *)src - bs->host) : 0;
+    size_t dof = bd ? (size_t)((char *)dst - bd->host) : 0;
+    if (bs && bd && bd->dev && on_device(bs, so, bytes)) {
+        set_range(bs, so, bytes, OP_IN); /* nothing moves: it is there */
+        set_range(bd, dof, bytes, OP_OUT);
+        if (g_real)
+            omp_target_memcpy(bd->dev + dof, bs->dev + so, bytes, 0, 0, g_devnum, g_devnum);
+        else
+            memcpy(bd->dev + dof, bs->dev + so, bytes);
+        g_st.d2d_bytes += (int64_t)bytes;
+        g_st.comm_d2d_bytes += (int64_t)bytes;
+        g_st.comm_d2d_calls++;
+        pthread_mutex_unlock(&g_mu);
+        return;
+    }
+    if (bs && bs->dev)
+        set_range(bs, so, bytes, OP_HREAD);
+    if (bd && bd->dev)
+        set_range(bd, dof, bytes, OP_HSET);
+    g_st.comm_host_bytes += (int64_t)bytes;
+    pthread_mutex_unlock(&g_mu);
+    memcpy(dst, src, bytes); /* both ranges are this copy's alone: outside the lock */
+}
+
+void par_dev_keep(void *p)
+{
+    if (!g_gpu || !p)
+        return;
+    pthread_mutex_lock(&g_mu);
+    int is_dev;
+    blk *b = lookup(p, &is_dev);
+    if (!b || is_dev || b->host != p)
+        die("par_dev_keep of an address that does not start a par_malloc block", p, 0);
+    ensure_twin(b);
+    b->keep = 1;
+    pthread_mutex_unlock(&g_mu);
+}
+
 static void all_blocks(dev_op op)
 {
     if (!g_gpu)
@@ -618,12 +704,14 @@ int par_dev_mode_set(int mode)
     /* both ways the scope's blocks end host-owned: entering host mode pulls
      * what is current only on the device (host code may then write any byte:
      * a BOTH piece would go stale on the device unseen); entering device
-     * mode finds them so (and makes sure of it) */
+     * mode finds them so (and makes sure of it), but for the bytes the comm
+     * layer wrote on the device meanwhile (par_dev_comm_copy: still DEV, and
+     * the emulation checks that host code left them alone) */
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < g_nh; i++) {
         blk *b = g_host[i];
-        if (b->scope == sc && b->dev && b->n)
-            set_range(b, 0, b->n, OP_HWRITE);
+        if (b->scope == sc && b->dev && b->n && !b->keep)
+            set_range(b, 0, b->n, mode == PAR_DEV_MODE_HOST ? OP_HWRITE : OP_LEAVE_HOST);
     }
     pthread_mutex_unlock(&g_mu);
     g_mode[sc] = (unsigned char)mode;

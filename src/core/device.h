@@ -45,6 +45,9 @@ typedef enum { PAR_DEV_CPU = 0, PAR_DEV_GPU = 1 } par_device_kind;
 typedef struct {
     int64_t h2d_bytes, d2h_bytes, d2d_bytes;
     int64_t h2d_calls, d2h_calls;
+    /* of d2d: the comm layer's copies between ranks' buffers (par_dev_comm_copy) */
+    int64_t comm_d2d_bytes, comm_d2d_calls;
+    int64_t comm_host_bytes; /* the comm layer's copies on the host */
     int64_t twins, twin_bytes_peak; /* device twins created, most device bytes live */
 } par_dev_stats;
 
@@ -86,6 +89,20 @@ void par_dev_host_set(void *p, size_t bytes);
  * data (device to device when both are there). */
 void par_dev_zero(void *p, size_t bytes);
 void par_dev_copy(void *dst, const void *src, size_t bytes);
+/* The comm layer's copy of one rank's buffer into another's (the in-process
+ * backends' exchanges and point-to-point messages; the ranks share this
+ * process's device).  Device to device when every byte of the source is
+ * current on the device (DEV, or BOTH in a par_dev_keep block) and the
+ * destination's block has a twin: the
+ * destination becomes device-owned (its rank's host code reads it only
+ * through par_dev_host_read, or a kernel); otherwise on the host, as
+ * host code that says so (the source pulled, the destination set). */
+void par_dev_comm_copy(void *dst, const void *src, size_t bytes);
+/* Keeps the block at p (the start of a par_malloc block) on the device: it
+ * gets its twin now and no mode change of its rank moves or disowns it, so
+ * host code must announce every access to it (a send buffer that kernels
+ * fill and the comm layer reads: docs/gpu.md "Collectives on one device"). */
+void par_dev_keep(void *p);
 /* Barriers for code outside the step (writers, checkpoints): every known
  * byte current on the host (sync_host: BOTH) / owned by the host from now on
  * (host_all: the next kernel moves what it uses). */
@@ -100,7 +117,9 @@ void par_dev_host_all(void);
  * DEVICE (the default): kernels on the device, host code annotated.
  * DEVICE -> HOST pulls every byte of the scope's blocks that is current only
  * on the device; HOST -> DEVICE makes the scope's blocks host-owned (the next
- * kernel moves what it reads). */
+ * kernel moves what it reads), except the bytes that are current only on the
+ * device (in host mode only par_dev_comm_copy makes such bytes).  Blocks
+ * under par_dev_keep are left alone both ways. */
 int par_dev_mode_set(int mode);
 
 /* core/alloc.c's hooks: a block is born (HOST), resized, or freed. */
@@ -130,6 +149,8 @@ static inline void par_dev_host_write(void *p, size_t bytes) { (void)p; (void)by
 static inline void par_dev_host_set(void *p, size_t bytes) { (void)p; (void)bytes; }
 static inline void par_dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static inline void par_dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void par_dev_comm_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void par_dev_keep(void *p) { (void)p; }
 static inline void par_dev_sync_host(void) {}
 static inline void par_dev_host_all(void) {}
 static inline int par_dev_mode_set(int mode) { (void)mode; return 0; }

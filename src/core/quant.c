@@ -92,7 +92,13 @@ int par_e8m0_from_f64(double s, uint8_t *out)
 
 double par_e8m0_to_f64(uint8_t b) { return b == PAR_E8M0_NAN ? NAN : ldexp(1.0, (int)b - 127); }
 
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp declare target
+#endif
 double par_bf16_round(double x) { return par_bf16_to_f32(par_bf16_from_f64(x)); }
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp end declare target
+#endif
 
 /* ------------------------------------------------------------ scales -- */
 

@@ -74,7 +74,13 @@ double par_e2m1_to_f64(uint8_t code);  /* low nibble used        */
  * anything else -1, *out untouched. */
 int par_e8m0_from_f64(double s, uint8_t *out);
 double par_e8m0_to_f64(uint8_t b);
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp declare target /* called from device loops (kernels/indexer.c, kernels/qcast.c) */
+#endif
 double par_bf16_round(double x); /* the bf16 value nearest x, as a double */
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp end declare target
+#endif
 
 /* ---- block quantization ---- */
 /* Number of tiles along each dim (ceil), and their product. */

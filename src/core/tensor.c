@@ -125,6 +125,9 @@ double par_tensor_get_f64(const par_tensor *t, int64_t i)
     }
 }
 
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp declare target
+#endif
 uint16_t par_bf16_from_f32(float f)
 {
     uint32_t u;
@@ -163,3 +166,6 @@ float par_bf16_to_f32(uint16_t b)
     memcpy(&f, &u, 4);
     return f;
 }
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp end declare target
+#endif

@@ -70,9 +70,16 @@ char *par_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Element i as double (any dtype). */
 double par_tensor_get_f64(const par_tensor *t, int64_t i);
 
-/* bf16 */
+/* bf16 (device-callable in an offload build: the recipes' casts run in
+ * kernels' device loops) */
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp declare target
+#endif
 uint16_t par_bf16_from_f32(float f);
 uint16_t par_bf16_from_f64(double d);  /* rounds once, from the double */
 float par_bf16_to_f32(uint16_t b);
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+#pragma omp end declare target
+#endif
 
 #endif

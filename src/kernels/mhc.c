@@ -514,10 +514,12 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
     const int64_t P = (2 + n) * n, nd = n * d, nn = n * n, skn = 2 * iters * nn;
     PAR_DEV_BEGIN();
     /* the Sinkhorn iterates of one token, recomputed from the saved mixes
-     * (the forward's operations: the same bits): one buffer per host thread,
-     * one per token on a device */
-    const int dev = PAR_ON_DEVICE();
-    const int64_t nsk = dev ? T : max_threads();
+     * (the forward's operations: the same bits): one buffer per host thread
+     * in the default build, one per token in an offload build (PAR_SLOTS),
+     * device or host: there the loop is a target region whose host fallback
+     * libgomp runs as a fresh initial thread, with the process's default
+     * team size, not this thread's max_threads() (a fiber worker's 1) */
+    const int64_t nsk = (int64_t)PAR_SLOTS(max_threads(), T);
     par_real *skb = dC ? par_malloc((size_t)nsk * (size_t)skn * sizeof *skb, PAR_TAG_ACT) : NULL;
     if (dC && !skb)
         return par_err(PAR_ENOMEM, "hc_pre_backward: Sinkhorn scratch of %lld x %lld", (long long)nsk,
@@ -555,7 +557,7 @@ par_status PAR_FN(par_hc_pre_backward)(par_real *dX,          /* [T, n, d] += or
         for (int64_t e = 0; e < nn; e++)
             dz[2 * n + e] = 0;
         if (dC) {
-            par_real *sk = skd + (dev ? t : (int64_t)thread_id()) * skn, L[MAXNN], C[MAXNN];
+            par_real *sk = skd + (int64_t)PAR_SLOT(thread_id(), t) * skn, L[MAXNN], C[MAXNN];
             sinkhorn_logits(L, m, base, scale, n);
             PAR_FN(par_sinkhorn_forward)(C, sk, L, n, iters, hc_eps);
             PAR_FN(par_sinkhorn_backward)(dz + 2 * n, dC + t * nn, sk, n, iters, hc_eps);

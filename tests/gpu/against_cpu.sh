@@ -58,10 +58,8 @@ sel=""
 [ "$CELLS" = all ] || for c in $CELLS; do sel="$sel --cell $c"; done
 [ "$FIX" = all ] || sel="$sel --fixture $FIX"
 # The CPU side only makes the CPU goldens: threads ranks, and not the cells of
-# their own fiber backend (an offload build's CPU mode on fiber ranks aborts
-# in etp2-ep4-de2 with heap corruption, 3 December 2026: docs/gpu.md; their
-# data's goldens come from the other cells, or the cell is judged by the
-# matrix only)
+# their own fiber backend (they compare fiber with threads; their data's
+# goldens come from the other cells, or the cell is judged by the matrix only)
 cpu_matrix() { # $1: its number; the rest: the cell selection
     i=$1
     shift
@@ -84,6 +82,11 @@ fi
 "$P" matrix --quick --device gpu --keep $sel --out "$T/mgpu" >"$T/mgpu.log" 2>&1 ||
     fail "matrix gpu ($MODE): $(grep -E 'FAIL|ERROR|error' "$T/mgpu.log" | head -5)"
 grep "^device: gpu" "$T/mgpu.log" || fail "matrix gpu: no device line"
+# a pipeline cell's hand-offs move device memory between the ranks (docs/gpu.md "Collectives on one device")
+if grep -qE "^\[ *[0-9]+/[0-9]+\] pp[0-9]" "$T/mgpu.log" &&
+    grep "^device: gpu" "$T/mgpu.log" | grep -q "between ranks: device to device 0.00 MiB"; then
+    fail "matrix gpu: pipeline cells ran, but no device-to-device copy between ranks"
+fi
 grep -E "^[0-9]+ cells: " "$T/mgpu.log"
 n=0
 for set in "$T"/mgpu/cells/*/set; do

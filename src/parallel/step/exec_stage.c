@@ -72,12 +72,32 @@ par_status PAR_FN(par__exec_mbstage)(exec_t *ex, int mb, int stage, mbstage **ou
     return PAR_OK;
 }
 
+/* A send buffer: kept on the device in GPU mode (core/device.h
+ * par_dev_keep), so that when it is made inside a device window the copy
+ * and the send both move device memory (docs/gpu.md "Collectives on one
+ * device"); memcpy in the default build. */
 static par_real *heap_copy(const par_real *x, int64_t n)
 {
     par_real *c = par_malloc((size_t)(n > 0 ? n : 1) * sizeof *c, PAR_TAG_COMM);
-    if (c)
-        par_dev_copy(c, x, (size_t)n * sizeof *c); /* memcpy (core/device.h: GPU mode too) */
+    if (c) {
+        par_dev_keep(c);
+        par_dev_copy(c, x, (size_t)n * sizeof *c);
+    }
     return c;
+}
+
+/* The forward's output X of microbatch mb at `stage` leaves: a heap copy for
+ * the send (the state may be gone before the send completes) unless the
+ * next stage is on this rank. */
+static par_status act_out(exec_t *ex, int mb, int stage, const par_real *X)
+{
+    if (stage >= ex->n_stages - 1 || PAR_FN(par__exec_local_of)(ex, mb, stage + 1) >= 0)
+        return PAR_OK;
+    int o = mb * ex->n_stages + stage;
+    par_free(ex->out_act[o]);
+    if (!(ex->out_act[o] = heap_copy(X, ex->Tm * ex->nd)))
+        return par_err(PAR_ENOMEM, "pipeline: out of memory for a send");
+    return PAR_OK;
 }
 
 /* Microbatch mb's local tokens of `per` elements each into a dump's kept
@@ -200,6 +220,8 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
     for (int j = 0; j < ls->n_items; j++) {
         int mode = par_dev_mode_set(PAR_DEV_MODE_DEVICE); /* the model's kernels (docs/gpu.md) */
         s = item_forward(ex, M, sl, ls, j, mb, &X);
+        if (!s && X && j == ls->n_items - 1 && par_dev_gpu())
+            s = act_out(ex, mb, stage, X); /* in the window: device to device */
         par_dev_mode_set(mode);
         if (s)
             return s;
@@ -212,15 +234,7 @@ par_status PAR_FN(par__exec_forward)(exec_t *ex, PAR_FN(par_model) *M, int mb, i
         return s;
     if (!X && stage > 0)
         return par_err(PAR_EINTERNAL, "pipeline: stage %d produced no output", stage);
-    /* the output leaves: a heap copy for the send (the state may be gone
-     * before the send completes) unless the next stage is on this rank */
-    if (stage < ex->n_stages - 1 && PAR_FN(par__exec_local_of)(ex, mb, stage + 1) < 0) {
-        int o = mb * ex->n_stages + stage;
-        par_free(ex->out_act[o]);
-        if (!(ex->out_act[o] = heap_copy(X, ex->Tm * ex->nd)))
-            return par_err(PAR_ENOMEM, "pipeline: out of memory for a send");
-    }
-    return PAR_OK;
+    return par_dev_gpu() ? PAR_OK : act_out(ex, mb, stage, X);
 }
 
 /* ------------------------------------------------------------ backward -- */
@@ -364,13 +378,15 @@ par_status PAR_FN(par__exec_backward)(exec_t *ex, PAR_FN(par_model) *M, int mb, 
             s = item_weights(ex, M, sl, ls, j, mb);
         else if (!(s = item_outs(sl, ls, j, xb, out)))
             s = item_input(ex, M, sl, ls, j, mb, kind == PAR_ACT_BW, &dX, out);
+        if (!s && kind != PAR_ACT_W && j == 0 && par_dev_gpu())
+            s = grad_out(ex, mb, stage, dX, xb); /* in the window: device to device */
         par_dev_mode_set(mode);
     }
     if (s)
         return s;
     if (kind != PAR_ACT_W) {
         sl->bwd_done = 1;
-        if ((s = grad_out(ex, mb, stage, dX, xb)))
+        if (!par_dev_gpu() && (s = grad_out(ex, mb, stage, dX, xb)))
             return s;
     }
     sl->w_due = kind == PAR_ACT_B;
