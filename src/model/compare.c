@@ -828,19 +828,15 @@ static void attach_list(par_cmp_entry *e, const char *name, const par_tensor *ta
     e->nlist = tk->n;
 }
 
-/* Compares values of two tensors of equal dtype and shape into e (the
- * derived policy: of equal shape, floats of any float dtypes). */
-static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
-                                 par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
+/* e's mode and tolerances under the policy (a manifest override, the
+ * derived policy's bound: *bd, NULL when the bounds have none). */
+static par_status entry_mode(par_cmp_entry *e, const char *name, int isint, int bitwise, par_policy policy,
+                             const par_tol_override *ov, const decode_ctx *ctx, const par_bound **bd)
 {
-    int64_t numel = par_tensor_numel(ta);
-    int isint = !par_dtype_is_float(ta->dtype);
-    int bitwise = !isint && policy == PAR_POLICY_BITWISE && !ov;
-    const par_bound *bd = NULL;
     if (policy == PAR_POLICY_DERIVED) { /* the bounds file's, never a manifest override */
         e->mode = "derived";
-        bd = ctx->bounds ? par_bounds_find(ctx->bounds, ctx->file, name) : NULL;
-        if (bd && !(e->bound_source = par_strdup(bd->source, PAR_TAG_IO)))
+        *bd = ctx->bounds ? par_bounds_find(ctx->bounds, ctx->file, name) : NULL;
+        if (*bd && !(e->bound_source = par_strdup((*bd)->source, PAR_TAG_IO)))
             return par_err(PAR_ENOMEM, "compare: out of memory");
     } else if (isint) {
         e->mode = "integer";
@@ -857,6 +853,21 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
         e->mode = par_policy_name(policy);
         par_policy_tolerance(policy, &e->rtol, &e->atol);
     }
+    return PAR_OK;
+}
+
+/* Compares values of two tensors of equal dtype and shape into e (the
+ * derived policy: of equal shape, floats of any float dtypes). */
+static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                                 par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
+{
+    int64_t numel = par_tensor_numel(ta);
+    int isint = !par_dtype_is_float(ta->dtype);
+    int bitwise = !isint && policy == PAR_POLICY_BITWISE && !ov;
+    const par_bound *bd = NULL;
+    par_status st = entry_mode(e, name, isint, bitwise, policy, ov, ctx, &bd);
+    if (st)
+        return st;
     topk tk = {max_list, 0, NULL};
     if (max_list > 0) {
         tk.v = par_calloc((size_t)max_list, sizeof *tk.v, PAR_TAG_IO);
@@ -1814,6 +1825,30 @@ static int derived_json(cJSON *o, const par_cmp_entry *e)
     return ok;
 }
 
+/* An entry's numbers (every mode but "-"). */
+static int stats_json(cJSON *o, const par_cmp_entry *e)
+{
+    int ok = 1;
+        const char *k[] = {"max_abs", "max_rel", "rel_l2", "diff_norm", "bound", "rtol", "atol"};
+        double v[] = {e->max_abs, e->max_rel, e->rel_l2, e->diff_norm, e->bound, e->rtol, e->atol};
+        for (int q = 0; q < 7 && ok; q++) {
+            cJSON *n = num_or_str(v[q]);
+            ok = n != NULL;
+            if (ok)
+                cJSON_AddItemToObject(o, k[q], n);
+        }
+        ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
+        ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
+        if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
+            ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
+                 cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
+        if (ok && e->override_reason)
+            ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
+        if (ok && e->bound_source)
+            ok = derived_json(o, e);
+    return ok;
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -1860,25 +1895,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
             }
             ok = ok && cJSON_AddNumberToObject(o, "numel", (double)e->numel);
         }
-        if (ok && strcmp(e->mode, "-")) {
-            const char *k[] = {"max_abs", "max_rel", "rel_l2", "diff_norm", "bound", "rtol", "atol"};
-            double v[] = {e->max_abs, e->max_rel, e->rel_l2, e->diff_norm, e->bound, e->rtol, e->atol};
-            for (int q = 0; q < 7 && ok; q++) {
-                cJSON *n = num_or_str(v[q]);
-                ok = n != NULL;
-                if (ok)
-                    cJSON_AddItemToObject(o, k[q], n);
-            }
-            ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
-            ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
-            if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
-                ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
-                     cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
-            if (ok && e->override_reason)
-                ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
-            if (ok && e->bound_source)
-                ok = derived_json(o, e);
-        }
+        if (ok && strcmp(e->mode, "-"))
+            ok = stats_json(o, e);
         if (ok && e->nlist) {
             cJSON *ml = cJSON_AddArrayToObject(o, "mismatches");
             ok = ml != NULL;
