@@ -56,7 +56,20 @@ print([t.get('flips_allowed', 0) for t in r['tensors'] if t['tensor'] == 'router
 head -c 300 R/bounds.json > trunc.json
 sed "s/\"bound\":[[:space:]]*\([0-9]\)/\"bound\": -\1/" R/bounds.json > neg.json
 "$P" bounds N --variant V1 --out x.json > /dev/null 2>&1; rc0=$?
-for f in trunc neg; do
+/usr/bin/python3 - <<'PY'
+import json
+b = json.load(open("R/bounds.json"))
+def put(name, f):
+    c = json.loads(json.dumps(b)); f(c); json.dump(c, open(name + ".json", "w"))
+put("fmt", lambda c: c.update(format="parity-golden"))
+put("dup", lambda c: c["tensors"].append(c["tensors"][0]))
+put("var", lambda c: c["tensors"][3].update(variant=7))
+put("sha", lambda c: c["golden"]["files"].update({"step.0.safetensors": "xyz"}))
+put("kind", lambda c: c["tensors"][1].update(kind="cosine"))
+put("nan", lambda c: c.update(factor="NaN"))
+put("rows", lambda c: [t.update(bound=1.5) for t in c["tensors"] if t["kind"] == "rows"])
+PY
+for f in trunc neg fmt dup var sha kind nan rows; do
   "$P" compare R G --policy derived --bounds $f.json > h.log 2> h.err; rc=$?
   [ $rc -eq 2 ] && [ "$(wc -l < h.err)" -eq 1 ] && ok "$f bounds: exit 2: $(cat h.err)" || bad "$f bounds: rc=$rc $(cat h.err)"
 done
