@@ -11,6 +11,10 @@ derived policy must flag it).
       selection values in GOLDEN/scores.STEP are closest (smallest) or
       farthest apart (largest) takes the (K+1)-th expert instead of the K-th;
       router.BLOCK.load moves with it.  Prints the token and its margin.
+  seed-bug.py SET manifest SECTION.KEY VALUE
+      rewrites one config key of SET/manifest.json (a JSON value): a run made
+      with --set mtp_lambda=0.09 (the MTP weight 0.3 applied twice) whose
+      manifest states the intended 0.3, as a GPU team's dump would
 """
 import hashlib
 import json
@@ -71,7 +75,22 @@ def flip(set_dir, step, block, which, golden):
           f"(of E={E}, K={K})")
 
 
+def set_key(set_dir, key, value):
+    mpath = os.path.join(set_dir, "manifest.json")
+    man = json.load(open(mpath))
+    sec, name = key.split(".", 1)
+    if name not in man.get(sec, {}):
+        sys.exit(f"seed-bug: {mpath} has no {key}")
+    man[sec][name] = json.loads(value)
+    with open(mpath, "w") as f:
+        json.dump(man, f, indent=2)
+        f.write("\n")
+    print(f"seeded: manifest {key} = {value}")
+
+
 def main(a):
+    if len(a) == 4 and a[1] == "manifest":
+        return set_key(a[0], a[2], a[3])
     if len(a) >= 5 and a[1] == "scale":
         return scale(a[0], a[2], a[3], float(a[4]))
     if len(a) == 7 and a[1] == "flip" and a[5] == "--scores":

@@ -35,6 +35,17 @@ e = [t for t in r['tensors'] if t['tensor'] == 'grad.layers.2.ffn.experts.3.w1.w
 print(e['cosine'] if not e['pass'] and r['failed'] == 1 else -1)")
 [ $rc -eq 1 ] && /usr/bin/python3 -c "import sys; sys.exit(0 if $cos >= 0.99 else 1)" \
   && ok "expert gradient x 1.01 flagged (1 entry), cos $cos" || bad "expert gradient x 1.01: rc=$rc cos=$cos"
+# the MTP loss weight 0.3 applied twice (a run with mtp_lambda 0.09 whose manifest states 0.3): flagged,
+# out.loss's cosine is 1
+"$P" golden $A --recipe v4 --precision f32 --set mtp_lambda=0.09 --out mtp > mtp.log 2>&1 \
+  && /usr/bin/python3 "$T" mtp manifest train.mtp_lambda 0.3 > /dev/null || bad "golden mtp"
+"$P" compare R mtp --policy derived --json mtp.json > mtp.log 2>&1; rc=$?
+cos=$(/usr/bin/python3 -c "
+import json; r = json.load(open('mtp.json'))
+e = [t for t in r['tensors'] if t['tensor'] == 'out.loss'][0]
+print(e['cosine'] if not e['pass'] else -1)")
+[ $rc -eq 1 ] && [ "$cos" = "1" ] && ok "MTP weight applied twice flagged: $(grep -m1 MISMATCH mtp.log); out.loss cos $cos" \
+  || bad "MTP weight twice: rc=$rc cos=$cos"
 # a router flip where A's margin is wide: an error naming the token, layer and margin
 cp -r G flipL && /usr/bin/python3 "$T" flipL flip 0 layers.1 largest --scores R > /dev/null
 "$P" compare R flipL --policy derived > fl.log 2>&1; rc=$?
