@@ -1,13 +1,15 @@
-/* parity compare A B [--policy auto|f64|f32|bf16|bitwise] [--json FILE] [--verbose]
+/* parity compare A B [--policy auto|f64|f32|bf16|bitwise|derived] [--bounds FILE] [--json FILE] [--verbose]
  *                    [--only GLOB]... [--subset] [--strict-ties]
  * Exit: 0 equal within policy, 1 mismatch, 2 bad usage or unreadable input. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/outdir.h"
 #include "core/status.h"
+#include "model/bounds.h"
 #include "model/compare.h"
 #include "model/rootcause.h"
 #include "matrix/rankof.h"
@@ -60,7 +62,7 @@ static void print_root_cause(const par_compare_report *r, const char *a, const c
 
 /* What the command line gave. */
 typedef struct {
-    const char *policy_s, *json;
+    const char *policy_s, *json, *bounds;
     int verbose, subset, strict_ties, overwrite;
     int64_t max_list;
     par_strlist only;
@@ -74,8 +76,12 @@ static int parse_cli(int argc, char **argv, compare_cli *c)
     c->policy_s = "auto";
     c->max_list = 5;
     const par_opt opts[] = {
-        {"policy", PAR_OPT_STR, &c->policy_s, "auto|f64|f32|bf16|bitwise",
-         "comparison policy (auto: from the manifests' precision; f64 for bare files)"},
+        {"policy", PAR_OPT_STR, &c->policy_s, "auto|f64|f32|bf16|bitwise|derived",
+         "comparison policy (auto: from the manifests' precision; f64 for bare files; derived: per tensor, the "
+         "bounds of --bounds FILE)"},
+        {"bounds", PAR_OPT_STR, &c->bounds, "FILE",
+         "the derived policy's bounds (parity bounds; default: A/bounds.json when A is a directory)",
+         PAR_CHK_NONEMPTY},
         {"json", PAR_OPT_STR, &c->json, "FILE", "write the full report as JSON"},
         {"overwrite", PAR_OPT_FLAG, &c->overwrite, NULL, PAR_OVERWRITE_HELP},
         {"verbose", PAR_OPT_FLAG, &c->verbose, NULL, "print every tensor, not only failing ones"},
@@ -127,6 +133,35 @@ static int make_opts(const compare_cli *c, par_compare_opts *o)
     return 0;
 }
 
+/* The derived policy's bounds: --bounds FILE, else A/bounds.json; *b NULL
+ * under another policy.  0 fine, 2 with a message. */
+static int load_bounds(const compare_cli *c, const par_compare_opts *o, par_bounds **b)
+{
+    *b = NULL;
+    if (o->policy != PAR_POLICY_DERIVED) {
+        if (c->bounds)
+            fprintf(stderr, "parity compare: --bounds applies to --policy derived (the policy is %s)\n", c->policy_s);
+        return c->bounds ? 2 : 0;
+    }
+    char dflt[4096];
+    const char *path = c->bounds;
+    if (!path) {
+        struct stat sb;
+        if (stat(c->pos.argv[0], &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "parity compare: --policy derived needs --bounds FILE (A is no directory to hold "
+                    "bounds.json)\n");
+            return 2;
+        }
+        snprintf(dflt, sizeof dflt, "%s/bounds.json", c->pos.argv[0]);
+        path = dflt;
+    }
+    if (par_bounds_read(path, b) != PAR_OK) {
+        fprintf(stderr, "parity compare: %s\n", par_last_error());
+        return 2;
+    }
+    return 0;
+}
+
 int par_cmd_compare(int argc, char **argv)
 {
     compare_cli c;
@@ -136,9 +171,12 @@ int par_cmd_compare(int argc, char **argv)
     par_compare_opts o;
     par_err_set_quiet(1);
     par_compare_report *r;
-    if ((rc = make_opts(&c, &o)) || par_compare_paths(c.pos.argv[0], c.pos.argv[1], &o, &r) != PAR_OK) {
+    par_bounds *bounds = NULL;
+    if ((rc = make_opts(&c, &o)) || (rc = load_bounds(&c, &o, &bounds)) ||
+        (o.bounds = bounds, par_compare_paths(c.pos.argv[0], c.pos.argv[1], &o, &r) != PAR_OK)) {
         if (!rc)
             fprintf(stderr, "parity compare: %s\n", par_last_error());
+        par_bounds_free(bounds);
         par_err_set_quiet(0);
         return 2;
     }
@@ -153,5 +191,6 @@ int par_cmd_compare(int argc, char **argv)
     }
     par_err_set_quiet(0);
     par_compare_report_free(r);
+    par_bounds_free(bounds);
     return code;
 }

@@ -151,7 +151,7 @@ int par_cmd_golden(int argc, char **argv)
     const char *device = NULL;
     const char *max_memory = NULL, *recipe = "none";
     int64_t steps = 1, seed = 1234, gbs = 0, rows = 0;
-    int quiet = 0, bitwise = 0;
+    int quiet = 0, bitwise = 0, router_scores = 0;
     par_strlist sets;
     memset(&sets, 0, sizeof sets);
     const par_opt opts[] = {
@@ -172,13 +172,17 @@ int par_cmd_golden(int argc, char **argv)
         {"quiet", PAR_OPT_FLAG, &quiet, NULL, "no per-step progress lines"},
         {"bitwise", PAR_OPT_FLAG, &bitwise, NULL, PAR_BITWISE_HELP},
         {"recipe", PAR_OPT_STR, &recipe, "NAME", PAR_RECIPE_HELP},
+        {"router-scores", PAR_OPT_FLAG, &router_scores, NULL,
+         "also write scores.K.safetensors: the router's selection values per token and expert, for the routing "
+         "margins of derived bounds (parity bounds; docs/recipes.md)"},
         {"device", PAR_OPT_STR, &device, "cpu|gpu", PAR_DEVICE_HELP},
         {"max-memory", PAR_OPT_STR, &max_memory, "SIZE", PAR_MEMLIMIT_HELP},
     };
     const char *synopsis =
         "--preset v4-tiny|v4-mini [--data FILE | --fixture NAME] [--steps K] [--seed N]\n"
         "       [--precision f64|f32] [--set key=value]... [--global-batch-size B] [--rows-per-block R]\n"
-        "       [--device cpu|gpu] [--max-memory SIZE] [--bitwise] [--recipe none|bf16|fp8|v4] --out DIR\n\n"
+        "       [--device cpu|gpu] [--max-memory SIZE] [--bitwise] [--recipe none|bf16|fp8|v4] [--router-scores]\n"
+        "       --out DIR\n\n"
         "Runs the serial reference (world size 1) and writes a golden set (GOLDEN.md): params.K,\n"
         "step.K safetensors and manifest.json.  Without --data/--fixture the batches come from the\n"
         "synthetic generator with a random packing plan drawn from --seed.";
@@ -204,6 +208,7 @@ int par_cmd_golden(int argc, char **argv)
     o.data_path = data;
     o.fixture = fixture;
     o.progress = !quiet;
+    o.router_scores = router_scores;
 
     /* the memory estimate before anything big is allocated (issue 13) */
     if ((rc = par_memlimit_golden_rows("golden", max_memory, &o.cfg, o.precision, steps, &rows))) {

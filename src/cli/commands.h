@@ -5,6 +5,7 @@
 #define PAR_CLI_COMMANDS_H
 
 int par_cmd_compare(int argc, char **argv);
+int par_cmd_bounds(int argc, char **argv);
 int par_cmd_golden(int argc, char **argv);
 int par_cmd_run(int argc, char **argv);
 int par_cmd_matrix(int argc, char **argv);

@@ -21,6 +21,7 @@ static const command commands[] = {
     {"golden", par_cmd_golden, "run the serial reference and write a golden set"},
     {"run", par_cmd_run, "run training steps under a parallel layout (optionally --dump a golden set)"},
     {"compare", par_cmd_compare, "compare two golden sets or safetensors files (GOLDEN.md policy)"},
+    {"bounds", par_cmd_bounds, "derive per-tensor tolerances of a recipe golden (compare --policy derived)"},
     {"matrix", par_cmd_matrix, "run the conformance matrix against the serial golden"},
     {"ckpt", par_cmd_ckpt, "reshard, export and diff distributed checkpoints"},
     {"plan", par_cmd_plan, "check a layout and print its sizes, stages and groups"},

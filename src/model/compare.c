@@ -16,20 +16,20 @@
 
 /* ---- policies --------------------------------------------------------- */
 
-static const char *policy_names[] = {"auto", "f64", "f32", "bf16", "bitwise"};
+static const char *policy_names[] = {"auto", "f64", "f32", "bf16", "bitwise", "derived"};
 
 par_status par_policy_parse(const char *s, par_policy *out)
 {
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (s && !strcmp(s, policy_names[i])) {
             *out = (par_policy)i;
             return PAR_OK;
         }
     }
-    return par_err(PAR_EINVAL, "policy '%s' is not one of auto, f64, f32, bf16, bitwise", s ? s : "(null)");
+    return par_err(PAR_EINVAL, "policy '%s' is not one of auto, f64, f32, bf16, bitwise, derived", s ? s : "(null)");
 }
 
-const char *par_policy_name(par_policy p) { return (unsigned)p < 5 ? policy_names[p] : "?"; }
+const char *par_policy_name(par_policy p) { return (unsigned)p < 6 ? policy_names[p] : "?"; }
 
 par_status par_policy_from_precision(const char *precision, par_policy *out)
 {
@@ -64,6 +64,7 @@ void par_compare_opts_init(par_compare_opts *o)
     o->subset = 0;
     o->strict_ties = 0;
     o->trust_hashes = 0;
+    o->bounds = NULL;
 }
 
 /* ---- report ----------------------------------------------------------- */
@@ -87,6 +88,7 @@ struct par_compare_report {
     int n_only;
     const char **only;  /* the patterns (owned copies) */
     int64_t *only_hits; /* entries each pattern matched */
+    char bounds_label[300]; /* the derived policy's bounds file and factor */
 };
 
 static par_status report_new(const char *a, const char *b, par_compare_report **out)
@@ -115,6 +117,7 @@ void par_compare_report_free(par_compare_report *r)
         par_free(r->e[i].tensor);
         par_free(r->e[i].list);
         par_free(r->e[i].override_reason);
+        par_free(r->e[i].bound_source);
     }
     par_free(r->e);
     par_free(r->a);
@@ -288,6 +291,9 @@ typedef struct {
     const par_st_file *ties; /* A's ties.K of this step file, or NULL */
     int strict_ties;
     const par_st_file *fa, *fb; /* the pair's files (a router load reads its block's idx) */
+    const char *file;           /* the pair's file name (the derived policy's bounds are per file) */
+    const par_bounds *bounds;   /* the derived policy's, or NULL */
+    const par_st_file *scores;  /* A's scores.K of this step file, or NULL (routing margins) */
 } decode_ctx;
 
 /* Finds a name component `key` followed by ".<digits>" (key at the start or
@@ -592,14 +598,247 @@ static void judge_load_ties(par_cmp_entry *e, const char *name, const par_tensor
              (long long)ie.tie_rows, iname, c->strict_ties ? ", failed under --strict-ties" : "");
 }
 
-/* Compares values of two tensors of equal dtype and shape into e. */
-static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
-                                 par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
+/* ---- the derived policy (model/bounds.h) -------------------------------- */
+
+/* A float pair of any float dtypes against a norm bound: ||B-A||_2 <= bound
+ * over the finite pairs, the non-finite positions and values equal; the
+ * cosine of the two beside it (what a cosine gate would see). */
+static void derived_float(par_cmp_entry *e, const par_tensor *ta, const par_tensor *tb, double bound, topk *tk)
 {
-    int64_t numel = par_tensor_numel(ta);
-    int isint = !par_dtype_is_float(ta->dtype);
-    int bitwise = !isint && policy == PAR_POLICY_BITWISE && !ov;
-    if (isint) {
+    long double sd2 = 0, sa2 = 0, sb2 = 0, sab = 0;
+    const int64_t n = par_tensor_numel(ta);
+    for (int64_t i = 0; i < n; i++) {
+        double x = elem_f(ta, i), y = elem_f(tb, i);
+        if (!isfinite(x) || !isfinite(y)) {
+            if (!same_nonfinite(x, y)) {
+                e->n_nonfinite++;
+                topk_offer(tk, i, INFINITY, x, y, 0, 0);
+            }
+            continue;
+        }
+        double d = fabs(x - y);
+        sd2 += (long double)d * d, sa2 += (long double)x * x, sb2 += (long double)y * y, sab += (long double)x * y;
+        e->n_diff += x != y;
+        e->max_abs = d > e->max_abs ? d : e->max_abs;
+        if (x != 0 && d / fabs(x) > e->max_rel)
+            e->max_rel = d / fabs(x);
+        if (d > 0)
+            topk_offer(tk, i, d, x, y, 0, 0);
+    }
+    double dn = (double)sqrtl(sd2), an = (double)sqrtl(sa2), bn = (double)sqrtl(sb2);
+    e->diff_norm = dn;
+    e->rel_l2 = an > 0 ? dn / an : (dn > 0 ? INFINITY : 0);
+    e->cosine = an > 0 && bn > 0 ? (double)(sab / (sqrtl(sa2) * sqrtl(sb2))) : (an == bn ? 1 : 0);
+    e->bound = bound;
+    e->pass = dn <= bound && e->n_nonfinite == 0;
+    if (e->n_nonfinite)
+        snprintf(e->reason, sizeof e->reason, "NaN/Inf differ at %lld of %lld elements", (long long)e->n_nonfinite,
+                 (long long)n);
+    else if (!e->pass)
+        snprintf(e->reason, sizeof e->reason, "||B-A|| = %.3e > %.3e, the derived bound (%.1fx it; cos(A,B) = %.6f)",
+                 dn, bound, dn / bound, e->cosine);
+}
+
+/* The gap between the K-th and (K+1)-th largest of a row's E selection values. */
+static double row_margin(const par_tensor *sc, int64_t row, int64_t K)
+{
+    const int64_t E = sc->shape[2];
+    double top[65];
+    int n = 0;
+    if (K + 1 > 64 || K >= E)
+        return INFINITY; /* no choice (K >= E) or too many picks to track: no margin */
+    for (int64_t e = 0; e < E; e++) {
+        double x = elem_f(sc, row * E + e);
+        if (n == K + 1 && !(x > top[K]))
+            continue;
+        int j = n < K + 1 ? n++ : (int)K;
+        while (j > 0 && top[j - 1] < x) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = x;
+    }
+    return top[K - 1] - top[K];
+}
+
+/* A's router.<block>.score for idx `name` of shape [B, S, K], or NULL. */
+static const par_tensor *scores_of(const char *name, const par_tensor *ta, const decode_ctx *c)
+{
+    size_t nl = strlen(name);
+    char sname[256];
+    if (!c->scores || nl < 5 || nl > 200 || strcmp(name + nl - 4, ".idx"))
+        return NULL;
+    snprintf(sname, sizeof sname, "%.*s.score", (int)(nl - 4), name);
+    const par_tensor *t = par_st_find(c->scores, sname);
+    if (!t || !par_dtype_is_float(t->dtype) || t->ndim != 3 || ta->ndim != 3 || t->shape[0] != ta->shape[0] ||
+        t->shape[1] != ta->shape[1])
+        return NULL;
+    return t;
+}
+
+/* Router picks judged by margins: a token whose picks differ passes when
+ * A's K-th and (K+1)-th selection values are closer than eps; the others
+ * are listed (largest margin first).  Returns the failing tokens, or -1
+ * when A has no scores for the block. */
+static int64_t judge_margin(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                            double eps, const decode_ctx *c, topk *tk)
+{
+    const par_tensor *sc = scores_of(name, ta, c);
+    if (!sc)
+        return -1;
+    const int64_t K = ta->shape[2], rows = ta->shape[0] * ta->shape[1];
+    const int32_t *pa = ta->data, *pb = tb->data;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (!memcmp(pa + r * K, pb + r * K, (size_t)K * sizeof *pa))
+            continue;
+        e->flips++;
+        double m = row_margin(sc, r, K);
+        if (m < eps) {
+            e->flips_allowed++;
+            continue;
+        }
+        bad++;
+        int64_t j = 0;
+        while (j < K - 1 && pa[r * K + j] == pb[r * K + j])
+            j++;
+        if (tk)
+            topk_offer(tk, r * K + j, m, pa[r * K + j], pb[r * K + j], pa[r * K + j], pb[r * K + j]);
+    }
+    return bad;
+}
+
+/* router.<block>.load under the derived policy: the block's idx within its
+ * margins (or equal, for an exact one), and the loads exactly what it moves. */
+static void judge_load_margin(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                              const decode_ctx *c)
+{
+    size_t nl = strlen(name);
+    char iname[256];
+    if (!c->fa || !c->fb || ta->dtype != PAR_I64 || ta->ndim != 1 || nl < 6 || nl > 200)
+        return;
+    snprintf(iname, sizeof iname, "%.*s.idx", (int)(nl - 5), name);
+    const par_tensor *ia = par_st_find(c->fa, iname), *ib = par_st_find(c->fb, iname);
+    const par_bound *bi = c->bounds ? par_bounds_find(c->bounds, c->file, iname) : NULL;
+    if (!ia || !ib || !bi || bi->kind != PAR_BOUND_MARGIN || ia->dtype != PAR_I32 || !par_tensor_same_shape(ia, ib))
+        return;
+    par_cmp_entry ie = {0};
+    int64_t bad = judge_margin(&ie, iname, ia, ib, bi->bound, c, NULL);
+    const int32_t *xa = ia->data, *xb = ib->data;
+    const int64_t *la = ta->data, *lb = tb->data, n = par_tensor_numel(ia);
+    int consistent = 1;
+    for (int64_t x = 0; x < ta->shape[0] && consistent; x++) {
+        int64_t d = 0;
+        for (int64_t i = 0; i < n; i++)
+            d += (xb[i] == x) - (xa[i] == x);
+        consistent = lb[x] - la[x] == d;
+    }
+    e->pass = bad == 0 && consistent;
+    if (e->pass)
+        snprintf(e->reason, sizeof e->reason, "the loads move exactly with %.80s's %lld tokens that flip within the "
+                 "margins", iname, (long long)ie.flips);
+    else
+        snprintf(e->reason, sizeof e->reason, "%s", !consistent ? "the loads differ otherwise than the block's idx "
+                 "moves them" : bad < 0 ? "A has no scores for the block (make the golden with --router-scores)" :
+                 "the block's idx flips tokens outside the margins");
+}
+
+/* attn.<block>.selected: at most `bound` rows differ besides A's exact ties. */
+static void judge_rows(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb, double bound,
+                       const decode_ctx *c)
+{
+    judge_ties(e, name, ta, tb, c);
+    if (!ties_of(name, ta, c) && ta->ndim == 3) {
+        const int64_t k = ta->shape[2], rows = ta->shape[0] * ta->shape[1];
+        e->rows_differ = 0;
+        for (int64_t r = 0; r < rows; r++)
+            e->rows_differ += memcmp((const int32_t *)ta->data + r * k, (const int32_t *)tb->data + r * k,
+                                     (size_t)k * sizeof(int32_t)) != 0;
+    }
+    int64_t other = e->rows_differ - e->tie_rows;
+    e->bound = bound;
+    e->pass = (double)other <= bound;
+    snprintf(e->reason, sizeof e->reason, "%lld rows differ besides A's exact ties (%lld tie order), %s the %.0f "
+             "the bound allows", (long long)other, (long long)e->tie_rows, e->pass ? "within" : "more than", bound);
+}
+
+/* An integer pair under the derived policy (e->pass: exact equality so far;
+ * tk: the differing elements, replaced by the failing flips for a margin). */
+static void derived_int(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                        const par_bound *bd, const decode_ctx *c, topk *tk)
+{
+    if (!bd || e->pass)
+        return;
+    switch (bd->kind) {
+    case PAR_BOUND_MARGIN: {
+        topk mk = {tk->k, 0, tk->v};
+        e->bound = bd->bound;
+        int64_t bad = judge_margin(e, name, ta, tb, bd->bound, c, &mk);
+        if (bad < 0) {
+            snprintf(e->reason, sizeof e->reason, "A has no router scores for this block (scores.K: make the golden "
+                     "with parity golden --router-scores)");
+            return;
+        }
+        tk->n = mk.n;
+        for (int j = 0; j < tk->n; j++)
+            tk->v[j].has_margin = 1, tk->v[j].margin = tk->v[j].err;
+        e->pass = bad == 0;
+        snprintf(e->reason, sizeof e->reason, "%lld tokens pick other experts: %lld with a margin in A below eps "
+                 "= %.3e (may flip), %lld at or above it", (long long)e->flips, (long long)e->flips_allowed,
+                 bd->bound, (long long)bad);
+        return;
+    }
+    case PAR_BOUND_LOAD: judge_load_margin(e, name, ta, tb, c); return;
+    case PAR_BOUND_ROWS: judge_rows(e, name, ta, tb, bd->bound, c); return;
+    default: judge_ties(e, name, ta, tb, c); return; /* exact, with A's exact ties as everywhere */
+    }
+}
+
+/* No usable bound for a tensor under the derived policy: a failing entry. */
+static void derived_missing(par_cmp_entry *e, const char *file, const char *name, const par_bound *bd)
+{
+    e->pass = 0;
+    if (bd)
+        snprintf(e->reason, sizeof e->reason, "the bound of this float tensor is of kind %s, not norm",
+                 par_bound_kind_name(bd->kind));
+    else
+        snprintf(e->reason, sizeof e->reason, "no derived bound for %.60s %.80s in the bounds file (derived from a "
+                 "set without it)", file, name);
+}
+
+/* A failing entry keeps its listed elements, their coordinates decoded;
+ * else they are freed. */
+static void attach_list(par_cmp_entry *e, const char *name, const par_tensor *ta, const decode_ctx *ctx, topk *tk)
+{
+    if (e->pass || tk->n == 0) {
+        par_free(tk->v);
+        return;
+    }
+    for (int j = 0; j < tk->n; j++) {
+        par_cmp_elem *el = &tk->v[j];
+        int64_t rem = el->index;
+        for (int d = ta->ndim - 1; d >= 0; d--) {
+            int64_t s = ta->shape[d] ? ta->shape[d] : 1;
+            el->coord[d] = rem % s;
+            rem /= s;
+        }
+        describe(ctx, name, ta, el);
+    }
+    e->list = tk->v;
+    e->nlist = tk->n;
+}
+
+/* e's mode and tolerances under the policy (a manifest override, the
+ * derived policy's bound: *bd, NULL when the bounds have none). */
+static par_status entry_mode(par_cmp_entry *e, const char *name, int isint, int bitwise, par_policy policy,
+                             const par_tol_override *ov, const decode_ctx *ctx, const par_bound **bd)
+{
+    if (policy == PAR_POLICY_DERIVED) { /* the bounds file's, never a manifest override */
+        e->mode = "derived";
+        *bd = ctx->bounds ? par_bounds_find(ctx->bounds, ctx->file, name) : NULL;
+        if (*bd && !(e->bound_source = par_strdup((*bd)->source, PAR_TAG_IO)))
+            return par_err(PAR_ENOMEM, "compare: out of memory");
+    } else if (isint) {
         e->mode = "integer";
     } else if (ov) {
         e->mode = "override";
@@ -614,6 +853,21 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
         e->mode = par_policy_name(policy);
         par_policy_tolerance(policy, &e->rtol, &e->atol);
     }
+    return PAR_OK;
+}
+
+/* Compares values of two tensors of equal dtype and shape into e (the
+ * derived policy: of equal shape, floats of any float dtypes). */
+static par_status compare_values(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
+                                 par_policy policy, const par_tol_override *ov, int max_list, const decode_ctx *ctx)
+{
+    int64_t numel = par_tensor_numel(ta);
+    int isint = !par_dtype_is_float(ta->dtype);
+    int bitwise = !isint && policy == PAR_POLICY_BITWISE && !ov;
+    const par_bound *bd = NULL;
+    par_status st = entry_mode(e, name, isint, bitwise, policy, ov, ctx, &bd);
+    if (st)
+        return st;
     topk tk = {max_list, 0, NULL};
     if (max_list > 0) {
         tk.v = par_calloc((size_t)max_list, sizeof *tk.v, PAR_TAG_IO);
@@ -621,6 +875,14 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
             return par_err(PAR_ENOMEM, "compare: out of memory");
     }
 
+    if (policy == PAR_POLICY_DERIVED && !isint) {
+        if (bd && bd->kind == PAR_BOUND_NORM)
+            derived_float(e, ta, tb, bd->bound, &tk);
+        else
+            derived_missing(e, ctx->file, name, bd);
+        attach_list(e, name, ta, ctx, &tk);
+        return PAR_OK;
+    }
     long double sd2 = 0, sr2 = 0;
     double max_abs = 0, max_rel = 0;
     int64_t ndiff = 0, nnf = 0;
@@ -667,10 +929,16 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
         if (!e->pass)
             snprintf(e->reason, sizeof e->reason, "integers differ at %lld of %lld elements", (long long)ndiff,
                      (long long)numel);
-        if (!e->pass)
-            judge_ties(e, name, ta, tb, ctx);
-        if (!e->pass && !e->tie_rows)
-            judge_load_ties(e, name, ta, tb, ctx);
+        if (policy == PAR_POLICY_DERIVED) {
+            if (!bd)
+                derived_missing(e, ctx->file, name, NULL);
+            derived_int(e, name, ta, tb, bd, ctx, &tk);
+        } else {
+            if (!e->pass)
+                judge_ties(e, name, ta, tb, ctx);
+            if (!e->pass && !e->tie_rows)
+                judge_load_ties(e, name, ta, tb, ctx);
+        }
     } else if (bitwise) {
         e->pass = ndiff == 0;
         if (!e->pass)
@@ -687,22 +955,7 @@ static par_status compare_values(par_cmp_entry *e, const char *name, const par_t
             snprintf(e->reason, sizeof e->reason, "||B-A|| = %.3e > %.3e = %g*||A|| + %g*sqrt(%lld)", dn, e->bound,
                      e->rtol, e->atol, (long long)numel);
     }
-    if (!e->pass && tk.n > 0) {
-        for (int j = 0; j < tk.n; j++) {
-            par_cmp_elem *el = &tk.v[j];
-            int64_t rem = el->index;
-            for (int d = ta->ndim - 1; d >= 0; d--) {
-                int64_t s = ta->shape[d] ? ta->shape[d] : 1;
-                el->coord[d] = rem % s;
-                rem /= s;
-            }
-            describe(ctx, name, ta, el);
-        }
-        e->list = tk.v;
-        e->nlist = tk.n;
-    } else {
-        par_free(tk.v);
-    }
+    attach_list(e, name, ta, ctx, &tk);
     return PAR_OK;
 }
 
@@ -724,6 +977,8 @@ typedef struct {
     int64_t cp[2];
     const par_st_file *ties;      /* A's ties.K for the step file compared, or NULL */
     int strict_ties;
+    const par_bounds *bounds;     /* the derived policy's, or NULL */
+    const par_st_file *scores;    /* A's scores.K for the step file compared, or NULL */
 } file_ctx;
 
 static const par_tensor *find_i32_bs(const par_st_file *f, const char *name)
@@ -757,6 +1012,9 @@ static void pair_decode_ctx(decode_ctx *dc, const par_st_file *a, const par_st_f
     dc->strict_ties = fc->strict_ties;
     dc->fa = a;
     dc->fb = b;
+    dc->file = file;
+    dc->bounds = fc->bounds;
+    dc->scores = fc->scores;
     if (!dc->is_step)
         return;
     const par_tensor *seg = a ? find_i32_bs(a, "input.segments") : NULL;
@@ -851,7 +1109,8 @@ static par_status compare_pair(par_compare_report *r, const par_st_file *a, cons
         i++;
         j++;
         fill_shape(e, ta);
-        if (ta->dtype != tb->dtype) {
+        if (ta->dtype != tb->dtype &&
+            !(fc->policy == PAR_POLICY_DERIVED && par_dtype_is_float(ta->dtype) && par_dtype_is_float(tb->dtype))) {
             snprintf(e->reason, sizeof e->reason, "dtype differs: A %s, B %s", par_dtype_name(ta->dtype),
                      par_dtype_name(tb->dtype));
             entry_fail(r, e);
@@ -885,10 +1144,10 @@ static int clamp_list(int k)
 /* A set's ties.K.safetensors (model/golden.h) in dir, for step k: *out NULL
  * when there is none (a set written before it, a parallel dump, row
  * blocks); an error when it is there but unreadable. */
-static par_status open_ties(const char *dir, int64_t k, par_st_file **out)
+static par_status open_side(const char *dir, const char *kind, int64_t k, par_st_file **out)
 {
     char name[64];
-    snprintf(name, sizeof name, "ties.%lld.safetensors", (long long)k);
+    snprintf(name, sizeof name, "%s.%lld.safetensors", kind, (long long)k);
     char *p = par_path_join(dir, name);
     if (!p)
         return par_err(PAR_ENOMEM, "compare: out of memory");
@@ -902,16 +1161,30 @@ static par_status open_ties(const char *dir, int64_t k, par_st_file **out)
 }
 
 static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
-                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out);
+                                  const par_compare_opts *o, const par_st_file *ties, const par_st_file *scores,
+                                  par_compare_report **out);
 
 par_status par_compare_st(const par_st_file *a, const par_st_file *b, const char *file, const par_compare_opts *o,
                           par_compare_report **out)
 {
-    return compare_st_ties(a, b, file, o, NULL, out);
+    return compare_st_ties(a, b, file, o, NULL, NULL, out);
+}
+
+/* The derived policy needs its bounds; the report names them. */
+static par_status derived_setup(par_compare_report *r, const par_compare_opts *o)
+{
+    if (o->policy != PAR_POLICY_DERIVED)
+        return PAR_OK;
+    if (!o->bounds)
+        return par_err(PAR_EINVAL, "compare: the derived policy needs a bounds file (parity bounds; --bounds FILE)");
+    snprintf(r->bounds_label, sizeof r->bounds_label, "%s, factor %g", par_bounds_label(o->bounds),
+             par_bounds_factor(o->bounds));
+    return PAR_OK;
 }
 
 static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, const char *file,
-                                  const par_compare_opts *o, const par_st_file *ties, par_compare_report **out)
+                                  const par_compare_opts *o, const par_st_file *ties, const par_st_file *scores,
+                                  par_compare_report **out)
 {
     par_compare_opts def;
     if (!o) {
@@ -924,8 +1197,9 @@ static par_status compare_st_ties(const par_st_file *a, const par_st_file *b, co
         return st;
     r->policy = o->policy == PAR_POLICY_AUTO ? PAR_POLICY_F64 : o->policy;
     snprintf(r->policy_why, sizeof r->policy_why, "%s", o->policy == PAR_POLICY_AUTO ? "auto: bare files" : "given");
-    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}, ties, o->strict_ties};
-    if (!(st = report_select(r, o)) && !(st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc)))
+    file_ctx fc = {r->policy, clamp_list(o->max_list), NULL, {0, 0}, ties, o->strict_ties, o->bounds, scores};
+    if (!(st = derived_setup(r, o)) && !(st = report_select(r, o)) &&
+        !(st = compare_pair(r, a, b, file ? file : par_st_label(a), &fc)))
         st = finish_selection(r);
     if (st) {
         par_compare_report_free(r);
@@ -1221,7 +1495,11 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
         r->policy = o->policy;
         snprintf(r->policy_why, sizeof r->policy_why, "given");
     }
-    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}, NULL, o->strict_ties};
+    file_ctx fc = {r->policy, clamp_list(o->max_list), &ma, {layout_cp(&ma), layout_cp(&mb)}, NULL, o->strict_ties,
+                   o->bounds, NULL};
+    if (r->policy == PAR_POLICY_DERIVED && ((st = derived_setup(r, o)) ||
+                                            (st = par_bounds_check_golden(o->bounds, &ma, da))))
+        goto done_free_mb;
 
     gfile *fa = NULL, *fb = NULL;
     int na = 0, nb = 0;
@@ -1252,14 +1530,19 @@ static par_status compare_dirs(par_compare_report *r, const char *da, const char
             st = par_st_map(pa, &sa);
         if (!st)
             st = par_st_map(pb, &sb);
-        par_st_file *ties = NULL;
+        par_st_file *ties = NULL, *scores = NULL;
         if (!st && fa[i - 1].kind == 1)
-            st = open_ties(da, fa[i - 1].k, &ties);
+            st = open_side(da, "ties", fa[i - 1].k, &ties);
+        if (!st && fa[i - 1].kind == 1 && r->policy == PAR_POLICY_DERIVED)
+            st = open_side(da, "scores", fa[i - 1].k, &scores);
         fc.ties = ties;
+        fc.scores = scores;
         if (!st)
             st = compare_pair(r, sa, sb, name, &fc);
         fc.ties = NULL;
+        fc.scores = NULL;
         par_st_close(ties);
+        par_st_close(scores);
         par_st_close(sa);
         par_st_close(sb);
         par_free(pa);
@@ -1309,7 +1592,7 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
             par_st_close(fa);
             return st;
         }
-        par_st_file *ties = NULL;
+        par_st_file *ties = NULL, *scores = NULL;
         gfile g;
         char *dir = NULL;
         if (parse_gname(base_name(a), &g) && g.kind == 1) { /* a bare step.K: A's ties.K next to it */
@@ -1320,12 +1603,15 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
             else if (dl)
                 dir[dl - 1 > 0 ? dl - 1 : 1] = 0;
             if (!st)
-                st = open_ties(dir, g.k, &ties);
+                st = open_side(dir, "ties", g.k, &ties);
+            if (!st && o->policy == PAR_POLICY_DERIVED)
+                st = open_side(dir, "scores", g.k, &scores);
         }
         if (!st)
-            st = compare_st_ties(fa, fb, base_name(a), o, ties, out);
+            st = compare_st_ties(fa, fb, base_name(a), o, ties, scores, out);
         par_free(dir);
         par_st_close(ties);
+        par_st_close(scores);
         par_st_close(fa);
         par_st_close(fb);
         return st;
@@ -1356,6 +1642,8 @@ static void print_elem(FILE *out, const par_cmp_entry *e, const par_cmp_elem *el
         fprintf(out, "      at %-16s A=%-24.17g B=%-24.17g |B-A|=%.3e", c, el->a, el->b, el->err);
     if (el->where[0])
         fprintf(out, "  %s", el->where);
+    if (el->has_margin)
+        fprintf(out, "; margin in A %.3e", el->margin);
     fputc('\n', out);
 }
 
@@ -1372,6 +1660,10 @@ static void print_entry(FILE *out, const par_cmp_entry *e)
     fputc('\n', out);
     if (e->override_reason)
         fprintf(out, "      override rtol %g atol %g: %s\n", e->rtol, e->atol, e->override_reason);
+    if (e->bound_source && par_dtype_is_float(e->dtype))
+        fprintf(out, "      ||B-A|| %.3e, bound %.3e, cos %.6f: %s\n", e->diff_norm, e->bound, e->cosine, e->bound_source);
+    else if (e->bound_source)
+        fprintf(out, "      %s\n", e->bound_source);
     if (!e->pass && e->nlist) {
         fprintf(out, "      first mismatches, largest error first:\n");
         for (int k = 0; k < e->nlist; k++)
@@ -1421,7 +1713,9 @@ void par_compare_report_print(const par_compare_report *r, FILE *out, int verbos
     double rt, at;
     par_policy_tolerance(r->policy, &rt, &at);
     fprintf(out, "compare A=%s B=%s\npolicy %s (%s)", r->a, r->b, par_policy_name(r->policy), r->policy_why);
-    if (r->policy != PAR_POLICY_BITWISE)
+    if (r->policy == PAR_POLICY_DERIVED)
+        fprintf(out, ": per tensor, the bound derived in %s (docs/recipes.md \"Derived bounds\")", r->bounds_label);
+    else if (r->policy != PAR_POLICY_BITWISE)
         fprintf(out, ": ||B-A||_2 <= %g ||A||_2 + %g sqrt(numel)", rt, at);
     fputc('\n', out);
     if (r->numerics[0][0] && strcmp(r->numerics[0], r->numerics[1]))
@@ -1514,6 +1808,47 @@ static int selection_json(const par_compare_report *r, cJSON *root)
     return ok;
 }
 
+/* The derived policy's fields of an entry: its bound's source, the cosine
+ * (floats), the flips (router picks). */
+static int derived_json(cJSON *o, const par_cmp_entry *e)
+{
+    int ok = cJSON_AddStringToObject(o, "bound_source", e->bound_source) != NULL;
+    if (ok && par_dtype_is_float(e->dtype)) {
+        cJSON *c = num_or_str(e->cosine);
+        ok = c != NULL;
+        if (ok)
+            cJSON_AddItemToObject(o, "cosine", c);
+    }
+    if (ok && e->flips)
+        ok = cJSON_AddNumberToObject(o, "flips", (double)e->flips) &&
+             cJSON_AddNumberToObject(o, "flips_allowed", (double)e->flips_allowed);
+    return ok;
+}
+
+/* An entry's numbers (every mode but "-"). */
+static int stats_json(cJSON *o, const par_cmp_entry *e)
+{
+    int ok = 1;
+        const char *k[] = {"max_abs", "max_rel", "rel_l2", "diff_norm", "bound", "rtol", "atol"};
+        double v[] = {e->max_abs, e->max_rel, e->rel_l2, e->diff_norm, e->bound, e->rtol, e->atol};
+        for (int q = 0; q < 7 && ok; q++) {
+            cJSON *n = num_or_str(v[q]);
+            ok = n != NULL;
+            if (ok)
+                cJSON_AddItemToObject(o, k[q], n);
+        }
+        ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
+        ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
+        if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
+            ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
+                 cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
+        if (ok && e->override_reason)
+            ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
+        if (ok && e->bound_source)
+            ok = derived_json(o, e);
+    return ok;
+}
+
 par_status par_compare_report_write_json(const par_compare_report *r, const char *path)
 {
     cJSON *root = cJSON_CreateObject();
@@ -1525,6 +1860,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
     ok = ok && cJSON_AddStringToObject(root, "policy", par_policy_name(r->policy));
     ok = ok && cJSON_AddStringToObject(root, "policy_source", r->policy_why);
     ok = ok && numerics_json(r, root);
+    if (ok && r->policy == PAR_POLICY_DERIVED)
+        ok = cJSON_AddStringToObject(root, "bounds", r->bounds_label) != NULL;
     ok = ok && cJSON_AddNumberToObject(root, "rtol", rt) && cJSON_AddNumberToObject(root, "atol", at);
     ok = ok && cJSON_AddBoolToObject(root, "pass", r->nfail == 0);
     ok = ok && cJSON_AddNumberToObject(root, "files", r->nfiles);
@@ -1558,23 +1895,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
             }
             ok = ok && cJSON_AddNumberToObject(o, "numel", (double)e->numel);
         }
-        if (ok && strcmp(e->mode, "-")) {
-            const char *k[] = {"max_abs", "max_rel", "rel_l2", "diff_norm", "bound", "rtol", "atol"};
-            double v[] = {e->max_abs, e->max_rel, e->rel_l2, e->diff_norm, e->bound, e->rtol, e->atol};
-            for (int q = 0; q < 7 && ok; q++) {
-                cJSON *n = num_or_str(v[q]);
-                ok = n != NULL;
-                if (ok)
-                    cJSON_AddItemToObject(o, k[q], n);
-            }
-            ok = ok && cJSON_AddNumberToObject(o, "n_diff", (double)e->n_diff);
-            ok = ok && cJSON_AddNumberToObject(o, "n_nonfinite_mismatch", (double)e->n_nonfinite);
-            if (ok && e->rows_differ) /* attn.*.selected judged with A's ties.K */
-                ok = cJSON_AddNumberToObject(o, "rows_differ", (double)e->rows_differ) &&
-                     cJSON_AddNumberToObject(o, "tie_order_rows", (double)e->tie_rows);
-            if (ok && e->override_reason)
-                ok = cJSON_AddStringToObject(o, "override_reason", e->override_reason) != NULL;
-        }
+        if (ok && strcmp(e->mode, "-"))
+            ok = stats_json(o, e);
         if (ok && e->nlist) {
             cJSON *ml = cJSON_AddArrayToObject(o, "mismatches");
             ok = ml != NULL;
@@ -1613,6 +1935,8 @@ par_status par_compare_report_write_json(const par_compare_report *r, const char
                          cJSON_AddNumberToObject(m, "b", (double)el->ib);
                 }
                 ok = ok && cJSON_AddStringToObject(m, "where", el->where);
+                if (ok && el->has_margin)
+                    ok = cJSON_AddNumberToObject(m, "margin", el->margin) != NULL;
             }
         }
     }

@@ -25,6 +25,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "model/bounds.h"
 
 typedef enum {
     PAR_POLICY_AUTO = 0, /* from the manifests' "precision" (f64 for bare files) */
@@ -32,9 +33,10 @@ typedef enum {
     PAR_POLICY_F32,
     PAR_POLICY_BF16,
     PAR_POLICY_BITWISE,
+    PAR_POLICY_DERIVED, /* per tensor, the bounds of a bounds file (model/bounds.h); opts.bounds */
 } par_policy;
 
-/* "auto", "f64", "f32", "bf16", "bitwise" -> policy; PAR_EINVAL otherwise. */
+/* "auto", "f64", "f32", "bf16", "bitwise", "derived" -> policy; PAR_EINVAL otherwise. */
 par_status par_policy_parse(const char *s, par_policy *out);
 const char *par_policy_name(par_policy p);
 /* The policy a manifest "precision" implies ("f64", "f32", "bf16"). */
@@ -52,6 +54,8 @@ typedef struct {
     int64_t ia, ib;               /* exact values, integer tensors only */
     double err;                   /* |A-B|; +inf for a non-finite mismatch */
     char where[200];              /* decoded meaning: layer, expert, row, ... */
+    int has_margin;               /* derived policy, a router flip: margin = A's K-th minus (K+1)-th score */
+    double margin;
 } par_cmp_elem;
 
 /* Which sides hold an entry. */
@@ -88,6 +92,10 @@ typedef struct {
     int64_t tie_rows;    /* of them, rows whose picks differ only among A's exact ties (tie order) */
     int nlist;
     par_cmp_elem *list; /* largest errors first (ties: lower index first) */
+    /* the derived policy (model/bounds.h) */
+    char *bound_source;  /* where the bound came from (owned), NULL under other policies */
+    double cosine;       /* float tensors: cos(A, B) (1 when both are 0) */
+    int64_t flips, flips_allowed; /* margin: tokens whose picks differ, those within eps */
 } par_cmp_entry;
 
 typedef struct {
@@ -120,6 +128,9 @@ typedef struct {
      * sha256 (par_manifest_read_unverified): sets this process wrote itself
      * a moment ago (the matrix's).  0 (default): every file is hashed. */
     int trust_hashes;
+    /* PAR_POLICY_DERIVED: the bounds (model/bounds.h; not owned); for two
+     * directories they must have been derived from A (sha256 of its files). */
+    const par_bounds *bounds;
 } par_compare_opts;
 
 void par_compare_opts_init(par_compare_opts *o);

@@ -27,6 +27,8 @@ typedef struct {
     int64_t rows_per_block;   /* > 0 and < the batch: gradients accumulated over row blocks of
                                * this many rows (model.h par_model_forward_backward_rows);
                                * 0: one shot, the whole batch at once (the default) */
+    int router_scores;        /* 1: also scores.K.safetensors, the router's selection values (one shot only;
+                               * docs/recipes.md "Derived bounds") */
 } par_golden_opts;
 
 void par_golden_opts_init(par_golden_opts *o); /* precision 64, steps 1, seed 1234 */

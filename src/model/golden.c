@@ -321,6 +321,55 @@ static par_status PAR_FN(router_ties)(const PAR_FN(par_model) *M, par_st_writer 
     return s;
 }
 
+/* scores.K.safetensors (par_golden_opts.router_scores; docs/recipes.md
+ * "Derived bounds"): router.<block>.score [B, S, E] of every score-routed
+ * block, the values the gate selects its top K on (s + bias, summed in
+ * par_real as par_moe_gate_ties does), recomputed from the block's saved
+ * input and the weights the forward used (the update has not run yet).
+ * Nothing is written when no block is score-routed. */
+par_status PAR_FN(par_golden_write_scores)(const PAR_FN(par_model) *M, const char *dir, int64_t k)
+{
+    const int64_t T = M->batch->B * M->batch->S, E = M->E;
+    const int64_t sh[3] = {M->batch->B, M->batch->S, E};
+    const size_t n = (size_t)(T * E > 0 ? T * E : 1);
+    par_st_writer *w = NULL;
+    par_real **keep = par_calloc((size_t)M->n_blocks + 1, sizeof *keep, PAR_TAG_IO);
+    par_real *lg = par_malloc(n * sizeof *lg, PAR_TAG_IO);
+    par_status s = keep && lg ? par_st_writer_new(&w) : par_err(PAR_ENOMEM, "golden: out of memory for the router's scores");
+    int any = 0;
+    for (int b = 0; b < M->n_blocks && !s; b++) {
+        const PAR_FN(par_block_act) *a = &M->blk[b];
+        if (a->hash || !a->xfn || a->T != T)
+            continue;
+        par_real *v = keep[b] = par_malloc(n * sizeof *v, PAR_TAG_IO);
+        if (!v) {
+            s = par_err(PAR_ENOMEM, "golden: out of memory for the router's scores (%lld tokens)", (long long)T);
+            break;
+        }
+        const par_real *wg = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_weight);
+        const par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+        par_dev_host_read(a->xfn, (size_t)(T * M->d) * sizeof(par_real)); /* GPU mode: on the host */
+        PAR_FN(par_moe_gate_logits)(lg, a->xfn, wg, T, M->d, (int)E);
+        PAR_FN(par_moe_gate_scores)(v, lg, T * E);
+        par_dev_host_read(v, n * sizeof *v);
+        for (int64_t i = 0; bias && i < T * E; i++)
+            v[i] = v[i] + bias[i % E];
+        char pfx[32], name[64];
+        par_golden_block_prefix(&M->cfg, b, pfx, sizeof pfx);
+        snprintf(name, sizeof name, "router.%s.score", pfx);
+        if (!(s = add(w, name, PAR_REAL_DTYPE, 3, sh, v)))
+            any = 1;
+    }
+    if (!s && any)
+        s = write_file(w, dir, "scores", k);
+    par_st_writer_free(w);
+    for (int b = 0; keep && b < M->n_blocks; b++)
+        par_free(keep[b]);
+    par_free(keep);
+    par_free(lg);
+    return s;
+}
+
 /* ties.K.safetensors: attn.<block>.ties I32 [B, S, S/4] of every ratio-4
  * block whose saved indexer state the forward kept (kernels/attention.h
  * par_indexer_ties); counts[0], counts[1]: the rows with a choice and with
@@ -616,6 +665,10 @@ static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, co
     const int blocked = o->rows_per_block > 0 && o->rows_per_block < batch->B;
     double t0 = now_s(), t1, t2;
     par_status s;
+    if (blocked && o->router_scores)
+        return par_err(PAR_EINVAL, "golden: --router-scores needs one-shot steps, but the step runs over row blocks "
+                       "of %lld rows (--rows-per-block or the memory limit; the blocks keep no gate input)",
+                       (long long)o->rows_per_block);
     if (blocked) {
         if ((!bk->all && (s = keep_alloc(bk, M, batch->B * batch->S))) ||
             (s = PAR_FN(par_model_forward_backward_rows)(M, batch, o->rows_per_block, &bk->k)))
@@ -628,7 +681,8 @@ static par_status golden_step(const par_golden_opts *o, PAR_FN(par_model) *M, co
             return s;
         t1 = now_s();
         if ((s = PAR_FN(par_golden_write_step)(M, dir, k)) ||
-            (s = PAR_FN(par_golden_write_ties)(M, dir, k, info->index_rows, info->router_rows)))
+            (s = PAR_FN(par_golden_write_ties)(M, dir, k, info->index_rows, info->router_rows)) ||
+            (o->router_scores && (s = PAR_FN(par_golden_write_scores)(M, dir, k))))
             return s;
     }
     t2 = now_s();

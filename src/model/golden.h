@@ -96,6 +96,12 @@ par_status PAR_FN(par_golden_write_step)(const PAR_FN(par_model) *M, const char 
 par_status PAR_FN(par_golden_write_ties)(const PAR_FN(par_model) *M, const char *dir, int64_t k, int64_t counts[2],
                                          int64_t rcounts[2]);
 
+/* Writes dir/scores.K.safetensors (par_golden_opts.router_scores): the
+ * router's selection values router.<block>.score [B, S, E] (s + bias, the
+ * values the top K is taken on) of every score-routed block; the derived
+ * bounds' routing margins (model/bounds.h).  Needs M->have_fwd, one shot. */
+par_status PAR_FN(par_golden_write_scores)(const PAR_FN(par_model) *M, const char *dir, int64_t k);
+
 /* manifest.json of a set in dir (GOLDEN.md keys; steps the total, first_step
  * where a resumed run started); takes ownership of the layout and data
  * objects (NULL: out of memory). */
