@@ -32,7 +32,7 @@ done
 if ! command -v clang >/dev/null; then
   echo "fuzz: clang not found (bash tools/setup.sh --with-fuzz installs it)"; exit 2
 fi
-all=(safetensors manifest ckpt_metadata ckpt_sums config topology layout cli_args fixture)
+all=(safetensors manifest ckpt_metadata ckpt_sums config topology layout cli_args fixture bounds)
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang meson setup "$build" "$src" -Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false \

@@ -34,7 +34,7 @@ static char fuzz_dir_path[256];
 
 static void fuzz_dir_remove(void)
 {
-    static const char *const names[] = {"metadata.json", "SHA256SUMS", "fixture.json"};
+    static const char *const names[] = {"metadata.json", "SHA256SUMS", "fixture.json", "bounds.json"};
     char p[512];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", fuzz_dir_path, names[i]);
