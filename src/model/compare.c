@@ -1566,6 +1566,45 @@ static const char *base_name(const char *p)
     return s ? s + 1 : p;
 }
 
+/* Two bare files (a step.K beside its ties.K, and scores.K under the
+ * derived policy, when a's name says so). */
+static par_status compare_bare_files(const char *a, const char *b, const par_compare_opts *o,
+                                     par_compare_report **out)
+{
+    par_st_file *fa, *fb;
+    par_status st = par_st_read(a, &fa);
+    if (st)
+        return st;
+    st = par_st_read(b, &fb);
+    if (st) {
+        par_st_close(fa);
+        return st;
+    }
+    par_st_file *ties = NULL, *scores = NULL;
+    gfile g;
+    char *dir = NULL;
+    if (parse_gname(base_name(a), &g) && g.kind == 1) { /* a bare step.K: A's ties.K next to it */
+        size_t dl = (size_t)(base_name(a) - a);
+        dir = par_strdup(dl ? a : ".", PAR_TAG_IO);
+        if (!dir)
+            st = par_err(PAR_ENOMEM, "compare: out of memory");
+        else if (dl)
+            dir[dl - 1 > 0 ? dl - 1 : 1] = 0;
+        if (!st)
+            st = open_side(dir, "ties", g.k, &ties);
+        if (!st && o->policy == PAR_POLICY_DERIVED)
+            st = open_side(dir, "scores", g.k, &scores);
+    }
+    if (!st)
+        st = compare_st_ties(fa, fb, base_name(a), o, ties, scores, out);
+    par_free(dir);
+    par_st_close(ties);
+    par_st_close(scores);
+    par_st_close(fa);
+    par_st_close(fb);
+    return st;
+}
+
 par_status par_compare_paths(const char *a, const char *b, const par_compare_opts *o, par_compare_report **out)
 {
     par_compare_opts def;
@@ -1582,40 +1621,8 @@ par_status par_compare_paths(const char *a, const char *b, const par_compare_opt
     if (da != db)
         return par_err(PAR_EINVAL, "compare: %s is a %s but %s is a %s; compare two golden-set directories or two files",
                        a, da ? "directory" : "file", b, db ? "directory" : "file");
-    if (!da) {
-        par_st_file *fa, *fb;
-        par_status st = par_st_read(a, &fa);
-        if (st)
-            return st;
-        st = par_st_read(b, &fb);
-        if (st) {
-            par_st_close(fa);
-            return st;
-        }
-        par_st_file *ties = NULL, *scores = NULL;
-        gfile g;
-        char *dir = NULL;
-        if (parse_gname(base_name(a), &g) && g.kind == 1) { /* a bare step.K: A's ties.K next to it */
-            size_t dl = (size_t)(base_name(a) - a);
-            dir = par_strdup(dl ? a : ".", PAR_TAG_IO);
-            if (!dir)
-                st = par_err(PAR_ENOMEM, "compare: out of memory");
-            else if (dl)
-                dir[dl - 1 > 0 ? dl - 1 : 1] = 0;
-            if (!st)
-                st = open_side(dir, "ties", g.k, &ties);
-            if (!st && o->policy == PAR_POLICY_DERIVED)
-                st = open_side(dir, "scores", g.k, &scores);
-        }
-        if (!st)
-            st = compare_st_ties(fa, fb, base_name(a), o, ties, scores, out);
-        par_free(dir);
-        par_st_close(ties);
-        par_st_close(scores);
-        par_st_close(fa);
-        par_st_close(fb);
-        return st;
-    }
+    if (!da)
+        return compare_bare_files(a, b, o, out);
     par_compare_report *r;
     par_status st = report_new(a, b, &r);
     if (st)
