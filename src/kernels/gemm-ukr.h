@@ -1,5 +1,7 @@
 /* kernels/gemm-ukr.h - the micro-kernel of kernels/gemm.c, instantiated once
- * per instruction set: gemm.c defines the names below and includes this file.
+ * per tile: gemm.c defines the names below and includes this file.  It
+ * undefines the tile's three (UKR_NAME, UKR_MR, UKR_NV); the instruction
+ * set's stay for its next tile until kernels/gemm-isa-end.h.
  *
  *   UKR_NAME, UKR_ATTR         the function and its target attribute
  *   UKR_MR, UKR_NV             rows of the tile; vectors per tile row
@@ -52,15 +54,5 @@ UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64
 }
 
 #undef UKR_NAME
-#undef UKR_ATTR
 #undef UKR_MR
 #undef UKR_NV
-#undef VEC
-#undef VW
-#undef V_LOAD
-#undef V_STORE
-#undef V_SET1
-#undef V_ZERO
-#undef V_FMA
-#undef V_MUL
-#undef V_ADD

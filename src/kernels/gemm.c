@@ -51,11 +51,12 @@ typedef struct {
 
 /* ------------------------------------------------------- micro-kernels */
 
+/* Each instruction set defines its macros once (UKR_ATTR, VEC, VW, V_*),
+ * instantiates kernels/gemm-ukr.h once per tile (UKR_NAME, UKR_MR, UKR_NV)
+ * and undefines them with kernels/gemm-isa-end.h. */
+
 /* portable C: 4 x 4 scalars, fma() */
-#define UKR_NAME ukr_c
 #define UKR_ATTR
-#define UKR_MR 4
-#define UKR_NV 4
 #define VEC par_real
 #define VW 1
 #define V_LOAD(p) (*(p))
@@ -65,7 +66,11 @@ typedef struct {
 #define V_FMA(a, b, c) GEMM_FMA(a, b, c)
 #define V_MUL(a, b) ((a) * (b))
 #define V_ADD(a, b) ((a) + (b))
+#define UKR_NAME ukr_c
+#define UKR_MR 4
+#define UKR_NV 4
 #include "kernels/gemm-ukr.h"
+#include "kernels/gemm-isa-end.h"
 
 #ifdef GEMM_X86
 #if PAR_REAL_BITS == 64
@@ -78,125 +83,64 @@ typedef struct {
 #define X86_S(op, w) _mm##w##_##op##_ps
 #endif
 
-/* AVX2 + FMA: 6 rows x 2 vectors (f64 6 x 8, f32 6 x 16) */
-#define UKR_NAME ukr_avx2
+/* AVX2 + FMA: 6 rows x 2 vectors (f64 6 x 8, f32 6 x 16), and narrower
+ * tiles for small M or N (kerns[] below picks by shape) */
 #define UKR_ATTR __attribute__((target("avx2,fma")))
+#define VEC X86_V256
+#define VW ((int)(32 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 256)(p)
+#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
+#define V_SET1(x) X86_S(set1, 256)(x)
+#define V_ZERO() X86_S(setzero, 256)()
+#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 256)(a, b)
+#define V_ADD(a, b) X86_S(add, 256)(a, b)
+#define UKR_NAME ukr_avx2
 #define UKR_MR 6
 #define UKR_NV 2
-#define VEC X86_V256
-#define VW ((int)(32 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 256)(p)
-#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
-#define V_SET1(x) X86_S(set1, 256)(x)
-#define V_ZERO() X86_S(setzero, 256)()
-#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 256)(a, b)
-#define V_ADD(a, b) X86_S(add, 256)(a, b)
 #include "kernels/gemm-ukr.h"
-
-/* narrower AVX2 tiles for small M or N (kernels[] below picks by shape) */
 #define UKR_NAME ukr_avx2_4x2
-#define UKR_ATTR __attribute__((target("avx2,fma")))
 #define UKR_MR 4
 #define UKR_NV 2
-#define VEC X86_V256
-#define VW ((int)(32 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 256)(p)
-#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
-#define V_SET1(x) X86_S(set1, 256)(x)
-#define V_ZERO() X86_S(setzero, 256)()
-#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 256)(a, b)
-#define V_ADD(a, b) X86_S(add, 256)(a, b)
 #include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx2_6x1
-#define UKR_ATTR __attribute__((target("avx2,fma")))
 #define UKR_MR 6
 #define UKR_NV 1
-#define VEC X86_V256
-#define VW ((int)(32 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 256)(p)
-#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
-#define V_SET1(x) X86_S(set1, 256)(x)
-#define V_ZERO() X86_S(setzero, 256)()
-#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 256)(a, b)
-#define V_ADD(a, b) X86_S(add, 256)(a, b)
 #include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx2_4x1
-#define UKR_ATTR __attribute__((target("avx2,fma")))
 #define UKR_MR 4
 #define UKR_NV 1
-#define VEC X86_V256
-#define VW ((int)(32 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 256)(p)
-#define V_STORE(p, v) X86_S(storeu, 256)(p, v)
-#define V_SET1(x) X86_S(set1, 256)(x)
-#define V_ZERO() X86_S(setzero, 256)()
-#define V_FMA(a, b, c) X86_S(fmadd, 256)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 256)(a, b)
-#define V_ADD(a, b) X86_S(add, 256)(a, b)
 #include "kernels/gemm-ukr.h"
+#include "kernels/gemm-isa-end.h"
 
-/* AVX-512F: 12 rows x 2 vectors (f64 12 x 16, f32 12 x 32) */
-#define UKR_NAME ukr_avx512
+/* AVX-512F: 12 rows x 2 vectors (f64 12 x 16, f32 12 x 32), and narrower tiles */
 #define UKR_ATTR __attribute__((target("avx512f")))
+#define VEC X86_V512
+#define VW ((int)(64 / sizeof(par_real)))
+#define V_LOAD(p) X86_S(loadu, 512)(p)
+#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
+#define V_SET1(x) X86_S(set1, 512)(x)
+#define V_ZERO() X86_S(setzero, 512)()
+#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
+#define V_MUL(a, b) X86_S(mul, 512)(a, b)
+#define V_ADD(a, b) X86_S(add, 512)(a, b)
+#define UKR_NAME ukr_avx512
 #define UKR_MR 12
 #define UKR_NV 2
-#define VEC X86_V512
-#define VW ((int)(64 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 512)(p)
-#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
-#define V_SET1(x) X86_S(set1, 512)(x)
-#define V_ZERO() X86_S(setzero, 512)()
-#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 512)(a, b)
-#define V_ADD(a, b) X86_S(add, 512)(a, b)
 #include "kernels/gemm-ukr.h"
-
-/* narrower AVX-512 tiles for small M or N */
 #define UKR_NAME ukr_avx512_8x2
-#define UKR_ATTR __attribute__((target("avx512f")))
 #define UKR_MR 8
 #define UKR_NV 2
-#define VEC X86_V512
-#define VW ((int)(64 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 512)(p)
-#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
-#define V_SET1(x) X86_S(set1, 512)(x)
-#define V_ZERO() X86_S(setzero, 512)()
-#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 512)(a, b)
-#define V_ADD(a, b) X86_S(add, 512)(a, b)
 #include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx512_12x1
-#define UKR_ATTR __attribute__((target("avx512f")))
 #define UKR_MR 12
 #define UKR_NV 1
-#define VEC X86_V512
-#define VW ((int)(64 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 512)(p)
-#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
-#define V_SET1(x) X86_S(set1, 512)(x)
-#define V_ZERO() X86_S(setzero, 512)()
-#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 512)(a, b)
-#define V_ADD(a, b) X86_S(add, 512)(a, b)
 #include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx512_8x1
-#define UKR_ATTR __attribute__((target("avx512f")))
 #define UKR_MR 8
 #define UKR_NV 1
-#define VEC X86_V512
-#define VW ((int)(64 / sizeof(par_real)))
-#define V_LOAD(p) X86_S(loadu, 512)(p)
-#define V_STORE(p, v) X86_S(storeu, 512)(p, v)
-#define V_SET1(x) X86_S(set1, 512)(x)
-#define V_ZERO() X86_S(setzero, 512)()
-#define V_FMA(a, b, c) X86_S(fmadd, 512)(a, b, c)
-#define V_MUL(a, b) X86_S(mul, 512)(a, b)
-#define V_ADD(a, b) X86_S(add, 512)(a, b)
 #include "kernels/gemm-ukr.h"
+#include "kernels/gemm-isa-end.h"
 #endif
 
 typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
