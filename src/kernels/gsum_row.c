@@ -21,6 +21,7 @@ static void row_c_f32(par_racc *a, size_t i0, double g, const float *x, size_t n
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define ROW_ATTR __attribute__((target("avx2")))
+#define ROW_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) /* an immediate: a macro for clang */
 
 /* 2^k per lane (k in [-1022, 1023]: built from the bits, exact) */
 ROW_ATTR static inline __m256d pow2_lanes(__m256i k)
@@ -56,12 +57,11 @@ ROW_ATTR static inline int put4(par_racc *a, size_t i, __m256d t)
     const __m256d bound = pow2_lanes(_mm256_add_epi64(e, _mm256_set1_epi64x(PAR_RACC_W - 1)));
     if (_mm256_movemask_pd(_mm256_cmp_pd(mag, bound, _CMP_LT_OQ)) != 0xf)
         return 0;
-    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m256d q0 = _mm256_round_pd(_mm256_mul_pd(t, pow2_lanes(_mm256_sub_epi64(_mm256_setzero_si256(), e))), rne);
+    const __m256d q0 = _mm256_round_pd(_mm256_mul_pd(t, pow2_lanes(_mm256_sub_epi64(_mm256_setzero_si256(), e))), ROW_RNE);
     const __m256d r0 = _mm256_sub_pd(t, _mm256_mul_pd(q0, pow2_lanes(e)));
-    const __m256d q1 = _mm256_round_pd(_mm256_mul_pd(r0, pow2_lanes(_mm256_sub_epi64(w, e))), rne);
+    const __m256d q1 = _mm256_round_pd(_mm256_mul_pd(r0, pow2_lanes(_mm256_sub_epi64(w, e))), ROW_RNE);
     const __m256d r1 = _mm256_sub_pd(r0, _mm256_mul_pd(q1, pow2_lanes(_mm256_sub_epi64(e, w))));
-    const __m256d q2 = _mm256_round_pd(_mm256_mul_pd(r1, pow2_lanes(_mm256_sub_epi64(_mm256_add_epi64(w, w), e))), rne);
+    const __m256d q2 = _mm256_round_pd(_mm256_mul_pd(r1, pow2_lanes(_mm256_sub_epi64(_mm256_add_epi64(w, w), e))), ROW_RNE);
     add_i64(a->s0 + i, to_i64(q0));
     add_i64(a->s1 + i, to_i64(q1));
     add_i64(a->s2 + i, to_i64(q2));
