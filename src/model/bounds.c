@@ -316,7 +316,9 @@ static int score_name(const char *name, char *buf, size_t n)
 {
     if (!starts_with(name, "router.") || !ends_with(name, ".idx") || strlen(name) + 8 > n)
         return 0;
-    snprintf(buf, n, "%.*s.score", (int)(strlen(name) - 4), name);
+    const size_t k = strlen(name) - 4; /* without ".idx"; k + 7 <= n by the test above */
+    memcpy(buf, name, k);
+    memcpy(buf + k, ".score", 7);
     return 1;
 }
 
