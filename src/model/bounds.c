@@ -133,25 +133,15 @@ par_status par_bounds_check_golden(const par_bounds *b, const par_manifest *m, c
 
 /* ---- derivation: the sets ---------------------------------------------- */
 
-static double val(const par_tensor *t, int64_t i)
-{
-    switch (t->dtype) {
-    case PAR_F64: return ((const double *)t->data)[i];
-    case PAR_F32: return ((const float *)t->data)[i];
-    case PAR_BF16: return par_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    default: return 0;
-    }
-}
-
 /* ||b - a||_2 over the pairs finite on both sides (or ||a||_2 for b NULL);
- * *maxd: the largest |b - a| (may be NULL). */
+ * *maxd: the largest |b - a| (may be NULL).  Float tensors only. */
 static double diff_l2(const par_tensor *a, const par_tensor *b, double *maxd)
 {
     long double s = 0;
     double m = 0;
     const int64_t n = par_tensor_numel(a);
     for (int64_t i = 0; i < n; i++) {
-        double x = val(a, i), y = b ? val(b, i) : 0, d = fabs(y - x);
+        double x = par_tensor_get_f64(a, i), y = b ? par_tensor_get_f64(b, i) : 0, d = fabs(y - x);
         if (!isfinite(x) || !isfinite(y))
             continue;
         s += (long double)d * d;
@@ -311,8 +301,7 @@ static par_status derive_norm(par_bounds *b, const file_view *f, const char *nam
     return PAR_OK;
 }
 
-/* router.<block>.idx -> router.<block>.score (buf); 0 when name is no idx. */
-static int score_name(const char *name, char *buf, size_t n)
+int par_bounds_score_name(const char *name, char *buf, size_t n)
 {
     if (!starts_with(name, "router.") || !ends_with(name, ".idx") || strlen(name) + 8 > n)
         return 0;
@@ -397,7 +386,7 @@ static par_status derive_int(par_bounds *b, const file_view *f, const char *name
     char sname[256];
     const par_tensor *tx = exact_tensor(f, name, ta);
     double eff = tx && tx->dtype == ta->dtype ? (double)rows_differ(ta, tx) : -1;
-    const par_tensor *sc = f->gs && score_name(name, sname, sizeof sname) ? par_st_find(f->gs, sname) : NULL;
+    const par_tensor *sc = f->gs && par_bounds_score_name(name, sname, sizeof sname) ? par_st_find(f->gs, sname) : NULL;
     if (sc && par_dtype_is_float(sc->dtype) && sc->ndim == 3 && ta->ndim == 3 && sc->shape[0] == ta->shape[0] &&
         sc->shape[1] == ta->shape[1])
         return derive_margin(b, f, name, sname, sc, eff);

@@ -30,6 +30,7 @@
 #ifndef PAR_MODEL_BOUNDS_H
 #define PAR_MODEL_BOUNDS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/manifest.h"
@@ -82,5 +83,8 @@ const char *par_bounds_label(const par_bounds *b); /* the path read, or the gold
  * is not (the bounds belong to another golden). */
 par_status par_bounds_check_golden(const par_bounds *b, const par_manifest *m, const char *dir);
 const char *par_bound_kind_name(par_bound_kind k);
+/* router.<block>.idx -> router.<block>.score in buf (the scores.K tensor a
+ * margin is read from); 0 when name is no router idx or buf is too small. */
+int par_bounds_score_name(const char *idx_name, char *buf, size_t n);
 
 #endif

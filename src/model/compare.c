@@ -560,6 +560,44 @@ static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta,
              c->strict_ties ? ", failed under --strict-ties" : "", (long long)(e->rows_differ - e->tie_rows));
 }
 
+/* The pair's router.<block>.idx of load `name` (router.<block>.load, I64
+ * [E]) from both files, into iname, *ia, *ib; 0 when name is no such load or
+ * a file lacks an I32 idx of one shape. */
+static int load_idx_of(const char *name, const par_tensor *ta, const decode_ctx *c, char iname[256],
+                       const par_tensor **ia, const par_tensor **ib)
+{
+    size_t nl = strlen(name), sl = strlen(".load");
+    if (!c->fa || !c->fb || ta->dtype != PAR_I64 || ta->ndim != 1 || !has_prefix(name, "router.") || nl <= sl ||
+        nl > 200 || strcmp(name + nl - sl, ".load"))
+        return 0;
+    snprintf(iname, 256, "%.*s.idx", (int)(nl - sl), name);
+    *ia = par_st_find(c->fa, iname);
+    *ib = par_st_find(c->fb, iname);
+    return *ia && *ib && (*ia)->dtype == PAR_I32 && par_tensor_same_shape(*ia, *ib);
+}
+
+/* Whether loads lb - la are exactly what the picks moving from ia to ib
+ * make them; *moved: the picks that arrive somewhere (may be NULL). */
+static int loads_follow_idx(const par_tensor *ta, const par_tensor *tb, const par_tensor *ia, const par_tensor *ib,
+                            int64_t *moved)
+{
+    const int64_t E = ta->shape[0], n = par_tensor_numel(ia);
+    const int32_t *xa = ia->data, *xb = ib->data;
+    const int64_t *la = ta->data, *lb = tb->data;
+    int64_t mv = 0;
+    for (int64_t x = 0; x < E; x++) {
+        int64_t d = 0;
+        for (int64_t i = 0; i < n; i++)
+            d += (xb[i] == x) - (xa[i] == x);
+        if (lb[x] - la[x] != d)
+            return 0;
+        mv += d > 0 ? d : 0;
+    }
+    if (moved)
+        *moved = mv;
+    return 1;
+}
+
 /* router.<block>.load [E] that differs: a consequence of tie order when the
  * block's idx differs only in A's ties (judge_ties would pass it) and the
  * load difference is exactly what those rows move (B's picks counted in,
@@ -567,29 +605,14 @@ static void judge_ties(par_cmp_entry *e, const char *name, const par_tensor *ta,
 static void judge_load_ties(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
                             const decode_ctx *c)
 {
-    size_t nl = strlen(name), sl = strlen(".load");
-    if (!c->fa || !c->fb || ta->dtype != PAR_I64 || ta->ndim != 1 || !has_prefix(name, "router.") || nl <= sl ||
-        strcmp(name + nl - sl, ".load"))
-        return;
     char iname[256];
-    snprintf(iname, sizeof iname, "%.*s.idx", (int)(nl - sl), name);
-    const par_tensor *ia = par_st_find(c->fa, iname), *ib = par_st_find(c->fb, iname);
-    if (!ia || !ib || !par_tensor_same_shape(ia, ib) || !ties_of(iname, ia, c))
+    const par_tensor *ia, *ib;
+    if (!load_idx_of(name, ta, c, iname, &ia, &ib) || !ties_of(iname, ia, c))
         return;
     par_cmp_entry ie = {0};
     judge_ties(&ie, iname, ia, ib, &(decode_ctx){.ties = c->ties});
-    const int64_t E = ta->shape[0], n = par_tensor_numel(ia);
-    const int32_t *xa = ia->data, *xb = ib->data;
-    const int64_t *la = ta->data, *lb = tb->data;
     int64_t moved = 0;
-    for (int64_t e2 = 0; e2 < E && ie.pass; e2++) {
-        int64_t d = 0;
-        for (int64_t i = 0; i < n; i++)
-            d += (xb[i] == e2) - (xa[i] == e2);
-        ie.pass = lb[e2] - la[e2] == d;
-        moved += d > 0 ? d : 0;
-    }
-    if (!ie.pass)
+    if (!ie.pass || !loads_follow_idx(ta, tb, ia, ib, &moved))
         return;
     e->rows_differ = e->tie_rows = ie.tie_rows;
     e->pass = !c->strict_ties;
@@ -664,11 +687,9 @@ static double row_margin(const par_tensor *sc, int64_t row, int64_t K)
 /* A's router.<block>.score for idx `name` of shape [B, S, K], or NULL. */
 static const par_tensor *scores_of(const char *name, const par_tensor *ta, const decode_ctx *c)
 {
-    size_t nl = strlen(name);
     char sname[256];
-    if (!c->scores || nl < 5 || nl > 200 || strcmp(name + nl - 4, ".idx"))
+    if (!c->scores || !par_bounds_score_name(name, sname, sizeof sname))
         return NULL;
-    snprintf(sname, sizeof sname, "%.*s.score", (int)(nl - 4), name);
     const par_tensor *t = par_st_find(c->scores, sname);
     if (!t || !par_dtype_is_float(t->dtype) || t->ndim != 3 || ta->ndim != 3 || t->shape[0] != ta->shape[0] ||
         t->shape[1] != ta->shape[1])
@@ -713,26 +734,16 @@ static int64_t judge_margin(par_cmp_entry *e, const char *name, const par_tensor
 static void judge_load_margin(par_cmp_entry *e, const char *name, const par_tensor *ta, const par_tensor *tb,
                               const decode_ctx *c)
 {
-    size_t nl = strlen(name);
     char iname[256];
-    if (!c->fa || !c->fb || ta->dtype != PAR_I64 || ta->ndim != 1 || nl < 6 || nl > 200)
+    const par_tensor *ia, *ib;
+    if (!load_idx_of(name, ta, c, iname, &ia, &ib))
         return;
-    snprintf(iname, sizeof iname, "%.*s.idx", (int)(nl - 5), name);
-    const par_tensor *ia = par_st_find(c->fa, iname), *ib = par_st_find(c->fb, iname);
     const par_bound *bi = c->bounds ? par_bounds_find(c->bounds, c->file, iname) : NULL;
-    if (!ia || !ib || !bi || bi->kind != PAR_BOUND_MARGIN || ia->dtype != PAR_I32 || !par_tensor_same_shape(ia, ib))
+    if (!bi || bi->kind != PAR_BOUND_MARGIN)
         return;
     par_cmp_entry ie = {0};
     int64_t bad = judge_margin(&ie, iname, ia, ib, bi->bound, c, NULL);
-    const int32_t *xa = ia->data, *xb = ib->data;
-    const int64_t *la = ta->data, *lb = tb->data, n = par_tensor_numel(ia);
-    int consistent = 1;
-    for (int64_t x = 0; x < ta->shape[0] && consistent; x++) {
-        int64_t d = 0;
-        for (int64_t i = 0; i < n; i++)
-            d += (xb[i] == x) - (xa[i] == x);
-        consistent = lb[x] - la[x] == d;
-    }
+    const int consistent = loads_follow_idx(ta, tb, ia, ib, NULL);
     e->pass = bad == 0 && consistent;
     if (e->pass)
         snprintf(e->reason, sizeof e->reason, "the loads move exactly with %.80s's %lld tokens that flip within the "
