@@ -274,6 +274,34 @@ fail_free:
     return s;
 }
 
+/* Whether block b is score-routed and kept its gate input (a->xfn) for the
+ * step's T tokens. */
+static int PAR_FN(score_routed)(const PAR_FN(par_model) *M, int b)
+{
+    const PAR_FN(par_block_act) *a = &M->blk[b];
+    return !a->hash && a->xfn && a->T == M->batch->B * M->batch->S;
+}
+
+/* Block b's gate scores sc [T, E] (sqrt(softplus(logits)), before the
+ * bias), recomputed from its saved input and the weights the forward used
+ * (the update has not run yet), and its bias (NULL: none); lg: scratch
+ * [T, E].  0, nothing written, when b is not score_routed. */
+static int PAR_FN(gate_scores_of)(const PAR_FN(par_model) *M, int b, par_real *lg, par_real *sc,
+                                  const par_real **bias)
+{
+    const int64_t T = M->batch->B * M->batch->S, E = M->E;
+    const PAR_FN(par_block_act) *a = &M->blk[b];
+    if (!PAR_FN(score_routed)(M, b))
+        return 0;
+    const par_real *wg = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_weight);
+    *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
+    par_dev_host_read(a->xfn, (size_t)(T * M->d) * sizeof(par_real)); /* GPU mode: on the host */
+    PAR_FN(par_moe_gate_logits)(lg, a->xfn, wg, T, M->d, (int)E);
+    PAR_FN(par_moe_gate_scores)(sc, lg, T * E);
+    par_dev_host_read(sc, (size_t)(T * E) * sizeof(par_real));
+    return 1;
+}
+
 /* router.<block>.ties I32 [B, S, E] of every score-routed block whose
  * selection has an exact tie at the top-K boundary in some row (kernels/moe.h
  * par_moe_gate_ties), from the scores recomputed from the block's saved
@@ -292,15 +320,9 @@ static par_status PAR_FN(router_ties)(const PAR_FN(par_model) *M, par_st_writer 
     par_status s = lg && sc ? PAR_OK : par_err(PAR_ENOMEM, "golden: out of memory for the router's ties");
     rc[0] = rc[1] = 0;
     for (int b = 0; b < M->n_blocks && !s; b++) {
-        const PAR_FN(par_block_act) *a = &M->blk[b];
-        if (a->hash || !a->xfn || a->T != T)
+        const par_real *bias;
+        if (!PAR_FN(gate_scores_of)(M, b, lg, sc, &bias))
             continue;
-        const par_real *wg = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_weight);
-        const par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
-        par_dev_host_read(a->xfn, (size_t)(T * M->d) * sizeof(par_real)); /* GPU mode: on the host */
-        PAR_FN(par_moe_gate_logits)(lg, a->xfn, wg, T, M->d, (int)E);
-        PAR_FN(par_moe_gate_scores)(sc, lg, T * E);
-        par_dev_host_read(sc, (size_t)(T * E) * sizeof(par_real));
         int64_t c[2];
         int32_t *tie = keep[b] = par_malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof *tie, PAR_TAG_IO);
         if (!tie)
@@ -338,20 +360,15 @@ par_status PAR_FN(par_golden_write_scores)(const PAR_FN(par_model) *M, const cha
     par_status s = keep && lg ? par_st_writer_new(&w) : par_err(PAR_ENOMEM, "golden: out of memory for the router's scores");
     int any = 0;
     for (int b = 0; b < M->n_blocks && !s; b++) {
-        const PAR_FN(par_block_act) *a = &M->blk[b];
-        if (a->hash || !a->xfn || a->T != T)
+        if (!PAR_FN(score_routed)(M, b))
             continue;
         par_real *v = keep[b] = par_malloc(n * sizeof *v, PAR_TAG_IO);
         if (!v) {
             s = par_err(PAR_ENOMEM, "golden: out of memory for the router's scores (%lld tokens)", (long long)T);
             break;
         }
-        const par_real *wg = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_weight);
-        const par_real *bias = PAR_FN(par_model_ptr)(M, M->params, M->tab.blocks[b].gate_bias);
-        par_dev_host_read(a->xfn, (size_t)(T * M->d) * sizeof(par_real)); /* GPU mode: on the host */
-        PAR_FN(par_moe_gate_logits)(lg, a->xfn, wg, T, M->d, (int)E);
-        PAR_FN(par_moe_gate_scores)(v, lg, T * E);
-        par_dev_host_read(v, n * sizeof *v);
+        const par_real *bias;
+        PAR_FN(gate_scores_of)(M, b, lg, v, &bias);
         for (int64_t i = 0; bias && i < T * E; i++)
             v[i] = v[i] + bias[i % E];
         char pfx[32], name[64];
