@@ -337,10 +337,10 @@ static const gemm_kern *gemm_pick(int64_t M, int64_t N) { return &kerns[par_gemm
 
 int PAR_FN(par_gemm_tile)(int64_t M, int64_t N, int *mr, int *nr)
 {
-    const gemm_kern *k = gemm_pick(M, N);
-    *mr = k->mr;
-    *nr = k->nr;
-    return gemm_pick_index(M, N);
+    const int i = gemm_pick_index(M, N);
+    *mr = kerns[par_gemm_path()][i].mr;
+    *nr = kerns[par_gemm_path()][i].nr;
+    return i;
 }
 
 int PAR_FN(par_gemm_tiles)(void)
