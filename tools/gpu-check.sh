@@ -18,9 +18,13 @@
 #       f64 and f32, then every quick-tier matrix cell on the GPU (PASS against
 #       the serial reference on the GPU, and each set against the CPU golden:
 #       f64 policy, f32 cells' steps under the f32 policy), then the step time
-#       on the GPU and the CPU (v4-mini, one step).  At most 8 minutes there
-#       (not measured: no GPU lent yet); the log is also written to
-#       $OUT/gpu-check.log when OUT is set.
+#       on the GPU and the CPU (v4-tiny and v4-mini, one step; measured first,
+#       after a probe that times the first kernel, PTX JIT included).  The
+#       GPU matrix gets what is left of PARITY_GPU_CHECK_S (default 420 s):
+#       cells it did not reach are reported, the run ends INCOMPLETE (exit 3).
+#       The log goes to $OUT/gpu-check.log, the per-cell table (verdict on the
+#       device, largest error against the CPU golden) to $OUT/gpu-table.md
+#       (/tmp without OUT).
 #
 # Options of the second half: --emulated runs the same checks on the host's
 # emulated device (what tests/gpu/host_fallback.sh does), to try the unpack
@@ -89,7 +93,11 @@ unpack() {
   [ -n "$loader" ] || { echo "gpu-check: the unpacked glibc has no loader" >&2; return 1; }
   lp="$abs/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu:$abs/usr/lib/x86_64-linux-gnu/openblas-pthread"
   # the host's driver library (libcuda.so.1) after the unpacked ones
-  lp="$lp:/usr/lib/x86_64-linux-gnu:/usr/lib64:/usr/local/cuda/compat:/usr/local/cuda/lib64:/usr/lib/wsl/lib"
+  # (where ldconfig knows it, then the usual driver folders: /usr/local/nvidia is a container's mount)
+  local cu
+  cu=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF}' | xargs -r -n1 dirname | sort -u | paste -sd:)
+  lp="$lp${cu:+:$cu}:/usr/local/nvidia/lib64:/usr/local/nvidia/lib:/usr/lib/x86_64-linux-gnu:/usr/lib64"
+  lp="$lp:/usr/local/cuda/compat:/usr/local/cuda/lib64:/usr/lib/wsl/lib"
   cat >"$ROOT/parity" <<EOF
 #!/bin/sh
 exec "$loader" --library-path "$lp" "$(pwd)/$BUILD/parity" "\$@"
@@ -98,33 +106,76 @@ EOF
   "$ROOT/parity" --version >/dev/null || { echo "gpu-check: the wrapper does not start parity" >&2; return 1; }
 }
 
-step_time() { # device: seconds of one v4-mini step (parity golden's wall time)
-  local t0 t1 dir
+step_time() { # device preset: seconds of one step (parity golden's wall), or "failed"/"timeout"
+  local t0 t1 dir rc
   dir=$(mktemp -d)
   t0=$(date +%s.%N)
-  "$ROOT/parity" golden --preset v4-mini --steps 1 --quiet --device "$1" --out "$dir/g" >/dev/null 2>&1 || {
-    rm -rf "$dir"; echo "failed"; return; }
+  timeout "${STEP_LIMIT:-100}" "$ROOT/parity" golden --preset "$2" --steps 1 --quiet --device "$1" \
+    --out "$dir/g" >/dev/null 2>"$dir/err"
+  rc=$?
   t1=$(date +%s.%N)
+  [ $rc -eq 0 ] || { [ $rc -eq 124 ] && echo "timeout (${STEP_LIMIT:-100} s)" || echo "failed: $(head -c 300 "$dir/err")"
+                     rm -rf "$dir"; return; }
   rm -rf "$dir"
   python3 -c "print(f'{$t1 - $t0:.2f} s')"
 }
 
+# The first kernel on a real device: libgomp's plugin, libcuda.so.1 and the PTX JIT (timed: the
+# JIT's result is cached for the later processes); on failure libgomp's own account of it.
+probe() {
+  local log=$1 t0 t1 dir
+  dir=$(mktemp -d)
+  t0=$(date +%s.%N)
+  if timeout 180 "$ROOT/parity" golden --preset v4-tiny --steps 1 --quiet --device gpu --out "$dir/g" >"$dir/out" 2>"$dir/err"; then
+    t1=$(date +%s.%N)
+    echo "probe: v4-tiny 1 step on the GPU in $(python3 -c "print(f'{$t1 - $t0:.2f}')") s (first process: PTX JIT included)" | tee -a "$log"
+    grep "^device:" "$dir/out" | tee -a "$log"
+    rm -rf "$dir"
+    return 0
+  fi
+  echo "probe: the first GPU run failed: $(cat "$dir/err")" | tee -a "$log"
+  GOMP_DEBUG=1 timeout 60 "$ROOT/parity" golden --preset v4-tiny --steps 1 --quiet --device gpu --out "$dir/g2" 2>&1 |
+    tail -40 | tee -a "$log"
+  echo "probe: the loader's search for the plugin and libcuda (LD_DEBUG=libs):" | tee -a "$log"
+  LD_DEBUG=libs timeout 60 "$ROOT/parity" golden --preset v4-tiny --steps 1 --quiet --device gpu --out "$dir/g3" 2>&1 |
+    grep -E 'nvptx|libcuda' | tail -20 | tee -a "$log"
+  echo "probe: libcuda.so* on this machine: $(find /usr /lib /lib64 /opt -name 'libcuda.so*' 2>/dev/null | head -5 | paste -sd' ')" |
+    tee -a "$log"
+  rm -rf "$dir"
+  return 1
+}
+
 check() {
-  local mode=$1 log=${OUT:-/tmp}/gpu-check.log
+  local mode=$1 log=${OUT:-/tmp}/gpu-check.log t_start
+  t_start=$(date +%s)
+  mkdir -p "${OUT:-/tmp}"
   unpack || return $?
-  echo "gpu-check: $(date -u +%FT%TZ) on $(uname -n); mode $mode" | tee "$log"
-  command -v nvidia-smi >/dev/null && nvidia-smi -L 2>&1 | tee -a "$log"
+  echo "gpu-check: $(date -u +%FT%TZ) on $(uname -n); mode $mode; $(nproc) CPUs" | tee "$log"
+  if [ "$mode" = real ]; then
+    command -v nvidia-smi >/dev/null &&
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
+    echo "libcuda.so.1: $(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF}' | head -2 | paste -sd' ')" | tee -a "$log"
+    # the PTX JIT's cache, shared by the check's processes
+    export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/parity-cuda-cache} CUDA_CACHE_MAXSIZE=4294967296
+    probe "$log" || { echo "gpu-check: no kernel ran on the GPU" | tee -a "$log"; return 1; }
+    echo "step time (1 step, parity golden wall, this machine's $(nproc) CPUs for cpu):" | tee -a "$log"
+    for pre in v4-tiny v4-mini; do
+      echo "  $pre: cpu $(step_time cpu $pre), gpu $(step_time gpu $pre)" | tee -a "$log"
+    done
+    # the layouts get what is left of PARITY_GPU_CHECK_S (default 7 minutes) less a minute for the compares
+    local left=$(( ${PARITY_GPU_CHECK_S:-420} - ($(date +%s) - t_start) - 60 ))
+    [ $left -gt 30 ] || left=30
+    export PARITY_GPU_BUDGET=${PARITY_GPU_BUDGET:-$left}
+    echo "layouts: the GPU matrix gets ${PARITY_GPU_BUDGET} s" | tee -a "$log"
+  fi
   # every quick-tier cell on every fixture (PARITY_GPU_CELLS / _FIXTURE narrow it)
+  PARITY_GPU_TABLE=${OUT:-/tmp}/gpu-table.md \
   PARITY_GPU_CELLS=${PARITY_GPU_CELLS:-all} PARITY_GPU_FIXTURE=${PARITY_GPU_FIXTURE:-all} \
     sh tests/gpu/against_cpu.sh "$ROOT/parity" "$mode" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || { echo "gpu-check: checks exit $rc" | tee -a "$log"; return "$rc"; }
-  if [ "$mode" = emulated ]; then # the host emulation's time means nothing
-    echo "step time: not measured (emulated device)" | tee -a "$log"
-    return 0
-  fi
-  echo "step time v4-mini (1 step, parity golden wall): cpu $(step_time cpu), gpu $(step_time gpu)" |
-    tee -a "$log"
+  echo "gpu-check: $(( $(date +%s) - t_start )) s in all; checks exit $rc" | tee -a "$log"
+  [ "$mode" = emulated ] && echo "step time: not measured (emulated device)" | tee -a "$log"
+  return "$rc"
 }
 
 case "${1:-}" in
