@@ -665,7 +665,8 @@ void PAR_FN(par_attn_core_backward_kv)(par_real *dkv,         /* [T, hd] or NULL
     PAR_DINOUT(dkv, k1 * hd);
     PAR_DINOUT(dcmp, k1 * hd);
     const par_attn_dims dd = dims_on_device(dm);
-    PAR_KLOOP_PAR((k1 - k0) * dm->window * dm->H * hd >= PAR_ATTN_OMP_MIN_WORK,
+    /* (the parallel clause is evaluated on the device: dd, not the host's dm) */
+    PAR_KLOOP_PAR((k1 - k0) * dd.window * dd.H * hd >= PAR_ATTN_OMP_MIN_WORK,
                   is_device_ptr(dkv, dcmp, dop, Dd, lse, q, kv, cmp, sel, pos) map(to: dd))
     for (int64_t j = k0; j < k1; j++) {
         const int64_t pj = pos[j];

@@ -158,7 +158,8 @@ par_status PAR_FN(par_compress_backward)(par_real *da,          /* [T, coff*c] o
         par_free(g_host);
         return par_err(PAR_ENOMEM, "compressor backward: %lld rows of norm terms", (long long)(t1 - t0));
     }
-    PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dn, dcmp, raw, rstd, a, z, pos, norm, rope))
+    /* dnr: NULL on a device (host memory, used only by the host's run of the loop) */
+    PAR_KSERIAL(is_device_ptr(g, draw, da, dz, dn, dnr, dcmp, raw, rstd, a, z, pos, norm, rope))
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = pos[t];
         if ((p + 1) % m != 0)

@@ -153,6 +153,7 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
                                       const par_attn_dims *dm, int64_t t0, int64_t t1)
 {
     const int64_t iH = dm->iH, ihd = dm->ihd, K = dm->topk;
+    const int bf16 = dm->fp4_index; /* dm is host memory: nothing in the loop may read it */
     PAR_HOST_READ(pos + t0, t1 - t0);
     par_real *qbuf = NULL;
     par_status qst = fp4_inputs(&iq, &icmp, &qbuf, dm, pos, t0, t1);
@@ -192,8 +193,8 @@ par_status PAR_FN(par_indexer_select)(int32_t *sel,           /* [T, topk] */
         const int64_t nvis = (pos[t] + 1) / 4;
         for (int64_t i = 0; i < nvis; i++)
             acc[i] = 0;
-        score_row(acc, t, iq, iw, icmp, pos, iH, ihd, dm->fp4_index);
-        topk_row(sel + t * K, sc, acc, nvis, K, dm->fp4_index);
+        score_row(acc, t, iq, iw, icmp, pos, iH, ihd, bf16);
+        topk_row(sel + t * K, sc, acc, nvis, K, bf16);
     }
     par_free(buf_host);
     par_free(abuf_host);

@@ -56,9 +56,10 @@ void PAR_FN(par_grad_scale)(par_real *grads, const par_param_table *t, double fa
         if (p->dtype != PAR_PDT_REAL || !p->has_grad)
             continue;
         PAR_DEV_BEGIN();
-        par_real *g = PAR_DINOUT_AS(grads + p->offset, p->numel);
+        const int64_t n = p->numel; /* p is host memory: the loop's bound is evaluated on the device */
+        par_real *g = PAR_DINOUT_AS(grads + p->offset, n);
         PAR_KLOOP(is_device_ptr(g))
-        for (int64_t k = 0; k < p->numel; k++)
+        for (int64_t k = 0; k < n; k++)
             g[k] = scaled(g[k], factor);
     }
 }
