@@ -157,16 +157,16 @@ check() {
     echo "libcuda.so.1: $(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF}' | head -2 | paste -sd' ')" | tee -a "$log"
     # the PTX JIT's cache, shared by the check's processes
     export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/parity-cuda-cache} CUDA_CACHE_MAXSIZE=4294967296
-    probe "$log" || { echo "gpu-check: no kernel ran on the GPU" | tee -a "$log"; return 1; }
-    echo "step time (1 step, parity golden wall, this machine's $(nproc) CPUs for cpu):" | tee -a "$log"
-    for pre in v4-tiny v4-mini; do
-      echo "  $pre: cpu $(step_time cpu $pre), gpu $(step_time gpu $pre)" | tee -a "$log"
-    done
-    # the layouts get what is left of PARITY_GPU_CHECK_S (default 7 minutes) less a minute for the compares
-    local left=$(( ${PARITY_GPU_CHECK_S:-420} - ($(date +%s) - t_start) - 60 ))
-    [ $left -gt 30 ] || left=30
-    export PARITY_GPU_BUDGET=${PARITY_GPU_BUDGET:-$left}
-    echo "layouts: the GPU matrix gets ${PARITY_GPU_BUDGET} s" | tee -a "$log"
+    if [ "${PARITY_GPU_STEP:-1}" != 0 ]; then
+      probe "$log" || { echo "gpu-check: no kernel ran on the GPU" | tee -a "$log"; return 1; }
+      echo "step time (1 step, parity golden wall, this machine's $(nproc) CPUs for cpu):" | tee -a "$log"
+      for pre in v4-tiny v4-mini; do
+        echo "  $pre: cpu $(step_time cpu $pre), gpu $(step_time gpu $pre)" | tee -a "$log"
+      done
+    fi
+    # the GPU matrix ends by this time (PARITY_GPU_CHECK_S after the start, default 7 minutes, less
+    # a minute for the compares): against_cpu.sh gives it what is left when it starts
+    export PARITY_GPU_DEADLINE=${PARITY_GPU_DEADLINE:-$(( t_start + ${PARITY_GPU_CHECK_S:-420} - 60 ))}
   fi
   # every quick-tier cell on every fixture (PARITY_GPU_CELLS / _FIXTURE narrow it)
   PARITY_GPU_TABLE=${OUT:-/tmp}/gpu-table.md \

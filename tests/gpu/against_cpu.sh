@@ -24,7 +24,8 @@ else
 fi
 G="--preset v4-tiny --steps 2 --quiet"
 
-for prec in f64 f32; do
+# PARITY_GPU_SERIAL=0: the layouts only
+for prec in $([ "${PARITY_GPU_SERIAL:-1}" = 0 ] || echo f64 f32); do
     "$P" golden $G --precision $prec --device cpu --out "$T/cpu-$prec" >/dev/null 2>"$T/err" ||
         fail "golden cpu $prec: $(cat "$T/err")"
     "$P" golden $G --precision $prec --device gpu --out "$T/gpu-$prec" >"$T/gpu-$prec.log" 2>"$T/err" ||
@@ -81,7 +82,7 @@ if [ "$CELLS" = all ]; then # at most 64 --cell options a run: in runs of 40
 else
     cpu_matrix 1 $sel
 fi
-# The GPU matrix, within PARITY_GPU_BUDGET seconds when set (the lent machine's
+# The GPU matrix, within PARITY_GPU_BUDGET seconds (or until PARITY_GPU_DEADLINE, epoch s) when set (the lent machine's
 # check: what ran in the budget is still compared and tabulated; the run then
 # ends INCOMPLETE, exit 3).  A failing cell or file does not stop the checks:
 # every failure is listed, then the exit is 1.
@@ -89,6 +90,11 @@ bad=0
 note() { echo "FAIL: $*" >&2; bad=$((bad + 1)); }
 incomplete=0
 set -- "$P" matrix --quick --device gpu --keep $sel --out "$T/mgpu"
+if [ -n "${PARITY_GPU_DEADLINE:-}" ] && [ -z "${PARITY_GPU_BUDGET:-}" ]; then # what is left (at least 30 s)
+    PARITY_GPU_BUDGET=$((PARITY_GPU_DEADLINE - $(date +%s)))
+    [ "$PARITY_GPU_BUDGET" -ge 30 ] || PARITY_GPU_BUDGET=30
+    echo "matrix gpu ($MODE): $PARITY_GPU_BUDGET s left for it"
+fi
 if [ -n "${PARITY_GPU_BUDGET:-}" ]; then
     timeout "$PARITY_GPU_BUDGET" "$@" >"$T/mgpu.log" 2>&1
 else
