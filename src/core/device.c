@@ -691,6 +691,7 @@ void par_dev_host_all(void) { all_blocks(OP_HWRITE); }
 
 int par_dev_gpu(void) { return g_gpu; }
 int par_dev_real(void) { return g_real && !host_mode(); }
+int par_dev_device_mode(void) { return g_gpu && !host_mode(); }
 
 int par_dev_mode_set(int mode)
 {

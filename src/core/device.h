@@ -65,6 +65,8 @@ par_status par_dev_parse(const char *name, par_device_kind *kind);
 par_status par_dev_init(par_device_kind kind, int local_rank);
 int par_dev_gpu(void);  /* 1 in GPU mode (real or emulated) */
 int par_dev_real(void); /* 1 when kernels run on a real device */
+/* 1 when kernels use device memory: GPU mode (real or emulated) outside host mode */
+int par_dev_device_mode(void);
 /* One line: "cpu", "gpu: nvptx device 0 of 1 (OpenMP offload)" or
  * "gpu: emulated on the host (PARITY_GPU_EMULATE=1)". */
 const char *par_dev_describe(void);

@@ -109,6 +109,13 @@
 void PAR_FN(par__gemm_device)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
                               const par_real *A, int64_t lda, const par_real *B, int64_t ldb,
                               par_real beta, par_real *C, int64_t ldc);
+/* nb products of one shape at element strides sa / sb / sc in one launch; each the
+ * bits of its own par__gemm_device call */
+void PAR_FN(par__gemm_device_batch)(int ta, int tb, int64_t M, int64_t N, int64_t K, par_real alpha,
+                                    const par_real *A, int64_t lda, int64_t sa, /* nb x [M, K] */
+                                    const par_real *B, int64_t ldb, int64_t sb, /* nb x [K, N] */
+                                    par_real beta, par_real *C, int64_t ldc,    /* nb x [M, N] */
+                                    int64_t sc, int64_t nb);
 #endif
 
 #endif

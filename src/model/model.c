@@ -39,9 +39,44 @@ int64_t PAR_FN(par_model_numel)(const PAR_FN(par_model) *M, int idx)
     return c ? M->tab.p[idx].numel / c->P : M->tab.p[idx].numel;
 }
 
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+/* On a device: the entries' sums in one launch (model/optim_gpu.c), then as below; 0 when not */
+static int grad_sumsq_batched(const PAR_FN(par_model) *M, double *sum, double *per_entry)
+{
+    const int n = M->tab.n;
+    int64_t *loc = par_malloc((size_t)(2 * (n > 0 ? n : 1)) * sizeof *loc, PAR_TAG_ACT);
+    double *v = par_malloc((size_t)(n > 0 ? n : 1) * sizeof *v, PAR_TAG_ACT);
+    int done = 0;
+    if (loc && v) {
+        for (int i = 0; i < n; i++) {
+            const par_param *p = &M->tab.p[i];
+            const int on = p->dtype == PAR_PDT_REAL && p->has_grad && PAR_FN(par_model_loc)(M, i) >= 0;
+            loc[i] = on ? PAR_FN(par_model_loc)(M, i) : -1;
+            loc[n + i] = on ? PAR_FN(par_model_numel)(M, i) : 0;
+        }
+        done = PAR_FN(par_optim_gpu_sumsq)(v, M->grads, loc, loc + n, n);
+    }
+    double s = 0.0;
+    for (int i = 0; done && i < n; i++) { /* the loop's order below */
+        s += loc[i] >= 0 ? v[i] : 0.0;
+        if (per_entry)
+            per_entry[i] = loc[i] >= 0 ? v[i] : 0.0;
+    }
+    par_free(loc);
+    par_free(v);
+    if (done)
+        *sum = s;
+    return done;
+}
+#endif
+
 double PAR_FN(par_model_grad_sumsq)(const PAR_FN(par_model) *M, double *per_entry)
 {
     double s = 0.0;
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+    if (!M->cfg.bitwise && par_dev_device_mode() && grad_sumsq_batched(M, &s, per_entry))
+        return s;
+#endif
     for (int i = 0; i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
         double v = 0.0;

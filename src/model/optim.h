@@ -92,6 +92,24 @@ par_status PAR_FN(par_optim_apply)(par_real *params,      /* [n_float] */
                                    const par_param_table *t, const par_config *cfg, int64_t step,
                                    double gscale);
 
+/* model/optim_gpu.c (offload builds), when kernels use device memory:
+ * par_optim_gpu_apply is par_optim_apply_param over every entry i with
+ * loc[i] >= 0 (its offset in the buffers), Muon's matrices of one shape batched
+ * into each launch; par_optim_gpu_sumsq sets sums[i] to par_sumsq of
+ * x[loc[i], loc[i] + len[i]) (0 where loc[i] < 0) in one launch, returning 1,
+ * or 0 with nothing set (no memory for its index).  The same bits per matrix
+ * and per sum as the unbatched calls. */
+par_status PAR_FN(par_optim_gpu_apply)(par_real *params, par_real *m, par_real *v, /* [n_float] each */
+                                       const par_real *grads,                      /* [n_float] */
+                                       const par_param_table *t,
+                                       const int64_t *loc,                         /* [t->n] */
+                                       const par_config *cfg, int64_t step, double gscale);
+int PAR_FN(par_optim_gpu_sumsq)(double *sums,       /* [n] */
+                                const par_real *x,  /* [n_float] */
+                                const int64_t *loc, /* [n] */
+                                const int64_t *len, /* [n] */
+                                int n);
+
 /* bias[e] += rate * sign(K*T_total/E - load[e]), sign(0) = 0. */
 void PAR_FN(par_balance_update)(par_real *bias,       /* [E] */
                                 const int64_t *load,  /* [E] */

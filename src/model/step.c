@@ -264,6 +264,31 @@ par_status PAR_FN(par_model_forward_backward_rows)(PAR_FN(par_model) *M, const p
     return PAR_OK;
 }
 
+/* The optimizer when kernels use device memory (offload builds): the held
+ * entries through model/optim_gpu.c (Muon batched: the same bits per entry);
+ * *done 1 when it updated them, else 0 (the caller's loop does). */
+static par_status optim_on_device(PAR_FN(par_model) *M, double f, int *done)
+{
+    *done = 0;
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+    if (M->cfg.bitwise || !par_dev_device_mode())
+        return PAR_OK;
+    int64_t *loc = par_malloc((size_t)(M->tab.n > 0 ? M->tab.n : 1) * sizeof *loc, PAR_TAG_OPTIM);
+    if (!loc)
+        return par_err(PAR_ENOMEM, "model update: no memory for %d entry offsets", M->tab.n);
+    for (int i = 0; i < M->tab.n; i++)
+        loc[i] = PAR_FN(par_model_loc)(M, i);
+    par_status s = PAR_FN(par_optim_gpu_apply)(M->params, M->opt_m, M->opt_v, M->grads, &M->tab, loc, &M->cfg,
+                                               M->step + 1, f);
+    par_free(loc);
+    *done = s == PAR_OK;
+    return s;
+#else
+    (void)M, (void)f;
+    return PAR_OK;
+#endif
+}
+
 par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)
 {
     if (!M->have_fwd)
@@ -272,15 +297,19 @@ par_status PAR_FN(par_model_update)(PAR_FN(par_model) *M)
         return par_err(PAR_ENOMEM, "recipe %s: %lld casts could not be applied (out of memory): the step is not "
                        "the recipe's", par_recipe_name((par_recipe)M->cfg.recipe), (long long)par_recipe_failures());
     double f = par_clip_factor(sqrt(M->stats.grad_sumsq), M->cfg.clip_grad);
+    int done;
+    par_status s = optim_on_device(M, f, &done);
+    if (s)
+        return s;
     /* par_optim_apply and par_balance_apply over the held entries (the same
      * per-entry calls in table order) */
-    for (int i = 0; i < M->tab.n; i++) {
+    for (int i = 0; !done && i < M->tab.n; i++) {
         const par_param *p = &M->tab.p[i];
         if (p->dtype != PAR_PDT_REAL || PAR_FN(par_model_loc)(M, i) < 0)
             continue;
         int64_t o = PAR_FN(par_model_loc)(M, i);
-        par_status s = PAR_FN(par_optim_apply_param)(M->params + o, M->opt_m + o, M->opt_v + o, M->grads + o,
-                                                     &M->tab, i, &M->cfg, M->step + 1, f);
+        s = PAR_FN(par_optim_apply_param)(M->params + o, M->opt_m + o, M->opt_v + o, M->grads + o, &M->tab, i,
+                                          &M->cfg, M->step + 1, f);
         if (s)
             return s;
     }
