@@ -91,66 +91,106 @@ if [ "$CELLS" = all ]; then # at most 64 --cell options a run: in runs of 40
 else
     cpu_matrix 1 $sel
 fi
-# The GPU matrix, within PARITY_GPU_BUDGET seconds (or until PARITY_GPU_DEADLINE, epoch s) when set (the lent machine's
-# check: what ran in the budget is still compared and tabulated; the run then
-# ends INCOMPLETE, exit 3).  A failing cell or file does not stop the checks:
-# every failure is listed, then the exit is 1.
+# The GPU matrix, within PARITY_GPU_BUDGET seconds (or until PARITY_GPU_DEADLINE, epoch s) when set
+# (the lent machine's check: what ran in the budget is still compared and tabulated; the run then
+# ends INCOMPLETE, exit 3).  PARITY_GPU_JOBS matrix processes share the device, each with a part
+# of the cells (round robin by name; default 1 emulated, on a real device up to 4, a quarter of
+# the CPUs: a launch-bound run on one GPU overlaps their host-side launch costs).  A failing cell
+# or file does not stop the checks: every failure is listed, then the exit is 1.
 bad=0
 note() { echo "FAIL: $*" >&2; bad=$((bad + 1)); }
 incomplete=0
-set -- "$P" matrix --quick --device gpu --keep $sel --out "$T/mgpu"
 if [ -n "${PARITY_GPU_DEADLINE:-}" ] && [ -z "${PARITY_GPU_BUDGET:-}" ]; then # what is left (at least 30 s)
     PARITY_GPU_BUDGET=$((PARITY_GPU_DEADLINE - $(date +%s)))
     [ "$PARITY_GPU_BUDGET" -ge 30 ] || PARITY_GPU_BUDGET=30
     echo "matrix gpu ($MODE): $PARITY_GPU_BUDGET s left for it"
 fi
-if [ -n "${PARITY_GPU_BUDGET:-}" ]; then
-    timeout "$PARITY_GPU_BUDGET" "$@" >"$T/mgpu.log" 2>&1
-else
-    "$@" >"$T/mgpu.log" 2>&1
+jobs=${PARITY_GPU_JOBS:-}
+if [ -z "$jobs" ]; then
+    jobs=1
+    [ "$MODE" = emulated ] || jobs=$(( $(nproc) / 4 > 4 ? 4 : ($(nproc) / 4 > 1 ? $(nproc) / 4 : 1) ))
 fi
-rc=$?
+gpu_matrix() { # $1: the part; the rest: its cell selection
+    j=$1
+    shift
+    set -- "$P" matrix --quick --device gpu --keep "$@" --out "$T/mgpu$j"
+    if [ -n "${PARITY_GPU_BUDGET:-}" ]; then
+        timeout "$PARITY_GPU_BUDGET" "$@" >"$T/mgpu$j.log" 2>&1
+    else
+        "$@" >"$T/mgpu$j.log" 2>&1
+    fi
+    echo $? >"$T/mgpu$j.rc"
+}
+if [ "$jobs" -le 1 ]; then
+    gpu_matrix 1 $sel
+else # the cells' names, round robin into the parts (each part runs its names on the fixtures of $FIX)
+    fsel=""
+    [ "$FIX" = all ] || fsel="--fixture $FIX"
+    if [ "$CELLS" = all ]; then
+        "$P" matrix --quick --list | awk 'NR > 1 {print $2}' | sort -u >"$T/gcells"
+    else
+        printf '%s\n' $CELLS >"$T/gcells"
+    fi
+    echo "matrix gpu ($MODE): $(wc -l <"$T/gcells") cells' names in $jobs processes on the device"
+    j=1
+    while [ $j -le "$jobs" ]; do
+        part=$(awk -v j=$j -v n="$jobs" '(NR - 1) % n == j - 1 {printf " --cell %s", $1}' "$T/gcells")
+        [ -z "$part" ] || gpu_matrix $j $fsel $part &
+        j=$((j + 1))
+    done
+    wait
+fi
+cat "$T"/mgpu[0-9]*.log >"$T/mgpu.log"
 if [ -n "${PARITY_GPU_TABLE:-}" ]; then # the GPU matrix's own output beside the table
     cp "$T/mgpu.log" "$(dirname "$PARITY_GPU_TABLE")/gpu-matrix.log"
-    [ ! -f "$T/mgpu/report.json" ] || cp "$T/mgpu/report.json" "$(dirname "$PARITY_GPU_TABLE")/gpu-matrix.json"
+    for r in "$T"/mgpu[0-9]*/report.json; do
+        [ -f "$r" ] && cp "$r" "$(dirname "$PARITY_GPU_TABLE")/gpu-matrix-$(basename "$(dirname "$r")" | sed 's/mgpu//').json"
+    done
 fi
-if [ $rc -eq 124 ]; then
-    incomplete=1
-    echo "matrix gpu ($MODE): stopped at the budget of ${PARITY_GPU_BUDGET} s after" \
-         "$(grep -cE '^\[ *[0-9]+/[0-9]+\] .* (PASS|FAIL|ERROR|WARN)' "$T/mgpu.log") cells"
-elif [ $rc -ne 0 ]; then
-    note "matrix gpu ($MODE), exit $rc: $(grep -E 'FAIL|ERROR|error' "$T/mgpu.log" | head -5)"
-fi
+for rcf in "$T"/mgpu[0-9]*.rc; do
+    j=$(basename "$rcf" .rc | sed 's/mgpu//')
+    rc=$(cat "$rcf")
+    if [ "$rc" -eq 124 ]; then
+        incomplete=1
+        echo "matrix gpu ($MODE) part $j: stopped at the budget of ${PARITY_GPU_BUDGET} s after" \
+             "$(grep -cE '^\[ *[0-9]+/[0-9]+\] .* (PASS|FAIL|ERROR|WARN)' "$T/mgpu$j.log") cells"
+    elif [ "$rc" -ne 0 ]; then
+        note "matrix gpu ($MODE) part $j, exit $rc: $(grep -E 'FAIL|ERROR|error' "$T/mgpu$j.log" | head -5)"
+    fi
+done
 if [ $incomplete -eq 0 ]; then
     grep "^device: gpu" "$T/mgpu.log" || note "matrix gpu: no device line"
     # a pipeline cell's hand-offs move device memory between the ranks (docs/gpu.md "Collectives on one device")
-    if grep -qE "^\[ *[0-9]+/[0-9]+\] pp[0-9]" "$T/mgpu.log" &&
-        grep "^device: gpu" "$T/mgpu.log" | grep -q "between ranks: device to device 0.00 MiB"; then
-        note "matrix gpu: pipeline cells ran, but no device-to-device copy between ranks"
-    fi
+    for lg in "$T"/mgpu[0-9]*.log; do
+        if grep -qE "^\[ *[0-9]+/[0-9]+\] pp[0-9]" "$lg" &&
+            grep "^device: gpu" "$lg" | grep -q "between ranks: device to device 0.00 MiB"; then
+            note "matrix gpu: pipeline cells ran, but no device-to-device copy between ranks ($(basename "$lg"))"
+        fi
+    done
     grep -E "^[0-9]+ cells: " "$T/mgpu.log"
 fi
 n=0
 J="$T/cmpjson"
 mkdir -p "$J"
-for set in "$T"/mgpu/cells/*/set; do
+for set in "$T"/mgpu[0-9]*/cells/*/set; do
     [ -d "$set" ] || continue
     cdir=$(basename "$(dirname "$set")")
+    j=$(basename "$(dirname "$(dirname "$(dirname "$set")")")" | sed 's/mgpu//')
     idx=$(echo "$cdir" | sed 's/-.*//; s/^0*//')
     # only cells that ended (a budget can stop one midway)
-    grep -qE "^\[ *$idx/[0-9]+\] .* (PASS|FAIL|ERROR|WARN)" "$T/mgpu.log" || continue
+    grep -qE "^\[ *$idx/[0-9]+\] .* (PASS|FAIL|ERROR|WARN)" "$T/mgpu$j.log" || continue
     if ! ref=$(sh "$(dirname "$0")/cpu_ref.sh" "$set" "$T"/mcpu*/ref); then
         echo "$cdir: no CPU golden of the same data (its own data source): judged by the matrix only"
         continue
     fi
     prec=$(grep -o '"precision":[[:space:]]*"f[0-9]*"' "$set/manifest.json" | head -1 | grep -o 'f[0-9][0-9]*')
     [ -n "$prec" ] || { note "$cdir: no precision in its manifest"; continue; }
-    mkdir -p "$J/$cdir"
+    mkdir -p "$J/p$j-$cdir"
     for f in "$set"/*.safetensors; do
         b=$(basename "$f")
         [ -f "$ref/$b" ] || continue
         case "$prec:$b" in f32:params.*) continue ;; esac # informational in f32 (above)
-        "$P" compare "$ref/$b" "$f" --policy "$prec" --json "$J/$cdir/$b.json" >"$T/cmp" 2>&1 ||
+        "$P" compare "$ref/$b" "$f" --policy "$prec" --json "$J/p$j-$cdir/$b.json" >"$T/cmp" 2>&1 ||
             note "$cdir ($MODE GPU) vs the CPU golden, $b: $(tail -8 "$T/cmp")"
         n=$((n + 1))
     done
@@ -158,7 +198,7 @@ done
 [ "$n" -gt 0 ] || note "no layout set compared with the CPU golden"
 # one table: per cell the matrix's verdict on the device and the largest error against the CPU golden
 if command -v python3 >/dev/null; then
-    python3 "$(dirname "$0")/cell_table.py" "$T/mgpu.log" "$J" | tee "${PARITY_GPU_TABLE:-/dev/null}"
+    python3 "$(dirname "$0")/cell_table.py" "$J" "$T"/mgpu[0-9]*.log | tee "${PARITY_GPU_TABLE:-/dev/null}"
 else
     echo "(no python3: no per-cell table)"
 fi

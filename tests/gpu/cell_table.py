@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The GPU check's table (tests/gpu/against_cpu.sh, docs/gpu.md).
 
-Usage: cell_table.py MATRIX_LOG CMPJSON_DIR
+Usage: cell_table.py CMPJSON_DIR MATRIX_LOG...
 
-MATRIX_LOG: the GPU matrix's output ("[ i/n] cell data   PASS (x s)" lines).
-CMPJSON_DIR: one folder per cell (the matrix's kept-cell folder name, "07-dp2-
-tiny-boundary-mix"; "00-serial-f64" for the serial goldens) of `parity compare
---json` reports of the cell's files against the CPU golden.
+CMPJSON_DIR: one folder per cell, "pJ-" and the matrix's kept-cell folder name
+("p1-07-dp2-tiny-boundary-mix": part J's cell 7; "00-serial-f64" for the
+serial goldens), of `parity compare --json` reports of the cell's files
+against the CPU golden.
+MATRIX_LOG: the output of each part of the GPU matrix, in part order ("[ i/n]
+cell data   PASS (x s)" lines).
 
 Prints a Markdown table: per cell its verdict and wall time on the device (the
 matrix's own check against the serial reference run on the device), then
@@ -32,6 +34,16 @@ def verdicts(log):
     return out
 
 
+def part_index(d):
+    """("p2-07-dp2-...") -> (2, 7); a name without its part is part 1's"""
+    m = re.match(r"^(?:p(\d+)-)?(\d+)-", d)
+    return (int(m.group(1) or 1), int(m.group(2))) if m else (1, 0)
+
+
+def order(d):
+    return (0, 0, d) if d.startswith("00-serial-") else (1,) + part_index(d)
+
+
 def worst_of(folder):
     files = tensors = failed = 0
     worst = None  # (fraction of bound, rel_l2, "file tensor", policy)
@@ -50,11 +62,14 @@ def worst_of(folder):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: cell_table.py MATRIX_LOG CMPJSON_DIR")
-    log, jdir = sys.argv[1], sys.argv[2]
-    v = verdicts(log) if os.path.exists(log) else {}
-    rows = sorted(os.listdir(jdir)) if os.path.isdir(jdir) else []
+    if len(sys.argv) < 3:
+        sys.exit("usage: cell_table.py CMPJSON_DIR MATRIX_LOG...")
+    jdir, logs = sys.argv[1], sys.argv[2:]
+    v = {}  # (part, index) -> (cell, data, verdict, wall)
+    for j, log in enumerate(logs, 1):
+        for i, row in (verdicts(log) if os.path.exists(log) else {}).items():
+            v[(j, i)] = row
+    rows = sorted(os.listdir(jdir), key=order) if os.path.isdir(jdir) else []
     print("| # | cell | data | on the device | wall | vs CPU golden: files | tensors | failed | "
           "worst rel. L2 | x bound | worst tensor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -64,16 +79,18 @@ def main():
         if d.startswith("00-serial-"):
             idx, cell, data, verdict, wall = "-", "serial " + d[len("00-serial-"):], "v4-tiny", "golden", ""
         else:
-            idx = int(d.split("-", 1)[0])
-            seen.add(idx)
-            cell, data, verdict, wall = v.get(idx, (d.split("-", 1)[1], "", "?", ""))
+            key = part_index(d)
+            seen.add(key)
+            idx = f"{key[0]}.{key[1]}" if len(logs) > 1 else str(key[1])
+            cell, data, verdict, wall = v.get(key, (d.split("-", 2)[-1], "", "?", ""))
         wr = f"{w[1]:.3g}" if w else "-"
         wf = f"{w[0]:.3g} ({w[3]})" if w else "-"
         wt = w[2] if w else "-"
         print(f"| {idx} | {cell} | {data} | {verdict} | {wall + ' s' if wall else ''} | {files} | {tensors} | "
               f"{failed} | {wr} | {wf} | {wt} |")
-    for idx in sorted(set(v) - seen):  # cells with no set compared against the CPU golden
-        cell, data, verdict, wall = v[idx]
+    for key in sorted(set(v) - seen):  # cells with no set compared against the CPU golden
+        cell, data, verdict, wall = v[key]
+        idx = f"{key[0]}.{key[1]}" if len(logs) > 1 else str(key[1])
         print(f"| {idx} | {cell} | {data} | {verdict} | {wall + ' s' if wall else ''} | - | - | - | - | - | "
               "(no CPU golden of its data, or nothing kept) |")
 
