@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kernels/offload.h"
 #include "kernels/ops.h"
+#include "kernels/recipe.h"
 
 static par_status check_dims(const char *fn, int64_t T, int64_t d, int E, int K)
 {
@@ -649,6 +650,107 @@ static void scatter_rows(par_real *slots, const par_real *rows, const int32_t *t
         memcpy(slots + ((int64_t)tok[p] * K + slot[p]) * d, rows + p * d, (size_t)d * sizeof *slots);
 }
 
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+/* The experts' GEMMs of a layer as grouped launches when kernels use device memory
+ * (kernels/gemm_device.c; the device path has no recipe casts and no bitwise mode): one
+ * launch a product over every expert with rows, each expert's product the bits of its own
+ * par_moe_expert_forward / _backward call, so the layer's bits do not move. */
+typedef struct {
+    int E;
+    const int64_t *off;          /* [E + 1] the experts' rows in the gathered arrays */
+    int64_t *M, *N, *K;          /* [E] each */
+    const par_real **A, **B;     /* [E] each */
+    par_real **C;                /* [E] */
+} xgroup;
+
+/* an operand: rows of a gathered array (base + off[e] * stride) or the expert's own (own[e]) */
+typedef struct {
+    const par_real *base;
+    int64_t stride;
+    const par_real *const *own;
+} xop;
+
+static const par_real *xop_of(const xop *o, const int64_t *off, int e)
+{
+    return o->own ? o->own[e] : o->base + off[e] * o->stride;
+}
+
+static int xgroup_open(xgroup *x, const int64_t *off, int E)
+{
+    if (!par_dev_device_mode() || par_recipe_registered() > 0)
+        return 0;
+    x->E = E, x->off = off;
+    x->M = par_malloc((size_t)E * (3 * sizeof(int64_t) + 3 * sizeof(void *)), PAR_TAG_ACT);
+    if (!x->M)
+        return 0; /* no memory for the table: the experts one by one */
+    x->N = x->M + E, x->K = x->N + E;
+    x->A = (const par_real **)(void *)(x->K + E), x->B = x->A + E, x->C = (par_real **)(void *)(x->B + E);
+    return 1;
+}
+
+/* C_e = alpha op(A_e) op(B_e) + beta C_e for every expert e with rows (m, n, k < 0: its row count) */
+static void xgemm(const xgroup *x, int ta, int tb, int64_t m, int64_t n, int64_t k, xop a, int64_t lda, xop b,
+                  int64_t ldb, par_real beta, xop c, int64_t ldc)
+{
+    for (int e = 0; e < x->E; e++) {
+        const int64_t ne = x->off[e + 1] - x->off[e];
+        x->M[e] = m < 0 ? ne : m, x->N[e] = n < 0 ? ne : n, x->K[e] = k < 0 ? ne : k;
+        x->A[e] = xop_of(&a, x->off, e), x->B[e] = xop_of(&b, x->off, e);
+        x->C[e] = ne > 0 ? (par_real *)(void *)xop_of(&c, x->off, e) : NULL; /* no rows: no call */
+    }
+    PAR_FN(par__gemm_device_group)(ta, tb, x->E, x->M, x->N, x->K, 1, (const par_real *const *)x->A, lda,
+                                   (const par_real *const *)x->B, ldb, beta, (par_real *const *)x->C, ldc);
+}
+
+/* par_moe_expert_forward of every expert: g, u = x W1^T, x W3^T; h = swiglu; y = h W2^T */
+static void experts_forward(const xgroup *x, par_real *yg, const par_moe_saved *sv, const par_real *xg,
+                            const par_real *rwg, const par_moe_weights *W, int64_t NR, int64_t d, int64_t I,
+                            double L)
+{
+    const xop rows_x = {xg, d, NULL};
+    xgemm(x, 0, 1, -1, I, d, rows_x, d, (xop){NULL, 0, W->w1}, d, 0,
+          (xop){sv->g, I, NULL}, I);
+    xgemm(x, 0, 1, -1, I, d, rows_x, d, (xop){NULL, 0, W->w3}, d, 0,
+          (xop){sv->u, I, NULL}, I);
+    PAR_FN(par_swiglu_forward)(sv->h, sv->g, sv->u, rwg, NR, I, L);
+    xgemm(x, 0, 1, -1, d, I, (xop){sv->h, I, NULL}, I, (xop){NULL, 0, W->w2}, I, 0,
+          (xop){yg, d, NULL}, d);
+}
+
+/* par_moe_expert_backward of every expert, each product over all experts in one launch
+ * (per expert the same order: dW2, dh, swiglu, dx += dg W1, dW1, dx += du W3, dW3) */
+static par_status experts_backward(const xgroup *x, par_real *dxg, const par_moe_grads *dW, par_real *drwg,
+                                   const par_real *dyg, const par_real *xg, const par_real *rwg,
+                                   const par_moe_weights *W, const par_moe_saved *sv, int64_t NR, int64_t d,
+                                   int64_t I, double L)
+{
+    const xop rows_dy = {dyg, d, NULL}, rows_h = {sv->h, I, NULL}, rows_x = {xg, d, NULL};
+    if (dW && dW->w2)
+        xgemm(x, 1, 0, d, I, -1, rows_dy, d, rows_h, I, 1, (xop){NULL, 0, (const par_real *const *)dW->w2}, I);
+    const int dw1 = dW && dW->w1, dw3 = dW && dW->w3;
+    if (!dxg && !dw1 && !dw3 && !drwg)
+        return PAR_OK;
+    par_real *dh = par_calloc((size_t)(3 * NR * I), sizeof *dh, PAR_TAG_ACT);
+    if (!dh)
+        return par_err(PAR_ENOMEM, "moe expert backward: workspace of 3 x %lld x %lld", (long long)NR, (long long)I);
+    par_real *dg = dh + NR * I, *du = dg + NR * I;
+    xgemm(x, 0, 0, -1, I, d, rows_dy, d, (xop){NULL, 0, W->w2}, I, 1, (xop){dh, I, NULL}, I);
+    PAR_FN(par_swiglu_backward)(dg, du, drwg, dh, sv->g, sv->u, rwg, NR, I, L);
+    const par_real *dgs[2] = {dg, du};
+    const par_real *const *ws[2] = {W->w1, W->w3};
+    par_real *const *dws[2] = {dw1 ? dW->w1 : NULL, dw3 ? dW->w3 : NULL};
+    for (int j = 0; j < 2; j++) { /* w1 then w3, as par_moe_expert_backward */
+        if (dxg)
+            xgemm(x, 0, 0, -1, d, I, (xop){dgs[j], I, NULL}, I, (xop){NULL, 0, ws[j]}, d, 1, (xop){dxg, d, NULL}, d);
+        if (dws[j])
+            xgemm(x, 1, 0, I, d, -1, (xop){dgs[j], I, NULL}, I, rows_x, d, 1,
+                  (xop){NULL, 0, (const par_real *const *)dws[j]}, d);
+    }
+    par_free(dh);
+    return PAR_OK;
+}
+#endif
+
 par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
                                    par_moe_saved *sv,          /* from par_moe_saved_alloc(T,d,E,K,I) */
                                    const par_real *x,          /* [T, d] */
@@ -703,7 +805,15 @@ par_status PAR_FN(par_moe_forward)(par_real *y,                /* [T, d] */
         }
     }
     gather_rows(xg, NULL, rwg, x, NULL, w, sv->tok, sv->slot, NR, T, K, d);
-    for (int e = 0; e < E; e++) {
+    int grouped = 0;
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+    xgroup xgp;
+    if ((grouped = xgroup_open(&xgp, off, E))) {
+        experts_forward(&xgp, yg, sv, xg, rwg, W, NR, d, I, L);
+        par_free(xgp.M);
+    }
+#endif
+    for (int e = 0; !grouped && e < E; e++) {
         int64_t o = off[e], n = off[e + 1] - off[e];
         PAR_FN(par_moe_expert_forward)(yg + o * d, sv->g + o * I, sv->u + o * I, sv->h + o * I,
                                        xg + o * d, rwg + o, W->w1[e], W->w2[e], W->w3[e], n, d,
@@ -755,7 +865,17 @@ par_status PAR_FN(par_moe_backward)(par_real *dx,               /* [T, d] or NUL
     par_real *drwg = rwg + NR;    /* [NR], zero */
     par_real *dxs = drwg + NR;    /* [T, d], zero */
     gather_rows(xg, dyg, rwg, x, dy, w, sv->tok, sv->slot, NR, T, K, d);
-    for (int e = 0; e < E; e++) {
+    int grouped = 0;
+#if defined(PAR_OFFLOAD) && PAR_OFFLOAD
+    xgroup xgp;
+    if ((grouped = xgroup_open(&xgp, sv->off, E))) {
+        st = experts_backward(&xgp, dx ? dxg : NULL, dW, dw ? drwg : NULL, dyg, xg, rwg, W, sv, NR, d, I, L);
+        par_free(xgp.M);
+        if (st)
+            goto fail_free_ws;
+    }
+#endif
+    for (int e = 0; !grouped && e < E; e++) {
         int64_t o = sv->off[e], n = sv->off[e + 1] - sv->off[e];
         par_real *g1 = dW && dW->w1 ? dW->w1[e] : NULL;
         par_real *g2 = dW && dW->w2 ? dW->w2[e] : NULL;

@@ -116,6 +116,15 @@ void PAR_FN(par__gemm_device_batch)(int ta, int tb, int64_t M, int64_t N, int64_
                                     const par_real *B, int64_t ldb, int64_t sb, /* nb x [K, N] */
                                     par_real beta, par_real *C, int64_t ldc,    /* nb x [M, N] */
                                     int64_t sc, int64_t nb);
+/* G products of their own shapes (M[i], N[i], K[i]) and operands (host addresses;
+ * C[i] NULL: none) in one launch: a grouped GEMM (the MoE experts of a layer);
+ * each the bits of its own par__gemm_device call */
+void PAR_FN(par__gemm_device_group)(int ta, int tb, int64_t G, const int64_t *M, const int64_t *N,
+                                    const int64_t *K, par_real alpha,
+                                    const par_real *const *A, int64_t lda, /* G x [M, K] */
+                                    const par_real *const *B, int64_t ldb, /* G x [K, N] */
+                                    par_real beta, par_real *const *C,     /* G x [M, N]; NULL: none */
+                                    int64_t ldc);
 #endif
 
 #endif
