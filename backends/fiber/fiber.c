@@ -414,6 +414,7 @@ const par_backend par_backend_fiber = {
     .group_split = f_split,
     .group_free = f_group_free,
     .exchange = f_exchange,
+    .dev_copies = 1,
     .p2p_post = f_p2p_post,
     .rank_wait = f_rank_wait,
     .rank_wake = f_rank_wake,

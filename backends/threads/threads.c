@@ -210,4 +210,5 @@ const par_backend par_backend_threads = {
     .group_split = t_split,
     .group_free = t_group_free,
     .exchange = t_exchange,
+    .dev_copies = 1,
 };

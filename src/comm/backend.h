@@ -257,6 +257,11 @@ struct par_backend {
      * hosts it as a fiber that waits in rank_wait (par_comm_store_local's
      * wake of par_comm_wait_local; any thread; an early wake is fine). */
     void (*rank_wake)(par__world *w, void *bworld, int wrank);
+    /* 1 when exchange copies every byte through par_dev_comm_copy (core/device.h:
+     * ranks of one process sharing its device), so that a collective's buffers
+     * may stay on the device in GPU mode (docs/gpu.md "Collectives on one
+     * device"); 0: the backend moves host bytes (processes, the self backend). */
+    int dev_copies;
 };
 
 /* ---- services of src/comm for backends ---------------------------------- */

@@ -11,6 +11,7 @@
 
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
+#include "core/device.h"
 
 /* The most bytes of received rows an all-reduce holds at once (per rank):
  * its reduce-scatter goes in chunks past that. */
@@ -69,12 +70,27 @@ REDUCE_INT(int32_t, uint32_t)
 REDUCE_INT(int64_t, uint64_t)
 REDUCE_INT(uint8_t, uint8_t)
 
-/* out[e] = op over rows j = 0..p-1 of rows[j*n + e], in rank order. */
+_Static_assert((int)PAR_C_F64 == (int)PAR_DEV_F64 && (int)PAR_C_F32 == (int)PAR_DEV_F32 &&
+                   (int)PAR_C_I32 == (int)PAR_DEV_I32 && (int)PAR_C_I64 == (int)PAR_DEV_I64 &&
+                   (int)PAR_C_BYTE == (int)PAR_DEV_U8,
+               "par_ctype and the device's row kinds (core/device.h) agree");
+
+/* out[e] = op over rows j = 0..p-1 of rows[j*n + e], in rank order: on the
+ * device when the rows are there and out is a kept buffer (GPU mode,
+ * core/device.h par_dev_reduce_rows: the same operations in the same order),
+ * else here. */
 static void reduce_rows(void *out, const void *rows, size_t p, size_t n, par_ctype t,
                         par_redop op)
 {
     if (n == 0)
         return;
+#if PAR_FAULT_COMM_REVERSE_SUM /* the fault's order is the host loop's alone */
+    par_dev_host_read(rows, p * n * par_ctype_size(t));
+    par_dev_host_set(out, n * par_ctype_size(t));
+#else
+    if (par_dev_reduce_rows(out, rows, p, n, (int)t, op == PAR_OP_MAX))
+        return;
+#endif
     switch (t) {
     case PAR_C_F64: reduce_double(out, rows, p, n, op); break;
     case PAR_C_F32: reduce_float(out, rows, p, n, op); break;
@@ -146,6 +162,20 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 {
     const char *x = a, *y = b;
     return na && nb && x < y + nb && y < x + na;
+}
+
+/* GPU mode: the rows a rank receives for its rank-order sum stay on the
+ * device when its input is there and the backend copies through the
+ * residency table (par_comm_dev_copies), so the exchange copies device to
+ * device and the sum runs there (docs/gpu.md "Collectives on one device"). */
+static void rows_keep(par_comm *c, void *rows, const void *in, size_t in_bytes)
+{
+#if !PAR_FAULT_COMM_REVERSE_SUM
+    if (par_dev_gpu() && rows && c->world->be->dev_copies && par_dev_resident(in, in_bytes))
+        par_dev_keep(rows);
+#else
+    (void)c, (void)rows, (void)in, (void)in_bytes;
+#endif
 }
 
 /* Block r of count elements cut into p parts: the first count % p get one more. */
@@ -242,6 +272,7 @@ par_status par_allreduce(par_comm *c, const void *in, void *out, size_t count, p
             return end(c, par_err(PAR_ENOMEM, "allreduce in group %s: no memory for %d x %zu",
                                   c->name, p, mine));
     }
+    rows_keep(c, rows, in, count * es);
     /* block j of the input to rank j; my block of every rank, in rank order */
     par__col boff = {.kind = PAR__COL_BLKOFF, .k = p, .a = count, .b = es};
     par__col blen = {.kind = PAR__COL_BLKLEN, .k = p, .a = count, .b = es};
@@ -282,6 +313,7 @@ par_status par_reduce_scatter(par_comm *c, const void *in, void *out, size_t cou
         if (!rows)
             return end(c, par_err(PAR_ENOMEM, "reduce_scatter in group %s: no memory", c->name));
     }
+    rows_keep(c, rows, in, count * (size_t)p * es);
     par__xfer x = {in, PAR__COL_S(bytes), PAR__COL_C(bytes), rows, PAR__COL_S(bytes),
                    PAR__COL_C(bytes), 1};
     st = xchg(c, &m, 0, &x);

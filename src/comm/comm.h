@@ -131,6 +131,10 @@ int par_comm_world_rank(const par_comm *c, int r);
  * or what par_comm_set_name gave it (local to this rank's handle). */
 const char *par_comm_name(const par_comm *c);
 void par_comm_set_name(par_comm *c, const char *name);
+/* 1 when c's backend copies between its ranks through the residency table
+ * (core/device.h par_dev_comm_copy: threads, fiber), so that buffers kept on
+ * the device stay there through a collective; 0 otherwise (and for NULL). */
+int par_comm_dev_copies(const par_comm *c);
 
 #define PAR_UNDEFINED (-1)
 

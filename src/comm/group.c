@@ -16,6 +16,8 @@ int par_comm_world_rank(const par_comm *c, int r)
 
 const char *par_comm_name(const par_comm *c) { return c ? c->name : "(null)"; }
 
+int par_comm_dev_copies(const par_comm *c) { return c && c->world->be->dev_copies; }
+
 void par_comm_set_name(par_comm *c, const char *name)
 {
     if (c && name)

@@ -673,6 +673,104 @@ void par_dev_keep(void *p)
     pthread_mutex_unlock(&g_mu);
 }
 
+int par_dev_resident(const void *p, size_t bytes)
+{
+    if (!g_gpu || !p || !bytes)
+        return 0;
+    pthread_mutex_lock(&g_mu);
+    const blk *b = host_block(p, bytes);
+    int r = b && on_device(b, (size_t)((const char *)p - b->host), bytes);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+void par_dev_push(void *p, size_t bytes)
+{
+    if (!g_gpu || !p || !bytes)
+        return;
+    pthread_mutex_lock(&g_mu);
+    blk *b = host_block(p, bytes);
+    if (!b || !b->keep)
+        die("par_dev_push of memory outside a kept block", p, bytes);
+    set_range(b, (size_t)((char *)p - b->host), bytes, OP_IN);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ------------------------------------------------ rank-order row sums -- */
+
+/* out[e] = rows[0][e] op ... op rows[p-1][e] on the twins (device dev when
+ * real, else the host fallback on the emulation's twins); one thread per
+ * element, its rows in order: the host loop's operations.  NAN(x): x is a
+ * NaN (floats; 0 for integers); U: the type of the addition (integers wrap
+ * as unsigned). */
+#define ROWS_OP(NAME, T, U, NAN)                                                                    \
+    static void NAME(T *o, const T *r, size_t p, size_t n, int max, int dev, int real)           \
+    {                                                                                               \
+        _Pragma("omp target teams distribute parallel for is_device_ptr(o, r) device(dev) if(real)") \
+        for (size_t e = 0; e < n; e++) {                                                            \
+            T acc = r[e];                                                                           \
+            for (size_t j = 1; j < p; j++) {                                                        \
+                const T x = r[j * n + e];                                                           \
+                if (!max)                                                                           \
+                    acc = (T)((U)acc + (U)x);                                                       \
+                else if (x > acc || NAN(x))                                                         \
+                    acc = x;                                                                        \
+            }                                                                                       \
+            o[e] = acc;                                                                             \
+        }                                                                                           \
+    }
+#define FLOAT_NAN(x) ((x) != (x))
+#define INT_NAN(x) 0
+ROWS_OP(rows_f64, double, double, FLOAT_NAN)
+ROWS_OP(rows_f32, float, float, FLOAT_NAN)
+ROWS_OP(rows_i32, int32_t, uint32_t, INT_NAN)
+ROWS_OP(rows_i64, int64_t, uint64_t, INT_NAN)
+ROWS_OP(rows_u8, uint8_t, uint8_t, INT_NAN)
+
+static size_t kind_size(int kind)
+{
+    static const size_t es[] = {8, 4, 4, 8, 1};
+    return kind >= 0 && kind <= PAR_DEV_U8 ? es[kind] : 1;
+}
+
+static void rows_run(void *o, const void *r, size_t p, size_t n, int kind, int max)
+{
+    switch (kind) {
+    case PAR_DEV_F64: rows_f64(o, r, p, n, max, g_devnum, g_real); break;
+    case PAR_DEV_F32: rows_f32(o, r, p, n, max, g_devnum, g_real); break;
+    case PAR_DEV_I32: rows_i32(o, r, p, n, max, g_devnum, g_real); break;
+    case PAR_DEV_I64: rows_i64(o, r, p, n, max, g_devnum, g_real); break;
+    default: rows_u8(o, r, p, n, max, g_devnum, g_real); break;
+    }
+}
+
+int par_dev_reduce_rows(void *out, const void *rows, size_t p, size_t n, int kind, int max)
+{
+    const size_t ob = n * kind_size(kind), rb = p * ob;
+    if (!g_gpu || !ob || !p)
+        return 0;
+    pthread_mutex_lock(&g_mu);
+    blk *br = host_block(rows, rb), *bo = host_block(out, ob);
+    const size_t ro = br ? (size_t)((const char *)rows - br->host) : 0;
+    const size_t oo = bo ? (size_t)((char *)out - bo->host) : 0;
+    const int dev = br && bo && bo->keep && on_device(br, ro, rb);
+    if (dev) {
+        ensure_twin(bo);
+        set_range(br, ro, rb, OP_IN); /* nothing moves: it is there */
+        set_range(bo, oo, ob, OP_OUT);
+    } else {
+        if (br && br->dev)
+            set_range(br, ro, rb, OP_HREAD);
+        if (bo && bo->dev)
+            set_range(bo, oo, ob, OP_HSET);
+    }
+    char *dr = dev ? br->dev + ro : NULL, *dout = dev ? bo->dev + oo : NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (dev) /* outside the lock: the twins' ranges are this rank's until its next exchange */
+        rows_run(dout, dr, p, n, kind, max);
+    return dev;
+}
+
 static void all_blocks(dev_op op)
 {
     if (!g_gpu)

@@ -51,6 +51,9 @@ typedef struct {
     int64_t twins, twin_bytes_peak; /* device twins created, most device bytes live */
 } par_dev_stats;
 
+/* Element kinds of par_dev_reduce_rows (core does not know comm's types). */
+enum { PAR_DEV_F64 = 0, PAR_DEV_F32, PAR_DEV_I32, PAR_DEV_I64, PAR_DEV_U8 };
+
 /* A rank's mode (par_dev_mode_set). */
 enum { PAR_DEV_MODE_DEVICE = 0, PAR_DEV_MODE_HOST = 1 };
 
@@ -105,6 +108,23 @@ void par_dev_comm_copy(void *dst, const void *src, size_t bytes);
  * host code must announce every access to it (a send buffer that kernels
  * fill and the comm layer reads: docs/gpu.md "Collectives on one device"). */
 void par_dev_keep(void *p);
+/* 1 when every byte of [p, p + bytes) is current and trusted on the device
+ * (par_dev_comm_copy's test: DEV, or BOTH in a kept block); else 0, and 0
+ * outside GPU mode. */
+int par_dev_resident(const void *p, size_t bytes);
+/* Makes [p, p + bytes) of a kept block current on the device now (what is
+ * stale there moves up), whatever the rank's mode: a comm buffer that host
+ * code packed (after par_dev_host_set) and the exchanges then read. */
+void par_dev_push(void *p, size_t bytes);
+/* The comm layer's rank-order reduction of p rows of n elements of `kind`
+ * (rows[j * n + e]): out[e] = rows[0][e] op rows[1][e] op ... in row order
+ * 0..p-1 (op: + , integers wrapping; max: a NaN wins), the host loop's
+ * additions in the host loop's order, so the same bits.  On the device when
+ * every byte of rows is resident there (par_dev_resident) and out lies in a
+ * kept block: returns 1, out device-owned.  Otherwise returns 0 after making
+ * rows current on the host and out host-owned, for the caller's host loop.
+ * Outside GPU mode: 0, nothing done. */
+int par_dev_reduce_rows(void *out, const void *rows, size_t p, size_t n, int kind, int max);
 /* Barriers for code outside the step (writers, checkpoints): every known
  * byte current on the host (sync_host: BOTH) / owned by the host from now on
  * (host_all: the next kernel moves what it uses). */
@@ -153,6 +173,13 @@ static inline void par_dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static inline void par_dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void par_dev_comm_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void par_dev_keep(void *p) { (void)p; }
+static inline int par_dev_resident(const void *p, size_t bytes) { (void)p; (void)bytes; return 0; }
+static inline void par_dev_push(void *p, size_t bytes) { (void)p; (void)bytes; }
+static inline int par_dev_reduce_rows(void *out, const void *rows, size_t p, size_t n, int kind, int max)
+{
+    (void)out; (void)rows; (void)p; (void)n; (void)kind; (void)max;
+    return 0;
+}
 static inline void par_dev_sync_host(void) {}
 static inline void par_dev_host_all(void) {}
 static inline int par_dev_mode_set(int mode) { (void)mode; return 0; }

@@ -168,6 +168,16 @@ if [ $incomplete -eq 0 ]; then
         fi
     done
     grep -E "^[0-9]+ cells: " "$T/mgpu.log"
+    # dp2 alone: its gradient sums move device memory between the ranks, more of it than
+    # stays on the host (docs/gpu-collectives.md; all on the host before, 12 MiB)
+    if [ "$CELLS" = all ] || echo " $CELLS " | grep -q " dp2 "; then
+        "$P" matrix --quick --device gpu --cell dp2 --fixture tiny-boundary-mix --out "$T/mdp2" >"$T/mdp2.log" 2>&1 ||
+            note "matrix gpu dp2 alone, exit $?: $(tail -3 "$T/mdp2.log")"
+        between=$(grep "^device: gpu" "$T/mdp2.log" | sed -n 's/.*between ranks: device to device \([0-9.]*\) MiB.* on the host \([0-9.]*\) MiB.*/\1 \2/p')
+        echo "dp2 alone, between ranks (MiB, device to device / on the host): ${between:-none}"
+        echo "${between:-0 0}" | awk '{exit !($1 > 0 && $1 > $2)}' ||
+            note "matrix gpu dp2: its collectives did not move device memory between the ranks (${between:-no device line})"
+    fi
 fi
 n=0
 J="$T/cmpjson"

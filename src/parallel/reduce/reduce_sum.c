@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/racc.h"
 
 size_t par_fields_pack(void *buf, const par_field *f, int n, par_ctype t, int unpack)
@@ -38,8 +39,40 @@ static const par_field *sole_field(const par_field *f, int n, par_ctype t)
     return one;
 }
 
+/* GPU mode, ranks that copy through the residency table (par_comm_dev_copies):
+ * the fields packed into a kept block and pushed to the device in one copy,
+ * so that the collective's exchanges move device memory and its rank-order
+ * sums run there (comm/collectives.c, core/device.h par_dev_reduce_rows);
+ * the sums come back in one copy (a reduce-scatter's block: after the
+ * packed fields, in the same block).  docs/gpu.md "Collectives on one
+ * device". */
+static par_status reduce_type_dev(par_comm *c, const par_field *f, int n, par_ctype t, void *out, size_t count)
+{
+    const size_t p = (size_t)par_comm_size(c), es = par_ctype_size(t);
+    const size_t bytes = count * es, blk = out ? bytes / p : 0;
+    char *buf = par_malloc(bytes + blk, PAR_TAG_COMM);
+    if (!buf)
+        return par_err(PAR_ENOMEM, "reduce over %s: out of memory for %zu elements", par_comm_name(c), count);
+    par_dev_keep(buf);
+    par_dev_host_set(buf, bytes);
+    par_fields_pack(buf, f, n, t, 0);
+    par_dev_push(buf, bytes);
+    par_status s = out ? par_reduce_scatter(c, buf, buf + bytes, count / p, t, PAR_OP_SUM)
+                       : par_allreduce(c, buf, buf, count, t, PAR_OP_SUM);
+    if (!s && out) {
+        par_dev_host_read(buf + bytes, blk);
+        par_dev_host_set(out, blk);
+        memcpy(out, buf + bytes, blk);
+    } else if (!s) {
+        par_dev_host_read(buf, bytes);
+        par_fields_pack(buf, f, n, t, 1);
+    }
+    par_free(buf);
+    return s;
+}
+
 /* One element type: pack, one collective, unpack (or scatter to out); a
- * single field is summed where it lies. */
+ * single field is summed where it lies (GPU mode: reduce_type_dev). */
 static par_status reduce_type(par_comm *c, const par_field *f, int n, par_ctype t, void *out)
 {
     size_t count = par_fields_pack(NULL, f, n, t, 0), p = (size_t)par_comm_size(c);
@@ -48,6 +81,8 @@ static par_status reduce_type(par_comm *c, const par_field *f, int n, par_ctype 
     if (out && count % p != 0)
         return par_err(PAR_EINVAL, "reduce over %s: %zu elements do not split into %zu equal blocks",
                        par_comm_name(c), count, p);
+    if (par_dev_gpu() && par_comm_dev_copies(c))
+        return reduce_type_dev(c, f, n, t, out, count);
     const par_field *one = sole_field(f, n, t);
     if (one)
         return out ? par_reduce_scatter(c, one->p, out, count / p, t, PAR_OP_SUM)
