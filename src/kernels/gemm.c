@@ -143,6 +143,37 @@ typedef struct {
 #include "kernels/gemm-isa-end.h"
 #endif
 
+/* A transposing pack by gathers (kernels/gemm.c's gemm_pack, k contiguous in
+ * the operand): cnt indices, element (i, k) at s[i * si + k], into dst [kc][w],
+ * lanes cnt .. w-1 zero; si * 16 must fit in an int32 (gemm_pack checks).
+ * One gather loads a vector of a k row; the scalar loop moves an element. */
+#ifdef GEMM_X86
+__attribute__((target("avx512f"))) static void gemm_packt_avx512(const par_real *s /* [cnt, si] */, int64_t si,
+                                                                 int64_t cnt, int64_t kc, int w,
+                                                                 par_real *dst /* [kc, w] */)
+{
+    enum { VL = 64 / (int)sizeof(par_real) };
+    for (int g = 0; g < w; g += VL, s += VL * si, cnt -= VL) {
+        const int nw = w - g < VL ? w - g : VL, nc = cnt <= 0 ? 0 : cnt < VL ? (int)cnt : VL;
+        const unsigned mw = (1u << nw) - 1, mc = (1u << nc) - 1;
+#if PAR_REAL_BITS == 64
+        const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)si));
+        for (int64_t k = 0; k < kc; k++)
+            _mm512_mask_storeu_pd(dst + k * w + g, (__mmask8)mw,
+                                  _mm512_mask_i32gather_pd(_mm512_setzero_pd(), (__mmask8)mc, idx, s + k, 8));
+#else
+        const __m512i idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)si));
+        for (int64_t k = 0; k < kc; k++)
+            _mm512_mask_storeu_ps(dst + k * w + g, (__mmask16)mw,
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)mc, idx, s + k, 4));
+#endif
+    }
+}
+#endif
+
+typedef void (*gemm_packt)(const par_real *s, int64_t si, int64_t cnt, int64_t kc, int w, par_real *dst);
+
 typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
                          int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
 
@@ -152,6 +183,7 @@ typedef struct {
     int mr, nr, nv; /* the tile: mr rows x nr columns, nv vectors a row */
     int64_t mc, kc, nc;
     gemm_ukr ukr;
+    gemm_packt packt; /* the transposing pack, NULL: gemm_pack's loops */
 } gemm_kern;
 
 #define GEMM_F (8 / (int)sizeof(par_real)) /* 1 in f64, 2 in f32 */
@@ -168,10 +200,10 @@ static const gemm_kern kerns[PAR_GEMM_PATH_COUNT][GEMM_TILES] = {
                             {4, 8 * GEMM_F, 2, 120, GEMM_KC, 2048, ukr_avx2_4x2},
                             {6, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_6x1},
                             {4, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_4x1}},
-    [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512},
-                              {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2},
-                              {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1},
-                              {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1}},
+    [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512, gemm_packt_avx512},
+                              {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2, gemm_packt_avx512},
+                              {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1, gemm_packt_avx512},
+                              {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1, gemm_packt_avx512}},
 #endif
 };
 #define GEMM_MAX_TILE (12 * 32) /* the largest MR x NR */
@@ -186,12 +218,20 @@ typedef struct {
 } gemm_opnd;
 
 /* Indices [i0, i0 + n) x k [k0, k0 + kc) into panels of w indices:
- * dst[panel][k][w], the tail panel padded with zeros. */
-static void gemm_pack(gemm_opnd o, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w, par_real *dst)
+ * dst[panel][k][w], the tail panel padded with zeros; packt: the path's
+ * transposing pack (or NULL). */
+static void gemm_pack(gemm_opnd o, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w, gemm_packt packt,
+                      par_real *dst)
 {
+    if (o.sk != 1 || o.si >= (1 << 26)) /* the gathers' int32 indices reach 31 si */
+        packt = NULL;
     for (int64_t p = 0; p < n; p += w, dst += (int64_t)w * kc) {
         const int64_t cnt = n - p < w ? n - p : w;
         const par_real *s = o.p + (i0 + p) * o.si + k0 * o.sk;
+        if (packt) {
+            packt(s, o.si, cnt, kc, w, dst);
+            continue;
+        }
         if (o.sk == 1) { /* k contiguous */
             for (int64_t i = 0; i < cnt; i++)
                 for (int64_t k = 0; k < kc; k++)
@@ -224,13 +264,13 @@ typedef struct {
 } gemm_block;
 
 static gemm_block gemm_block_make(gemm_opnd o, int direct, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w,
-                                  par_real *buf)
+                                  gemm_packt packt, par_real *buf)
 {
     gemm_block b = {o, buf, direct, i0, k0, n, kc, w};
     if (!direct)
-        gemm_pack(o, i0, k0, n, kc, w, buf);
+        gemm_pack(o, i0, k0, n, kc, w, packt, buf);
     else if (n % w)
-        gemm_pack(o, i0 + n - n % w, k0, n % w, kc, w, buf);
+        gemm_pack(o, i0 + n - n % w, k0, n % w, kc, w, packt, buf);
     return b;
 }
 
@@ -304,10 +344,10 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
                                 !last || part != GEMM_WHOLE ? GEMM_ST_RAW
                                 : beta == 0                ? GEMM_ST_ALPHA
                                                            : GEMM_ST_AB};
-            const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, pb);
+            const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, kp->packt, pb);
             for (int64_t ic = 0; ic < M; ic += kp->mc) {
                 const int64_t mc = M - ic < kp->mc ? M - ic : kp->mc;
-                const gemm_block ab = gemm_block_make(A, da, ic, pc, mc, kc, kp->mr, pa);
+                const gemm_block ab = gemm_block_make(A, da, ic, pc, mc, kc, kp->mr, kp->packt, pa);
                 gemm_macro(kp, &ab, &bb, C + ic * ldc + jc, ldc, &e);
             }
         }
