@@ -16,6 +16,19 @@
  * taken up through k = 0 .. kc-1 in order by one fused multiply-add each
  * (kernels/gemm.h); e says where the accumulator starts (0 or C's raw
  * partial sum) and how it is stored. */
+#ifndef UKR_KLOOP
+/* acc += the tile's kc rank-1 updates, k in order; rs: A's row stride */
+#define UKR_KLOOP(rs)                                                                                              \
+    for (int64_t k = 0; k < kc; k++, Ap += acs, Bp += bks) {                                                       \
+        VEC b[UKR_NV];                                                                                             \
+        _Pragma("GCC unroll 8") for (int v = 0; v < UKR_NV; v++) b[v] = V_LOAD(Bp + v * VW);                       \
+        _Pragma("GCC unroll 16") for (int r = 0; r < UKR_MR; r++)                                                  \
+        {                                                                                                          \
+            VEC a = V_SET1(Ap[r * (rs)]);                                                                          \
+            _Pragma("GCC unroll 8") for (int v = 0; v < UKR_NV; v++) acc[r][v] = V_FMA(a, b[v], acc[r][v]);         \
+        }                                                                                                          \
+    }
+#endif
 UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
                               int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e)
 {
@@ -25,18 +38,10 @@ UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64
 #pragma GCC unroll 8
         for (int v = 0; v < UKR_NV; v++)
             acc[r][v] = e->load ? V_LOAD(C + r * ldc + v * VW) : V_ZERO();
-    for (int64_t k = 0; k < kc; k++, Ap += acs, Bp += bks) {
-        VEC b[UKR_NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < UKR_NV; v++)
-            b[v] = V_LOAD(Bp + v * VW);
-#pragma GCC unroll 16
-        for (int r = 0; r < UKR_MR; r++) {
-            VEC a = V_SET1(Ap[r * ars]);
-#pragma GCC unroll 8
-            for (int v = 0; v < UKR_NV; v++)
-                acc[r][v] = V_FMA(a, b[v], acc[r][v]);
-        }
+    if (ars == 1) { /* rows adjacent (a packed panel, op(A) = A^T in place): constant offsets */
+        UKR_KLOOP(1);
+    } else {
+        UKR_KLOOP(ars);
     }
     const VEC va = V_SET1(e->alpha), vb = V_SET1(e->beta);
 #pragma GCC unroll 16

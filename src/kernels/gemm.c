@@ -132,6 +132,10 @@ typedef struct {
 #define UKR_MR 8
 #define UKR_NV 2
 #include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx512_16x1
+#define UKR_MR 16
+#define UKR_NV 1
+#include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx512_12x1
 #define UKR_MR 12
 #define UKR_NV 1
@@ -188,7 +192,7 @@ typedef struct {
 
 #define GEMM_F (8 / (int)sizeof(par_real)) /* 1 in f64, 2 in f32 */
 #define GEMM_KC (256 + 128 * (GEMM_F - 1))
-#define GEMM_TILES 4 /* the most micro-tiles of one path */
+#define GEMM_TILES 5 /* the most micro-tiles of one path */
 /* Each path's micro-tiles, the widest first; gemm_pick takes one per call by
  * its shape.  Which tile computes an element never changes its bits (each
  * lane is one element's fma chain), only the time: a v4-mini expert's N = 16
@@ -202,6 +206,7 @@ static const gemm_kern kerns[PAR_GEMM_PATH_COUNT][GEMM_TILES] = {
                             {4, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_4x1}},
     [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512, gemm_packt_avx512},
                               {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2, gemm_packt_avx512},
+                              {16, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_16x1, gemm_packt_avx512},
                               {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1, gemm_packt_avx512},
                               {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1, gemm_packt_avx512}},
 #endif
@@ -356,17 +361,27 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* ceil(x / d), x >= 0, d > 0: in 32 bits when x fits (a shorter divide) */
+static int64_t ceil_div(int64_t x, int d)
+{
+    if (x < INT32_MAX - 64)
+        return (int64_t)(((uint32_t)x + (uint32_t)d - 1) / (uint32_t)d);
+    return (x + d - 1) / d;
+}
+
 /* The index of the current path's tile for C [M, N]: the least time by a
  * simple model, ties to the wider.  Per k a tile loads mr + nv operands and
- * does mr nv vector FMAs (two of either per cycle), over the padded M x N. */
+ * does mr nv vector FMAs (two of either per cycle): tiles over M x N times
+ * the larger count.  Integers (no division but the tile counts): par_gemm
+ * picks on every call. */
 static int gemm_pick_index(int64_t M, int64_t N)
 {
     const gemm_kern *ks = kerns[par_gemm_path()];
     int best = 0;
-    double best_cost = 0;
+    int64_t best_cost = 0;
     for (int i = 0; i < GEMM_TILES && ks[i].ukr; i++) {
-        const double fma = (double)ks[i].mr * ks[i].nv, ld = (double)(ks[i].mr + ks[i].nv);
-        const double cost = (double)round_up(M, ks[i].mr) * (double)round_up(N, ks[i].nr) * (fma > ld ? fma : ld) / fma;
+        const int fma = ks[i].mr * ks[i].nv, ld = ks[i].mr + ks[i].nv;
+        const int64_t cost = ceil_div(M, ks[i].mr) * ceil_div(N, ks[i].nr) * (fma > ld ? fma : ld);
         if (i == 0 || cost < best_cost)
             best = i, best_cost = cost;
     }
