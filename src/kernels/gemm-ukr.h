@@ -33,28 +33,29 @@ UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64
                               int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e)
 {
     VEC acc[UKR_MR][UKR_NV];
+    par_real *c = C; /* row r of the tile (a pointer bumped by ldc: no row addresses kept in registers) */
 #pragma GCC unroll 16
-    for (int r = 0; r < UKR_MR; r++)
+    for (int r = 0; r < UKR_MR; r++, c += ldc)
 #pragma GCC unroll 8
         for (int v = 0; v < UKR_NV; v++)
-            acc[r][v] = e->load ? V_LOAD(C + r * ldc + v * VW) : V_ZERO();
+            acc[r][v] = e->load ? V_LOAD(c + v * VW) : V_ZERO();
     if (ars == 1) { /* rows adjacent (a packed panel, op(A) = A^T in place): constant offsets */
         UKR_KLOOP(1);
     } else {
         UKR_KLOOP(ars);
     }
     const VEC va = V_SET1(e->alpha), vb = V_SET1(e->beta);
+    c = C;
 #pragma GCC unroll 16
-    for (int r = 0; r < UKR_MR; r++)
+    for (int r = 0; r < UKR_MR; r++, c += ldc)
 #pragma GCC unroll 8
         for (int v = 0; v < UKR_NV; v++) {
-            par_real *c = C + r * ldc + v * VW;
             if (e->store == GEMM_ST_RAW)
-                V_STORE(c, acc[r][v]);
+                V_STORE(c + v * VW, acc[r][v]);
             else if (e->store == GEMM_ST_ALPHA)
-                V_STORE(c, V_MUL(va, acc[r][v]));
+                V_STORE(c + v * VW, V_MUL(va, acc[r][v]));
             else
-                V_STORE(c, V_ADD(V_MUL(va, acc[r][v]), V_MUL(vb, V_LOAD(c))));
+                V_STORE(c + v * VW, V_ADD(V_MUL(va, acc[r][v]), V_MUL(vb, V_LOAD(c + v * VW))));
         }
 }
 

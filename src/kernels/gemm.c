@@ -40,7 +40,8 @@
 #define GEMM_FMA fmaf
 #endif
 
-/* how a micro-tile stores its accumulators */
+/* how a micro-tile stores its accumulators (alpha == 1, beta == 0 stores them
+ * raw: 1 * acc is acc, bit for bit, as an fma never yields a signaling NaN) */
 enum { GEMM_ST_RAW, GEMM_ST_ALPHA, GEMM_ST_AB };
 
 typedef struct {
@@ -346,8 +347,8 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
             const int64_t kc = K - pc < kp->kc ? K - pc : kp->kc;
             const int last = pc + kc == K;
             const gemm_epi e = {alpha, beta, pc > 0 || part == GEMM_PART_MORE,
-                                !last || part != GEMM_WHOLE ? GEMM_ST_RAW
-                                : beta == 0                ? GEMM_ST_ALPHA
+                                !last || part != GEMM_WHOLE || (alpha == 1 && beta == 0) ? GEMM_ST_RAW
+                                : beta == 0                                             ? GEMM_ST_ALPHA
                                                            : GEMM_ST_AB};
             const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, kp->packt, pb);
             for (int64_t ic = 0; ic < M; ic += kp->mc) {
