@@ -29,8 +29,16 @@
         }                                                                                                          \
     }
 #endif
-UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
-                              int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e)
+#ifndef UKR_CAT
+#define UKR_CAT2(a, b) a##b
+#define UKR_CAT(a, b) UKR_CAT2(a, b)
+#endif
+/* one tile (inlined into UKR_NAME below) */
+UKR_ATTR __attribute__((always_inline)) static inline void UKR_CAT(UKR_NAME, _one)(
+    int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, /* A panel: (r, k) at Ap[r * ars + k * acs] */
+    const par_real *Bp, int64_t bks,                          /* B panel: row k at Bp + k * bks */
+    par_real *C, int64_t ldc,                                 /* C [UKR_MR, UKR_NV * VW] */
+    const gemm_epi *e)
 {
     VEC acc[UKR_MR][UKR_NV];
     par_real *c = C; /* row r of the tile (a pointer bumped by ldc: no row addresses kept in registers) */
@@ -57,6 +65,18 @@ UKR_ATTR static void UKR_NAME(int64_t kc, const par_real *Ap, int64_t ars, int64
             else
                 V_STORE(c + v * VW, V_ADD(V_MUL(va, acc[r][v]), V_MUL(vb, V_LOAD(c + v * VW))));
         }
+}
+
+/* nt tiles down C from one B panel: tile t's A panel at Ap + t * ats, its
+ * C at C + t * UKR_MR * ldc (one call per column of tiles, not per tile) */
+UKR_ATTR static void UKR_NAME(int64_t nt, int64_t ats, int64_t kc,
+                              const par_real *Ap, int64_t ars, int64_t acs, /* tile t's (r, k): Ap[t ats + r ars + k acs] */
+                              const par_real *Bp, int64_t bks,              /* row k at Bp + k * bks */
+                              par_real *C, int64_t ldc,                     /* C [nt * UKR_MR, UKR_NV * VW] */
+                              const gemm_epi *e)
+{
+    for (int64_t t = 0; t < nt; t++, Ap += ats, C += UKR_MR * ldc)
+        UKR_CAT(UKR_NAME, _one)(kc, Ap, ars, acs, Bp, bks, C, ldc, e);
 }
 
 #undef UKR_NAME

@@ -179,8 +179,9 @@ __attribute__((target("avx512f"))) static void gemm_packt_avx512(const par_real 
 
 typedef void (*gemm_packt)(const par_real *s, int64_t si, int64_t cnt, int64_t kc, int w, par_real *dst);
 
-typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
-                         int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
+/* nt tiles down C (kernels/gemm-ukr.h): tile t from the A panel at Ap + t * ats */
+typedef void (*gemm_ukr)(int64_t nt, int64_t ats, int64_t kc, const par_real *Ap, int64_t ars, int64_t acs,
+                         const par_real *Bp, int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
 
 /* A path's micro-kernel and blocking (reals): MC x KC of A stays in L2, a
  * KC x NR panel of B in L1, KC x NC of B in L3. */
@@ -305,7 +306,7 @@ static void gemm_edge(const gemm_kern *kp, int64_t kc, const par_real *a, int64_
     if (e->load || e->store == GEMM_ST_AB)
         for (int64_t r = 0; r < rows; r++)
             memcpy(t + r * kp->nr, C + r * ldc, sizeof(par_real) * (size_t)cols);
-    kp->ukr(kc, a, ars, acs, b, bks, t, kp->nr, e);
+    kp->ukr(1, 0, kc, a, ars, acs, b, bks, t, kp->nr, e);
     for (int64_t r = 0; r < rows; r++)
         memcpy(C + r * ldc, t + r * kp->nr, sizeof(par_real) * (size_t)cols);
 }
@@ -316,15 +317,17 @@ static void gemm_macro(const gemm_kern *kp, const gemm_block *ab, const gemm_blo
 {
     for (int64_t jr = 0; jr < bb->n; jr += kp->nr) {
         const int64_t cols = bb->n - jr < kp->nr ? bb->n - jr : kp->nr;
+        const int64_t full = cols == kp->nr ? ab->n / kp->mr : 0; /* whole tiles down this column */
         int64_t one, bks, ars, acs;
         const par_real *b = gemm_panel(bb, jr, &one, &bks);
-        for (int64_t ir = 0; ir < ab->n; ir += kp->mr) {
+        if (full) { /* A's whole panels are evenly spaced, in place or packed */
+            const par_real *a = gemm_panel(ab, 0, &ars, &acs);
+            kp->ukr(full, kp->mr * (ab->direct ? ab->o.si : ab->kc), ab->kc, a, ars, acs, b, bks, C + jr, ldc, e);
+        }
+        for (int64_t ir = full * kp->mr; ir < ab->n; ir += kp->mr) {
             const int64_t rows = ab->n - ir < kp->mr ? ab->n - ir : kp->mr;
             const par_real *a = gemm_panel(ab, ir, &ars, &acs);
-            if (rows == kp->mr && cols == kp->nr)
-                kp->ukr(ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, e);
-            else
-                gemm_edge(kp, ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, rows, cols, e);
+            gemm_edge(kp, ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, rows, cols, e);
         }
     }
 }
@@ -389,7 +392,29 @@ static int gemm_pick_index(int64_t M, int64_t N)
     return best;
 }
 
-static const gemm_kern *gemm_pick(int64_t M, int64_t N) { return &kerns[par_gemm_path()][gemm_pick_index(M, N)]; }
+/* gemm_pick's last answers on this thread, by a hash of (path, M, N): a
+ * training step repeats a few shapes, and the pick costs ten divisions. */
+typedef struct {
+    int64_t M, N;
+    int path, idx; /* idx -1: empty */
+} gemm_memo;
+#define GEMM_MEMO 16
+
+static const gemm_kern *gemm_pick(int64_t M, int64_t N)
+{
+    static _Thread_local gemm_memo memo[GEMM_MEMO];
+    static _Thread_local int memo_ok;
+    const int path = (int)par_gemm_path();
+    if (!memo_ok) {
+        for (int i = 0; i < GEMM_MEMO; i++)
+            memo[i].idx = -1;
+        memo_ok = 1;
+    }
+    gemm_memo *m = &memo[(uint64_t)(M * 31 + N * 7 + path) % GEMM_MEMO];
+    if (m->idx < 0 || m->M != M || m->N != N || m->path != path)
+        *m = (gemm_memo){M, N, path, gemm_pick_index(M, N)};
+    return &kerns[path][m->idx];
+}
 
 int PAR_FN(par_gemm_tile)(int64_t M, int64_t N, int *mr, int *nr)
 {
