@@ -4,7 +4,8 @@
  *   for jc over N by NC:  for pc over K by KC:  pack op(B)[pc.., jc..] into
  *   NR-column panels;  for ic over M by MC:  pack op(A)[ic.., pc..] into
  *   MR-row panels;  every MR x NR tile of C from one A and one B panel (the
- *   micro-kernel, kernels/gemm-ukr.h, held in registers).
+ *   micro-kernel, kernels/gemm-ukr.h, held in registers; one call computes
+ *   the whole tiles down a column of C).
  *
  * Between K blocks a tile's accumulators are stored raw (working precision)
  * into C and loaded again, so the chain of fused multiply-adds is the one of
@@ -158,20 +159,21 @@ __attribute__((target("avx512f"))) static void gemm_packt_avx512(const par_real 
                                                                  par_real *dst /* [kc, w] */)
 {
     enum { VL = 64 / (int)sizeof(par_real) };
-    for (int g = 0; g < w; g += VL, s += VL * si, cnt -= VL) {
-        const int nw = w - g < VL ? w - g : VL, nc = cnt <= 0 ? 0 : cnt < VL ? (int)cnt : VL;
+    for (int g = 0; g < w; g += VL) {
+        const int nw = w - g < VL ? w - g : VL, nc = cnt <= g ? 0 : cnt - g < VL ? (int)(cnt - g) : VL;
         const unsigned mw = (1u << nw) - 1, mc = (1u << nc) - 1;
+        const par_real *sg = nc ? s + g * si : s; /* no lane read when nc == 0 */
 #if PAR_REAL_BITS == 64
         const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)si));
         for (int64_t k = 0; k < kc; k++)
             _mm512_mask_storeu_pd(dst + k * w + g, (__mmask8)mw,
-                                  _mm512_mask_i32gather_pd(_mm512_setzero_pd(), (__mmask8)mc, idx, s + k, 8));
+                                  _mm512_mask_i32gather_pd(_mm512_setzero_pd(), (__mmask8)mc, idx, sg + k, 8));
 #else
         const __m512i idx = _mm512_mullo_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)si));
         for (int64_t k = 0; k < kc; k++)
             _mm512_mask_storeu_ps(dst + k * w + g, (__mmask16)mw,
-                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)mc, idx, s + k, 4));
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)mc, idx, sg + k, 4));
 #endif
     }
 }
@@ -393,25 +395,21 @@ static int gemm_pick_index(int64_t M, int64_t N)
 }
 
 /* gemm_pick's last answers on this thread, by a hash of (path, M, N): a
- * training step repeats a few shapes, and the pick costs ten divisions. */
+ * training step repeats a few shapes, and the pick costs ten divisions.  A
+ * cache only (a fiber sharing the thread finds the same answers): scratch
+ * in tools/check-layers.sh's fiber rule. */
 typedef struct {
-    int64_t M, N;
-    int path, idx; /* idx -1: empty */
+    int64_t M, N; /* M == 0: empty (no pick is made for M <= 0) */
+    int path, idx;
 } gemm_memo;
 #define GEMM_MEMO 16
 
 static const gemm_kern *gemm_pick(int64_t M, int64_t N)
 {
     static _Thread_local gemm_memo memo[GEMM_MEMO];
-    static _Thread_local int memo_ok;
     const int path = (int)par_gemm_path();
-    if (!memo_ok) {
-        for (int i = 0; i < GEMM_MEMO; i++)
-            memo[i].idx = -1;
-        memo_ok = 1;
-    }
     gemm_memo *m = &memo[(uint64_t)(M * 31 + N * 7 + path) % GEMM_MEMO];
-    if (m->idx < 0 || m->M != M || m->N != N || m->path != path)
+    if (m->M != M || m->N != N || m->path != path)
         *m = (gemm_memo){M, N, path, gemm_pick_index(M, N)};
     return &kerns[path][m->idx];
 }
