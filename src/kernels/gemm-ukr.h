@@ -15,7 +15,8 @@
  * one element of C, its accumulator
  * taken up through k = 0 .. kc-1 in order by one fused multiply-add each
  * (kernels/gemm.h); e says where the accumulator starts (0 or C's raw
- * partial sum) and how it is stored. */
+ * partial sum) and how it is stored.  UKR_NAME computes nt such tiles down
+ * C from one B panel (a call per column of tiles); UKR_NAME_one is one. */
 #ifndef UKR_KLOOP
 /* acc += the tile's kc rank-1 updates, k in order; rs: A's row stride */
 #define UKR_KLOOP(rs)                                                                                              \
