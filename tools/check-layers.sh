@@ -131,7 +131,7 @@ fi
 # (backends/host/sched.c tls_save / tls_load) or scratch used between two
 # switches.  A new one fails here until it is added to one of the two lists.
 tls_carried='src/core/counters.c:tl_counts src/core/alloc.c:cur_scope src/core/status.c:last_msg src/core/log.c:thread_tag'
-tls_scratch='src/parallel/layout/pplayout.c:p src/parallel/layout/pplayout.c:r'
+tls_scratch='src/parallel/layout/pplayout.c:p src/parallel/layout/pplayout.c:r src/kernels/gemm.c:memo'
 v=""
 while IFS= read -r line; do
   f=${line%%:*}

@@ -4,7 +4,8 @@
  *   for jc over N by NC:  for pc over K by KC:  pack op(B)[pc.., jc..] into
  *   NR-column panels;  for ic over M by MC:  pack op(A)[ic.., pc..] into
  *   MR-row panels;  every MR x NR tile of C from one A and one B panel (the
- *   micro-kernel, kernels/gemm-ukr.h, held in registers).
+ *   micro-kernel, kernels/gemm-ukr.h, held in registers; one call computes
+ *   the whole tiles down a column of C).
  *
  * Between K blocks a tile's accumulators are stored raw (working precision)
  * into C and loaded again, so the chain of fused multiply-adds is the one of
@@ -40,7 +41,8 @@
 #define GEMM_FMA fmaf
 #endif
 
-/* how a micro-tile stores its accumulators */
+/* how a micro-tile stores its accumulators (alpha == 1, beta == 0 stores them
+ * raw: 1 * acc is acc, bit for bit, as an fma never yields a signaling NaN) */
 enum { GEMM_ST_RAW, GEMM_ST_ALPHA, GEMM_ST_AB };
 
 typedef struct {
@@ -132,6 +134,10 @@ typedef struct {
 #define UKR_MR 8
 #define UKR_NV 2
 #include "kernels/gemm-ukr.h"
+#define UKR_NAME ukr_avx512_16x1
+#define UKR_MR 16
+#define UKR_NV 1
+#include "kernels/gemm-ukr.h"
 #define UKR_NAME ukr_avx512_12x1
 #define UKR_MR 12
 #define UKR_NV 1
@@ -143,8 +149,41 @@ typedef struct {
 #include "kernels/gemm-isa-end.h"
 #endif
 
-typedef void (*gemm_ukr)(int64_t kc, const par_real *Ap, int64_t ars, int64_t acs, const par_real *Bp,
-                         int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
+/* A transposing pack by gathers (kernels/gemm.c's gemm_pack, k contiguous in
+ * the operand): cnt indices, element (i, k) at s[i * si + k], into dst [kc][w],
+ * lanes cnt .. w-1 zero; si * 16 must fit in an int32 (gemm_pack checks).
+ * One gather loads a vector of a k row; the scalar loop moves an element. */
+#ifdef GEMM_X86
+__attribute__((target("avx512f"))) static void gemm_packt_avx512(const par_real *s /* [cnt, si] */, int64_t si,
+                                                                 int64_t cnt, int64_t kc, int w,
+                                                                 par_real *dst /* [kc, w] */)
+{
+    enum { VL = 64 / (int)sizeof(par_real) };
+    for (int g = 0; g < w; g += VL) {
+        const int nw = w - g < VL ? w - g : VL, nc = cnt <= g ? 0 : cnt - g < VL ? (int)(cnt - g) : VL;
+        const unsigned mw = (1u << nw) - 1, mc = (1u << nc) - 1;
+        const par_real *sg = nc ? s + g * si : s; /* no lane read when nc == 0 */
+#if PAR_REAL_BITS == 64
+        const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)si));
+        for (int64_t k = 0; k < kc; k++)
+            _mm512_mask_storeu_pd(dst + k * w + g, (__mmask8)mw,
+                                  _mm512_mask_i32gather_pd(_mm512_setzero_pd(), (__mmask8)mc, idx, sg + k, 8));
+#else
+        const __m512i idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)si));
+        for (int64_t k = 0; k < kc; k++)
+            _mm512_mask_storeu_ps(dst + k * w + g, (__mmask16)mw,
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)mc, idx, sg + k, 4));
+#endif
+    }
+}
+#endif
+
+typedef void (*gemm_packt)(const par_real *s, int64_t si, int64_t cnt, int64_t kc, int w, par_real *dst);
+
+/* nt tiles down C (kernels/gemm-ukr.h): tile t from the A panel at Ap + t * ats */
+typedef void (*gemm_ukr)(int64_t nt, int64_t ats, int64_t kc, const par_real *Ap, int64_t ars, int64_t acs,
+                         const par_real *Bp, int64_t bks, par_real *C, int64_t ldc, const gemm_epi *e);
 
 /* A path's micro-kernel and blocking (reals): MC x KC of A stays in L2, a
  * KC x NR panel of B in L1, KC x NC of B in L3. */
@@ -152,11 +191,12 @@ typedef struct {
     int mr, nr, nv; /* the tile: mr rows x nr columns, nv vectors a row */
     int64_t mc, kc, nc;
     gemm_ukr ukr;
+    gemm_packt packt; /* the transposing pack, NULL: gemm_pack's loops */
 } gemm_kern;
 
 #define GEMM_F (8 / (int)sizeof(par_real)) /* 1 in f64, 2 in f32 */
 #define GEMM_KC (256 + 128 * (GEMM_F - 1))
-#define GEMM_TILES 4 /* the most micro-tiles of one path */
+#define GEMM_TILES 5 /* the most micro-tiles of one path */
 /* Each path's micro-tiles, the widest first; gemm_pick takes one per call by
  * its shape.  Which tile computes an element never changes its bits (each
  * lane is one element's fma chain), only the time: a v4-mini expert's N = 16
@@ -168,10 +208,11 @@ static const gemm_kern kerns[PAR_GEMM_PATH_COUNT][GEMM_TILES] = {
                             {4, 8 * GEMM_F, 2, 120, GEMM_KC, 2048, ukr_avx2_4x2},
                             {6, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_6x1},
                             {4, 4 * GEMM_F, 1, 120, GEMM_KC, 2048, ukr_avx2_4x1}},
-    [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512},
-                              {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2},
-                              {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1},
-                              {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1}},
+    [PAR_GEMM_PATH_AVX512] = {{12, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512, gemm_packt_avx512},
+                              {8, 16 * GEMM_F, 2, 144, GEMM_KC, 2048, ukr_avx512_8x2, gemm_packt_avx512},
+                              {16, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_16x1, gemm_packt_avx512},
+                              {12, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_12x1, gemm_packt_avx512},
+                              {8, 8 * GEMM_F, 1, 144, GEMM_KC, 2048, ukr_avx512_8x1, gemm_packt_avx512}},
 #endif
 };
 #define GEMM_MAX_TILE (12 * 32) /* the largest MR x NR */
@@ -186,12 +227,20 @@ typedef struct {
 } gemm_opnd;
 
 /* Indices [i0, i0 + n) x k [k0, k0 + kc) into panels of w indices:
- * dst[panel][k][w], the tail panel padded with zeros. */
-static void gemm_pack(gemm_opnd o, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w, par_real *dst)
+ * dst[panel][k][w], the tail panel padded with zeros; packt: the path's
+ * transposing pack (or NULL). */
+static void gemm_pack(gemm_opnd o, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w, gemm_packt packt,
+                      par_real *dst)
 {
+    if (o.sk != 1 || o.si >= (1 << 26)) /* the gathers' int32 indices reach 31 si */
+        packt = NULL;
     for (int64_t p = 0; p < n; p += w, dst += (int64_t)w * kc) {
         const int64_t cnt = n - p < w ? n - p : w;
         const par_real *s = o.p + (i0 + p) * o.si + k0 * o.sk;
+        if (packt) {
+            packt(s, o.si, cnt, kc, w, dst);
+            continue;
+        }
         if (o.sk == 1) { /* k contiguous */
             for (int64_t i = 0; i < cnt; i++)
                 for (int64_t k = 0; k < kc; k++)
@@ -224,13 +273,13 @@ typedef struct {
 } gemm_block;
 
 static gemm_block gemm_block_make(gemm_opnd o, int direct, int64_t i0, int64_t k0, int64_t n, int64_t kc, int w,
-                                  par_real *buf)
+                                  gemm_packt packt, par_real *buf)
 {
     gemm_block b = {o, buf, direct, i0, k0, n, kc, w};
     if (!direct)
-        gemm_pack(o, i0, k0, n, kc, w, buf);
+        gemm_pack(o, i0, k0, n, kc, w, packt, buf);
     else if (n % w)
-        gemm_pack(o, i0 + n - n % w, k0, n % w, kc, w, buf);
+        gemm_pack(o, i0 + n - n % w, k0, n % w, kc, w, packt, buf);
     return b;
 }
 
@@ -259,7 +308,7 @@ static void gemm_edge(const gemm_kern *kp, int64_t kc, const par_real *a, int64_
     if (e->load || e->store == GEMM_ST_AB)
         for (int64_t r = 0; r < rows; r++)
             memcpy(t + r * kp->nr, C + r * ldc, sizeof(par_real) * (size_t)cols);
-    kp->ukr(kc, a, ars, acs, b, bks, t, kp->nr, e);
+    kp->ukr(1, 0, kc, a, ars, acs, b, bks, t, kp->nr, e);
     for (int64_t r = 0; r < rows; r++)
         memcpy(C + r * ldc, t + r * kp->nr, sizeof(par_real) * (size_t)cols);
 }
@@ -270,15 +319,17 @@ static void gemm_macro(const gemm_kern *kp, const gemm_block *ab, const gemm_blo
 {
     for (int64_t jr = 0; jr < bb->n; jr += kp->nr) {
         const int64_t cols = bb->n - jr < kp->nr ? bb->n - jr : kp->nr;
+        const int64_t full = cols == kp->nr ? ab->n / kp->mr : 0; /* whole tiles down this column */
         int64_t one, bks, ars, acs;
         const par_real *b = gemm_panel(bb, jr, &one, &bks);
-        for (int64_t ir = 0; ir < ab->n; ir += kp->mr) {
+        if (full) { /* A's whole panels are evenly spaced, in place or packed */
+            const par_real *a = gemm_panel(ab, 0, &ars, &acs);
+            kp->ukr(full, kp->mr * (ab->direct ? ab->o.si : ab->kc), ab->kc, a, ars, acs, b, bks, C + jr, ldc, e);
+        }
+        for (int64_t ir = full * kp->mr; ir < ab->n; ir += kp->mr) {
             const int64_t rows = ab->n - ir < kp->mr ? ab->n - ir : kp->mr;
             const par_real *a = gemm_panel(ab, ir, &ars, &acs);
-            if (rows == kp->mr && cols == kp->nr)
-                kp->ukr(ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, e);
-            else
-                gemm_edge(kp, ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, rows, cols, e);
+            gemm_edge(kp, ab->kc, a, ars, acs, b, bks, C + ir * ldc + jr, ldc, rows, cols, e);
         }
     }
 }
@@ -301,13 +352,13 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
             const int64_t kc = K - pc < kp->kc ? K - pc : kp->kc;
             const int last = pc + kc == K;
             const gemm_epi e = {alpha, beta, pc > 0 || part == GEMM_PART_MORE,
-                                !last || part != GEMM_WHOLE ? GEMM_ST_RAW
-                                : beta == 0                ? GEMM_ST_ALPHA
+                                !last || part != GEMM_WHOLE || (alpha == 1 && beta == 0) ? GEMM_ST_RAW
+                                : beta == 0                                             ? GEMM_ST_ALPHA
                                                            : GEMM_ST_AB};
-            const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, pb);
+            const gemm_block bb = gemm_block_make(B, db, jc, pc, nc, kc, kp->nr, kp->packt, pb);
             for (int64_t ic = 0; ic < M; ic += kp->mc) {
                 const int64_t mc = M - ic < kp->mc ? M - ic : kp->mc;
-                const gemm_block ab = gemm_block_make(A, da, ic, pc, mc, kc, kp->mr, pa);
+                const gemm_block ab = gemm_block_make(A, da, ic, pc, mc, kc, kp->mr, kp->packt, pa);
                 gemm_macro(kp, &ab, &bb, C + ic * ldc + jc, ldc, &e);
             }
         }
@@ -316,24 +367,52 @@ static void gemm_blocked(const gemm_kern *kp, gemm_opnd A, gemm_opnd B, int64_t 
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* ceil(x / d), x >= 0, d > 0: in 32 bits when x fits (a shorter divide) */
+static int64_t ceil_div(int64_t x, int d)
+{
+    if (x < INT32_MAX - 64)
+        return (int64_t)(((uint32_t)x + (uint32_t)d - 1) / (uint32_t)d);
+    return (x + d - 1) / d;
+}
+
 /* The index of the current path's tile for C [M, N]: the least time by a
  * simple model, ties to the wider.  Per k a tile loads mr + nv operands and
- * does mr nv vector FMAs (two of either per cycle), over the padded M x N. */
+ * does mr nv vector FMAs (two of either per cycle): tiles over M x N times
+ * the larger count.  Integers (no division but the tile counts): par_gemm
+ * picks on every call. */
 static int gemm_pick_index(int64_t M, int64_t N)
 {
     const gemm_kern *ks = kerns[par_gemm_path()];
     int best = 0;
-    double best_cost = 0;
+    int64_t best_cost = 0;
     for (int i = 0; i < GEMM_TILES && ks[i].ukr; i++) {
-        const double fma = (double)ks[i].mr * ks[i].nv, ld = (double)(ks[i].mr + ks[i].nv);
-        const double cost = (double)round_up(M, ks[i].mr) * (double)round_up(N, ks[i].nr) * (fma > ld ? fma : ld) / fma;
+        const int fma = ks[i].mr * ks[i].nv, ld = ks[i].mr + ks[i].nv;
+        const int64_t cost = ceil_div(M, ks[i].mr) * ceil_div(N, ks[i].nr) * (fma > ld ? fma : ld);
         if (i == 0 || cost < best_cost)
             best = i, best_cost = cost;
     }
     return best;
 }
 
-static const gemm_kern *gemm_pick(int64_t M, int64_t N) { return &kerns[par_gemm_path()][gemm_pick_index(M, N)]; }
+/* gemm_pick's last answers on this thread, by a hash of (path, M, N): a
+ * training step repeats a few shapes, and the pick costs ten divisions.  A
+ * cache only (a fiber sharing the thread finds the same answers): scratch
+ * in tools/check-layers.sh's fiber rule. */
+typedef struct {
+    int64_t M, N; /* M == 0: empty (no pick is made for M <= 0) */
+    int path, idx;
+} gemm_memo;
+#define GEMM_MEMO 16
+
+static const gemm_kern *gemm_pick(int64_t M, int64_t N)
+{
+    static _Thread_local gemm_memo memo[GEMM_MEMO];
+    const int path = (int)par_gemm_path();
+    gemm_memo *m = &memo[(uint64_t)(M * 31 + N * 7 + path) % GEMM_MEMO];
+    if (m->M != M || m->N != N || m->path != path)
+        *m = (gemm_memo){M, N, path, gemm_pick_index(M, N)};
+    return &kerns[path][m->idx];
+}
 
 int PAR_FN(par_gemm_tile)(int64_t M, int64_t N, int *mr, int *nr)
 {
