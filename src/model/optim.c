@@ -13,12 +13,9 @@
 #include "core/device.h"
 #include "core/pmath.h"
 #include "kernels/offload.h"
+#include "model/optim-impl.h"
 #include "kernels/ops.h"
 
-static const double ns_main[3] = {3.4445, -4.7750, 2.0315};
-static const double ns_tail[3] = {2.0, -1.5, 0.5};
-#define NS_MAIN_STEPS 8
-#define NS_TAIL_STEPS 2
 
 double PAR_FN(par_sumsq)(const par_real *x, int64_t n)
 {
@@ -42,10 +39,6 @@ double PAR_FN(par_grad_sumsq)(const par_real *grads, const par_param_table *t)
     }
     return s;
 }
-
-PAR_DECLARE_TARGET
-static inline par_real scaled(par_real g, double f) { return f == 1.0 ? g : (par_real)(f * (double)g); }
-PAR_END_DECLARE_TARGET
 
 void PAR_FN(par_grad_scale)(par_real *grads, const par_param_table *t, double factor)
 {

@@ -23,18 +23,10 @@
 #include "core/alloc.h"
 #include "core/device.h"
 #include "kernels/offload.h"
+#include "model/optim-impl.h"
 
-/* as model/optim.c: ten Newton-Schulz steps */
-static const double ns_main[3] = {3.4445, -4.7750, 2.0315};
-static const double ns_tail[3] = {2.0, -1.5, 0.5};
-#define NS_MAIN_STEPS 8
-#define NS_TAIL_STEPS 2
 /* the workspace of one batch at most (a group larger than this goes in parts) */
 #define BATCH_MAX_BYTES ((size_t)256 << 20)
-
-PAR_DECLARE_TARGET
-static inline par_real scaled(par_real g, double f) { return f == 1.0 ? g : (par_real)(f * (double)g); }
-PAR_END_DECLARE_TARGET
 
 /* A batch: nb Muon matrices [rows, cols] at element offsets off[] of the
  * parameter / momentum / gradient buffers, relative to lo; r <= c their
