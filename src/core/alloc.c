@@ -6,6 +6,8 @@
 #include <malloc.h>
 #endif
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/device.h"
 #include "core/log.h"
@@ -23,8 +25,12 @@ typedef struct {
 
 #define MAGIC 0x50415259u /* "PARY" */
 
+static int thp_advise; /* par_alloc_process_init: advise huge pages for big blocks */
+
 int par_alloc_process_init(void)
 {
+    const char *thp = getenv("PARITY_THP");
+    thp_advise = !(thp && !strcmp(thp, "0"));
 #ifdef __GLIBC__
     const char *tun = getenv("GLIBC_TUNABLES");
     if (getenv("MALLOC_MMAP_THRESHOLD_") || (tun && strstr(tun, "mmap_threshold")))
@@ -154,6 +160,26 @@ static void account(par_tag tag, int64_t delta)
     }
 }
 
+int par_alloc_thp(void) { return thp_advise; }
+
+/* Asks the kernel for transparent huge pages on the whole pages inside a
+ * block of PAR_ALLOC_THP_MIN bytes or more (only where THP is "madvise";
+ * "always" needs no advice, "never" ignores it).  Failure is harmless. */
+static void advise_huge(void *raw, size_t n)
+{
+#ifdef MADV_HUGEPAGE
+    if (!thp_advise || n < PAR_ALLOC_THP_MIN)
+        return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)raw + pg - 1) & ~(pg - 1), hi = ((uintptr_t)raw + n) & ~(pg - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)raw;
+    (void)n;
+#endif
+}
+
 static void *alloc_block(size_t n, par_tag tag, int chunk)
 {
     if ((unsigned)tag >= PAR_TAG_COUNT)
@@ -163,6 +189,7 @@ static void *alloc_block(size_t n, par_tag tag, int chunk)
     void *raw = NULL;
     if (posix_memalign(&raw, HDR, HDR + n) != 0)
         return NULL;
+    advise_huge(raw, HDR + n);
     blk_hdr *h = raw;
     h->size = n;
     h->tag = tag;

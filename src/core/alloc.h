@@ -46,12 +46,26 @@ void par_alloc_report(int level);
  * after the first step the ranks' activation chunks and exchange buffers
  * land in shared heaps, where the holes left between other ranks' live
  * blocks stay resident.  This fixes the threshold at PAR_ALLOC_MMAP_MIN
- * (measured: v4-mini B=128 EP128, peak RSS 7.60 -> 6.95 GiB on threads,
- * 7.68 -> 6.93 GiB on fiber; docs/planning.md).  A user's own
+ * (the fixing measured: v4-mini B=128 EP128, peak RSS 7.60 -> 6.95 GiB on
+ * threads, 7.68 -> 6.93 GiB on fiber; docs/planning.md).  A user's own
  * MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES is left to glibc.  Returns 1 when
- * it set the threshold. */
-#define PAR_ALLOC_MMAP_MIN (128u << 10)
+ * it set the threshold.
+ *
+ * It also turns on, unless PARITY_THP=0, the advice of transparent huge
+ * pages (madvise MADV_HUGEPAGE) for every block of PAR_ALLOC_THP_MIN bytes or
+ * more: a fresh block is then faulted in 2 MiB at a time instead of 4 KiB.
+ * The threshold is that size, so a block is mapped on its own only when huge
+ * pages can back it; smaller blocks are reused from the heaps without new
+ * page faults (it was 128 KiB until 2026-12-05).  Measured on a 2-core AMD
+ * EPYC VM, where a page fault costs a hypercall (docs/planning.md "Page
+ * faults"): the serial v4-mini step 15.5-17.2 -> 7.3-9.1 s wall, the EP128
+ * run above 48.6 -> 25.6 s (threads) with peak RSS 4.47 -> 4.75 GiB.  Bits
+ * do not move. */
+#define PAR_ALLOC_MMAP_MIN (2u << 20)
+#define PAR_ALLOC_THP_MIN (2u << 20)
 int par_alloc_process_init(void);
+/* 1 when big blocks get the huge-page advice (par_alloc_process_init) */
+int par_alloc_thp(void);
 
 /* Accounting scopes: per-thread counters on top of the global ones, so that
  * the ranks of a thread world (one thread each) can each measure their own

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -132,6 +134,62 @@ Test(alloc, tags_count_live_and_peak)
     par_free(p);
     cr_expect_eq(par_alloc_live(PAR_TAG_GRAD), before);
     cr_expect_null(par_calloc(SIZE_MAX / 2, 4, PAR_TAG_MISC), "overflowing calloc refused");
+}
+
+/* The VmFlags of the mapping that holds p, from /proc/self/smaps ("" when
+ * not found); 1 when it was found. */
+static int vma_flags(const void *p, char *flags, size_t cap)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0, found = 0;
+    flags[0] = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(flags, cap, "%s", line + 8);
+            found = 1;
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* core/alloc.h: a block of PAR_ALLOC_THP_MIN or more gets its own mapping
+ * advised for huge pages ("hg" in its VmFlags); PARITY_THP=0 turns it off;
+ * a smaller block is never advised.  (Each Criterion test is its own
+ * process, so the policy set here stays here.) */
+static void check_thp(int on)
+{
+    char fl[512];
+    par_alloc_process_init();
+    cr_assert_eq(par_alloc_thp(), on);
+    char *big = par_malloc(3 * (size_t)PAR_ALLOC_THP_MIN, PAR_TAG_ACT);
+    char *small = par_malloc(PAR_ALLOC_THP_MIN / 4, PAR_TAG_ACT);
+    cr_assert(big && small);
+    big[0] = small[0] = 1;
+    cr_assert(vma_flags(big + PAR_ALLOC_THP_MIN, fl, sizeof fl), "no mapping holds the block");
+    cr_expect_eq(strstr(fl, " hg") != NULL, on, "big block: VmFlags%s", fl);
+    cr_assert(vma_flags(small, fl, sizeof fl));
+    cr_expect_null(strstr(fl, " hg"), "small block advised: VmFlags%s", fl);
+    par_free(big);
+    par_free(small);
+}
+
+Test(alloc, big_blocks_advised_for_huge_pages)
+{
+    unsetenv("PARITY_THP");
+    check_thp(1);
+}
+
+Test(alloc, parity_thp_0_turns_the_advice_off)
+{
+    setenv("PARITY_THP", "0", 1);
+    check_thp(0);
 }
 
 Test(alloc, arena_alloc_rewind_destroy)
