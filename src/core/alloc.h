@@ -61,8 +61,8 @@ void par_alloc_report(int level);
  * faults"): the serial v4-mini step 15.5-17.2 -> 7.3-9.1 s wall, the EP128
  * run above 48.6 -> 25.6 s (threads) with peak RSS 4.47 -> 4.75 GiB.  Bits
  * do not move. */
-#define PAR_ALLOC_MMAP_MIN (2u << 20)
 #define PAR_ALLOC_THP_MIN (2u << 20)
+#define PAR_ALLOC_MMAP_MIN PAR_ALLOC_THP_MIN
 int par_alloc_process_init(void);
 /* 1 when big blocks get the huge-page advice (par_alloc_process_init) */
 int par_alloc_thp(void);

@@ -146,7 +146,7 @@ static int vma_flags(const void *p, char *flags, size_t cap)
     flags[0] = 0;
     while (f && fgets(line, sizeof line, f)) {
         unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
             in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
         else if (in && !strncmp(line, "VmFlags:", 8)) {
             snprintf(flags, cap, "%s", line + 8);
